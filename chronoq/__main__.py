@@ -1,0 +1,3 @@
+from chronoq.cli import main
+
+main()

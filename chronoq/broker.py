@@ -1,0 +1,383 @@
+"""The embedded broker: topics, sends, reads and consumer-group offsets over the store.
+
+This is the Python API every front end uses (tests, the CLI, the gRPC shell). It is synchronous
+and single-threaded by design: the asyncio shell calls it from the event loop and only moves the
+fsync to a worker thread (see ``chronoq.committer``).
+
+Files it owns in the data directory (``fsutil.write_json`` documents)::
+
+    topics.json   {"topics": [{"name", "queues", "message_type"}, ...]}
+    offsets.json  {"<group>": {"<topic>": {"<queue id>": <next offset to consume>}}}
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from chronoq import errors, fsutil, model
+from chronoq.clock import SYSTEM_CLOCK, Clock
+from chronoq.config import BrokerConfig
+from chronoq.model import Message, MessageType, SendResult, TopicConfig
+from chronoq.msgid import new_message_id
+from chronoq.store import record
+from chronoq.store.store import Prepared, Store, StoreOptions
+
+log = logging.getLogger("chronoq.broker")
+
+TOPICS_FILE = "topics.json"
+OFFSETS_FILE = "offsets.json"
+PROP_MESSAGE_GROUP = "__GROUP"
+PROP_MESSAGE_TYPE = "__TYPE"
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """What a producer hands the broker. Only ``topic`` and ``body`` are required."""
+
+    topic: str
+    body: bytes
+    tag: str = ""
+    keys: Sequence[str] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    message_id: str | None = None
+    queue_id: int | None = None
+    message_group: str | None = None
+    born_ms: int | None = None
+    message_type: MessageType | None = None
+
+
+@dataclass(slots=True)
+class ReadResult:
+    messages: list[Message]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig | None = None, clock: Clock | None = None, progress=None):
+        self.config = (config or BrokerConfig()).validate()
+        self.clock = clock or SYSTEM_CLOCK
+        self.data_dir = self.config.data_dir
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.store = Store(self.data_dir, StoreOptions(
+            segment_bytes=self.config.segment_bytes,
+            cq_entries_per_file=self.config.cq_entries_per_file,
+            verify_extra_segments=self.config.verify_extra_segments,
+            quarantine=self.config.quarantine,
+        ), clock=self.clock, progress=progress)
+        self.recovery = self.store.report
+        self.topics: dict[str, TopicConfig] = {}
+        self._load_topics()
+        self.offsets: dict[str, dict[str, dict[int, int]]] = {}
+        self._offsets_dirty = False
+        self._load_offsets()
+        self._round_robin: dict[str, itertools.count] = {}
+        # (topic, message id) -> (result, body crc, stored at ms): exact resends answer the original.
+        self._dedupe: OrderedDict[tuple[str, str], tuple[SendResult, int, int]] = OrderedDict()
+        self._last_checkpoint_ms = self.clock.wall_ms()
+        self._arrival_listeners: list = []
+        self._notified_upto = self.store.dispatched
+        self.closed = False
+
+    # ----------------------------------------------------------------- topics
+    def _load_topics(self) -> None:
+        try:
+            data = fsutil.read_json(os.path.join(self.data_dir, TOPICS_FILE))
+        except ValueError as exc:
+            raise errors.CorruptionError(os.path.join(self.data_dir, TOPICS_FILE), 0, str(exc)) from None
+        for item in (data or {}).get("topics", []):
+            cfg = TopicConfig.from_json(item)
+            self.topics[cfg.name] = cfg
+        # Queues found in the store but missing from topics.json (e.g. lost metadata) are adopted.
+        for (topic, qid) in list(self.store.queues):
+            cfg = self.topics.get(topic)
+            if cfg is None:
+                self.topics[topic] = TopicConfig(topic, max(self.config.default_queues, qid + 1))
+            elif qid >= cfg.queues:
+                cfg.queues = qid + 1
+
+    def _save_topics(self) -> None:
+        fsutil.write_json(os.path.join(self.data_dir, TOPICS_FILE),
+                          {"topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.name)]})
+
+    def create_topic(self, name: str, queues: int | None = None,
+                     message_type: MessageType | str = MessageType.MIXED, *, system: bool = False) -> TopicConfig:
+        """Create a topic, or update its queue count (only upwards) and type. Idempotent."""
+        name = model.validate_topic_name(name) if system else model.validate_user_topic(name)
+        if isinstance(message_type, str):
+            message_type = MessageType.parse(message_type)
+        queues = self.config.default_queues if queues is None else queues
+        if not isinstance(queues, int) or not 1 <= queues <= self.config.max_queues:
+            raise errors.InvalidQueue(f"queue count must be between 1 and {self.config.max_queues}, not {queues!r}")
+        existing = self.topics.get(name)
+        if existing is not None:
+            if queues < existing.queues:
+                raise errors.InvalidQueue(f"topic {name} has {existing.queues} queues; the count can only grow")
+            if existing.queues == queues and existing.message_type == message_type:
+                return existing
+        cfg = TopicConfig(name, queues, message_type)
+        self.topics[name] = cfg
+        self._save_topics()
+        return cfg
+
+    def list_topics(self, include_system: bool = False) -> list[TopicConfig]:
+        return sorted((t for t in self.topics.values() if include_system or not model.is_system_topic(t.name)),
+                      key=lambda t: t.name)
+
+    def topic(self, name: str, *, create: bool | None = None) -> TopicConfig:
+        cfg = self.topics.get(name)
+        if cfg is not None:
+            return cfg
+        model.validate_topic_name(name)
+        if create is None:
+            create = self.config.auto_create_topics
+        if not create or model.is_system_topic(name):
+            raise errors.TopicNotFound(f"topic {name!r} does not exist"
+                                       + ("" if create else " (auto-create is off: create it first)"))
+        return self.create_topic(name)
+
+    # ----------------------------------------------------------------- sending
+    def prepare(self, msg: OutgoingMessage, *, system: bool = False) -> tuple[Prepared, str]:
+        """Validate one message and choose its queue. Returns the store record and its id."""
+        topic_name = model.validate_topic_name(msg.topic) if system else model.validate_user_topic(msg.topic)
+        topic = self.topic(topic_name)
+        body = msg.body
+        if isinstance(body, str):
+            body = body.encode()
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise errors.ClientError("message body must be bytes")
+        if len(body) == 0:
+            raise errors.BodyEmpty("message body is empty")
+        if len(body) > self.config.max_body_bytes:
+            raise errors.BodyTooLarge(f"message body is {len(body)} bytes; the limit is {self.config.max_body_bytes}")
+        tag = model.validate_tag(msg.tag)
+        keys = model.validate_keys(msg.keys)
+        props = model.validate_properties(msg.properties, allow_system=system)
+        mtype = msg.message_type or (MessageType.FIFO if msg.message_group else MessageType.NORMAL)
+        if topic.message_type not in (MessageType.MIXED, mtype):
+            raise errors.MessageTypeMismatch(
+                f"topic {topic_name} accepts {topic.message_type.name} messages, not {mtype.name}")
+        if msg.message_group:
+            group = msg.message_group
+            if not isinstance(group, str) or not group.strip() or len(group.encode()) >= model.MESSAGE_GROUP_BYTES_MAX:
+                raise errors.ClientError(f"message group must be non-blank and under {model.MESSAGE_GROUP_BYTES_MAX} bytes")
+            props[PROP_MESSAGE_GROUP] = group
+        if mtype is not MessageType.NORMAL:
+            props[PROP_MESSAGE_TYPE] = mtype.name
+        now = self.clock.wall_ms()
+        message_id = model.validate_message_id(msg.message_id) if msg.message_id else new_message_id(now)
+        queue_id = self._choose_queue(topic, msg)
+        born = now if msg.born_ms is None else int(msg.born_ms)
+        prepared = Prepared(topic_name, queue_id, record.FLAG_SYSTEM if system else 0, born, 0,
+                            message_id.encode(), tag.encode(), record.encode_keys(keys),
+                            record.encode_properties(props), bytes(body))
+        return prepared, message_id
+
+    def _choose_queue(self, topic: TopicConfig, msg: OutgoingMessage) -> int:
+        if msg.queue_id is not None:
+            if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < topic.queues:
+                raise errors.InvalidQueue(f"queue {msg.queue_id!r} does not exist in topic {topic.name} "
+                                          f"(queues 0..{topic.queues - 1})")
+            return msg.queue_id
+        if msg.message_group:  # one group always lands in one queue, so its order holds
+            return zlib.crc32(msg.message_group.encode()) % topic.queues
+        counter = self._round_robin.get(topic.name)
+        if counter is None:
+            counter = self._round_robin[topic.name] = itertools.count()
+        return next(counter) % topic.queues
+
+    def check_duplicate(self, topic: str, message_id: str, body: bytes) -> SendResult | None:
+        """The original result if (topic, id) was sent within the window with the same body."""
+        key = (topic, message_id)
+        hit = self._dedupe.get(key)
+        if hit is None:
+            return None
+        result, crc, stored_ms = hit
+        if self.clock.wall_ms() - stored_ms > self.config.dedupe_window_ms:
+            del self._dedupe[key]
+            return None
+        if zlib.crc32(body) != crc:
+            raise errors.DuplicateMessageId(
+                f"message id {message_id} was already used in topic {topic} for a different body")
+        return SendResult(result.message_id, result.topic, result.queue_id, result.queue_offset,
+                          result.commit_offset, duplicate=True)
+
+    def write(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
+        """Validate and append (page cache only). Durability and visibility come from ``flush``.
+
+        The whole batch is validated before anything is written: one bad message fails the batch
+        and stores nothing.
+        """
+        prepared: list[Prepared] = []
+        ids: list[str] = []
+        results: list[SendResult | None] = []
+        seen_in_batch: dict[tuple[str, str], int] = {}
+        for msg in messages:
+            p, mid = self.prepare(msg, system=system)
+            dup = self.check_duplicate(p.topic, mid, p.body) if msg.message_id else None
+            key = (p.topic, mid)
+            if dup is None and key in seen_in_batch:
+                dup_index = seen_in_batch[key]
+                results.append(("same", dup_index))  # type: ignore[arg-type]
+                continue
+            results.append(dup)
+            if dup is None:
+                seen_in_batch[key] = len(results) - 1
+                prepared.append(p)
+                ids.append(mid)
+        written = self.store.write(prepared)
+        now = self.clock.wall_ms()
+        it = iter(zip(prepared, ids, written))
+        out: list[SendResult] = []
+        for res in results:
+            if isinstance(res, tuple):
+                first = out[res[1]]
+                out.append(SendResult(first.message_id, first.topic, first.queue_id, first.queue_offset,
+                                      first.commit_offset, duplicate=True))
+            elif res is None:
+                p, mid, w = next(it)
+                sr = SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
+                self._remember(p, sr, now)
+                out.append(sr)
+            else:
+                out.append(res)
+        return out
+
+    def _remember(self, p: Prepared, result: SendResult, now: int) -> None:
+        dedupe = self._dedupe
+        dedupe[(p.topic, result.message_id)] = (result, zlib.crc32(p.body), now)
+        while len(dedupe) > self.config.dedupe_max_entries:
+            dedupe.popitem(last=False)
+
+    def flush(self) -> int:
+        """Make everything written durable (per policy) and visible; return the durable offset."""
+        synced = self.store.dispatch(self.store.sync())
+        self.notify_arrivals()
+        return synced
+
+    def add_arrival_listener(self, listener) -> None:
+        """``listener()`` is called after new messages became visible (for long polling)."""
+        self._arrival_listeners.append(listener)
+
+    def notify_arrivals(self) -> None:
+        if self.store.dispatched > self._notified_upto:
+            self._notified_upto = self.store.dispatched
+            for listener in self._arrival_listeners:
+                listener()
+
+    def send(self, topic: str, body: bytes | str, **kwargs) -> SendResult:
+        """Send one message; returns after it is durable (sync policy) and visible."""
+        return self.send_batch([OutgoingMessage(topic, body, **kwargs)])[0]
+
+    def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
+        results = self.write(messages)
+        if self.config.flush_policy == "sync":
+            self.flush()
+        else:
+            self.store.dispatch()
+            self.notify_arrivals()
+        return results
+
+    # ----------------------------------------------------------------- reading
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> ReadResult:
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise errors.TopicNotFound(f"topic {topic!r} does not exist")
+        if not isinstance(queue_id, int) or not 0 <= queue_id < cfg.queues:
+            raise errors.InvalidQueue(f"queue {queue_id!r} does not exist in topic {topic}")
+        if not isinstance(offset, int) or offset < 0:
+            raise errors.InvalidOffset(f"offset must be a non-negative integer, not {offset!r}")
+        if not isinstance(max_messages, int) or not 1 <= max_messages <= 10_000:
+            raise errors.ClientError("max_messages must be between 1 and 10000")
+        messages, nxt = self.store.read(topic, queue_id, offset, max_messages)
+        lo, hi = self.store.bounds(topic, queue_id)
+        return ReadResult(messages, max(nxt, offset if offset >= lo else lo), lo, hi)
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min offset, next offset) of a queue: readable offsets are min <= n < next."""
+        return self.store.bounds(topic, queue_id)
+
+    # ----------------------------------------------------------------- consumer offsets
+    def _load_offsets(self) -> None:
+        path = os.path.join(self.data_dir, OFFSETS_FILE)
+        try:
+            data = fsutil.read_json(path) or {}
+        except ValueError as exc:
+            log.warning("consumer offsets unreadable (%s); groups restart from their last durable state", exc)
+            data = {}
+        self.offsets = {g: {t: {int(q): int(o) for q, o in qs.items()} for t, qs in ts.items()}
+                        for g, ts in data.items()}
+
+    def get_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        model.validate_group_name(group)
+        return self.offsets.get(group, {}).get(topic, {}).get(queue_id)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Record that ``group`` consumed ``topic``/``queue_id`` below ``offset``.
+
+        Durable at the next checkpoint (``checkpoint_interval_ms``) or clean stop.
+        """
+        model.validate_group_name(group)
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise errors.TopicNotFound(f"topic {topic!r} does not exist")
+        if not isinstance(queue_id, int) or not 0 <= queue_id < cfg.queues:
+            raise errors.InvalidQueue(f"queue {queue_id!r} does not exist in topic {topic}")
+        lo, hi = self.store.bounds(topic, queue_id)
+        if not isinstance(offset, int) or not 0 <= offset <= hi:
+            raise errors.InvalidOffset(f"offset {offset!r} is outside 0..{hi} for {topic}/{queue_id}")
+        self.offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
+        self._offsets_dirty = True
+
+    def list_groups(self) -> list[str]:
+        return sorted(self.offsets)
+
+    def _save_offsets(self) -> None:
+        if self._offsets_dirty:
+            fsutil.write_json(os.path.join(self.data_dir, OFFSETS_FILE),
+                              {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+                               for g, ts in self.offsets.items()})
+            self._offsets_dirty = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def checkpoint(self) -> None:
+        self.store.checkpoint()
+        self._save_offsets()
+        self._last_checkpoint_ms = self.clock.wall_ms()
+
+    def maintenance(self) -> None:
+        """Periodic work for the shell to call: checkpoint when due and expire dedupe entries."""
+        now = self.clock.wall_ms()
+        if now - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
+            self.checkpoint()
+        horizon = now - self.config.dedupe_window_ms
+        dedupe = self._dedupe
+        while dedupe:
+            _, (_, _, stored) = next(iter(dedupe.items()))
+            if stored >= horizon:
+                break
+            dedupe.popitem(last=False)
+
+    def retention(self) -> list[str]:
+        max_age = self.config.retention_max_age_hours * 3600 * 1000 if self.config.retention_max_age_hours else None
+        return self.store.retention(max_age, self.config.retention_max_bytes or None)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.store.close()
+        self._save_offsets()
+        self.closed = True
+
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

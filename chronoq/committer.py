@@ -1,0 +1,115 @@
+"""Group commit for the asyncio shell.
+
+Sends are written to the log on the event loop (page cache, microseconds), then wait for an fsync
+that a single flusher task runs in a worker thread. While one fsync runs, every send that arrives is
+written and joins the next fsync, so one fsync acknowledges a whole group. Under the ``async``
+policy the flusher runs every ``flush_interval_ms`` instead and sends are answered once written
+(loss window: the last interval of writes if the machine, not just the process, goes down).
+
+Records become visible to consumers (dispatched) only after the fsync under ``sync``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Iterable
+
+from chronoq.broker import Broker, OutgoingMessage
+from chronoq.model import SendResult
+
+log = logging.getLogger("chronoq.committer")
+
+
+class GroupCommitter:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.sync_policy = broker.config.flush_policy == "sync"
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self.fsyncs = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="chronoq-flusher")
+
+    async def send(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
+        """Write a batch and return once it is acknowledged under the flush policy."""
+        results = self.broker.write(messages, system=system)
+        if not results:
+            return results
+        if not self.sync_policy:
+            self.broker.store.dispatch()
+            self.broker.notify_arrivals()
+            return results
+        # Duplicates answer with the original's offset; it too must be durable before we reply.
+        end = self.broker.store.log.written
+        if self.broker.store.log.synced >= end and self.broker.store.dispatched >= end:
+            return results
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((end, fut))
+        self._kick.set()
+        await fut
+        return results
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.broker.config.flush_interval_ms / 1000
+        while True:
+            if self.sync_policy:
+                await self._kick.wait()
+                self._kick.clear()
+            else:
+                try:
+                    await asyncio.wait_for(self._kick.wait(), interval)
+                except asyncio.TimeoutError:
+                    pass
+                self._kick.clear()
+            store = self.broker.store
+            if store.log.written > store.log.synced:
+                try:
+                    synced = await loop.run_in_executor(None, store.sync)
+                    self.fsyncs += 1
+                except Exception as exc:  # fail the waiters; the data is not acknowledged
+                    log.error("fsync failed: %s", exc)
+                    self._fail_all(exc)
+                    continue
+            else:
+                synced = store.log.synced
+            if self.sync_policy:
+                store.dispatch(synced)
+                self.broker.notify_arrivals()
+            self._release(synced)
+            if self._closing and not self._waiters:
+                return
+
+    def _release(self, synced: int) -> None:
+        keep = []
+        for end, fut in self._waiters:
+            if end <= synced:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((end, fut))
+        self._waiters = keep
+        if keep:
+            self._kick.set()
+
+    def _fail_all(self, exc: Exception) -> None:
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._waiters = []
+
+    async def close(self) -> None:
+        self._closing = True
+        self._kick.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self.broker.flush()
+        self._release(self.broker.store.log.synced)

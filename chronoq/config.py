@@ -1,0 +1,134 @@
+"""Broker configuration: defaults, a TOML file, ``CHRONOQ_*`` environment variables, flags.
+
+Precedence, lowest first: built-in defaults < config file < environment < command-line flags.
+Every key is listed in ``docs/configuration.md`` with its default; unknown keys are an error so a
+typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from chronoq import errors
+
+ENV_PREFIX = "CHRONOQ_"
+
+
+@dataclass
+class BrokerConfig:
+    data_dir: str = "./chronoq-data"
+    host: str = "127.0.0.1"
+    port: int = 8081
+    # Address clients are told to dial (the route's broker endpoint); default host:port.
+    advertised_address: str = ""
+    broker_name: str = "chronoq"
+    flush_policy: str = "sync"  # "sync": fsync before acking; "async": fsync every flush_interval_ms
+    flush_interval_ms: int = 100
+    segment_bytes: int = 1 << 30
+    cq_entries_per_file: int = 300_000
+    max_body_bytes: int = 4 * 1024 * 1024
+    auto_create_topics: bool = True
+    default_queues: int = 4
+    max_queues: int = 1024
+    dedupe_window_ms: int = 60_000
+    dedupe_max_entries: int = 200_000
+    checkpoint_interval_ms: int = 1000
+    retention_max_age_hours: float = 72.0
+    retention_max_bytes: int = 0  # 0: no size limit
+    retention_interval_s: float = 60.0
+    verify_extra_segments: int = 1
+    quarantine: bool = False
+    log_level: str = "info"
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "BrokerConfig":
+        if self.flush_policy not in ("sync", "async"):
+            raise errors.ClientError(f"flush_policy must be 'sync' or 'async', not {self.flush_policy!r}")
+        if not 1 <= self.port <= 65535:
+            raise errors.ClientError(f"port {self.port} is out of range 1..65535")
+        if not 1 <= self.default_queues <= self.max_queues <= 65535:
+            raise errors.ClientError("need 1 <= default_queues <= max_queues <= 65535")
+        if not 1 <= self.max_body_bytes <= 64 * 1024 * 1024:
+            raise errors.ClientError("max_body_bytes must be between 1 and 64 MiB")
+        if self.segment_bytes < 64 * 1024:
+            raise errors.ClientError("segment_bytes must be at least 64 KiB")
+        if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
+            raise errors.ClientError("intervals must be positive")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        return self.advertised_address or f"{self.host}:{self.port}"
+
+
+_FIELDS = {f.name: f for f in fields(BrokerConfig) if f.name != "extra"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _FIELDS[name].type
+    if isinstance(value, str):
+        text = value.strip()
+        if kind == "bool":
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise errors.ClientError(f"{name}: expected true/false, got {value!r}")
+        if kind == "int":
+            try:
+                return int(text.replace("_", ""))
+            except ValueError:
+                raise errors.ClientError(f"{name}: expected an integer, got {value!r}") from None
+        if kind == "float":
+            try:
+                return float(text)
+            except ValueError:
+                raise errors.ClientError(f"{name}: expected a number, got {value!r}") from None
+        return value
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise errors.ClientError(f"{name}: expected an integer, got {value!r}")
+    if kind == "float" and not isinstance(value, (int, float)):
+        raise errors.ClientError(f"{name}: expected a number, got {value!r}")
+    if kind == "bool" and not isinstance(value, bool):
+        raise errors.ClientError(f"{name}: expected true/false, got {value!r}")
+    if kind == "str" and not isinstance(value, str):
+        raise errors.ClientError(f"{name}: expected a string, got {value!r}")
+    return value
+
+
+def _apply(cfg: BrokerConfig, values: Mapping[str, Any], source: str) -> BrokerConfig:
+    changes = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS:
+            raise errors.ClientError(f"unknown setting {key!r} in {source}")
+        changes[name] = _coerce(name, value)
+    return dataclasses.replace(cfg, **changes)
+
+
+def load_config(path: str | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> BrokerConfig:
+    cfg = BrokerConfig()
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise errors.ClientError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise errors.ClientError(f"config file {path} is not valid TOML: {exc}") from None
+        extra = {k: v for k, v in data.items() if isinstance(v, dict) and k != "broker"}
+        flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        flat.update(data.get("broker", {}))
+        cfg = _apply(cfg, flat, path)
+        cfg.extra = extra
+    env = os.environ if env is None else env
+    from_env = {k[len(ENV_PREFIX):].lower(): v for k, v in env.items()
+                if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() in _FIELDS}
+    cfg = _apply(cfg, from_env, "the environment")
+    cfg = _apply(cfg, {k: v for k, v in (overrides or {}).items() if v is not None}, "the command line")
+    return cfg.validate()

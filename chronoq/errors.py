@@ -1,0 +1,124 @@
+"""The error taxonomy.
+
+Every failure chronoq raises on purpose is a ``ChronoqError`` with a stable ``kind``. Core modules
+raise these types only; the protocol shell converts them to RocketMQ status codes in exactly one
+place (``chronoq.server.status``). Anything else escaping the core is a bug.
+
+- ``ClientError``: the request was wrong; retrying it unchanged will fail again.
+- ``NotFound``: the thing named does not exist (unknown topic, expired handle).
+- ``StorageError``: the disk refused (full, I/O error); the request may succeed later.
+- ``CorruptionError``: stored data failed validation; an operator has to look.
+"""
+
+from __future__ import annotations
+
+
+class ChronoqError(Exception):
+    kind = "internal"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class ClientError(ChronoqError):
+    kind = "bad_request"
+
+
+class InvalidTopic(ClientError):
+    kind = "illegal_topic"
+
+
+class InvalidGroup(ClientError):
+    kind = "illegal_group"
+
+
+class ReservedName(ClientError):
+    kind = "illegal_topic"
+
+
+class BodyEmpty(ClientError):
+    kind = "body_empty"
+
+
+class BodyTooLarge(ClientError):
+    kind = "body_too_large"
+
+
+class InvalidMessageId(ClientError):
+    kind = "illegal_message_id"
+
+
+class InvalidTag(ClientError):
+    kind = "illegal_tag"
+
+
+class InvalidKey(ClientError):
+    kind = "illegal_key"
+
+
+class InvalidProperty(ClientError):
+    kind = "illegal_property"
+
+
+class PropertiesTooLarge(ClientError):
+    kind = "properties_too_large"
+
+
+class InvalidQueue(ClientError):
+    kind = "bad_request"
+
+
+class InvalidOffset(ClientError):
+    kind = "illegal_offset"
+
+
+class DuplicateMessageId(ClientError):
+    kind = "illegal_message_id"
+
+
+class MessageTypeMismatch(ClientError):
+    kind = "type_conflict"
+
+
+class NotFound(ChronoqError):
+    kind = "not_found"
+
+
+class TopicNotFound(NotFound):
+    kind = "topic_not_found"
+
+
+class GroupNotFound(NotFound):
+    kind = "group_not_found"
+
+
+class StorageError(ChronoqError):
+    kind = "storage"
+
+
+class DiskFull(StorageError):
+    kind = "disk_full"
+
+
+class CorruptionError(ChronoqError):
+    """Stored data failed validation where truncation is not allowed.
+
+    Names the file and byte offset so an operator can inspect it, and says what to do next.
+    """
+
+    kind = "corruption"
+
+    def __init__(self, path: str, offset: int, reason: str):
+        super().__init__(
+            f"corrupt data in {path} at byte {offset}: {reason}. chronoq will not truncate the "
+            f"middle of the log. Inspect or back up the file, then restart with --quarantine to move "
+            f"the damaged part aside and continue (the lost range is reported)."
+        )
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class ClosedError(ChronoqError):
+    kind = "closed"

@@ -1,0 +1,85 @@
+"""Small file-system helpers: atomic metadata writes and directory fsync."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import google_crc32c
+
+from chronoq import errors
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file whole.
+
+    Temp file in the same directory, fsync, rename over the target, fsync the directory.
+    """
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        _unlink_quiet(tmp)
+        raise storage_error(exc, path) from exc
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def storage_error(exc: OSError, path: str) -> errors.StorageError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return errors.DiskFull(f"disk full while writing {path}; free space and retry")
+    return errors.StorageError(f"I/O error on {path}: {exc.strerror or exc}")
+
+
+# JSON documents with a checksum line, so a torn or edited file is detected rather than misread.
+# Format: first line "chronoq-json v1 crc32c=<hex>", then the UTF-8 JSON body.
+_JSON_MAGIC = "chronoq-json v1 crc32c="
+
+
+def write_json(path: str, obj: object) -> None:
+    body = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    header = f"{_JSON_MAGIC}{google_crc32c.value(body):08x}\n".encode()
+    atomic_write(path, header + body)
+
+
+def read_json(path: str) -> object | None:
+    """Return the document, ``None`` if the file does not exist; raise ValueError if damaged."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return None
+    header, sep, body = raw.partition(b"\n")
+    text = header.decode("ascii", "replace")
+    if not sep or not text.startswith(_JSON_MAGIC):
+        raise ValueError(f"{path}: missing checksum header")
+    try:
+        expected = int(text[len(_JSON_MAGIC):], 16)
+    except ValueError:
+        raise ValueError(f"{path}: unreadable checksum header") from None
+    if google_crc32c.value(body) != expected:
+        raise ValueError(f"{path}: checksum mismatch (truncated or edited)")
+    return json.loads(body)

@@ -1,0 +1,101 @@
+"""The running broker process: open the store, run periodic work, serve, stop cleanly.
+
+``chronoq serve`` calls ``run``. SIGTERM and SIGINT trigger a clean stop: front ends stop taking
+requests, pending writes are flushed, a clean checkpoint is written, files are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Callable
+
+from chronoq.broker import Broker
+from chronoq.committer import GroupCommitter
+from chronoq.config import BrokerConfig
+
+log = logging.getLogger("chronoq.runtime")
+
+
+class Runtime:
+    """Owns the broker and everything that runs beside it in one event loop."""
+
+    def __init__(self, config: BrokerConfig, say: Callable[[str], None] = print):
+        self.config = config
+        self.say = say
+        self.broker: Broker | None = None
+        self.committer: GroupCommitter | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
+        self.front_ends: list = []
+
+    def open_broker(self) -> Broker:
+        def progress(phase: str, done: int, total: int) -> None:
+            if total:
+                self.say(f"recovery: {phase} {done * 100 // total}% ({done}/{total} bytes)")
+
+        self.broker = Broker(self.config, progress=progress)
+        self.say(f"chronoq data directory: {self.config.data_dir}")
+        self.say(f"recovery: {self.broker.recovery.summary()}")
+        return self.broker
+
+    async def _periodic(self) -> None:
+        assert self.broker is not None
+        tick = min(self.config.checkpoint_interval_ms, 200) / 1000
+        last_retention = asyncio.get_running_loop().time()
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), tick)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                self.broker.maintenance()
+                now = asyncio.get_running_loop().time()
+                if now - last_retention >= self.config.retention_interval_s:
+                    last_retention = now
+                    for path in self.broker.retention():
+                        log.info("retention deleted %s", path)
+            except Exception:  # keep serving; the next tick retries
+                log.exception("periodic maintenance failed")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        broker = self.open_broker()
+        self.committer = GroupCommitter(broker)
+        self.committer.start()
+        self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
+        from chronoq.server import front_ends
+
+        for front_end in front_ends.build(self):
+            await front_end.start()
+            self.front_ends.append(front_end)
+        self.say("chronoq is ready" + "".join(f"; {fe.describe()}" for fe in self.front_ends))
+        sys.stdout.flush()
+        await self._stop.wait()
+        self.say("chronoq stopping: flushing and writing a clean checkpoint")
+        for front_end in reversed(self.front_ends):
+            await front_end.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.committer.close()
+        broker.close()
+        self.say("chronoq stopped cleanly")
+
+
+def run(config: BrokerConfig) -> None:
+    runtime = Runtime(config, say=lambda text: print(text, flush=True))
+    try:
+        import uvloop  # optional: a faster event loop when installed
+
+        uvloop.run(runtime.serve())
+    except ImportError:
+        asyncio.run(runtime.serve())

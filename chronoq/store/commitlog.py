@@ -1,0 +1,259 @@
+"""The commit log: append-only segment files holding every record (see ``record.py``).
+
+Files: ``<data>/commitlog/<base offset, 20 digits>.log``. A segment holds the records whose physical
+offsets start at its base; offsets are global (base + position), so a record's offset never changes.
+A record never spans two segments. A segment is *sealed* once a later one exists; only the newest
+(the *active* segment) is ever appended to or truncated.
+
+Durability: ``append`` writes to the page cache only; ``sync`` fsyncs the active segment and returns
+the offset that is now durable. A roll fsyncs the old segment, creates the new one and fsyncs the
+directory before anything is written to it, so a sealed segment is always complete on disk.
+
+Lost ranges (``lost.json``): byte ranges an operator quarantined after corruption. Readers and the
+recovery scan skip them; the damaged bytes are copied to ``quarantine/`` first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+
+from chronoq import errors, fsutil
+from chronoq.store import record
+
+SEGMENT_SUFFIX = ".log"
+SEGMENT_NAME_DIGITS = 20
+LOST_FILE = "lost.json"
+
+
+def segment_name(base: int) -> str:
+    return f"{base:0{SEGMENT_NAME_DIGITS}d}{SEGMENT_SUFFIX}"
+
+
+@dataclass(slots=True)
+class Segment:
+    base: int
+    path: str
+    size: int  # bytes of valid data (the file length after recovery)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+
+@dataclass(slots=True, frozen=True)
+class LostRange:
+    start: int
+    end: int
+    path: str
+    reason: str
+
+
+class CommitLog:
+    def __init__(self, directory: str, segment_bytes: int):
+        assert segment_bytes >= 4096, "segments smaller than 4 KiB make no sense"
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        os.makedirs(directory, exist_ok=True)
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._fds: dict[int, int] = {}
+        self._active_fd = -1
+        self.lost: list[LostRange] = []
+        # Offsets: everything below ``synced`` is fsynced; ``written`` is the end of the page cache.
+        self.written = 0
+        self.synced = 0
+        self._sync_lock = threading.Lock()
+        self._load_segment_list()
+
+    # ----------------------------------------------------------------- opening
+    def _load_segment_list(self) -> None:
+        names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX))
+        for name in names:
+            stem = name[: -len(SEGMENT_SUFFIX)]
+            if len(stem) != SEGMENT_NAME_DIGITS or not stem.isdigit():
+                raise errors.CorruptionError(os.path.join(self.directory, name), 0, "unexpected file name in commitlog/")
+            path = os.path.join(self.directory, name)
+            self.segments.append(Segment(int(stem), path, os.path.getsize(path)))
+        for prev, nxt in zip(self.segments, self.segments[1:]):
+            if prev.end > nxt.base:
+                raise errors.CorruptionError(prev.path, nxt.base - prev.base, f"segment overlaps {nxt.path}")
+        self._bases = [s.base for s in self.segments]
+        raw = fsutil.read_json(os.path.join(self.directory, LOST_FILE)) or []
+        self.lost = [LostRange(**item) for item in raw]  # type: ignore[arg-type]
+
+    def start_writing(self) -> None:
+        """Open the active segment for appends (after recovery has settled its length)."""
+        if not self.segments:
+            self._create_segment(0)
+        active = self.segments[-1]
+        self._active_fd = self._fd(active.base)
+        self.written = self.synced = active.end
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].base if self.segments else 0
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+    def _fd(self, base: int) -> int:
+        fd = self._fds.get(base)
+        if fd is None:
+            seg = self.segments[self._index(base)]
+            fd = os.open(seg.path, os.O_RDWR)
+            self._fds[base] = fd
+        return fd
+
+    def _index(self, offset: int) -> int:
+        i = bisect.bisect_right(self._bases, offset) - 1
+        if i < 0:
+            raise errors.NotFound(f"commit-log offset {offset} is before the oldest segment ({self.min_offset})")
+        return i
+
+    def segment_for(self, offset: int) -> Segment:
+        return self.segments[self._index(offset)]
+
+    def _create_segment(self, base: int) -> None:
+        path = os.path.join(self.directory, segment_name(base))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fds[base] = fd
+        self.segments.append(Segment(base, path, 0))
+        self._bases.append(base)
+        fsutil.fsync_dir(self.directory)
+
+    # ----------------------------------------------------------------- writing
+    def room(self) -> int:
+        """Bytes the active segment takes before a roll (a lone record always fits)."""
+        return max(0, self.segment_bytes - self.segments[-1].size)
+
+    def append(self, blob: bytes) -> int:
+        """Write ``blob`` (whole records) at the end of the log; return its start offset."""
+        assert self._active_fd >= 0, "start_writing() first"
+        active = self.segments[-1]
+        if active.size and active.size + len(blob) > self.segment_bytes:
+            self._roll()
+            active = self.segments[-1]
+        view = memoryview(blob)
+        pos = active.size
+        try:
+            while view:
+                n = os.pwrite(self._active_fd, view, pos)
+                view = view[n:]
+                pos += n
+        except OSError as exc:
+            # Cut off whatever part of the batch reached the file so the log stays whole.
+            self._truncate_quiet(active.size)
+            raise fsutil.storage_error(exc, active.path) from exc
+        start = active.end
+        active.size = pos
+        self.written = active.end
+        return start
+
+    def _truncate_quiet(self, size: int) -> None:
+        try:
+            os.ftruncate(self._active_fd, size)
+        except OSError:
+            pass
+
+    def _roll(self) -> None:
+        old = self.segments[-1]
+        os.fsync(self._active_fd)
+        self.synced = max(self.synced, old.end)
+        self._create_segment(old.end)
+        self._active_fd = self._fds[old.end]
+
+    def sync(self) -> int:
+        """fsync what has been written; return the offset now durable. Safe from another thread."""
+        with self._sync_lock:
+            target = self.written
+            fd = self._active_fd
+            if target > self.synced:
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    raise fsutil.storage_error(exc, self.directory) from exc
+                self.synced = max(self.synced, target)
+            return self.synced
+
+    def truncate_active(self, size: int) -> None:
+        """Cut the active segment to ``size`` bytes (torn-tail repair during recovery)."""
+        seg = self.segments[-1]
+        assert 0 <= size <= os.path.getsize(seg.path)
+        fd = self._fd(seg.base)
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+        seg.size = size
+
+    # ----------------------------------------------------------------- reading
+    def read(self, offset: int, size: int) -> bytes:
+        seg = self.segment_for(offset)
+        pos = offset - seg.base
+        if pos + size > seg.size:
+            raise errors.NotFound(f"commit-log range {offset}+{size} is past the end of {seg.path}")
+        data = os.pread(self._fd(seg.base), size, pos)
+        if len(data) != size:
+            raise errors.StorageError(f"short read at {offset} in {seg.path}")
+        return data
+
+    def read_record(self, offset: int, size: int) -> bytes:
+        """Read and validate one record; corruption names the file and offset."""
+        data = self.read(offset, size)
+        try:
+            length = record.check(data, 0, len(data))
+        except record.RecordError as exc:
+            seg = self.segment_for(offset)
+            raise errors.CorruptionError(seg.path, offset - seg.base, exc.reason) from None
+        if length != size:
+            seg = self.segment_for(offset)
+            raise errors.CorruptionError(seg.path, offset - seg.base, "record length disagrees with its index entry")
+        return data
+
+    def is_lost(self, offset: int) -> bool:
+        return any(r.start <= offset < r.end for r in self.lost)
+
+    def map_segment(self, seg: Segment) -> mmap.mmap | bytes:
+        if seg.size == 0:
+            return b""
+        return mmap.mmap(self._fd(seg.base), seg.size, access=mmap.ACCESS_READ)
+
+    # ----------------------------------------------------------------- lost ranges
+    def quarantine(self, seg: Segment, start_pos: int, end_pos: int, reason: str) -> LostRange:
+        qdir = os.path.join(os.path.dirname(self.directory), "quarantine")
+        os.makedirs(qdir, exist_ok=True)
+        data = os.pread(self._fd(seg.base), end_pos - start_pos, start_pos)
+        dump = os.path.join(qdir, f"{segment_name(seg.base)}.{start_pos}-{end_pos}.bin")
+        fsutil.atomic_write(dump, data)
+        lost = LostRange(seg.base + start_pos, seg.base + end_pos, seg.path, reason)
+        self.lost.append(lost)
+        fsutil.write_json(
+            os.path.join(self.directory, LOST_FILE),
+            [{"start": r.start, "end": r.end, "path": r.path, "reason": r.reason} for r in self.lost],
+        )
+        return lost
+
+    # ----------------------------------------------------------------- retention
+    def delete_before(self, offset: int) -> list[Segment]:
+        """Delete sealed segments that end at or before ``offset``. Never the active one."""
+        deleted = []
+        while len(self.segments) > 1 and self.segments[0].end <= offset:
+            seg = self.segments.pop(0)
+            self._bases.pop(0)
+            fd = self._fds.pop(seg.base, None)
+            if fd is not None:
+                os.close(fd)
+            os.unlink(seg.path)
+            deleted.append(seg)
+        if deleted:
+            fsutil.fsync_dir(self.directory)
+        return deleted
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._active_fd = -1

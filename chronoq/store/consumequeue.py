@@ -1,0 +1,192 @@
+"""Consume queues: per (topic, queue id), a dense index of that queue's messages in the log.
+
+Files: ``<data>/consumequeue/<topic>/<queue id>/<first logical offset, 20 digits>.cq``. Each file
+holds ``entries_per_file`` fixed-size entries; entry *n* lives in file ``n // entries_per_file`` at
+byte ``(n % entries_per_file) * ENTRY_SIZE``, so reading logical offset *n* is one seek.
+
+Entry layout (24 bytes, little-endian)::
+
+    off  size  field
+      0     8  commit_offset  u64, physical offset of the record in the commit log
+      8     4  size           u32, record length in bytes (never 0 for a real entry)
+     12     4  tag_hash       u32, CRC-32 of the UTF-8 tag (0 for no tag)
+     16     8  time_ms        i64, deliver-at for delayed records, else the stored time
+
+A consume queue is derived data: the dispatcher writes entry *n* at the position the record's own
+``queue_offset`` names, so replaying the log over existing files is idempotent, and a lost file is
+rebuilt by replaying the log. All-zero entries at the end of a file are unwritten space (a crash
+after the file grew) and are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from chronoq import fsutil
+
+ENTRY = struct.Struct("<QIIq")
+ENTRY_SIZE = 24
+assert ENTRY.size == ENTRY_SIZE
+CQ_SUFFIX = ".cq"
+_ZERO_ENTRY = bytes(ENTRY_SIZE)
+
+
+class ConsumeQueue:
+    def __init__(self, directory: str, topic: str, queue_id: int, entries_per_file: int):
+        assert entries_per_file > 0
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = directory
+        self.per_file = entries_per_file
+        self.file_bytes = entries_per_file * ENTRY_SIZE
+        self._fds: dict[int, int] = {}  # file index -> fd
+        self._dirty: set[int] = set()
+        self.min_offset = 0
+        self.next_offset = 0  # one past the last valid entry
+        self._load()
+
+    def _path(self, index: int) -> str:
+        return os.path.join(self.directory, f"{index * self.per_file:020d}{CQ_SUFFIX}")
+
+    def _load(self) -> None:
+        if not os.path.isdir(self.directory):
+            return
+        indexes = sorted(
+            int(n[: -len(CQ_SUFFIX)]) // self.per_file for n in os.listdir(self.directory) if n.endswith(CQ_SUFFIX)
+        )
+        if not indexes:
+            return
+        last = indexes[-1]
+        size = os.path.getsize(self._path(last))
+        count = min(size // ENTRY_SIZE, self.per_file)
+        # Trailing zero entries are space the file system allocated but we never wrote.
+        if count:
+            fd = self._fd(last)
+            data = os.pread(fd, count * ENTRY_SIZE, 0)
+            while count and data[(count - 1) * ENTRY_SIZE:count * ENTRY_SIZE] == _ZERO_ENTRY:
+                count -= 1
+        self.next_offset = last * self.per_file + count
+        self.min_offset = indexes[0] * self.per_file
+        first_fd = self._fd(indexes[0])
+        # Skip leading zero entries of the first file (a queue that began after retention).
+        head = os.pread(first_fd, min(os.path.getsize(self._path(indexes[0])), self.file_bytes), 0)
+        i = 0
+        while i * ENTRY_SIZE < len(head) and head[i * ENTRY_SIZE:(i + 1) * ENTRY_SIZE] == _ZERO_ENTRY:
+            i += 1
+        self.min_offset = min(indexes[0] * self.per_file + i, self.next_offset)
+
+    def _fd(self, index: int) -> int:
+        fd = self._fds.get(index)
+        if fd is None:
+            os.makedirs(self.directory, exist_ok=True)
+            path = self._path(index)
+            created = not os.path.exists(path)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fds[index] = fd
+            if created:
+                fsutil.fsync_dir(self.directory)
+        return fd
+
+    def put(self, first_offset: int, entries: bytes) -> None:
+        """Write consecutive entries starting at logical ``first_offset`` (positional, idempotent)."""
+        assert len(entries) % ENTRY_SIZE == 0 and entries
+        n = len(entries) // ENTRY_SIZE
+        done = 0
+        while done < n:
+            logical = first_offset + done
+            index, slot = divmod(logical, self.per_file)
+            take = min(n - done, self.per_file - slot)
+            fd = self._fd(index)
+            os.pwrite(fd, entries[done * ENTRY_SIZE:(done + take) * ENTRY_SIZE], slot * ENTRY_SIZE)
+            self._dirty.add(index)
+            done += take
+        if self.next_offset == self.min_offset:  # the queue was empty: it starts here
+            self.min_offset = first_offset
+        self.next_offset = max(self.next_offset, first_offset + n)
+
+    def get(self, offset: int, max_entries: int) -> bytes:
+        """Entries from logical ``offset`` (at most ``max_entries``, never crossing a file)."""
+        if offset < self.min_offset or offset >= self.next_offset or max_entries <= 0:
+            return b""
+        index, slot = divmod(offset, self.per_file)
+        take = min(max_entries, self.next_offset - offset, self.per_file - slot)
+        return os.pread(self._fd(index), take * ENTRY_SIZE, slot * ENTRY_SIZE)
+
+    def truncate(self, next_offset: int) -> None:
+        """Drop entries at and beyond ``next_offset`` (they point past the recovered log)."""
+        if next_offset >= self.next_offset:
+            return
+        index, slot = divmod(next_offset, self.per_file)
+        for i in sorted(self._known_indexes()):
+            if i > index:
+                self._remove_file(i)
+        if os.path.exists(self._path(index)):
+            fd = self._fd(index)
+            os.ftruncate(fd, slot * ENTRY_SIZE)
+            os.fsync(fd)
+        self.next_offset = next_offset
+        self.min_offset = min(self.min_offset, next_offset)
+
+    def _end_at(self, offset: int) -> int:
+        raw = self.get(offset, 1)
+        phys, size, _, _ = ENTRY.unpack(raw)
+        return phys + size
+
+    def truncate_past(self, log_end: int) -> None:
+        """Drop trailing entries whose record ends beyond ``log_end`` (recovery row R9)."""
+        lo, hi = self.min_offset, self.next_offset
+        if lo == hi or self._end_at(hi - 1) <= log_end:
+            return
+        while lo < hi:  # entries are in log order: binary-search the first one past the end
+            mid = (lo + hi) // 2
+            if self._end_at(mid) > log_end:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.truncate(lo)
+
+    def _known_indexes(self) -> list[int]:
+        if not os.path.isdir(self.directory):
+            return []
+        return [int(n[: -len(CQ_SUFFIX)]) // self.per_file for n in os.listdir(self.directory) if n.endswith(CQ_SUFFIX)]
+
+    def _remove_file(self, index: int) -> None:
+        fd = self._fds.pop(index, None)
+        if fd is not None:
+            os.close(fd)
+        self._dirty.discard(index)
+        try:
+            os.unlink(self._path(index))
+        except FileNotFoundError:
+            pass
+
+    def delete_below(self, commit_offset: int) -> int:
+        """Delete whole files whose every entry points below ``commit_offset``; return count."""
+        removed = 0
+        for index in sorted(self._known_indexes()):
+            file_end = (index + 1) * self.per_file
+            if file_end > self.next_offset:
+                break  # never delete the file being appended to
+            last = os.pread(self._fd(index), ENTRY_SIZE, self.file_bytes - ENTRY_SIZE)
+            if len(last) < ENTRY_SIZE:
+                break
+            phys, size, _, _ = ENTRY.unpack(last)
+            if phys + size > commit_offset:
+                break
+            self._remove_file(index)
+            self.min_offset = file_end
+            removed += 1
+        return removed
+
+    def sync(self) -> None:
+        for index in list(self._dirty):
+            fd = self._fds.get(index)
+            if fd is not None:
+                os.fsync(fd)
+        self._dirty.clear()
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

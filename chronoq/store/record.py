@@ -1,0 +1,191 @@
+"""Commit-log record codec: the one place that knows the byte layout of a stored message.
+
+Layout (all integers little-endian; offsets in bytes from the start of the record)::
+
+    off  size  field
+      0     4  total_len      u32, whole record including this field
+      4     1  magic          0xC9
+      5     1  version        1
+      6     4  crc32c         CRC-32C (Castagnoli) of bytes [10, total_len)
+     10     2  flags          bit 0 DELAYED, bit 1 TRANSACTION_HALF, bit 2 SYSTEM (see FLAG_*)
+     12     2  queue_id       u16
+     14     8  queue_offset   u64, logical offset of this message in its (topic, queue_id)
+     22     8  born_ms        i64, epoch ms the producer created it
+     30     8  stored_ms      i64, epoch ms the broker appended it
+     38     8  deliver_at_ms  i64, epoch ms it may first be consumed; 0 means at once
+     46     1  topic_len      u8, 1..127
+     47     1  msgid_len      u8, 1..128
+     48     2  tag_len        u16
+     50     2  keys_len       u16
+     52     4  props_len      u32
+     56     4  body_len       u32
+     60        topic, message id, tag (UTF-8), keys, properties, body (in this order)
+
+Keys are UTF-8 joined by 0x01. Properties are ``key 0x01 value`` pairs joined by 0x02 (the
+validation in ``chronoq.model`` forbids both bytes inside keys and values).
+
+A record is valid iff: at least ``HEADER_SIZE`` bytes are present, magic and version match,
+``HEADER_SIZE <= total_len <= RECORD_SIZE_MAX``, the six lengths add up to ``total_len``,
+``topic_len`` and ``msgid_len`` are non-zero, and the CRC matches. Version changes bump
+``VERSION`` and keep a reader for every older version.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import google_crc32c
+
+MAGIC = 0xC9
+VERSION = 1
+HEADER = struct.Struct("<IBBIHHQqqqBBHHII")
+HEADER_SIZE = 60
+assert HEADER.size == HEADER_SIZE, HEADER.size
+# The part of the header covered by the CRC, packed separately so the CRC can be computed first.
+_PREFIX = struct.Struct("<IBBI")
+_TAIL = struct.Struct("<HHQqqqBBHHII")
+CRC_START = 10
+assert _PREFIX.size == CRC_START and _PREFIX.size + _TAIL.size == HEADER_SIZE
+
+FLAG_DELAYED = 0x0001
+FLAG_TRANSACTION_HALF = 0x0002
+FLAG_SYSTEM = 0x0004
+
+# Body limit is configurable up to 64 MiB; topic/id/tag/keys/properties add at most ~100 KiB.
+RECORD_SIZE_MAX = 64 * 1024 * 1024 + 256 * 1024
+
+KEY_SEP = b"\x01"
+PROP_PAIR_SEP = b"\x01"
+PROP_SEP = b"\x02"
+
+_crc = google_crc32c.value
+_pack_tail = _TAIL.pack
+_pack_prefix = _PREFIX.pack
+_unpack_header = HEADER.unpack_from
+
+
+class RecordError(ValueError):
+    """Bytes at a position are not a valid record; ``reason`` says which rule failed."""
+
+    def __init__(self, reason: str, torn: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        # True when the record runs past the end of the available bytes (a short write).
+        self.torn = torn
+
+
+def encode_keys(keys: tuple[str, ...] | list[str]) -> bytes:
+    return KEY_SEP.join(k.encode() for k in keys) if keys else b""
+
+
+def encode_properties(props: dict[str, str]) -> bytes:
+    if not props:
+        return b""
+    return PROP_SEP.join(k.encode() + PROP_PAIR_SEP + v.encode() for k, v in props.items())
+
+
+def decode_keys(raw: bytes) -> tuple[str, ...]:
+    return tuple(k.decode() for k in raw.split(KEY_SEP)) if raw else ()
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    if not raw:
+        return {}
+    out = {}
+    for pair in raw.split(PROP_SEP):
+        key, _, value = pair.partition(PROP_PAIR_SEP)
+        out[key.decode()] = value.decode()
+    return out
+
+
+def encode(
+    flags: int,
+    queue_id: int,
+    queue_offset: int,
+    born_ms: int,
+    stored_ms: int,
+    deliver_at_ms: int,
+    topic: bytes,
+    msgid: bytes,
+    tag: bytes,
+    keys: bytes,
+    props: bytes,
+    body: bytes,
+) -> bytes:
+    """Return one record. Callers pass fields already validated and encoded to bytes."""
+    tail = (
+        _pack_tail(
+            flags, queue_id, queue_offset, born_ms, stored_ms, deliver_at_ms,
+            len(topic), len(msgid), len(tag), len(keys), len(props), len(body),
+        )
+        + topic + msgid + tag + keys + props + body
+    )
+    total = CRC_START + len(tail)
+    if total > RECORD_SIZE_MAX:
+        raise ValueError(f"record of {total} bytes exceeds {RECORD_SIZE_MAX}")
+    return _pack_prefix(total, MAGIC, VERSION, _crc(tail)) + tail
+
+
+def check(buf: bytes, pos: int, end: int) -> int:
+    """Validate the record at ``buf[pos:]`` (``end`` = bytes available). Return its length.
+
+    Raises ``RecordError`` (with ``torn=True`` when the record would run past ``end``).
+    """
+    if end - pos < HEADER_SIZE:
+        if end - pos < 4 or not any(buf[pos:end]):
+            raise RecordError("short header", torn=True)
+        raise RecordError(f"only {end - pos} bytes left, header needs {HEADER_SIZE}", torn=True)
+    (total, magic, version, crc, _flags, _qid, _qoff, _born, _stored, _deliver,
+     tlen, mlen, taglen, klen, plen, blen) = _unpack_header(buf, pos)
+    if magic != MAGIC or version != VERSION:
+        if total == 0 and magic == 0 and not any(buf[pos:min(end, pos + 4096)]):
+            raise RecordError("zero-filled tail", torn=True)
+        raise RecordError(f"bad magic/version {magic:#x}/{version}")
+    if total < HEADER_SIZE or total > RECORD_SIZE_MAX:
+        raise RecordError(f"length {total} out of range")
+    if HEADER_SIZE + tlen + mlen + taglen + klen + plen + blen != total or tlen == 0 or mlen == 0:
+        raise RecordError("field lengths do not add up to the record length")
+    if pos + total > end:
+        raise RecordError(f"record of {total} bytes runs past the end ({end - pos} left)", torn=True)
+    if _crc(bytes(buf[pos + CRC_START:pos + total])) != crc:
+        raise RecordError("CRC mismatch")
+    return total
+
+
+class RecordHeader:
+    """Routing fields of a record, parsed without touching the body (for the dispatcher)."""
+
+    __slots__ = ("length", "flags", "queue_id", "queue_offset", "stored_ms", "deliver_at_ms", "topic", "tag")
+
+    def __init__(self, buf: bytes, pos: int):
+        (total, _m, _v, _c, flags, qid, qoff, _born, stored, deliver,
+         tlen, mlen, taglen, _k, _p, _b) = _unpack_header(buf, pos)
+        self.length = total
+        self.flags = flags
+        self.queue_id = qid
+        self.queue_offset = qoff
+        self.stored_ms = stored
+        self.deliver_at_ms = deliver
+        start = pos + HEADER_SIZE
+        self.topic = bytes(buf[start:start + tlen]).decode()
+        tag_start = start + tlen + mlen
+        self.tag = bytes(buf[tag_start:tag_start + taglen])
+
+
+def decode(buf: bytes, pos: int = 0) -> dict:
+    """Decode a record already validated by ``check`` into its fields (a plain dict)."""
+    (total, _m, _v, _c, flags, qid, qoff, born, stored, deliver,
+     tlen, mlen, taglen, klen, plen, blen) = _unpack_header(buf, pos)
+    p = pos + HEADER_SIZE
+    topic = bytes(buf[p:p + tlen]).decode(); p += tlen
+    msgid = bytes(buf[p:p + mlen]).decode(); p += mlen
+    tag = bytes(buf[p:p + taglen]).decode(); p += taglen
+    keys = decode_keys(bytes(buf[p:p + klen])); p += klen
+    props = decode_properties(bytes(buf[p:p + plen])); p += plen
+    body = bytes(buf[p:p + blen])
+    assert p + blen == pos + total
+    return {
+        "flags": flags, "queue_id": qid, "queue_offset": qoff, "born_ms": born, "stored_ms": stored,
+        "deliver_at_ms": deliver, "topic": topic, "message_id": msgid, "tag": tag, "keys": keys,
+        "properties": props, "body": body,
+    }

@@ -1,0 +1,425 @@
+"""The store: commit log + consume queues + checkpoint, opened through recovery.
+
+Write path (one thread): ``write`` encodes a batch, assigns each message its queue offset and
+appends it to the page cache; ``sync`` fsyncs (any thread); ``dispatch`` publishes consume-queue
+entries for records up to an offset. The flush policy decides when ``dispatch`` follows ``sync``:
+under ``sync`` nothing is visible or acknowledged before it is on disk.
+
+Checkpoint file ``checkpoint.json`` (``fsutil.write_json``)::
+
+    {"version": 1, "dispatched": <log offset>, "log_end": <log offset>, "clean": <bool>,
+     "queues": {"<topic>/<queue id>": <next logical offset>, ...}}
+
+Every consume-queue file is fsynced before a checkpoint naming its entries is written, so after
+a crash the queues hold at least what the checkpoint says, and replay from ``dispatched`` is
+positional and idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterable, NamedTuple
+
+from chronoq import errors, fsutil
+from chronoq.model import Message
+from chronoq.store import record
+from chronoq.store.commitlog import CommitLog
+from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
+from chronoq.store.recovery import RecoveryReport, iter_records, verify_log
+
+log = logging.getLogger("chronoq.store")
+
+CHECKPOINT_FILE = "checkpoint.json"
+CHECKPOINT_VERSION = 1
+_pack_entry = ENTRY.pack
+_encode = record.encode
+
+
+class Prepared(NamedTuple):
+    """A message validated and encoded by the broker, waiting for its queue offset."""
+
+    topic: str
+    queue_id: int
+    flags: int
+    born_ms: int
+    deliver_at_ms: int
+    message_id: bytes
+    tag: bytes
+    keys: bytes
+    properties: bytes
+    body: bytes
+
+
+class Written(NamedTuple):
+    commit_offset: int
+    queue_offset: int
+    size: int
+
+
+@dataclass
+class StoreOptions:
+    segment_bytes: int = 1 << 30
+    cq_entries_per_file: int = 300_000
+    verify_extra_segments: int = 1
+    quarantine: bool = False
+
+
+class Store:
+    def __init__(self, data_dir: str, options: StoreOptions | None = None, clock=None,
+                 progress: Callable[[str, int, int], None] | None = None):
+        from chronoq.clock import SYSTEM_CLOCK
+
+        self.options = options or StoreOptions()
+        self.clock = clock or SYSTEM_CLOCK
+        self.data_dir = data_dir
+        os.makedirs(data_dir, exist_ok=True)
+        self.log = CommitLog(os.path.join(data_dir, "commitlog"), self.options.segment_bytes)
+        self.cq_dir = os.path.join(data_dir, "consumequeue")
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._next_qoff: dict[tuple[str, int], int] = {}
+        self._topic_bytes: dict[str, bytes] = {}
+        # Written but not yet dispatched: (end offset, {queue key: (first offset, entries)}).
+        self._pending: deque[tuple[int, dict]] = deque()
+        self.dispatched = 0
+        self._guards: list[Callable[[], int | None]] = []
+        self.report = self._recover(progress)
+        self.log.start_writing()
+        self.dispatched = self.log.written
+        self._write_checkpoint(clean=False)
+
+    # ----------------------------------------------------------------- recovery
+    def _recover(self, progress) -> RecoveryReport:
+        report = RecoveryReport()
+        cp = self._read_checkpoint(report)
+        self._open_queues()
+        log_len = self.log.segments[-1].end if self.log.segments else 0
+        clean = bool(cp and cp.get("clean") and cp.get("log_end") == log_len) or (cp is None and log_len == 0)
+        report.clean = clean
+        dispatched = int(cp["dispatched"]) if cp else 0
+        expected = dict(cp.get("queues", {})) if cp else {}
+        if not clean:
+            verify_from = self._verify_start(dispatched)
+            verify_log(self.log, verify_from, self.options.quarantine, report,
+                       None if progress is None else (lambda off: progress("verify", off, log_len)))
+        log_end = self.log.segments[-1].end if self.log.segments else 0
+        report.log_end = log_end
+        replay_from = dispatched
+        if cp is None:
+            replay_from = self.log.min_offset
+        elif dispatched > log_end:  # R10
+            report.notes.append(f"checkpoint offset {dispatched} is past the log end {log_end}; rebuilding queues")
+            replay_from = self.log.min_offset
+        elif self._queues_short(expected):  # R8
+            report.notes.append("a consume queue is missing or short; rebuilding queues from the log")
+            replay_from = self.log.min_offset
+        report.rebuilt_queues = replay_from != dispatched or cp is None
+        replay_from = max(replay_from, self.log.min_offset)
+        report.replayed_from = replay_from
+        report.records_replayed = self._replay(replay_from, progress, log_end)
+        self._sync_queues()
+        return report
+
+    def _read_checkpoint(self, report: RecoveryReport) -> dict | None:
+        path = os.path.join(self.data_dir, CHECKPOINT_FILE)
+        try:
+            cp = fsutil.read_json(path)
+        except ValueError as exc:  # R7
+            report.notes.append(f"checkpoint unreadable ({exc}); rebuilding queues from the log")
+            return None
+        if cp is not None and (not isinstance(cp, dict) or cp.get("version") != CHECKPOINT_VERSION):
+            report.notes.append("checkpoint has an unknown version; rebuilding queues from the log")
+            return None
+        if cp is None and self.log.segments:
+            report.notes.append("no checkpoint; rebuilding queues from the log")
+        return cp
+
+    def _verify_start(self, dispatched: int) -> int:
+        segs = self.log.segments
+        if not segs:
+            return 0
+        idx = len(segs) - 1
+        for i, seg in enumerate(segs):
+            if seg.base <= dispatched < seg.end or (dispatched == seg.end and i == len(segs) - 1):
+                idx = i
+                break
+        idx = max(0, idx - self.options.verify_extra_segments)
+        return segs[idx].base
+
+    def _open_queues(self) -> None:
+        if not os.path.isdir(self.cq_dir):
+            return
+        for topic in os.listdir(self.cq_dir):
+            tdir = os.path.join(self.cq_dir, topic)
+            for qid in os.listdir(tdir):
+                if qid.isdigit():
+                    self._queue(topic, int(qid))
+
+    def _queues_short(self, expected: dict) -> bool:
+        for key, count in expected.items():
+            topic, _, qid = key.rpartition("/")
+            cq = self.queues.get((topic, int(qid)))
+            if cq is None or cq.next_offset < int(count):
+                return True
+        return False
+
+    def _replay(self, start: int, progress, log_end: int) -> int:
+        """Re-dispatch records from ``start``; then cut queue entries the log no longer backs."""
+        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+        count = 0
+        for offset, buf in iter_records(self.log, start):
+            h = record.RecordHeader(buf, 0)
+            entry = _pack_entry(offset, h.length, zlib.crc32(h.tag),
+                                h.deliver_at_ms if h.flags & record.FLAG_DELAYED else h.stored_ms)
+            self._add_entry(batch, (h.topic, h.queue_id), h.queue_offset, entry)
+            count += 1
+            if count % 65536 == 0:
+                self._put_entries(batch)
+                batch = {}
+                if progress is not None:
+                    progress("replay", offset, log_end)
+        self._put_entries(batch)
+        for cq in self.queues.values():  # R9
+            cq.truncate_past(log_end)
+        for key, cq in self.queues.items():
+            self._next_qoff[key] = cq.next_offset
+        return count
+
+    def _add_entry(self, batch: dict, key: tuple[str, int], qoff: int, entry: bytes) -> None:
+        run = batch.get(key)
+        if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:
+            run[1].extend(entry)
+            return
+        if run is not None:  # a gap (quarantined records): write the run so far, start anew
+            self._queue(*key).put(run[0], bytes(run[1]))
+        batch[key] = (qoff, bytearray(entry))
+
+    # ----------------------------------------------------------------- queues
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self.queues.get(key)
+        if cq is None:
+            cq = ConsumeQueue(os.path.join(self.cq_dir, topic, str(queue_id)), topic, queue_id,
+                              self.options.cq_entries_per_file)
+            self.queues[key] = cq
+            self._next_qoff.setdefault(key, cq.next_offset)
+        return cq
+
+    def _put_entries(self, batch: dict) -> None:
+        for key, (first, entries) in batch.items():
+            self._queue(*key).put(first, bytes(entries))
+
+    def _sync_queues(self) -> None:
+        for cq in self.queues.values():
+            cq.sync()
+
+    # ----------------------------------------------------------------- writing
+    def write(self, messages: Iterable[Prepared]) -> list[Written]:
+        """Append a batch to the log (page cache). Not durable or visible until sync/dispatch."""
+        now = self.clock.wall_ms()
+        next_qoff = self._next_qoff
+        topic_bytes = self._topic_bytes
+        records = []
+        meta = []
+        for m in messages:
+            key = (m.topic, m.queue_id)
+            qoff = next_qoff.get(key)
+            if qoff is None:
+                qoff = self._queue(*key).next_offset
+            next_qoff[key] = qoff + 1
+            tb = topic_bytes.get(m.topic)
+            if tb is None:
+                tb = topic_bytes[m.topic] = m.topic.encode()
+            rec = _encode(m.flags, m.queue_id, qoff, m.born_ms, now, m.deliver_at_ms, tb,
+                          m.message_id, m.tag, m.keys, m.properties, m.body)
+            records.append(rec)
+            meta.append((key, qoff, len(rec), zlib.crc32(m.tag),
+                         m.deliver_at_ms if m.flags & record.FLAG_DELAYED else now))
+        if not records:
+            return []
+        out: list[Written] = []
+        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+        i = 0
+        try:
+            while i < len(records):
+                j, room, size = i, self.log.room(), 0
+                # Fill what fits in the active segment; a roll happens between chunks only.
+                while j < len(records) and (size + len(records[j]) <= room or j == i):
+                    size += len(records[j])
+                    j += 1
+                pos = self.log.append(b"".join(records[i:j]) if j - i > 1 else records[i])
+                for k in range(i, j):
+                    key, qoff, length, tag_hash, time_ms = meta[k]
+                    out.append(Written(pos, qoff, length))
+                    self._add_entry(batch, key, qoff, _pack_entry(pos, length, tag_hash, time_ms))
+                    pos += length
+                i = j
+        except errors.StorageError:
+            for key, qoff, *_ in meta[i:]:  # give back the offsets of what was not written
+                next_qoff[key] = min(next_qoff[key], qoff)
+            if out:
+                self._pending.append((pos, batch))
+            raise
+        self._pending.append((pos, batch))
+        return out
+
+    def sync(self) -> int:
+        """fsync the log; return the durable offset. May run in a worker thread."""
+        return self.log.sync()
+
+    def dispatch(self, upto: int | None = None) -> int:
+        """Make records below ``upto`` (default: all written) visible in their consume queues."""
+        limit = self.log.written if upto is None else upto
+        while self._pending and self._pending[0][0] <= limit:
+            end, batch = self._pending.popleft()
+            self._put_entries(batch)
+            self.dispatched = end
+        return self.dispatched
+
+    def append(self, messages: Iterable[Prepared], durable: bool = True) -> list[Written]:
+        """Write, fsync (when ``durable``) and dispatch: the embedded one-call path."""
+        out = self.write(messages)
+        if durable:
+            self.dispatch(self.sync())
+        else:
+            self.dispatch()
+        return out
+
+    # ----------------------------------------------------------------- reading
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(q for (t, q) in self.queues if t == topic)
+
+    def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return (0, 0)
+        return (cq.min_offset, cq.next_offset)
+
+    def entries(self, topic: str, queue_id: int, offset: int, max_entries: int) -> list[tuple[int, int, int, int]]:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            return []
+        raw = cq.get(offset, max_entries)
+        return list(ENTRY.iter_unpack(raw))
+
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int) -> tuple[list[Message], int]:
+        """Messages from logical ``offset``; returns them and the offset to read next.
+
+        Entries whose record was deleted by retention or quarantined are skipped.
+        """
+        cq = self.queues.get((topic, queue_id))
+        if cq is None or max_messages <= 0:
+            return [], offset
+        offset = max(offset, cq.min_offset)
+        raw = cq.get(offset, max_messages)
+        entries = list(ENTRY.iter_unpack(raw))
+        out: list[Message] = []
+        min_phys = self.log.min_offset
+        for i, data in self._read_runs(entries, min_phys):
+            fields = record.decode(data)
+            out.append(Message(
+                topic=fields["topic"], queue_id=fields["queue_id"], queue_offset=offset + i,
+                commit_offset=entries[i][0], message_id=fields["message_id"], body=fields["body"],
+                tag=fields["tag"], keys=fields["keys"], properties=fields["properties"],
+                born_ms=fields["born_ms"], stored_ms=fields["stored_ms"],
+                deliver_at_ms=fields["deliver_at_ms"], flags=fields["flags"]))
+        return out, offset + len(entries)
+
+    def _read_runs(self, entries, min_phys: int):
+        """Yield (index, record bytes), reading physically adjacent records with one pread."""
+        i = 0
+        n = len(entries)
+        while i < n:
+            phys, size = entries[i][0], entries[i][1]
+            if phys < min_phys or self.log.lost and self.log.is_lost(phys):
+                i += 1
+                continue
+            j = i + 1
+            end = phys + size
+            seg = self.log.segment_for(phys)
+            while j < n and entries[j][0] == end and end + entries[j][1] <= seg.end and not (
+                    self.log.lost and self.log.is_lost(end)):
+                end += entries[j][1]
+                j += 1
+            blob = self.log.read(phys, end - phys)
+            pos = 0
+            for k in range(i, j):
+                size_k = entries[k][1]
+                try:
+                    length = record.check(blob, pos, pos + size_k)
+                except record.RecordError as exc:
+                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
+                yield k, blob[pos:pos + length]
+                pos += size_k
+            i = j
+
+    def read_at(self, commit_offset: int, size: int) -> Message:
+        data = self.log.read_record(commit_offset, size)
+        f = record.decode(data)
+        return Message(topic=f["topic"], queue_id=f["queue_id"], queue_offset=f["queue_offset"],
+                       commit_offset=commit_offset, message_id=f["message_id"], body=f["body"], tag=f["tag"],
+                       keys=f["keys"], properties=f["properties"], born_ms=f["born_ms"],
+                       stored_ms=f["stored_ms"], deliver_at_ms=f["deliver_at_ms"], flags=f["flags"])
+
+    # ----------------------------------------------------------------- checkpoints & retention
+    def checkpoint(self, clean: bool = False) -> None:
+        """Make consume queues durable, then record how far they are complete."""
+        self._sync_queues()
+        self._write_checkpoint(clean)
+
+    def _write_checkpoint(self, clean: bool) -> None:
+        dispatched = min(self.dispatched, self.log.synced)
+        if dispatched < self.dispatched:
+            # Async policy: queues may be ahead of the durable log. Only claim what is synced,
+            # with the queue sizes as of ``dispatched`` unknown, so record the lower safe bound.
+            queues = {}
+        else:
+            queues = {f"{t}/{q}": cq.next_offset for (t, q), cq in self.queues.items()}
+        fsutil.write_json(os.path.join(self.data_dir, CHECKPOINT_FILE), {
+            "version": CHECKPOINT_VERSION, "dispatched": dispatched, "log_end": self.log.written,
+            "clean": clean, "queues": queues, "written_at_ms": self.clock.wall_ms(),
+        })
+
+    def add_retention_guard(self, guard: Callable[[], int | None]) -> None:
+        """Register ``guard() -> lowest commit offset still needed`` (None: needs nothing)."""
+        self._guards.append(guard)
+
+    def retention(self, max_age_ms: int | None, max_bytes: int | None, now_s: float | None = None) -> list[str]:
+        """Delete sealed segments older than ``max_age_ms`` or beyond ``max_bytes`` in total.
+
+        Never deletes the active segment, anything not yet dispatched, or anything at or above
+        the lowest offset a retention guard still needs.
+        """
+        floor = self.dispatched
+        for guard in self._guards:
+            needed = guard()
+            if needed is not None:
+                floor = min(floor, needed)
+        now_s = time.time() if now_s is None else now_s
+        total = sum(s.size for s in self.log.segments)
+        cut = self.log.min_offset
+        for seg in self.log.segments[:-1]:
+            too_old = max_age_ms is not None and (now_s - os.path.getmtime(seg.path)) * 1000 > max_age_ms
+            too_big = max_bytes is not None and total > max_bytes
+            if not (too_old or too_big) or seg.end > floor:
+                break
+            cut = seg.end
+            total -= seg.size
+        deleted = self.log.delete_before(cut)
+        if deleted:
+            for cq in self.queues.values():
+                cq.delete_below(self.log.min_offset)
+        return [s.path for s in deleted]
+
+    def close(self) -> None:
+        self.dispatch(self.sync())
+        self.checkpoint(clean=True)
+        self.log.close()
+        for cq in self.queues.values():
+            cq.close()
+
