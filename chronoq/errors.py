@@ -81,6 +81,36 @@ class MessageTypeMismatch(ClientError):
     kind = "type_conflict"
 
 
+class InvalidReceiptHandle(ClientError):
+    """Unknown, malformed or stale (acked, revived, or replaced by change-invisible-time)."""
+
+    kind = "invalid_receipt_handle"
+
+
+class InvalidInvisibleTime(ClientError):
+    kind = "illegal_invisible_time"
+
+
+class InvalidFilter(ClientError):
+    kind = "illegal_filter"
+
+
+class InvalidDeliveryTime(ClientError):
+    kind = "illegal_delivery_time"
+
+
+class InvalidTransaction(ClientError):
+    kind = "invalid_transaction_id"
+
+
+class TooManyRequests(ChronoqError):
+    kind = "too_many_requests"
+
+
+class Unsupported(ChronoqError):
+    kind = "unsupported"
+
+
 class NotFound(ChronoqError):
     kind = "not_found"
 
