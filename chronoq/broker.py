@@ -79,6 +79,9 @@ class Broker:
         self._offsets_dirty = False
         self._load_offsets()
         self._round_robin: dict[str, itertools.count] = {}
+        self._user_topics: dict[str, TopicConfig] = {}
+        self._system_topics: dict[str, TopicConfig] = {}
+        self._tags: dict[str, bytes] = {}
         # (topic, message id) -> (result, body crc, stored at ms): exact resends answer the original.
         self._dedupe: OrderedDict[tuple[str, str], tuple[SendResult, int, int]] = OrderedDict()
         self._last_checkpoint_ms = self.clock.wall_ms()
@@ -144,40 +147,64 @@ class Broker:
         return self.create_topic(name)
 
     # ----------------------------------------------------------------- sending
-    def prepare(self, msg: OutgoingMessage, *, system: bool = False) -> tuple[Prepared, str]:
+    def _send_topic(self, name: object, system: bool) -> TopicConfig:
+        # Validated topics are cached: the name rules cost more than the rest of a send.
+        cache = self._system_topics if system else self._user_topics
+        cfg = cache.get(name)  # type: ignore[arg-type]
+        if cfg is None or self.topics.get(name) is not cfg:  # type: ignore[arg-type]
+            topic_name = model.validate_topic_name(name) if system else model.validate_user_topic(name)
+            cfg = cache[topic_name] = self.topic(topic_name)
+        return cfg
+
+    def _tag_bytes(self, tag: object) -> bytes:
+        raw = self._tags.get(tag)  # type: ignore[arg-type]
+        if raw is None:
+            raw = model.validate_tag(tag).encode()
+            if len(self._tags) > 4096:
+                self._tags.clear()
+            self._tags[tag] = raw  # type: ignore[index]
+        return raw
+
+    def prepare(self, msg: OutgoingMessage, *, system: bool = False, now: int | None = None) -> tuple[Prepared, str]:
         """Validate one message and choose its queue. Returns the store record and its id."""
-        topic_name = model.validate_topic_name(msg.topic) if system else model.validate_user_topic(msg.topic)
-        topic = self.topic(topic_name)
+        topic = self._send_topic(msg.topic, system)
         body = msg.body
-        if isinstance(body, str):
-            body = body.encode()
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise errors.ClientError("message body must be bytes")
-        if len(body) == 0:
+        if type(body) is not bytes:
+            if isinstance(body, str):
+                body = body.encode()
+            elif isinstance(body, (bytearray, memoryview)):
+                body = bytes(body)
+            else:
+                raise errors.ClientError("message body must be bytes")
+        if not body:
             raise errors.BodyEmpty("message body is empty")
         if len(body) > self.config.max_body_bytes:
             raise errors.BodyTooLarge(f"message body is {len(body)} bytes; the limit is {self.config.max_body_bytes}")
-        tag = model.validate_tag(msg.tag)
-        keys = model.validate_keys(msg.keys)
-        props = model.validate_properties(msg.properties, allow_system=system)
+        tag = self._tag_bytes(msg.tag) if msg.tag else b""
+        keys = record.encode_keys(model.validate_keys(msg.keys)) if msg.keys else b""
+        props = model.validate_properties(msg.properties, allow_system=system) if msg.properties else None
         mtype = msg.message_type or (MessageType.FIFO if msg.message_group else MessageType.NORMAL)
-        if topic.message_type not in (MessageType.MIXED, mtype):
+        if topic.message_type is not MessageType.MIXED and topic.message_type is not mtype:
             raise errors.MessageTypeMismatch(
-                f"topic {topic_name} accepts {topic.message_type.name} messages, not {mtype.name}")
-        if msg.message_group:
-            group = msg.message_group
-            if not isinstance(group, str) or not group.strip() or len(group.encode()) >= model.MESSAGE_GROUP_BYTES_MAX:
-                raise errors.ClientError(f"message group must be non-blank and under {model.MESSAGE_GROUP_BYTES_MAX} bytes")
-            props[PROP_MESSAGE_GROUP] = group
-        if mtype is not MessageType.NORMAL:
-            props[PROP_MESSAGE_TYPE] = mtype.name
-        now = self.clock.wall_ms()
+                f"topic {topic.name} accepts {topic.message_type.name} messages, not {mtype.name}")
+        if msg.message_group or mtype is not MessageType.NORMAL:
+            props = props or {}
+            if msg.message_group:
+                group = msg.message_group
+                if not isinstance(group, str) or not group.strip() or len(group.encode()) >= model.MESSAGE_GROUP_BYTES_MAX:
+                    raise errors.ClientError(
+                        f"message group must be non-blank and under {model.MESSAGE_GROUP_BYTES_MAX} bytes")
+                props[PROP_MESSAGE_GROUP] = group
+            if mtype is not MessageType.NORMAL:
+                props[PROP_MESSAGE_TYPE] = mtype.name
+        if now is None:
+            now = self.clock.wall_ms()
         message_id = model.validate_message_id(msg.message_id) if msg.message_id else new_message_id(now)
         queue_id = self._choose_queue(topic, msg)
         born = now if msg.born_ms is None else int(msg.born_ms)
-        prepared = Prepared(topic_name, queue_id, record.FLAG_SYSTEM if system else 0, born, 0,
-                            message_id.encode(), tag.encode(), record.encode_keys(keys),
-                            record.encode_properties(props), bytes(body))
+        prepared = Prepared(topic.name, queue_id, record.FLAG_SYSTEM if system else 0, born, 0,
+                            message_id.encode(), tag, keys,
+                            record.encode_properties(props) if props else b"", body)
         return prepared, message_id
 
     def _choose_queue(self, topic: TopicConfig, msg: OutgoingMessage) -> int:
@@ -213,41 +240,52 @@ class Broker:
         """Validate and append (page cache only). Durability and visibility come from ``flush``.
 
         The whole batch is validated before anything is written: one bad message fails the batch
-        and stores nothing.
+        and stores nothing. A message id the client chose is deduplicated: an exact resend within
+        ``dedupe_window_ms`` (also inside one batch) answers the original result, ``duplicate=True``.
         """
+        prepare = self.prepare
         prepared: list[Prepared] = []
         ids: list[str] = []
-        results: list[SendResult | None] = []
-        seen_in_batch: dict[tuple[str, str], int] = {}
-        for msg in messages:
-            p, mid = self.prepare(msg, system=system)
-            dup = self.check_duplicate(p.topic, mid, p.body) if msg.message_id else None
-            key = (p.topic, mid)
-            if dup is None and key in seen_in_batch:
-                dup_index = seen_in_batch[key]
-                results.append(("same", dup_index))  # type: ignore[arg-type]
-                continue
-            results.append(dup)
-            if dup is None:
-                seen_in_batch[key] = len(results) - 1
-                prepared.append(p)
-                ids.append(mid)
-        written = self.store.write(prepared)
+        # Slot i of the answer: None = new (next written record), else the duplicate's result.
+        answers: list[SendResult | int | None] = []
+        first_in_batch: dict[tuple[str, str], int] = {}
+        client_ids = False
         now = self.clock.wall_ms()
-        it = iter(zip(prepared, ids, written))
+        for msg in messages:
+            p, mid = prepare(msg, system=system, now=now)
+            if msg.message_id:
+                client_ids = True
+                key = (p.topic, mid)
+                if key in first_in_batch:
+                    answers.append(first_in_batch[key])
+                    continue
+                dup = self.check_duplicate(p.topic, mid, p.body)
+                if dup is not None:
+                    answers.append(dup)
+                    continue
+                first_in_batch[key] = len(answers)
+            answers.append(None)
+            prepared.append(p)
+            ids.append(mid)
+        written = self.store.write(prepared)
+        if not client_ids:  # fast path: every message is new
+            return [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
+                    for p, mid, w in zip(prepared, ids, written)]
+        now = self.clock.wall_ms()
+        fresh = iter(zip(prepared, ids, written))
         out: list[SendResult] = []
-        for res in results:
-            if isinstance(res, tuple):
-                first = out[res[1]]
-                out.append(SendResult(first.message_id, first.topic, first.queue_id, first.queue_offset,
-                                      first.commit_offset, duplicate=True))
-            elif res is None:
-                p, mid, w = next(it)
-                sr = SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
-                self._remember(p, sr, now)
-                out.append(sr)
+        for answer in answers:
+            if answer is None:
+                p, mid, w = next(fresh)
+                result = SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
+                self._remember(p, result, now)
+            elif isinstance(answer, int):
+                first = out[answer]
+                result = SendResult(first.message_id, first.topic, first.queue_id, first.queue_offset,
+                                    first.commit_offset, duplicate=True)
             else:
-                out.append(res)
+                result = answer
+            out.append(result)
         return out
 
     def _remember(self, p: Prepared, result: SendResult, now: int) -> None:

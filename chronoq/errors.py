@@ -152,3 +152,13 @@ class CorruptionError(ChronoqError):
 
 class ClosedError(ChronoqError):
     kind = "closed"
+
+
+class InvalidMessageGroup(ClientError):
+    kind = "illegal_message_group"
+
+
+class NotYetImplemented(ChronoqError):
+    """A feature chronoq will have but this build does not (delay, transactions, recall, ...)."""
+
+    kind = "not_implemented"

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import uuid
 
 EPOCH_2021_S = 1_609_459_200
-_lock = threading.Lock()
 _counter = itertools.count()
 
 
@@ -22,17 +20,27 @@ def _prefix() -> str:
 
 
 _PREFIX = _prefix()
-_PREFIX_PID = os.getpid()
+_head_second = -1
+_head = ""
+
+
+def _after_fork() -> None:
+    # A forked child has a new pid, so its ids need a new prefix (and the cached head with it).
+    global _PREFIX, _head_second
+    _PREFIX, _head_second = _prefix(), -1
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def new_message_id(now_ms: int) -> str:
-    global _PREFIX, _PREFIX_PID
-    if os.getpid() != _PREFIX_PID:  # forked: the pid field must change
-        _PREFIX, _PREFIX_PID = _prefix(), os.getpid()
-    with _lock:
-        seq = next(_counter) & 0xFFFFFFFF
-    secs = (now_ms // 1000 - EPOCH_2021_S) & 0xFFFFFFFF
-    return f"{_PREFIX}{secs:08X}{seq:08X}"
+    global _head_second, _head
+    second = now_ms // 1000
+    if second != _head_second:  # the first 26 characters change once a second
+        _head = f"{_PREFIX}{(second - EPOCH_2021_S) & 0xFFFFFFFF:08X}"
+        _head_second = second
+    # next() on itertools.count is atomic under the GIL: no lock needed for unique sequences.
+    return f"{_head}{next(_counter) & 0xFFFFFFFF:08X}"
 
 
 def parse_message_id(message_id: str) -> dict | None:

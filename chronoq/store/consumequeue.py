@@ -166,8 +166,10 @@ class ConsumeQueue:
         removed = 0
         for index in sorted(self._known_indexes()):
             file_end = (index + 1) * self.per_file
-            if file_end > self.next_offset:
-                break  # never delete the file being appended to
+            # Never delete the file holding the last entry (even when it is full): reopening
+            # derives next_offset from the last file, so deleting it would reuse queue offsets.
+            if file_end >= self.next_offset:
+                break
             last = os.pread(self._fd(index), ENTRY_SIZE, self.file_bytes - ENTRY_SIZE)
             if len(last) < ENTRY_SIZE:
                 break

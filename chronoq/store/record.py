@@ -126,6 +126,41 @@ def encode(
     return _pack_prefix(total, MAGIC, VERSION, _crc(tail)) + tail
 
 
+_extend = google_crc32c.extend
+
+
+def encode_parts(
+    out: list,
+    flags: int,
+    queue_id: int,
+    queue_offset: int,
+    born_ms: int,
+    stored_ms: int,
+    deliver_at_ms: int,
+    topic: bytes,
+    msgid: bytes,
+    tag: bytes,
+    keys: bytes,
+    props: bytes,
+    body: bytes,
+) -> int:
+    """Like ``encode`` but appends the record's pieces to ``out`` (for one join per batch).
+
+    The body is never copied here; the CRC is computed over the pieces in order.
+    """
+    head = _pack_tail(
+        flags, queue_id, queue_offset, born_ms, stored_ms, deliver_at_ms,
+        len(topic), len(msgid), len(tag), len(keys), len(props), len(body),
+    ) + topic + msgid + tag + keys + props
+    total = CRC_START + len(head) + len(body)
+    if total > RECORD_SIZE_MAX:
+        raise ValueError(f"record of {total} bytes exceeds {RECORD_SIZE_MAX}")
+    out.append(_pack_prefix(total, MAGIC, VERSION, _extend(_crc(head), body)))
+    out.append(head)
+    out.append(body)
+    return total
+
+
 def check(buf: bytes, pos: int, end: int) -> int:
     """Validate the record at ``buf[pos:]`` (``end`` = bytes available). Return its length.
 

@@ -6,6 +6,7 @@ check (found by searching for the magic/version bytes and validating each candid
 
 | #  | case                                   | detected by                                            | action                                                 |
 |----|----------------------------------------|--------------------------------------------------------|--------------------------------------------------------|
+| R0 | preallocated free space           | from a record boundary to the end, all bytes are zero  | cut silently (space reserved by fallocate, not data)   |
 | R1 | clean stop                             | checkpoint says clean and its log end = log length     | nothing to verify; replay nothing                      |
 | R2 | crash, log intact                      | unclean; every record from the verify start checks out | re-dispatch from the checkpoint                        |
 | R3 | torn tail of the active segment        | short/zero record at the end, nothing valid after      | truncate there, fsync, report the lost bytes           |
@@ -94,6 +95,11 @@ def verify_segment(
             except record.RecordError as exc:
                 reason = exc.reason
             nxt = find_next_valid(buf, pos + 1, end)
+            if nxt is None and is_active and _all_zero(buf, pos, end):  # preallocated space
+                _close(buf)
+                buf = b""
+                log.truncate_active(pos)
+                return
             if nxt is None and is_active:  # R3 / R4
                 report.truncated.append(LostRange(seg.base + pos, seg.base + end, seg.path, reason))
                 _close(buf)
@@ -107,6 +113,16 @@ def verify_segment(
             pos = stop
     finally:
         _close(buf)
+
+
+def _all_zero(buf, start: int, end: int) -> bool:
+    chunk = 1 << 20
+    zeros = bytes(chunk)
+    for pos in range(start, end, chunk):
+        piece = buf[pos:min(end, pos + chunk)]
+        if piece != zeros[:len(piece)]:
+            return False
+    return True
 
 
 def _close(buf) -> None:

@@ -84,6 +84,7 @@ class Store:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._next_qoff: dict[tuple[str, int], int] = {}
         self._topic_bytes: dict[str, bytes] = {}
+        self._tag_hashes: dict[bytes, int] = {}
         # Written but not yet dispatched: (end offset, {queue key: (first offset, entries)}).
         self._pending: deque[tuple[int, dict]] = deque()
         self.dispatched = 0
@@ -224,7 +225,10 @@ class Store:
         now = self.clock.wall_ms()
         next_qoff = self._next_qoff
         topic_bytes = self._topic_bytes
-        records = []
+        tag_hashes = self._tag_hashes
+        encode_parts = record.encode_parts
+        delayed = record.FLAG_DELAYED
+        pieces: list[bytes] = []
         meta = []
         for m in messages:
             key = (m.topic, m.queue_id)
@@ -235,28 +239,37 @@ class Store:
             tb = topic_bytes.get(m.topic)
             if tb is None:
                 tb = topic_bytes[m.topic] = m.topic.encode()
-            rec = _encode(m.flags, m.queue_id, qoff, m.born_ms, now, m.deliver_at_ms, tb,
-                          m.message_id, m.tag, m.keys, m.properties, m.body)
-            records.append(rec)
-            meta.append((key, qoff, len(rec), zlib.crc32(m.tag),
-                         m.deliver_at_ms if m.flags & record.FLAG_DELAYED else now))
-        if not records:
+            tag_hash = tag_hashes.get(m.tag)
+            if tag_hash is None:
+                if len(tag_hashes) > 4096:
+                    tag_hashes.clear()
+                tag_hash = tag_hashes[m.tag] = zlib.crc32(m.tag)
+            size = encode_parts(pieces, m.flags, m.queue_id, qoff, m.born_ms, now, m.deliver_at_ms, tb,
+                                m.message_id, m.tag, m.keys, m.properties, m.body)
+            meta.append((key, qoff, size, tag_hash, m.deliver_at_ms if m.flags & delayed else now))
+        if not meta:
             return []
         out: list[Written] = []
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         i = 0
+        pos = 0
         try:
-            while i < len(records):
+            while i < len(meta):
                 j, room, size = i, self.log.room(), 0
                 # Fill what fits in the active segment; a roll happens between chunks only.
-                while j < len(records) and (size + len(records[j]) <= room or j == i):
-                    size += len(records[j])
+                while j < len(meta) and (size + meta[j][2] <= room or j == i):
+                    size += meta[j][2]
                     j += 1
-                pos = self.log.append(b"".join(records[i:j]) if j - i > 1 else records[i])
+                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
                 for k in range(i, j):
                     key, qoff, length, tag_hash, time_ms = meta[k]
                     out.append(Written(pos, qoff, length))
-                    self._add_entry(batch, key, qoff, _pack_entry(pos, length, tag_hash, time_ms))
+                    run = batch.get(key)
+                    entry = _pack_entry(pos, length, tag_hash, time_ms)
+                    if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:
+                        run[1].extend(entry)
+                    else:
+                        self._add_entry(batch, key, qoff, entry)
                     pos += length
                 i = j
         except errors.StorageError:
