@@ -1,0 +1,207 @@
+"""Transactional (half) messages: stored invisibly, published on commit, dropped on rollback.
+
+A half message is written to the system topic ``CHRONOQ_TXN_HALF`` (one queue) carrying the real
+topic in a reserved property, so consumers of the real topic never see it. Its transaction id is
+its offset in that queue (hex). Resolving it writes, in one batch and so under one fsync:
+
+* on COMMIT, a copy into the real topic (same message id, body, tag, keys, user properties, born
+  time), then an op record; on ROLLBACK, only the op record;
+* the op record goes to ``CHRONOQ_TXN_OP`` (one queue); its body is ``C`` or ``R`` followed by
+  the half offset as 8 little-endian bytes.
+
+The copy is written before the op record, so a torn batch can publish twice (retry) but never
+lose a committed message. Unresolved halves are checked with a producer of their topic after
+``txn_check_after_ms``, then every ``txn_check_interval_ms``, and rolled back after
+``txn_max_checks`` checks.
+
+State file ``transactions.json`` (``fsutil.write_json``): ``{"half_floor": n, "op_read": m}``:
+every half below ``half_floor`` is resolved and every op below ``op_read`` was applied, so
+start-up replays only the tails of the two queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from dataclasses import dataclass
+
+from chronoq import errors, fsutil, model
+from chronoq.broker import Broker, OutgoingMessage
+from chronoq.model import Message, MessageType, SendResult
+
+log = logging.getLogger("chronoq.transactions")
+
+HALF_TOPIC = "CHRONOQ_TXN_HALF"
+OP_TOPIC = "CHRONOQ_TXN_OP"
+STATE_FILE = "transactions.json"
+PROP_REAL_TOPIC = "__TXN_TOPIC"
+_OP = struct.Struct("<cQ")
+
+
+@dataclass(slots=True)
+class Half:
+    offset: int
+    topic: str
+    message_id: str
+    stored_ms: int
+    checks: int = 0
+    next_check_ms: int = 0
+
+
+class Transactions:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        cfg = broker.config
+        self.check_after_ms = cfg.txn_check_after_ms
+        self.check_interval_ms = cfg.txn_check_interval_ms
+        self.max_checks = cfg.txn_max_checks
+        broker.create_topic(HALF_TOPIC, 1, system=True)
+        broker.create_topic(OP_TOPIC, 1, system=True)
+        self.pending: dict[int, Half] = {}
+        self._path = os.path.join(broker.data_dir, STATE_FILE)
+        self._load()
+        broker.store.add_retention_guard(self._retention_floor)
+
+    # ----------------------------------------------------------------- state
+    def _load(self) -> None:
+        try:
+            state = fsutil.read_json(self._path) or {}
+        except ValueError as exc:
+            log.warning("transaction state unreadable (%s); replaying both queues", exc)
+            state = {}
+        half_floor = int(state.get("half_floor", 0))
+        op_read = int(state.get("op_read", 0))
+        resolved: set[int] = set()
+        for msg in self._read_all(OP_TOPIC, op_read):
+            _, half_offset = _OP.unpack(msg.body)
+            resolved.add(half_offset)
+        self._op_next = self.broker.queue_bounds(OP_TOPIC, 0)[1]
+        for msg in self._read_all(HALF_TOPIC, half_floor):
+            if msg.queue_offset not in resolved:
+                self._track(msg)
+        self._half_next = self.broker.queue_bounds(HALF_TOPIC, 0)[1]
+
+    def _read_all(self, topic: str, start: int):
+        offset = max(start, self.broker.queue_bounds(topic, 0)[0])
+        while True:
+            batch = self.broker.read(topic, 0, offset, 1000)
+            yield from batch.messages
+            if batch.next_offset <= offset:
+                return
+            offset = batch.next_offset
+
+    def _track(self, msg: Message) -> None:
+        self.pending[msg.queue_offset] = Half(
+            msg.queue_offset, msg.properties.get(PROP_REAL_TOPIC, ""), msg.message_id, msg.stored_ms,
+            next_check_ms=msg.stored_ms + self.check_after_ms)
+
+    def checkpoint(self) -> None:
+        floor = min(self.pending, default=self.broker.queue_bounds(HALF_TOPIC, 0)[1])
+        fsutil.write_json(self._path, {"half_floor": floor,
+                                       "op_read": self.broker.queue_bounds(OP_TOPIC, 0)[1]})
+
+    def _retention_floor(self) -> int | None:
+        if not self.pending:
+            return None
+        first = min(self.pending)
+        entries = self.broker.store.entries(HALF_TOPIC, 0, first, 1)
+        return entries[0][0] if entries else None
+
+    # ----------------------------------------------------------------- API
+    def half_message(self, msg: OutgoingMessage) -> OutgoingMessage:
+        """The system-topic record that stands for ``msg`` until it is resolved."""
+        topic = self.broker._send_topic(msg.topic, False)  # validates the real topic
+        if msg.message_group:
+            raise errors.MessageTypeMismatch("a transactional message cannot have a message group")
+        if topic.message_type not in (MessageType.MIXED, MessageType.TRANSACTION):
+            raise errors.MessageTypeMismatch(
+                f"topic {topic.name} accepts {topic.message_type.name} messages, not TRANSACTION")
+        props = model.validate_properties(msg.properties)
+        props[PROP_REAL_TOPIC] = topic.name
+        return OutgoingMessage(HALF_TOPIC, msg.body, tag=msg.tag, keys=msg.keys, properties=props,
+                               message_id=msg.message_id, born_ms=msg.born_ms)
+
+    def accepted(self, results: list[SendResult], halves: list[OutgoingMessage]) -> list[str]:
+        """Register durable half messages; return their transaction ids."""
+        ids = []
+        now = self.broker.clock.wall_ms()
+        for result, half in zip(results, halves):
+            if not result.duplicate and result.queue_offset not in self.pending:
+                self.pending[result.queue_offset] = Half(
+                    result.queue_offset, half.properties[PROP_REAL_TOPIC], result.message_id, now,
+                    next_check_ms=now + self.check_after_ms)
+            ids.append(format(result.queue_offset, "x"))
+        return ids
+
+    def _lookup(self, topic: str, message_id: str, transaction_id: str) -> Half:
+        try:
+            offset = int(transaction_id, 16)
+        except (TypeError, ValueError):
+            raise errors.InvalidTransaction(f"transaction id {transaction_id!r} is malformed") from None
+        half = self.pending.get(offset)
+        if half is None:
+            raise errors.InvalidTransaction(
+                f"transaction {transaction_id} is unknown or already resolved (committed, rolled back or expired)")
+        if half.message_id != message_id or (topic and half.topic != topic):
+            raise errors.InvalidTransaction(
+                f"transaction {transaction_id} belongs to message {half.message_id} of topic {half.topic}")
+        return half
+
+    def resolution_batch(self, topic: str, message_id: str, transaction_id: str,
+                         commit: bool) -> tuple[Half, list[OutgoingMessage], list[bool]]:
+        """Validate an EndTransaction and return the records to write (copy?, op) and their system flags."""
+        half = self._lookup(topic, message_id, transaction_id)
+        out: list[OutgoingMessage] = []
+        system: list[bool] = []
+        if commit:
+            entries = self.broker.store.entries(HALF_TOPIC, 0, half.offset, 1)
+            if not entries:
+                raise errors.InvalidTransaction(f"half message of transaction {transaction_id} is gone")
+            stored = self.broker.store.read_at(entries[0][0], entries[0][1])
+            props = {k: v for k, v in stored.properties.items() if not k.startswith(model.SYSTEM_PROPERTY_PREFIX)}
+            out.append(OutgoingMessage(half.topic, stored.body, tag=stored.tag, keys=stored.keys,
+                                       properties=props, message_id=stored.message_id, born_ms=stored.born_ms,
+                                       message_type=MessageType.TRANSACTION))
+            system.append(False)
+        out.append(OutgoingMessage(OP_TOPIC, _OP.pack(b"C" if commit else b"R", half.offset)))
+        system.append(True)
+        return half, out, system
+
+    def resolved(self, half: Half) -> None:
+        self.pending.pop(half.offset, None)
+
+    def end(self, topic: str, message_id: str, transaction_id: str, commit: bool) -> None:
+        """Embedded, synchronous EndTransaction (the gRPC shell uses the two steps above)."""
+        half, batch, system = self.resolution_batch(topic, message_id, transaction_id, commit)
+        if commit:
+            self.broker.write([batch[0]])
+        self.broker.write([batch[-1]], system=True)
+        self.broker.flush()
+        self.resolved(half)
+
+    def due_checks(self, now_ms: int) -> tuple[list[tuple[Half, Message]], list[Half]]:
+        """Halves to check with a producer now, and halves past ``max_checks`` (to roll back)."""
+        to_check: list[tuple[Half, Message]] = []
+        expired: list[Half] = []
+        for half in list(self.pending.values()):
+            if half.next_check_ms > now_ms:
+                continue
+            if half.checks >= self.max_checks:
+                expired.append(half)
+                continue
+            entries = self.broker.store.entries(HALF_TOPIC, 0, half.offset, 1)
+            if not entries:
+                expired.append(half)
+                continue
+            half.checks += 1
+            half.next_check_ms = now_ms + self.check_interval_ms
+            to_check.append((half, self.broker.store.read_at(entries[0][0], entries[0][1])))
+        return to_check, expired
+
+    def expire(self, half: Half) -> None:
+        log.warning("transaction %x (message %s, topic %s) unresolved after %d checks: rolled back",
+                    half.offset, half.message_id, half.topic, half.checks)
+        self.broker.write([OutgoingMessage(OP_TOPIC, _OP.pack(b"R", half.offset))], system=True)
+        self.broker.flush()
+        self.resolved(half)

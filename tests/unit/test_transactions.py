@@ -1,0 +1,78 @@
+from chronoq.broker import Broker, OutgoingMessage
+from chronoq.clock import FakeClock
+from chronoq.config import BrokerConfig
+from chronoq.transactions import HALF_TOPIC, Transactions
+
+import pytest
+
+from chronoq import errors
+
+
+def _send_half(broker, txns, body=b"pay", msg_id=None):
+    half = txns.half_message(OutgoingMessage("orders", body, message_id=msg_id))
+    results = broker.send_batch([half], system=True)
+    return results[0], txns.accepted(results, [half])[0]
+
+
+def _visible(broker, topic="orders"):
+    out = []
+    for q in range(broker.topic(topic).queues):
+        out += broker.read(topic, q, 0, 100).messages
+    return out
+
+
+def test_half_is_invisible_until_commit_and_survives_restart(tmp_path):
+    cfg = BrokerConfig(data_dir=str(tmp_path))
+    broker = Broker(cfg)
+    txns = Transactions(broker)
+    result, txid = _send_half(broker, txns)
+    assert _visible(broker) == []
+    broker.close()  # restart: the pending half is found again from the half queue
+    broker = Broker(cfg)
+    txns = Transactions(broker)
+    assert list(txns.pending) == [int(txid, 16)]
+    txns.end("orders", result.message_id, txid, commit=True)
+    seen = _visible(broker)
+    assert [m.body for m in seen] == [b"pay"] and seen[0].message_id == result.message_id
+    with pytest.raises(errors.InvalidTransaction):
+        txns.end("orders", result.message_id, txid, commit=True)
+    broker.close()
+    broker = Broker(cfg)
+    assert Transactions(broker).pending == {}  # the op record resolved it for good
+    broker.close()
+
+
+def test_rollback_discards_and_wrong_ids_are_refused(tmp_path):
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path)))
+    txns = Transactions(broker)
+    result, txid = _send_half(broker, txns)
+    with pytest.raises(errors.InvalidTransaction):
+        txns.end("orders", "not-the-id", txid, commit=True)
+    with pytest.raises(errors.InvalidTransaction):
+        txns.end("orders", result.message_id, "zz-not-hex", commit=True)
+    txns.end("orders", result.message_id, txid, commit=False)
+    assert _visible(broker) == [] and txns.pending == {}
+    assert broker.read(HALF_TOPIC, 0, 0, 10).messages  # the half stays in its system queue
+    broker.close()
+
+
+def test_checks_are_scheduled_and_expire_after_max(tmp_path):
+    clock = FakeClock()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path), txn_check_after_ms=1000, txn_check_interval_ms=500,
+                                 txn_max_checks=2), clock=clock)
+    txns = Transactions(broker)
+    _send_half(broker, txns)
+    assert txns.due_checks(clock.wall_ms()) == ([], [])
+    clock.advance(1000)
+    checks, expired = txns.due_checks(clock.wall_ms())
+    assert len(checks) == 1 and checks[0][1].body == b"pay" and not expired
+    clock.advance(499)
+    assert txns.due_checks(clock.wall_ms()) == ([], [])
+    clock.advance(1)
+    assert len(txns.due_checks(clock.wall_ms())[0]) == 1
+    clock.advance(500)
+    checks, expired = txns.due_checks(clock.wall_ms())
+    assert checks == [] and len(expired) == 1
+    txns.expire(expired[0])
+    assert txns.pending == {} and _visible(broker) == []
+    broker.close()
