@@ -27,6 +27,8 @@ from chronoq.model import Message, MessageType, SendResult, TopicConfig
 from chronoq.msgid import new_message_id
 from chronoq.store import record
 from chronoq.store.store import Prepared, Store, StoreOptions
+from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.timer.service import RecallResult, RescheduleResult, TimerOptions, TimerService
 
 log = logging.getLogger("chronoq.broker")
 
@@ -50,6 +52,10 @@ class OutgoingMessage:
     message_group: str | None = None
     born_ms: int | None = None
     message_type: MessageType | None = None
+    # Delayed delivery (chronoq.timer): at most one of these. deliver_at_ms is epoch ms (at or
+    # before now: delivered at once); delay_level is 1..len(timer_delay_levels), 0/None: no delay.
+    deliver_at_ms: int | None = None
+    delay_level: int | None = None
 
 
 @dataclass(slots=True)
@@ -87,6 +93,11 @@ class Broker:
         self._last_checkpoint_ms = self.clock.wall_ms()
         self._arrival_listeners: list = []
         self._notified_upto = self.store.dispatched
+        # Delayed delivery: the timer absorbs FLAG_DELAYED records (store.delayed_sink), catches up
+        # from its cursor here, and delivers what falls due when ``timer_tick`` runs.
+        self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
+                                  ensure_delay_topic=self._ensure_delay_topic)
+        self.add_arrival_listener(self.timer.on_arrivals)
         self.closed = False
 
     # ----------------------------------------------------------------- topics
@@ -147,17 +158,27 @@ class Broker:
         return self.create_topic(name)
 
     # ----------------------------------------------------------------- sending
-    def _send_topic(self, name: object, system: bool) -> TopicConfig:
+    def _send_topic(self, name: object, system: bool,
+                    new_topics: dict[str, TopicConfig] | None = None) -> TopicConfig:
+        """The topic a message goes to. With ``new_topics``, a topic auto-create would make is only
+        planned there (not saved), so a batch that fails validation creates nothing."""
         # Validated topics are cached: the name rules cost more than the rest of a send.
         cache = self._system_topics if system else self._user_topics
-        cfg = cache.get(name)  # type: ignore[arg-type]
+        cfg = cache.get(name) if type(name) is str else None  # (an unhashable name must not raise TypeError)
         if cfg is None or self.topics.get(name) is not cfg:  # type: ignore[arg-type]
             topic_name = model.validate_topic_name(name) if system else model.validate_user_topic(name)
+            if new_topics is not None and topic_name not in self.topics:
+                planned = new_topics.get(topic_name)
+                if planned is None:
+                    if not self.config.auto_create_topics or model.is_system_topic(topic_name):
+                        self.topic(topic_name)  # raises TopicNotFound, worded as usual
+                    planned = new_topics[topic_name] = TopicConfig(topic_name, self.config.default_queues)
+                return planned
             cfg = cache[topic_name] = self.topic(topic_name)
         return cfg
 
     def _tag_bytes(self, tag: object) -> bytes:
-        raw = self._tags.get(tag)  # type: ignore[arg-type]
+        raw = self._tags.get(tag) if type(tag) is str else None  # type: ignore[arg-type]
         if raw is None:
             raw = model.validate_tag(tag).encode()
             if len(self._tags) > 4096:
@@ -165,9 +186,14 @@ class Broker:
             self._tags[tag] = raw  # type: ignore[index]
         return raw
 
-    def prepare(self, msg: OutgoingMessage, *, system: bool = False, now: int | None = None) -> tuple[Prepared, str]:
-        """Validate one message and choose its queue. Returns the store record and its id."""
-        topic = self._send_topic(msg.topic, system)
+    def prepare(self, msg: OutgoingMessage, *, system: bool = False, now: int | None = None,
+                new_topics: dict[str, TopicConfig] | None = None) -> tuple[Prepared, str]:
+        """Validate one message and choose its queue. Returns the store record and its id.
+
+        With ``new_topics`` an unknown topic is planned there instead of auto-created (``write``
+        creates them once the whole batch is valid).
+        """
+        topic = self._send_topic(msg.topic, system, new_topics)
         body = msg.body
         if type(body) is not bytes:
             if isinstance(body, str):
@@ -183,7 +209,9 @@ class Broker:
         tag = self._tag_bytes(msg.tag) if msg.tag else b""
         keys = record.encode_keys(model.validate_keys(msg.keys)) if msg.keys else b""
         props = model.validate_properties(msg.properties, allow_system=system) if msg.properties else None
-        mtype = msg.message_type or (MessageType.FIFO if msg.message_group else MessageType.NORMAL)
+        delayed = msg.deliver_at_ms is not None or bool(msg.delay_level)
+        mtype = msg.message_type or (MessageType.FIFO if msg.message_group else
+                                     MessageType.DELAY if delayed else MessageType.NORMAL)
         if topic.message_type is not MessageType.MIXED and topic.message_type is not mtype:
             raise errors.MessageTypeMismatch(
                 f"topic {topic.name} accepts {topic.message_type.name} messages, not {mtype.name}")
@@ -205,6 +233,8 @@ class Broker:
         prepared = Prepared(topic.name, queue_id, record.FLAG_SYSTEM if system else 0, born, 0,
                             message_id.encode(), tag, keys,
                             record.encode_properties(props) if props else b"", body)
+        if delayed:
+            prepared = self.timer.prepare_delayed(prepared, msg.deliver_at_ms, msg.delay_level, now)
         return prepared, message_id
 
     def _choose_queue(self, topic: TopicConfig, msg: OutgoingMessage) -> int:
@@ -234,7 +264,7 @@ class Broker:
             raise errors.DuplicateMessageId(
                 f"message id {message_id} was already used in topic {topic} for a different body")
         return SendResult(result.message_id, result.topic, result.queue_id, result.queue_offset,
-                          result.commit_offset, duplicate=True)
+                          result.commit_offset, duplicate=True, recall_handle=result.recall_handle)
 
     def write(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
         """Validate and append (page cache only). Durability and visibility come from ``flush``.
@@ -249,14 +279,19 @@ class Broker:
         # Slot i of the answer: None = new (next written record), else the duplicate's result.
         answers: list[SendResult | int | None] = []
         first_in_batch: dict[tuple[str, str], int] = {}
+        first_bodies: dict[tuple[str, str], bytes] = {}
+        new_topics: dict[str, TopicConfig] = {}
         client_ids = False
         now = self.clock.wall_ms()
         for msg in messages:
-            p, mid = prepare(msg, system=system, now=now)
+            p, mid = prepare(msg, system=system, now=now, new_topics=new_topics)
             if msg.message_id:
                 client_ids = True
                 key = (p.topic, mid)
                 if key in first_in_batch:
+                    if first_bodies[key] != p.body:  # same rule as check_duplicate, inside a batch
+                        raise errors.DuplicateMessageId(
+                            f"message id {mid} is used twice in this batch for different bodies")
                     answers.append(first_in_batch[key])
                     continue
                 dup = self.check_duplicate(p.topic, mid, p.body)
@@ -264,12 +299,16 @@ class Broker:
                     answers.append(dup)
                     continue
                 first_in_batch[key] = len(answers)
+                first_bodies[key] = p.body
             answers.append(None)
             prepared.append(p)
             ids.append(mid)
+        for name in new_topics:  # the whole batch is valid: now create the topics it needs
+            self.topic(name, create=True)
         written = self.store.write(prepared)
         if not client_ids:  # fast path: every message is new
-            return [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
+            return [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset) if not p.deliver_at_ms
+                    else self.timer.send_result(p, mid, w.commit_offset, w.queue_offset)
                     for p, mid, w in zip(prepared, ids, written)]
         now = self.clock.wall_ms()
         fresh = iter(zip(prepared, ids, written))
@@ -277,12 +316,13 @@ class Broker:
         for answer in answers:
             if answer is None:
                 p, mid, w = next(fresh)
-                result = SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
+                result = SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset) if not p.deliver_at_ms \
+                    else self.timer.send_result(p, mid, w.commit_offset, w.queue_offset)
                 self._remember(p, result, now)
             elif isinstance(answer, int):
                 first = out[answer]
                 result = SendResult(first.message_id, first.topic, first.queue_id, first.queue_offset,
-                                    first.commit_offset, duplicate=True)
+                                    first.commit_offset, duplicate=True, recall_handle=first.recall_handle)
             else:
                 result = answer
             out.append(result)
@@ -314,14 +354,52 @@ class Broker:
         """Send one message; returns after it is durable (sync policy) and visible."""
         return self.send_batch([OutgoingMessage(topic, body, **kwargs)])[0]
 
-    def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
-        results = self.write(messages)
+    def send_batch(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
+        results = self.write(messages, system=system)
         if self.config.flush_policy == "sync":
             self.flush()
         else:
             self.store.dispatch()
             self.notify_arrivals()
         return results
+
+    # ----------------------------------------------------------------- delayed delivery (chronoq.timer)
+    def _ensure_delay_topic(self, levels: int) -> None:
+        cfg = self.topics.get(DELAY_TOPIC)
+        if cfg is None or cfg.queues < levels:
+            self.create_topic(DELAY_TOPIC, min(max(levels, cfg.queues if cfg else 1), self.config.max_queues),
+                              system=True)
+
+    def recall(self, handle: str) -> RecallResult:
+        """Cancel a delayed message by the ``recall_handle`` its send returned.
+
+        The outcome is definite: CANCELLED (durable before this returns; it will never be
+        visible), ALREADY_DELIVERED (its time has come: it is or will be visible), NOT_FOUND.
+        A malformed handle raises ``ClientError``.
+        """
+        result = self.timer.recall(handle)
+        self.notify_arrivals()
+        return result
+
+    def reschedule(self, handle: str, deliver_at_ms: int) -> RescheduleResult:
+        """Move a pending delayed message to ``deliver_at_ms``; the result carries a new handle."""
+        result = self.timer.reschedule(handle, deliver_at_ms)
+        self.notify_arrivals()
+        return result
+
+    def timer_tick(self, now_ms: int | None = None) -> int:
+        """Deliver what is due (bounded work); the runtime calls it at ``timer_next_deadline_ms``."""
+        done = self.timer.tick(now_ms)
+        self.notify_arrivals()
+        return done
+
+    def timer_next_deadline_ms(self) -> int | None:
+        """Epoch ms at which ``timer_tick`` next has work (may be in the past), or None."""
+        return self.timer.next_deadline_ms()
+
+    def timer_stats(self, horizon_ms: int = 600_000) -> dict:
+        """Lateness histogram, pending counts by due bucket, per-level backlog, lanes (plain dicts)."""
+        return self.timer.stats(horizon_ms)
 
     # ----------------------------------------------------------------- reading
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> ReadResult:
@@ -395,6 +473,7 @@ class Broker:
         now = self.clock.wall_ms()
         if now - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
             self.checkpoint()
+        self.timer.maintenance(now)
         horizon = now - self.config.dedupe_window_ms
         dedupe = self._dedupe
         while dedupe:
@@ -410,6 +489,8 @@ class Broker:
     def close(self) -> None:
         if self.closed:
             return
+        self.store.dispatch(self.store.sync())
+        self.timer.close()
         self.store.close()
         self._save_offsets()
         self.closed = True

@@ -43,6 +43,26 @@ class BrokerConfig:
     verify_extra_segments: int = 1
     quarantine: bool = False
     log_level: str = "info"
+    # Transactions: an unresolved half message is checked with its producer after this long,
+    # then every txn_check_interval_ms, at most txn_max_checks times; then it is rolled back.
+    txn_check_after_ms: int = 6_000
+    txn_check_interval_ms: int = 10_000
+    txn_max_checks: int = 15
+    # Delayed delivery (chronoq.timer; docs/timers.md).
+    timer_delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    timer_max_delay_ms: int = 730 * 86_400_000  # two years
+    timer_bucket_ms: int = 60_000
+    timer_preload_ms: int = 60_000
+    timer_wheel_slots: int = 4096
+    timer_wheel_slot_ms: int = 16
+    timer_deliver_mode: str = "async"  # "async": group writes, one fsync per group; "sync": one each
+    timer_pending_max: int = 2000
+    timer_retry_backoff_ms: int = 100
+    timer_retry_backoff_max_ms: int = 10_000
+    timer_block_after_failures: int = 3
+    timer_load_batch: int = 5000
+    timer_checkpoint_interval_ms: int = 5000
+    timer_recall_memory_ms: int = 7 * 86_400_000
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BrokerConfig":
@@ -58,7 +78,27 @@ class BrokerConfig:
             raise errors.ClientError("segment_bytes must be at least 64 KiB")
         if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
             raise errors.ClientError("intervals must be positive")
+        self._validate_timer()
         return self
+
+    def _validate_timer(self) -> None:
+        from chronoq.timer.levels import DelayLevels
+
+        DelayLevels.parse(self.timer_delay_levels)
+        if self.timer_deliver_mode not in ("sync", "async"):
+            raise errors.ClientError(f"timer_deliver_mode must be 'sync' or 'async', not {self.timer_deliver_mode!r}")
+        if self.timer_wheel_slots < 1 or self.timer_wheel_slots & (self.timer_wheel_slots - 1):
+            raise errors.ClientError(f"timer_wheel_slots must be a power of two, not {self.timer_wheel_slots}")
+        positive = ("timer_max_delay_ms", "timer_bucket_ms", "timer_wheel_slot_ms", "timer_pending_max",
+                    "timer_retry_backoff_ms", "timer_block_after_failures", "timer_load_batch",
+                    "timer_checkpoint_interval_ms")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise errors.ClientError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.timer_preload_ms < 0 or self.timer_recall_memory_ms < 0:
+            raise errors.ClientError("timer_preload_ms and timer_recall_memory_ms may not be negative")
+        if self.timer_retry_backoff_max_ms < self.timer_retry_backoff_ms:
+            raise errors.ClientError("timer_retry_backoff_max_ms must be at least timer_retry_backoff_ms")
 
     @property
     def endpoint(self) -> str:

@@ -50,7 +50,8 @@ def _check_name(name: object, what: str, max_len: int, exc: type[errors.ClientEr
         raise exc(f"{what} name is missing")
     if len(name) > max_len:
         raise exc(f"{what} name {name[:40]!r}... is {len(name)} characters; at most {max_len} allowed")
-    if not _NAME_RE.match(name):
+    # fullmatch: with match(), "$" also matches before a trailing newline ("orders\n" passed).
+    if not _NAME_RE.fullmatch(name):
         raise exc(f"{what} name {name!r} may only contain letters, digits, '%', '|', '_' and '-'")
     return name
 
@@ -99,6 +100,8 @@ def validate_keys(keys: object) -> tuple[str, ...]:
         return ()
     if isinstance(keys, str):
         keys = (keys,)
+    if not isinstance(keys, (list, tuple, set, frozenset)):
+        raise errors.InvalidKey(f"message keys must be a string or a list of strings, not {type(keys).__name__}")
     out = []
     for key in keys:  # type: ignore[union-attr]
         if not isinstance(key, str) or not key.strip() or _has_control(key) or " " in key:
@@ -114,17 +117,27 @@ def validate_properties(props: object, *, allow_system: bool = False) -> dict[st
         return {}
     if not isinstance(props, dict):
         raise errors.InvalidProperty("properties must be a mapping of strings to strings")
-    if len(props) > PROPERTIES_MAX:
+    # Broker writes (allow_system) may add "__" keys on top of a message already at the user
+    # limits (a retry or dead-letter copy): the limits count only the user's own properties.
+    if len(props) > PROPERTIES_MAX and not allow_system:
         raise errors.PropertiesTooLarge(f"{len(props)} properties; at most {PROPERTIES_MAX} allowed")
     size = 0
+    count = 0
     for key, value in props.items():
         if not isinstance(key, str) or not isinstance(value, str) or not key:
             raise errors.InvalidProperty(f"property {key!r} must map a non-empty string to a string")
         if any(sep in key or sep in value for sep in PROPERTY_FORBIDDEN):
             raise errors.InvalidProperty(f"property {key!r} contains a reserved control character")
-        if not allow_system and key.startswith(SYSTEM_PROPERTY_PREFIX):
-            raise errors.InvalidProperty(f"property key {key!r} is reserved for the broker ('__' prefix)")
+        if _has_control(key):
+            raise errors.InvalidProperty(f"property key {key!r} may not contain control characters")
+        if key.startswith(SYSTEM_PROPERTY_PREFIX):
+            if not allow_system:
+                raise errors.InvalidProperty(f"property key {key!r} is reserved for the broker ('__' prefix)")
+            continue
+        count += 1
         size += len(key.encode()) + len(value.encode())
+    if count > PROPERTIES_MAX:
+        raise errors.PropertiesTooLarge(f"{count} properties; at most {PROPERTIES_MAX} allowed")
     if size > PROPERTIES_BYTES_MAX:
         raise errors.PropertiesTooLarge(f"properties take {size} bytes; at most {PROPERTIES_BYTES_MAX} allowed")
     return dict(props)
@@ -162,6 +175,8 @@ class SendResult:
     queue_offset: int
     commit_offset: int
     duplicate: bool = False
+    # Delayed sends only: pass to Broker.recall / Broker.reschedule (chronoq.timer.handle).
+    recall_handle: str = ""
 
 
 @dataclass(slots=True)

@@ -74,20 +74,22 @@ class Runtime:
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
         from chronoq.server import front_ends
 
-        for front_end in front_ends.build(self):
-            await front_end.start()
-            self.front_ends.append(front_end)
-        self.say("chronoq is ready" + "".join(f"; {fe.describe()}" for fe in self.front_ends))
-        sys.stdout.flush()
-        await self._stop.wait()
-        self.say("chronoq stopping: flushing and writing a clean checkpoint")
-        for front_end in reversed(self.front_ends):
-            await front_end.stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.committer.close()
-        broker.close()
+        try:
+            for front_end in front_ends.build(self):
+                await front_end.start()
+                self.front_ends.append(front_end)
+            self.say("chronoq is ready" + "".join(f"; {fe.describe()}" for fe in self.front_ends))
+            sys.stdout.flush()
+            await self._stop.wait()
+            self.say("chronoq stopping: flushing and writing a clean checkpoint")
+        finally:  # also when a front end fails to start: close what is open, cleanly
+            for front_end in reversed(self.front_ends):
+                await front_end.stop()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.committer.close()
+            broker.close()
         self.say("chronoq stopped cleanly")
 
 

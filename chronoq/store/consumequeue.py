@@ -103,6 +103,8 @@ class ConsumeQueue:
             done += take
         if self.next_offset == self.min_offset:  # the queue was empty: it starts here
             self.min_offset = first_offset
+        elif first_offset < self.min_offset:  # a rebuild restored entries before the start
+            self.min_offset = first_offset
         self.next_offset = max(self.next_offset, first_offset + n)
 
     def get(self, offset: int, max_entries: int) -> bytes:
@@ -145,6 +147,19 @@ class ConsumeQueue:
             else:
                 lo = mid + 1
         self.truncate(lo)
+
+    def is_whole(self) -> bool:
+        """False when a file between the first and the last is missing or short (row R8).
+
+        Entries are written densely, so every file but the last is full once a later one exists;
+        anything else means files were lost or cut, and the queue has to be rebuilt.
+        """
+        indexes = sorted(self._known_indexes())
+        if not indexes:
+            return True
+        if indexes != list(range(indexes[0], indexes[-1] + 1)):
+            return False
+        return all(os.path.getsize(self._path(i)) >= self.file_bytes for i in indexes[:-1])
 
     def _known_indexes(self) -> list[int]:
         if not os.path.isdir(self.directory):

@@ -15,6 +15,8 @@ check (found by searching for the magic/version bytes and validating each candid
 | R6 | damage in a sealed segment             | any bad record in a sealed segment                     | fatal CorruptionError(file, offset); --quarantine as R5 |
 | R7 | checkpoint missing or unreadable       | fsutil.read_json fails / no file                       | warn; re-dispatch the whole log (rebuild all queues)  |
 | R8 | consume queue missing or short         | fewer entries than the checkpoint recorded             | re-dispatch the whole log (positional, idempotent)    |
+|    |                                        | (next below, or start above, it), or a missing/short   |                                                        |
+|    |                                        | file before a queue's last one                         |                                                        |
 | R9 | consume-queue entries past the log     | entries beyond what the replayed log produces          | truncate those consume-queue files                    |
 | R10| checkpoint past the log end            | dispatched offset > recovered log end (async loss)     | warn; re-dispatch the whole log                        |
 
@@ -154,7 +156,12 @@ def iter_records(log: CommitLog, start: int) -> Iterator[tuple[int, bytes]]:
                 if lost is not None:
                     pos = lost.end - seg.base
                     continue
-                length = record.check(buf, pos, seg.size)
+                try:
+                    length = record.check(buf, pos, seg.size)
+                except record.RecordError as exc:
+                    # A rebuild (R7, R8, R10) also replays segments the start-up scan did not
+                    # verify: damage there is the same named, fatal error as on a read.
+                    raise errors.CorruptionError(seg.path, pos, exc.reason) from None
                 yield seg.base + pos, buf[pos:pos + length]
                 pos += length
         finally:

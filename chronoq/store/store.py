@@ -8,7 +8,10 @@ under ``sync`` nothing is visible or acknowledged before it is on disk.
 Checkpoint file ``checkpoint.json`` (``fsutil.write_json``)::
 
     {"version": 1, "dispatched": <log offset>, "log_end": <log offset>, "clean": <bool>,
-     "queues": {"<topic>/<queue id>": <next logical offset>, ...}}
+     "queues": {"<topic>/<queue id>": <next logical offset>, ...},
+     "queue_mins": {"<topic>/<queue id>": <first logical offset>, ...}}
+
+``queue_mins`` may be absent (older checkpoints); then a queue's start is not checked.
 
 Every consume-queue file is fsynced before a checkpoint naming its entries is written, so after
 a crash the queues hold at least what the checkpoint says, and replay from ``dispatched`` is
@@ -37,6 +40,8 @@ log = logging.getLogger("chronoq.store")
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_VERSION = 1
+# A replay gap longer than this (entries) is left unfilled; real gaps are a few quarantined records.
+_HOLE_FILL_MAX = 1 << 16
 _pack_entry = ENTRY.pack
 _encode = record.encode
 
@@ -89,6 +94,9 @@ class Store:
         self._pending: deque[tuple[int, dict]] = deque()
         self.dispatched = 0
         self._guards: list[Callable[[], int | None]] = []
+        # Receives [(commit offset, size, deliver_at_ms)] for FLAG_DELAYED records once they are
+        # dispatched; such records get no consume-queue entry (the timer owns them).
+        self.delayed_sink: Callable[[list[tuple[int, int, int]]], None] | None = None
         self.report = self._recover(progress)
         self.log.start_writing()
         self.dispatched = self.log.written
@@ -104,6 +112,7 @@ class Store:
         report.clean = clean
         dispatched = int(cp["dispatched"]) if cp else 0
         expected = dict(cp.get("queues", {})) if cp else {}
+        expected_mins = dict(cp.get("queue_mins", {})) if cp else {}
         if not clean:
             verify_from = self._verify_start(dispatched)
             verify_log(self.log, verify_from, self.options.quarantine, report,
@@ -116,7 +125,7 @@ class Store:
         elif dispatched > log_end:  # R10
             report.notes.append(f"checkpoint offset {dispatched} is past the log end {log_end}; rebuilding queues")
             replay_from = self.log.min_offset
-        elif self._queues_short(expected):  # R8
+        elif self._queues_short(expected, expected_mins):  # R8
             report.notes.append("a consume queue is missing or short; rebuilding queues from the log")
             replay_from = self.log.min_offset
         report.rebuilt_queues = replay_from != dispatched or cp is None
@@ -161,13 +170,21 @@ class Store:
                 if qid.isdigit():
                     self._queue(topic, int(qid))
 
-    def _queues_short(self, expected: dict) -> bool:
+    def _queues_short(self, expected: dict, expected_mins: dict) -> bool:
+        """Row R8: a queue lost entries the checkpoint counted (a missing, cut or lost file)."""
         for key, count in expected.items():
             topic, _, qid = key.rpartition("/")
             cq = self.queues.get((topic, int(qid)))
-            if cq is None or cq.next_offset < int(count):
+            if cq is None:
+                if int(count) > 0:
+                    return True
+                continue  # a queue that never got an entry has no files (nothing was lost)
+            if cq.next_offset < int(count):
                 return True
-        return False
+            # Only retention moves a queue's start up, and it writes a checkpoint when it does.
+            if cq.min_offset > int(expected_mins.get(key, cq.min_offset)):
+                return True
+        return not all(cq.is_whole() for cq in self.queues.values())
 
     def _replay(self, start: int, progress, log_end: int) -> int:
         """Re-dispatch records from ``start``; then cut queue entries the log no longer backs."""
@@ -175,8 +192,9 @@ class Store:
         count = 0
         for offset, buf in iter_records(self.log, start):
             h = record.RecordHeader(buf, 0)
-            entry = _pack_entry(offset, h.length, zlib.crc32(h.tag),
-                                h.deliver_at_ms if h.flags & record.FLAG_DELAYED else h.stored_ms)
+            if h.flags & record.FLAG_DELAYED:  # the timer absorbs these itself (see scan)
+                continue
+            entry = _pack_entry(offset, h.length, zlib.crc32(h.tag), h.stored_ms)
             self._add_entry(batch, (h.topic, h.queue_id), h.queue_offset, entry)
             count += 1
             if count % 65536 == 0:
@@ -196,7 +214,14 @@ class Store:
         if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:
             run[1].extend(entry)
             return
-        if run is not None:  # a gap (quarantined records): write the run so far, start anew
+        run_end = None if run is None else run[0] + len(run[1]) // ENTRY_SIZE
+        if run_end is not None and run_end < qoff <= run_end + _HOLE_FILL_MAX:
+            # A gap (quarantined records): fill it with all-zero entries (holes, skipped on read)
+            # so every consume-queue file but the last stays full (see ConsumeQueue.is_whole).
+            run[1].extend(bytes((qoff - run_end) * ENTRY_SIZE))
+            run[1].extend(entry)
+            return
+        if run is not None:  # not contiguous: write the run so far, start anew
             self._queue(*key).put(run[0], bytes(run[1]))
         batch[key] = (qoff, bytearray(entry))
 
@@ -231,11 +256,15 @@ class Store:
         pieces: list[bytes] = []
         meta = []
         for m in messages:
-            key = (m.topic, m.queue_id)
-            qoff = next_qoff.get(key)
-            if qoff is None:
-                qoff = self._queue(*key).next_offset
-            next_qoff[key] = qoff + 1
+            if m.flags & delayed:
+                # Not in any consume queue yet: the timer re-puts a copy when it falls due.
+                key, qoff = None, 0
+            else:
+                key = (m.topic, m.queue_id)
+                qoff = next_qoff.get(key)
+                if qoff is None:
+                    qoff = self._queue(*key).next_offset
+                next_qoff[key] = qoff + 1
             tb = topic_bytes.get(m.topic)
             if tb is None:
                 tb = topic_bytes[m.topic] = m.topic.encode()
@@ -251,6 +280,7 @@ class Store:
             return []
         out: list[Written] = []
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+        delayed_records: list[tuple[int, int, int]] = []
         i = 0
         pos = 0
         try:
@@ -264,6 +294,10 @@ class Store:
                 for k in range(i, j):
                     key, qoff, length, tag_hash, time_ms = meta[k]
                     out.append(Written(pos, qoff, length))
+                    if key is None:
+                        delayed_records.append((pos, length, time_ms))
+                        pos += length
+                        continue
                     run = batch.get(key)
                     entry = _pack_entry(pos, length, tag_hash, time_ms)
                     if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:
@@ -274,11 +308,12 @@ class Store:
                 i = j
         except errors.StorageError:
             for key, qoff, *_ in meta[i:]:  # give back the offsets of what was not written
-                next_qoff[key] = min(next_qoff[key], qoff)
+                if key is not None:  # (delayed records took no queue offset)
+                    next_qoff[key] = min(next_qoff[key], qoff)
             if out:
-                self._pending.append((pos, batch))
+                self._pending.append((pos, batch, delayed_records))
             raise
-        self._pending.append((pos, batch))
+        self._pending.append((pos, batch, delayed_records))
         return out
 
     def sync(self) -> int:
@@ -289,10 +324,22 @@ class Store:
         """Make records below ``upto`` (default: all written) visible in their consume queues."""
         limit = self.log.written if upto is None else upto
         while self._pending and self._pending[0][0] <= limit:
-            end, batch = self._pending.popleft()
+            end, batch, delayed_records = self._pending.popleft()
             self._put_entries(batch)
+            if delayed_records:
+                assert self.delayed_sink is not None, "delayed records need a timer attached"
+                self.delayed_sink(delayed_records)
             self.dispatched = end
         return self.dispatched
+
+    def scan(self, start: int):
+        """Yield ``(commit_offset, RecordHeader, record bytes)`` from ``start`` to the log end.
+
+        For derived data kept outside the store (the timer's schedule log) to catch up after a
+        restart from its own cursor.
+        """
+        for offset, buf in iter_records(self.log, max(start, self.log.min_offset)):
+            yield offset, record.RecordHeader(buf, 0), buf
 
     def append(self, messages: Iterable[Prepared], durable: bool = True) -> list[Written]:
         """Write, fsync (when ``durable``) and dispatch: the embedded one-call path."""
@@ -349,7 +396,8 @@ class Store:
         n = len(entries)
         while i < n:
             phys, size = entries[i][0], entries[i][1]
-            if phys < min_phys or self.log.lost and self.log.is_lost(phys):
+            # size 0 is a hole (never a real entry): the record was quarantined before a rebuild.
+            if size == 0 or phys < min_phys or self.log.lost and self.log.is_lost(phys):
                 i += 1
                 continue
             j = i + 1
@@ -393,9 +441,11 @@ class Store:
             queues = {}
         else:
             queues = {f"{t}/{q}": cq.next_offset for (t, q), cq in self.queues.items()}
+        # Queue starts too, so a lost first consume-queue file is detected (row R8).
+        queue_mins = {f"{t}/{q}": cq.min_offset for (t, q), cq in self.queues.items()} if queues else {}
         fsutil.write_json(os.path.join(self.data_dir, CHECKPOINT_FILE), {
             "version": CHECKPOINT_VERSION, "dispatched": dispatched, "log_end": self.log.written,
-            "clean": clean, "queues": queues, "written_at_ms": self.clock.wall_ms(),
+            "clean": clean, "queues": queues, "queue_mins": queue_mins, "written_at_ms": self.clock.wall_ms(),
         })
 
     def add_retention_guard(self, guard: Callable[[], int | None]) -> None:
@@ -427,6 +477,8 @@ class Store:
         if deleted:
             for cq in self.queues.values():
                 cq.delete_below(self.log.min_offset)
+            # Record the queues' new starts, or the next recovery takes them for lost files (R8).
+            self.checkpoint()
         return [s.path for s in deleted]
 
     def close(self) -> None:

@@ -1,0 +1,718 @@
+"""POP consumption over the embedded broker: receive, ack, change-invisible-time, revive, DLQ.
+
+The shell around the pure core (``inflight.py`` books, ``handle.py`` receipt handles,
+``names.py`` rules, ``poplog.py`` durable format). It reads and writes messages through the
+``Broker`` API and owns two files:
+
+``groups.json`` in the data directory (``fsutil.write_json``)::
+
+    {"version": 1, "groups": {"<group>": {"fifo": <bool>, "max_attempts": <int>}}}
+
+``pop/<generation>.poplog``: the durable CK/ACK log (format in ``poplog.py``).
+
+How a message moves
+-------------------
+receive    For each queue of the topic (rotating start) and of the group's retry topic
+           (read first on every ``RETRY_SAMPLE_EVERY``-th receive, otherwise only to fill the
+           batch, so neither starves): read from the group's pop offset, skip messages the tag
+           filter rejects, stop at a retry message whose back-off has not ended, and record one
+           CK per queue with the pop time and invisible deadline.
+ack        settles the entry in its CK (bitmap).
+change     settles the old entry and opens a successor CK with the new deadline; the old
+           handle is stale from then on.
+tick       revives CKs whose invisible time ended. Concurrent groups: unsettled entries are
+           written to ``%RETRY%{group}_{topic}`` (``names.py``) and fsynced before the CK is
+           dropped; an entry whose delivery attempt reached ``max_attempts`` goes to
+           ``%DLQ%{group}`` instead. FIFO groups: the entries are redelivered *in place* (same
+           queue and offset, attempt + 1) so the order of a message group holds; a queue with a
+           FIFO CK in flight hands out nothing (RocketMQ locks the queue the same way).
+FIFO DLQ   ``forward_to_dlq`` copies the message to ``%DLQ%{group}``, fsyncs, settles it.
+
+Durability and the merge buffer
+-------------------------------
+A new CK lives only in memory (RocketMQ's PopBufferMergeService). If it is fully acked within
+``buffer_ms`` nothing is ever written. Otherwise it is appended to the POP log (with its
+bitmap so far) once its lineage is ``buffer_ms`` old; later acks of a logged CK are appended as
+ACK records. The log is flushed (one write + fsync) at most ``flush_interval_ms`` after the
+first unflushed record, from ``tick`` (``next_deadline_ms`` includes that deadline).
+
+The group's consume offset (``Broker.commit_offset``) advances only past messages that are
+acked, filtered out, revived (their retry copy fsynced), or covered by a CK whose record is
+fsynced (``inflight.py`` I1/I2). A restart reads the queue again from the persisted consume
+offset, skipping offsets that CKs in the log cover (the *skip set*, carried into snapshots).
+
+Crash guarantee (``kill -9``, or power loss: everything relied on is fsynced). With
+``B = buffer_ms + flush_interval_ms + Broker checkpoint_interval_ms`` (defaults
+2 s + 0.1 s + 1 s = 3.1 s, plus any lateness of the shell in calling ``tick`` at
+``next_deadline_ms`` and ``Broker.maintenance``), after a crash at time T:
+
+- every message not acked is delivered again: at once if its CK was not yet durable, else when
+  its invisible time ends (CKs recovered from the log are revived like any other);
+- a message acked, revived or dead-lettered before ``T - B`` is never delivered again;
+- one acked, revived or dead-lettered within ``B`` before T may be delivered again (its ACK or
+  DONE record, or the consume offset past it, was not yet durable).
+
+Why B: a CK's lineage (it and its change-invisible/FIFO successors) is logged ``buffer_ms``
+after its first pop and fsynced ``flush_interval_ms`` later. From then on either its ACK/DONE
+records are durable, or every lower offset of the queue is safe (popped earlier, so logged
+earlier) and the consume offset passes the message; the broker persists that within its
+``checkpoint_interval_ms``.
+
+Back-off (no timer subsystem yet): a retry message carries ``__NOT_BEFORE_MS`` =
+``max(revive time, failed delivery's start + retry_delays_ms[attempt - 1])`` and waits at the
+head of its retry queue. Issue 4 will route these through the delay levels instead.
+
+Long polling: ``receive`` never blocks. The shell waits for a broker arrival, or for
+``tick()`` returning > 0 (messages revived, dead-lettered, due for FIFO redelivery, or a retry
+queue's head whose back-off ended), and arms one timer at ``next_deadline_ms()``. Call
+``close()`` before ``Broker.close()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from chronoq import errors, fsutil, model
+from chronoq.broker import PROP_MESSAGE_GROUP, Broker, OutgoingMessage
+from chronoq.clock import Clock
+from chronoq.model import Message
+from chronoq.pop import handle as handles
+from chronoq.pop import names, poplog
+from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
+from chronoq.pop.names import (DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_DELAYS_MS, PROP_DLQ_ORIGIN_MESSAGE_ID,
+                               PROP_DLQ_ORIGIN_TOPIC, PROP_NOT_BEFORE_MS, PROP_ORIGIN_MESSAGE_ID,
+                               PROP_ORIGIN_TOPIC, PROP_RECONSUME_TIMES)
+
+log = logging.getLogger("chronoq.pop")
+
+GROUPS_FILE = "groups.json"
+GROUPS_VERSION = 1
+BUFFER_MS = 2_000             # merge buffer: a CK younger than this is not written
+FLUSH_INTERVAL_MS = 100       # unflushed POP-log records wait at most this long
+RETRY_SAMPLE_EVERY = 5        # every 5th receive reads the retry topic first
+SCAN_MAX = 4_096              # messages one receive may pass over in one queue (filters)
+READ_CHUNK = 64               # read size when a filter or skip set may reject messages
+TICK_CKS_MAX = 4_096          # CKs one tick revives (the rest next tick, at once)
+REVIVE_RETRY_MS = 1_000       # a revive that hit a storage error is retried this much later
+COMPACT_MIN_BYTES = 16 << 20  # compact the POP log past this size ...
+COMPACT_RATIO = 4             # ... when it is this many times the live CKs' size
+CK_BYTES_ESTIMATE = 128
+_NAMES_CACHE_MAX = 10_000
+
+
+@dataclass(slots=True)
+class Popped:
+    message: Message          # retried/dead-lettered: origin topic and id; queue_id/offset: where read
+    receipt_handle: str       # opaque printable ASCII
+    delivery_attempt: int     # >= 1 (previous deliveries + 1)
+    invisible_until_ms: int
+    message_group: str | None  # FIFO group, if any
+
+
+@dataclass
+class GroupConfig:
+    name: str
+    fifo: bool = False
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # deliveries before dead-lettering
+    retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS
+
+    def to_json(self) -> dict:
+        return {"fifo": self.fifo, "max_attempts": self.max_attempts}
+
+
+class PopService:
+    def __init__(self, broker: Broker, clock: Clock | None = None, *, buffer_ms: int = BUFFER_MS,
+                 flush_interval_ms: int = FLUSH_INTERVAL_MS):
+        if buffer_ms < 0 or flush_interval_ms < 0:
+            raise errors.ClientError("buffer_ms and flush_interval_ms must not be negative")
+        self.broker = broker
+        self.clock = clock or broker.clock
+        self.buffer_ms = buffer_ms
+        self.flush_interval_ms = flush_interval_ms
+        self.data_dir = broker.data_dir
+        self.pop_dir = os.path.join(self.data_dir, poplog.POP_DIR)
+        self._groups: dict[str, GroupConfig] = {}
+        self._load_groups()
+        self._turns: dict[tuple[str, str], int] = {}
+        self._blocked: set[QueueState] = set()   # retry queues whose head waits out a back-off
+        self._pending_since: int | None = None   # first unflushed POP-log record
+        self._topic_names: set[str] = set()      # names validated by ack/change (not created)
+        self.closed = False
+        now = self.clock.wall_ms()
+        recovered = poplog.load(self.pop_dir)
+        self.recovery = recovered
+        self._inflight = Inflight(None, generation=recovered.generation + 1, buffer_ms=buffer_ms)
+        restored = self._restore(recovered)
+        self._log = poplog.PopLog.create(self.pop_dir, recovered.generation + 1, restored, now, self._skips())
+        self._inflight.sink = self._log
+        if restored or recovered.truncated_bytes:
+            log.info("POP state recovered: %d checkpoints in flight, %d bytes of torn tail dropped",
+                     len(restored), recovered.truncated_bytes)
+
+    # ----------------------------------------------------------------- groups
+    def _load_groups(self) -> None:
+        path = os.path.join(self.data_dir, GROUPS_FILE)
+        try:
+            data = fsutil.read_json(path) or {}
+        except ValueError as exc:
+            raise errors.CorruptionError(path, 0, str(exc)) from None
+        for name, item in (data.get("groups") or {}).items():  # type: ignore[union-attr]
+            self._groups[name] = GroupConfig(name, bool(item.get("fifo", False)),
+                                             int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
+
+    def _save_groups(self) -> None:
+        fsutil.write_json(os.path.join(self.data_dir, GROUPS_FILE), {
+            "version": GROUPS_VERSION,
+            "groups": {name: cfg.to_json() for name, cfg in sorted(self._groups.items())},
+        })
+
+    def group(self, name: str) -> GroupConfig:
+        """The group's settings; an unknown (valid) group is created with the defaults."""
+        cfg = self._groups.get(name)
+        if cfg is None:
+            model.validate_group_name(name)
+            cfg = self._groups[name] = GroupConfig(name)
+            self._save_groups()
+        return cfg
+
+    def set_group(self, name: str, *, fifo: bool | None = None, max_attempts: int | None = None) -> GroupConfig:
+        """Change a group's settings (durable). Unnamed settings keep their value."""
+        model.validate_group_name(name)
+        if fifo is not None and type(fifo) is not bool:
+            raise errors.ClientError(f"fifo must be true or false, not {fifo!r}")
+        if max_attempts is not None and (type(max_attempts) is not int
+                                         or not 1 <= max_attempts <= names.MAX_ATTEMPTS_LIMIT):
+            raise errors.ClientError(f"max_attempts must be an integer from 1 to {names.MAX_ATTEMPTS_LIMIT}, "
+                                     f"not {max_attempts!r}")
+        cfg = self._groups.get(name) or GroupConfig(name)
+        if fifo is not None:
+            cfg.fifo = fifo
+        if max_attempts is not None:
+            cfg.max_attempts = max_attempts
+        self._groups[name] = cfg
+        self._save_groups()
+        return cfg
+
+    def list_groups(self) -> list[GroupConfig]:
+        return [self._groups[name] for name in sorted(self._groups)]
+
+    # ----------------------------------------------------------------- receiving
+    def receive(self, group: str, topic: str, *, max_messages: int, invisible_ms: int,
+                tag_filter: str = "*", attempt_id: str | None = None, client_id: str = "") -> list[Popped]:
+        """Hand out up to ``max_messages`` visible messages; [] when none (never blocks).
+
+        Ensures: each message is in exactly one new CK, invisible until ``invisible_until_ms``.
+        """
+        self._check_open()
+        names.check_max_messages(max_messages)
+        names.check_receive_invisible(invisible_ms)
+        tags = names.parse_tag_filter(tag_filter)
+        attempt_id = names.check_attempt_id(attempt_id)
+        gcfg = self.group(group)
+        tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
+        now = self.clock.wall_ms()
+        inflight = self._inflight
+        key = None
+        if attempt_id is not None:
+            key = (client_id, group, topic, attempt_id)
+            again = inflight.recall_attempt(key, now)
+            if again is not None:
+                return again
+        turn = self._turns.get((group, topic), 0)
+        self._turns[(group, topic)] = turn + 1
+        out: list[Popped] = []
+        refs: list[tuple[Checkpoint, int]] = []
+        rcfg = self.broker.topics.get(names.retry_topic(group, topic))
+        retry_first = rcfg is not None and turn % RETRY_SAMPLE_EVERY == 0
+        if retry_first:
+            self._pop_topic(gcfg, topic, rcfg, out, refs, max_messages, now, invisible_ms, None, 0, True)
+        if len(out) < max_messages:
+            self._pop_topic(gcfg, topic, tcfg, out, refs, max_messages, now, invisible_ms, tags, turn, False)
+        if len(out) < max_messages and rcfg is not None and not retry_first:
+            self._pop_topic(gcfg, topic, rcfg, out, refs, max_messages, now, invisible_ms, None, 0, True)
+        if key is not None and out:
+            inflight.remember_attempt(key, out, refs)
+        self._after(now)
+        return out
+
+    def _pop_topic(self, gcfg: GroupConfig, topic: str, tcfg: model.TopicConfig, out: list[Popped],
+                   refs: list, limit: int, now: int, invisible_ms: int, tags: frozenset[str] | None,
+                   start: int, retry: bool) -> None:
+        queues = tcfg.queues
+        for i in range(queues):
+            if len(out) >= limit:
+                return
+            self._pop_queue(gcfg, topic, tcfg.name, (start + i) % queues, out, refs, limit, now,
+                            invisible_ms, tags, retry)
+
+    def _pop_queue(self, gcfg: GroupConfig, topic: str, popped: str, qid: int, out: list[Popped],
+                   refs: list, limit: int, now: int, invisible_ms: int, tags: frozenset[str] | None,
+                   retry: bool) -> None:
+        qs = self._queue_state(gcfg.name, popped, qid)
+        if gcfg.fifo and qs.fifo_inflight:
+            return  # an earlier message of this queue is in flight (I5)
+        if qs.blocked_until:
+            if qs.blocked_until > now:
+                return
+            qs.blocked_until = 0
+            self._blocked.discard(qs)
+        lo, hi = self.broker.queue_bounds(popped, qid)
+        if qs.pop_offset < lo:  # retention removed what this group had not read
+            qs.pop_offset = lo
+            self._inflight.dirty.add(qs)
+        if qs.pop_offset >= hi and not qs.pending:
+            return
+        need = limit - len(out)
+        fresh, next_offset = self._read_fresh(qs, topic, popped, qid, hi, need, now, tags, retry)
+        if qs.pending:
+            chosen, next_offset = self._merge_pending(qs, fresh, next_offset, need)
+        else:
+            chosen = fresh
+        if qs.skip:
+            qs.skip = {o for o in qs.skip if o >= next_offset}
+        if next_offset != qs.pop_offset:
+            qs.pop_offset = next_offset
+            self._inflight.dirty.add(qs)
+        if chosen:
+            self._hand_out(gcfg, topic, qs, chosen, out, refs, now, invisible_ms)
+
+    def _read_fresh(self, qs: QueueState, topic: str, popped: str, qid: int, hi: int, need: int, now: int,
+                    tags: frozenset[str] | None, retry: bool) -> tuple[list, int]:
+        """Messages from the pop offset: [(message, attempt, None, -1)], and the next pop offset.
+
+        Skips messages the filter rejects, offsets recovered CKs cover, and retry copies of
+        another topic; stops (without passing it) at a retry message whose back-off has not ended.
+        """
+        taken: list = []
+        offset = qs.pop_offset
+        skip = qs.skip
+        scanned = 0
+        read = self.broker.read
+        while len(taken) < need and offset < hi and scanned < SCAN_MAX:
+            want = need - len(taken) if tags is None and not skip else min(READ_CHUNK, hi - offset)
+            res = read(popped, qid, offset, want)
+            if not res.messages:
+                if res.next_offset <= offset:
+                    break
+                offset = res.next_offset
+                continue
+            for m in res.messages:
+                off = m.queue_offset
+                scanned += 1
+                if skip and off in skip:
+                    offset = off + 1
+                    continue
+                attempt = 1
+                if retry:
+                    props = m.properties
+                    if props.get(PROP_ORIGIN_TOPIC) != topic:
+                        offset = off + 1
+                        continue
+                    not_before = _int(props.get(PROP_NOT_BEFORE_MS), 0)
+                    if not_before > now:
+                        qs.blocked_until = not_before
+                        self._blocked.add(qs)
+                        return taken, offset
+                    attempt = _int(props.get(PROP_RECONSUME_TIMES), 0) + 1
+                elif tags is not None and m.tag not in tags:
+                    offset = off + 1
+                    continue
+                taken.append((m, attempt, None, -1))
+                offset = off + 1
+                if len(taken) >= need:
+                    return taken, offset
+            offset = max(offset, res.next_offset)
+        return taken, offset
+
+    def _merge_pending(self, qs: QueueState, fresh: list, next_offset: int, need: int) -> tuple[list, int]:
+        """FIFO in-place redelivery: pending entries and fresh messages, in queue order."""
+        items = []
+        pending_offsets = set()
+        for ck in qs.pending:
+            for i in ck.unsettled():
+                off = ck.offsets[i]
+                pending_offsets.add(off)
+                items.append((off, None, ck.attempts[i] + 1, ck, i))
+        items.extend((m.queue_offset, m, attempt, None, -1) for m, attempt, _, _ in fresh
+                     if m.queue_offset not in pending_offsets)
+        items.sort(key=lambda item: item[0])
+        chosen, rest = items[:need], items[need:]
+        cut = [item[0] for item in rest if item[3] is None]
+        if cut:  # fresh messages that did not fit are read again next time
+            next_offset = min(cut)
+        return [(m, attempt, ck, i) for _, m, attempt, ck, i in chosen], next_offset
+
+    def _hand_out(self, gcfg: GroupConfig, topic: str, qs: QueueState, chosen: list, out: list[Popped],
+                  refs: list, now: int, invisible_ms: int) -> None:
+        inflight = self._inflight
+        offsets, attempts, messages, sources = [], [], [], []
+        aging_ms = None
+        log_now = False
+        for m, attempt, src, index in chosen:
+            if src is not None:  # an expired FIFO entry: read it again, settle it once handed on
+                m = self._read_one(qs.topic, qs.queue_id, src.offsets[index])
+                if m is None:
+                    inflight.settle(src, index)
+                    continue
+                sources.append((src, index))
+                aging_ms = src.aging_ms if aging_ms is None else min(aging_ms, src.aging_ms)
+                log_now = log_now or src.logged
+            offsets.append(m.queue_offset)
+            attempts.append(attempt)
+            messages.append(m)
+        if not messages:
+            return
+        ck = inflight.open(qs, topic, offsets, attempts, now, invisible_ms, fifo=gcfg.fifo,
+                           aging_ms=aging_ms, log_now=log_now)
+        for src, index in sources:
+            inflight.settle(src, index)
+        encode = handles.encode
+        ck_id, qid, deadline = ck.ck_id, qs.queue_id, ck.deadline_ms
+        for i, m in enumerate(messages):
+            props = m.properties
+            view = _view(m) if props and (PROP_ORIGIN_TOPIC in props or PROP_DLQ_ORIGIN_TOPIC in props) else m
+            out.append(Popped(view, encode(ck_id, i, qid, m.queue_offset), attempts[i], deadline,
+                              view.properties.get(PROP_MESSAGE_GROUP) if props else None))
+            refs.append((ck, i))
+
+    def _queue_state(self, group: str, topic: str, qid: int) -> QueueState:
+        qs = self._inflight.queues.get((group, topic, qid))
+        if qs is None:
+            committed = self.broker.get_offset(group, topic, qid)
+            lo, hi = self.broker.queue_bounds(topic, qid)
+            if committed is None:  # a new group starts at the oldest retained message
+                qs = QueueState(group, topic, qid, lo, -1)
+            else:
+                qs = QueueState(group, topic, qid, min(max(committed, lo), hi), min(committed, hi))
+            self._inflight.add_queue(qs)
+        return qs
+
+    # ----------------------------------------------------------------- settling
+    def _locate(self, group: str, topic: str, receipt_handle: str) -> tuple[Checkpoint, int]:
+        self._check_open()
+        if group not in self._groups:
+            model.validate_group_name(group)
+        if topic not in self._topic_names:
+            model.validate_topic_name(topic)
+            if len(self._topic_names) > _NAMES_CACHE_MAX:
+                self._topic_names.clear()
+            self._topic_names.add(topic)
+        ck_id, index, qid, offset = handles.decode(receipt_handle)
+        return self._inflight.find(ck_id, index, qid, offset, group, topic), index
+
+    def ack(self, group: str, topic: str, receipt_handle: str) -> None:
+        """Settle one delivery. InvalidReceiptHandle if unknown, stale, or already revived."""
+        ck, index = self._locate(group, topic, receipt_handle)
+        self._inflight.settle(ck, index)
+        self._after(self.clock.wall_ms())
+
+    def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+        """Make the message invisible for ``invisible_ms`` from now; returns the NEW handle.
+
+        The old handle is stale from now on. The delivery attempt does not change.
+        """
+        names.check_change_invisible(invisible_ms)
+        ck, index = self._locate(group, topic, receipt_handle)
+        now = self.clock.wall_ms()
+        new = self._inflight.change(ck, index, now, invisible_ms)
+        self._after(now)
+        return handles.encode(new.ck_id, 0, new.queue.queue_id, new.offsets[0])
+
+    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        """The client gives up (FIFO): copy the message to ``%DLQ%{group}`` durably and settle it."""
+        ck, index = self._locate(group, topic, receipt_handle)
+        m = self._read_one(ck.queue.topic, ck.queue.queue_id, ck.offsets[index])
+        if m is not None:
+            self.broker.write([self._dlq_message(ck, m)], system=True)
+            self.broker.flush()
+        else:
+            log.warning("forward to DLQ: %s/%d@%d is no longer in the store", ck.queue.topic,
+                        ck.queue.queue_id, ck.offsets[index])
+        self._inflight.settle(ck, index)
+        self._after(self.clock.wall_ms())
+
+    # ----------------------------------------------------------------- time
+    def tick(self) -> int:
+        """Revive CKs whose invisible time ended; flush the POP log when due; commit offsets.
+
+        Returns how many messages were revived, dead-lettered, queued for FIFO redelivery or
+        became due at the head of a retry queue (> 0: wake long polls).
+        """
+        self._check_open()
+        now = self.clock.wall_ms()
+        inflight = self._inflight
+        handled = 0
+        due = inflight.due(now, TICK_CKS_MAX)
+        if due:
+            handled += self._revive(due, now)
+        if self._blocked:
+            for qs in [qs for qs in self._blocked if qs.blocked_until <= now]:
+                qs.blocked_until = 0
+                self._blocked.discard(qs)
+                handled += 1
+        inflight.age(now)
+        self._flush(now, force=False)
+        self._commit()
+        self._maybe_compact(now)
+        return handled
+
+    def _revive(self, due: list[Checkpoint], now: int) -> int:
+        """Retry or dead-letter the unsettled entries of ``due`` (fsynced), then drop the CKs."""
+        outgoing: list[OutgoingMessage] = []
+        plan: list[tuple[Checkpoint, list[int], list[int]]] = []  # (ck, settle now, FIFO again)
+        for ck in due:
+            gcfg = self.group(ck.group)
+            drop, again = [], []
+            for i in ck.unsettled():
+                attempt = ck.attempts[i]
+                if ck.fifo and attempt < gcfg.max_attempts:
+                    again.append(i)
+                    continue
+                m = self._read_one(ck.queue.topic, ck.queue.queue_id, ck.offsets[i])
+                if m is None:
+                    log.warning("revive: %s/%d@%d is no longer in the store", ck.queue.topic,
+                                ck.queue.queue_id, ck.offsets[i])
+                elif attempt >= gcfg.max_attempts:
+                    outgoing.append(self._dlq_message(ck, m))
+                else:
+                    outgoing.append(self._retry_message(ck, m, attempt, gcfg, now))
+                drop.append(i)
+            plan.append((ck, drop, again))
+        if outgoing and not self._write_durably(outgoing):
+            for ck in due:
+                self._inflight.postpone(ck, now + REVIVE_RETRY_MS)
+            return 0
+        inflight = self._inflight
+        handled = 0
+        for ck, drop, again in plan:
+            handled += len(drop) + len(again)
+            if not ck.fifo:
+                inflight.finish(ck)
+                continue
+            for i in drop:
+                inflight.settle(ck, i)
+            if ck.live:
+                inflight.expire(ck)
+        return handled
+
+    def _write_durably(self, outgoing: list[OutgoingMessage]) -> bool:
+        """Write retry/DLQ copies and fsync. False on a storage error (retry later)."""
+        try:
+            try:
+                self.broker.write(outgoing, system=True)
+            except errors.ClientError:
+                # One message the broker now refuses (e.g. a lowered body limit) must not stall
+                # the others: write one by one and drop only the refused ones.
+                for msg in outgoing:
+                    try:
+                        self.broker.write([msg], system=True)
+                    except errors.ClientError as exc:
+                        log.error("revive: dropping a message to %s the broker refuses: %s", msg.topic, exc.message)
+            self.broker.flush()
+        except errors.ChronoqError as exc:
+            log.warning("revive postponed: %s", exc.message)
+            return False
+        return True
+
+    def next_deadline_ms(self) -> int | None:
+        """When ``tick`` next has work: the earliest invisible-time end, merge-buffer or flush
+        deadline, or retry back-off end. None when nothing waits."""
+        best = self._inflight.next_deadline()
+        if self._log.pending and self._pending_since is not None:
+            flush_at = self._pending_since + self.flush_interval_ms
+            best = flush_at if best is None else min(best, flush_at)
+        for qs in self._blocked:
+            if best is None or qs.blocked_until < best:
+                best = qs.blocked_until
+        return best
+
+    # ----------------------------------------------------------------- messages
+    def _read_one(self, topic: str, qid: int, offset: int) -> Message | None:
+        try:
+            res = self.broker.read(topic, qid, offset, 1)
+        except errors.NotFound:
+            return None
+        if res.messages and res.messages[0].queue_offset == offset:
+            return res.messages[0]
+        return None
+
+    def _system_topic(self, name: str, queues: int) -> model.TopicConfig:
+        cfg = self.broker.topics.get(name)
+        if cfg is None:
+            cfg = self.broker.create_topic(name, min(queues, self.broker.config.max_queues), system=True)
+        return cfg
+
+    def _retry_message(self, ck: Checkpoint, m: Message, attempt: int, gcfg: GroupConfig, now: int) -> OutgoingMessage:
+        props = dict(m.properties)
+        origin_id = props.get(PROP_ORIGIN_MESSAGE_ID) or props.get(PROP_DLQ_ORIGIN_MESSAGE_ID) or m.message_id
+        props[PROP_ORIGIN_TOPIC] = ck.topic
+        props[PROP_ORIGIN_MESSAGE_ID] = origin_id
+        props[PROP_RECONSUME_TIMES] = str(attempt)
+        not_before = names.not_before_ms(attempt, ck.delivered_ms, now, gcfg.retry_delays_ms)
+        if not_before > now:
+            props[PROP_NOT_BEFORE_MS] = str(not_before)
+        else:
+            props.pop(PROP_NOT_BEFORE_MS, None)
+        cfg = self._system_topic(names.retry_topic(ck.group, ck.topic), names.RETRY_QUEUES)
+        return OutgoingMessage(cfg.name, m.body, tag=m.tag, keys=m.keys, properties=props,
+                               queue_id=names.retry_queue(attempt, not_before, now, cfg.queues),
+                               born_ms=m.born_ms)
+
+    def _dlq_message(self, ck: Checkpoint, m: Message) -> OutgoingMessage:
+        view = _view(m)
+        props = view.properties if view is not m else dict(m.properties)
+        props[PROP_DLQ_ORIGIN_TOPIC] = view.topic
+        props[PROP_DLQ_ORIGIN_MESSAGE_ID] = view.message_id
+        cfg = self._system_topic(names.dlq_topic(ck.group), names.DLQ_QUEUES)
+        return OutgoingMessage(cfg.name, m.body, tag=m.tag, keys=m.keys, properties=props, queue_id=0,
+                               born_ms=m.born_ms)
+
+    # ----------------------------------------------------------------- durability
+    def _after(self, now: int) -> None:
+        if self._pending_since is None and self._log.pending:
+            self._pending_since = now
+        if self._inflight.dirty:
+            self._commit()
+
+    def _flush(self, now: int, *, force: bool) -> None:
+        logf = self._log
+        if not logf.pending:
+            self._pending_since = None
+            return
+        if self._pending_since is None:
+            self._pending_since = now
+        if not force and now < self._pending_since + self.flush_interval_ms:
+            return
+        try:
+            cks = logf.flush()
+        except errors.StorageError as exc:
+            log.warning("POP log flush failed (will retry): %s", exc.message)
+            self._pending_since = now  # back off one interval
+            return
+        self._pending_since = None
+        self._inflight.mark_durable(cks)
+
+    def _commit(self) -> None:
+        """Hand every moved consume offset to the broker (durable at its next checkpoint)."""
+        dirty = self._inflight.dirty
+        commit = self.broker.commit_offset
+        for qs in dirty:
+            offset = qs.consume_offset()
+            if offset > qs.committed:
+                commit(qs.group, qs.topic, qs.queue_id, offset)
+                qs.committed = offset
+        dirty.clear()
+
+    def _maybe_compact(self, now: int) -> None:
+        logf = self._log
+        if logf.size < COMPACT_MIN_BYTES:
+            return
+        live = [ck for ck in self._inflight.cks.values() if ck.logged]
+        if logf.size < COMPACT_RATIO * (poplog.HEADER_SIZE + CK_BYTES_ESTIMATE * len(live)):
+            return
+        self._flush(now, force=True)
+        if logf.pending:
+            return
+        new = poplog.PopLog.create(self.pop_dir, logf.generation + 1, live, now, self._skips())
+        logf.close()
+        self._log = self._inflight.sink = new
+        self._inflight.set_generation(new.generation)
+        log.info("POP log compacted to generation %d (%d checkpoints)", new.generation, len(live))
+
+    def _skips(self) -> list[tuple[str, str, int, set[int]]]:
+        """The restart skip sets, carried into every snapshot (finished recovered CKs are not
+        in it, but their offsets must still not be read again)."""
+        return [(qs.group, qs.topic, qs.queue_id, qs.skip) for qs in self._inflight.queues.values() if qs.skip]
+
+    def _restore(self, recovered: poplog.Recovered) -> list[Checkpoint]:
+        """Rebuild the in-flight table from the log; returns the CKs for the new snapshot."""
+        inflight = self._inflight
+        for (group, topic, qid), offsets in recovered.seen.items():
+            qs = self._queue_state(group, topic, qid)
+            qs.skip.update(o for o in offsets if o >= qs.pop_offset)
+        out = []
+        for rec in recovered.cks.values():
+            qs = self._queue_state(rec.group, rec.popped, rec.queue_id)
+            out.append(inflight.restore(qs, rec.ck_id, rec.topic, rec.offsets, rec.attempts, rec.pop_ms,
+                                        rec.delivered_ms, rec.deadline_ms, rec.bits, rec.fifo))
+        return out
+
+    # ----------------------------------------------------------------- reporting and lifecycle
+    def lag(self, group: str, topic: str) -> int:
+        """Messages of ``topic`` (and the group's retry copies) this group has not popped yet."""
+        model.validate_group_name(group)
+        if topic not in self.broker.topics:
+            raise errors.TopicNotFound(f"topic {topic!r} does not exist")
+        total = 0
+        for name in (topic, names.retry_topic(group, topic)):
+            cfg = self.broker.topics.get(name)
+            if cfg is None:
+                continue
+            for qid in range(cfg.queues):
+                lo, hi = self.broker.queue_bounds(name, qid)
+                qs = self._inflight.queues.get((group, name, qid))
+                if qs is not None:
+                    start = qs.pop_offset
+                else:
+                    committed = self.broker.get_offset(group, name, qid)
+                    start = lo if committed is None else committed
+                total += max(0, hi - max(start, lo))
+        return total
+
+    def inflight_count(self) -> int:
+        """Deliveries handed out and not yet settled (for metrics and tests)."""
+        return sum(len(ck.unsettled()) for ck in self._inflight.cks.values() if not ck.expired)
+
+    def check(self) -> None:
+        """Verify the in-flight invariants (``inflight.py``); for tests."""
+        self._inflight.check()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise errors.ClosedError("the POP service is closed")
+
+    def close(self) -> None:
+        """Persist state: log every in-flight CK, fsync, hand consume offsets to the broker."""
+        if self.closed:
+            return
+        now = self.clock.wall_ms()
+        self._inflight.age(now, everything=True)  # in-flight CKs stay invisible across a restart
+        self._flush(now, force=True)
+        self._commit()
+        self._log.close()
+        self.closed = True
+
+    def abandon(self) -> None:
+        """Stop without persisting anything more (what ``kill -9`` leaves; for crash tests)."""
+        self._log.abandon()
+        self.closed = True
+
+
+def _int(text: str | None, default: int) -> int:
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+def _view(m: Message) -> Message:
+    """The message as its consumer knows it: origin topic and id, POP properties removed."""
+    props = dict(m.properties)
+    topic, message_id = m.topic, m.message_id
+    origin = props.pop(PROP_ORIGIN_TOPIC, None)
+    if origin is not None:
+        topic = origin
+        message_id = props.pop(PROP_ORIGIN_MESSAGE_ID, None) or message_id
+        props.pop(PROP_RECONSUME_TIMES, None)
+        props.pop(PROP_NOT_BEFORE_MS, None)
+    origin = props.pop(PROP_DLQ_ORIGIN_TOPIC, None)
+    if origin is not None:
+        topic = origin
+        message_id = props.pop(PROP_DLQ_ORIGIN_MESSAGE_ID, None) or message_id
+    return Message(topic=topic, queue_id=m.queue_id, queue_offset=m.queue_offset, commit_offset=m.commit_offset,
+                   message_id=message_id, body=m.body, tag=m.tag, keys=m.keys, properties=props,
+                   born_ms=m.born_ms, stored_ms=m.stored_ms, deliver_at_ms=m.deliver_at_ms, flags=m.flags)

@@ -1,0 +1,628 @@
+"""The gRPC front end: ``apache.rocketmq.v2.MessagingService`` for the official RocketMQ 5 clients.
+
+A thin shell. Each RPC decodes and validates (``convert``), calls the broker, the group committer
+or the POP service, and encodes the answer. Errors never leave as gRPC errors: every RPC has one
+``try`` boundary that turns any exception into the response's ``status`` (``status.fill``), the way
+the reference proxy does (contract §0). Nothing a client sends may crash the server.
+
+What the shell owns besides the RPCs:
+
+- the ``PopService`` (created in ``start``, closed in ``stop``) and a ticker task that calls
+  ``pop.tick()`` at ``pop.next_deadline_ms()``, at least every ``TICK_MAX_S``;
+- long polling: parked receives wait on a ``_Waker`` that is woken, coalesced to at most once per
+  event-loop pass, when messages arrive (broker arrival listener), when revived messages become
+  visible (``tick`` returned > 0), and after acks of FIFO groups and DLQ forwards (they unblock
+  a FIFO queue). Every parked receive then tries again: cheap for tens of parked consumers; a
+  per-topic wait list is the next step if thousands park at once;
+- Telemetry sessions keyed by the ``x-mq-client-id`` header, so later features (transaction checks)
+  can push commands to a client.
+
+Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
+
+- Push consumers receive with ``auto_renew=true`` and no invisible duration. chronoq has no
+  auto-renew yet, so such receives use ``PUSH_INVISIBLE_MS`` (60 s), the proxy's default.
+- Receives serve every queue of the topic for the group, whatever queue id the client names.
+- A long poll answers by ``min(long_polling_timeout, deadline - POLL_MARGIN_S)``.
+- Settings replies send ``metric{on:false}``. The Python PushConsumer 5.1.2 then stops reading its
+  Telemetry stream after the first reply (a client bug, contract §3.3); consumption is unaffected.
+  The workaround (``metric.on`` with an OTLP endpoint) makes every push consumer export metrics to
+  that endpoint every minute and at exit, so it is not used.
+- The namespace is echoed back but not used to separate resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+from chronoq import errors, model
+from chronoq.pop import names as pop_names
+from chronoq.pop.service import PopService
+from chronoq.server import convert, status
+
+log = logging.getLogger("chronoq.grpc")
+
+pb = definition_pb2
+sv = service_pb2
+
+PUSH_INVISIBLE_MS = 60_000          # invisible time for auto-renew receives (no auto-renew yet)
+DEFAULT_INVISIBLE_MS = 60_000       # when a non-push receive names none
+LONG_POLL_DEFAULT_S = 20.0          # when the request names none
+LONG_POLL_MAX_S = 60.0              # never park longer than this, whatever the client asks
+POLL_MARGIN_S = 1.0                 # answer at least this long before the client's deadline
+RECEIVE_BATCH_MAX = pop_names.MAX_MESSAGES_MAX  # batch_size is clamped to this (32)
+RECEIVE_BATCH_SIZE = 32             # what settings tell push consumers (Node uses it)
+SEND_BATCH_MAX = 1024               # messages in one SendMessage request
+TICK_MAX_S = 0.5                    # the POP ticker runs at least this often
+STOP_GRACE_S = 1.0                  # in-flight RPCs get this long when the server stops
+
+CLIENT_ID_HEADER = "x-mq-client-id"
+
+_PRODUCER_BACKOFF = pb.RetryPolicy(
+    max_attempts=3,
+    exponential_backoff=pb.ExponentialBackoff(initial=convert.duration_pb(10), max=convert.duration_pb(1000),
+                                              multiplier=2.0),
+)
+_CONSUMER_TYPES = frozenset({pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSUMER,
+                             pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER})
+
+
+def _ok_status(message: str = "OK"):
+    return pb.Status(code=status.OK, message=message)
+
+
+def _status_of(exc: BaseException, what: str):
+    code, message = status.code_and_message(exc, what)
+    return pb.Status(code=code, message=message)
+
+
+def _header(context, key: str) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v
+    return ""
+
+
+def _boundary(response_type, what: str):
+    """The one exception boundary of a unary RPC: any exception becomes the response's status."""
+
+    def wrap(fn):
+        async def handler(self, request, context):
+            try:
+                return await fn(self, request, context)
+            except Exception as exc:  # noqa: BLE001 - this is the boundary
+                return response_type(status=_status_of(exc, what))
+
+        handler.__name__ = fn.__name__
+        handler.__doc__ = fn.__doc__
+        return handler
+
+    return wrap
+
+
+class _Waker:
+    """Wakes parked long polls. Waking is coalesced to at most once per event-loop pass."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._scheduled = False
+        self.parked = 0
+
+    def current(self) -> asyncio.Event:
+        return self._event
+
+    def wake_soon(self) -> None:
+        if self._scheduled or not self.parked:
+            return
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+
+class _TelemetrySession:
+    """One client's Telemetry stream. Writes are serialised: gRPC allows one at a time.
+
+    ``topics`` are a producer's publishing topics as of its last settings (the clients re-send
+    settings every 5 minutes only, so a topic first used after start-up may be missing).
+    """
+
+    __slots__ = ("client_id", "context", "lock", "client_type", "group", "topics")
+
+    def __init__(self, client_id: str, context) -> None:
+        self.client_id = client_id
+        self.context = context
+        self.lock = asyncio.Lock()
+        self.client_type = pb.CLIENT_TYPE_UNSPECIFIED
+        self.group = ""
+        self.topics: frozenset[str] = frozenset()
+
+    async def write(self, command) -> None:
+        async with self.lock:
+            await self.context.write(command)
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, config, broker, committer, pop) -> None:
+        self.config = config
+        self.broker = broker
+        self.committer = committer
+        self.pop = pop
+        self.clock = broker.clock
+        self.sessions: dict[str, _TelemetrySession] = {}
+        self._broker_pb = pb.Broker(name=config.broker_name, id=0, endpoints=convert.endpoints_pb(config.endpoint))
+        self._store_host = config.endpoint
+        self._routes: dict[tuple[str, str], tuple[object, sv.QueryRouteResponse]] = {}
+        self._waker = _Waker()
+        self._tick_kick = asyncio.Event()
+        self._ticker: asyncio.Task | None = None
+        self._stopping = False
+        self._ok = _ok_status()
+        self._ok_heartbeat = sv.HeartbeatResponse(status=self._ok)
+        self._ok_termination = sv.NotifyClientTerminationResponse(status=self._ok)
+        self._ok_forward = sv.ForwardMessageToDeadLetterQueueResponse(status=self._ok)
+        self._receive_ok = sv.ReceiveMessageResponse(status=self._ok)
+        self._receive_empty = sv.ReceiveMessageResponse(
+            status=pb.Status(code=status.MESSAGE_NOT_FOUND, message="no new message"))
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.broker.add_arrival_listener(self._on_arrival)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="chronoq-pop-ticker")
+
+    def begin_stop(self) -> None:
+        """Answer parked long polls now and stop parking new ones."""
+        self._stopping = True
+        self._waker.parked += 1  # force the wake through even with no one counted
+        self._waker.wake_soon()
+
+    async def close(self) -> None:
+        self._stopping = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+            self._ticker = None
+
+    def _on_arrival(self) -> None:
+        if not self._stopping:
+            self._waker.wake_soon()
+
+    async def _tick_loop(self) -> None:
+        pop, clock, kick = self.pop, self.clock, self._tick_kick
+        failures = 0
+        while not self._stopping:
+            kick.clear()  # before the tick: a kick during it makes the next wait end at once
+            try:
+                if pop.tick():
+                    self._waker.wake_soon()
+                deadline_ms = pop.next_deadline_ms()
+                failures = 0
+            except Exception:  # keep ticking; the next pass retries (log the first of a streak)
+                if failures % 120 == 0:
+                    log.exception("POP tick failed (%d times in a row)", failures + 1)
+                failures += 1
+                deadline_ms = None
+            delay = TICK_MAX_S
+            if deadline_ms is not None:
+                delay = min(TICK_MAX_S, max(0.001, (deadline_ms - clock.wall_ms()) / 1000))
+            try:
+                await asyncio.wait_for(kick.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def _group_config(self, group: str):
+        return self.pop.group(group)  # an unknown group is created with the defaults
+
+    # ------------------------------------------------------------------ routes
+    @_boundary(sv.QueryRouteResponse, "QueryRoute")
+    async def QueryRoute(self, request, context):
+        name = convert.topic_name(request.topic)
+        cfg = self.broker.topic(name)
+        namespace = request.topic.resource_namespace
+        key = (name, namespace)
+        shape = (cfg.queues, cfg.message_type)
+        cached = self._routes.get(key)
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        response = sv.QueryRouteResponse(status=self._ok,
+                                         message_queues=convert.route_queues(cfg, namespace, self._broker_pb))
+        if len(self._routes) > 10_000:
+            self._routes.clear()
+        self._routes[key] = (shape, response)
+        return response
+
+    @_boundary(sv.QueryAssignmentResponse, "QueryAssignment")
+    async def QueryAssignment(self, request, context):
+        name = convert.topic_name(request.topic)
+        group = convert.group_name(request.group)
+        cfg = self.broker.topic(name)
+        namespace = request.topic.resource_namespace
+        # FIFO groups get one assignment per queue (the proxy's "orderly" answer); others one
+        # broker-wide assignment with id -1. Receives serve the whole topic either way.
+        ids = None if self._group_config(group).fifo else (-1,)
+        queues = convert.route_queues(cfg, namespace, self._broker_pb, ids)
+        return sv.QueryAssignmentResponse(status=self._ok,
+                                          assignments=[pb.Assignment(message_queue=q) for q in queues])
+
+    # ------------------------------------------------------------------ client sessions
+    @_boundary(sv.HeartbeatResponse, "Heartbeat")
+    async def Heartbeat(self, request, context):
+        return self._ok_heartbeat
+
+    @_boundary(sv.NotifyClientTerminationResponse, "NotifyClientTermination")
+    async def NotifyClientTermination(self, request, context):
+        return self._ok_termination
+
+    async def Telemetry(self, request_iterator, context):
+        client_id = _header(context, CLIENT_ID_HEADER)
+        session = _TelemetrySession(client_id, context)
+        self.sessions[client_id] = session
+        try:
+            async for command in request_iterator:
+                reply = self._telemetry_reply(command, session)
+                if reply is not None:
+                    await session.write(reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken stream ends this session only
+            log.debug("telemetry stream of %r ended: %r", client_id, exc)
+        finally:
+            if self.sessions.get(client_id) is session:
+                del self.sessions[client_id]
+
+    async def push(self, client_id: str, command) -> bool:
+        """Write a server-initiated command (e.g. a transaction check) to a client's stream.
+
+        False when the client has no open stream or the write fails.
+        """
+        session = self.sessions.get(client_id)
+        if session is None:
+            return False
+        try:
+            await session.write(command)
+        except Exception as exc:  # noqa: BLE001 - a dead stream: the caller tries another client
+            log.debug("push to %r failed: %r", client_id, exc)
+            return False
+        return True
+
+    def _telemetry_reply(self, command, session: _TelemetrySession):
+        which = command.WhichOneof("command")
+        if which != "settings":
+            # Replies to our own commands (thread stack traces, verify results): nothing to answer.
+            return None
+        try:
+            settings = self._merged_settings(command.settings, session)
+            return sv.TelemetryCommand(status=self._ok, settings=settings)
+        except Exception as exc:  # noqa: BLE001 - the boundary for one settings command
+            return sv.TelemetryCommand(status=_status_of(exc, "Telemetry settings"), settings=command.settings)
+
+    def _merged_settings(self, client, session: _TelemetrySession):
+        """The client's settings with the server's values merged in (contract §3.3)."""
+        out = pb.Settings()
+        out.CopyFrom(client)
+        session.client_type = client.client_type
+        if client.client_type == pb.PRODUCER or (client.HasField("publishing")
+                                                  and not client.HasField("subscription")):
+            session.topics = frozenset(t.name for t in client.publishing.topics)
+            out.publishing.max_body_size = self.config.max_body_bytes
+            out.publishing.validate_message_type = True
+            out.backoff_policy.CopyFrom(_PRODUCER_BACKOFF)
+        elif client.client_type in _CONSUMER_TYPES or client.HasField("subscription"):
+            group = convert.group_name(client.subscription.group)
+            session.group = group
+            gc = self._group_config(group)
+            sub = out.subscription
+            if convert.duration_ms(sub.long_polling_timeout) <= 0:
+                sub.long_polling_timeout.CopyFrom(convert.duration_pb(int(LONG_POLL_DEFAULT_S * 1000)))
+            sub.fifo = bool(gc.fifo)
+            sub.receive_batch_size = RECEIVE_BATCH_SIZE
+            # Customized back-off is what the Python client reads (contract §3.3).
+            out.backoff_policy.CopyFrom(pb.RetryPolicy(
+                max_attempts=gc.max_attempts,
+                customized_backoff=pb.CustomizedBackoff(next=[convert.duration_pb(ms) for ms in gc.retry_delays_ms]),
+            ))
+        else:
+            raise errors.ClientError("settings carry neither publishing nor subscription")
+        out.metric.Clear()
+        out.metric.on = False
+        return out
+
+    # ------------------------------------------------------------------ sending
+    @_boundary(sv.SendMessageResponse, "SendMessage")
+    async def SendMessage(self, request, context):
+        messages = request.messages
+        if not messages:
+            raise errors.ClientError("SendMessage carries no message")
+        if len(messages) > SEND_BATCH_MAX:
+            raise errors.ClientError(f"SendMessage carries {len(messages)} messages; at most {SEND_BATCH_MAX}")
+        if len(messages) == 1:  # the official clients' only shape
+            entry = await self._send_one(messages[0])
+            return sv.SendMessageResponse(status=entry.status, entries=[entry])
+        max_body = self.config.max_body_bytes
+        try:  # one group commit for the whole request
+            results = await self.committer.send([convert.outgoing_from_pb(m, max_body) for m in messages])
+            ok = self._ok
+            entries = [sv.SendResultEntry(status=ok, message_id=r.message_id, offset=r.queue_offset)
+                       for r in results]
+        except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):
+            # The broker refuses a batch with one bad message as a whole. Send them one by one
+            # instead, so each gets its own answer (the committer still groups the fsyncs).
+            entries = await asyncio.gather(*(self._send_one(m) for m in messages))
+        # Clients read the top-level status only: report the first failure there.
+        top = next((e.status for e in entries if e.status.code != status.OK), self._ok)
+        return sv.SendMessageResponse(status=top, entries=entries)
+
+    async def _send_one(self, msg):
+        """Exactly one ``SendResultEntry`` for one message, failures included."""
+        try:
+            r = (await self.committer.send([convert.outgoing_from_pb(msg, self.config.max_body_bytes)]))[0]
+        except Exception as exc:  # noqa: BLE001 - the answer for this message
+            return sv.SendResultEntry(status=_status_of(exc, "SendMessage"),
+                                      message_id=msg.system_properties.message_id)
+        return sv.SendResultEntry(status=self._ok, message_id=r.message_id, offset=r.queue_offset)
+
+    @_boundary(sv.EndTransactionResponse, "EndTransaction")
+    async def EndTransaction(self, request, context):
+        raise errors.NotYetImplemented("transactions are not implemented yet in this chronoq build")
+
+    @_boundary(sv.RecallMessageResponse, "RecallMessage")
+    async def RecallMessage(self, request, context):
+        raise errors.NotYetImplemented("recalling delayed messages is not implemented yet in this chronoq build")
+
+    # ------------------------------------------------------------------ receiving
+    async def ReceiveMessage(self, request, context):
+        popped = ()
+        try:
+            group, topic, popped = await self._receive(request, context)
+            namespace = request.message_queue.topic.resource_namespace
+            fields, store_host, response = convert.message_fields, self._store_host, sv.ReceiveMessageResponse
+            responses = [response(message=fields(p, requested_topic=topic, namespace=namespace, store_host=store_host))
+                         for p in popped]
+        except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
+            if popped:
+                self._release(group, topic, popped)
+            yield sv.ReceiveMessageResponse(status=_status_of(exc, "ReceiveMessage"))
+            return
+        if not responses:
+            yield self._receive_empty
+            return
+        written = 0
+        try:
+            yield self._receive_ok
+            for response in responses:
+                yield response
+                written += 1
+        finally:
+            # The client went away (cancelled, deadline, broken stream) before it had every
+            # message: it drops the whole receive, so make them visible again now instead of
+            # after the invisible time (60 s for push consumers).
+            if written < len(responses):
+                self._release(group, topic, popped)
+        yield sv.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_pb(self.clock.wall_ms()))
+
+    def _release(self, group: str, topic: str, popped) -> None:
+        for p in popped:
+            try:
+                self.pop.change_invisible(group, topic, p.receipt_handle, 0)
+            except Exception as exc:  # noqa: BLE001 - e.g. already stale; its invisible time ends anyway
+                log.debug("could not release %s: %r", p.message.message_id, exc)
+        self._tick_kick.set()
+
+    async def _receive(self, request, context):
+        group = convert.group_name(request.group)
+        resource = request.message_queue.topic
+        topic = convert.topic_name(resource)
+        pop = self.pop
+        tag_filter = "*"
+        if request.HasField("filter_expression"):
+            fe = request.filter_expression
+            if fe.type == pb.SQL:
+                raise errors.Unsupported("SQL92 filter expressions are not supported by chronoq; use tags")
+            tag_filter = fe.expression
+        batch = request.batch_size
+        if batch <= 0:
+            raise errors.ClientError(f"batch_size must be positive, not {batch}")
+        batch = min(batch, RECEIVE_BATCH_MAX)
+        if request.HasField("invisible_duration"):  # its range is the POP service's rule
+            invisible_ms = convert.duration_ms(request.invisible_duration)
+        else:
+            invisible_ms = PUSH_INVISIBLE_MS if request.auto_renew else DEFAULT_INVISIBLE_MS
+        wait_s = (convert.duration_ms(request.long_polling_timeout) / 1000
+                  if request.HasField("long_polling_timeout") else LONG_POLL_DEFAULT_S)
+        wait_s = min(wait_s, LONG_POLL_MAX_S)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_s = min(wait_s, remaining - POLL_MARGIN_S)
+        attempt_id = request.attempt_id or None
+        client_id = _header(context, CLIENT_ID_HEADER)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait_s)
+        waker = self._waker
+        while True:
+            event = waker.current()  # taken before trying, so no arrival is missed
+            popped = pop.receive(group, topic, max_messages=batch, invisible_ms=invisible_ms,
+                                 tag_filter=tag_filter, attempt_id=attempt_id, client_id=client_id)
+            if popped:
+                break
+            left = deadline - loop.time()
+            if left <= 0 or self._stopping:
+                return group, topic, ()
+            waker.parked += 1
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                waker.parked -= 1
+        return group, topic, popped
+
+    @_boundary(sv.AckMessageResponse, "AckMessage")
+    async def AckMessage(self, request, context):
+        group = convert.group_name(request.group)
+        topic = convert.topic_name(request.topic)
+        pop = self.pop
+        if not request.entries:
+            raise errors.ClientError("AckMessage carries no entry")
+        entries = []
+        top = self._ok
+        for entry in request.entries:
+            try:
+                if not entry.receipt_handle:
+                    raise errors.InvalidReceiptHandle("the receipt handle is empty")
+                pop.ack(group, topic, entry.receipt_handle)
+                st = self._ok
+            except Exception as exc:  # noqa: BLE001 - per entry
+                st = _status_of(exc, "AckMessage")
+                if top is self._ok:
+                    top = st  # clients ignore entry statuses: the first failure goes on top
+            entries.append(sv.AckMessageResultEntry(message_id=entry.message_id,
+                                                    receipt_handle=entry.receipt_handle, status=st))
+        if self.pop.group(group).fifo:
+            self._waker.wake_soon()  # the next message of the FIFO queue may go out now
+        return sv.AckMessageResponse(status=top, entries=entries)
+
+    async def ChangeInvisibleDuration(self, request, context):
+        try:
+            group = convert.group_name(request.group)
+            topic = convert.topic_name(request.topic)
+            pop = self.pop
+            if not request.receipt_handle:
+                raise errors.InvalidReceiptHandle("the receipt handle is empty")
+            invisible_ms = convert.duration_ms(request.invisible_duration)
+            handle = pop.change_invisible(group, topic, request.receipt_handle, invisible_ms)
+        except Exception as exc:  # noqa: BLE001 - the boundary
+            # The Python client stores the returned handle even on error (contract §6.2.14):
+            # hand its old one back so a later ack is judged on that.
+            return sv.ChangeInvisibleDurationResponse(status=_status_of(exc, "ChangeInvisibleDuration"),
+                                                      receipt_handle=request.receipt_handle)
+        # A short (or 0 s) invisible time may be the next deadline now; the tick that revives
+        # the message wakes the parked polls.
+        self._tick_kick.set()
+        return sv.ChangeInvisibleDurationResponse(status=self._ok, receipt_handle=handle)
+
+    @_boundary(sv.ForwardMessageToDeadLetterQueueResponse, "ForwardMessageToDeadLetterQueue")
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        group = convert.group_name(request.group)
+        topic = convert.topic_name(request.topic)
+        pop = self.pop
+        if not request.receipt_handle:
+            raise errors.InvalidReceiptHandle("the receipt handle is empty")
+        pop.forward_to_dlq(group, topic, request.receipt_handle)
+        self._waker.wake_soon()  # the FIFO group behind it is free again
+        return self._ok_forward
+
+    # ------------------------------------------------------------------ not offered (yet)
+    async def PullMessage(self, request, context):
+        # Server-streaming: a one-item stream carrying the status.
+        yield sv.PullMessageResponse(status=_status_of(
+            errors.NotYetImplemented("PullMessage is not implemented; use ReceiveMessage"), "PullMessage"))
+
+    @_boundary(sv.UpdateOffsetResponse, "UpdateOffset")
+    async def UpdateOffset(self, request, context):
+        raise errors.NotYetImplemented("UpdateOffset is not implemented in this chronoq build")
+
+    @_boundary(sv.GetOffsetResponse, "GetOffset")
+    async def GetOffset(self, request, context):
+        raise errors.NotYetImplemented("GetOffset is not implemented in this chronoq build")
+
+    @_boundary(sv.QueryOffsetResponse, "QueryOffset")
+    async def QueryOffset(self, request, context):
+        raise errors.NotYetImplemented("QueryOffset is not implemented in this chronoq build")
+
+    @_boundary(sv.SyncLiteSubscriptionResponse, "SyncLiteSubscription")
+    async def SyncLiteSubscription(self, request, context):
+        raise errors.Unsupported("lite topics are not supported by chronoq")
+
+
+class GrpcFrontEnd:
+    """Serves ``MessagingService`` on ``config.host:config.port`` for the runtime's broker."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.config = runtime.config
+        self.server: grpc.aio.Server | None = None
+        self.service: MessagingService | None = None
+        self.pop = None
+        self.bound = ""
+
+    async def start(self) -> None:
+        cfg = self.config
+        broker = self.runtime.broker
+        assert broker is not None and self.runtime.committer is not None, "open the broker first"
+        self.pop = PopService(broker)
+        try:
+            apply_group_config(self.pop, cfg.extra.get("groups", {}))
+        except Exception:
+            self.pop.close()
+            raise
+        self.service = MessagingService(cfg, broker, self.runtime.committer, self.pop)
+        # Big enough that an oversized body reaches us and gets MESSAGE_BODY_TOO_LARGE instead
+        # of a transport error.
+        receive_limit = 2 * cfg.max_body_bytes + (4 << 20)
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", receive_limit),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
+        ])
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
+        host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
+        self.bound = f"{host}:{cfg.port}"
+        try:
+            port = server.add_insecure_port(self.bound)
+        except RuntimeError as exc:
+            port = 0
+            log.debug("bind failed: %s", exc)
+        if not port:
+            self.pop.close()
+            raise errors.ClientError(f"cannot listen on {self.bound}: the address is in use or not local")
+        await server.start()
+        self.server = server
+        self.service.start()
+        if cfg.host in ("0.0.0.0", "::") and not cfg.advertised_address:
+            log.warning("listening on %s but advertising %s to clients; set advertised_address to an address "
+                        "clients can reach", cfg.host, cfg.endpoint)
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            self.service.begin_stop()
+        if self.server is not None:
+            await self.server.stop(STOP_GRACE_S)
+            self.server = None
+        if self.service is not None:
+            await self.service.close()
+        if self.pop is not None:
+            self.pop.close()
+            self.pop = None
+
+    def describe(self) -> str:
+        return f"RocketMQ gRPC on {self.bound} (clients are told {self.config.endpoint})"
+
+
+_GROUP_KEYS = {"fifo": bool, "max_attempts": int}
+
+
+def apply_group_config(pop, groups: dict) -> None:
+    """Apply ``[groups.<name>]`` tables of the config file (``fifo``, ``max_attempts``)."""
+    if not isinstance(groups, dict):
+        raise errors.ClientError("[groups] in the config file must be a table of group tables")
+    for name, values in groups.items():
+        model.validate_group_name(name)
+        if not isinstance(values, dict):
+            raise errors.ClientError(f"[groups.{name}] must be a table")
+        kwargs = {}
+        for key, value in values.items():
+            kind = _GROUP_KEYS.get(key)
+            if kind is None:
+                raise errors.ClientError(f"unknown setting {key!r} in [groups.{name}]; known: "
+                                         + ", ".join(sorted(_GROUP_KEYS)))
+            if type(value) is not kind:
+                raise errors.ClientError(f"[groups.{name}] {key} must be {kind.__name__}, not {value!r}")
+            kwargs[key] = value
+        pop.set_group(name, **kwargs)

@@ -1,0 +1,89 @@
+"""Recall handles: the opaque, printable string a delayed send returns. Pure: no I/O.
+
+Text: ``VERSION`` ("1") followed by unpadded URL-safe base64 of (little-endian)::
+
+    off size field
+      0    1 kind       1 TIMER, 2 LEVEL, 3 IMMEDIATE (due at send: already visible)
+      1    1 level      delay level for LEVEL, else 0
+      2    8 position   TIMER: ident (commit offset of the delayed record, the key of its schedule
+                        entry); LEVEL: offset in queue level-1 of the delay topic;
+                        IMMEDIATE: commit offset of the record
+     10    8 due_ms     i64, when the message is due
+     18    1 topic_len  then the topic (UTF-8)
+      .    1 id_len     then the message id (ASCII)
+      .    4 crc32c     of every byte before it
+
+The CRC only catches mangled handles (it is not a secret): a well-formed handle that names nothing
+gets the definite answer NOT_FOUND. A reschedule issues a new handle; the old one then answers
+NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from dataclasses import dataclass
+
+import google_crc32c
+
+from chronoq import errors
+
+VERSION = "1"
+TIMER = 1
+LEVEL = 2
+IMMEDIATE = 3
+_HEAD = struct.Struct("<BBqq")
+_CRC = struct.Struct("<I")
+HANDLE_CHARS_MAX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RecallHandle:
+    kind: int
+    level: int
+    position: int
+    due_ms: int
+    topic: str
+    message_id: str
+
+    def encode(self) -> str:
+        topic = self.topic.encode()
+        mid = self.message_id.encode()
+        assert len(topic) < 256 and len(mid) < 256 and self.kind in (TIMER, LEVEL, IMMEDIATE)
+        body = (_HEAD.pack(self.kind, self.level, self.position, self.due_ms)
+                + bytes([len(topic)]) + topic + bytes([len(mid)]) + mid)
+        raw = body + _CRC.pack(google_crc32c.value(body))
+        return VERSION + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode(text: object) -> RecallHandle:
+    """Parse a handle; ``ClientError`` (kind bad_request) when it is not one chronoq issued."""
+    if not isinstance(text, str) or not text:
+        raise errors.ClientError("recall handle is missing")
+    if len(text) > HANDLE_CHARS_MAX or not text.isascii():
+        raise errors.ClientError("recall handle is not a chronoq recall handle")
+    if not text.startswith(VERSION):
+        raise errors.ClientError(f"recall handle version {text[:1]!r} is not supported (expected {VERSION!r})")
+    payload = text[len(VERSION):]
+    try:
+        raw = base64.b64decode(payload + "=" * (-len(payload) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise errors.ClientError("recall handle is not valid base64") from None
+    try:
+        kind, level, position, due_ms = _HEAD.unpack_from(raw, 0)
+        pos = _HEAD.size
+        tlen = raw[pos]
+        topic = raw[pos + 1:pos + 1 + tlen].decode()
+        pos += 1 + tlen
+        mlen = raw[pos]
+        mid = raw[pos + 1:pos + 1 + mlen].decode()
+        pos += 1 + mlen
+        (crc,) = _CRC.unpack_from(raw, pos)
+    except (struct.error, IndexError, UnicodeDecodeError):
+        raise errors.ClientError("recall handle is truncated or malformed") from None
+    if pos + _CRC.size != len(raw) or google_crc32c.value(raw[:pos]) != crc:
+        raise errors.ClientError("recall handle failed its checksum (mangled or truncated)")
+    if kind not in (TIMER, LEVEL, IMMEDIATE) or not topic or not mid or (kind == LEVEL) != (level > 0):
+        raise errors.ClientError("recall handle names an unknown kind of message")
+    return RecallHandle(kind, level, position, due_ms, topic, mid)

@@ -1,0 +1,1149 @@
+"""TimerService: delayed delivery for the embedded broker (the shell around the timer's pure core).
+
+Pieces: ``levels`` (level table), ``wheel`` (timing wheel), ``schedlog`` (bucket file format),
+``buckets`` (a bucket's in-memory state), ``lanes`` (bounded delivery queues with retry and
+blocking), ``copies`` (records the timer writes), ``handle`` (recall handles), ``deliverytime``
+(delivery-time validation), ``stats`` (lateness histogram). This module does the files, talks to
+the store and owns the one thread of control: every method is called from the broker's thread.
+
+Data flow of a timer message (``deliver_at_ms``)::
+
+    send --> commit log (FLAG_DELAYED record, no consume-queue entry) --fsync, dispatch-->
+    store.delayed_sink --> absorb: a MESSAGE entry (full record copy) in the bucket of its due
+    minute; if that bucket is in the near window, also in the timing wheel
+    tick --> wheel.expire --> timer lane --> copy written to the real topic/queue, fsynced,
+    dispatched (visible) --> DISPATCHED entry in the bucket; a bucket with nothing left is deleted
+
+Delay levels: the record goes to ``DELAY_TOPIC`` queue level-1 (a normal record); each level's
+lane reads its queue from the level's offset while the head is due.
+
+Durability and restart (invariants 4 and 5):
+
+* The **cursor** is a commit-log offset below which every record has been absorbed into fsynced
+  bucket files (and every delivered copy's DISPATCHED entry is fsynced, and every level offset
+  covers the level copies). It is advanced only by ``checkpoint`` (``timer/checkpoint.json``):
+  buffers written, every dirty bucket file fsynced, the directory fsynced, then the JSON.
+  It is the store retention guard (with each level lane's head), so records the timer still
+  needs are never deleted; once absorbed, a far-future message no longer pins the commit log.
+* On start, ``store.scan(cursor)`` replays the tail: delayed records are absorbed again and
+  delivered copies found there (``__TIMER_REF`` / ``__DELAY_REF``) re-mark what was delivered.
+  Entries are set facts (see ``schedlog``), so replaying twice is harmless. **Dispatch-once**:
+  a copy is written, fsynced and dispatched before its DISPATCHED entry exists; a crash after the
+  copy is durable leaves the copy in the commit log after the cursor, where the replay finds it.
+  So a restart never delivers a message twice (QMQ's per-bucket dispatch record, rebuilt from
+  the copies' references after the cursor).
+* Recall and reschedule write one record to the commit log (a control record, or the new delayed
+  record carrying ``__TIMER_MOVED_FROM``), fsync it and apply it before answering.
+
+Linearization of recall/reschedule against delivery: a message is *delivered* at its due instant
+on the timer's clock (a monotonic high-water mark of ``clock.wall_ms()``). Everything runs on one
+thread, so a recall observes one ``now``: if ``now < due`` and the entry is pending, the tombstone
+is durable and applied before any tick at or after ``due`` can run (CANCELLED); if
+``now >= due`` the answer is ALREADY_DELIVERED — a due message is durable and will be made
+visible by the next tick even across a crash, so that answer never has to be taken back.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import enum
+import heapq
+import logging
+import os
+import shutil
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable
+
+from chronoq import errors, fsutil
+from chronoq.model import SendResult
+from chronoq.store import record
+from chronoq.store.store import Prepared, Store
+from chronoq.timer import copies, deliverytime, schedlog
+from chronoq.timer import handle as handles
+from chronoq.timer.buckets import LOADED, LOADING, UNLOADED, Bucket, count_pending, lookup
+from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
+from chronoq.timer.levels import DELAY_TOPIC, DelayLevels
+from chronoq.timer.schedlog import CANCELLED, DISPATCHED, MESSAGE, MOVED, Damage
+from chronoq.timer.stats import LatenessHistogram
+from chronoq.timer.wheel import TimingWheel
+
+log = logging.getLogger("chronoq.timer")
+
+TIMER_DIR = "timer"
+CHECKPOINT_FILE = "checkpoint.json"
+QUARANTINE_DIR = "quarantine"
+CHECKPOINT_VERSION = 1
+FD_CACHE_MAX = 64
+# With more dirty bucket files than this, a checkpoint syncs the file system once (syncfs)
+# instead of fsyncing file by file (10k far-future buckets would cost seconds of fsyncs).
+SYNCFS_MIN_FILES = 16
+# Bucket-file writes are buffered (the commit log holds the truth until the cursor passes); this
+# bounds the memory the buffers take before they are written out.
+BUFFER_FLUSH_BYTES = 8 * 1024 * 1024
+LEVEL_READ_MAX = 512
+STATS_BUCKETS_MAX = 10_080  # a week of one-minute buckets
+_CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
+_DELAY_TOPIC = DELAY_TOPIC.encode()
+_MOVED_MARKERS = (copies.PROP_TIMER_MOVED_FROM.encode(), copies.PROP_DELAY_MOVED_FROM.encode())
+
+
+def _load_syncfs():
+    """libc ``syncfs(fd)`` (Linux), or None where it is not available."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNCFS = _load_syncfs()
+
+
+class RecallOutcome(str, enum.Enum):
+    CANCELLED = "cancelled"
+    ALREADY_DELIVERED = "already_delivered"
+    NOT_FOUND = "not_found"
+
+
+class RescheduleOutcome(str, enum.Enum):
+    RESCHEDULED = "rescheduled"
+    ALREADY_DELIVERED = "already_delivered"
+    CANCELLED = "cancelled"
+    NOT_FOUND = "not_found"
+
+
+@dataclass(slots=True)
+class RecallResult:
+    outcome: RecallOutcome
+    topic: str
+    message_id: str
+    deliver_at_ms: int
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class RescheduleResult:
+    outcome: RescheduleOutcome
+    recall_handle: str
+    topic: str
+    message_id: str
+    deliver_at_ms: int
+    detail: str = ""
+
+
+@dataclass
+class TimerOptions:
+    delay_levels: str
+    max_delay_ms: int
+    bucket_ms: int
+    preload_ms: int
+    wheel_slots: int
+    wheel_slot_ms: int
+    deliver_mode: str
+    pending_max: int
+    retry_backoff_ms: int
+    retry_backoff_max_ms: int
+    block_after_failures: int
+    load_batch: int
+    checkpoint_interval_ms: int
+    recall_memory_ms: int
+
+    @classmethod
+    def from_config(cls, cfg) -> "TimerOptions":
+        return cls(cfg.timer_delay_levels, cfg.timer_max_delay_ms, cfg.timer_bucket_ms, cfg.timer_preload_ms,
+                   cfg.timer_wheel_slots, cfg.timer_wheel_slot_ms, cfg.timer_deliver_mode, cfg.timer_pending_max,
+                   cfg.timer_retry_backoff_ms, cfg.timer_retry_backoff_max_ms, cfg.timer_block_after_failures,
+                   cfg.timer_load_batch, cfg.timer_checkpoint_interval_ms, cfg.timer_recall_memory_ms)
+
+
+class LevelLane(Lane):
+    """The lane of one delay level, reading ``DELAY_TOPIC`` queue level-1 from ``offset``."""
+
+    def __init__(self, level: int, delay_ms: int, opts: TimerOptions):
+        super().__init__(f"level-{level}", opts.pending_max, opts.retry_backoff_ms,
+                         opts.retry_backoff_max_ms, opts.block_after_failures)
+        self.level = level
+        self.queue_id = DelayLevels.queue_id(level)
+        self.delay_ms = delay_ms
+        self.offset = 0  # every queue offset below this is delivered (durable) or skipped
+        self.scan_offset = 0  # next queue offset to claim
+        self.head_due: int | None = None  # due time of the entry at scan_offset, when known
+        # queue offset -> (CANCELLED or MOVED, due_ms): recalled messages, kept for the recall memory.
+        self.cancelled: dict[int, tuple[int, int]] = {}
+
+
+class TimerService:
+    def __init__(self, store: Store, options: TimerOptions, clock, data_dir: str,
+                 ensure_delay_topic: Callable[[int], None] | None = None):
+        self.store = store
+        self.opts = options
+        self.clock = clock
+        self.levels = DelayLevels.parse(options.delay_levels)
+        self.width = options.bucket_ms
+        self.dir = os.path.join(data_dir, TIMER_DIR)
+        self.sched_dir = os.path.join(self.dir, schedlog.SCHEDULE_DIR)
+        os.makedirs(self.sched_dir, exist_ok=True)
+        self._ensure_delay_topic = ensure_delay_topic
+        self._delay_topic_ready = False
+        self.wheel = TimingWheel(options.wheel_slot_ms, options.wheel_slots)
+        self.buckets: dict[int, Bucket] = {}
+        self._heap: list[int] = []  # starts of buckets waiting on disk (UNLOADED)
+        self._in_heap: set[int] = set()
+        self._loading: deque[Bucket] = deque()
+        self._loaded: list[int] = []  # starts of LOADING/LOADED buckets, sorted
+        self._loaded_horizon = -1  # every bucket starting at or below this is LOADING/LOADED
+        self._index: dict[int, Bucket] = {}  # ident -> bucket, for entries in the wheel
+        self._done: list[int] = []  # starts of .done files, sorted
+        self.timer_lane = Lane("timer", options.pending_max, options.retry_backoff_ms,
+                               options.retry_backoff_max_ms, options.block_after_failures)
+        self.level_lanes = [LevelLane(i + 1, d, options) for i, d in enumerate(self.levels.delays_ms)]
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._dirty: set[int] = set()  # buckets with file writes not yet fsynced
+        self._buffered_starts: set[int] = set()  # buckets with a non-empty write buffer
+        self._buffered = 0
+        self._dir_dirty = False
+        self._generation = 0  # of the last checkpoint; stamps the append journal's records
+        self._journaled: set[int] = set()  # buckets whose pre-cycle length is in the journal
+        self._journal_fd = -1
+        self._unabsorbed: deque[tuple[int, int, int]] = deque()
+        self._hwm_ms = 0
+        self.cursor = 0
+        self._last_checkpoint_ms = 0
+        self.histogram = LatenessHistogram()
+        self.damage: list[Damage] = []
+        self.notes: list[str] = []
+        self.lost = 0
+        self.caught_up = 0
+        self.buckets_finished = 0
+        self._wakeups: list[Callable[[], None]] = []
+        self._reported_deadline: int | None = None
+        self.closed = False
+        self._read_checkpoint()
+        self._scan_dir()
+        self._catch_up()
+        store.delayed_sink = self._absorb_batch
+        store.add_retention_guard(self.retention_floor)
+        self.checkpoint()
+
+    # ================================================================= start-up
+    def _read_checkpoint(self) -> None:
+        path = os.path.join(self.dir, CHECKPOINT_FILE)
+        try:
+            cp = fsutil.read_json(path)
+        except ValueError as exc:
+            self.notes.append(f"timer checkpoint unreadable ({exc}); replaying the whole commit log")
+            cp = None
+        if cp is not None and (not isinstance(cp, dict) or cp.get("version") != CHECKPOINT_VERSION):
+            self.notes.append("timer checkpoint has an unknown version; replaying the whole commit log")
+            cp = None
+        pending, _done = schedlog.list_dir(self.sched_dir)
+        if cp is not None and cp.get("bucket_ms") != self.width and pending:
+            raise errors.ClientError(
+                f"timer_bucket_ms is {self.width} but the schedule log in {self.sched_dir} was written with "
+                f"{cp.get('bucket_ms')}; set it back (pending timers are filed by the old width)")
+        log_min = self.store.log.min_offset
+        if cp is None:
+            self.cursor = log_min
+            if pending:
+                self.notes.append("no timer checkpoint: schedule files are re-checked against the whole log")
+        else:
+            self.cursor = int(cp["cursor"])
+            self._generation = int(cp.get("generation", 0))
+            self._hwm_ms = int(cp.get("hwm_ms", 0))
+            for lane in self.level_lanes:
+                state = cp.get("levels", {}).get(str(lane.level), {})
+                lane.offset = lane.scan_offset = int(state.get("offset", 0))
+                lane.cancelled = {int(q): (int(k), int(d)) for q, (k, d) in state.get("cancelled", {}).items()}
+        if self.cursor < log_min:
+            self.notes.append(f"commit log before {log_min} was deleted before the timer absorbed it "
+                              f"(cursor {self.cursor}); delayed messages there are lost")
+            self.cursor = log_min
+        if self.cursor > self.store.log.written:
+            self.notes.append(f"timer cursor {self.cursor} is past the recovered log end {self.store.log.written}")
+            self.cursor = self.store.log.written
+        if cp is not None:
+            self._roll_back_appends()
+        else:
+            for start in pending:
+                self._validate(start, schedlog.read_file(self._path(start)))
+
+    def _roll_back_appends(self) -> None:
+        """Cut every bucket file written since the last checkpoint back to its length then
+        (``schedlog``'s append journal); the catch-up replay writes those entries again."""
+        path = os.path.join(self.dir, schedlog.JOURNAL_FILE)
+        intents = schedlog.decode_journal(schedlog.read_file(path), self._generation)
+        cut = 0
+        for start, length in intents.items():
+            target = self._path(start)
+            try:
+                size = os.path.getsize(target)
+            except FileNotFoundError:
+                continue
+            if size > length:
+                with open(target, "r+b") as fh:
+                    fh.truncate(length)
+                    os.fsync(fh.fileno())
+                cut += size - length
+        self._journaled = set(intents)  # their recorded lengths stay the rollback points
+        if cut:
+            self.notes.append(f"rolled back {cut} bytes appended to {len(intents)} schedule files after the "
+                              f"last timer checkpoint (replayed from the commit log)")
+
+    def _scan_dir(self) -> None:
+        pending, done = schedlog.list_dir(self.sched_dir)
+        for start in pending:
+            self._push(start)
+        self._done = sorted(done)
+
+    def _catch_up(self) -> None:
+        """Replay the commit log after the cursor: absorb delayed records, re-mark delivered copies."""
+        count = 0
+        for offset, header, raw in self.store.scan(self.cursor):
+            if header.flags & record.FLAG_DELAYED:
+                self._absorb_record(offset, raw)
+                count += 1
+            elif (copies.REF_MARKERS[0] in raw or copies.REF_MARKERS[1] in raw) and header.topic != DELAY_TOPIC:
+                count += self._apply_ref(offset, raw)
+        self.caught_up = count
+        for lane in self.level_lanes:
+            lane.scan_offset = lane.offset
+
+    def _apply_ref(self, offset: int, raw: bytes) -> int:
+        props = record.decode_properties(copies.split(raw).properties)
+        ref = props.get(copies.PROP_TIMER_REF)
+        if ref is not None:
+            start, ident = copies.parse_ref(ref)
+            due = copies.header_fields(raw)[2]
+            self._append(start, schedlog.encode_entry(DISPATCHED, ident, due, offset))
+            return 1
+        ref = props.get(copies.PROP_DELAY_REF)
+        if ref is not None:
+            level, qoff = copies.parse_ref(ref)
+            if 1 <= level <= len(self.level_lanes):
+                lane = self.level_lanes[level - 1]
+                lane.offset = max(lane.offset, qoff + 1)
+            return 1
+        return 0
+
+    # ================================================================= sending (called by the broker)
+    def prepare_delayed(self, p: Prepared, deliver_at_ms: int | None, delay_level: int | None,
+                        now_ms: int) -> Prepared:
+        """Turn a validated message into the record a delayed send writes."""
+        if deliver_at_ms is not None and delay_level:
+            raise errors.InvalidDeliveryTime("give either deliver_at_ms or delay_level, not both")
+        if delay_level:
+            level = self.levels.check(delay_level)
+            if not self._delay_topic_ready:
+                if self._ensure_delay_topic is not None:
+                    self._ensure_delay_topic(len(self.levels))
+                self._delay_topic_ready = True
+            return copies.level_record(p, level, now_ms + self.levels.delay_ms(level))
+        due = deliverytime.check_deliver_at(deliver_at_ms, now_ms, self.opts.max_delay_ms)
+        if due <= now_ms:  # due already: an ordinary record, visible at once
+            return p._replace(deliver_at_ms=due)
+        return p._replace(flags=p.flags | record.FLAG_DELAYED, deliver_at_ms=due)
+
+    def send_result(self, p: Prepared, message_id: str, commit_offset: int, queue_offset: int) -> SendResult:
+        """The answer to a delayed send (``p.deliver_at_ms`` is set), with its recall handle."""
+        if p.flags & record.FLAG_DELAYED:
+            h = handles.RecallHandle(handles.TIMER, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
+            return SendResult(message_id, p.topic, p.queue_id, -1, commit_offset, recall_handle=h.encode())
+        if p.topic == DELAY_TOPIC:
+            props = record.decode_properties(p.properties)
+            topic, qid = props[copies.PROP_DELAY_TOPIC], int(props[copies.PROP_DELAY_QID])
+            h = handles.RecallHandle(handles.LEVEL, p.queue_id + 1, queue_offset, p.deliver_at_ms, topic, message_id)
+            return SendResult(message_id, topic, qid, -1, commit_offset, recall_handle=h.encode())
+        h = handles.RecallHandle(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
+        return SendResult(message_id, p.topic, p.queue_id, queue_offset, commit_offset, recall_handle=h.encode())
+
+    # ================================================================= absorbing delayed records
+    def _absorb_batch(self, records: list[tuple[int, int, int]]) -> None:
+        """``store.delayed_sink``: records are dispatched. Never raises (it runs inside dispatch)."""
+        self._unabsorbed.extend(records)
+        try:
+            self._absorb_durable()
+        except Exception:  # a bug or an unreadable log: keep the records, retry from tick
+            log.exception("absorbing delayed records failed; will retry")
+
+    def _absorb_durable(self) -> None:
+        """Absorb dispatched records that are also fsynced (under the async flush policy dispatch
+        runs ahead of fsync; absorbing a record that a power loss could take back would let its
+        commit offset, the entry's identity, be reused)."""
+        queue = self._unabsorbed
+        if not queue:
+            return
+        upto = self.store.log.synced
+        while queue and queue[0][0] + queue[0][1] <= upto:
+            first = queue[0][0]
+            run = []
+            end = first
+            # One read per run of adjacent records (a run never crosses a segment boundary).
+            limit = min(upto, self.store.log.segment_for(first).end)
+            while queue and queue[0][0] == end and queue[0][0] + queue[0][1] <= limit and len(run) < 4096:
+                run.append(queue.popleft())
+                end += run[-1][1]
+            blob = self.store.log.read(first, end - first)
+            pos = 0
+            for offset, size, _due in run:
+                self._absorb_record(offset, blob[pos:pos + size])
+                pos += size
+
+    def _absorb_record(self, offset: int, raw: bytes) -> None:
+        flags, _qid, deliver_at, topic, _mid = copies.header_fields(raw)
+        if topic == _CONTROL_TOPIC:
+            self._apply_control(offset, raw, deliver_at)
+            return
+        if _MOVED_MARKERS[0] in raw or _MOVED_MARKERS[1] in raw:
+            self._apply_move(offset, raw)
+        # The bucket must be the same every time the record is absorbed (a replay after a crash
+        # included), because recall records name it: the due time's bucket, or for a record that
+        # was already due when stored (a reschedule into the past), the bucket of its store time.
+        start = schedlog.bucket_start(max(deliver_at, copies.stored_ms(raw)), self.width)
+        self._append(start, schedlog.encode_entry(MESSAGE, offset, deliver_at, 0, raw))
+
+    def _apply_control(self, offset: int, raw: bytes, due_ms: int) -> None:
+        props = record.decode_properties(copies.split(raw).properties)
+        ref = props.get(copies.PROP_TIMER_CANCEL)
+        if ref is not None:
+            start, ident = copies.parse_ref(ref)
+            self._append(start, schedlog.encode_entry(CANCELLED, ident, due_ms, offset))
+        ref = props.get(copies.PROP_DELAY_CANCEL)
+        if ref is not None:
+            level, qoff, due = copies.parse_ref(ref, 3)
+            if 1 <= level <= len(self.level_lanes):
+                self.level_lanes[level - 1].cancelled[qoff] = (CANCELLED, due)
+
+    def _apply_move(self, offset: int, raw: bytes) -> None:
+        props = record.decode_properties(copies.split(raw).properties)
+        ref = props.get(copies.PROP_TIMER_MOVED_FROM)
+        if ref is not None:
+            start, ident, due = copies.parse_ref(ref, 3)
+            self._append(start, schedlog.encode_entry(MOVED, ident, due, offset))
+        ref = props.get(copies.PROP_DELAY_MOVED_FROM)
+        if ref is not None:
+            level, qoff, due = copies.parse_ref(ref, 3)
+            if 1 <= level <= len(self.level_lanes):
+                self.level_lanes[level - 1].cancelled[qoff] = (MOVED, due)
+
+    # ================================================================= buckets
+    def _path(self, start: int, suffix: str = schedlog.PENDING_SUFFIX) -> str:
+        return os.path.join(self.sched_dir, schedlog.file_name(start, suffix))
+
+    def _push(self, start: int) -> None:
+        if start not in self._in_heap:
+            self._in_heap.add(start)
+            heapq.heappush(self._heap, start)
+
+    def _bucket(self, start: int) -> Bucket:
+        b = self.buckets.get(start)
+        if b is None:
+            b = self.buckets[start] = Bucket(start, self._path(start))
+            if start <= self._loaded_horizon:
+                # Inside the loaded window every bucket with a file is LOADING/LOADED already (and
+                # finished ones were deleted), so this one is new: nothing to read.
+                b.load_empty()
+                bisect.insort(self._loaded, start)
+            else:
+                self._push(start)
+        return b
+
+    def _append(self, start: int, entry: bytes) -> None:
+        b = self._bucket(start)
+        b.append(entry)
+        self._buffered += len(entry)
+        self._buffered_starts.add(start)
+        if b.state == LOADED:
+            added, removed, _n = b.parse(1 << 62, self.damage)
+            self._to_wheel(b, added)
+            for ident, due in removed:
+                self.wheel.remove(ident, due)
+                self._index.pop(ident, None)
+        if self._buffered > BUFFER_FLUSH_BYTES:
+            try:
+                self._flush_buffers()
+            except errors.StorageError as exc:  # kept in memory; the next checkpoint retries
+                log.warning("schedule log write failed: %s", exc)
+
+    def _to_wheel(self, b: Bucket, entries) -> None:
+        wake = False
+        for ident, due in entries:
+            self.wheel.add(ident, due)
+            self._index[ident] = b
+            if self._reported_deadline is None or due < self._reported_deadline:
+                wake = True
+        if wake:
+            self._wake()
+
+    def _load_step(self, now: int) -> None:
+        """Bring buckets into the near window ahead of time, parsing at most ``load_batch`` entries."""
+        horizon = schedlog.bucket_start(now + self.opts.preload_ms, self.width)
+        if horizon > self._loaded_horizon:
+            while self._heap and self._heap[0] <= horizon:
+                start = heapq.heappop(self._heap)
+                self._in_heap.discard(start)
+                self._begin_load(start)
+            self._loaded_horizon = horizon
+        budget = self.opts.load_batch
+        while self._loading and budget > 0:
+            b = self._loading[0]
+            _added, _removed, n = b.parse(budget, self.damage)
+            budget -= max(n, 1)
+            if b.parsed:
+                self._loading.popleft()
+                self._to_wheel(b, b.finish_load())
+
+    def _finish_loading(self, b: Bucket) -> None:
+        """Parse the rest of a LOADING bucket now (a recall needs its exact state)."""
+        b.parse(1 << 62, self.damage)
+        self._loading.remove(b)
+        self._to_wheel(b, b.finish_load())
+
+    def _begin_load(self, start: int) -> None:
+        b = self.buckets.get(start)
+        if b is None:
+            if not os.path.exists(self._path(start)):
+                return  # finished and deleted meanwhile
+            b = self.buckets[start] = Bucket(start, self._path(start))
+        elif b.state != UNLOADED:
+            return
+        b.begin_load(self._file_entries(start))
+        bisect.insort(self._loaded, start)
+        self._loading.append(b)
+
+    def _file_entries(self, start: int) -> bytes:
+        """The entries of a bucket file (no header)."""
+        path = self._path(start)
+        data = schedlog.read_file(path)
+        if not data:
+            return b""
+        if len(data) < schedlog.FILE_HEAD_SIZE:
+            return b""
+        try:
+            schedlog.check_header(data, start)
+        except schedlog.SchedLogError as exc:
+            self._quarantine(path, data, exc.reason)
+            return b""
+        return data[schedlog.FILE_HEAD_SIZE:]
+
+    def _validate(self, start: int, data: bytes) -> bytes:
+        """S0/S1/S3 of the schedlog table by scanning (only when the timer checkpoint is lost)."""
+        path = self._path(start)
+        try:
+            end, damage = schedlog.validate_tail(path, start, data)
+        except schedlog.SchedLogError as exc:
+            self._quarantine(path, data, exc.reason)
+            return b""
+        if damage is not None:
+            self.damage.append(damage)
+            log.warning("schedule file %s: cutting a torn tail of %d bytes at %d (it is replayed from the "
+                        "commit log)", path, damage.end - damage.start, damage.start)
+            with open(path, "r+b") as fh:
+                fh.truncate(end)
+                fh.flush()
+                os.fsync(fh.fileno())
+            data = data[:end]
+        return data
+
+    def _quarantine(self, path: str, data: bytes, reason: str) -> None:
+        qdir = os.path.join(self.dir, QUARANTINE_DIR)
+        os.makedirs(qdir, exist_ok=True)
+        target = os.path.join(qdir, os.path.basename(path))
+        shutil.move(path, target)
+        fsutil.fsync_dir(self.sched_dir)
+        self.damage.append(Damage(path, 0, len(data), f"{reason}; moved to {target}", False))
+        log.error("schedule file %s is damaged (%s); moved to %s. Messages in it that are no longer in "
+                  "the commit log are lost", path, reason, target)
+
+    # ----------------------------------------------------------------- file writes
+    def _fd(self, start: int) -> int:
+        fd = self._fds.get(start)
+        if fd is not None:
+            self._fds.move_to_end(start)
+            return fd
+        path = self._path(start)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if os.fstat(fd).st_size == 0:
+                self._write_all(fd, schedlog.encode_header(start, self.width), path, 0)
+                self._dir_dirty = True
+        except OSError as exc:
+            raise fsutil.storage_error(exc, path) from exc
+        self._fds[start] = fd
+        while len(self._fds) > FD_CACHE_MAX:  # a closed dirty file is synced by path at checkpoint
+            _old, old_fd = self._fds.popitem(last=False)
+            os.close(old_fd)
+        return fd
+
+    @staticmethod
+    def _write_all(fd: int, blob: bytes, path: str, size_before: int) -> None:
+        view = memoryview(blob)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            try:  # never leave half an entry behind: cut back to where this write began
+                os.ftruncate(fd, size_before)
+            except OSError:
+                pass
+            raise fsutil.storage_error(exc, path) from exc
+
+    def _flush_buffers(self) -> None:
+        """Write every buffered entry to its bucket file (page cache; fsync is ``checkpoint``'s).
+
+        The append journal records the pre-write length of each file first written in this cycle.
+        """
+        self._journal(sorted(s for s in self._buffered_starts if s not in self._journaled))
+        for start in sorted(self._buffered_starts):
+            b = self.buckets[start]
+            if b.buffer:
+                fd = self._fd(start)
+                self._write_all(fd, bytes(b.buffer), b.path, os.fstat(fd).st_size)
+                self._dirty.add(start)
+                self._buffered -= len(b.buffer)
+                b.buffer = bytearray()
+            self._buffered_starts.discard(start)
+            if b.state == UNLOADED:  # far future: keep nothing in memory (it is on the heap)
+                del self.buckets[start]
+        assert self._buffered == 0 or self._buffered_starts
+
+    def _journal(self, starts: list[int]) -> None:
+        if not starts:
+            return
+        path = os.path.join(self.dir, schedlog.JOURNAL_FILE)
+        try:
+            if self._journal_fd < 0:
+                self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            blob = b"".join(schedlog.encode_intent(self._generation, start, self._file_size(start))
+                            for start in starts)
+            size = os.fstat(self._journal_fd).st_size
+            self._write_all(self._journal_fd, blob, path, size)
+            os.fsync(self._journal_fd)
+        except OSError as exc:
+            raise fsutil.storage_error(exc, path) from exc
+        self._journaled.update(starts)
+
+    def _file_size(self, start: int) -> int:
+        try:
+            return os.path.getsize(self._path(start))
+        except FileNotFoundError:
+            return 0
+
+    def _sync_dirty(self) -> None:
+        """fsync every bucket file written since the last checkpoint (one syncfs when many)."""
+        dirty = sorted(self._dirty)
+        if len(dirty) >= SYNCFS_MIN_FILES and _SYNCFS is not None:
+            fd = os.open(self.sched_dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if _SYNCFS(fd) != 0:
+                    err = ctypes.get_errno()
+                    raise fsutil.storage_error(OSError(err, os.strerror(err)), self.sched_dir)
+            finally:
+                os.close(fd)
+        else:
+            for start in dirty:
+                fd = self._fds.get(start)
+                if fd is not None:
+                    os.fsync(fd)
+                    continue
+                try:
+                    fd = os.open(self._path(start), os.O_RDONLY)
+                except FileNotFoundError:
+                    continue  # finished and deleted meanwhile
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        self._dirty.clear()
+
+    # ================================================================= ticking
+    def _now(self, now_ms: int | None = None) -> int:
+        now = self.clock.wall_ms() if now_ms is None else now_ms
+        if now > self._hwm_ms:
+            self._hwm_ms = now
+        return self._hwm_ms
+
+    def tick(self, now_ms: int | None = None) -> int:
+        """Do the timer's due work: load ahead, claim due messages, deliver, retire buckets.
+
+        The runtime calls this at ``next_deadline_ms()`` (and when woken); tests call it after
+        ``clock.advance``. Bounded per call: ``load_batch`` entries parsed, ``pending_max``
+        deliveries claimed per lane. Returns how many deliveries completed.
+        """
+        if self.closed:
+            raise errors.ClosedError("the timer is closed")
+        now = self._now(now_ms)
+        if self._unabsorbed:
+            self._sync_for_absorb()
+        self._load_step(now)
+        self._claim_timers(now)
+        for lane in self.level_lanes:
+            self._claim_level(lane, now)
+        self._deliver(now)
+        done = self._complete()
+        self._finish_buckets(now)
+        return done
+
+    def _sync_for_absorb(self) -> None:
+        try:
+            self.store.sync()
+        except errors.StorageError as exc:
+            log.warning("fsync for delayed records failed: %s", exc)
+            return
+        self._absorb_durable()
+
+    def _claim_timers(self, now: int) -> None:
+        lane = self.timer_lane
+        room = lane.room(now)
+        nxt = self.wheel.next_deadline()
+        if not room or nxt is None or nxt > now:
+            return
+        for ident, due in self.wheel.expire(now, room):
+            b = self._index.pop(ident)
+            raw = b.claim(ident)
+            prepared = copies.delivered_copy(raw, copies.PROP_TIMER_REF, f"{b.start}.{ident}")
+            lane.claim((b.start, ident), due, prepared)
+
+    def _claim_level(self, lane: LevelLane, now: int) -> None:
+        room = lane.room(now)
+        if not room or (lane.head_due is not None and lane.head_due > now):
+            return
+        lo, hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+        if lane.scan_offset < lo and not lane.pending:
+            lane.offset = lane.scan_offset = lo
+        scan = lane.scan_offset
+        if scan >= hi:
+            lane.head_due = None
+            return
+        entries = self.store.entries(DELAY_TOPIC, lane.queue_id, scan, min(room, hi - scan, LEVEL_READ_MAX))
+        lane.head_due = None
+        taken = 0
+        for phys, size, _tag_hash, stored_ms in entries:
+            qoff = scan + taken
+            if stored_ms + lane.delay_ms > now and qoff not in lane.cancelled:
+                lane.head_due = stored_ms + lane.delay_ms  # an estimate >= the record's due time
+                break
+            raw = self._level_record(phys, size)
+            if raw is None:
+                lane.claim(qoff, 0, None)
+                taken += 1
+                continue
+            due = copies.header_fields(raw)[2]
+            if due > now:
+                lane.head_due = due
+                break
+            if qoff in lane.cancelled:
+                lane.claim(qoff, due, None)
+            else:
+                lane.claim(qoff, due, copies.delivered_copy(raw, copies.PROP_DELAY_REF, f"{lane.level}.{qoff}"))
+            taken += 1
+        lane.scan_offset = scan + taken
+
+    def _level_record(self, phys: int, size: int) -> bytes | None:
+        """The record behind a delay-queue entry, or None when it is gone (skipped, counted)."""
+        if size == 0 or phys < self.store.log.min_offset:
+            self.lost += 1
+            log.error("delay-level record at %d is gone (retention or quarantine); skipping it", phys)
+            return None
+        try:
+            return self.store.log.read_record(phys, size)
+        except errors.CorruptionError as exc:
+            self.lost += 1
+            log.error("delay-level record unreadable, skipping it: %s", exc)
+            return None
+
+    def _lanes(self) -> list[Lane]:
+        return [self.timer_lane, *self.level_lanes]
+
+    def _deliver(self, now: int) -> None:
+        """Write claimed copies (one group, one fsync; or one at a time in ``sync`` mode)."""
+        items = [(lane, d) for lane in self._lanes() for d in lane.to_write(now)]
+        if self.opts.deliver_mode == "sync":
+            for item in items:
+                if not self._write_group([item], now) or not self._make_durable(now):
+                    break
+        elif items and self._write_group(items, now):
+            self._make_durable(now)
+        if any(lane.needs_durability(self.store.dispatched, now) for lane in self._lanes()):
+            self._make_durable(now)
+
+    def _write_group(self, items: list[tuple[Lane, Delivery]], now: int) -> bool:
+        before = self.store.log.written
+        try:
+            written = self.store.write([d.prepared for _, d in items])
+        except errors.StorageError as exc:
+            # A batch that spans a segment roll can fail after its first part was appended: those
+            # copies exist (and will be dispatched) so they must not be written again.
+            appended = [(off, hdr.length) for off, hdr, _raw in self.store.scan(before)] \
+                if self.store.log.written > before else []
+            for (lane, d), (off, length) in zip(items, appended):
+                lane.written(d, off, off + length)
+            for lane in {id(lane): lane for lane, _ in items[len(appended):]}.values():
+                delay = lane.failed(now, str(exc))
+                log.warning("timer lane %s: delivery failed (%s); retry in %d ms%s", lane.name, exc, delay,
+                            " (lane blocked)" if lane.blocked else "")
+            return False
+        for (lane, d), w in zip(items, written):
+            lane.written(d, w.commit_offset, w.commit_offset + w.size)
+        return True
+
+    def _make_durable(self, now: int) -> bool:
+        try:
+            synced = self.store.sync()
+        except errors.StorageError as exc:
+            for lane in self._lanes():
+                if any(d.state == WRITTEN for d in lane.pending):
+                    lane.failed(now, str(exc))
+            log.warning("fsync of delivered copies failed: %s", exc)
+            return False
+        self.store.dispatch(synced)
+        for lane in self._lanes():
+            if lane.failures and not any(d.state == CLAIMED for d in lane.pending):
+                lane.succeeded()
+        return True
+
+    def _complete(self) -> int:
+        """Finish durable deliveries in lane order: DISPATCHED entries, level offsets, lateness."""
+        upto = self.store.dispatched
+        visible_ms = self._now()
+        done = 0
+        for d in self.timer_lane.complete(upto):
+            start, ident = d.ref
+            self._append(start, schedlog.encode_entry(DISPATCHED, ident, d.due_ms, d.commit_offset))
+            self.histogram.record(visible_ms - d.due_ms)
+            done += 1
+        for lane in self.level_lanes:
+            for d in lane.complete(upto):
+                lane.offset = d.ref + 1
+                if d.prepared is not None:
+                    self.histogram.record(visible_ms - d.due_ms)
+                    done += 1
+        return done
+
+    def _finish_buckets(self, now: int) -> None:
+        while self._loaded:
+            b = self.buckets[self._loaded[0]]
+            if not b.finishable(now, self.width):
+                return
+            self._finish(b)
+
+    def _finish(self, b: Bucket) -> None:
+        """Delete a bucket whose messages are all delivered or retired (keep its cancellations)."""
+        done = b.done_entries()
+        if done:
+            fsutil.atomic_write(self._path(b.start, schedlog.DONE_SUFFIX),
+                                schedlog.encode_header(b.start, self.width) + done)
+            bisect.insort(self._done, b.start)
+        fd = self._fds.pop(b.start, None)
+        if fd is not None:
+            os.close(fd)
+        self._dirty.discard(b.start)
+        self._journaled.discard(b.start)  # a new file at this path journals its own length (0)
+        self._buffered -= len(b.buffer)
+        self._buffered_starts.discard(b.start)
+        try:
+            os.unlink(b.path)
+        except FileNotFoundError:
+            pass
+        self._dir_dirty = True
+        del self.buckets[b.start]
+        self._loaded.remove(b.start)
+        self.buckets_finished += 1
+
+    # ================================================================= deadlines
+    def next_deadline_ms(self) -> int | None:
+        """When ``tick`` next has work (epoch ms; may be <= now), or None when nothing waits."""
+        now = self._now()
+        if self._loading or self._unabsorbed:
+            return self._remember(now)
+        cands: list[int] = []
+        lane = self.timer_lane
+        if lane.pending and lane.retry_at_ms:
+            cands.append(lane.retry_at_ms)
+        else:
+            nxt = self.wheel.next_deadline()
+            if nxt is not None:
+                cands.append(nxt)
+        for level_lane in self.level_lanes:
+            if level_lane.pending and level_lane.retry_at_ms:
+                cands.append(level_lane.retry_at_ms)
+                continue
+            head = level_lane.head_due if level_lane.head_due is not None else self._peek_level(level_lane)
+            if head is not None:
+                cands.append(head)
+        if self._heap:
+            cands.append(self._heap[0] - self.opts.preload_ms)
+        if self._loaded:
+            b = self.buckets[self._loaded[0]]
+            if b.state == LOADED and not b.pending and not b.claimed:
+                cands.append(b.start + self.width)
+        return self._remember(min(cands) if cands else None)
+
+    def _remember(self, deadline: int | None) -> int | None:
+        self._reported_deadline = deadline
+        return deadline
+
+    def _peek_level(self, lane: LevelLane) -> int | None:
+        lo, hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+        scan = max(lane.scan_offset, lo)
+        if scan >= hi:
+            return None
+        entry = self.store.entries(DELAY_TOPIC, lane.queue_id, scan, 1)
+        if not entry:
+            return None
+        phys, size, _t, stored_ms = entry[0]
+        raw = self._level_record(phys, size) if phys >= self.store.log.min_offset else None
+        lane.head_due = copies.header_fields(raw)[2] if raw is not None else stored_ms
+        return lane.head_due
+
+    def add_wakeup_listener(self, fn: Callable[[], None]) -> None:
+        """``fn()`` is called when a deadline earlier than the last ``next_deadline_ms`` appears."""
+        self._wakeups.append(fn)
+
+    def _wake(self) -> None:
+        for fn in self._wakeups:
+            fn()
+
+    def on_arrivals(self) -> None:
+        """Broker arrival hook: a level message may have made an idle lane's deadline earlier."""
+        if not self._wakeups:
+            return
+        for lane in self.level_lanes:
+            if lane.head_due is None and not lane.pending:
+                head = self._peek_level(lane)
+                if head is not None and (self._reported_deadline is None or head < self._reported_deadline):
+                    self._wake()
+                    return
+
+    # ================================================================= recall and reschedule
+    def _locate_timer(self, h: handles.RecallHandle) -> tuple[int | None, int, bytes | None]:
+        """(state, bucket start, record bytes if pending) of a timer message's entry."""
+        ident = h.position
+        b = self._index.get(ident)
+        if b is not None:
+            return MESSAGE, b.start, b.record_of(ident)
+        start = schedlog.bucket_start(h.due_ms, self.width)
+        b = self.buckets.get(start)
+        if b is not None and b.state == LOADING:
+            self._finish_loading(b)
+        if b is not None and b.state == LOADED:
+            return b.state_of(ident), start, b.record_of(ident)
+        file_data = schedlog.read_file(self._path(start))
+        extra = bytes(b.buffer) if b is not None else b""
+        if file_data or extra:
+            state, raw = lookup(self._path(start), start, file_data, extra, ident)
+            if state is not None:
+                return state, start, raw
+        done_path = self._path(start, schedlog.DONE_SUFFIX)
+        if start in self._done:
+            state, _raw = lookup(done_path, start, schedlog.read_file(done_path), b"", ident)
+            return state, start, None
+        return None, start, None
+
+    def _locate_level(self, h: handles.RecallHandle) -> tuple[int | None, bytes | None]:
+        if not 1 <= h.level <= len(self.level_lanes):
+            return None, None
+        lane = self.level_lanes[h.level - 1]
+        hit = lane.cancelled.get(h.position)
+        if hit is not None:
+            return hit[0], None
+        if h.position < lane.offset:
+            return DISPATCHED, None
+        entry = self.store.entries(DELAY_TOPIC, lane.queue_id, h.position, 1)
+        if not entry:
+            return None, None
+        raw = self._level_record(entry[0][0], entry[0][1])
+        return (MESSAGE, raw) if raw is not None else (None, None)
+
+    def _matches(self, raw: bytes | None, h: handles.RecallHandle) -> bool:
+        if raw is None:
+            return False
+        parts = copies.split(raw)
+        topic, _qid = copies.real_destination(parts)
+        return parts.message_id.decode() == h.message_id and topic == h.topic and parts.deliver_at_ms == h.due_ms
+
+    def _state(self, h: handles.RecallHandle, now: int) -> tuple[str, int, bytes | None, str]:
+        """Classify a handle: ('pending' | 'delivered' | 'cancelled' | 'missing', bucket, raw, why)."""
+        if h.kind == handles.IMMEDIATE:
+            return "delivered", 0, None, "it was due when sent"
+        if h.due_ms + self.opts.recall_memory_ms < now:
+            return "missing", 0, None, "the handle is older than timer_recall_memory_ms"
+        if h.kind == handles.TIMER:
+            state, start, raw = self._locate_timer(h)
+        else:
+            state, raw = self._locate_level(h)
+            start = 0
+        if state == CANCELLED:
+            return "cancelled", start, None, "it was recalled earlier"
+        if state == MOVED:
+            return "missing", start, None, "it was rescheduled; use the handle the reschedule returned"
+        if now >= h.due_ms:
+            # Due: delivered, or durable and made visible by the next tick (linearization point).
+            return "delivered", start, None, "its delivery time has passed"
+        if state == MESSAGE and self._matches(raw, h):
+            return "pending", start, raw, ""
+        return "missing", start, None, "no pending message matches the handle"
+
+    def _write_durably(self, p: Prepared) -> int:
+        """Write one timer record, fsync it and apply it (dispatch runs the sink). Returns its offset."""
+        written = self.store.write([p])
+        self.store.dispatch(self.store.sync())
+        assert not self._unabsorbed or self._unabsorbed[0][0] > written[0].commit_offset
+        return written[0].commit_offset
+
+    def recall(self, text: str) -> RecallResult:
+        """Cancel a pending delayed message. Durable before it returns CANCELLED."""
+        h = handles.decode(text)
+        now = self._now()
+        state, start, raw, why = self._state(h, now)
+        if state == "pending":
+            if h.kind == handles.TIMER:
+                p = copies.control(copies.PROP_TIMER_CANCEL, f"{start}.{h.position}", h.message_id.encode(),
+                                   h.due_ms, now)
+            else:
+                p = copies.control(copies.PROP_DELAY_CANCEL, f"{h.level}.{h.position}.{h.due_ms}",
+                                   h.message_id.encode(), h.due_ms, now)
+            self._write_durably(p)
+            return RecallResult(RecallOutcome.CANCELLED, h.topic, h.message_id, h.due_ms, "recalled")
+        outcome = {"delivered": RecallOutcome.ALREADY_DELIVERED, "cancelled": RecallOutcome.CANCELLED,
+                   "missing": RecallOutcome.NOT_FOUND}[state]
+        return RecallResult(outcome, h.topic, h.message_id, h.due_ms, why)
+
+    def reschedule(self, text: str, deliver_at_ms: int) -> RescheduleResult:
+        """Move a pending delayed message to ``deliver_at_ms``; returns a new recall handle."""
+        h = handles.decode(text)
+        now = self._now()
+        new_due = deliverytime.check_deliver_at(deliver_at_ms, now, self.opts.max_delay_ms)
+        state, start, raw, why = self._state(h, now)
+        if state != "pending":
+            outcome = {"delivered": RescheduleOutcome.ALREADY_DELIVERED, "cancelled": RescheduleOutcome.CANCELLED,
+                       "missing": RescheduleOutcome.NOT_FOUND}[state]
+            return RescheduleResult(outcome, "", h.topic, h.message_id, h.due_ms, why)
+        assert raw is not None
+        if h.kind == handles.TIMER:
+            moved = (copies.PROP_TIMER_MOVED_FROM, f"{start}.{h.position}.{h.due_ms}")
+        else:
+            moved = (copies.PROP_DELAY_MOVED_FROM, f"{h.level}.{h.position}.{h.due_ms}")
+        p = copies.rescheduled(raw, new_due, *moved)
+        offset = self._write_durably(p)
+        new = handles.RecallHandle(handles.TIMER, 0, offset, new_due, h.topic, h.message_id).encode()
+        return RescheduleResult(RescheduleOutcome.RESCHEDULED, new, h.topic, h.message_id, new_due, "moved")
+
+    # ================================================================= checkpoints, retention, close
+    def retention_floor(self) -> int:
+        """Lowest commit offset the timer still needs: its cursor and every level lane's head."""
+        floor = self.cursor
+        for lane in self.level_lanes:
+            lo, hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+            off = max(lane.offset, lo)
+            if off < hi:
+                entry = self.store.entries(DELAY_TOPIC, lane.queue_id, off, 1)
+                if entry:
+                    floor = min(floor, entry[0][0])
+        return floor
+
+    def checkpoint(self, clean: bool = False) -> None:
+        """Make every absorbed entry durable, then advance the cursor (see the module docstring)."""
+        self._absorb_durable()
+        self._flush_buffers()
+        self._sync_dirty()
+        if self._dir_dirty:
+            fsutil.fsync_dir(self.sched_dir)
+            self._dir_dirty = False
+        cursor = min(self.store.dispatched, self.store.log.synced)
+        if self._unabsorbed:
+            cursor = min(cursor, self._unabsorbed[0][0])
+        for lane in self._lanes():  # copies written but not yet completed are not covered yet
+            for d in lane.pending:
+                if d.state == WRITTEN:
+                    cursor = min(cursor, d.commit_offset)
+        self.cursor = max(self.cursor, cursor)
+        generation = self._generation + 1
+        self._write_checkpoint_file(clean, generation)
+        self._generation = generation
+        # The new generation is durable: older journal records are void; drop them.
+        self._journaled.clear()
+        if self._journal_fd >= 0:
+            os.ftruncate(self._journal_fd, 0)
+        self._last_checkpoint_ms = self._now()
+
+    def _write_checkpoint_file(self, clean: bool, generation: int) -> None:
+        levels = {str(lane.level): {"offset": lane.offset,
+                                    "cancelled": {str(q): [k, d] for q, (k, d) in lane.cancelled.items()}}
+                  for lane in self.level_lanes}
+        fsutil.write_json(os.path.join(self.dir, CHECKPOINT_FILE), {
+            "version": CHECKPOINT_VERSION, "cursor": self.cursor, "bucket_ms": self.width, "clean": clean,
+            "generation": generation, "hwm_ms": self._hwm_ms, "levels": levels})
+
+    def maintenance(self, now_ms: int | None = None) -> None:
+        """Periodic work (the broker's ``maintenance``): checkpoint when due, forget old recalls."""
+        now = self._now(now_ms)
+        self._absorb_durable()
+        if now - self._last_checkpoint_ms >= self.opts.checkpoint_interval_ms:
+            self.checkpoint()
+        memory = self.opts.recall_memory_ms
+        while self._done and self._done[0] + self.width + memory < now:
+            try:
+                os.unlink(self._path(self._done[0], schedlog.DONE_SUFFIX))
+            except FileNotFoundError:
+                pass
+            self._done.pop(0)
+            self._dir_dirty = True
+        for lane in self.level_lanes:
+            stale = [q for q, (_k, due) in lane.cancelled.items() if q < lane.offset and due + memory < now]
+            for q in stale:
+                del lane.cancelled[q]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.checkpoint(clean=True)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+            self._journal_fd = -1
+        self.closed = True
+
+    # ================================================================= stats
+    def stats(self, horizon_ms: int = 600_000) -> dict:
+        """Plain-dict observability data (see docs/timers.md, "Observing the timer")."""
+        now = self._now()
+        first = schedlog.bucket_start(now, self.width)
+        count = min(max(horizon_ms, 0) // self.width + 1, STATS_BUCKETS_MAX)
+        due_by_bucket = [{"start_ms": first + i * self.width, "end_ms": first + (i + 1) * self.width,
+                          "pending": self._pending_in(first + i * self.width)} for i in range(count)]
+        overdue = sum(len(self.buckets[s].pending) + len(self.buckets[s].claimed) for s in self._loaded if s < first)
+        levels = []
+        for lane in self.level_lanes:
+            lo, hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+            levels.append({"level": lane.level, "delay_ms": lane.delay_ms, "offset": lane.offset,
+                           "next_offset": hi, "backlog": max(0, hi - max(lane.offset, lo)),
+                           "head_due_ms": lane.head_due, "lane": lane.stats()})
+        return {
+            "now_ms": now, "cursor": self.cursor, "bucket_ms": self.width, "deliver_mode": self.opts.deliver_mode,
+            "lateness": self.histogram.snapshot(),
+            "due_by_bucket": due_by_bucket, "overdue_pending": overdue,
+            "wheel": {"entries": len(self.wheel), "next_deadline_ms": self.wheel.next_deadline()},
+            "buckets": {"loaded": sum(1 for s in self._loaded if self.buckets[s].state == LOADED),
+                        "loading": len(self._loading), "waiting_on_disk": len(self._in_heap),
+                        "done_files": len(self._done), "finished": self.buckets_finished},
+            "timer_lane": self.timer_lane.stats(), "levels": levels,
+            "buffered_bytes": self._buffered, "records_replayed_at_start": self.caught_up, "lost": self.lost,
+            "damage": [vars(d) for d in self.damage], "notes": list(self.notes),
+        }
+
+    def _pending_in(self, start: int) -> int:
+        b = self.buckets.get(start)
+        if b is not None and b.state == LOADED:
+            return len(b.pending) + len(b.claimed)
+        path = self._path(start)
+        file_data = schedlog.read_file(path) if start in self._in_heap or b is not None else b""
+        extra = bytes(b.buffer) if b is not None else b""
+        if not file_data and not extra:
+            return 0
+        return count_pending(path, start, file_data, extra)

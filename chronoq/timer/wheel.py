@@ -1,0 +1,129 @@
+"""A hashed timing wheel for the near window of timer messages. Pure: no clock, no I/O.
+
+Method: ``slots`` (a power of two) buckets of ``slot_ms`` each; an entry due at ``d`` lives in
+slot ``(d // slot_ms) & mask``. One rotation covers ``slots * slot_ms`` ms; entries due further
+ahead share slots with nearer ones and are told apart by their exact deadline. Every slot keeps
+the lowest deadline it holds and the wheel keeps the lowest of all, so:
+
+* ``expire(now, limit)`` with nothing due returns after one comparison (an idle tick is O(1));
+* the shell arms *one* timer for ``next_deadline()``, never one per entry;
+* ``expire`` returns at most ``limit`` entries, earliest first, so a burst is spread over ticks
+  and the caller's bounded queue is never overfilled (flow control).
+
+Cost: recomputing the global minimum after the slot that held it changes is O(slots) (a ``min``
+over a list in C, ~30 µs for 4096 slots). That happens at most once per ``expire`` call and on a
+``remove`` of the minimum; a heap of slot minima would save it at the price of stale entries.
+
+Keys are ints (the caller's entry identity); ``remove`` takes the deadline too, so the wheel needs
+no key -> deadline map of its own (memory is per near-window entry, so it is kept small).
+"""
+
+from __future__ import annotations
+
+INF = float("inf")
+
+
+class TimingWheel:
+    __slots__ = ("slot_ms", "slots", "_mask", "_buckets", "_slot_min", "_lowest", "_count")
+
+    def __init__(self, slot_ms: int = 16, slots: int = 4096):
+        if slot_ms <= 0 or slots <= 0 or slots & (slots - 1):
+            raise ValueError(f"need slot_ms > 0 and slots a power of two, got {slot_ms}, {slots}")
+        self.slot_ms = slot_ms
+        self.slots = slots
+        self._mask = slots - 1
+        # Slot i: {key: deadline} or None when empty (most slots are empty most of the time).
+        self._buckets: list[dict[int, int] | None] = [None] * slots
+        self._slot_min: list[float] = [INF] * slots
+        self._lowest: float = INF
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, key: int, deadline_ms: int) -> None:
+        """Add ``key`` due at ``deadline_ms``. A key already present in that slot is replaced."""
+        i = (deadline_ms // self.slot_ms) & self._mask
+        bucket = self._buckets[i]
+        if bucket is None:
+            bucket = self._buckets[i] = {}
+        old = bucket.get(key)
+        bucket[key] = deadline_ms
+        if old is None:
+            self._count += 1
+        elif old == self._slot_min[i] and deadline_ms > old:
+            self._slot_min[i] = min(bucket.values())
+            self._lowest = min(self._slot_min)
+        if deadline_ms < self._slot_min[i]:
+            self._slot_min[i] = deadline_ms
+            if deadline_ms < self._lowest:
+                self._lowest = deadline_ms
+
+    def remove(self, key: int, deadline_ms: int) -> bool:
+        """Remove ``key`` (added with ``deadline_ms``). Returns whether it was there."""
+        i = (deadline_ms // self.slot_ms) & self._mask
+        bucket = self._buckets[i]
+        if bucket is None or bucket.get(key) != deadline_ms:
+            return False
+        del bucket[key]
+        self._count -= 1
+        if deadline_ms == self._slot_min[i]:
+            self._reslot(i)
+            if deadline_ms == self._lowest:
+                self._lowest = min(self._slot_min)
+        return True
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline held, or None when empty."""
+        return None if self._lowest == INF else int(self._lowest)
+
+    def expire(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
+        """Remove and return up to ``limit`` entries due at or before ``now_ms``, earliest first.
+
+        Ensures: every returned deadline <= now_ms; no entry left in the wheel is due before the
+        last one returned (the ``limit`` earliest are taken); ``len`` drops by what is returned.
+        """
+        if self._lowest > now_ms or limit <= 0:
+            return []
+        slot_ms, mask = self.slot_ms, self._mask
+        first_tick = int(self._lowest) // slot_ms
+        ticks = now_ms // slot_ms - first_tick + 1
+        # Within one rotation slot order is time order, so the scan may stop once it has enough;
+        # after a longer pause every slot can hold something due, so all are looked at.
+        one_rotation = ticks <= self.slots
+        found: list[tuple[int, int, int]] = []
+        for tick in range(first_tick, first_tick + min(ticks, self.slots)):
+            i = tick & mask
+            if self._slot_min[i] > now_ms:
+                continue
+            bucket = self._buckets[i]
+            assert bucket is not None
+            found.extend((d, k, i) for k, d in bucket.items() if d <= now_ms)
+            if one_rotation and len(found) >= limit:
+                break
+        found.sort()
+        del found[limit:]
+        touched = set()
+        for deadline_ms, key, i in found:
+            del self._buckets[i][key]  # type: ignore[index]
+            touched.add(i)
+        for i in touched:
+            self._reslot(i)
+        self._count -= len(found)
+        self._lowest = min(self._slot_min)
+        assert not found or found[-1][0] <= now_ms
+        return [(key, deadline_ms) for deadline_ms, key, _ in found]
+
+    def _reslot(self, i: int) -> None:
+        bucket = self._buckets[i]
+        if not bucket:
+            self._buckets[i] = None
+            self._slot_min[i] = INF
+        else:
+            self._slot_min[i] = min(bucket.values())
+
+    def items(self):
+        """Every (key, deadline), in no particular order (for tests and stats)."""
+        for bucket in self._buckets:
+            if bucket:
+                yield from bucket.items()

@@ -1,0 +1,155 @@
+"""Integration fixtures: a real ``chronoq serve`` process on loopback.
+
+``chronoq_process(config=...)`` starts ``python -m chronoq serve`` as a subprocess on a free
+port, waits for the "chronoq is ready" line, and stops it with SIGTERM at the end (SIGKILL if it
+hangs), checking that it stopped cleanly. ``chronoq_endpoint`` is one shared server for the whole
+session ("127.0.0.1:port"); tests isolate themselves with their own topic and group names.
+
+Consumer groups are configured through the config file's ``[groups.<name>]`` tables (see
+``chronoq.server.grpc_server.apply_group_config``). ``SHARED_GROUPS`` lists those of the shared
+server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+READY_LINE = "chronoq is ready"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 20.0
+
+# Consumer groups of the shared server: name -> settings.
+SHARED_GROUPS = {
+    "fifo-order": {"fifo": True},
+    "fifo-dlq": {"fifo": True, "max_attempts": 2},
+    "dlq-concurrent": {"max_attempts": 2},
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def groups_toml(groups: dict) -> str:
+    lines = []
+    for name, values in groups.items():
+        lines.append(f'[groups."{name}"]')
+        for key, value in values.items():
+            lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else value}")
+    return "\n".join(lines) + "\n"
+
+
+class ChronoqProcess:
+    """One ``chronoq serve`` subprocess."""
+
+    def __init__(self, data_dir: str, config_text: str = "", extra_args: tuple = ()):
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.lines: list[str] = []
+        args = [sys.executable, "-m", "chronoq", "serve", "--data-dir", data_dir,
+                "--port", str(self.port), "--host", "127.0.0.1", *extra_args]
+        if config_text:
+            path = os.path.join(os.path.dirname(data_dir), os.path.basename(data_dir) + ".toml")
+            with open(path, "w") as fh:
+                fh.write(config_text)
+            args += ["--config", path]
+        self.stderr_path = data_dir + ".stderr.log"
+        self._stderr = open(self.stderr_path, "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     stdin=subprocess.DEVNULL, text=True, env=env)
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read_stdout, daemon=True)
+        self._reader.start()
+        self._ready.wait(READY_TIMEOUT_S)
+        if not any(READY_LINE in line for line in self.lines):
+            self.stop(check=False)
+            raise RuntimeError(f"chronoq did not become ready in {READY_TIMEOUT_S} s:\n{self.output()}")
+
+    def _read_stdout(self) -> None:
+        for line in self.proc.stdout:  # drain until EOF so the pipe never fills
+            self.lines.append(line.rstrip("\n"))
+            if READY_LINE in line:
+                self._ready.set()
+        self._ready.set()  # EOF: let the waiter see the failure at once
+
+    def output(self) -> str:
+        try:
+            with open(self.stderr_path, "r", errors="replace") as fh:
+                err = fh.read()[-8000:]
+        except OSError:
+            err = ""
+        return "stdout:\n" + "\n".join(self.lines) + "\nstderr (tail):\n" + err
+
+    def stop(self, check: bool = True) -> int:
+        """SIGTERM, wait, SIGKILL if it hangs. With ``check``, insist on a clean stop."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                if check:
+                    raise AssertionError(f"chronoq ignored SIGTERM for {STOP_TIMEOUT_S} s:\n{self.output()}")
+        self._reader.join(5)
+        self._stderr.close()
+        if check:
+            assert self.proc.returncode == 0, f"chronoq exited with {self.proc.returncode}:\n{self.output()}"
+            assert any("chronoq stopped cleanly" in line for line in self.lines), self.output()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def chronoq_process(tmp_path):
+    """Factory: ``chronoq_process(config_text="...")`` -> a started ``ChronoqProcess``."""
+    started: list[ChronoqProcess] = []
+
+    def start(config_text: str = "", name: str = "data", extra_args: tuple = ()) -> ChronoqProcess:
+        proc = ChronoqProcess(str(tmp_path / name), config_text, extra_args)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.proc.returncode is None:  # failed starts were stopped already
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def chronoq_server(tmp_path_factory):
+    proc = ChronoqProcess(str(tmp_path_factory.mktemp("chronoq") / "data"), groups_toml(SHARED_GROUPS))
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def chronoq_endpoint(chronoq_server) -> str:
+    return chronoq_server.endpoint
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)

@@ -1,0 +1,95 @@
+"""The gRPC front end in-process (one event loop): what a subprocess test cannot reach.
+
+Server-initiated Telemetry commands (``MessagingService.push``, for transaction checks) and the
+per-client session registry keyed by ``x-mq-client-id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as sv
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from chronoq.broker import Broker
+from chronoq.committer import GroupCommitter
+from chronoq.config import BrokerConfig
+from chronoq.server.grpc_server import GrpcFrontEnd
+
+from .conftest import free_port
+
+
+async def _front_end(tmp_path):
+    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port()).validate()
+    broker = Broker(config)
+    committer = GroupCommitter(broker)
+    committer.start()
+    runtime = types.SimpleNamespace(config=config, broker=broker, committer=committer)
+    front = GrpcFrontEnd(runtime)
+    await front.start()
+    return front
+
+
+async def _close(front) -> None:
+    await front.stop()
+    await front.runtime.committer.close()
+    front.runtime.broker.close()
+
+
+def test_push_reaches_the_clients_telemetry_stream(tmp_path):
+    async def scenario():
+        front = await _front_end(tmp_path)
+        try:
+            service = front.service
+            async with grpc.aio.insecure_channel(front.config.endpoint) as channel:
+                stub = service_pb2_grpc.MessagingServiceStub(channel)
+                call = stub.Telemetry(metadata=(("x-mq-client-id", "producer-1"),))
+                await call.write(sv.TelemetryCommand(settings=pb.Settings(
+                    client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="orders")]))))
+                reply = await call.read()
+                assert reply.status.code == pb.OK and reply.settings.publishing.max_body_size > 0
+                session = service.sessions["producer-1"]
+                assert session.client_type == pb.PRODUCER and session.topics == {"orders"}
+
+                command = sv.TelemetryCommand(print_thread_stack_trace_command=sv.PrintThreadStackTraceCommand(
+                    nonce="n-1"))
+                assert await service.push("producer-1", command)
+                pushed = await asyncio.wait_for(call.read(), 5)
+                assert pushed.print_thread_stack_trace_command.nonce == "n-1"
+                assert not await service.push("nobody", command)
+
+                await call.done_writing()  # the client closes its side: the session ends
+                for _ in range(50):
+                    if "producer-1" not in service.sessions:
+                        break
+                    await asyncio.sleep(0.02)
+                assert "producer-1" not in service.sessions
+        finally:
+            await _close(front)
+
+    asyncio.run(scenario())
+
+
+def test_a_client_reply_to_our_command_gets_no_answer(tmp_path):
+    async def scenario():
+        front = await _front_end(tmp_path)
+        try:
+            async with grpc.aio.insecure_channel(front.config.endpoint) as channel:
+                stub = service_pb2_grpc.MessagingServiceStub(channel)
+                call = stub.Telemetry(metadata=(("x-mq-client-id", "node-1"),))
+                # Node answers stack-trace requests; that is not a settings command: no reply.
+                await call.write(sv.TelemetryCommand(status=pb.Status(code=pb.OK),
+                                                     thread_stack_trace=sv.ThreadStackTrace(nonce="x")))
+                await call.write(sv.TelemetryCommand(settings=pb.Settings(
+                    client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription(group=pb.Resource(name="g1")))))
+                reply = await asyncio.wait_for(call.read(), 5)
+                assert reply.HasField("settings") and reply.status.code == pb.OK
+                await call.done_writing()
+                assert await call.read() == grpc.aio.EOF
+        finally:
+            await _close(front)
+
+    asyncio.run(scenario())

@@ -1,0 +1,182 @@
+"""The gRPC shell's pure parts: error -> status mapping and protobuf <-> model conversion."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass
+
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from chronoq import errors
+from chronoq.model import Message, MessageType
+from chronoq.server import convert, status
+
+Code = pb.Code
+
+
+def test_every_error_kind_has_a_status_code():
+    kinds = {cls.kind for _, cls in inspect.getmembers(errors, inspect.isclass)
+             if issubclass(cls, errors.ChronoqError)}
+    assert kinds - set(status.KIND_TO_CODE) == set()
+    for code in status.KIND_TO_CODE.values():
+        assert code in Code.values() and code not in (Code.OK, Code.CODE_UNSPECIFIED)
+
+
+@pytest.mark.parametrize("exc, code", [
+    (errors.InvalidTopic("t"), Code.ILLEGAL_TOPIC),
+    (errors.ReservedName("t"), Code.ILLEGAL_TOPIC),
+    (errors.InvalidGroup("g"), Code.ILLEGAL_CONSUMER_GROUP),
+    (errors.BodyTooLarge("b"), Code.MESSAGE_BODY_TOO_LARGE),
+    (errors.BodyEmpty("b"), Code.MESSAGE_BODY_EMPTY),
+    (errors.InvalidReceiptHandle("h"), Code.INVALID_RECEIPT_HANDLE),
+    (errors.TopicNotFound("t"), Code.TOPIC_NOT_FOUND),
+    (errors.PropertiesTooLarge("p"), Code.MESSAGE_PROPERTIES_TOO_LARGE),
+    (errors.TooManyRequests("slow down"), Code.TOO_MANY_REQUESTS),
+    (errors.DiskFull("full"), Code.INTERNAL_SERVER_ERROR),
+    (errors.NotYetImplemented("later"), Code.NOT_IMPLEMENTED),
+    (errors.Unsupported("never"), Code.UNSUPPORTED),
+])
+def test_chronoq_errors_keep_their_message(exc, code):
+    got_code, message = status.code_and_message(exc)
+    assert got_code == code and message == exc.message
+
+
+def test_unexpected_exceptions_are_internal_errors_without_details(caplog):
+    st = pb.Status()
+    status.fill(st, KeyError("secret-internal-detail"), "SendMessage")
+    assert st.code == Code.INTERNAL_ERROR
+    assert "SendMessage" in st.message and "secret-internal-detail" not in st.message
+    assert "chronoq bug" in caplog.text
+
+
+def _send_pb(**kw) -> pb.Message:
+    sp = pb.SystemProperties(message_id=kw.pop("message_id", "01ABC"), body_encoding=pb.IDENTITY,
+                             message_type=kw.pop("message_type", pb.NORMAL), **kw.pop("sp", {}))
+    return pb.Message(topic=pb.Resource(name=kw.pop("topic", "orders")), body=kw.pop("body", b"hi"),
+                      system_properties=sp, user_properties=kw.pop("props", None))
+
+
+def test_outgoing_from_pb_normal_and_fifo():
+    m = _send_pb(sp={"tag": "T", "keys": ["k1"]}, props={"a": "b"})
+    m.system_properties.born_timestamp.seconds = 1_700_000_000
+    out = convert.outgoing_from_pb(m, 1024)
+    assert (out.topic, out.body, out.tag, tuple(out.keys), out.properties) == ("orders", b"hi", "T", ("k1",),
+                                                                              {"a": "b"})
+    assert out.message_id == "01ABC" and out.born_ms == 1_700_000_000_000
+    assert out.message_type is MessageType.NORMAL and out.message_group is None
+    fifo = convert.outgoing_from_pb(_send_pb(message_type=pb.FIFO, sp={"message_group": "g1"}), 1024)
+    assert fifo.message_type is MessageType.FIFO and fifo.message_group == "g1"
+    inferred = convert.outgoing_from_pb(_send_pb(message_type=pb.MESSAGE_TYPE_UNSPECIFIED,
+                                                 sp={"message_group": "g2"}), 1024)
+    assert inferred.message_type is MessageType.FIFO
+
+
+def test_outgoing_from_pb_gzip_body():
+    import gzip
+
+    m = _send_pb(body=gzip.compress(b"x" * 100))
+    m.system_properties.body_encoding = pb.GZIP
+    out = convert.outgoing_from_pb(m, 1024)
+    assert out.body == b"x" * 100
+    m = _send_pb(body=gzip.compress(b"x" * 2000))
+    m.system_properties.body_encoding = pb.GZIP
+    with pytest.raises(errors.BodyTooLarge):
+        convert.outgoing_from_pb(m, 1024)
+
+
+@pytest.mark.parametrize("kw, exc", [
+    ({"message_id": ""}, errors.InvalidMessageId),
+    ({"message_type": pb.FIFO}, errors.MessageTypeMismatch),
+    ({"message_type": pb.FIFO, "sp": {"message_group": " "}}, errors.InvalidMessageGroup),
+    ({"message_type": pb.FIFO, "sp": {"message_group": "g" * 64}}, errors.InvalidMessageGroup),
+    ({"sp": {"message_group": "g"}}, errors.MessageTypeMismatch),
+    ({"message_type": pb.DELAY}, errors.NotYetImplemented),
+    ({"message_type": pb.TRANSACTION}, errors.NotYetImplemented),
+    ({"message_type": pb.LITE}, errors.Unsupported),
+    ({"sp": {"priority": 1}}, errors.Unsupported),
+])
+def test_outgoing_from_pb_rejects(kw, exc):
+    # Topic, body, tag, key and property rules are the broker's (test_grpc_protocol.py covers the
+    # codes end to end); these are the protocol's own.
+    with pytest.raises(exc):
+        convert.outgoing_from_pb(_send_pb(**kw), 1024)
+
+
+def test_names_are_validated_once_and_cached():
+    assert convert.topic_name(pb.Resource(name="orders")) == "orders"
+    assert convert.group_name(pb.Resource(name="billing")) == "billing"
+    with pytest.raises(errors.InvalidTopic):
+        convert.topic_name(pb.Resource(name="no spaces"))
+    with pytest.raises(errors.InvalidGroup):
+        convert.group_name(pb.Resource(name="CHRONOQ_internal"))
+    with pytest.raises(errors.InvalidTopic):  # a bad name is never cached
+        convert.topic_name(pb.Resource(name="no spaces"))
+
+
+@dataclass
+class FakePopped:
+    message: Message
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until_ms: int
+    message_group: str | None
+
+
+def _stored(**kw) -> Message:
+    base = dict(topic="orders", queue_id=2, queue_offset=7, commit_offset=100, message_id="01ID", body=b"body",
+                tag="T", keys=("k",), properties={"color": "red", "__ORIGIN": "x"}, born_ms=1_700_000_000_123,
+                stored_ms=1_700_000_000_456)
+    base.update(kw)
+    return Message(**base)
+
+
+def test_message_to_pb_sets_every_field_the_clients_need():
+    p = FakePopped(_stored(), "handle-1", 3, 0, None)
+    m = convert.message_to_pb(p, requested_topic="orders", namespace="ns", store_host="127.0.0.1:8081")
+    sp = m.system_properties
+    assert m.topic.name == "orders" and m.topic.resource_namespace == "ns"
+    assert dict(m.user_properties) == {"color": "red"}  # '__' properties stay inside the broker
+    assert sp.message_id == "01ID" and sp.receipt_handle == "handle-1" and sp.delivery_attempt == 3
+    assert sp.body_encoding == pb.IDENTITY
+    assert (sp.body_digest.type, sp.body_digest.checksum) == (pb.MD5, hashlib.md5(b"body").hexdigest().upper())
+    assert convert.timestamp_ms(sp.born_timestamp) == 1_700_000_000_123
+    assert convert.timestamp_ms(sp.store_timestamp) == 1_700_000_000_456
+    assert (sp.queue_id, sp.queue_offset, sp.tag, list(sp.keys)) == (2, 7, "T", ["k"])
+    assert sp.message_type == pb.NORMAL and not sp.HasField("message_group")
+    assert not sp.HasField("dead_letter_queue") and not sp.HasField("delivery_timestamp")
+
+
+def test_message_to_pb_fifo_and_dlq():
+    p = FakePopped(_stored(properties={"__GROUP": "g1", "__TYPE": "FIFO"}), "h", 1, 0, "g1")
+    m = convert.message_to_pb(p, requested_topic="orders", namespace="", store_host="h:1")
+    assert m.system_properties.message_type == pb.FIFO and m.system_properties.message_group == "g1"
+    assert not m.user_properties
+    dlq = convert.message_to_pb(FakePopped(_stored(), "h", 1, 0, None), requested_topic="%DLQ%grp",
+                                namespace="", store_host="h:1")
+    assert dlq.topic.name == "%DLQ%grp"
+    assert (dlq.system_properties.dead_letter_queue.topic, dlq.system_properties.dead_letter_queue.message_id) == (
+        "orders", "01ID")
+
+
+@pytest.mark.parametrize("endpoint, scheme, host, port", [
+    ("127.0.0.1:8081", pb.IPv4, "127.0.0.1", 8081),
+    ("[::1]:9000", pb.IPv6, "::1", 9000),
+    ("broker.example:80", pb.DOMAIN_NAME, "broker.example", 80),
+])
+def test_endpoints_pb(endpoint, scheme, host, port):
+    e = convert.endpoints_pb(endpoint)
+    assert e.scheme == scheme and [(a.host, a.port) for a in e.addresses] == [(host, port)]
+
+
+def test_route_queues_accept_types():
+    from chronoq.model import TopicConfig
+
+    broker = pb.Broker(name="b", id=0, endpoints=convert.endpoints_pb("127.0.0.1:1"))
+    mixed = convert.route_queues(TopicConfig("t", 3), "", broker)
+    assert [q.id for q in mixed] == [0, 1, 2]
+    assert all(q.permission == pb.READ_WRITE for q in mixed)
+    assert set(mixed[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
+    fifo = convert.route_queues(TopicConfig("t", 2, MessageType.FIFO), "", broker, (-1,))
+    assert [q.id for q in fifo] == [-1] and list(fifo[0].accept_message_types) == [pb.FIFO]

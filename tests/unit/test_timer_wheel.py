@@ -1,0 +1,126 @@
+"""The hashed timing wheel, standalone: exact deadlines, bounded expiry, wrap-around, O(1) idle."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from chronoq.timer.wheel import TimingWheel
+
+
+def test_rejects_slots_that_are_not_a_power_of_two():
+    with pytest.raises(ValueError):
+        TimingWheel(slot_ms=10, slots=1000)
+    with pytest.raises(ValueError):
+        TimingWheel(slot_ms=0, slots=1024)
+
+
+def test_expires_exactly_at_the_deadline_never_before():
+    w = TimingWheel(slot_ms=16, slots=64)
+    w.add(1, 1_000)
+    assert w.next_deadline() == 1_000
+    assert w.expire(999, 10) == []
+    assert len(w) == 1
+    assert w.expire(1_000, 10) == [(1, 1_000)]
+    assert len(w) == 0 and w.next_deadline() is None
+
+
+def test_expire_returns_the_earliest_first_and_respects_the_limit():
+    w = TimingWheel(slot_ms=4, slots=16)
+    deadlines = [105, 101, 130, 101, 99, 150]
+    for key, d in enumerate(deadlines):
+        w.add(key, d)
+    got = w.expire(140, 3)
+    assert got == [(4, 99), (1, 101), (3, 101)]
+    assert w.next_deadline() == 105
+    assert w.expire(140, 10) == [(0, 105), (2, 130)]
+    assert w.next_deadline() == 150 and len(w) == 1
+
+
+def test_entries_further_than_one_rotation_share_slots_but_keep_their_time():
+    w = TimingWheel(slot_ms=1, slots=8)  # a rotation is 8 ms
+    w.add(1, 3)
+    w.add(2, 3 + 8)  # same slot, next rotation
+    w.add(3, 3 + 80)
+    assert w.expire(5, 10) == [(1, 3)]
+    assert w.next_deadline() == 11
+    assert w.expire(10, 10) == []
+    assert w.expire(11, 10) == [(2, 11)]
+    assert w.expire(1_000, 10) == [(3, 83)]
+
+
+def test_a_long_pause_expires_everything_due_in_time_order():
+    rng = random.Random(7)
+    w = TimingWheel(slot_ms=2, slots=32)  # rotation 64 ms; the pause below spans many rotations
+    items = {k: rng.randrange(0, 5_000) for k in range(300)}
+    for k, d in items.items():
+        w.add(k, d)
+    out = []
+    while len(w):
+        batch = w.expire(10_000, 17)
+        assert batch and len(batch) <= 17
+        out.extend(batch)
+    assert [d for _, d in out] == sorted(items.values())
+    assert sorted(k for k, _ in out) == sorted(items)
+
+
+def test_limit_takes_the_true_earliest_when_the_due_range_is_within_a_rotation():
+    w = TimingWheel(slot_ms=10, slots=16)
+    for k, d in enumerate([55, 12, 33, 12, 47, 21]):
+        w.add(k, d)
+    assert w.expire(60, 2) == [(1, 12), (3, 12)]
+    assert w.expire(60, 2) == [(5, 21), (2, 33)]
+
+
+def test_remove_and_replace():
+    w = TimingWheel(slot_ms=8, slots=8)
+    w.add(1, 50)
+    w.add(2, 40)
+    assert not w.remove(2, 41)  # wrong deadline: not there
+    assert w.remove(2, 40)
+    assert w.next_deadline() == 50
+    assert not w.remove(2, 40)
+    w.add(1, 52)  # same slot: replaces
+    assert len(w) == 1 and w.next_deadline() == 52
+    assert w.remove(1, 52) and len(w) == 0 and w.next_deadline() is None
+
+
+def test_an_idle_tick_touches_no_slot():
+    w = TimingWheel(slot_ms=1, slots=1024)
+    w.add(1, 10_000)
+
+    class Exploding(list):
+        def __getitem__(self, i):
+            raise AssertionError("an idle expire must not look at any slot")
+
+    w._buckets = Exploding(w._buckets)
+    w._slot_min = Exploding(w._slot_min)
+    assert w.expire(9_999, 100) == []
+
+
+def test_matches_a_sorted_reference_under_random_operations():
+    rng = random.Random(11)
+    w = TimingWheel(slot_ms=3, slots=16)
+    ref: dict[int, int] = {}
+    now = 0
+    for step in range(3_000):
+        op = rng.random()
+        if op < 0.5:
+            key = step
+            d = now + rng.randrange(0, 400)
+            w.add(key, d)
+            ref[key] = d
+        elif op < 0.6 and ref:
+            key = rng.choice(list(ref))
+            assert w.remove(key, ref.pop(key))
+        else:
+            now += rng.randrange(0, 30)
+            limit = rng.randrange(1, 20)
+            got = w.expire(now, limit)
+            due = sorted((d, k) for k, d in ref.items() if d <= now)
+            assert [d for _, d in got] == [d for d, _ in due[:limit]]
+            for k, d in got:
+                assert ref.pop(k) == d
+        assert len(w) == len(ref)
+        assert w.next_deadline() == (min(ref.values()) if ref else None)

@@ -1,0 +1,70 @@
+"""Helpers for the timer tests: open a broker on a fake clock, "kill -9" it, drain due work."""
+
+from __future__ import annotations
+
+import os
+
+from chronoq.broker import Broker
+from chronoq.clock import FakeClock
+from chronoq.config import BrokerConfig
+
+T0 = 1_700_000_000_000  # a bucket-aligned start is not assumed anywhere
+TOPIC = "t"
+
+
+def open_broker(path, clock: FakeClock, **cfg) -> Broker:
+    cfg.setdefault("segment_bytes", 64 * 1024)
+    return Broker(BrokerConfig(data_dir=str(path), **cfg), clock=clock)
+
+
+def crash(broker: Broker) -> None:
+    """Drop the broker as ``kill -9`` would: no flush, no checkpoint, timer buffers lost.
+
+    Only file descriptors are closed (so tests do not leak them); whatever reached the page
+    cache stays, as it does when a process is killed.
+    """
+    store = broker.store
+    for fd in store.log._fds.values():
+        os.close(fd)
+    store.log._fds.clear()
+    for cq in store.queues.values():
+        cq.close()
+    for fd in broker.timer._fds.values():
+        os.close(fd)
+    broker.timer._fds.clear()
+    if broker.timer._journal_fd >= 0:
+        os.close(broker.timer._journal_fd)
+    broker.closed = True
+
+
+def drain(broker: Broker, max_ticks: int = 500) -> int:
+    """Tick while the timer says it has work now (a bounded loop). Returns deliveries."""
+    now = broker.clock.wall_ms()
+    done = 0
+    for _ in range(max_ticks):
+        deadline = broker.timer_next_deadline_ms()
+        if deadline is None or deadline > now:
+            return done
+        done += broker.timer_tick()
+    raise AssertionError(f"timer still busy after {max_ticks} ticks")
+
+
+def visible(broker: Broker, topic: str = TOPIC) -> list:
+    """Every message readable in ``topic`` (all queues), in queue order."""
+    out = []
+    cfg = broker.topics.get(topic)
+    if cfg is None:
+        return out
+    for qid in range(cfg.queues):
+        offset = 0
+        while True:
+            got = broker.read(topic, qid, offset, 1000)
+            out.extend(got.messages)
+            if got.next_offset >= got.max_offset or not got.messages:
+                break
+            offset = got.next_offset
+    return out
+
+
+def bodies(broker: Broker, topic: str = TOPIC) -> list[bytes]:
+    return sorted(m.body for m in visible(broker, topic))
