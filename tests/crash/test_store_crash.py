@@ -11,6 +11,11 @@ After every kill the broker is reopened in this process (recovery runs) and chec
 
 The same data directory is used for every run, so each run continues the log of the previous one
 (and recovers what the in-process check left behind). Seed: ``CHRONOQ_CRASH_SEED`` (printed).
+
+Kill moments: a seeded delay after start; or after a seeded number of acknowledgements plus a
+seeded short delay; or (a quarter of the runs) the writer's fault hook tears one commit-log write
+after a seeded number of batches and the writer SIGKILLs itself. The seed fixes the schedule and
+the torn writes exactly; where a time-based kill lands also depends on the machine's speed.
 """
 
 from __future__ import annotations
