@@ -53,6 +53,21 @@ class GroupCommitter:
         await fut
         return results
 
+    async def barrier(self) -> None:
+        """Return once everything written so far is durable and visible (per policy)."""
+        store = self.broker.store
+        end = store.log.written
+        if not self.sync_policy:
+            store.dispatch()
+            self.broker.notify_arrivals()
+            return
+        if store.log.synced >= end and store.dispatched >= end:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((end, fut))
+        self._kick.set()
+        await fut
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self.broker.config.flush_interval_ms / 1000

@@ -44,6 +44,9 @@ from chronoq import errors
 
 ENTRIES_MAX = 32  # entries per CK: the bitmap is a u32 on disk
 ATTEMPT_CACHE_MAX = 4096
+# The deadline heap is lazy (acked CKs leave their entry behind until it surfaces); rebuild it
+# when stale entries outnumber live CKs this much, so memory follows what is in flight.
+HEAP_SLACK = 4096
 _heappush = heapq.heappush
 _heappop = heapq.heappop
 
@@ -185,6 +188,9 @@ class Inflight:
         ck = Checkpoint(self._new_id(), qs.group, topic, qs, offsets, attempts, now_ms,
                         now_ms if delivered_ms is None else delivered_ms,
                         now_ms if aging_ms is None else aging_ms, now_ms + invisible_ms, fifo)
+        if len(self._deadlines) > 2 * len(self.cks) + HEAP_SLACK:
+            self._deadlines = [(c.deadline_ms, c.ck_id) for c in self.cks.values() if not c.expired]
+            heapq.heapify(self._deadlines)
         self.cks[ck.ck_id] = ck
         for offset in offsets:
             qs.hold(offset)
@@ -212,6 +218,12 @@ class Inflight:
         if fifo:
             qs.fifo_inflight += 1
         return ck
+
+    def seal(self, ck: Checkpoint) -> None:
+        """Log ``ck`` now if it is not (before it is finished or settled for good), so the
+        log, not only the consume offset, says its offsets are done."""
+        if not ck.logged:
+            self._log(ck)
 
     def _log(self, ck: Checkpoint) -> None:
         assert not ck.logged and self.sink is not None
@@ -295,11 +307,13 @@ class Inflight:
     def due(self, now_ms: int, limit: int) -> list[Checkpoint]:
         """Up to ``limit`` in-flight CKs whose invisible time has ended, earliest first."""
         out: list[Checkpoint] = []
+        seen: set[int] = set()  # a rebuilt heap may hold an id twice
         heap, cks = self._deadlines, self.cks
         while heap and heap[0][0] <= now_ms and len(out) < limit:
             deadline, ck_id = _heappop(heap)
             ck = cks.get(ck_id)
-            if ck is not None and ck.deadline_ms == deadline and not ck.expired:
+            if ck is not None and ck.deadline_ms == deadline and not ck.expired and ck_id not in seen:
+                seen.add(ck_id)
                 out.append(ck)
         return out
 

@@ -46,17 +46,23 @@ Crash guarantee (``kill -9``, or power loss: everything relied on is fsynced). W
 2 s + 0.1 s + 1 s = 3.1 s, plus any lateness of the shell in calling ``tick`` at
 ``next_deadline_ms`` and ``Broker.maintenance``), after a crash at time T:
 
-- every message not acked is delivered again: at once if its CK was not yet durable, else when
-  its invisible time ends (CKs recovered from the log are revived like any other);
-- a message acked, revived or dead-lettered before ``T - B`` is never delivered again;
-- one acked, revived or dead-lettered within ``B`` before T may be delivered again (its ACK or
-  DONE record, or the consume offset past it, was not yet durable).
+- no message is lost: every message not acked is delivered again, at once if its CK was not yet
+  durable, else when its invisible time ends (CKs recovered from the log are revived like any
+  other);
+- a message acked before ``T - B`` is never delivered again; one acked within ``B`` before T
+  may be, once (its ACK record, or the consume offset past it, was not yet durable);
+- a change-invisible-time made within ``B`` before T may be lost: the message then becomes
+  visible at its earlier deadline (or at once);
+- revives and dead-letter moves are not repeated: ``tick`` fsyncs the retry/DLQ copies, then
+  logs the CK (if it was still only in memory) with its DONE/ACK records and fsyncs the POP
+  log before returning. Only a crash between those two fsyncs writes a copy twice.
 
 Why B: a CK's lineage (it and its change-invisible/FIFO successors) is logged ``buffer_ms``
-after its first pop and fsynced ``flush_interval_ms`` later. From then on either its ACK/DONE
+after its first pop and fsynced ``flush_interval_ms`` later. From then on either its ACK
 records are durable, or every lower offset of the queue is safe (popped earlier, so logged
 earlier) and the consume offset passes the message; the broker persists that within its
-``checkpoint_interval_ms``.
+``checkpoint_interval_ms``. Offsets a restart must not read again (covered by CKs in the log,
+including finished ones) are kept in the skip set and carried into every snapshot.
 
 Back-off (no timer subsystem yet): a retry message carries ``__NOT_BEFORE_MS`` =
 ``max(revive time, failed delivery's start + retry_delays_ms[attempt - 1])`` and waits at the
@@ -210,8 +216,10 @@ class PopService:
         names.check_receive_invisible(invisible_ms)
         tags = names.parse_tag_filter(tag_filter)
         attempt_id = names.check_attempt_id(attempt_id)
-        gcfg = self.group(group)
+        if group not in self._groups:
+            model.validate_group_name(group)  # before the topic: a bad request creates nothing
         tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
+        gcfg = self.group(group)
         now = self.clock.wall_ms()
         inflight = self._inflight
         key = None
@@ -430,8 +438,11 @@ class PopService:
         else:
             log.warning("forward to DLQ: %s/%d@%d is no longer in the store", ck.queue.topic,
                         ck.queue.queue_id, ck.offsets[index])
+        now = self.clock.wall_ms()
+        self._inflight.seal(ck)
         self._inflight.settle(ck, index)
-        self._after(self.clock.wall_ms())
+        self._flush(now, force=True)  # as in revive: the DLQ copy and its settlement, both durable
+        self._after(now)
 
     # ----------------------------------------------------------------- time
     def tick(self) -> int:
@@ -486,8 +497,12 @@ class PopService:
             return 0
         inflight = self._inflight
         handled = 0
+        sealed = False
         for ck, drop, again in plan:
             handled += len(drop) + len(again)
+            if drop:
+                sealed = True
+                inflight.seal(ck)
             if not ck.fifo:
                 inflight.finish(ck)
                 continue
@@ -495,6 +510,10 @@ class PopService:
                 inflight.settle(ck, i)
             if ck.live:
                 inflight.expire(ck)
+        if sealed:
+            # The copies are durable; make the DONE/ACK records durable too, at once, so a crash
+            # cannot revive these CKs a second time (only a crash between the two fsyncs can).
+            self._flush(now, force=True)
         return handled
 
     def _write_durably(self, outgoing: list[OutgoingMessage]) -> bool:

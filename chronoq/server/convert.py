@@ -35,10 +35,10 @@ _DLQ_PREFIX = "%DLQ%"
 _SENDABLE = {
     PbType.NORMAL: MessageType.NORMAL,
     PbType.FIFO: MessageType.FIFO,
+    PbType.TRANSACTION: MessageType.TRANSACTION,
 }
 _LATER = {
     PbType.DELAY: "delayed messages (delivery_timestamp) are not implemented yet in this chronoq build",
-    PbType.TRANSACTION: "transactional messages are not implemented yet in this chronoq build",
 }
 _NEVER = {
     PbType.LITE: "lite topics are not supported by chronoq",
@@ -153,6 +153,22 @@ def outgoing_from_pb(msg, max_body_bytes: int) -> OutgoingMessage:
         born_ms=born_ms if born_ms and born_ms > 0 else None,
         message_type=mtype,
     )
+
+
+def stored_message_pb(msg, message_type: int, namespace: str = ""):
+    """A stored ``chronoq.model.Message`` as an ``apache.rocketmq.v2.Message`` (transaction checks)."""
+    sp = pb.SystemProperties(
+        message_id=msg.message_id, body_encoding=pb.IDENTITY,
+        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(msg.body).hexdigest().upper()),
+        message_type=message_type, born_timestamp=timestamp_pb(msg.born_ms),
+        store_timestamp=timestamp_pb(msg.stored_ms), keys=list(msg.keys), delivery_attempt=1,
+        queue_id=msg.queue_id, queue_offset=msg.queue_offset)
+    if msg.tag:
+        sp.tag = msg.tag
+    props = {k: v for k, v in msg.properties.items() if not k.startswith(model.SYSTEM_PROPERTY_PREFIX)}
+    return pb.Message(topic=pb.Resource(name=msg.properties.get("__TXN_TOPIC", msg.topic),
+                                        resource_namespace=namespace),
+                      user_properties=props, system_properties=sp, body=msg.body)
 
 
 def _has_control(text: str) -> bool:

@@ -42,6 +42,7 @@ from chronoq import errors, model
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
 from chronoq.server import convert, status
+from chronoq.transactions import Transactions
 
 log = logging.getLogger("chronoq.grpc")
 
@@ -57,6 +58,7 @@ RECEIVE_BATCH_MAX = pop_names.MAX_MESSAGES_MAX  # batch_size is clamped to this 
 RECEIVE_BATCH_SIZE = 32             # what settings tell push consumers (Node uses it)
 SEND_BATCH_MAX = 1024               # messages in one SendMessage request
 TICK_MAX_S = 0.5                    # the POP ticker runs at least this often
+TXN_SCAN_S = 1.0                    # how often unresolved transactions are looked at
 STOP_GRACE_S = 1.0                  # in-flight RPCs get this long when the server stops
 
 CLIENT_ID_HEADER = "x-mq-client-id"
@@ -120,10 +122,13 @@ class _Waker:
         self._scheduled = True
         asyncio.get_running_loop().call_soon(self._wake)
 
-    def _wake(self) -> None:
-        self._scheduled = False
+    def wake_now(self) -> None:
         event, self._event = self._event, asyncio.Event()
         event.set()
+
+    def _wake(self) -> None:
+        self._scheduled = False
+        self.wake_now()
 
 
 class _TelemetrySession:
@@ -149,11 +154,13 @@ class _TelemetrySession:
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
-    def __init__(self, config, broker, committer, pop) -> None:
+    def __init__(self, config, broker, committer, pop, txns: Transactions | None = None) -> None:
         self.config = config
         self.broker = broker
         self.committer = committer
         self.pop = pop
+        self.txns = txns if txns is not None else Transactions(broker)
+        self._txn_task: asyncio.Task | None = None
         self.clock = broker.clock
         self.sessions: dict[str, _TelemetrySession] = {}
         self._broker_pb = pb.Broker(name=config.broker_name, id=0, endpoints=convert.endpoints_pb(config.endpoint))
@@ -175,19 +182,21 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def start(self) -> None:
         self.broker.add_arrival_listener(self._on_arrival)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="chronoq-pop-ticker")
+        self._txn_task = asyncio.get_running_loop().create_task(self._txn_loop(), name="chronoq-txn-checks")
 
     def begin_stop(self) -> None:
         """Answer parked long polls now and stop parking new ones."""
         self._stopping = True
-        self._waker.parked += 1  # force the wake through even with no one counted
-        self._waker.wake_soon()
+        self._waker.wake_now()
 
     async def close(self) -> None:
         self._stopping = True
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
-            self._ticker = None
+        for task in (self._ticker, self._txn_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._ticker = self._txn_task = None
+        self.txns.checkpoint()
 
     def _on_arrival(self) -> None:
         if not self._stopping:
@@ -216,8 +225,35 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             except asyncio.TimeoutError:
                 pass
 
-    def _group_config(self, group: str):
-        return self.pop.group(group)  # an unknown group is created with the defaults
+    async def _txn_loop(self) -> None:
+        """Check unresolved half messages with a producer of their topic; expire the hopeless."""
+        txns = self.txns
+        saved = None
+        while not self._stopping:
+            await asyncio.sleep(TXN_SCAN_S)
+            try:
+                checks, expired = txns.due_checks(self.clock.wall_ms())
+                for half, message in checks:
+                    await self._check_transaction(half, message)
+                for half in expired:
+                    txns.expire(half)
+                state = (len(txns.pending), min(txns.pending, default=-1))
+                if state != saved:  # persist the replay floor only when it moved
+                    txns.checkpoint()
+                    saved = state
+            except Exception:  # noqa: BLE001 - keep checking; the next pass retries
+                log.exception("transaction check pass failed")
+
+    async def _check_transaction(self, half, message) -> None:
+        command = sv.TelemetryCommand(recover_orphaned_transaction_command=sv.RecoverOrphanedTransactionCommand(
+            message=convert.stored_message_pb(message, pb.TRANSACTION), transaction_id=format(half.offset, "x")))
+        # Producers that declared the topic first, then any producer: the clients only declare
+        # the topics given at start-up (contract §6.2.13).
+        candidates = sorted(self.sessions.values(), key=lambda s: half.topic not in s.topics)
+        for session in candidates:
+            if session.client_type == pb.PRODUCER and await self.push(session.client_id, command):
+                return
+        log.debug("no producer connected to check transaction %x of topic %s", half.offset, half.topic)
 
     # ------------------------------------------------------------------ routes
     @_boundary(sv.QueryRouteResponse, "QueryRoute")
@@ -245,7 +281,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         namespace = request.topic.resource_namespace
         # FIFO groups get one assignment per queue (the proxy's "orderly" answer); others one
         # broker-wide assignment with id -1. Receives serve the whole topic either way.
-        ids = None if self._group_config(group).fifo else (-1,)
+        ids = None if self.pop.group(group).fifo else (-1,)
         queues = convert.route_queues(cfg, namespace, self._broker_pb, ids)
         return sv.QueryAssignmentResponse(status=self._ok,
                                           assignments=[pb.Assignment(message_queue=q) for q in queues])
@@ -268,9 +304,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 reply = self._telemetry_reply(command, session)
                 if reply is not None:
                     await session.write(reply)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a broken stream ends this session only
+        except Exception as exc:  # noqa: BLE001 - a broken stream ends this session only
             log.debug("telemetry stream of %r ended: %r", client_id, exc)
         finally:
             if self.sessions.get(client_id) is session:
@@ -316,7 +350,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         elif client.client_type in _CONSUMER_TYPES or client.HasField("subscription"):
             group = convert.group_name(client.subscription.group)
             session.group = group
-            gc = self._group_config(group)
+            gc = self.pop.group(group)  # an unknown group is created with the defaults
             sub = out.subscription
             if convert.duration_ms(sub.long_polling_timeout) <= 0:
                 sub.long_polling_timeout.CopyFrom(convert.duration_pb(int(LONG_POLL_DEFAULT_S * 1000)))
@@ -344,6 +378,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(messages) == 1:  # the official clients' only shape
             entry = await self._send_one(messages[0])
             return sv.SendMessageResponse(status=entry.status, entries=[entry])
+        if any(m.system_properties.message_type == pb.TRANSACTION for m in messages):
+            raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
         max_body = self.config.max_body_bytes
         try:  # one group commit for the whole request
             results = await self.committer.send([convert.outgoing_from_pb(m, max_body) for m in messages])
@@ -361,15 +397,37 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def _send_one(self, msg):
         """Exactly one ``SendResultEntry`` for one message, failures included."""
         try:
-            r = (await self.committer.send([convert.outgoing_from_pb(msg, self.config.max_body_bytes)]))[0]
+            outgoing = convert.outgoing_from_pb(msg, self.config.max_body_bytes)
+            if outgoing.message_type is model.MessageType.TRANSACTION:
+                return await self._send_half(outgoing)
+            r = (await self.committer.send([outgoing]))[0]
         except Exception as exc:  # noqa: BLE001 - the answer for this message
             return sv.SendResultEntry(status=_status_of(exc, "SendMessage"),
                                       message_id=msg.system_properties.message_id)
         return sv.SendResultEntry(status=self._ok, message_id=r.message_id, offset=r.queue_offset)
 
+    async def _send_half(self, outgoing):
+        half = self.txns.half_message(outgoing)
+        results = await self.committer.send([half], system=True)
+        txid = self.txns.accepted(results, [half])[0]
+        r = results[0]
+        return sv.SendResultEntry(status=self._ok, message_id=r.message_id, offset=r.queue_offset,
+                                  transaction_id=txid)
+
     @_boundary(sv.EndTransactionResponse, "EndTransaction")
     async def EndTransaction(self, request, context):
-        raise errors.NotYetImplemented("transactions are not implemented yet in this chronoq build")
+        if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
+            raise errors.ClientError("resolution must be COMMIT or ROLLBACK")
+        topic = request.topic.name
+        half, batch, system = self.txns.resolution_batch(topic, request.message_id, request.transaction_id,
+                                                         request.resolution == pb.COMMIT)
+        # Copy (if committing) then the op record, under one fsync; the half is resolved only
+        # once both are durable, so a crash before that leaves it pending and checked again.
+        for outgoing, is_system in zip(batch, system):
+            self.broker.write([outgoing], system=is_system)
+        await self.committer.barrier()
+        self.txns.resolved(half)
+        return sv.EndTransactionResponse(status=self._ok)
 
     @_boundary(sv.RecallMessageResponse, "RecallMessage")
     async def RecallMessage(self, request, context):
@@ -400,9 +458,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 written += 1
         finally:
             # The client went away (cancelled, deadline, broken stream) before it had every
-            # message: it drops the whole receive, so make them visible again now instead of
-            # after the invisible time (60 s for push consumers).
-            if written < len(responses):
+            # message: it drops the whole receive. A push consumer retries with the same
+            # attempt_id and gets the same batch back; for others, make the messages visible
+            # again now rather than after their invisible time.
+            if written < len(responses) and not request.attempt_id:
                 self._release(group, topic, popped)
         yield sv.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_pb(self.clock.wall_ms()))
 
@@ -598,8 +657,11 @@ class GrpcFrontEnd:
         if self.service is not None:
             await self.service.close()
         if self.pop is not None:
-            self.pop.close()
-            self.pop = None
+            pop, self.pop = self.pop, None
+            try:
+                pop.close()
+            except Exception:  # the broker must still close cleanly after this
+                log.exception("closing the POP service failed")
 
     def describe(self) -> str:
         return f"RocketMQ gRPC on {self.bound} (clients are told {self.config.endpoint})"

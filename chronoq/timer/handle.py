@@ -48,13 +48,22 @@ class RecallHandle:
     message_id: str
 
     def encode(self) -> str:
-        topic = self.topic.encode()
-        mid = self.message_id.encode()
-        assert len(topic) < 256 and len(mid) < 256 and self.kind in (TIMER, LEVEL, IMMEDIATE)
-        body = (_HEAD.pack(self.kind, self.level, self.position, self.due_ms)
-                + bytes([len(topic)]) + topic + bytes([len(mid)]) + mid)
-        raw = body + _CRC.pack(google_crc32c.value(body))
-        return VERSION + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        return encode(self.kind, self.level, self.position, self.due_ms, self.topic, self.message_id)
+
+
+def encode(kind: int, level: int, position: int, due_ms: int, topic: str, message_id: str) -> str:
+    """The handle text (the send path calls this directly: no intermediate object)."""
+    t = topic.encode()
+    m = message_id.encode()
+    assert len(t) < 256 and len(m) < 256 and kind in (TIMER, LEVEL, IMMEDIATE)
+    body = b"".join((_HEAD.pack(kind, level, position, due_ms), _LEN[len(t)], t, _LEN[len(m)], m))
+    raw = body + _CRC.pack(_crc(body))
+    return VERSION + _b64(raw).rstrip(b"=").decode()
+
+
+_LEN = [bytes([i]) for i in range(256)]
+_crc = google_crc32c.value
+_b64 = base64.urlsafe_b64encode
 
 
 def decode(text: object) -> RecallHandle:

@@ -75,13 +75,17 @@ TIMER_DIR = "timer"
 CHECKPOINT_FILE = "checkpoint.json"
 QUARANTINE_DIR = "quarantine"
 CHECKPOINT_VERSION = 1
-FD_CACHE_MAX = 64
+FD_CACHE_MAX = 256
 # With more dirty bucket files than this, a checkpoint syncs the file system once (syncfs)
 # instead of fsyncing file by file (10k far-future buckets would cost seconds of fsyncs).
 SYNCFS_MIN_FILES = 16
-# Bucket-file writes are buffered (the commit log holds the truth until the cursor passes); this
-# bounds the memory the buffers take before they are written out.
-BUFFER_FLUSH_BYTES = 8 * 1024 * 1024
+# Bucket-file writes are buffered (the commit log holds the truth until the cursor passes) and
+# written a bounded number of files per call, so far-future traffic spread over thousands of
+# buckets never stalls the thread for long. Past this many buffered bytes everything is written
+# at once (memory bound first).
+BUFFER_HARD_MAX = 64 * 1024 * 1024
+FLUSH_FILES_PER_TICK = 64
+FLUSH_FILES_PER_MAINTENANCE = 512
 LEVEL_READ_MAX = 512
 STATS_BUCKETS_MAX = 10_080  # a week of one-minute buckets
 _CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
@@ -204,6 +208,10 @@ class TimerService:
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._dirty: set[int] = set()  # buckets with file writes not yet fsynced
         self._buffered_starts: set[int] = set()  # buckets with a non-empty write buffer
+        # An incremental checkpoint in progress: the cursor it will claim, and the buckets whose
+        # buffers (holding entries below that cursor) must still be written first.
+        self._ckpt_target: int | None = None
+        self._ckpt_pending: set[int] = set()
         self._buffered = 0
         self._dir_dirty = False
         self._generation = 0  # of the last checkpoint; stamps the append journal's records
@@ -350,15 +358,15 @@ class TimerService:
     def send_result(self, p: Prepared, message_id: str, commit_offset: int, queue_offset: int) -> SendResult:
         """The answer to a delayed send (``p.deliver_at_ms`` is set), with its recall handle."""
         if p.flags & record.FLAG_DELAYED:
-            h = handles.RecallHandle(handles.TIMER, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
-            return SendResult(message_id, p.topic, p.queue_id, -1, commit_offset, recall_handle=h.encode())
+            text = handles.encode(handles.TIMER, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
+            return SendResult(message_id, p.topic, p.queue_id, -1, commit_offset, recall_handle=text)
         if p.topic == DELAY_TOPIC:
             props = record.decode_properties(p.properties)
             topic, qid = props[copies.PROP_DELAY_TOPIC], int(props[copies.PROP_DELAY_QID])
-            h = handles.RecallHandle(handles.LEVEL, p.queue_id + 1, queue_offset, p.deliver_at_ms, topic, message_id)
-            return SendResult(message_id, topic, qid, -1, commit_offset, recall_handle=h.encode())
-        h = handles.RecallHandle(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
-        return SendResult(message_id, p.topic, p.queue_id, queue_offset, commit_offset, recall_handle=h.encode())
+            text = handles.encode(handles.LEVEL, p.queue_id + 1, queue_offset, p.deliver_at_ms, topic, message_id)
+            return SendResult(message_id, topic, qid, -1, commit_offset, recall_handle=text)
+        text = handles.encode(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
+        return SendResult(message_id, p.topic, p.queue_id, queue_offset, commit_offset, recall_handle=text)
 
     # ================================================================= absorbing delayed records
     def _absorb_batch(self, records: list[tuple[int, int, int]]) -> None:
@@ -462,7 +470,7 @@ class TimerService:
             for ident, due in removed:
                 self.wheel.remove(ident, due)
                 self._index.pop(ident, None)
-        if self._buffered > BUFFER_FLUSH_BYTES:
+        if self._buffered > BUFFER_HARD_MAX:
             try:
                 self._flush_buffers()
             except errors.StorageError as exc:  # kept in memory; the next checkpoint retries
@@ -559,12 +567,11 @@ class TimerService:
                   "the commit log are lost", path, reason, target)
 
     # ----------------------------------------------------------------- file writes
-    def _fd(self, start: int) -> int:
+    def _fd(self, start: int, path: str) -> int:
         fd = self._fds.get(start)
         if fd is not None:
             self._fds.move_to_end(start)
             return fd
-        path = self._path(start)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             if os.fstat(fd).st_size == 0:
@@ -592,23 +599,35 @@ class TimerService:
             raise fsutil.storage_error(exc, path) from exc
 
     def _flush_buffers(self) -> None:
-        """Write every buffered entry to its bucket file (page cache; fsync is ``checkpoint``'s).
+        """Write every buffered entry to its bucket file (page cache; fsync is ``checkpoint``'s)."""
+        self._flush_starts(sorted(self._buffered_starts))
+        assert self._buffered == 0
 
-        The append journal records the pre-write length of each file first written in this cycle.
-        """
-        self._journal(sorted(s for s in self._buffered_starts if s not in self._journaled))
-        for start in sorted(self._buffered_starts):
-            b = self.buckets[start]
+    def _flush_some(self, limit: int) -> None:
+        """Write up to ``limit`` buffered buckets, those a pending checkpoint waits for first."""
+        chosen = sorted(self._ckpt_pending)[:limit]
+        if len(chosen) < limit:
+            chosen += sorted(self._buffered_starts - self._ckpt_pending)[:limit - len(chosen)]
+        self._flush_starts(chosen)
+
+    def _flush_starts(self, starts: list[int]) -> None:
+        """Write these buckets' buffers; the append journal first records the pre-write length of
+        each file not yet written in this checkpoint cycle."""
+        self._journal([s for s in starts if s not in self._journaled and s in self.buckets])
+        for start in starts:
+            self._ckpt_pending.discard(start)
+            self._buffered_starts.discard(start)
+            b = self.buckets.get(start)
+            if b is None:
+                continue
             if b.buffer:
-                fd = self._fd(start)
+                fd = self._fd(start, b.path)
                 self._write_all(fd, bytes(b.buffer), b.path, os.fstat(fd).st_size)
                 self._dirty.add(start)
                 self._buffered -= len(b.buffer)
                 b.buffer = bytearray()
-            self._buffered_starts.discard(start)
             if b.state == UNLOADED:  # far future: keep nothing in memory (it is on the heap)
                 del self.buckets[start]
-        assert self._buffered == 0 or self._buffered_starts
 
     def _journal(self, starts: list[int]) -> None:
         if not starts:
@@ -685,6 +704,11 @@ class TimerService:
         self._deliver(now)
         done = self._complete()
         self._finish_buckets(now)
+        if self._buffered_starts:
+            try:
+                self._flush_some(FLUSH_FILES_PER_TICK)
+            except errors.StorageError as exc:  # kept in memory; retried by the next call
+                log.warning("schedule log write failed: %s", exc)
         return done
 
     def _sync_for_absorb(self) -> None:
@@ -844,6 +868,7 @@ class TimerService:
         self._journaled.discard(b.start)  # a new file at this path journals its own length (0)
         self._buffered -= len(b.buffer)
         self._buffered_starts.discard(b.start)
+        self._ckpt_pending.discard(b.start)  # its entries are no longer needed
         try:
             os.unlink(b.path)
         except FileNotFoundError:
@@ -1045,14 +1070,8 @@ class TimerService:
                     floor = min(floor, entry[0][0])
         return floor
 
-    def checkpoint(self, clean: bool = False) -> None:
-        """Make every absorbed entry durable, then advance the cursor (see the module docstring)."""
-        self._absorb_durable()
-        self._flush_buffers()
-        self._sync_dirty()
-        if self._dir_dirty:
-            fsutil.fsync_dir(self.sched_dir)
-            self._dir_dirty = False
+    def _covered(self) -> int:
+        """The cursor a checkpoint may claim once every buffered entry is durable."""
         cursor = min(self.store.dispatched, self.store.log.synced)
         if self._unabsorbed:
             cursor = min(cursor, self._unabsorbed[0][0])
@@ -1060,7 +1079,38 @@ class TimerService:
             for d in lane.pending:
                 if d.state == WRITTEN:
                     cursor = min(cursor, d.commit_offset)
-        self.cursor = max(self.cursor, cursor)
+        return cursor
+
+    def checkpoint(self, clean: bool = False) -> None:
+        """Make every absorbed entry durable, then advance the cursor (see the module docstring)."""
+        self._absorb_durable()
+        target = self._covered()
+        self._flush_buffers()
+        self._complete_checkpoint(target, clean)
+
+    def _checkpoint_step(self, now: int) -> None:
+        """An incremental checkpoint: snapshot the cursor and the buckets holding entries below
+        it, write those a bounded number per call, then complete. Entries appended meanwhile may
+        be written along; that is harmless, the cursor only claims what the snapshot covered."""
+        if self._ckpt_target is None:
+            if now - self._last_checkpoint_ms < self.opts.checkpoint_interval_ms:
+                return
+            self._absorb_durable()
+            self._ckpt_target = self._covered()
+            self._ckpt_pending = set(self._buffered_starts)
+        if self._ckpt_pending:
+            self._flush_starts(sorted(self._ckpt_pending)[:FLUSH_FILES_PER_MAINTENANCE])
+        if not self._ckpt_pending:
+            self._complete_checkpoint(self._ckpt_target, False)
+
+    def _complete_checkpoint(self, target: int, clean: bool) -> None:
+        # No bucket file is written between the sync below and the journal reset, so a file
+        # written after this checkpoint always has a journal record of the new generation.
+        self._sync_dirty()
+        if self._dir_dirty:
+            fsutil.fsync_dir(self.sched_dir)
+            self._dir_dirty = False
+        self.cursor = max(self.cursor, target)
         generation = self._generation + 1
         self._write_checkpoint_file(clean, generation)
         self._generation = generation
@@ -1068,6 +1118,8 @@ class TimerService:
         self._journaled.clear()
         if self._journal_fd >= 0:
             os.ftruncate(self._journal_fd, 0)
+        self._ckpt_target = None
+        self._ckpt_pending.clear()
         self._last_checkpoint_ms = self._now()
 
     def _write_checkpoint_file(self, clean: bool, generation: int) -> None:
@@ -1082,8 +1134,9 @@ class TimerService:
         """Periodic work (the broker's ``maintenance``): checkpoint when due, forget old recalls."""
         now = self._now(now_ms)
         self._absorb_durable()
-        if now - self._last_checkpoint_ms >= self.opts.checkpoint_interval_ms:
-            self.checkpoint()
+        self._checkpoint_step(now)
+        if self._ckpt_target is None and self._buffered_starts:
+            self._flush_some(FLUSH_FILES_PER_MAINTENANCE)
         memory = self.opts.recall_memory_ms
         while self._done and self._done[0] + self.width + memory < now:
             try:

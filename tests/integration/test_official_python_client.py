@@ -252,9 +252,10 @@ def test_push_consumer_fifo_keeps_order_per_group_under_two_consumers(chronoq_en
         g, seq = body.decode().split(":")
         assert message_group == g
         seen[g].append(int(seq))
+    shares = {r.name: len(r.deliveries) for r in recorders}
     for g in groups:
-        assert seen[g] == list(range(per_group)), f"group {g} out of order: {seen[g]}"
-    assert all(r.deliveries for r in recorders), "both consumers should have had a share"
+        assert seen[g] == list(range(per_group)), f"group {g} out of order: {seen[g]} (shares {shares})"
+    assert all(shares.values()), f"both consumers should have had a share: {shares}"
 
 
 def receive_dlq(endpoint: str, group: str, count: int, timeout_s: float) -> list:

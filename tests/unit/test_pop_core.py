@@ -205,3 +205,28 @@ def test_attempt_cache_returns_only_entries_in_flight():
     assert inflight.recall_attempt(("c", "g", "t", "a"), 10) == ["p1"]
     assert inflight.recall_attempt(("c", "g", "t", "a"), 5_000) is None
     assert inflight.recall_attempt(("c", "g", "t", "other"), 10) is None
+
+
+def test_deadline_heap_does_not_keep_acked_cks():
+    sink, inflight, qs = books()
+    for i in range(20_000):
+        qs.pop_offset = i + 1
+        ck = inflight.open(qs, "t", [i], [1], now_ms=0, invisible_ms=60_000, fifo=False)
+        inflight.settle(ck, 0)
+    assert not inflight.cks
+    assert len(inflight._deadlines) <= 2 * len(inflight.cks) + 4096 + 1
+    assert qs.consume_offset() == 20_000
+
+
+def test_heap_rebuild_keeps_every_live_ck_once():
+    sink, inflight, qs = books()
+    live = []
+    for i in range(10_000):
+        qs.pop_offset = i + 1
+        ck = inflight.open(qs, "t", [i], [1], now_ms=0, invisible_ms=1_000 + i % 7, fifo=False)
+        if i % 100:
+            inflight.settle(ck, 0)
+        else:
+            live.append(ck)
+    due = inflight.due(10_000, 100_000)
+    assert sorted(c.ck_id for c in due) == sorted(c.ck_id for c in live)

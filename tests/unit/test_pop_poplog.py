@@ -152,3 +152,13 @@ def test_records_from_another_generation_do_not_validate(tmp_path):
 def test_empty_directory(tmp_path):
     rec = poplog.load(str(tmp_path / "missing"))
     assert rec.generation == 0 and rec.cks == {}
+
+
+def test_snapshot_carries_seen_offsets(tmp_path):
+    d = str(tmp_path)
+    offsets = set(range(0, 3 * poplog.SEEN_OFFSETS_MAX, 3))  # more than one record's worth
+    log = poplog.PopLog.create(d, 7, [], created_ms=0, seen=[("g", "t", 2, offsets), ("g", "u", 0, {5})])
+    log.close()
+    rec = poplog.load(d)
+    assert rec.seen == {("g", "t", 2): offsets, ("g", "u", 0): {5}}
+    assert rec.cks == {}
