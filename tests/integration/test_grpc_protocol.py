@@ -117,7 +117,7 @@ def test_send_echoes_the_client_message_id(stub):
     ("normal_with_group", Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     ("too_many_properties", Code.MESSAGE_PROPERTIES_TOO_LARGE),
     ("delay", Code.NOT_IMPLEMENTED),
-    ("transaction", Code.NOT_IMPLEMENTED),
+    ("transaction_with_group", Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     ("priority", Code.UNSUPPORTED),
 ])
 def test_send_rejects_bad_messages_with_the_right_code(stub, case, code):
@@ -151,8 +151,8 @@ def test_send_rejects_bad_messages_with_the_right_code(stub, case, code):
     elif case == "delay":
         req = send_request(topic, message_type=pb.DELAY)
         req.messages[0].system_properties.delivery_timestamp.seconds = int(time.time()) + 60
-    elif case == "transaction":
-        req = send_request(topic, message_type=pb.TRANSACTION)
+    elif case == "transaction_with_group":
+        req = send_request(topic, message_type=pb.TRANSACTION, message_group="g1")
     elif case == "priority":
         req = send_request(topic, message_type=pb.PRIORITY, priority=3)
     res = stub.SendMessage(req, metadata=meta(), timeout=10)
@@ -228,7 +228,7 @@ def test_rpcs_not_offered_answer_a_status(stub):
     q = pb.MessageQueue(topic=pb.Resource(name="t1"))
     g = pb.Resource(name="g1")
     assert stub.EndTransaction(sv.EndTransactionRequest(topic=pb.Resource(name="t1")), metadata=meta(),
-                               timeout=5).status.code == Code.NOT_IMPLEMENTED
+                               timeout=5).status.code == Code.BAD_REQUEST  # no resolution given
     assert stub.RecallMessage(sv.RecallMessageRequest(topic=pb.Resource(name="t1"), recall_handle="x"),
                               metadata=meta(), timeout=5).status.code == Code.NOT_IMPLEMENTED
     assert stub.UpdateOffset(sv.UpdateOffsetRequest(group=g, message_queue=q), metadata=meta(),
@@ -457,3 +457,13 @@ def test_bad_group_config_refuses_to_start_and_says_why(chronoq_process, groups_
         chronoq_process(groups_toml, name="badcfg")
     assert complaint in str(info.value)
     assert "cannot start" in str(info.value)
+
+
+def test_end_transaction_refuses_unknown_or_malformed_ids(stub):
+    topic = unique("txn")
+    for txid in ("", "zz", "7fffffff"):
+        res = stub.EndTransaction(sv.EndTransactionRequest(
+            topic=pb.Resource(name=topic), message_id="01ABC", transaction_id=txid, resolution=pb.COMMIT,
+            source=pb.SOURCE_CLIENT), metadata=meta(), timeout=5)
+        assert res.status.code == Code.INVALID_TRANSACTION_ID, res.status
+        assert res.status.message
