@@ -490,8 +490,10 @@ class Broker:
         if self.closed:
             return
         self.store.dispatch(self.store.sync())
-        self.timer.close()
-        self.store.close()
+        try:
+            self.timer.close()  # its clean checkpoint; without it the next start replays more
+        finally:
+            self.store.close()
         self._save_offsets()
         self.closed = True
 

@@ -1,14 +1,43 @@
-"""The ``chronoq`` command line."""
+"""The ``chronoq`` command line: ``serve`` runs the broker; the rest talk to one over gRPC.
+
+``topic`` and ``group`` use chronoq's own ``chronoq.v1.Admin`` service; ``send`` and ``receive``
+use ``apache.rocketmq.v2.MessagingService`` through ``chronoq.client``. Every remote command takes
+``--endpoint`` (env ``CHRONOQ_ENDPOINT``), ``--timeout`` and ``--json``, prints a table for people
+or one JSON document for scripts, and exits with a documented status (docs/cli.md):
+
+    0  done
+    1  the broker refused the request (bad name, unknown group, ...); stderr names the code
+    2  bad usage, caught before anything was sent (click's own status)
+    3  no answer: the broker is unreachable, timed out, or is not chronoq
+
+Names and values are checked by the broker, the one authority on them; the CLI checks only what
+it must parse itself (endpoint, ``k=v`` properties, the body source).
+"""
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import os
 import sys
+import time
 
 import click
 
 from chronoq import errors
 from chronoq.config import load_config
+
+DEFAULT_ENDPOINT = "127.0.0.1:8081"
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+RECEIVE_MAX_MESSAGES = 32   # per request (the protocol's batch limit)
+LONG_POLL_MAX_S = 60.0      # the broker parks a receive at most this long
+SEND_BATCH_DEFAULT = 100
+SEND_BATCH_MAX = 1024       # messages per SendMessage request the broker accepts
+BODY_PREVIEW_CHARS = 60     # body column of the receive table
+TABLE_WIDTH_PIPED = 400     # table width limit when stdout is not a terminal
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,5 +81,376 @@ def serve(data_dir, port, host, config_file, flush_policy, quarantine, log_level
         sys.exit(1)
 
 
-if __name__ == "__main__":
-    main()
+# ----------------------------------------------------------------------------- remote plumbing
+def _check_endpoint(ctx, param, value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{value!r} is not host:port (e.g. {DEFAULT_ENDPOINT})")
+    return value
+
+
+def _remote(fn):
+    """The options every command that talks to a broker takes."""
+    fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts).")(fn)
+    fn = click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+                      help="Seconds to wait for each answer.")(fn)
+    fn = click.option("--endpoint", envvar="CHRONOQ_ENDPOINT", default=DEFAULT_ENDPOINT, show_default=True,
+                      callback=_check_endpoint, help="host:port of the broker (env CHRONOQ_ENDPOINT).")(fn)
+    return fn
+
+
+def _fail(message: str, exit_code: int):
+    click.echo(f"chronoq: error: {message}", err=True)
+    sys.exit(exit_code)
+
+
+def _code_name(code: int) -> str:
+    from rocketmq.grpc_protocol import definition_pb2
+
+    return definition_pb2.Code.Name(code) if code in definition_pb2.Code.values() else str(code)
+
+
+def _transport_message(endpoint: str, timeout_s: float, exc) -> str:
+    import grpc
+
+    code, details = exc.code(), (exc.details() or "").strip()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return (f"cannot reach a broker at {endpoint} ({details}). Is `chronoq serve` running there? "
+                "Set --endpoint or CHRONOQ_ENDPOINT.")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer from {endpoint} within {timeout_s:g} s (raise --timeout if the broker is busy)"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return (f"the server at {endpoint} does not offer this call ({details}); is it chronoq? "
+                "(a RocketMQ proxy has no chronoq.v1.Admin service)")
+    return f"{code.name} from {endpoint}: {details}"
+
+
+def _call(endpoint: str, timeout_s: float, work):
+    """Run the coroutine ``work``; a failure becomes one line on stderr and an exit status."""
+    import grpc
+
+    from chronoq.client import ClientError, run
+
+    try:
+        return run(work)
+    except ClientError as exc:
+        _fail(f"{_code_name(exc.code)}: {exc.status_message}", EXIT_REFUSED)
+    except grpc.aio.AioRpcError as exc:
+        _fail(_transport_message(endpoint, timeout_s, exc), EXIT_UNREACHABLE)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+
+def _print_json(value) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _print_table(title: str | None, columns: list[str], rows: list[list], *, right: tuple[str, ...] = (),
+                 wrap: tuple[str, ...] = ()) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in columns:
+        # Names and ids are printed whole (no wrapping, so they can be copied); free text folds.
+        table.add_column(name, justify="right" if name in right else "left", overflow="fold",
+                         no_wrap=name not in wrap)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console = Console()
+    if not console.is_terminal:  # piped: no terminal width to respect, so never cut a row
+        console = Console(width=TABLE_WIDTH_PIPED)
+    console.print(table)
+
+
+def _admin(endpoint: str, timeout_s: float, method: str, *args, **kwargs):
+    """Call one ``AdminClient`` method against ``endpoint``."""
+    from chronoq.client import AdminClient
+
+    async def work():
+        async with AdminClient(endpoint, request_timeout_s=timeout_s) as admin:
+            return await getattr(admin, method)(*args, **kwargs)
+
+    return _call(endpoint, timeout_s, work())
+
+
+# ----------------------------------------------------------------------------- topic
+TOPIC_TYPES = ("mixed", "normal", "fifo", "delay", "transaction")
+
+
+def _topic_json(t) -> dict:
+    return {"name": t.name, "queues": t.queues, "message_type": t.message_type}
+
+
+def _topic_rows(topics) -> list[list]:
+    return [[t.name, t.queues, t.message_type] for t in topics]
+
+
+@main.group()
+def topic() -> None:
+    """Create and list topics."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--queues", type=click.IntRange(min=1), default=None,
+              help="Queue count (can only grow). Default: the broker's default_queues; an existing "
+                   "topic keeps its count.")
+@click.option("--type", "message_type", type=click.Choice(TOPIC_TYPES, case_sensitive=False), default=None,
+              help="Message types the topic accepts. Default mixed (every type); an existing topic "
+                   "keeps its type.")
+@_remote
+def topic_create(name, queues, message_type, endpoint, timeout, as_json) -> None:
+    """Create topic NAME, or grow its queues / change its type. Idempotent."""
+    t = _admin(endpoint, timeout, "create_topic", name, queues or 0, (message_type or "").lower())
+    if as_json:
+        _print_json(_topic_json(t))
+    else:
+        _print_table(f"topic {t.name} ready", ["TOPIC", "QUEUES", "TYPE"], _topic_rows([t]), right=("QUEUES",))
+
+
+@topic.command("list")
+@click.option("--system", is_flag=True, help="Include the broker's own topics (%RETRY%, %DLQ%, ...).")
+@_remote
+def topic_list(system, endpoint, timeout, as_json) -> None:
+    """List topics with their queue count and message type."""
+    topics = _admin(endpoint, timeout, "list_topics", system)
+    if as_json:
+        _print_json([_topic_json(t) for t in topics])
+    elif not topics:
+        click.echo("no topics")
+    else:
+        _print_table(None, ["TOPIC", "QUEUES", "TYPE"], _topic_rows(topics), right=("QUEUES",))
+
+
+# ----------------------------------------------------------------------------- group
+def _group_json(g) -> dict:
+    return {"name": g.name, "fifo": g.fifo, "max_attempts": g.max_attempts}
+
+
+@main.group()
+def group() -> None:
+    """Create and list consumer groups (with lag)."""
+
+
+@group.command("create")
+@click.argument("name")
+@click.option("--fifo/--no-fifo", default=None,
+              help="FIFO group: a message group's next message waits until the previous one is acked. "
+                   "Default: off for a new group; unchanged for an existing one.")
+@click.option("--max-attempts", type=int, default=None,
+              help="Deliveries before a message goes to %DLQ%<group> (1-1000). Default 17 for a new "
+                   "group; unchanged for an existing one.")
+@_remote
+def group_create(name, fifo, max_attempts, endpoint, timeout, as_json) -> None:
+    """Create consumer group NAME, or change its settings."""
+    g = _admin(endpoint, timeout, "create_group", name, fifo=fifo, max_attempts=max_attempts)
+    if as_json:
+        _print_json(_group_json(g))
+    else:
+        _print_table(f"group {g.name} ready", ["GROUP", "FIFO", "MAX ATTEMPTS"],
+                     [[g.name, "yes" if g.fifo else "no", g.max_attempts]], right=("MAX ATTEMPTS",))
+
+
+@group.command("list")
+@click.option("--group", "only_group", default="", help="Only this group.")
+@click.option("--topic", "only_topic", default="",
+              help="Lag on this topic for every listed group, even one that has not received from it yet.")
+@_remote
+def group_list(only_group, only_topic, endpoint, timeout, as_json) -> None:
+    """List consumer groups: per topic consumed, the lag (not yet received) and in-flight count."""
+    rows = _admin(endpoint, timeout, "list_groups", only_group, only_topic)
+    if as_json:
+        _print_json([dict(_group_json(r.group), topic=r.topic or None, lag=r.lag, inflight=r.inflight)
+                     for r in rows])
+    elif not rows:
+        click.echo("no consumer groups")
+    else:
+        _print_table(None, ["GROUP", "FIFO", "MAX ATTEMPTS", "TOPIC", "LAG", "IN FLIGHT"],
+                     [[r.group.name, "yes" if r.group.fifo else "no", r.group.max_attempts, r.topic or "-",
+                       r.lag, r.inflight] for r in rows], right=("MAX ATTEMPTS", "LAG", "IN FLIGHT"))
+
+
+# ----------------------------------------------------------------------------- send
+def _parse_properties(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--property")
+        out[key] = value
+    return out
+
+
+def _read_body(body: str | None, file) -> bytes:
+    if body is not None and file is not None:
+        raise click.UsageError("give the body either as BODY or with --file, not both")
+    if body is not None:
+        return os.fsencode(body)  # the bytes given on the command line, also when not UTF-8
+    if file is not None:
+        return file.read()
+    if sys.stdin.isatty():
+        raise click.UsageError("no body: give BODY, --file FILE, or pipe it on stdin")
+    return sys.stdin.buffer.read()
+
+
+@main.command()
+@click.argument("topic")
+@click.argument("body", required=False)
+@click.option("--file", "file", type=click.File("rb"), default=None,
+              help="Read the body from FILE ('-': stdin). Default: BODY, else stdin.")
+@click.option("--tag", default="", help="Message tag (consumers can filter on it).")
+@click.option("--key", "keys", multiple=True, help="Message key, for lookups; repeat for several.")
+@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+              help="User property; repeat for several.")
+@click.option("--group", "message_group", default=None,
+              help="Message group: sends a FIFO message (ordered within the group).")
+@click.option("--delay", type=click.FloatRange(min=0), default=None,
+              help="Deliver this many seconds from now (a delay message; its recall handle is printed).")
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Send the body this many times (bulk), in batches.")
+@click.option("--batch-size", type=click.IntRange(1, SEND_BATCH_MAX), default=SEND_BATCH_DEFAULT,
+              show_default=True, help="Messages per SendMessage request with --count.")
+@_remote
+def send(topic, body, file, tag, keys, properties, message_group, delay, count, batch_size,
+         endpoint, timeout, as_json) -> None:
+    """Send a message to TOPIC. The body is BODY, --file FILE, or stdin."""
+    props = _parse_properties(properties)
+    if message_group is not None and delay is not None:
+        raise click.UsageError("--group (FIFO) and --delay cannot be combined: a message has one type")
+    data = _read_body(body, file)
+    from chronoq.client import Client, OutgoingMessage
+
+    receipts: list = []
+
+    async def work():
+        async with Client(endpoint, request_timeout_s=timeout) as client:
+            left = count
+            while left:
+                n = min(left, batch_size)
+                deliver_at_ms = None if delay is None else int(time.time() * 1000 + delay * 1000)
+                batch = [OutgoingMessage(topic, data, tag=tag, keys=keys, properties=props,
+                                         message_group=message_group, deliver_at_ms=deliver_at_ms)
+                         for _ in range(n)]
+                receipts.extend(await client.send_batch(batch))
+                left -= n
+
+    started = time.monotonic()
+    try:
+        _call(endpoint, timeout, work())
+    finally:
+        if receipts and len(receipts) < count:  # a later batch failed: say what is stored
+            click.echo(f"chronoq: {len(receipts)} of {count} messages were sent before the error", err=True)
+    elapsed_s = time.monotonic() - started
+    if as_json:
+        _print_json({"topic": topic, "sent": len(receipts), "elapsed_s": round(elapsed_s, 3), "messages": [
+            {"message_id": r.message_id, "offset": r.offset, "recall_handle": r.recall_handle or None}
+            for r in receipts]})
+        return
+    if count == 1:
+        r = receipts[0]
+        columns, row = ["TOPIC", "MESSAGE ID", "OFFSET"], [topic, r.message_id, r.offset]
+        if r.recall_handle:
+            columns.append("RECALL HANDLE")
+            row.append(r.recall_handle)
+        _print_table(None, columns, [row], right=("OFFSET",))
+    else:
+        rate = len(receipts) / elapsed_s if elapsed_s > 0 else float("inf")
+        click.echo(f"sent {len(receipts)} messages to {topic} in {elapsed_s:.2f} s ({rate:,.0f} msg/s)")
+
+
+# ----------------------------------------------------------------------------- receive
+def _body_text(body: bytes) -> str | None:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _message_json(m, acked: bool) -> dict:
+    return {
+        "topic": m.topic, "message_id": m.message_id, "body": _body_text(m.body),
+        "body_base64": base64.b64encode(m.body).decode("ascii"), "tag": m.tag or None, "keys": m.keys,
+        "properties": m.properties, "message_group": m.message_group or None, "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset, "delivery_attempt": m.delivery_attempt, "born_ms": m.born_ms,
+        "store_ms": m.store_ms, "deliver_at_ms": m.deliver_at_ms or None, "receipt_handle": m.receipt_handle,
+        "acked": acked,
+    }
+
+
+def _body_preview(body: bytes) -> str:
+    text = _body_text(body)
+    if text is None:
+        return f"<{len(body)} bytes, not UTF-8>"
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= BODY_PREVIEW_CHARS else text[:BODY_PREVIEW_CHARS - 1] + "…"
+
+
+@main.command()
+@click.argument("group")
+@click.argument("topic")
+@click.option("--max", "max_messages", type=click.IntRange(1, RECEIVE_MAX_MESSAGES), default=16,
+              show_default=True, help="Messages per receive request.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Keep receiving until this many messages arrived, or a receive waited --wait "
+                   "seconds for nothing. Default: one receive request.")
+@click.option("--invisible", type=float, default=30.0, show_default=True,
+              help="Seconds a received message stays invisible to other consumers (at least 1).")
+@click.option("--wait", type=click.FloatRange(0, LONG_POLL_MAX_S), default=5.0, show_default=True,
+              help="Seconds to wait (long poll) when no message is ready.")
+@click.option("--tag", "tag_filter", default="*", show_default=True,
+              help="Tag filter: '*', a tag, or tags joined by '||'.")
+@click.option("--no-ack", is_flag=True,
+              help="Do not acknowledge: the messages come back after --invisible seconds.")
+@_remote
+def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_ack,
+            endpoint, timeout, as_json) -> None:
+    """Receive (POP) messages of TOPIC for consumer GROUP, print and acknowledge them."""
+    from chronoq.client import Client
+
+    got: list[tuple[object, bool]] = []
+
+    async def work():
+        async with Client(endpoint, request_timeout_s=timeout) as client:
+            want = count or max_messages
+            while len(got) < want:
+                batch = await client.receive(group, topic, max_messages=min(max_messages, want - len(got)),
+                                             invisible_s=invisible, wait_s=wait, tag=tag_filter)
+                if not batch:
+                    return
+                if not no_ack:
+                    try:
+                        await client.ack(group, topic, batch)
+                    except BaseException:
+                        got.extend((m, False) for m in batch)
+                        raise
+                got.extend((m, not no_ack) for m in batch)
+                if count is None:
+                    return
+
+    try:
+        _call(endpoint, timeout, work())
+    except SystemExit:  # a later request failed: still show what arrived (and whether it was acked)
+        if got:
+            _print_received(got, group, topic, invisible, wait, as_json)
+        raise
+    _print_received(got, group, topic, invisible, wait, as_json)
+
+
+def _print_received(got: list, group: str, topic: str, invisible: float, wait: float, as_json: bool) -> None:
+    if as_json:
+        _print_json([_message_json(m, acked) for m, acked in got])
+        return
+    if not got:
+        click.echo(f"no messages for {group} on {topic} (waited {wait:g} s)")
+        return
+    _print_table(None, ["MESSAGE ID", "QUEUE", "OFFSET", "ATTEMPT", "TAG", "KEYS", "BODY"],
+                 [[m.message_id, m.queue_id, m.queue_offset, m.delivery_attempt, m.tag, " ".join(m.keys),
+                   _body_preview(m.body)] for m, _ in got], right=("QUEUE", "OFFSET", "ATTEMPT"),
+                 wrap=("TAG", "KEYS", "BODY"))
+    acked = sum(1 for _, a in got if a)
+    if acked == len(got):
+        click.echo(f"received and acknowledged {len(got)} messages")
+    else:
+        click.echo(f"received {len(got)} messages, acknowledged {acked}; the others become visible again "
+                   f"{invisible:g} s after they were received")

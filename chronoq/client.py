@@ -3,7 +3,8 @@
 What it adds over the official Python client: many messages per SendMessage call (the protocol
 allows it; the official client sends one), many receipts per AckMessage, and plain asyncio
 coroutines. It speaks only ``apache.rocketmq.v2.MessagingService``, so it works against a
-RocketMQ 5 proxy as well.
+RocketMQ 5 proxy as well. ``AdminClient`` speaks chronoq's own ``chronoq.v1.Admin`` (topics and
+consumer groups; ``chronoq/proto/chronoq_admin.proto``).
 
     async with Client("127.0.0.1:8081") as client:
         receipts = await client.send_batch([OutgoingMessage("orders", b"...") for _ in range(100)])
@@ -237,6 +238,62 @@ class Client:
         self._check(resp.status)
         message.receipt_handle = resp.receipt_handle
         return resp.receipt_handle
+
+
+class AdminClient:
+    """``chronoq.v1.Admin``: create and list topics and consumer groups (lag per topic).
+
+    Answers are the protobuf messages of ``chronoq_admin.proto``; a non-OK status raises
+    ``ClientError`` with the same ``apache.rocketmq.v2.Code`` values as the messaging calls.
+    """
+
+    def __init__(self, endpoint: str, *, request_timeout_s: float = 10.0):
+        from chronoq.proto import chronoq_admin_pb2, chronoq_admin_pb2_grpc
+
+        self._apb = chronoq_admin_pb2
+        self.endpoint = endpoint
+        self.timeout = request_timeout_s
+        self._channel = grpc.aio.insecure_channel(endpoint)
+        self._stub = chronoq_admin_pb2_grpc.AdminStub(self._channel)
+
+    async def __aenter__(self) -> "AdminClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def create_topic(self, name: str, queues: int = 0, message_type: str = ""):
+        """Create (or grow, or retype) a topic. 0 / "": the default for a new topic, keep for an old one."""
+        a = self._apb
+        resp = await self._stub.CreateTopic(a.CreateTopicRequest(
+            topic=a.Topic(name=name, queues=queues, message_type=message_type)), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp.topic
+
+    async def list_topics(self, include_system: bool = False) -> list:
+        resp = await self._stub.ListTopics(self._apb.ListTopicsRequest(include_system=include_system),
+                                           timeout=self.timeout)
+        Client._check(resp.status)
+        return list(resp.topics)
+
+    async def create_group(self, name: str, *, fifo: bool | None = None, max_attempts: int | None = None):
+        """Create a consumer group or change its settings; ``None`` keeps a setting as it is."""
+        a = self._apb
+        req = a.CreateGroupRequest(group=a.Group(name=name, fifo=bool(fifo), max_attempts=max_attempts or 0),
+                                   set_fifo=fifo is not None, set_max_attempts=max_attempts is not None)
+        resp = await self._stub.CreateGroup(req, timeout=self.timeout)
+        Client._check(resp.status)
+        return resp.group
+
+    async def list_groups(self, group: str = "", topic: str = "") -> list:
+        """One ``GroupLag`` per (group, topic): lag (not yet received) and in-flight counts."""
+        resp = await self._stub.ListGroups(self._apb.ListGroupsRequest(group=group, topic=topic),
+                                           timeout=self.timeout)
+        Client._check(resp.status)
+        return list(resp.groups)
 
 
 def _decode(msg: pb.Message) -> ReceivedMessage:

@@ -684,6 +684,22 @@ class PopService:
         """Deliveries handed out and not yet settled (for metrics and tests)."""
         return sum(len(ck.unsettled()) for ck in self._inflight.cks.values() if not ck.expired)
 
+    def inflight_by_topic(self) -> dict[tuple[str, str], int]:
+        """Deliveries handed out and not yet settled per (group, topic the consumer asked for).
+
+        Every (group, user topic) with POP state in memory is a key, 0 when nothing is in flight;
+        retried deliveries count under their origin topic. For admin reports (``group list``).
+        """
+        out: dict[tuple[str, str], int] = {}
+        for (group, topic, _qid) in self._inflight.queues:
+            if not model.is_system_topic(topic):
+                out.setdefault((group, topic), 0)
+        for ck in self._inflight.cks.values():
+            if not ck.expired:
+                key = (ck.group, ck.topic)
+                out[key] = out.get(key, 0) + len(ck.unsettled())
+        return out
+
     def check(self) -> None:
         """Verify the in-flight invariants (``inflight.py``); for tests."""
         self._inflight.check()

@@ -41,7 +41,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 from chronoq import errors, model
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
-from chronoq.server import convert, status
+from chronoq.server import admin, convert, status
 from chronoq.transactions import Transactions
 
 log = logging.getLogger("chronoq.grpc")
@@ -631,6 +631,7 @@ class GrpcFrontEnd:
             ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
         ])
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
+        admin.add_to_server(server, broker, self.pop)
         host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
         self.bound = f"{host}:{cfg.port}"
         try:

@@ -45,6 +45,19 @@ class Bucket:
         if self.data is not None:
             self.data += entry
 
+    def append_dispatched(self, blob: bytes, idents: list[int]) -> bool:
+        """Fast path for a LOADED, fully parsed bucket: add DISPATCHED entries for claimed idents
+        without parsing them back. Returns False (nothing done) when the bucket is not in that
+        state; the caller then appends them one by one."""
+        if self.state != LOADED or not self.parsed or not self.claimed.issuperset(idents):
+            return False
+        assert self.data is not None
+        self.buffer += blob
+        self.data += blob
+        self.parse_pos = len(self.data)
+        self.claimed.difference_update(idents)
+        return True
+
     def begin_load(self, file_entries: bytes) -> None:
         """Start loading from the file's entries (without header); unflushed entries follow them."""
         assert self.state == UNLOADED and self.data is None
@@ -118,7 +131,8 @@ class Bucket:
         due_ms, pos, total = self.pending.pop(ident)
         self.claimed.add(ident)
         assert self.data is not None
-        return bytes(self.data[pos + ENTRY_HEAD_SIZE:pos + total])
+        with memoryview(self.data) as view:  # one copy, and the view is gone before data grows
+            return bytes(view[pos + ENTRY_HEAD_SIZE:pos + total])
 
     def record_of(self, ident: int) -> bytes | None:
         hit = self.pending.get(ident)

@@ -46,13 +46,11 @@ visible by the next tick even across a crash, so that answer never has to be tak
 from __future__ import annotations
 
 import bisect
-import ctypes
 import enum
 import heapq
 import logging
 import os
-import shutil
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +63,7 @@ from chronoq.timer import handle as handles
 from chronoq.timer.buckets import LOADED, LOADING, UNLOADED, Bucket, count_pending, lookup
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
 from chronoq.timer.levels import DELAY_TOPIC, DelayLevels
+from chronoq.timer.schedfiles import ScheduleFiles
 from chronoq.timer.schedlog import CANCELLED, DISPATCHED, MESSAGE, MOVED, Damage
 from chronoq.timer.stats import LatenessHistogram
 from chronoq.timer.wheel import TimingWheel
@@ -73,12 +72,7 @@ log = logging.getLogger("chronoq.timer")
 
 TIMER_DIR = "timer"
 CHECKPOINT_FILE = "checkpoint.json"
-QUARANTINE_DIR = "quarantine"
 CHECKPOINT_VERSION = 1
-FD_CACHE_MAX = 256
-# With more dirty bucket files than this, a checkpoint syncs the file system once (syncfs)
-# instead of fsyncing file by file (10k far-future buckets would cost seconds of fsyncs).
-SYNCFS_MIN_FILES = 16
 # Bucket-file writes are buffered (the commit log holds the truth until the cursor passes) and
 # written a bounded number of files per call, so far-future traffic spread over thousands of
 # buckets never stalls the thread for long. Past this many buffered bytes everything is written
@@ -91,20 +85,6 @@ STATS_BUCKETS_MAX = 10_080  # a week of one-minute buckets
 _CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
 _DELAY_TOPIC = DELAY_TOPIC.encode()
 _MOVED_MARKERS = (copies.PROP_TIMER_MOVED_FROM.encode(), copies.PROP_DELAY_MOVED_FROM.encode())
-
-
-def _load_syncfs():
-    """libc ``syncfs(fd)`` (Linux), or None where it is not available."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_SYNCFS = _load_syncfs()
 
 
 class RecallOutcome(str, enum.Enum):
@@ -189,8 +169,8 @@ class TimerService:
         self.levels = DelayLevels.parse(options.delay_levels)
         self.width = options.bucket_ms
         self.dir = os.path.join(data_dir, TIMER_DIR)
-        self.sched_dir = os.path.join(self.dir, schedlog.SCHEDULE_DIR)
-        os.makedirs(self.sched_dir, exist_ok=True)
+        self.files = ScheduleFiles(self.dir, self.width)
+        self.sched_dir = self.files.dir
         self._ensure_delay_topic = ensure_delay_topic
         self._delay_topic_ready = False
         self.wheel = TimingWheel(options.wheel_slot_ms, options.wheel_slots)
@@ -205,24 +185,19 @@ class TimerService:
         self.timer_lane = Lane("timer", options.pending_max, options.retry_backoff_ms,
                                options.retry_backoff_max_ms, options.block_after_failures)
         self.level_lanes = [LevelLane(i + 1, d, options) for i, d in enumerate(self.levels.delays_ms)]
-        self._fds: OrderedDict[int, int] = OrderedDict()
-        self._dirty: set[int] = set()  # buckets with file writes not yet fsynced
         self._buffered_starts: set[int] = set()  # buckets with a non-empty write buffer
         # An incremental checkpoint in progress: the cursor it will claim, and the buckets whose
         # buffers (holding entries below that cursor) must still be written first.
         self._ckpt_target: int | None = None
         self._ckpt_pending: set[int] = set()
         self._buffered = 0
-        self._dir_dirty = False
-        self._generation = 0  # of the last checkpoint; stamps the append journal's records
-        self._journaled: set[int] = set()  # buckets whose pre-cycle length is in the journal
-        self._journal_fd = -1
         self._unabsorbed: deque[tuple[int, int, int]] = deque()
+        self._absorb_retry_at_ms = 0  # after a failed fsync for them (no busy loop on a bad disk)
         self._hwm_ms = 0
         self.cursor = 0
         self._last_checkpoint_ms = 0
         self.histogram = LatenessHistogram()
-        self.damage: list[Damage] = []
+        self.damage: list[Damage] = self.files.damage
         self.notes: list[str] = []
         self.lost = 0
         self.caught_up = 0
@@ -235,7 +210,9 @@ class TimerService:
         self._catch_up()
         store.delayed_sink = self._absorb_batch
         store.add_retention_guard(self.retention_floor)
-        self.checkpoint()
+        # No checkpoint here: what the replay absorbed is written out incrementally by the first
+        # ``maintenance`` calls (the journal's records stay the rollback points until then), so a
+        # restart costs the replay, not thousands of file writes.
 
     # ================================================================= start-up
     def _read_checkpoint(self) -> None:
@@ -260,8 +237,7 @@ class TimerService:
                 self.notes.append("no timer checkpoint: schedule files are re-checked against the whole log")
         else:
             self.cursor = int(cp["cursor"])
-            self._generation = int(cp.get("generation", 0))
-            self._hwm_ms = int(cp.get("hwm_ms", 0))
+            self.files.generation = int(cp.get("generation", 0))
             for lane in self.level_lanes:
                 state = cp.get("levels", {}).get(str(lane.level), {})
                 lane.offset = lane.scan_offset = int(state.get("offset", 0))
@@ -274,32 +250,13 @@ class TimerService:
             self.notes.append(f"timer cursor {self.cursor} is past the recovered log end {self.store.log.written}")
             self.cursor = self.store.log.written
         if cp is not None:
-            self._roll_back_appends()
+            cut, journaled = self.files.roll_back()
+            if cut:
+                self.notes.append(f"rolled back {cut} bytes appended to {journaled} schedule files after the "
+                                  f"last timer checkpoint (replayed from the commit log)")
         else:
             for start in pending:
-                self._validate(start, schedlog.read_file(self._path(start)))
-
-    def _roll_back_appends(self) -> None:
-        """Cut every bucket file written since the last checkpoint back to its length then
-        (``schedlog``'s append journal); the catch-up replay writes those entries again."""
-        path = os.path.join(self.dir, schedlog.JOURNAL_FILE)
-        intents = schedlog.decode_journal(schedlog.read_file(path), self._generation)
-        cut = 0
-        for start, length in intents.items():
-            target = self._path(start)
-            try:
-                size = os.path.getsize(target)
-            except FileNotFoundError:
-                continue
-            if size > length:
-                with open(target, "r+b") as fh:
-                    fh.truncate(length)
-                    os.fsync(fh.fileno())
-                cut += size - length
-        self._journaled = set(intents)  # their recorded lengths stay the rollback points
-        if cut:
-            self.notes.append(f"rolled back {cut} bytes appended to {len(intents)} schedule files after the "
-                              f"last timer checkpoint (replayed from the commit log)")
+                self.files.validate(start)
 
     def _scan_dir(self) -> None:
         pending, done = schedlog.list_dir(self.sched_dir)
@@ -387,18 +344,23 @@ class TimerService:
         upto = self.store.log.synced
         while queue and queue[0][0] + queue[0][1] <= upto:
             first = queue[0][0]
-            run = []
-            end = first
+            count, end = 0, first
             # One read per run of adjacent records (a run never crosses a segment boundary).
             limit = min(upto, self.store.log.segment_for(first).end)
-            while queue and queue[0][0] == end and queue[0][0] + queue[0][1] <= limit and len(run) < 4096:
-                run.append(queue.popleft())
-                end += run[-1][1]
+            while (count < len(queue) and count < 4096 and queue[count][0] == end
+                   and end + queue[count][1] <= limit):
+                end += queue[count][1]
+                count += 1
             blob = self.store.log.read(first, end - first)
             pos = 0
-            for offset, size, _due in run:
+            for i in range(count):
+                offset, size, _due = queue[i]
                 self._absorb_record(offset, blob[pos:pos + size])
                 pos += size
+            # Only now: a failure above leaves the run queued (absorbing again is idempotent), so
+            # the cursor never passes a record that was not absorbed.
+            for _ in range(count):
+                queue.popleft()
 
     def _absorb_record(self, offset: int, raw: bytes) -> None:
         flags, _qid, deliver_at, topic, _mid = copies.header_fields(raw)
@@ -439,7 +401,7 @@ class TimerService:
 
     # ================================================================= buckets
     def _path(self, start: int, suffix: str = schedlog.PENDING_SUFFIX) -> str:
-        return os.path.join(self.sched_dir, schedlog.file_name(start, suffix))
+        return self.files.path(start, suffix)
 
     def _push(self, start: int) -> None:
         if start not in self._in_heap:
@@ -491,9 +453,14 @@ class TimerService:
         horizon = schedlog.bucket_start(now + self.opts.preload_ms, self.width)
         if horizon > self._loaded_horizon:
             while self._heap and self._heap[0] <= horizon:
-                start = heapq.heappop(self._heap)
+                start = self._heap[0]
+                try:
+                    self._begin_load(start)
+                except (OSError, errors.StorageError) as exc:  # stays on the heap; next tick retries
+                    log.error("loading schedule bucket %d failed: %s", start, exc)
+                    return
+                heapq.heappop(self._heap)
                 self._in_heap.discard(start)
-                self._begin_load(start)
             self._loaded_horizon = horizon
         budget = self.opts.load_batch
         while self._loading and budget > 0:
@@ -518,85 +485,9 @@ class TimerService:
             b = self.buckets[start] = Bucket(start, self._path(start))
         elif b.state != UNLOADED:
             return
-        b.begin_load(self._file_entries(start))
+        b.begin_load(self.files.entries(start))
         bisect.insort(self._loaded, start)
         self._loading.append(b)
-
-    def _file_entries(self, start: int) -> bytes:
-        """The entries of a bucket file (no header)."""
-        path = self._path(start)
-        data = schedlog.read_file(path)
-        if not data:
-            return b""
-        if len(data) < schedlog.FILE_HEAD_SIZE:
-            return b""
-        try:
-            schedlog.check_header(data, start)
-        except schedlog.SchedLogError as exc:
-            self._quarantine(path, data, exc.reason)
-            return b""
-        return data[schedlog.FILE_HEAD_SIZE:]
-
-    def _validate(self, start: int, data: bytes) -> bytes:
-        """S0/S1/S3 of the schedlog table by scanning (only when the timer checkpoint is lost)."""
-        path = self._path(start)
-        try:
-            end, damage = schedlog.validate_tail(path, start, data)
-        except schedlog.SchedLogError as exc:
-            self._quarantine(path, data, exc.reason)
-            return b""
-        if damage is not None:
-            self.damage.append(damage)
-            log.warning("schedule file %s: cutting a torn tail of %d bytes at %d (it is replayed from the "
-                        "commit log)", path, damage.end - damage.start, damage.start)
-            with open(path, "r+b") as fh:
-                fh.truncate(end)
-                fh.flush()
-                os.fsync(fh.fileno())
-            data = data[:end]
-        return data
-
-    def _quarantine(self, path: str, data: bytes, reason: str) -> None:
-        qdir = os.path.join(self.dir, QUARANTINE_DIR)
-        os.makedirs(qdir, exist_ok=True)
-        target = os.path.join(qdir, os.path.basename(path))
-        shutil.move(path, target)
-        fsutil.fsync_dir(self.sched_dir)
-        self.damage.append(Damage(path, 0, len(data), f"{reason}; moved to {target}", False))
-        log.error("schedule file %s is damaged (%s); moved to %s. Messages in it that are no longer in "
-                  "the commit log are lost", path, reason, target)
-
-    # ----------------------------------------------------------------- file writes
-    def _fd(self, start: int, path: str) -> int:
-        fd = self._fds.get(start)
-        if fd is not None:
-            self._fds.move_to_end(start)
-            return fd
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            if os.fstat(fd).st_size == 0:
-                self._write_all(fd, schedlog.encode_header(start, self.width), path, 0)
-                self._dir_dirty = True
-        except OSError as exc:
-            raise fsutil.storage_error(exc, path) from exc
-        self._fds[start] = fd
-        while len(self._fds) > FD_CACHE_MAX:  # a closed dirty file is synced by path at checkpoint
-            _old, old_fd = self._fds.popitem(last=False)
-            os.close(old_fd)
-        return fd
-
-    @staticmethod
-    def _write_all(fd: int, blob: bytes, path: str, size_before: int) -> None:
-        view = memoryview(blob)
-        try:
-            while view:
-                view = view[os.write(fd, view):]
-        except OSError as exc:
-            try:  # never leave half an entry behind: cut back to where this write began
-                os.ftruncate(fd, size_before)
-            except OSError:
-                pass
-            raise fsutil.storage_error(exc, path) from exc
 
     def _flush_buffers(self) -> None:
         """Write every buffered entry to its bucket file (page cache; fsync is ``checkpoint``'s)."""
@@ -611,72 +502,20 @@ class TimerService:
         self._flush_starts(chosen)
 
     def _flush_starts(self, starts: list[int]) -> None:
-        """Write these buckets' buffers; the append journal first records the pre-write length of
-        each file not yet written in this checkpoint cycle."""
-        self._journal([s for s in starts if s not in self._journaled and s in self.buckets])
+        """Write these buckets' buffers to their files (``ScheduleFiles.write`` journals first)."""
+        items = [(start, bytes(self.buckets[start].buffer)) for start in starts
+                 if start in self.buckets and self.buckets[start].buffer]
+        self.files.write(items)
         for start in starts:
             self._ckpt_pending.discard(start)
             self._buffered_starts.discard(start)
             b = self.buckets.get(start)
             if b is None:
                 continue
-            if b.buffer:
-                fd = self._fd(start, b.path)
-                self._write_all(fd, bytes(b.buffer), b.path, os.fstat(fd).st_size)
-                self._dirty.add(start)
-                self._buffered -= len(b.buffer)
-                b.buffer = bytearray()
+            self._buffered -= len(b.buffer)
+            b.buffer = bytearray()
             if b.state == UNLOADED:  # far future: keep nothing in memory (it is on the heap)
                 del self.buckets[start]
-
-    def _journal(self, starts: list[int]) -> None:
-        if not starts:
-            return
-        path = os.path.join(self.dir, schedlog.JOURNAL_FILE)
-        try:
-            if self._journal_fd < 0:
-                self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            blob = b"".join(schedlog.encode_intent(self._generation, start, self._file_size(start))
-                            for start in starts)
-            size = os.fstat(self._journal_fd).st_size
-            self._write_all(self._journal_fd, blob, path, size)
-            os.fsync(self._journal_fd)
-        except OSError as exc:
-            raise fsutil.storage_error(exc, path) from exc
-        self._journaled.update(starts)
-
-    def _file_size(self, start: int) -> int:
-        try:
-            return os.path.getsize(self._path(start))
-        except FileNotFoundError:
-            return 0
-
-    def _sync_dirty(self) -> None:
-        """fsync every bucket file written since the last checkpoint (one syncfs when many)."""
-        dirty = sorted(self._dirty)
-        if len(dirty) >= SYNCFS_MIN_FILES and _SYNCFS is not None:
-            fd = os.open(self.sched_dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                if _SYNCFS(fd) != 0:
-                    err = ctypes.get_errno()
-                    raise fsutil.storage_error(OSError(err, os.strerror(err)), self.sched_dir)
-            finally:
-                os.close(fd)
-        else:
-            for start in dirty:
-                fd = self._fds.get(start)
-                if fd is not None:
-                    os.fsync(fd)
-                    continue
-                try:
-                    fd = os.open(self._path(start), os.O_RDONLY)
-                except FileNotFoundError:
-                    continue  # finished and deleted meanwhile
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        self._dirty.clear()
 
     # ================================================================= ticking
     def _now(self, now_ms: int | None = None) -> int:
@@ -695,8 +534,8 @@ class TimerService:
         if self.closed:
             raise errors.ClosedError("the timer is closed")
         now = self._now(now_ms)
-        if self._unabsorbed:
-            self._sync_for_absorb()
+        if self._unabsorbed and now >= self._absorb_retry_at_ms:
+            self._sync_for_absorb(now)
         self._load_step(now)
         self._claim_timers(now)
         for lane in self.level_lanes:
@@ -711,11 +550,12 @@ class TimerService:
                 log.warning("schedule log write failed: %s", exc)
         return done
 
-    def _sync_for_absorb(self) -> None:
+    def _sync_for_absorb(self, now: int) -> None:
         try:
             self.store.sync()
         except errors.StorageError as exc:
             log.warning("fsync for delayed records failed: %s", exc)
+            self._absorb_retry_at_ms = now + self.opts.retry_backoff_ms
             return
         self._absorb_durable()
 
@@ -834,11 +674,24 @@ class TimerService:
         upto = self.store.dispatched
         visible_ms = self._now()
         done = 0
+        marks: dict[int, tuple[list[bytes], list[int]]] = {}
+        record_lateness = self.histogram.record
         for d in self.timer_lane.complete(upto):
             start, ident = d.ref
-            self._append(start, schedlog.encode_entry(DISPATCHED, ident, d.due_ms, d.commit_offset))
-            self.histogram.record(visible_ms - d.due_ms)
+            entries, idents = marks.setdefault(start, ([], []))
+            entries.append(schedlog.encode_entry(DISPATCHED, ident, d.due_ms, d.commit_offset))
+            idents.append(ident)
+            record_lateness(visible_ms - d.due_ms)
             done += 1
+        for start, (entries, idents) in marks.items():
+            b = self.buckets.get(start)
+            blob = b"".join(entries)
+            if b is not None and b.append_dispatched(blob, idents):
+                self._buffered += len(blob)
+                self._buffered_starts.add(start)
+            else:
+                for entry in entries:
+                    self._append(start, entry)
         for lane in self.level_lanes:
             for d in lane.complete(upto):
                 lane.offset = d.ref + 1
@@ -852,28 +705,22 @@ class TimerService:
             b = self.buckets[self._loaded[0]]
             if not b.finishable(now, self.width):
                 return
-            self._finish(b)
+            try:
+                self._finish(b)
+            except (OSError, errors.StorageError) as exc:  # kept; a later tick tries again
+                log.warning("deleting finished schedule bucket %d failed: %s", b.start, exc)
+                return
 
     def _finish(self, b: Bucket) -> None:
         """Delete a bucket whose messages are all delivered or retired (keep its cancellations)."""
         done = b.done_entries()
         if done:
-            fsutil.atomic_write(self._path(b.start, schedlog.DONE_SUFFIX),
-                                schedlog.encode_header(b.start, self.width) + done)
+            self.files.write_done(b.start, done)
             bisect.insort(self._done, b.start)
-        fd = self._fds.pop(b.start, None)
-        if fd is not None:
-            os.close(fd)
-        self._dirty.discard(b.start)
-        self._journaled.discard(b.start)  # a new file at this path journals its own length (0)
+        self.files.remove(b.start)
         self._buffered -= len(b.buffer)
         self._buffered_starts.discard(b.start)
         self._ckpt_pending.discard(b.start)  # its entries are no longer needed
-        try:
-            os.unlink(b.path)
-        except FileNotFoundError:
-            pass
-        self._dir_dirty = True
         del self.buckets[b.start]
         self._loaded.remove(b.start)
         self.buckets_finished += 1
@@ -882,9 +729,9 @@ class TimerService:
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has work (epoch ms; may be <= now), or None when nothing waits."""
         now = self._now()
-        if self._loading or self._unabsorbed:
+        if self._loading or (self._unabsorbed and now >= self._absorb_retry_at_ms):
             return self._remember(now)
-        cands: list[int] = []
+        cands: list[int] = [self._absorb_retry_at_ms] if self._unabsorbed else []
         lane = self.timer_lane
         if lane.pending and lane.retry_at_ms:
             cands.append(lane.retry_at_ms)
@@ -1106,18 +953,11 @@ class TimerService:
     def _complete_checkpoint(self, target: int, clean: bool) -> None:
         # No bucket file is written between the sync below and the journal reset, so a file
         # written after this checkpoint always has a journal record of the new generation.
-        self._sync_dirty()
-        if self._dir_dirty:
-            fsutil.fsync_dir(self.sched_dir)
-            self._dir_dirty = False
+        self.files.sync()
         self.cursor = max(self.cursor, target)
-        generation = self._generation + 1
+        generation = self.files.generation + 1
         self._write_checkpoint_file(clean, generation)
-        self._generation = generation
-        # The new generation is durable: older journal records are void; drop them.
-        self._journaled.clear()
-        if self._journal_fd >= 0:
-            os.ftruncate(self._journal_fd, 0)
+        self.files.new_generation(generation)
         self._ckpt_target = None
         self._ckpt_pending.clear()
         self._last_checkpoint_ms = self._now()
@@ -1128,7 +968,7 @@ class TimerService:
                   for lane in self.level_lanes}
         fsutil.write_json(os.path.join(self.dir, CHECKPOINT_FILE), {
             "version": CHECKPOINT_VERSION, "cursor": self.cursor, "bucket_ms": self.width, "clean": clean,
-            "generation": generation, "hwm_ms": self._hwm_ms, "levels": levels})
+            "generation": generation, "levels": levels})
 
     def maintenance(self, now_ms: int | None = None) -> None:
         """Periodic work (the broker's ``maintenance``): checkpoint when due, forget old recalls."""
@@ -1139,12 +979,7 @@ class TimerService:
             self._flush_some(FLUSH_FILES_PER_MAINTENANCE)
         memory = self.opts.recall_memory_ms
         while self._done and self._done[0] + self.width + memory < now:
-            try:
-                os.unlink(self._path(self._done[0], schedlog.DONE_SUFFIX))
-            except FileNotFoundError:
-                pass
-            self._done.pop(0)
-            self._dir_dirty = True
+            self.files.remove_done(self._done.pop(0))
         for lane in self.level_lanes:
             stale = [q for q, (_k, due) in lane.cancelled.items() if q < lane.offset and due + memory < now]
             for q in stale:
@@ -1154,12 +989,7 @@ class TimerService:
         if self.closed:
             return
         self.checkpoint(clean=True)
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        if self._journal_fd >= 0:
-            os.close(self._journal_fd)
-            self._journal_fd = -1
+        self.files.close()
         self.closed = True
 
     # ================================================================= stats

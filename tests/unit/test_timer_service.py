@@ -311,7 +311,8 @@ def test_without_a_timer_checkpoint_torn_tails_are_found_by_scanning(tmp_path, c
     path = os.path.join(b.timer.sched_dir, name)
     crash(b)
     _garble_tail(path)
-    os.unlink(os.path.join(tmp_path, "timer", "checkpoint.json"))
+    if os.path.exists(os.path.join(tmp_path, "timer", "checkpoint.json")):
+        os.unlink(os.path.join(tmp_path, "timer", "checkpoint.json"))
     b = open_broker(tmp_path, clock)
     clock.advance(2 * DAY + 10)
     drain(b)
@@ -527,4 +528,56 @@ def test_stats_report_lateness_due_buckets_and_level_backlog(tmp_path, clock):
     stats = b.timer_stats()
     assert stats["lateness"]["count"] == 1 and stats["lateness"]["max_ms"] == 7 and stats["lateness"]["early"] == 0
     assert stats["lateness"]["p99_ms"] == 7
+    b.close()
+
+
+def test_an_incremental_checkpoint_interrupted_by_a_crash_loses_nothing(tmp_path, clock, monkeypatch):
+    from chronoq.timer import service
+
+    monkeypatch.setattr(service, "FLUSH_FILES_PER_MAINTENANCE", 2)
+    b = open_broker(tmp_path, clock, timer_checkpoint_interval_ms=1_000)
+    dues = [T0 + DAY + i * 60_000 for i in range(9)]  # nine far buckets
+    for i, due in enumerate(dues):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=due)
+    clock.advance(1_000)
+    b.maintenance()  # snapshot + the first two buckets
+    t = b.timer
+    assert t._ckpt_target is not None and len(t._ckpt_pending) == 7
+    before = t.cursor
+    b.send(TOPIC, b"late", deliver_at_ms=T0 + 2 * DAY)  # absorbed during the checkpoint
+    b.maintenance()
+    assert t.cursor == before and t._ckpt_target is not None  # not complete yet
+    crash(b)
+    b = open_broker(tmp_path, clock, timer_checkpoint_interval_ms=1_000)
+    for _ in range(6):
+        clock.advance(1_000)
+        b.maintenance()
+    assert b.timer._ckpt_target is None and b.timer.cursor > before
+    crash(b)  # after a completed incremental checkpoint
+    b = open_broker(tmp_path, clock)
+    clock.advance(2 * DAY)
+    drain(b)
+    assert bodies(b) == sorted([f"m{i}".encode() for i in range(9)] + [b"late"])
+    b.close()
+
+
+def test_stale_journal_records_are_ignored(tmp_path, clock):
+    """A crash between writing the checkpoint and clearing the journal leaves records of the old
+    generation: they must not cut files the new checkpoint covers."""
+    b = open_broker(tmp_path, clock)
+    b.send(TOPIC, b"kept", deliver_at_ms=T0 + DAY)
+    b.timer.checkpoint()
+    [name] = [n for n in sched_files(b) if n.endswith(".sch")]
+    start = schedlog.parse_file_name(name)[0]
+    stale = schedlog.encode_intent(b.timer.files.generation - 1, start, 0)
+    crash(b)
+    with open(os.path.join(tmp_path, "timer", schedlog.JOURNAL_FILE), "ab") as fh:
+        fh.write(stale + stale[:10])  # and a torn record after it
+    size = os.path.getsize(os.path.join(tmp_path, "timer", "schedule", name))
+    b = open_broker(tmp_path, clock)
+    assert os.path.getsize(os.path.join(tmp_path, "timer", "schedule", name)) >= size
+    assert b.timer.caught_up == 0
+    clock.advance(DAY)
+    drain(b)
+    assert bodies(b) == [b"kept"]
     b.close()

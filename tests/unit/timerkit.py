@@ -29,11 +29,7 @@ def crash(broker: Broker) -> None:
     store.log._fds.clear()
     for cq in store.queues.values():
         cq.close()
-    for fd in broker.timer._fds.values():
-        os.close(fd)
-    broker.timer._fds.clear()
-    if broker.timer._journal_fd >= 0:
-        os.close(broker.timer._journal_fd)
+    broker.timer.files.abandon()
     broker.closed = True
 
 

@@ -1,0 +1,161 @@
+"""``chronoq.v1.Admin``: topics and consumer groups, beside ``MessagingService`` on the same port.
+
+A thin shell over the ``Broker`` and the ``PopService``, like ``grpc_server``: each RPC checks
+the request, calls them, and encodes the answer. Errors never leave as gRPC errors: one boundary
+per RPC (``_answer``) turns any exception into the response's ``Status`` through
+``chronoq.server.status``, so the codes are the ``apache.rocketmq.v2.Code`` values the
+MessagingService answers for the same mistake (``ILLEGAL_TOPIC``, ``CONSUMER_GROUP_NOT_FOUND``, ...).
+
+Choices:
+
+- ``CreateTopic`` is idempotent. ``queues = 0`` and ``message_type = ""`` mean "the default" for a
+  new topic (``default_queues``; ``mixed``, which accepts every message type) and "keep" for an
+  existing one, so re-running a create never fails on a topic that grew meanwhile.
+- ``CreateGroup`` creates or updates; settings whose ``set_*`` flag is false are kept. A value
+  given without its flag is refused rather than silently ignored.
+- ``ListGroups`` reports the groups ``PopService`` knows (created, configured, or having
+  received) and groups that only hold consume offsets (pull by offset), each with default
+  settings if it was never configured. Rows are per (group, topic): the topics the group has
+  POP state or consume offsets for; lag is ``PopService.lag`` (not yet received, retry copies
+  included) and in-flight is ``PopService.inflight_by_topic``. Everything runs on the event loop
+  like the rest of the broker API, so a report is a consistent snapshot.
+"""
+
+from __future__ import annotations
+
+from chronoq import errors, model
+from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
+from chronoq.proto import chronoq_admin_pb2 as apb
+from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
+from chronoq.server import status
+
+
+def add_to_server(server, broker, pop) -> "AdminService":
+    """Serve ``chronoq.v1.Admin`` on ``server`` (a ``grpc.aio.Server`` not yet started)."""
+    service = AdminService(broker, pop)
+    apb_grpc.add_AdminServicer_to_server(service, server)
+    return service
+
+
+def _answer(response_type, what: str, fn, request):
+    """The one exception boundary of an Admin RPC: any exception becomes the response's status."""
+    try:
+        return fn(request)
+    except Exception as exc:  # noqa: BLE001 - this is the boundary
+        code, message = status.code_and_message(exc, what)
+        return response_type(status=apb.Status(code=code, message=message))
+
+
+def _ok() -> apb.Status:
+    return apb.Status(code=status.OK, message="OK")
+
+
+def _topic_pb(cfg: model.TopicConfig) -> apb.Topic:
+    return apb.Topic(name=cfg.name, queues=cfg.queues, message_type=cfg.message_type.name.lower())
+
+
+class AdminService(apb_grpc.AdminServicer):
+    def __init__(self, broker, pop) -> None:
+        self.broker = broker
+        self.pop = pop
+
+    def _check_open(self) -> None:
+        if self.broker.closed or self.pop.closed:
+            raise errors.ClosedError("the broker is stopping")
+
+    # ------------------------------------------------------------------ topics
+    async def CreateTopic(self, request, context):
+        return _answer(apb.CreateTopicResponse, "CreateTopic", self._create_topic, request)
+
+    def _create_topic(self, request) -> apb.CreateTopicResponse:
+        self._check_open()
+        if not request.HasField("topic"):
+            raise errors.ClientError("CreateTopic needs a topic")
+        want = request.topic
+        name = model.validate_user_topic(want.name)
+        existing = self.broker.topics.get(name)
+        if want.queues < 0:
+            raise errors.InvalidQueue(f"queue count must be positive, not {want.queues}")
+        queues = want.queues or (existing.queues if existing is not None else None)
+        if want.message_type:
+            message_type = model.MessageType.parse(want.message_type)
+        else:
+            message_type = existing.message_type if existing is not None else model.MessageType.MIXED
+        cfg = self.broker.create_topic(name, queues, message_type)
+        return apb.CreateTopicResponse(status=_ok(), topic=_topic_pb(cfg))
+
+    async def ListTopics(self, request, context):
+        return _answer(apb.ListTopicsResponse, "ListTopics", self._list_topics, request)
+
+    def _list_topics(self, request) -> apb.ListTopicsResponse:
+        self._check_open()
+        topics = self.broker.list_topics(include_system=request.include_system)
+        return apb.ListTopicsResponse(status=_ok(), topics=[_topic_pb(t) for t in topics])
+
+    # ------------------------------------------------------------------ groups
+    async def CreateGroup(self, request, context):
+        return _answer(apb.CreateGroupResponse, "CreateGroup", self._create_group, request)
+
+    def _create_group(self, request) -> apb.CreateGroupResponse:
+        self._check_open()
+        if not request.HasField("group"):
+            raise errors.ClientError("CreateGroup needs a group")
+        want = request.group
+        name = model.validate_group_name(want.name)
+        if want.fifo and not request.set_fifo:
+            raise errors.ClientError("group.fifo is true but set_fifo is false; set both to change it")
+        if want.max_attempts and not request.set_max_attempts:
+            raise errors.ClientError("group.max_attempts is given but set_max_attempts is false; "
+                                     "set both to change it")
+        cfg = self.pop.set_group(name, fifo=want.fifo if request.set_fifo else None,
+                                 max_attempts=want.max_attempts if request.set_max_attempts else None)
+        return apb.CreateGroupResponse(status=_ok(), group=apb.Group(
+            name=cfg.name, fifo=cfg.fifo, max_attempts=cfg.max_attempts))
+
+    async def ListGroups(self, request, context):
+        return _answer(apb.ListGroupsResponse, "ListGroups", self._list_groups, request)
+
+    def _known_groups(self) -> dict[str, apb.Group]:
+        groups = {g.name: apb.Group(name=g.name, fifo=g.fifo, max_attempts=g.max_attempts)
+                  for g in self.pop.list_groups()}
+        for name in self.broker.list_groups():  # groups that only hold consume offsets
+            if name in groups:
+                continue
+            try:
+                model.validate_group_name(name)
+            except errors.ClientError:  # an internal consumer of the broker's own: not listed
+                continue
+            groups[name] = apb.Group(name=name, fifo=False, max_attempts=DEFAULT_MAX_ATTEMPTS)
+        return groups
+
+    def _list_groups(self, request) -> apb.ListGroupsResponse:
+        self._check_open()
+        groups = self._known_groups()
+        if request.group:
+            name = model.validate_group_name(request.group)
+            if name not in groups:
+                raise errors.GroupNotFound(f"consumer group {name!r} does not exist")
+            groups = {name: groups[name]}
+        only_topic = None
+        if request.topic:
+            only_topic = model.validate_user_topic(request.topic)
+            if only_topic not in self.broker.topics:
+                raise errors.TopicNotFound(f"topic {only_topic!r} does not exist")
+        inflight = self.pop.inflight_by_topic()
+        consumed: dict[str, set[str]] = {}
+        for (group, topic) in inflight:
+            consumed.setdefault(group, set()).add(topic)
+        for group, topics in self.broker.offsets.items():
+            consumed.setdefault(group, set()).update(t for t in topics if not model.is_system_topic(t))
+        rows = []
+        for name in sorted(groups):
+            if only_topic is not None:
+                topics = [only_topic]
+            else:  # a topic recorded in offsets may be gone from the topic table: skip it
+                topics = sorted(t for t in consumed.get(name, ()) if t in self.broker.topics)
+            for topic in topics:
+                rows.append(apb.GroupLag(group=groups[name], topic=topic, lag=self.pop.lag(name, topic),
+                                         inflight=inflight.get((name, topic), 0)))
+            if not topics:
+                rows.append(apb.GroupLag(group=groups[name], topic="", lag=0, inflight=0))
+        return apb.ListGroupsResponse(status=_ok(), groups=rows)

@@ -1,0 +1,170 @@
+"""``chronoq.v1.Admin`` servicer (``chronoq.server.admin``) over a real Broker + PopService, no
+network: every bad request is answered with a status code, never an exception; lag and
+in-flight follow receives and acks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from popkit import Node
+
+from chronoq.proto import chronoq_admin_pb2 as apb
+from chronoq.server import admin
+from chronoq.server.status import Code
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(str(tmp_path)).open()
+    yield n
+    if n.pop is not None and not n.pop.closed:
+        n.close()
+
+
+@pytest.fixture
+def svc(node):
+    return admin.AdminService(node.broker, node.pop)
+
+
+def call(svc, method: str, request):
+    return asyncio.run(getattr(svc, method)(request, None))
+
+
+def create_topic(svc, name: str, queues: int = 0, message_type: str = ""):
+    return call(svc, "CreateTopic", apb.CreateTopicRequest(
+        topic=apb.Topic(name=name, queues=queues, message_type=message_type)))
+
+
+def list_groups(svc, group: str = "", topic: str = ""):
+    return call(svc, "ListGroups", apb.ListGroupsRequest(group=group, topic=topic))
+
+
+def test_create_topic_defaults_to_mixed_and_is_idempotent(svc, node):
+    r = create_topic(svc, "orders")
+    assert r.status.code == Code.OK
+    assert (r.topic.name, r.topic.queues, r.topic.message_type) == ("orders", node.broker.config.default_queues,
+                                                                    "mixed")
+    r = create_topic(svc, "orders", queues=8, message_type="NORMAL")
+    assert (r.status.code, r.topic.queues, r.topic.message_type) == (Code.OK, 8, "normal")
+    r = create_topic(svc, "orders")  # 0 / "": keep what the topic has
+    assert (r.status.code, r.topic.queues, r.topic.message_type) == (Code.OK, 8, "normal")
+    listed = call(svc, "ListTopics", apb.ListTopicsRequest())
+    assert listed.status.code == Code.OK
+    assert [(t.name, t.queues, t.message_type) for t in listed.topics] == [("orders", 8, "normal")]
+
+
+@pytest.mark.parametrize("request_, code", [
+    (apb.CreateTopicRequest(), Code.BAD_REQUEST),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="")), Code.ILLEGAL_TOPIC),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="bad name")), Code.ILLEGAL_TOPIC),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="orders\n")), Code.ILLEGAL_TOPIC),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="x" * 128)), Code.ILLEGAL_TOPIC),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="%DLQ%g")), Code.ILLEGAL_TOPIC),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="CHRONOQ_TXN_HALF")), Code.ILLEGAL_TOPIC),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="t", queues=-1)), Code.BAD_REQUEST),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="t", queues=1_000_000)), Code.BAD_REQUEST),
+    (apb.CreateTopicRequest(topic=apb.Topic(name="t", message_type="lite")), Code.BAD_REQUEST),
+])
+def test_create_topic_refuses_bad_input(svc, node, request_, code):
+    r = call(svc, "CreateTopic", request_)
+    assert r.status.code == code, r.status.message
+    assert r.status.message
+    assert node.broker.list_topics() == []  # nothing was created
+
+
+def test_topic_queues_only_grow(svc):
+    create_topic(svc, "orders", queues=4)
+    r = create_topic(svc, "orders", queues=2)
+    assert r.status.code == Code.BAD_REQUEST
+    assert "only grow" in r.status.message
+
+
+def test_create_group_sets_only_what_is_flagged(svc, node):
+    r = call(svc, "CreateGroup", apb.CreateGroupRequest(group=apb.Group(name="billing")))
+    assert (r.status.code, r.group.fifo, r.group.max_attempts) == (Code.OK, False, 17)
+    r = call(svc, "CreateGroup", apb.CreateGroupRequest(group=apb.Group(name="billing", fifo=True, max_attempts=3),
+                                                        set_fifo=True, set_max_attempts=True))
+    assert (r.status.code, r.group.fifo, r.group.max_attempts) == (Code.OK, True, 3)
+    r = call(svc, "CreateGroup", apb.CreateGroupRequest(group=apb.Group(name="billing"), set_fifo=True))
+    assert (r.status.code, r.group.fifo, r.group.max_attempts) == (Code.OK, False, 3)
+    assert node.pop.group("billing").max_attempts == 3
+
+
+@pytest.mark.parametrize("request_, code", [
+    (apb.CreateGroupRequest(), Code.BAD_REQUEST),
+    (apb.CreateGroupRequest(group=apb.Group(name="")), Code.ILLEGAL_CONSUMER_GROUP),
+    (apb.CreateGroupRequest(group=apb.Group(name="a b")), Code.ILLEGAL_CONSUMER_GROUP),
+    (apb.CreateGroupRequest(group=apb.Group(name="CHRONOQ_x")), Code.ILLEGAL_CONSUMER_GROUP),
+    (apb.CreateGroupRequest(group=apb.Group(name="g", fifo=True)), Code.BAD_REQUEST),
+    (apb.CreateGroupRequest(group=apb.Group(name="g", max_attempts=3)), Code.BAD_REQUEST),
+    (apb.CreateGroupRequest(group=apb.Group(name="g", max_attempts=0), set_max_attempts=True), Code.BAD_REQUEST),
+    (apb.CreateGroupRequest(group=apb.Group(name="g", max_attempts=1001), set_max_attempts=True),
+     Code.BAD_REQUEST),
+])
+def test_create_group_refuses_bad_input(svc, node, request_, code):
+    r = call(svc, "CreateGroup", request_)
+    assert r.status.code == code, r.status.message
+    assert node.pop.list_groups() == []
+
+
+def test_list_groups_reports_lag_and_inflight(svc, node):
+    create_topic(svc, "orders", queues=2)
+    call(svc, "CreateGroup", apb.CreateGroupRequest(group=apb.Group(name="billing")))
+    for i in range(10):
+        node.broker.send("orders", f"m{i}".encode())
+    r = list_groups(svc)
+    assert r.status.code == Code.OK
+    assert [(g.group.name, g.topic, g.lag, g.inflight) for g in r.groups] == [("billing", "", 0, 0)]
+    r = list_groups(svc, topic="orders")  # named topic: reported before the first receive
+    assert [(g.group.name, g.topic, g.lag, g.inflight) for g in r.groups] == [("billing", "orders", 10, 0)]
+
+    got = node.pop.receive("billing", "orders", max_messages=4, invisible_ms=30_000)
+    assert len(got) == 4
+    r = list_groups(svc)
+    assert [(g.topic, g.lag, g.inflight) for g in r.groups] == [("orders", 6, 4)]
+    for p in got[:3]:
+        node.pop.ack("billing", "orders", p.receipt_handle)
+    r = list_groups(svc, group="billing")
+    assert [(g.topic, g.lag, g.inflight) for g in r.groups] == [("orders", 6, 1)]
+
+
+def test_list_groups_includes_offset_only_groups(svc, node):
+    node.broker.send("orders", b"x")
+    node.broker.commit_offset("puller", "orders", 0, 0)
+    r = list_groups(svc)
+    rows = {g.group.name: (g.group.max_attempts, g.topic, g.lag) for g in r.groups}
+    assert rows == {"puller": (17, "orders", node.pop.lag("puller", "orders"))}
+
+
+@pytest.mark.parametrize("group, topic, code", [
+    ("nope", "", Code.CONSUMER_GROUP_NOT_FOUND),
+    ("bad group", "", Code.ILLEGAL_CONSUMER_GROUP),
+    ("", "nope", Code.TOPIC_NOT_FOUND),
+    ("", "bad topic", Code.ILLEGAL_TOPIC),
+    ("", "%RETRY%g_t", Code.ILLEGAL_TOPIC),
+])
+def test_list_groups_refuses_bad_filters(svc, group, topic, code):
+    r = list_groups(svc, group, topic)
+    assert r.status.code == code, r.status.message
+    assert not r.groups
+
+
+def test_internal_errors_become_a_status_without_details(svc, node, monkeypatch, caplog):
+    def boom(*a, **k):
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr(node.broker, "list_topics", boom)
+    with caplog.at_level(logging.ERROR, logger="chronoq.server"):
+        r = call(svc, "ListTopics", apb.ListTopicsRequest())
+    assert r.status.code == Code.INTERNAL_ERROR
+    assert "secret" not in r.status.message
+    assert "RuntimeError" in caplog.text
+
+
+def test_stopping_broker_answers_a_status(svc, node):
+    node.close()
+    r = create_topic(svc, "orders")
+    assert r.status.code == Code.INTERNAL_SERVER_ERROR
+    assert "stopping" in r.status.message
