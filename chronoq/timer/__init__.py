@@ -1,0 +1,10 @@
+"""Delayed delivery: timer messages (``deliver_at_ms``), delay levels, recall and reschedule.
+
+Pure core (no I/O, explicit ``now_ms``): ``levels`` (level table), ``wheel`` (hashed timing
+wheel), ``lanes`` (bounded delivery queues: flow control, back-off, blocking), ``handle``
+(recall handles), ``deliverytime`` (delivery-time rules, the seconds/milliseconds quirk),
+``copies`` (records the timer writes), ``buckets`` (one bucket's state), ``stats`` (lateness).
+Format: ``schedlog`` (schedule-log files and the append journal, layout at its top). Shell:
+``schedfiles`` (the files' I/O) and ``service`` (``TimerService``, owned by ``Broker``).
+User documentation: docs/timers.md.
+"""

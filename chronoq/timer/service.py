@@ -716,7 +716,8 @@ class TimerService:
         done = b.done_entries()
         if done:
             self.files.write_done(b.start, done)
-            bisect.insort(self._done, b.start)
+            if b.start not in self._done:
+                bisect.insort(self._done, b.start)
         self.files.remove(b.start)
         self._buffered -= len(b.buffer)
         self._buffered_starts.discard(b.start)

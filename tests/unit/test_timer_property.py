@@ -163,6 +163,6 @@ class TimerMachine(RuleBasedStateMachine):
 
 
 TimerMachine.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=30, deadline=None,
+    max_examples=100, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestTimerMachine = TimerMachine.TestCase
