@@ -21,6 +21,7 @@ from rocketmq.grpc_protocol import definition_pb2
 from chronoq import errors, model
 from chronoq.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, OutgoingMessage
 from chronoq.model import MessageType
+from chronoq.timer.deliverytime import from_client_timestamp
 
 pb = definition_pb2
 PbType = pb.MessageType
@@ -36,10 +37,9 @@ _SENDABLE = {
     PbType.NORMAL: MessageType.NORMAL,
     PbType.FIFO: MessageType.FIFO,
     PbType.TRANSACTION: MessageType.TRANSACTION,
+    PbType.DELAY: MessageType.DELAY,
 }
-_LATER = {
-    PbType.DELAY: "delayed messages (delivery_timestamp) are not implemented yet in this chronoq build",
-}
+_LATER: dict = {}
 _NEVER = {
     PbType.LITE: "lite topics are not supported by chronoq",
     PbType.PRIORITY: "priority messages are not supported by chronoq",
@@ -96,7 +96,8 @@ def group_name(resource) -> str:
 
 
 # ------------------------------------------------------------------------------------ sending
-def outgoing_from_pb(msg, max_body_bytes: int) -> OutgoingMessage:
+def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
+                     max_delay_ms: int = 2 * 365 * 86_400_000) -> OutgoingMessage:
     """Decode one ``apache.rocketmq.v2.Message`` of a SendMessage request.
 
     Checks what the protocol adds (message type, group, id present, encoding). The broker checks
@@ -127,7 +128,13 @@ def outgoing_from_pb(msg, max_body_bytes: int) -> OutgoingMessage:
         if ptype in _NEVER:
             raise errors.Unsupported(_NEVER[ptype])
         raise errors.ClientError(f"message {message_id}: unknown message type {ptype}")
-    if sp.HasField("delivery_timestamp"):
+    deliver_at_ms = None
+    if mtype is MessageType.DELAY:
+        if not sp.HasField("delivery_timestamp"):
+            raise errors.MessageTypeMismatch(f"message {message_id}: a DELAY message needs a delivery_timestamp")
+        ts = sp.delivery_timestamp
+        deliver_at_ms = from_client_timestamp(ts.seconds, ts.nanos, now_ms, max_delay_ms)
+    elif sp.HasField("delivery_timestamp"):
         raise errors.MessageTypeMismatch(
             f"message {message_id}: a {PbType.Name(ptype)} message may not carry a delivery_timestamp")
     group = None
@@ -152,6 +159,7 @@ def outgoing_from_pb(msg, max_body_bytes: int) -> OutgoingMessage:
         message_group=group,
         born_ms=born_ms if born_ms and born_ms > 0 else None,
         message_type=mtype,
+        deliver_at_ms=deliver_at_ms,
     )
 
 
@@ -231,6 +239,8 @@ def message_fields(popped, *, requested_topic: str, namespace: str, store_host: 
         sp["keys"] = m.keys
     if m.deliver_at_ms:
         sp["delivery_timestamp"] = _ts(m.deliver_at_ms)
+        if ptype == PbType.NORMAL:  # a delivered timer copy: clients expect DELAY (contract §5.3)
+            sp["message_type"] = PbType.DELAY
     if requested_topic.startswith(_DLQ_PREFIX):
         # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
         sp["dead_letter_queue"] = {"topic": m.topic, "message_id": m.message_id}

@@ -42,6 +42,7 @@ from chronoq import errors, model
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
 from chronoq.server import admin, convert, status
+from chronoq.timer import handle as recall_handles
 from chronoq.transactions import Transactions
 
 log = logging.getLogger("chronoq.grpc")
@@ -382,9 +383,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
         max_body = self.config.max_body_bytes
         try:  # one group commit for the whole request
-            results = await self.committer.send([convert.outgoing_from_pb(m, max_body) for m in messages])
+            results = await self.committer.send([self._outgoing(m) for m in messages])
             ok = self._ok
-            entries = [sv.SendResultEntry(status=ok, message_id=r.message_id, offset=r.queue_offset)
+            entries = [sv.SendResultEntry(status=ok, message_id=r.message_id, offset=r.queue_offset,
+                                          recall_handle=r.recall_handle)
                        for r in results]
         except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):
             # The broker refuses a batch with one bad message as a whole. Send them one by one
@@ -397,14 +399,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def _send_one(self, msg):
         """Exactly one ``SendResultEntry`` for one message, failures included."""
         try:
-            outgoing = convert.outgoing_from_pb(msg, self.config.max_body_bytes)
+            outgoing = self._outgoing(msg)
             if outgoing.message_type is model.MessageType.TRANSACTION:
                 return await self._send_half(outgoing)
             r = (await self.committer.send([outgoing]))[0]
         except Exception as exc:  # noqa: BLE001 - the answer for this message
             return sv.SendResultEntry(status=_status_of(exc, "SendMessage"),
                                       message_id=msg.system_properties.message_id)
-        return sv.SendResultEntry(status=self._ok, message_id=r.message_id, offset=r.queue_offset)
+        return sv.SendResultEntry(status=self._ok, message_id=r.message_id, offset=r.queue_offset,
+                                  recall_handle=r.recall_handle)
+
+    def _outgoing(self, msg):
+        return convert.outgoing_from_pb(msg, self.config.max_body_bytes, self.clock.wall_ms(),
+                                        self.config.timer_max_delay_ms)
 
     async def _send_half(self, outgoing):
         half = self.txns.half_message(outgoing)
@@ -431,7 +438,22 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @_boundary(sv.RecallMessageResponse, "RecallMessage")
     async def RecallMessage(self, request, context):
-        raise errors.NotYetImplemented("recalling delayed messages is not implemented yet in this chronoq build")
+        """Cancel a pending delayed message. chronoq answers definitely (beyond RocketMQ's
+        best effort): OK = cancelled for good; NOT_FOUND = unknown handle; BAD_REQUEST with
+        "already delivered" = it became visible before the recall."""
+        topic = convert.topic_name(request.topic)
+        if not request.recall_handle:
+            raise errors.ClientError("recall_handle is missing")
+        handle_topic = recall_handles.decode(request.recall_handle).topic
+        if handle_topic != topic:  # checked first: a recall for the wrong topic must change nothing
+            raise errors.ClientError(f"recall handle belongs to topic {handle_topic}, not {topic}")
+        result = self.broker.recall(request.recall_handle)
+        outcome = result.outcome.value
+        if outcome == "cancelled":
+            return sv.RecallMessageResponse(status=self._ok, message_id=result.message_id)
+        if outcome == "already_delivered":
+            raise errors.ClientError(f"message {result.message_id} was already delivered; it cannot be recalled")
+        raise errors.NotFound(f"no pending delayed message for this recall handle ({result.detail or 'unknown'})")
 
     # ------------------------------------------------------------------ receiving
     async def ReceiveMessage(self, request, context):

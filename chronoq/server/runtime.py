@@ -18,6 +18,8 @@ from chronoq.config import BrokerConfig
 
 log = logging.getLogger("chronoq.runtime")
 
+TIMER_IDLE_S = 1.0  # the timer loop looks again at least this often
+
 
 class Runtime:
     """Owns the broker and everything that runs beside it in one event loop."""
@@ -61,6 +63,34 @@ class Runtime:
             except Exception:  # keep serving; the next tick retries
                 log.exception("periodic maintenance failed")
 
+    async def _timer_loop(self) -> None:
+        """Deliver due timers: sleep until the timer's next deadline or an earlier wake-up."""
+        assert self.broker is not None
+        broker = self.broker
+        wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        broker.timer.add_wakeup_listener(lambda: loop.call_soon_threadsafe(wake.set))
+        failures = 0
+        while not self._stop.is_set():
+            wake.clear()  # before the tick: a deadline added during it ends the next wait at once
+            try:
+                broker.timer_tick()
+                deadline_ms = broker.timer_next_deadline_ms()
+                failures = 0
+            except Exception:  # retry with back-off; the timer itself blocks a failing lane
+                if failures % 100 == 0:
+                    log.exception("timer tick failed (%d in a row)", failures + 1)
+                failures += 1
+                deadline_ms = broker.clock.wall_ms() + min(1000, 10 * failures)
+            delay = TIMER_IDLE_S if deadline_ms is None else (deadline_ms - broker.clock.wall_ms()) / 1000
+            if delay <= 0:
+                await asyncio.sleep(0)  # more is due now: yield to the other tasks, then go on
+                continue
+            try:
+                await asyncio.wait_for(wake.wait(), min(delay, TIMER_IDLE_S))
+            except asyncio.TimeoutError:
+                pass
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -72,6 +102,7 @@ class Runtime:
         self.committer = GroupCommitter(broker)
         self.committer.start()
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
+        self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends
 
         try:

@@ -27,6 +27,9 @@ shell's lateness (``B_MAX_S`` below allows 1 s of it), after a kill at time T:
   was in flight at the kill) may be delivered again, once; the count is printed;
 - at the end a clean stop and restart brings back nothing of any round.
 
+SIGKILL ends the process, not the machine: bytes written but not yet fsynced survive in the page
+cache, so this checks the kill -9 side of the guarantee (the fsync side is the unit tests' job).
+
 Seed: ``CHRONOQ_POP_CRASH_SEED`` (printed); rounds (= kills): ``CHRONOQ_POP_CRASH_KILLS``. The seed
 fixes the subsets, gaps and kill points; where a timed kill lands also depends on the machine.
 """

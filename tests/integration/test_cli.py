@@ -162,10 +162,6 @@ def test_send_table_bulk_and_fifo(cli):
 
 def test_send_delayed(cli):
     proc = cli("send", unique("cli-delay"), "later", "--delay", "3600", "--json", expect=None)
-    if proc.returncode == 1 and "NOT_IMPLEMENTED" in proc.err:
-        # A build whose gRPC shell has no delayed sends yet: the CLI reports that cleanly.
-        assert proc.err.startswith("chronoq: error: NOT_IMPLEMENTED: ") and proc.out == ""
-        pytest.skip("delayed sends over gRPC are not in this build yet")
     assert proc.returncode == 0, proc.err
     [r] = json.loads(proc.out)["messages"]
     assert r["recall_handle"]

@@ -56,6 +56,11 @@ def run_script(endpoint: str, topic: str, group: str) -> dict:
 
 
 def test_node_client_is_the_pinned_version():
+    with open(os.path.join(NODE_DIR, "package.json")) as fh:
+        assert json.load(fh)["dependencies"] == {"rocketmq-client-nodejs": PINNED_VERSION}  # exact, no range
+    with open(os.path.join(NODE_DIR, "package-lock.json")) as fh:
+        lock = json.load(fh)["packages"]["node_modules/rocketmq-client-nodejs"]
+    assert lock["version"] == PINNED_VERSION and lock["integrity"].startswith("sha512-")
     assert _installed_client_version() == PINNED_VERSION
 
 

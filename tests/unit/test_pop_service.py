@@ -503,3 +503,24 @@ def test_skip_set_survives_repeated_crashes(node):
         node.crash()
         node.open()
     assert drain(node) == []
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_crash_right_after_a_revive_does_not_copy_it_twice(node, logged):
+    """tick fsyncs the retry copy, then the CK's DONE record (logging the CK first if it was
+    only in memory), before it returns: a crash just after cannot revive the CK again, nor
+    read the message again from its origin queue."""
+    [mid] = send(node, 1)
+    # Logged: it outlived the merge buffer first. Not logged: revived from memory at 1.5 s, so
+    # the broker's last offsets checkpoint (at 1 s) is still below the message.
+    invisible_ms = 3_000 if logged else 1_500
+    node.pop.receive(G, T, max_messages=1, invisible_ms=invisible_ms)
+    node.advance(invisible_ms)
+    assert node.broker.queue_bounds(names.retry_topic(G, T), 0) == (0, 1)
+    node.crash()
+    node.open()
+    node.advance(10_000)
+    again = drain(node)
+    assert [p.message.message_id for p in again] == [mid]
+    assert again[0].delivery_attempt == 2
+    assert node.broker.queue_bounds(names.retry_topic(G, T), 0) == (0, 1)

@@ -92,7 +92,7 @@ def test_outgoing_from_pb_gzip_body():
     ({"message_type": pb.FIFO, "sp": {"message_group": " "}}, errors.InvalidMessageGroup),
     ({"message_type": pb.FIFO, "sp": {"message_group": "g" * 64}}, errors.InvalidMessageGroup),
     ({"sp": {"message_group": "g"}}, errors.MessageTypeMismatch),
-    ({"message_type": pb.DELAY}, errors.NotYetImplemented),
+    ({"message_type": pb.DELAY}, errors.MessageTypeMismatch),  # no delivery_timestamp
     ({"message_type": pb.TRANSACTION, "sp": {"message_group": "g"}}, errors.MessageTypeMismatch),
     ({"message_type": pb.LITE}, errors.Unsupported),
     ({"sp": {"priority": 1}}, errors.Unsupported),
