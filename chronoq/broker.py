@@ -66,6 +66,11 @@ class ReadResult:
     max_offset: int
 
 
+def _is_int(value: object) -> bool:
+    """An int that is not a bool (``True`` must not pass for queue 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class Broker:
     def __init__(self, config: BrokerConfig | None = None, clock: Clock | None = None, progress=None):
         self.config = (config or BrokerConfig()).validate()
@@ -239,7 +244,7 @@ class Broker:
 
     def _choose_queue(self, topic: TopicConfig, msg: OutgoingMessage) -> int:
         if msg.queue_id is not None:
-            if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < topic.queues:
+            if not _is_int(msg.queue_id) or not 0 <= msg.queue_id < topic.queues:
                 raise errors.InvalidQueue(f"queue {msg.queue_id!r} does not exist in topic {topic.name} "
                                           f"(queues 0..{topic.queues - 1})")
             return msg.queue_id
@@ -406,11 +411,11 @@ class Broker:
         cfg = self.topics.get(topic)
         if cfg is None:
             raise errors.TopicNotFound(f"topic {topic!r} does not exist")
-        if not isinstance(queue_id, int) or not 0 <= queue_id < cfg.queues:
+        if not _is_int(queue_id) or not 0 <= queue_id < cfg.queues:
             raise errors.InvalidQueue(f"queue {queue_id!r} does not exist in topic {topic}")
-        if not isinstance(offset, int) or offset < 0:
+        if not _is_int(offset) or offset < 0:
             raise errors.InvalidOffset(f"offset must be a non-negative integer, not {offset!r}")
-        if not isinstance(max_messages, int) or not 1 <= max_messages <= 10_000:
+        if not _is_int(max_messages) or not 1 <= max_messages <= 10_000:
             raise errors.ClientError("max_messages must be between 1 and 10000")
         messages, nxt = self.store.read(topic, queue_id, offset, max_messages)
         lo, hi = self.store.bounds(topic, queue_id)
@@ -444,10 +449,10 @@ class Broker:
         cfg = self.topics.get(topic)
         if cfg is None:
             raise errors.TopicNotFound(f"topic {topic!r} does not exist")
-        if not isinstance(queue_id, int) or not 0 <= queue_id < cfg.queues:
+        if not _is_int(queue_id) or not 0 <= queue_id < cfg.queues:
             raise errors.InvalidQueue(f"queue {queue_id!r} does not exist in topic {topic}")
         lo, hi = self.store.bounds(topic, queue_id)
-        if not isinstance(offset, int) or not 0 <= offset <= hi:
+        if not _is_int(offset) or not 0 <= offset <= hi:
             raise errors.InvalidOffset(f"offset {offset!r} is outside 0..{hi} for {topic}/{queue_id}")
         self.offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
         self._offsets_dirty = True

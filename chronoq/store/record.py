@@ -113,17 +113,10 @@ def encode(
     body: bytes,
 ) -> bytes:
     """Return one record. Callers pass fields already validated and encoded to bytes."""
-    tail = (
-        _pack_tail(
-            flags, queue_id, queue_offset, born_ms, stored_ms, deliver_at_ms,
-            len(topic), len(msgid), len(tag), len(keys), len(props), len(body),
-        )
-        + topic + msgid + tag + keys + props + body
-    )
-    total = CRC_START + len(tail)
-    if total > RECORD_SIZE_MAX:
-        raise ValueError(f"record of {total} bytes exceeds {RECORD_SIZE_MAX}")
-    return _pack_prefix(total, MAGIC, VERSION, _crc(tail)) + tail
+    parts: list[bytes] = []
+    encode_parts(parts, flags, queue_id, queue_offset, born_ms, stored_ms, deliver_at_ms,
+                 topic, msgid, tag, keys, props, body)
+    return b"".join(parts)
 
 
 _extend = google_crc32c.extend

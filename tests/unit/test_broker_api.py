@@ -376,3 +376,20 @@ def test_config_unknown_override_and_bad_env_values(tmp_path):
         load_config(None, env={"CHRONOQ_AUTO_CREATE_TOPICS": "maybe"})
     with pytest.raises(errors.ClientError):
         load_config(str(tmp_path / "missing.toml"), env={})
+
+
+def test_booleans_are_not_queue_ids_or_offsets(tmp_path):
+    import pytest
+
+    from chronoq import errors
+    from chronoq.broker import Broker
+    from chronoq.config import BrokerConfig
+
+    with Broker(BrokerConfig(data_dir=str(tmp_path))) as b:
+        b.send("orders", b"x", queue_id=0)
+        with pytest.raises(errors.InvalidQueue):
+            b.send("orders", b"x", queue_id=True)
+        with pytest.raises(errors.InvalidQueue):
+            b.read("orders", True, 0, 1)
+        with pytest.raises(errors.InvalidOffset):
+            b.read("orders", 0, False, 1)
