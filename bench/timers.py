@@ -1,34 +1,53 @@
-"""Timer benchmarks that need no gRPC: enqueue rate, memory of pending timers, restart time.
+"""Timer benchmarks: enqueue rate, lateness through the server, a burst, memory, restart time.
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Every loop is bounded
 by a count and by --seconds.
 
-    .venv/bin/python bench/timers.py                       # all parts, 1,000,000 timers
+    .venv/bin/python bench/timers.py                       # all parts, 1,000,000 timers in a, d, e
     .venv/bin/python bench/timers.py --parts a --count 200000
-    .venv/bin/python bench/timers.py --big                 # 10,000,000 timers (needs disk and time)
+    .venv/bin/python bench/timers.py --parts b --rates 2000,5000 --steady-seconds 60
+    .venv/bin/python bench/timers.py --parts c --burst 200000
+    .venv/bin/python bench/timers.py --parts de --big      # 10,000,000 timers in d and e
 
-Parts (letters follow the timer benchmark plan; b and c need the gRPC shell and live elsewhere):
+Parts (letters follow the timer benchmark plan):
 
 a  enqueue: --count timers due over the next 10 minutes, sent through the broker API in batches
    (fsync per batch, flush policy sync); reports timers/s.
+b  steady lateness through the server: a fresh ``chronoq serve`` (default durable flush); one
+   producer process sends timers through ``chronoq.client`` so that --rates per second fall due,
+   evenly, for --steady-seconds (each sent --lead-s before it is due); two consumer processes
+   receive and ack them. Lateness = the delivered copy's store timestamp (stamped by the broker
+   when it writes the copy) - its due time, per message: p50/p99/p999/max and the early count.
+   Also the broker's own histogram (visible time after the fsync - due time; bucket bounds, exact
+   max) and end-to-end receive lateness (consumer's clock when the receive returned - due time;
+   same machine, so the same clock).
+c  burst: --burst timers due in the same second (sent beforehand), consumed afterwards: the
+   time from that second's start until the last is visible (broker's max lateness plus the
+   spread within the second, and the newest copy store timestamp), checked by consuming all.
 d  memory: --count far-future timers (due 1 to 8 days ahead) are scheduled in a child process that
    then exits without closing (kill -9); fresh child processes open that directory and an empty one
    and report RSS after start-up; the difference is what pending timers cost in memory.
 e  restart: the time to open the broker with those timers pending, after the kill -9 above
    (replays the commit log after the timer's last checkpoint) and after a clean stop.
+
+--big makes d and e use 10,000,000 timers (a keeps --count).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing as mp
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -38,6 +57,14 @@ from chronoq.config import BrokerConfig  # noqa: E402
 
 TOPIC = "bench-timers"
 DAY_MS = 86_400_000
+BIG_COUNT = 10_000_000
+SEND_BATCH_MAX = 1000       # messages per SendMessage request (the broker takes up to 1024)
+RECEIVE_BATCH = 32
+CONSUMERS = 2               # consumer processes
+CONSUMER_LANES = 4          # receives in flight per consumer process
+DRAIN_GRACE_S = 30.0        # after the last due time, consumers give up after this long
+SEND_AHEAD_S = 0.010        # b: the producer sends what falls due within this much more time
+MP = mp.get_context("spawn")  # children start clean (no forked gRPC state)
 
 
 def emit(metric: str, value, unit: str, **ctx) -> None:
@@ -87,6 +114,245 @@ def part_a(args, workdir: str) -> None:
     ctx = {"part": "a", "timers": sent, "batch": args.batch, "body_bytes": args.body_bytes,
            "spread_s": 600, "seconds": round(elapsed, 3), "fsyncs": batches}
     emit("timer_enqueue_rate", round(sent / elapsed), "timers/s", **ctx)
+
+
+# ----------------------------------------------------------------------------- b, c: through the server
+def _pctl(sorted_values: list[int], q: float):
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _summary(values: list[int]) -> dict:
+    values = sorted(values)
+    return {"p50_ms": _pctl(values, 0.50), "p99_ms": _pctl(values, 0.99), "p999_ms": _pctl(values, 0.999),
+            "max_ms": values[-1] if values else None, "count": len(values)}
+
+
+def _producer(endpoint: str, topic: str, rate: int, seconds: float, lead_s: float, t0: float, out) -> None:
+    """Send ``rate * seconds`` timers: message i is sent at t0 + i/rate and due lead_s later."""
+    from chronoq.client import Client, OutgoingMessage, run
+
+    total = int(rate * seconds)
+    body = os.urandom(100)
+
+    async def go() -> dict:
+        sent = late_sends = 0
+        hard = t0 + seconds + lead_s + 60
+        async with Client(endpoint, request_timeout_s=30) as client:
+            while sent < total and time.time() < hard:
+                # Send in ~10 ms batches (the lead is seconds), not one request per message.
+                upto = min(total, int((time.time() - t0 + SEND_AHEAD_S) * rate))
+                if upto <= sent:
+                    await asyncio.sleep(0.002)
+                    continue
+                n = min(upto - sent, SEND_BATCH_MAX)
+                base_ms = t0 * 1000 + lead_s * 1000
+                batch = [OutgoingMessage(topic, body, deliver_at_ms=int(base_ms + (sent + i) * 1000 / rate))
+                         for i in range(n)]
+                if batch[0].deliver_at_ms <= time.time() * 1000 + 1000:
+                    late_sends += n  # the producer fell behind its lead: these were not sent ahead
+                await client.send_batch(batch)
+                sent += n
+        return {"sent": sent, "late_sends": late_sends}
+
+    out.put(("producer", run(go())))
+
+
+def _consumer(endpoint: str, group: str, topic: str, expected: int, counter, give_up_at: float, out) -> None:
+    """Receive and ack until ``counter`` (shared by the consumers) reaches ``expected``."""
+    from chronoq.client import Client, run
+
+    rows: list[tuple[str, int, int, int]] = []  # (message id, due ms, store ms, receive ms)
+
+    async def lane(client) -> None:
+        while counter.value < expected and time.time() < give_up_at:
+            try:
+                got = await client.receive(group, topic, max_messages=RECEIVE_BATCH, invisible_s=120, wait_s=1)
+            except Exception:  # noqa: BLE001 - a slow answer: try again (bounded by give_up_at)
+                continue
+            recv_ms = int(time.time() * 1000)
+            if not got:
+                continue
+            await client.ack(group, topic, got)
+            rows.extend((m.message_id, m.deliver_at_ms, m.store_ms, recv_ms) for m in got)
+            with counter.get_lock():
+                counter.value += len(got)
+
+    async def go() -> None:
+        async with Client(endpoint, request_timeout_s=30) as client:
+            await asyncio.gather(*(lane(client) for _ in range(CONSUMER_LANES)))
+
+    run(go())
+    out.put(("consumer", rows))
+
+
+def _start_consumers(endpoint: str, group: str, topic: str, expected: int, give_up_at: float, out):
+    counter = MP.Value("q", 0)
+    procs = [MP.Process(target=_consumer, args=(endpoint, group, topic, expected, counter, give_up_at, out))
+             for _ in range(CONSUMERS)]
+    for p in procs:
+        p.start()
+    procs.append(counter)  # keep the shared counter alive until the children are done with it
+    return procs
+
+
+def _collect(out, procs: list, kinds: dict, timeout_s: float) -> dict:
+    got: dict = {}
+    deadline = time.time() + timeout_s
+    while sum(kinds.values()) > sum(len(v) for v in got.values()) and time.time() < deadline:
+        try:
+            kind, value = out.get(timeout=1)
+        except Exception:  # noqa: BLE001 - queue.Empty: look again until the deadline
+            continue
+        got.setdefault(kind, []).append(value)
+    for p in procs:
+        if not hasattr(p, "join"):
+            continue  # the shared counter
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+    return got
+
+
+def _timer_stats(endpoint: str):
+    from chronoq.client import AdminClient, run
+
+    async def go():
+        async with AdminClient(endpoint) as admin:
+            return await admin.timer_stats(1)
+
+    return run(go())
+
+
+def _server(workdir: str, name: str):
+    from bench.grpc_shell import start_server
+
+    proc, endpoint = start_server(os.path.join(workdir, name), "sync")
+    return proc, endpoint
+
+
+def _stop_server(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def _delivery_metrics(rows: list, part: str, **ctx) -> None:
+    ids = [r[0] for r in rows]
+    dups = len(ids) - len(set(ids))
+    early = sum(1 for _mid, due, store, _recv in rows if store < due)
+    store_late = _summary([store - due for _mid, due, store, _recv in rows])
+    recv_late = _summary([recv - due for _mid, due, _store, recv in rows])
+    emit("timer_lateness_store_stamp", store_late["p99_ms"], "ms", part=part, early=early, duplicates=dups,
+         **store_late, **ctx)
+    emit("timer_receive_lateness", recv_late["p99_ms"], "ms", part=part, **recv_late, **ctx)
+
+
+def _broker_histogram(endpoint: str, part: str, **ctx) -> dict:
+    st = _timer_stats(endpoint)
+    h = st.lateness
+    emit("timer_lateness_broker_histogram", h.p99_ms, "ms", part=part, count=h.count, p50_ms=h.p50_ms,
+         p99_ms=h.p99_ms, p999_ms=h.p999_ms, max_ms=h.max_ms, early=h.early,
+         buckets={("inf" if b.le_ms < 0 else str(b.le_ms)): b.count for b in h.buckets if b.count}, **ctx)
+    return {"delivered": st.timer_lane.delivered, "max_ms": h.max_ms}
+
+
+def part_b(args, workdir: str) -> None:
+    for rate in [int(r) for r in args.rates.split(",") if r]:
+        proc, endpoint = _server(workdir, f"b-{rate}")
+        try:
+            topic, group = f"bench-steady-{uuid.uuid4().hex[:6]}", f"bench-steady-g-{uuid.uuid4().hex[:6]}"
+            total = int(rate * args.steady_seconds)
+            out = MP.Queue()
+            t0 = time.time() + 1.0
+            give_up_at = t0 + args.lead_s + args.steady_seconds + DRAIN_GRACE_S
+            cpu0 = _server_cpu(proc.pid)
+            consumers = _start_consumers(endpoint, group, topic, total, give_up_at, out)
+            producer = MP.Process(target=_producer, args=(endpoint, topic, rate, args.steady_seconds, args.lead_s,
+                                                          t0, out))
+            producer.start()
+            got = _collect(out, [producer, *consumers], {"producer": 1, "consumer": CONSUMERS},
+                           give_up_at - time.time() + 60)
+            cpu = _server_cpu(proc.pid) - cpu0
+            rows = [r for part in got.get("consumer", []) for r in part]
+            prod = (got.get("producer") or [{}])[0]
+            ctx = {"rate_per_s": rate, "seconds": args.steady_seconds, "lead_s": args.lead_s, "sent": prod.get("sent"),
+                   "late_sends": prod.get("late_sends"), "received": len(rows),
+                   "server_cpu_s": round(cpu, 1), "flush_policy": "sync"}
+            _delivery_metrics(rows, "b", **ctx)
+            _broker_histogram(endpoint, "b", rate_per_s=rate)
+        finally:
+            _stop_server(proc)
+
+
+def _server_cpu(pid: int) -> float:
+    from bench.grpc_shell import server_cpu_s
+
+    return server_cpu_s(pid)
+
+
+def part_c(args, workdir: str) -> None:
+    from chronoq.client import Client, OutgoingMessage, run
+
+    proc, endpoint = _server(workdir, "c")
+    try:
+        topic, group = f"bench-burst-{uuid.uuid4().hex[:6]}", f"bench-burst-g-{uuid.uuid4().hex[:6]}"
+        count = args.burst
+        second_ms = (int(time.time()) + int(args.burst_lead_s)) * 1000
+        body = os.urandom(100)
+
+        async def send_all() -> float:
+            started = time.perf_counter()
+            async with Client(endpoint, request_timeout_s=60) as client:
+                sent = 0
+
+                async def lane(offset: int) -> None:
+                    nonlocal sent
+                    i = offset * SEND_BATCH_MAX
+                    while i < count:
+                        n = min(SEND_BATCH_MAX, count - i)
+                        await client.send_batch([OutgoingMessage(topic, body, deliver_at_ms=second_ms + (i + k) % 1000)
+                                                 for k in range(n)])
+                        sent += n
+                        i += 4 * SEND_BATCH_MAX
+
+                await asyncio.gather(*(lane(k) for k in range(4)))
+            return time.perf_counter() - started
+
+        send_s = run(send_all())
+        sent_ahead_s = second_ms / 1000 - time.time()
+        # Watch the broker deliver: its lane's delivered count and exact max lateness.
+        delivered, polls, done_at = 0, 0, None
+        hard = second_ms / 1000 + args.seconds
+        while time.time() < hard:
+            st = _timer_stats(endpoint)
+            delivered = st.timer_lane.delivered
+            polls += 1
+            if delivered >= count:
+                done_at = time.time()
+                break
+            time.sleep(0.05 if time.time() * 1000 >= second_ms - 500 else 0.5)
+        h = _timer_stats(endpoint).lateness
+        emit("burst_last_visible_after_due_second", h.max_ms, "ms", part="c", timers=count,
+             note="broker max lateness (visible after fsync - due); the due second starts up to 999 ms earlier",
+             observed_done_after_second_start_s=None if done_at is None else round(done_at - second_ms / 1000, 2),
+             delivered=delivered, send_s=round(send_s, 1), sent_ahead_s=round(sent_ahead_s, 1),
+             p50_ms=h.p50_ms, p99_ms=h.p99_ms, early=h.early)
+        # Consume everything afterwards (so consumers do not compete with the burst) and check it.
+        out = MP.Queue()
+        consumers = _start_consumers(endpoint, group, topic, count, time.time() + args.seconds, out)
+        got = _collect(out, consumers, {"consumer": CONSUMERS}, args.seconds + 60)
+        rows = [r for part in got.get("consumer", []) for r in part]
+        last_store = max((r[2] for r in rows), default=0)
+        emit("burst_last_copy_store_stamp_after_second_start", last_store - second_ms, "ms", part="c",
+             timers=count, received=len(rows), early=sum(1 for r in rows if r[2] < r[1]),
+             duplicates=len(rows) - len({r[0] for r in rows}))
+    finally:
+        _stop_server(proc)
 
 
 def child_fill(args) -> None:
@@ -151,9 +417,14 @@ def part_d_e(args, workdir: str, parts: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="ade", help="which parts to run (letters a, d, e)")
-    ap.add_argument("--count", type=int, default=1_000_000)
-    ap.add_argument("--big", action="store_true", help="10,000,000 timers")
+    ap.add_argument("--parts", default="abcde", help="which parts to run (letters a to e)")
+    ap.add_argument("--count", type=int, default=1_000_000, help="timers in a, d and e")
+    ap.add_argument("--big", action="store_true", help="10,000,000 timers in d and e")
+    ap.add_argument("--rates", default="2000,5000", help="b: due timers per second, comma-separated")
+    ap.add_argument("--steady-seconds", type=float, default=60.0, help="b: how long each rate runs")
+    ap.add_argument("--lead-s", type=float, default=5.0, help="b: how long before its due time a timer is sent")
+    ap.add_argument("--burst", type=int, default=200_000, help="c: timers due in the same second")
+    ap.add_argument("--burst-lead-s", type=float, default=40.0, help="c: the due second starts this far ahead")
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=600.0, help="time bound of each enqueue loop")
     ap.add_argument("--body-bytes", type=int, default=100)
@@ -161,8 +432,6 @@ def main() -> None:
     ap.add_argument("--child", choices=["fill", "open"], help=argparse.SUPPRESS)
     ap.add_argument("--close", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.big:
-        args.count = 10_000_000
     if args.child == "fill":
         return child_fill(args)
     if args.child == "open":
@@ -171,7 +440,13 @@ def main() -> None:
     try:
         if "a" in args.parts:
             part_a(args, workdir)
+        if "b" in args.parts:
+            part_b(args, workdir)
+        if "c" in args.parts:
+            part_c(args, workdir)
         if "d" in args.parts or "e" in args.parts:
+            if args.big:
+                args.count = BIG_COUNT
             part_d_e(args, workdir, args.parts)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

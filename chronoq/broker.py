@@ -23,12 +23,16 @@ from typing import Iterable, Sequence
 from chronoq import errors, fsutil, model
 from chronoq.clock import SYSTEM_CLOCK, Clock
 from chronoq.config import BrokerConfig
+from chronoq.jobs import Job, run_all_here
 from chronoq.model import Message, MessageType, SendResult, TopicConfig
 from chronoq.msgid import new_message_id
 from chronoq.store import record
+from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions
 from chronoq.timer.levels import DELAY_TOPIC
-from chronoq.timer.service import RecallResult, RescheduleResult, TimerOptions, TimerService
+from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
+                                   TimerService)
+from chronoq.trace import TRACE_TOPIC, TraceRecorder
 
 log = logging.getLogger("chronoq.broker")
 
@@ -84,6 +88,9 @@ class Broker:
             quarantine=self.config.quarantine,
         ), clock=self.clock, progress=progress)
         self.recovery = self.store.report
+        # New messages are refused while free space is below the reserve (receives and acks go on).
+        self.disk = DiskSpace(self.data_dir, self.config.disk_reserve_bytes, self.config.disk_check_interval_ms,
+                              self.clock)
         self.topics: dict[str, TopicConfig] = {}
         self._load_topics()
         self.offsets: dict[str, dict[str, dict[int, int]]] = {}
@@ -103,6 +110,13 @@ class Broker:
         self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
                                   ensure_delay_topic=self._ensure_delay_topic)
         self.add_arrival_listener(self.timer.on_arrivals)
+        # Message life trace for the delivery audit (chronoq.trace): the hooks only append to a
+        # buffer; ``maintenance`` writes it to TRACE_TOPIC every ``trace_flush_ms``.
+        self.trace: TraceRecorder | None = None
+        if self.config.trace_enabled:
+            self.trace = TraceRecorder(self.config.trace_flush_ms, DELAY_TOPIC)
+            self.create_topic(TRACE_TOPIC, 1, system=True)
+            self.timer.on_visible = self.trace.visible
         self.closed = False
 
     # ----------------------------------------------------------------- topics
@@ -311,6 +325,8 @@ class Broker:
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.topic(name, create=True)
         written = self.store.write(prepared)
+        if self.trace is not None and prepared:
+            self.trace.stored(prepared, now)
         if not client_ids:  # fast path: every message is new
             return [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset) if not p.deliver_at_ms
                     else self.timer.send_result(p, mid, w.commit_offset, w.queue_offset)
@@ -359,7 +375,13 @@ class Broker:
         """Send one message; returns after it is durable (sync policy) and visible."""
         return self.send_batch([OutgoingMessage(topic, body, **kwargs)])[0]
 
+    def check_space(self) -> None:
+        """Raise ``errors.DiskFull`` while the disk is below its reserve. Callers: new sends only."""
+        self.disk.check()
+
     def send_batch(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
+        if not system:
+            self.check_space()
         results = self.write(messages, system=system)
         if self.config.flush_policy == "sync":
             self.flush()
@@ -384,19 +406,37 @@ class Broker:
         """
         result = self.timer.recall(handle)
         self.notify_arrivals()
+        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED:
+            self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         return result
 
     def reschedule(self, handle: str, deliver_at_ms: int) -> RescheduleResult:
         """Move a pending delayed message to ``deliver_at_ms``; the result carries a new handle."""
         result = self.timer.reschedule(handle, deliver_at_ms)
         self.notify_arrivals()
+        if self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
+            self.trace.rescheduled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         return result
 
-    def timer_tick(self, now_ms: int | None = None) -> int:
-        """Deliver what is due (bounded work); the runtime calls it at ``timer_next_deadline_ms``."""
-        done = self.timer.tick(now_ms)
+    def timer_tick(self, now_ms: int | None = None, *, durable: bool = True) -> int:
+        """Deliver what is due (bounded work); the runtime calls it at ``timer_next_deadline_ms``.
+
+        ``durable=False``: write due copies without waiting for their fsync; when
+        ``timer.durability_wanted()`` the caller runs ``store.sync`` on a worker thread and
+        calls ``timer_synced`` (or ``timer_sync_failed``). See ``TimerService.tick``.
+        """
+        done = self.timer.tick(now_ms, durable=durable)
         self.notify_arrivals()
         return done
+
+    def timer_synced(self, synced_upto: int) -> int:
+        """The commit log is fsynced below ``synced_upto``: complete the timer's deliveries."""
+        done = self.timer.synced(synced_upto)
+        self.notify_arrivals()
+        return done
+
+    def timer_sync_failed(self, exc: BaseException) -> None:
+        self.timer.sync_failed(exc)
 
     def timer_next_deadline_ms(self) -> int | None:
         """Epoch ms at which ``timer_tick`` next has work (may be in the past), or None."""
@@ -405,6 +445,19 @@ class Broker:
     def timer_stats(self, horizon_ms: int = 600_000) -> dict:
         """Lateness histogram, pending counts by due bucket, per-level backlog, lanes (plain dicts)."""
         return self.timer.stats(horizon_ms)
+
+    # ----------------------------------------------------------------- message life trace
+    def write_trace(self) -> int:
+        """Write the buffered trace events as TRACE_TOPIC records (page cache; durable and visible
+        with the next fsync, e.g. ``flush``). Returns how many events were written."""
+        trace = self.trace
+        if trace is None or not trace.events:
+            return 0
+        count = len(trace.events)
+        now = self.clock.wall_ms()
+        self.store.write([Prepared(TRACE_TOPIC, 0, record.FLAG_SYSTEM, now, 0, new_message_id(now).encode(),
+                                   b"", b"", b"", body) for body in trace.take()])
+        return count
 
     # ----------------------------------------------------------------- reading
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> ReadResult:
@@ -462,23 +515,59 @@ class Broker:
 
     def _save_offsets(self) -> None:
         if self._offsets_dirty:
-            fsutil.write_json(os.path.join(self.data_dir, OFFSETS_FILE),
-                              {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
-                               for g, ts in self.offsets.items()})
+            fsutil.write_json(os.path.join(self.data_dir, OFFSETS_FILE), self._offsets_doc())
             self._offsets_dirty = False
+
+    def _offsets_doc(self) -> dict:
+        return {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()} for g, ts in self.offsets.items()}
 
     # ----------------------------------------------------------------- lifecycle
     def checkpoint(self) -> None:
-        self.store.checkpoint()
-        self._save_offsets()
+        self.checkpoint_job().run_here()
+
+    def checkpoint_job(self) -> Job:
+        """The store checkpoint and consumer offsets, with their fsyncs in ``run`` (any thread;
+        ``chronoq.jobs``). The offsets written are those of now."""
+        store_job = self.store.checkpoint_job()
+        offsets = self._offsets_doc() if self._offsets_dirty else None
+        self._offsets_dirty = False
         self._last_checkpoint_ms = self.clock.wall_ms()
+        path = os.path.join(self.data_dir, OFFSETS_FILE)
+
+        def run() -> None:
+            store_job.run()
+            if offsets is not None:
+                fsutil.write_json(path, offsets)
+
+        def finish(exc: BaseException | None) -> None:
+            store_job.finish(exc)
+            if exc is not None and offsets is not None:
+                self._offsets_dirty = True  # written again at the next checkpoint
+
+        return Job("broker checkpoint", run, finish)
 
     def maintenance(self) -> None:
         """Periodic work for the shell to call: checkpoint when due and expire dedupe entries."""
+        run_all_here(self.maintenance_jobs())
+
+    def maintenance_jobs(self) -> list[Job]:
+        """``maintenance`` for the asyncio shell: the cheap work is done here, the blocking parts
+        (checkpoint fsyncs and files) are returned as jobs to run on a worker thread and finish
+        back on this one, in order (``chronoq.jobs``). Call again only once they all finished."""
         now = self.clock.wall_ms()
-        if now - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
-            self.checkpoint()
-        self.timer.maintenance(now)
+        jobs = []
+        try:
+            if now - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
+                jobs.append(self.checkpoint_job())
+            timer_job = self.timer.maintenance_job(now)
+            if timer_job is not None:
+                jobs.append(timer_job)
+        except BaseException as exc:  # a begun job must still be finished (it undoes its snapshot)
+            for job in jobs:
+                job.finish(exc)
+            raise
+        if self.trace is not None and self.trace.due(now):
+            self.write_trace()
         horizon = now - self.config.dedupe_window_ms
         dedupe = self._dedupe
         while dedupe:
@@ -486,6 +575,7 @@ class Broker:
             if stored >= horizon:
                 break
             dedupe.popitem(last=False)
+        return jobs
 
     def retention(self) -> list[str]:
         max_age = self.config.retention_max_age_hours * 3600 * 1000 if self.config.retention_max_age_hours else None
@@ -494,6 +584,7 @@ class Broker:
     def close(self) -> None:
         if self.closed:
             return
+        self.write_trace()
         self.store.dispatch(self.store.sync())
         try:
             self.timer.close()  # its clean checkpoint; without it the next start replays more

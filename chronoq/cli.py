@@ -89,8 +89,34 @@ def _check_endpoint(ctx, param, value: str) -> str:
     return value
 
 
+def _keep_connection_option(ctx, param, value):
+    """Connection settings (credentials, TLS) go to ``ctx.meta``, not to every command's arguments."""
+    ctx.meta[f"chronoq.{param.name}"] = value
+    return value
+
+
+def _connection() -> dict:
+    """Keyword arguments for ``Client``/``AdminClient``: credentials and TLS of this invocation."""
+    meta = click.get_current_context().meta
+    return {"access_key": meta.get("chronoq.access_key") or "", "secret_key": meta.get("chronoq.secret_key") or "",
+            "tls": bool(meta.get("chronoq.tls")), "tls_ca_file": meta.get("chronoq.tls_ca_file") or ""}
+
+
 def _remote(fn):
     """The options every command that talks to a broker takes."""
+    fn = click.option("--tls-ca-file", envvar="CHRONOQ_TLS_CA_FILE", type=click.Path(dir_okay=False, exists=True),
+                      default=None, expose_value=False, callback=_keep_connection_option,
+                      help="PEM certificates to trust for TLS (implies --tls; env CHRONOQ_TLS_CA_FILE). "
+                           "Default: the system's roots.")(fn)
+    fn = click.option("--tls", is_flag=True, envvar="CHRONOQ_TLS", default=False, expose_value=False,
+                      callback=_keep_connection_option, help="Connect over TLS (env CHRONOQ_TLS=1).")(fn)
+    fn = click.option("--secret-key", envvar="CHRONOQ_SECRET_KEY", default=None, expose_value=False,
+                      callback=_keep_connection_option,
+                      help="Secret key to sign requests with (prefer the env CHRONOQ_SECRET_KEY: a flag "
+                           "shows in the process list).")(fn)
+    fn = click.option("--access-key", envvar="CHRONOQ_ACCESS_KEY", default=None, expose_value=False,
+                      callback=_keep_connection_option,
+                      help="Access key, when the broker has access control on (env CHRONOQ_ACCESS_KEY).")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts).")(fn)
     fn = click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
                       help="Seconds to wait for each answer.")(fn)
@@ -168,7 +194,7 @@ def _admin(endpoint: str, timeout_s: float, method: str, *args, **kwargs):
     from chronoq.client import AdminClient
 
     async def work():
-        async with AdminClient(endpoint, request_timeout_s=timeout_s) as admin:
+        async with AdminClient(endpoint, request_timeout_s=timeout_s, **_connection()) as admin:
             return await getattr(admin, method)(*args, **kwargs)
 
     return _call(endpoint, timeout_s, work())
@@ -324,7 +350,7 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, count, 
     receipts: list = []
 
     async def work():
-        async with Client(endpoint, request_timeout_s=timeout) as client:
+        async with Client(endpoint, request_timeout_s=timeout, **_connection()) as client:
             left = count
             while left:
                 n = min(left, batch_size)
@@ -411,7 +437,7 @@ def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_a
     got: list[tuple[object, bool]] = []
 
     async def work():
-        async with Client(endpoint, request_timeout_s=timeout) as client:
+        async with Client(endpoint, request_timeout_s=timeout, **_connection()) as client:
             want = count or max_messages
             while len(got) < want:
                 batch = await client.receive(group, topic, max_messages=min(max_messages, want - len(got)),

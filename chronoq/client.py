@@ -3,8 +3,9 @@
 What it adds over the official Python client: many messages per SendMessage call (the protocol
 allows it; the official client sends one), many receipts per AckMessage, and plain asyncio
 coroutines. It speaks only ``apache.rocketmq.v2.MessagingService``, so it works against a
-RocketMQ 5 proxy as well. ``AdminClient`` speaks chronoq's own ``chronoq.v1.Admin`` (topics and
-consumer groups; ``chronoq/proto/chronoq_admin.proto``).
+RocketMQ 5 proxy as well (``delay_level`` excepted: it is a chronoq property). ``AdminClient``
+speaks chronoq's own ``chronoq.v1.Admin`` (topics, consumer groups, timer stats, recall and
+reschedule; ``chronoq/proto/chronoq_admin.proto``).
 
     async with Client("127.0.0.1:8081") as client:
         receipts = await client.send_batch([OutgoingMessage("orders", b"...") for _ in range(100)])
@@ -34,6 +35,8 @@ from chronoq import __version__
 from chronoq.msgid import new_message_id
 
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
+# The user property that asks chronoq for a delay level (chronoq.server.convert reads it).
+DELAY_LEVEL_PROPERTY = "CHRONOQ_DELAY_LEVEL"
 
 
 class ClientError(Exception):
@@ -56,6 +59,9 @@ class OutgoingMessage:
     message_group: str | None = None
     deliver_at_ms: int | None = None
     message_id: str | None = None
+    # A delay level (1..N of the broker's timer_delay_levels), sent as the user property
+    # DELAY_LEVEL_PROPERTY (docs/timers.md); give it or deliver_at_ms, not both.
+    delay_level: int | None = None
 
 
 @dataclass(slots=True)
@@ -90,9 +96,46 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     return d
 
 
+def _signature_metadata(access_key: str, secret_key: str) -> list[tuple[str, str]]:
+    """The ``x-mq-date-time`` and ``authorization`` headers (MQv2-HMAC-SHA1; docs/security.md)."""
+    date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    sig = hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+    return [("x-mq-date-time", date),
+            ("authorization", f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, Signature={sig}")]
+
+
+def _open_channel(endpoint: str, tls: bool, tls_ca_file: str, options=None, interceptors=None):
+    """A plaintext or TLS channel. ``tls_ca_file``: PEM roots to trust (default: the system's)."""
+    if not tls and not tls_ca_file:
+        return grpc.aio.insecure_channel(endpoint, options=options, interceptors=interceptors)
+    roots = None
+    if tls_ca_file:
+        with open(tls_ca_file, "rb") as fh:
+            roots = fh.read()
+    return grpc.aio.secure_channel(endpoint, grpc.ssl_channel_credentials(root_certificates=roots),
+                                   options=options, interceptors=interceptors)
+
+
+class _Signer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+    """Signs every call of a channel (the AdminClient's: its methods pass no metadata)."""
+
+    def __init__(self, access_key: str, secret_key: str) -> None:
+        self._ak, self._sk = access_key, secret_key
+
+    def _details(self, details):
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *_signature_metadata(self._ak, self._sk))
+        return details._replace(metadata=metadata)
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+
 class Client:
     def __init__(self, endpoint: str, *, namespace: str = "", access_key: str = "", secret_key: str = "",
-                 request_timeout_s: float = 10.0, tls: bool = False):
+                 request_timeout_s: float = 10.0, tls: bool = False, tls_ca_file: str = ""):
         self.endpoint = endpoint
         self.namespace = namespace
         self.access_key = access_key
@@ -100,10 +143,7 @@ class Client:
         self.timeout = request_timeout_s
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}@chronoq"
         options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-        if tls:
-            self._channel = grpc.aio.secure_channel(endpoint, grpc.ssl_channel_credentials(), options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(endpoint, options=options)
+        self._channel = _open_channel(endpoint, tls, tls_ca_file, options)
         self._stub = service_pb2_grpc.MessagingServiceStub(self._channel)
         self._routes: dict[str, list] = {}
 
@@ -170,7 +210,11 @@ class Client:
             sp.delivery_timestamp.FromMilliseconds(int(m.deliver_at_ms))
         else:
             sp.message_type = pb.MessageType.NORMAL
-        return pb.Message(topic=self._resource(m.topic), body=m.body, user_properties=m.properties,
+        props = m.properties
+        if m.delay_level:
+            props = dict(props, **{DELAY_LEVEL_PROPERTY: str(int(m.delay_level))})
+            sp.message_type = pb.MessageType.DELAY
+        return pb.Message(topic=self._resource(m.topic), body=m.body, user_properties=props,
                           system_properties=sp)
 
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
@@ -241,19 +285,22 @@ class Client:
 
 
 class AdminClient:
-    """``chronoq.v1.Admin``: create and list topics and consumer groups (lag per topic).
+    """``chronoq.v1.Admin``: topics and consumer groups (lag per topic); timer stats, recall and
+    reschedule of delayed messages.
 
     Answers are the protobuf messages of ``chronoq_admin.proto``; a non-OK status raises
     ``ClientError`` with the same ``apache.rocketmq.v2.Code`` values as the messaging calls.
     """
 
-    def __init__(self, endpoint: str, *, request_timeout_s: float = 10.0):
+    def __init__(self, endpoint: str, *, request_timeout_s: float = 10.0, access_key: str = "",
+                 secret_key: str = "", tls: bool = False, tls_ca_file: str = ""):
         from chronoq.proto import chronoq_admin_pb2, chronoq_admin_pb2_grpc
 
         self._apb = chronoq_admin_pb2
         self.endpoint = endpoint
         self.timeout = request_timeout_s
-        self._channel = grpc.aio.insecure_channel(endpoint)
+        signer = [_Signer(access_key, secret_key)] if access_key else None
+        self._channel = _open_channel(endpoint, tls, tls_ca_file, interceptors=signer)
         self._stub = chronoq_admin_pb2_grpc.AdminStub(self._channel)
 
     async def __aenter__(self) -> "AdminClient":
@@ -294,6 +341,26 @@ class AdminClient:
                                            timeout=self.timeout)
         Client._check(resp.status)
         return list(resp.groups)
+
+    async def timer_stats(self, minutes: int = 0):
+        """``TimerStatsResponse``: lateness histogram, pending per due bucket for the next
+        ``minutes`` (0: 10), backlog per delay level, lane states."""
+        resp = await self._stub.TimerStats(self._apb.TimerStatsRequest(minutes=minutes), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
+
+    async def recall(self, recall_handle: str):
+        """``RecallResponse``; ``.outcome`` is "cancelled", "already_delivered" or "not_found"."""
+        resp = await self._stub.Recall(self._apb.RecallRequest(recall_handle=recall_handle), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
+
+    async def reschedule(self, recall_handle: str, deliver_at_ms: int):
+        """``RescheduleResponse``; ``.outcome`` "rescheduled" comes with the new ``.recall_handle``."""
+        resp = await self._stub.Reschedule(self._apb.RescheduleRequest(
+            recall_handle=recall_handle, deliver_at_ms=int(deliver_at_ms)), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
 
 
 def _decode(msg: pb.Message) -> ReceivedMessage:

@@ -20,6 +20,8 @@ from chronoq.model import SendResult
 
 log = logging.getLogger("chronoq.committer")
 
+DISPATCH_RETRY_S = 0.5  # after a failed dispatch, try again this soon
+
 
 class GroupCommitter:
     def __init__(self, broker: Broker):
@@ -30,12 +32,18 @@ class GroupCommitter:
         self._task: asyncio.Task | None = None
         self._closing = False
         self.fsyncs = 0
+        self._dispatch_failures = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="chronoq-flusher")
 
     async def send(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
-        """Write a batch and return once it is acknowledged under the flush policy."""
+        """Write a batch and return once it is acknowledged under the flush policy.
+
+        Every caller is a new send (transactional halves come as ``system``): all are refused
+        while the disk is below its reserve.
+        """
+        self.broker.check_space()
         results = self.broker.write(messages, system=system)
         if not results:
             return results
@@ -93,11 +101,26 @@ class GroupCommitter:
             else:
                 synced = store.log.synced
             if self.sync_policy:
-                store.dispatch(synced)
-                self.broker.notify_arrivals()
+                self._dispatch(synced)
             self._release(synced)
             if self._closing and not self._waiters:
                 return
+
+    def _dispatch(self, synced: int) -> None:
+        """Make durable records visible. A failure (a consume-queue write on a full disk) must not
+        stop the flusher: the records are durable, so their sends are still acknowledged, and the
+        store keeps the undispatched batches, so a retry shortly after makes them visible."""
+        try:
+            self.broker.store.dispatch(synced)
+        except Exception as exc:  # noqa: BLE001 - retried; the flusher must keep running
+            self._dispatch_failures += 1
+            if self._dispatch_failures % 100 == 1:
+                log.error("making written messages visible failed (%d in a row; retrying): %s",
+                          self._dispatch_failures, exc)
+            asyncio.get_running_loop().call_later(DISPATCH_RETRY_S, self._kick.set)
+        else:
+            self._dispatch_failures = 0
+        self.broker.notify_arrivals()
 
     def _release(self, synced: int) -> None:
         keep = []

@@ -63,7 +63,23 @@ class BrokerConfig:
     timer_load_batch: int = 5000
     timer_checkpoint_interval_ms: int = 5000
     timer_recall_memory_ms: int = 7 * 86_400_000
-    extra: dict = field(default_factory=dict)
+    # Message life trace for `chronoq audit` (chronoq.trace; docs/spark.md): buffered events are
+    # written to the system topic CHRONOQ_TRACE every trace_flush_ms.
+    trace_enabled: bool = True
+    trace_flush_ms: int = 1000
+    # Staged publish (chronoq.staging): rows staged but neither published nor aborted are
+    # discarded after this long, so an abandoned Spark job does not pin the commit log.
+    stage_ttl_ms: int = 86_400_000
+    # Security and limits (docs/security.md). TLS is on when both PEM paths are set.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    max_parked_polls: int = 10_000      # long polls waiting at once; more: TOO_MANY_REQUESTS
+    max_streams_per_client: int = 8     # open Telemetry streams per x-mq-client-id
+    max_streams: int = 10_000           # open Telemetry streams in all
+    disk_reserve_bytes: int = 64 * 1024 * 1024  # sends are refused below this much free space (0: off)
+    disk_check_interval_ms: int = 500   # free space is looked up at most this often
+    # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
+    extra: dict = field(default_factory=dict, repr=False)
 
     def validate(self) -> "BrokerConfig":
         if self.flush_policy not in ("sync", "async"):
@@ -76,10 +92,24 @@ class BrokerConfig:
             raise errors.ClientError("max_body_bytes must be between 1 and 64 MiB")
         if self.segment_bytes < 64 * 1024:
             raise errors.ClientError("segment_bytes must be at least 64 KiB")
-        if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0:
+        if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0 or self.trace_flush_ms <= 0 \
+                or self.stage_ttl_ms <= 0:
             raise errors.ClientError("intervals must be positive")
         self._validate_timer()
+        self._validate_security()
         return self
+
+    def _validate_security(self) -> None:
+        from chronoq import acl
+
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise errors.ClientError("TLS needs both tls_cert_file and tls_key_file (PEM), or neither")
+        for name in ("max_parked_polls", "max_streams_per_client", "max_streams", "disk_check_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise errors.ClientError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.disk_reserve_bytes < 0:
+            raise errors.ClientError(f"disk_reserve_bytes may not be negative, not {self.disk_reserve_bytes}")
+        acl.from_config(self.extra.get("auth"))  # raises on a malformed [auth] table
 
     def _validate_timer(self) -> None:
         from chronoq.timer.levels import DelayLevels

@@ -107,6 +107,18 @@ class TooManyRequests(ChronoqError):
     kind = "too_many_requests"
 
 
+class Unauthorized(ChronoqError):
+    """No valid credentials: missing, unknown access key, or a signature that does not verify."""
+
+    kind = "unauthorized"
+
+
+class Forbidden(ChronoqError):
+    """Valid credentials, but the user lacks the permission the request needs."""
+
+    kind = "forbidden"
+
+
 class Unsupported(ChronoqError):
     kind = "unsupported"
 

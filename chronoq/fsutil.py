@@ -19,6 +19,20 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def fsync_path(path: str) -> None:
+    """fsync a file by path (any thread). A file deleted meanwhile needs no sync: skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise storage_error(exc, path) from exc
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` so a crash leaves either the old or the new file whole.
 

@@ -243,6 +243,8 @@ class PopService:
         if key is not None and out:
             inflight.remember_attempt(key, out, refs)
         self._after(now)
+        if self.broker.trace is not None and out:  # chronoq.trace: buffered, no I/O here
+            self.broker.trace.delivered(group, out, refs, now)
         return out
 
     def _pop_topic(self, gcfg: GroupConfig, topic: str, tcfg: model.TopicConfig, out: list[Popped],
@@ -414,7 +416,10 @@ class PopService:
         """Settle one delivery. InvalidReceiptHandle if unknown, stale, or already revived."""
         ck, index = self._locate(group, topic, receipt_handle)
         self._inflight.settle(ck, index)
-        self._after(self.clock.wall_ms())
+        now = self.clock.wall_ms()
+        if self.broker.trace is not None:  # chronoq.trace: buffered, no I/O here
+            self.broker.trace.acked(group, ck.queue.topic, ck.queue.queue_id, ck.offsets[index], now)
+        self._after(now)
 
     def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         """Make the message invisible for ``invisible_ms`` from now; returns the NEW handle.
@@ -585,6 +590,8 @@ class PopService:
         props[PROP_DLQ_ORIGIN_TOPIC] = view.topic
         props[PROP_DLQ_ORIGIN_MESSAGE_ID] = view.message_id
         cfg = self._system_topic(names.dlq_topic(ck.group), names.DLQ_QUEUES)
+        if self.broker.trace is not None:  # chronoq.trace (a retried write may record it twice)
+            self.broker.trace.dead_lettered(ck.group, view.topic, view.message_id, self.clock.wall_ms())
         return OutgoingMessage(cfg.name, m.body, tag=m.tag, keys=m.keys, properties=props, queue_id=0,
                                born_ms=m.born_ms)
 

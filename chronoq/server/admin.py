@@ -19,20 +19,32 @@ Choices:
   POP state or consume offsets for; lag is ``PopService.lag`` (not yet received, retry copies
   included) and in-flight is ``PopService.inflight_by_topic``. Everything runs on the event loop
   like the rest of the broker API, so a report is a consistent snapshot.
+- ``TimerStats``, ``Recall`` and ``Reschedule`` serve delayed delivery (docs/timers.md). Recall and
+  reschedule run on the event loop like every broker call, so an outcome is linearized against
+  the timer's ticks exactly as ``Broker.recall`` documents; their fsync is the one blocking call
+  an Admin RPC makes (they are rare operator actions). Definite outcomes, ``not_found``
+  included, are answered with status OK and the outcome; only a malformed handle, a bad time
+  or a storage error is a non-OK status.
 """
 
 from __future__ import annotations
 
 from chronoq import errors, model
+from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
 from chronoq.server import status
+from chronoq.server.pipeline import PipelineRpcs
+
+TIMER_STATS_MINUTES_DEFAULT = 10
+TIMER_STATS_MINUTES_MAX = 10_080  # a week of one-minute buckets (the timer's own cap)
 
 
 def add_to_server(server, broker, pop) -> "AdminService":
     """Serve ``chronoq.v1.Admin`` on ``server`` (a ``grpc.aio.Server`` not yet started)."""
     service = AdminService(broker, pop)
+    service.start_pipeline()  # staged publish state (chronoq.staging): replayed at start
     apb_grpc.add_AdminServicer_to_server(service, server)
     return service
 
@@ -54,7 +66,8 @@ def _topic_pb(cfg: model.TopicConfig) -> apb.Topic:
     return apb.Topic(name=cfg.name, queues=cfg.queues, message_type=cfg.message_type.name.lower())
 
 
-class AdminService(apb_grpc.AdminServicer):
+class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
+    # PipelineRpcs: QueueOffsets, ReadMessages, Stage, Publish, Abort, FlushTrace (docs/spark.md).
     def __init__(self, broker, pop) -> None:
         self.broker = broker
         self.pop = pop
@@ -159,3 +172,61 @@ class AdminService(apb_grpc.AdminServicer):
             if not topics:
                 rows.append(apb.GroupLag(group=groups[name], topic="", lag=0, inflight=0))
         return apb.ListGroupsResponse(status=_ok(), groups=rows)
+
+    # ------------------------------------------------------------------ delayed delivery
+    async def TimerStats(self, request, context):
+        return _answer(apb.TimerStatsResponse, "TimerStats", self._timer_stats, request)
+
+    def _timer_stats(self, request) -> apb.TimerStatsResponse:
+        self._check_open()
+        minutes = request.minutes or TIMER_STATS_MINUTES_DEFAULT
+        if not 1 <= minutes <= TIMER_STATS_MINUTES_MAX:
+            raise errors.ClientError(f"minutes must be between 1 and {TIMER_STATS_MINUTES_MAX}, not {minutes}")
+        s = self.broker.timer_stats(horizon_ms=minutes * 60_000)
+        return apb.TimerStatsResponse(
+            status=_ok(), now_ms=s["now_ms"], bucket_ms=s["bucket_ms"], lateness=_lateness_pb(s["lateness"]),
+            due_by_bucket=[apb.DueBucket(start_ms=b["start_ms"], end_ms=b["end_ms"], pending=b["pending"])
+                           for b in s["due_by_bucket"]],
+            overdue_pending=s["overdue_pending"], timer_lane=_lane_pb(s["timer_lane"]),
+            levels=[apb.LevelBacklog(level=lv["level"], delay_ms=lv["delay_ms"], backlog=lv["backlog"],
+                                     head_due_ms=lv["head_due_ms"] or 0, lane=_lane_pb(lv["lane"]))
+                    for lv in s["levels"]],
+            wheel_entries=s["wheel"]["entries"], buckets_on_disk=s["buckets"]["waiting_on_disk"],
+            cursor=s["cursor"], lost=s["lost"],
+            notes=list(s["notes"]) + [f"damaged schedule file: {d['path']} ({d['reason']})" for d in s["damage"]])
+
+    async def Recall(self, request, context):
+        return _answer(apb.RecallResponse, "Recall", self._recall, request)
+
+    def _recall(self, request) -> apb.RecallResponse:
+        self._check_open()
+        r = self.broker.recall(request.recall_handle)  # a malformed handle raises ClientError
+        return apb.RecallResponse(status=_ok(), outcome=r.outcome.value, topic=r.topic, message_id=r.message_id,
+                                  deliver_at_ms=r.deliver_at_ms, detail=r.detail)
+
+    async def Reschedule(self, request, context):
+        return _answer(apb.RescheduleResponse, "Reschedule", self._reschedule, request)
+
+    def _reschedule(self, request) -> apb.RescheduleResponse:
+        self._check_open()
+        if not request.recall_handle:
+            raise errors.ClientError("recall_handle is missing")
+        r = self.broker.reschedule(request.recall_handle, request.deliver_at_ms)
+        return apb.RescheduleResponse(status=_ok(), outcome=r.outcome.value, recall_handle=r.recall_handle,
+                                      topic=r.topic, message_id=r.message_id, deliver_at_ms=r.deliver_at_ms,
+                                      detail=r.detail)
+
+
+def _lateness_pb(h: dict) -> apb.TimerLateness:
+    buckets = [apb.LatenessBucket(le_ms=-1 if b["le_ms"] is None else b["le_ms"], count=b["count"])
+               for b in h["buckets"]]
+    assert len(buckets) == len(LATENESS_BOUNDS_MS) + 1
+    return apb.TimerLateness(count=h["count"], sum_ms=h["sum_ms"], max_ms=h["max_ms"], early=h["early"],
+                             p50_ms=h["p50_ms"] or 0, p99_ms=h["p99_ms"] or 0, p999_ms=h["p999_ms"] or 0,
+                             buckets=buckets)
+
+
+def _lane_pb(lane: dict) -> apb.TimerLane:
+    return apb.TimerLane(pending=lane["pending"], pending_max=lane["pending_max"], failures=lane["failures"],
+                         blocked=lane["blocked"], retry_at_ms=lane["retry_at_ms"] or 0,
+                         last_error=lane["last_error"], delivered=lane["delivered"], skipped=lane["skipped"])

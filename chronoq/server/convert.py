@@ -30,6 +30,10 @@ MILLIS_12H = 12 * 3600 * 1000
 # Properties whose key starts with this are the broker's own (origin of a retry, group, type ...).
 _SYSTEM_PREFIX = model.SYSTEM_PROPERTY_PREFIX
 _DLQ_PREFIX = "%DLQ%"
+# User property asking for a delay level (1..N of timer_delay_levels; "0": none). RocketMQ 5's
+# protocol has no delay-level field; RocketMQ 4 clients used the property "DELAY". chronoq takes a
+# name of its own so no existing user property changes meaning (docs/timers.md).
+DELAY_LEVEL_PROPERTY = "CHRONOQ_DELAY_LEVEL"
 
 # Message types a producer may send today. DELAY and TRANSACTION come with the timer and
 # transaction issues; LITE and PRIORITY are not planned.
@@ -121,6 +125,12 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
         ptype = PbType.LITE
     if sp.HasField("priority") and ptype == PbType.NORMAL:
         ptype = PbType.PRIORITY
+    # A delay level rides in a user property (RocketMQ 5 has no field for it); docs/timers.md.
+    props = msg.user_properties
+    delay_level = _delay_level(props[DELAY_LEVEL_PROPERTY], message_id) \
+        if props and DELAY_LEVEL_PROPERTY in props else None
+    if delay_level and ptype == PbType.NORMAL:
+        ptype = PbType.DELAY  # the clients mark a message DELAY only with a delivery_timestamp
     mtype = _SENDABLE.get(ptype)
     if mtype is None:
         if ptype in _LATER:
@@ -129,7 +139,14 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
             raise errors.Unsupported(_NEVER[ptype])
         raise errors.ClientError(f"message {message_id}: unknown message type {ptype}")
     deliver_at_ms = None
-    if mtype is MessageType.DELAY:
+    if delay_level:
+        if mtype is not MessageType.DELAY:
+            raise errors.MessageTypeMismatch(
+                f"message {message_id}: a {PbType.Name(ptype)} message may not carry {DELAY_LEVEL_PROPERTY}")
+        if sp.HasField("delivery_timestamp"):
+            raise errors.InvalidDeliveryTime(
+                f"message {message_id}: give a delivery_timestamp or {DELAY_LEVEL_PROPERTY}, not both")
+    elif mtype is MessageType.DELAY:
         if not sp.HasField("delivery_timestamp"):
             raise errors.MessageTypeMismatch(f"message {message_id}: a DELAY message needs a delivery_timestamp")
         ts = sp.delivery_timestamp
@@ -150,17 +167,32 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
         raise errors.MessageTypeMismatch(
             f"message {message_id}: a {mtype.name} message may not carry a message_group")
     born_ms = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else None
+    properties = dict(props) if props else {}
+    if delay_level is not None:
+        del properties[DELAY_LEVEL_PROPERTY]  # a request, not data: the delivered copy drops it
     return OutgoingMessage(
         msg.topic.name, body,
         tag=sp.tag if sp.HasField("tag") else "",
         keys=tuple(sp.keys),
-        properties=dict(msg.user_properties) if msg.user_properties else {},
+        properties=properties,
         message_id=message_id,
         message_group=group,
         born_ms=born_ms if born_ms and born_ms > 0 else None,
         message_type=mtype,
         deliver_at_ms=deliver_at_ms,
+        delay_level=delay_level or None,
     )
+
+
+def _delay_level(text: str, message_id: str) -> int:
+    """The value of ``DELAY_LEVEL_PROPERTY``: a whole number; 0 means no delay. The broker checks
+    that the level exists (``InvalidDeliveryTime`` naming the table)."""
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > 4:
+        raise errors.InvalidDeliveryTime(
+            f"message {message_id}: {DELAY_LEVEL_PROPERTY} must be a delay level (a whole number, 0 for none), "
+            f"not {text[:40]!r}")
+    return int(value)
 
 
 def stored_message_pb(msg, message_type: int, namespace: str = ""):

@@ -41,7 +41,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 from chronoq import errors, model
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
-from chronoq.server import admin, convert, status
+from chronoq.server import admin, auth, convert, status
 from chronoq.timer import handle as recall_handles
 from chronoq.transactions import Transactions
 
@@ -197,7 +197,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         self._ticker = self._txn_task = None
-        self.txns.checkpoint()
+        try:
+            self.txns.checkpoint()
+        except errors.StorageError as exc:  # e.g. a full disk: the broker must still close; start-up replays more
+            log.error("could not save the transaction state at stop: %s", exc.message)
 
     def _on_arrival(self) -> None:
         if not self._stopping:
@@ -535,6 +538,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             left = deadline - loop.time()
             if left <= 0 or self._stopping:
                 return group, topic, ()
+            if waker.parked >= self.config.max_parked_polls:  # a bound on parked work (docs/security.md)
+                raise errors.TooManyRequests(f"{waker.parked} receives are already waiting for messages "
+                                             "(max_parked_polls); retry later")
             waker.parked += 1
             try:
                 await asyncio.wait_for(event.wait(), left)
@@ -637,6 +643,7 @@ class GrpcFrontEnd:
         cfg = self.config
         broker = self.runtime.broker
         assert broker is not None and self.runtime.committer is not None, "open the broker first"
+        gate, tls = auth.build_gate(cfg), auth.server_credentials(cfg)  # access control, limits, TLS
         self.pop = PopService(broker)
         try:
             apply_group_config(self.pop, cfg.extra.get("groups", {}))
@@ -647,7 +654,7 @@ class GrpcFrontEnd:
         # Big enough that an oversized body reaches us and gets MESSAGE_BODY_TOO_LARGE instead
         # of a transport error.
         receive_limit = 2 * cfg.max_body_bytes + (4 << 20)
-        server = grpc.aio.server(options=[
+        server = grpc.aio.server(interceptors=[gate], options=[
             ("grpc.max_receive_message_length", receive_limit),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
@@ -657,7 +664,7 @@ class GrpcFrontEnd:
         host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
         self.bound = f"{host}:{cfg.port}"
         try:
-            port = server.add_insecure_port(self.bound)
+            port = server.add_secure_port(self.bound, tls) if tls else server.add_insecure_port(self.bound)
         except RuntimeError as exc:
             port = 0
             log.debug("bind failed: %s", exc)

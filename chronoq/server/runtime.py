@@ -54,7 +54,16 @@ class Runtime:
             except asyncio.TimeoutError:
                 pass
             try:
-                self.broker.maintenance()
+                # Checkpoint fsyncs run on a worker thread (chronoq.jobs); one job at a time, and
+                # the next maintenance only after all of them finished.
+                jobs = self.broker.maintenance_jobs()
+                try:
+                    for job in jobs:
+                        await _run_job(job)
+                finally:  # cancelled (shutdown): a job begun but not run is given up, cleanly
+                    for job in jobs:
+                        if not job.finished:
+                            job.finish(asyncio.CancelledError())
                 now = asyncio.get_running_loop().time()
                 if now - last_retention >= self.config.retention_interval_s:
                     last_retention = now
@@ -74,7 +83,13 @@ class Runtime:
         while not self._stop.is_set():
             wake.clear()  # before the tick: a deadline added during it ends the next wait at once
             try:
-                broker.timer_tick()
+                # Copies are written here; their fsync runs on a worker thread, so sends,
+                # receives and acks go on meanwhile, then they are published and completed.
+                broker.timer_tick(durable=False)
+                if broker.timer.durability_wanted():
+                    await _run_in_thread(broker.store.sync, broker.timer_synced, broker.timer_sync_failed)
+                    failures = 0
+                    continue  # look again at once: more may have fallen due during the fsync
                 deadline_ms = broker.timer_next_deadline_ms()
                 failures = 0
             except Exception:  # retry with back-off; the timer itself blocks a failing lane
@@ -122,6 +137,42 @@ class Runtime:
             await self.committer.close()
             broker.close()
         self.say("chronoq stopped cleanly")
+
+
+async def _run_in_thread(fn, done, failed) -> None:
+    """``fn()`` on the default executor, then ``done(result)`` or ``failed(exc)`` back on the loop.
+
+    A cancellation (shutdown) still waits for ``fn`` and calls ``done``/``failed`` before it is
+    re-raised: the broker is closed right after, and must not race a thread still syncing.
+    """
+    fut = asyncio.get_running_loop().run_in_executor(None, fn)
+    try:
+        result = await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        _settle(fut, done, failed)
+        raise
+    except Exception as exc:  # noqa: BLE001 - handed to ``failed``
+        failed(exc)
+    else:
+        done(result)
+
+
+def _settle(fut, done, failed) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        failed(exc)
+    else:
+        done(fut.result())
+
+
+async def _run_job(job) -> None:
+    """Run a ``chronoq.jobs.Job`` on a worker thread and finish it on the loop (logged on failure)."""
+    def failed(exc: BaseException) -> None:
+        job.finish(exc)
+        log.error("%s failed (retried later): %s", job.name, exc)
+
+    await _run_in_thread(job.run, lambda _result: job.finish(None), failed)
 
 
 def run(config: BrokerConfig) -> None:

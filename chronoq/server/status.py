@@ -9,6 +9,8 @@ Why these codes (see ``shared/protocol/rocketmq-v2-contract.md`` §6.3):
 - Client mistakes use the specific 400xx code the official clients map to ``BadRequestException``.
 - Storage trouble (disk full, I/O error, a broker that is shutting down) is
   ``INTERNAL_SERVER_ERROR`` (50001): the clients retry it, and it may succeed later.
+- Access control (``chronoq.server.auth``): no valid credentials is ``UNAUTHORIZED`` (40100),
+  a known user without the permission is ``FORBIDDEN`` (40300).
 - ``TOO_MANY_REQUESTS`` is the only code that stops the Python producer's immediate resends.
 - Features this build does not have yet answer ``NOT_IMPLEMENTED`` (50100); features chronoq does
   not plan to offer (lite topics, SQL filters, priority) answer ``UNSUPPORTED`` (50500).
@@ -53,6 +55,8 @@ KIND_TO_CODE: dict[str, int] = {
     "body_empty": Code.MESSAGE_BODY_EMPTY,
     "properties_too_large": Code.MESSAGE_PROPERTIES_TOO_LARGE,
     "too_many_requests": Code.TOO_MANY_REQUESTS,
+    "unauthorized": Code.UNAUTHORIZED,
+    "forbidden": Code.FORBIDDEN,
     "storage": Code.INTERNAL_SERVER_ERROR,
     "disk_full": Code.INTERNAL_SERVER_ERROR,
     "corruption": Code.INTERNAL_SERVER_ERROR,

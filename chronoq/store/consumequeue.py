@@ -97,9 +97,16 @@ class ConsumeQueue:
             logical = first_offset + done
             index, slot = divmod(logical, self.per_file)
             take = min(n - done, self.per_file - slot)
-            fd = self._fd(index)
-            os.pwrite(fd, entries[done * ENTRY_SIZE:(done + take) * ENTRY_SIZE], slot * ENTRY_SIZE)
-            self._dirty.add(index)
+            chunk = memoryview(entries)[done * ENTRY_SIZE:(done + take) * ENTRY_SIZE]
+            pos = slot * ENTRY_SIZE
+            try:
+                fd = self._fd(index)
+                self._dirty.add(index)
+                while chunk:  # a short write (a full disk) must not pass for a whole one
+                    written = os.pwrite(fd, chunk, pos)
+                    chunk, pos = chunk[written:], pos + written
+            except OSError as exc:  # nothing counts as written: the caller retries the whole put
+                raise fsutil.storage_error(exc, self._path(index)) from exc
             done += take
         if self.next_offset == self.min_offset:  # the queue was empty: it starts here
             self.min_offset = first_offset
@@ -202,6 +209,17 @@ class ConsumeQueue:
             if fd is not None:
                 os.fsync(fd)
         self._dirty.clear()
+
+    def take_dirty(self) -> list[tuple[int, str]]:
+        """(index, path) of the files written since the last sync; they count as clean from now
+        on (the caller syncs them by path, from any thread, or gives them back with
+        ``mark_dirty`` when that failed)."""
+        taken = [(index, self._path(index)) for index in sorted(self._dirty)]
+        self._dirty.clear()
+        return taken
+
+    def mark_dirty(self, indexes) -> None:
+        self._dirty.update(indexes)
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
 from chronoq import errors, fsutil
+from chronoq.jobs import Job
 from chronoq.model import Message
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog
@@ -323,9 +324,16 @@ class Store:
     def dispatch(self, upto: int | None = None) -> int:
         """Make records below ``upto`` (default: all written) visible in their consume queues."""
         limit = self.log.written if upto is None else upto
-        while self._pending and self._pending[0][0] <= limit:
-            end, batch, delayed_records = self._pending.popleft()
-            self._put_entries(batch)
+        pending = self._pending
+        while pending and pending[0][0] <= limit:
+            end, batch, delayed_records = pending[0]
+            # A batch leaves the pending list only once it is fully dispatched: if a consume-queue
+            # write fails (a full disk), the next call retries it. Entries are positional, so
+            # writing them again is harmless; the delayed records are handed over only once.
+            if batch:
+                self._put_entries(batch)
+                pending[0] = (end, None, delayed_records)
+            pending.popleft()
             if delayed_records:
                 assert self.delayed_sink is not None, "delayed records need a timer attached"
                 self.delayed_sink(delayed_records)
@@ -433,7 +441,36 @@ class Store:
         self._sync_queues()
         self._write_checkpoint(clean)
 
+    def checkpoint_job(self, clean: bool = False) -> Job:
+        """``checkpoint`` without blocking the writer's thread (see ``chronoq.jobs``).
+
+        Here: take the consume-queue files written since the last checkpoint and the document
+        to write, as of now. ``run`` (any thread): fsync those files by path, then write the
+        document. Every entry the document claims was written before ``run`` starts, so the
+        fsync covers it; entries written meanwhile may be synced along, which is harmless.
+        ``finish`` with an error marks the files dirty again for the next checkpoint.
+        """
+        taken = [(cq, cq.take_dirty()) for cq in self.queues.values()]
+        paths = [path for _cq, files in taken for _index, path in files]
+        doc = self._checkpoint_doc(clean)
+        target = os.path.join(self.data_dir, CHECKPOINT_FILE)
+
+        def run() -> None:
+            for path in paths:
+                fsutil.fsync_path(path)
+            fsutil.write_json(target, doc)
+
+        def finish(exc: BaseException | None) -> None:
+            if exc is not None:
+                for cq, files in taken:
+                    cq.mark_dirty(index for index, _path in files)
+
+        return Job("store checkpoint", run, finish)
+
     def _write_checkpoint(self, clean: bool) -> None:
+        fsutil.write_json(os.path.join(self.data_dir, CHECKPOINT_FILE), self._checkpoint_doc(clean))
+
+    def _checkpoint_doc(self, clean: bool) -> dict:
         dispatched = min(self.dispatched, self.log.synced)
         if dispatched < self.dispatched:
             # Async policy: queues may be ahead of the durable log. Only claim what is synced,
@@ -443,10 +480,10 @@ class Store:
             queues = {f"{t}/{q}": cq.next_offset for (t, q), cq in self.queues.items()}
         # Queue starts too, so a lost first consume-queue file is detected (row R8).
         queue_mins = {f"{t}/{q}": cq.min_offset for (t, q), cq in self.queues.items()} if queues else {}
-        fsutil.write_json(os.path.join(self.data_dir, CHECKPOINT_FILE), {
+        return {
             "version": CHECKPOINT_VERSION, "dispatched": dispatched, "log_end": self.log.written,
             "clean": clean, "queues": queues, "queue_mins": queue_mins, "written_at_ms": self.clock.wall_ms(),
-        })
+        }
 
     def add_retention_guard(self, guard: Callable[[], int | None]) -> None:
         """Register ``guard() -> lowest commit offset still needed`` (None: needs nothing)."""

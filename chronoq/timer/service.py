@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from chronoq import errors, fsutil
+from chronoq.jobs import Job
 from chronoq.model import SendResult
 from chronoq.store import record
 from chronoq.store.store import Prepared, Store
@@ -190,6 +191,7 @@ class TimerService:
         # buffers (holding entries below that cursor) must still be written first.
         self._ckpt_target: int | None = None
         self._ckpt_pending: set[int] = set()
+        self._ckpt_syncing = False  # a checkpoint job's run() may be syncing the schedule files
         self._buffered = 0
         self._unabsorbed: deque[tuple[int, int, int]] = deque()
         self._absorb_retry_at_ms = 0  # after a failed fsync for them (no busy loop on a bad disk)
@@ -197,6 +199,8 @@ class TimerService:
         self.cursor = 0
         self._last_checkpoint_ms = 0
         self.histogram = LatenessHistogram()
+        # chronoq.trace hook: called once per tick with the deliveries made visible (or None).
+        self.on_visible: Callable[[list[Delivery], int], None] | None = None
         self.damage: list[Damage] = self.files.damage
         self.notes: list[str] = []
         self.lost = 0
@@ -432,7 +436,7 @@ class TimerService:
             for ident, due in removed:
                 self.wheel.remove(ident, due)
                 self._index.pop(ident, None)
-        if self._buffered > BUFFER_HARD_MAX:
+        if self._buffered > BUFFER_HARD_MAX and not self._ckpt_syncing:
             try:
                 self._flush_buffers()
             except errors.StorageError as exc:  # kept in memory; the next checkpoint retries
@@ -524,31 +528,85 @@ class TimerService:
             self._hwm_ms = now
         return self._hwm_ms
 
-    def tick(self, now_ms: int | None = None) -> int:
+    def tick(self, now_ms: int | None = None, *, durable: bool = True) -> int:
         """Do the timer's due work: load ahead, claim due messages, deliver, retire buckets.
 
         The runtime calls this at ``next_deadline_ms()`` (and when woken); tests call it after
         ``clock.advance``. Bounded per call: ``load_batch`` entries parsed, ``pending_max``
         deliveries claimed per lane. Returns how many deliveries completed.
+
+        ``durable=False`` (the server runtime): never fsync here. Claimed copies are written to
+        the page cache only; when ``durability_wanted()`` the caller fsyncs the commit log on a
+        worker thread and hands the result to ``synced`` (or ``sync_failed``), which publishes
+        and completes them. A copy is still durable before it is visible (sync flush policy) and
+        before its DISPATCHED entry exists (dispatch-once), only the wait is off this thread.
+        ``deliver_mode = "sync"`` (one fsync per message, for comparison) always fsyncs here.
         """
         if self.closed:
             raise errors.ClosedError("the timer is closed")
         now = self._now(now_ms)
-        if self._unabsorbed and now >= self._absorb_retry_at_ms:
+        if durable and self._unabsorbed and now >= self._absorb_retry_at_ms:
             self._sync_for_absorb(now)
-        self._load_step(now)
+        # Due work first: a tick that also loads a bucket ahead (parsing up to load_batch
+        # entries) must not make what is due now wait for that. What the load brought in due
+        # (a bucket that fell due while the broker was down) is claimed right after it.
         self._claim_timers(now)
         for lane in self.level_lanes:
             self._claim_level(lane, now)
-        self._deliver(now)
+        self._deliver(now, durable)
+        self._load_step(now)
+        nxt = self.wheel.next_deadline()
+        if nxt is not None and nxt <= now and self.timer_lane.room(now):
+            self._claim_timers(now)
+            self._deliver(now, durable)
         done = self._complete()
-        self._finish_buckets(now)
-        if self._buffered_starts:
-            try:
-                self._flush_some(FLUSH_FILES_PER_TICK)
-            except errors.StorageError as exc:  # kept in memory; retried by the next call
-                log.warning("schedule log write failed: %s", exc)
+        if not self._ckpt_syncing:  # bucket files stay untouched while a checkpoint syncs them
+            self._finish_buckets(now)
+            if self._buffered_starts:
+                try:
+                    self._flush_some(FLUSH_FILES_PER_TICK)
+                except errors.StorageError as exc:  # kept in memory; retried by the next call
+                    log.warning("schedule log write failed: %s", exc)
         return done
+
+    def durability_wanted(self, now_ms: int | None = None) -> bool:
+        """True when ``tick(durable=False)`` left work waiting for a commit-log fsync: written
+        copies not yet durable, or (async flush policy) dispatched delayed records not yet
+        fsynced, whose back-off (after a failed fsync) is over."""
+        now = self._now(now_ms)
+        if self._unabsorbed and now >= self._absorb_retry_at_ms:
+            return True
+        durable_upto = self._durable_upto()
+        return any(lane.needs_durability(durable_upto, now) for lane in self._lanes())
+
+    def synced(self, synced_upto: int, now_ms: int | None = None) -> int:
+        """The caller fsynced the commit log below ``synced_upto`` (``store.sync()`` on a worker
+        thread): publish it, absorb what waited for it, complete deliveries. Returns how many
+        deliveries completed."""
+        self._now(now_ms)
+        self.store.dispatch(synced_upto)
+        self._absorb_durable()
+        for lane in self._lanes():
+            if lane.failures and not any(d.state == CLAIMED for d in lane.pending):
+                lane.succeeded()
+        return self._complete()
+
+    def sync_failed(self, exc: BaseException, now_ms: int | None = None) -> None:
+        """The caller's fsync failed: lanes holding written copies back off (and block after
+        repeated failures); only the fsync is retried, a written copy is never written again."""
+        now = self._now(now_ms)
+        for lane in self._lanes():
+            if any(d.state == WRITTEN for d in lane.pending):
+                lane.failed(now, str(exc))
+        if self._unabsorbed:
+            self._absorb_retry_at_ms = now + self.opts.retry_backoff_ms
+        log.warning("fsync of delivered copies failed: %s", exc)
+
+    def _durable_upto(self) -> int:
+        """Commit-log offset below which written copies are durable and visible. Under the async
+        flush policy a send dispatches unsynced records, copies included: those are visible but
+        not complete (no DISPATCHED entry) until they are also fsynced."""
+        return min(self.store.dispatched, self.store.log.synced)
 
     def _sync_for_absorb(self, now: int) -> None:
         try:
@@ -622,16 +680,18 @@ class TimerService:
     def _lanes(self) -> list[Lane]:
         return [self.timer_lane, *self.level_lanes]
 
-    def _deliver(self, now: int) -> None:
-        """Write claimed copies (one group, one fsync; or one at a time in ``sync`` mode)."""
+    def _deliver(self, now: int, durable: bool = True) -> None:
+        """Write claimed copies (one group, one fsync; or one at a time in ``sync`` mode).
+
+        Not ``durable``: write only; the caller fsyncs (see ``tick``)."""
         items = [(lane, d) for lane in self._lanes() for d in lane.to_write(now)]
         if self.opts.deliver_mode == "sync":
             for item in items:
                 if not self._write_group([item], now) or not self._make_durable(now):
                     break
-        elif items and self._write_group(items, now):
+        elif items and self._write_group(items, now) and durable:
             self._make_durable(now)
-        if any(lane.needs_durability(self.store.dispatched, now) for lane in self._lanes()):
+        if durable and any(lane.needs_durability(self._durable_upto(), now) for lane in self._lanes()):
             self._make_durable(now)
 
     def _write_group(self, items: list[tuple[Lane, Delivery]], now: int) -> bool:
@@ -671,12 +731,15 @@ class TimerService:
 
     def _complete(self) -> int:
         """Finish durable deliveries in lane order: DISPATCHED entries, level offsets, lateness."""
-        upto = self.store.dispatched
+        upto = self._durable_upto()
         visible_ms = self._now()
         done = 0
         marks: dict[int, tuple[list[bytes], list[int]]] = {}
         record_lateness = self.histogram.record
+        seen: list[Delivery] | None = [] if self.on_visible is not None else None
         for d in self.timer_lane.complete(upto):
+            if seen is not None:
+                seen.append(d)
             start, ident = d.ref
             entries, idents = marks.setdefault(start, ([], []))
             entries.append(schedlog.encode_entry(DISPATCHED, ident, d.due_ms, d.commit_offset))
@@ -698,6 +761,10 @@ class TimerService:
                 if d.prepared is not None:
                     self.histogram.record(visible_ms - d.due_ms)
                     done += 1
+                    if seen is not None:
+                        seen.append(d)
+        if seen:
+            self.on_visible(seen, visible_ms)  # type: ignore[misc]
         return done
 
     def _finish_buckets(self, now: int) -> None:
@@ -931,53 +998,80 @@ class TimerService:
 
     def checkpoint(self, clean: bool = False) -> None:
         """Make every absorbed entry durable, then advance the cursor (see the module docstring)."""
+        assert not self._ckpt_syncing, "a checkpoint job is still running"
         self._absorb_durable()
         target = self._covered()
         self._flush_buffers()
-        self._complete_checkpoint(target, clean)
+        self._checkpoint_job(target, clean).run_here()
 
-    def _checkpoint_step(self, now: int) -> None:
+    def _checkpoint_step(self, now: int) -> Job | None:
         """An incremental checkpoint: snapshot the cursor and the buckets holding entries below
-        it, write those a bounded number per call, then complete. Entries appended meanwhile may
-        be written along; that is harmless, the cursor only claims what the snapshot covered."""
+        it, write those a bounded number per call, then complete (the returned job). Entries
+        appended meanwhile may be written along; that is harmless, the cursor only claims what
+        the snapshot covered."""
         if self._ckpt_target is None:
             if now - self._last_checkpoint_ms < self.opts.checkpoint_interval_ms:
-                return
+                return None
             self._absorb_durable()
             self._ckpt_target = self._covered()
             self._ckpt_pending = set(self._buffered_starts)
         if self._ckpt_pending:
             self._flush_starts(sorted(self._ckpt_pending)[:FLUSH_FILES_PER_MAINTENANCE])
         if not self._ckpt_pending:
-            self._complete_checkpoint(self._ckpt_target, False)
+            return self._checkpoint_job(self._ckpt_target, False)
+        return None
 
-    def _complete_checkpoint(self, target: int, clean: bool) -> None:
-        # No bucket file is written between the sync below and the journal reset, so a file
-        # written after this checkpoint always has a journal record of the new generation.
-        self.files.sync()
-        self.cursor = max(self.cursor, target)
+    def _checkpoint_job(self, target: int, clean: bool) -> Job:
+        """Complete a checkpoint: fsync the schedule files and write ``checkpoint.json`` (``run``,
+        any thread), then reset the journal and advance the cursor (``finish``).
+
+        From here until ``finish`` no bucket file is written, created or deleted
+        (``_ckpt_syncing``; buffers keep filling in memory): the sync must cover every write of
+        this cycle, and a file written after the checkpoint must get a journal record of the
+        new generation. The cursor moves only once the file naming it is durable.
+        """
+        self._ckpt_syncing = True
+        cursor = max(self.cursor, target)
         generation = self.files.generation + 1
-        self._write_checkpoint_file(clean, generation)
-        self.files.new_generation(generation)
-        self._ckpt_target = None
-        self._ckpt_pending.clear()
-        self._last_checkpoint_ms = self._now()
+        doc = self._checkpoint_doc(cursor, clean, generation)
+        path = os.path.join(self.dir, CHECKPOINT_FILE)
 
-    def _write_checkpoint_file(self, clean: bool, generation: int) -> None:
+        def run() -> None:
+            self.files.sync()
+            fsutil.write_json(path, doc)
+
+        def finish(exc: BaseException | None) -> None:
+            self._ckpt_syncing = False
+            if exc is not None:  # target and buckets stay: the next maintenance completes it
+                return
+            self.cursor = cursor
+            self.files.new_generation(generation)
+            self._ckpt_target = None
+            self._ckpt_pending.clear()
+            self._last_checkpoint_ms = self._now()
+
+        return Job("timer checkpoint", run, finish)
+
+    def _checkpoint_doc(self, cursor: int, clean: bool, generation: int) -> dict:
         levels = {str(lane.level): {"offset": lane.offset,
                                     "cancelled": {str(q): [k, d] for q, (k, d) in lane.cancelled.items()}}
                   for lane in self.level_lanes}
-        fsutil.write_json(os.path.join(self.dir, CHECKPOINT_FILE), {
-            "version": CHECKPOINT_VERSION, "cursor": self.cursor, "bucket_ms": self.width, "clean": clean,
-            "generation": generation, "levels": levels})
+        return {"version": CHECKPOINT_VERSION, "cursor": cursor, "bucket_ms": self.width, "clean": clean,
+                "generation": generation, "levels": levels}
 
     def maintenance(self, now_ms: int | None = None) -> None:
         """Periodic work (the broker's ``maintenance``): checkpoint when due, forget old recalls."""
+        job = self.maintenance_job(now_ms)
+        if job is not None:
+            job.run_here()
+
+    def maintenance_job(self, now_ms: int | None = None) -> Job | None:
+        """``maintenance`` without blocking: the work that needs no fsync is done here; the
+        completion of a due checkpoint (fsyncs, ``checkpoint.json``) is returned as a ``Job``
+        to run on a worker thread and finish back here. Call again only after it finished."""
+        assert not self._ckpt_syncing, "the previous checkpoint job has not finished"
         now = self._now(now_ms)
         self._absorb_durable()
-        self._checkpoint_step(now)
-        if self._ckpt_target is None and self._buffered_starts:
-            self._flush_some(FLUSH_FILES_PER_MAINTENANCE)
         memory = self.opts.recall_memory_ms
         while self._done and self._done[0] + self.width + memory < now:
             self.files.remove_done(self._done.pop(0))
@@ -985,6 +1079,10 @@ class TimerService:
             stale = [q for q, (_k, due) in lane.cancelled.items() if q < lane.offset and due + memory < now]
             for q in stale:
                 del lane.cancelled[q]
+        job = self._checkpoint_step(now)
+        if job is None and self._ckpt_target is None and self._buffered_starts:
+            self._flush_some(FLUSH_FILES_PER_MAINTENANCE)
+        return job
 
     def close(self) -> None:
         if self.closed:

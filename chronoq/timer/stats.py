@@ -49,4 +49,5 @@ class LatenessHistogram:
         buckets = [{"le_ms": b, "count": c} for b, c in zip(LATENESS_BOUNDS_MS, self.counts)]
         buckets.append({"le_ms": None, "count": self.counts[-1]})
         return {"count": self.count, "sum_ms": self.sum_ms, "max_ms": self.max_ms, "early": self.early,
-                "p50_ms": self.quantile_ms(0.50), "p99_ms": self.quantile_ms(0.99), "buckets": buckets}
+                "p50_ms": self.quantile_ms(0.50), "p99_ms": self.quantile_ms(0.99),
+                "p999_ms": self.quantile_ms(0.999), "buckets": buckets}

@@ -234,7 +234,7 @@ class FifoPopMachine(PopMachine):
     FIFO = True
 
 
-_settings = settings(max_examples=35, stateful_step_count=30, deadline=None,
+_settings = settings(max_examples=100, stateful_step_count=40, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestPopMachine = PopMachine.TestCase
 TestPopMachine.settings = _settings

@@ -1,0 +1,412 @@
+"""The gate in front of every RPC on the gRPC port: access control, hostile input, stream limits, TLS.
+
+One ``grpc.aio`` server interceptor (``Gate``), so every service on the port passes through it —
+``apache.rocketmq.v2.MessagingService``, ``chronoq.v1.Admin`` and any service added later — and
+the services themselves stay unaware of it. Per RPC, in this order:
+
+1. **Authentication** (when ``[auth] enabled``): the ``authorization`` and ``x-mq-date-time``
+   headers are checked (``chronoq.acl``) *before the request body is parsed*. Without valid
+   credentials the call gets a handler that never parses the body and answers UNAUTHORIZED.
+2. **Parsing**: request bytes that are not a valid protobuf of the method's request type are
+   answered BAD_REQUEST in the response body. (grpcio's own path would log a traceback and
+   answer the gRPC status UNKNOWN for every such request.)
+3. **Authorization** (when enabled): the request's fields name what it touches (``RULES``) and
+   the user must hold each permission; otherwise FORBIDDEN. A method without a rule — chronoq's
+   Admin service, and anything added without one — needs the admin role: deny by default.
+4. **Telemetry streams** are counted per ``x-mq-client-id`` and in all; over a limit the stream
+   gets one TOO_MANY_REQUESTS command and ends. Inside a stream, a settings command naming a
+   group or topic the user may not use is answered FORBIDDEN, and a transaction check (a
+   ``recover_orphaned_transaction_command`` pushed by the broker) only reaches a client whose
+   user may publish to that topic.
+
+Refusals are answered the way the services answer errors — in the response's ``status``
+(contract §0, §4.2), never as a gRPC error — so the official clients raise their usual
+``UnauthorizedException``/``ForbiddenException``. Streaming calls answer with one status
+message. A response type without a ``status`` field would get the gRPC status instead.
+
+Cost: with access control off, a call pays one interceptor hop and a wrapper frame; handlers are
+built once per method. With it on, one HMAC-SHA1 per call and a memoized glob match per named
+resource; handlers are built once per (method, user).
+
+Secrets: nothing here logs headers; refusal messages name the access key, never the secret or
+the signature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Callable
+
+import grpc
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
+from chronoq import acl, errors
+from chronoq.server import status
+
+log = logging.getLogger("chronoq.auth")
+
+MS = "/apache.rocketmq.v2.MessagingService/"
+TELEMETRY = MS + "Telemetry"
+CLIENT_ID_HEADER = "x-mq-client-id"
+
+# What each method touches: request -> [(kind, name)]. An empty list: any authenticated user.
+# A method missing here needs the admin role.
+Rule = Callable[[object], list]
+
+
+def _topic_and_group(topic_of: Callable, group_of: Callable) -> Rule:
+    return lambda r: [(acl.SUBSCRIBE, topic_of(r).name), (acl.GROUP, group_of(r).name)]
+
+
+def _settings_needs(settings) -> list:
+    """A Telemetry settings command: a consumer's group and topics (a producer's need nothing:
+    publishing topics are only a declaration; each send is checked)."""
+    if not settings.HasField("subscription"):
+        return []
+    sub = settings.subscription
+    needs = [(acl.GROUP, sub.group.name)]
+    needs += [(acl.SUBSCRIBE, entry.topic.name) for entry in sub.subscriptions]
+    return needs
+
+
+RULES: dict[str, Rule] = {
+    MS + "QueryRoute": lambda r: [(acl.TOPIC, r.topic.name)],
+    MS + "Heartbeat": lambda r: [],
+    MS + "NotifyClientTermination": lambda r: [],
+    MS + "Telemetry": lambda r: [],  # opening the stream; each command is checked (_commands)
+    MS + "SendMessage": lambda r: list({(acl.PUBLISH, m.topic.name) for m in r.messages}),
+    MS + "EndTransaction": lambda r: [(acl.PUBLISH, r.topic.name)],
+    MS + "RecallMessage": lambda r: [(acl.PUBLISH, r.topic.name)],
+    MS + "QueryAssignment": _topic_and_group(lambda r: r.topic, lambda r: r.group),
+    MS + "ReceiveMessage": _topic_and_group(lambda r: r.message_queue.topic, lambda r: r.group),
+    MS + "AckMessage": _topic_and_group(lambda r: r.topic, lambda r: r.group),
+    MS + "ChangeInvisibleDuration": _topic_and_group(lambda r: r.topic, lambda r: r.group),
+    MS + "ForwardMessageToDeadLetterQueue": _topic_and_group(lambda r: r.topic, lambda r: r.group),
+    MS + "PullMessage": _topic_and_group(lambda r: r.message_queue.topic, lambda r: r.group),
+    MS + "UpdateOffset": _topic_and_group(lambda r: r.message_queue.topic, lambda r: r.group),
+    MS + "GetOffset": _topic_and_group(lambda r: r.message_queue.topic, lambda r: r.group),
+    MS + "QueryOffset": lambda r: [(acl.SUBSCRIBE, r.message_queue.topic.name)],
+}
+_ADMIN_ONLY: Rule = lambda r: [(acl.ADMIN, "")]  # noqa: E731
+
+
+class _Malformed:
+    """What the safe deserializer returns for bytes that are not a valid request."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _safe(deserializer):
+    if deserializer is None:
+        return None
+
+    def parse(raw: bytes):
+        try:
+            return deserializer(raw)
+        except (DecodeError, ValueError, TypeError, RecursionError) as exc:
+            return _Malformed(type(exc).__name__)
+
+    return parse
+
+
+def _header(metadata, key: str) -> str:
+    for k, v in metadata or ():
+        if k == key:
+            return v if isinstance(v, str) else ""
+    return ""
+
+
+class _Method:
+    """One RPC method as the gate sees it; built on the first call of the method."""
+
+    def __init__(self, path: str, handler) -> None:
+        self.path = path
+        self.name = path.rsplit("/", 1)[-1] or path
+        self.original = handler
+        self.rule = RULES.get(path, _ADMIN_ONLY)
+        self.response_cls = _response_class(path)
+        self.safe_deserializer = _safe(handler.request_deserializer)
+        if handler.unary_unary is not None:
+            self.kind, self.behavior = "unary_unary", handler.unary_unary
+        elif handler.unary_stream is not None:
+            self.kind, self.behavior = "unary_stream", handler.unary_stream
+        elif handler.stream_unary is not None:
+            self.kind, self.behavior = "stream_unary", handler.stream_unary
+        else:
+            self.kind, self.behavior = "stream_stream", handler.stream_stream
+        self.by_user: dict[str, object] = {}  # access key -> handler (or "" -> the open handler)
+
+    def response(self, code: int, message: str):
+        """A response carrying ``code``/``message`` in its status, or None if it has no status."""
+        if self.response_cls is None:
+            return None
+        resp = self.response_cls()
+        resp.status.code = code
+        resp.status.message = message
+        return resp
+
+    def make(self, behavior, deserializer):
+        h = self.original
+        factory = getattr(grpc, f"{self.kind}_rpc_method_handler")
+        return factory(behavior, request_deserializer=deserializer, response_serializer=h.response_serializer)
+
+
+def _response_class(path: str):
+    """The method's response message class if it has a ``status`` message field, else None."""
+    try:
+        service_name, method_name = path.lstrip("/").split("/", 1)
+        method = descriptor_pool.Default().FindServiceByName(service_name).FindMethodByName(method_name)
+        out = method.output_type
+    except (KeyError, ValueError, AttributeError):
+        return None
+    field = out.fields_by_name.get("status")
+    if field is None or field.message_type is None or {"code", "message"} - set(field.message_type.fields_by_name):
+        return None
+    return message_factory.GetMessageClass(out)
+
+
+_GRPC_CODE = {
+    status.Code.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
+    status.Code.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+    status.Code.TOO_MANY_REQUESTS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+async def _abort(context, code: int, message: str):
+    await context.abort(_GRPC_CODE.get(code, grpc.StatusCode.INVALID_ARGUMENT), message)
+
+
+class _StreamContext:
+    """A Telemetry stream's context: writes serialized (ours and the service's), and transaction
+    checks only for a user who may publish to the topic."""
+
+    __slots__ = ("_context", "_user", "_lock")
+
+    def __init__(self, context, user: acl.User | None) -> None:
+        self._context = context
+        self._user = user
+        self._lock = asyncio.Lock()
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+    async def write(self, message) -> None:
+        user = self._user
+        if user is not None and message.HasField("recover_orphaned_transaction_command"):
+            topic = message.recover_orphaned_transaction_command.message.topic.name
+            if not user.allowed(acl.PUBLISH, topic):
+                raise errors.Forbidden(f"access key {user.access_key!r} may not publish to topic {topic!r}")
+        async with self._lock:
+            await self._context.write(message)
+
+
+class Gate(grpc.aio.ServerInterceptor):
+    """See the module docstring. ``access`` is None when access control is off."""
+
+    def __init__(self, access: acl.AccessControl | None, *, max_streams_per_client: int, max_streams: int) -> None:
+        self.access = access
+        self.max_streams_per_client = max_streams_per_client
+        self.max_streams = max_streams
+        self.streams: dict[str, int] = {}  # open Telemetry streams per client id
+        self.streams_total = 0
+        self._methods: dict[str, _Method] = {}
+        self.refused = 0  # calls refused for credentials or permissions (for tests and metrics)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED
+            return None
+        path = handler_call_details.method
+        method = self._methods.get(path)
+        if method is None or method.original is not handler:
+            method = self._methods[path] = _Method(path, handler)
+        access = self.access
+        if access is None:
+            h = method.by_user.get("")
+            if h is None:
+                h = method.by_user[""] = self._build(method, None)
+            return h
+        metadata = handler_call_details.invocation_metadata
+        try:
+            user = access.authenticate(_header(metadata, acl.AUTH_HEADER), _header(metadata, acl.DATE_HEADER))
+        except errors.Unauthorized as exc:
+            self.refused += 1
+            log.debug("refused %s: %s", method.name, exc.message)
+            return self._refusal(method, status.Code.UNAUTHORIZED, f"{method.name}: {exc.message}")
+        h = method.by_user.get(user.access_key)
+        if h is None:
+            h = method.by_user[user.access_key] = self._build(method, user)
+        return h
+
+    # ------------------------------------------------------------------ refusing without parsing
+    def _refusal(self, method: _Method, code: int, message: str):
+        response = method.response(code, message)
+
+        if method.kind in ("unary_unary", "stream_unary"):
+            async def unary(_request, context):
+                if response is None:
+                    await _abort(context, code, message)
+                return response
+            return method.make(unary, None)
+
+        if method.path == TELEMETRY or method.kind == "stream_stream":
+            async def stream(_requests, context):
+                if response is None:
+                    await _abort(context, code, message)
+                await context.write(response)
+            return method.make(stream, None)
+
+        async def server_stream(_request, context):
+            if response is None:
+                await _abort(context, code, message)
+            yield response
+        return method.make(server_stream, None)
+
+    # ------------------------------------------------------------------ the guarded handlers
+    def _check(self, method: _Method, request, user: acl.User | None) -> tuple[int, str] | None:
+        """(code, message) when the request must be refused, else None."""
+        if type(request) is _Malformed:
+            return status.Code.BAD_REQUEST, (f"{method.name}: the request is not a valid protobuf message "
+                                             f"({request.reason})")
+        if user is not None:
+            try:
+                acl.AccessControl.require(user, method.rule(request), method.name)
+            except errors.Forbidden as exc:
+                self.refused += 1
+                log.debug("refused %s: %s", method.name, exc.message)
+                return status.Code.FORBIDDEN, exc.message
+        return None
+
+    def _build(self, method: _Method, user: acl.User | None):
+        if method.path == TELEMETRY:
+            return method.make(self._telemetry(method, user), method.safe_deserializer)
+        original, check = method.behavior, self._check
+        if method.kind == "unary_unary":
+            async def unary(request, context):
+                refusal = check(method, request, user)
+                if refusal is None:
+                    return await original(request, context)
+                response = method.response(*refusal)
+                if response is None:
+                    await _abort(context, *refusal)
+                return response
+            return method.make(unary, method.safe_deserializer)
+
+        if method.kind == "unary_stream":
+            is_generator = inspect.isasyncgenfunction(original)
+
+            async def server_stream(request, context):
+                refusal = check(method, request, user)
+                if refusal is not None:
+                    response = method.response(*refusal)
+                    if response is None:
+                        await _abort(context, *refusal)
+                    yield response
+                    return
+                if not is_generator:  # a handler that writes through the context itself
+                    await original(request, context)
+                    return
+                responses = original(request, context)
+                try:
+                    async for response in responses:
+                        yield response
+                finally:  # close it now (its cleanup releases received messages), not at GC
+                    await responses.aclose()
+            return method.make(server_stream, method.safe_deserializer)
+
+        # Client-streaming methods: each request is checked as it arrives.
+        async def requests(request_iterator, context):
+            async for request in request_iterator:
+                refusal = check(method, request, user)
+                if refusal is not None:
+                    await _abort(context, *refusal)
+                yield request
+
+        if method.kind == "stream_unary":
+            async def client_stream(request_iterator, context):
+                return await original(requests(request_iterator, context), context)
+            return method.make(client_stream, method.safe_deserializer)
+
+        async def bidi(request_iterator, context):
+            result = original(requests(request_iterator, context), context)
+            if inspect.isasyncgen(result):
+                async for response in result:
+                    await context.write(response)
+            else:
+                await result
+        return method.make(bidi, method.safe_deserializer)
+
+    def _telemetry(self, method: _Method, user: acl.User | None):
+        original = method.behavior
+
+        async def telemetry(request_iterator, context):
+            client_id = _header(context.invocation_metadata(), CLIENT_ID_HEADER)
+            open_now = self.streams.get(client_id, 0)
+            if open_now >= self.max_streams_per_client or self.streams_total >= self.max_streams:
+                which = (f"client {client_id!r} already has {open_now} open Telemetry streams (max_streams_per_client)"
+                         if open_now >= self.max_streams_per_client
+                         else f"the broker has {self.streams_total} open Telemetry streams (max_streams)")
+                await context.write(method.response(status.Code.TOO_MANY_REQUESTS, f"Telemetry refused: {which}"))
+                return
+            self.streams[client_id] = open_now + 1
+            self.streams_total += 1
+            guarded = _StreamContext(context, user)
+            try:
+                await original(self._commands(method, request_iterator, guarded, user), guarded)
+            finally:
+                self.streams_total -= 1
+                left = self.streams.get(client_id, 1) - 1
+                if left > 0:
+                    self.streams[client_id] = left
+                else:
+                    self.streams.pop(client_id, None)
+
+        return telemetry
+
+    async def _commands(self, method: _Method, request_iterator, context: _StreamContext, user):
+        """The client's Telemetry commands, minus malformed ones and forbidden settings (each
+        answered with a status command instead)."""
+        async for command in request_iterator:
+            if type(command) is _Malformed:
+                await context.write(method.response(
+                    status.Code.BAD_REQUEST, f"Telemetry: a command is not a valid protobuf message ({command.reason})"))
+                continue
+            if user is not None and command.HasField("settings"):
+                try:
+                    acl.AccessControl.require(user, _settings_needs(command.settings), "Telemetry settings")
+                except errors.Forbidden as exc:
+                    self.refused += 1
+                    await context.write(method.response(status.Code.FORBIDDEN, exc.message))
+                    continue
+            yield command
+
+
+def build_gate(config) -> Gate:
+    """The interceptor for ``config`` (raises ``errors.ClientError`` on a bad ``[auth]`` table)."""
+    access = acl.from_config(config.extra.get("auth"))
+    if access is not None:
+        log.info("access control is on: %d users", len(access.users))
+    return Gate(access, max_streams_per_client=config.max_streams_per_client, max_streams=config.max_streams)
+
+
+def server_credentials(config) -> grpc.ServerCredentials | None:
+    """TLS credentials from ``tls_cert_file``/``tls_key_file`` (PEM), or None for plaintext."""
+    if not config.tls_cert_file:
+        return None
+    pem = {}
+    for key in ("tls_cert_file", "tls_key_file"):
+        path = getattr(config, key)
+        try:
+            with open(path, "rb") as fh:
+                pem[key] = fh.read()
+        except OSError as exc:
+            raise errors.ClientError(f"cannot read {key} {path}: {exc.strerror or exc}") from None
+        if b"-----BEGIN " not in pem[key]:
+            raise errors.ClientError(f"{key} {path} is not a PEM file")
+    return grpc.ssl_server_credentials([(pem["tls_key_file"], pem["tls_cert_file"])])

@@ -1,0 +1,113 @@
+"""Offsets of the chronoq source as canonical JSON dicts, and read limits. Pure: no I/O, no Spark.
+
+An offset names, per queue of one topic, the next message offset to read::
+
+    {"orders": {"0": 120, "1": 97, "2": 130, "3": 101}}
+
+Spark stores it in its checkpoint with ``json.dumps`` and compares offsets *as JSON text*, so
+every dict made here has one canonical form: queue ids as decimal strings, in ascending numeric
+order (a dict keeps insertion order; ``json.loads`` of a stored offset keeps the stored order,
+which is this one). A micro-batch covers ``[start[q], end[q])`` of each queue.
+
+``startingOffsets`` / ``endingOffsets`` options: ``earliest``, ``latest``, or JSON in the same
+shape where ``-2`` means the queue's earliest retained offset and ``-1`` its latest (Kafka's
+convention). A queue missing from a JSON option starts at its earliest offset and (ending) stops
+at its latest.
+"""
+
+from __future__ import annotations
+
+import json
+
+EARLIEST = -2
+LATEST = -1
+Bounds = dict[int, tuple[int, int]]  # queue -> (min offset, next offset)
+
+
+def canonical(topic: str, positions: dict[int, int]) -> dict:
+    """The one JSON-able form of ``positions`` (queue -> offset)."""
+    return {topic: {str(q): int(positions[q]) for q in sorted(positions)}}
+
+
+def positions(topic: str, offset: dict | None) -> dict[int, int]:
+    """queue -> offset of a canonical offset dict (as Spark hands it back)."""
+    if not offset:
+        return {}
+    if list(offset) != [topic]:
+        raise ValueError(f"the checkpoint's offsets are for topic(s) {sorted(offset)}, but this query reads "
+                         f"{topic!r}: use a new checkpoint location for a different topic")
+    return {int(q): int(o) for q, o in offset[topic].items()}
+
+
+def parse_option(topic: str, text: str | None, default: str, bounds: Bounds, what: str) -> dict[int, int]:
+    """Resolve ``earliest`` / ``latest`` / JSON against the queues' current bounds."""
+    text = (text or default).strip()
+    if text == "earliest":
+        return {q: lo for q, (lo, _hi) in bounds.items()}
+    if text == "latest":
+        return {q: hi for q, (_lo, hi) in bounds.items()}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{what} must be 'earliest', 'latest' or JSON like "
+                         f'{{"{topic}": {{"0": 42, "1": -2}}}}, not {text!r}') from None
+    if not isinstance(data, dict) or list(data) != [topic] or not isinstance(data[topic], dict):
+        raise ValueError(f'{what} JSON must name this topic only: {{"{topic}": {{"<queue>": <offset>, ...}}}}')
+    given = {}
+    for q, off in data[topic].items():
+        if not str(q).isdigit() or int(q) not in bounds:
+            raise ValueError(f"{what}: topic {topic} has no queue {q!r} (queues 0..{len(bounds) - 1})")
+        if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
+            raise ValueError(f"{what}: offset of queue {q} must be an integer >= -2, not {off!r}")
+        given[int(q)] = off
+    out = {}
+    fallback_latest = what == "endingOffsets"
+    for q, (lo, hi) in bounds.items():
+        off = given.get(q, LATEST if fallback_latest else EARLIEST)
+        out[q] = lo if off == EARLIEST else hi if off == LATEST else off
+    return out
+
+
+def limit_rows(start: dict[int, int], end: dict[int, int], max_rows: int | None) -> dict[int, int]:
+    """``end`` cut so that at most ``max_rows`` messages lie between ``start`` and it, shared fairly.
+
+    A queue missing from ``start`` counts from 0 (see ``ranges``).
+    Every queue with data gets an equal share; the share a short queue leaves over goes to the
+    others (so a limit is always filled when enough data exists). Queues are visited in order.
+    """
+    if max_rows is None:
+        return dict(end)
+    assert max_rows > 0
+    avail = {q: max(0, end[q] - start.get(q, 0)) for q in end}
+    take = {q: 0 for q in end}
+    left = max_rows
+    open_queues = [q for q in sorted(avail) if avail[q] > 0]
+    while left > 0 and open_queues:
+        share = max(1, left // len(open_queues))
+        still = []
+        for q in open_queues:
+            n = min(share, avail[q] - take[q], left)
+            take[q] += n
+            left -= n
+            if take[q] < avail[q]:
+                still.append(q)
+            if left == 0:
+                break
+        open_queues = still
+    return {q: start.get(q, 0) + take[q] if avail[q] else end[q] for q in end}
+
+
+def ranges(start: dict[int, int], end: dict[int, int], per_partition: int) -> list[tuple[int, int, int]]:
+    """(queue, from, to) pieces of at most ``per_partition`` messages covering start..end.
+
+    A queue missing from ``start`` (the topic grew) is read from 0 (the read skips to the queue's
+    earliest retained offset), so a replay of the same offsets plans the same ranges.
+    """
+    out = []
+    for q in sorted(end):
+        lo, hi = start.get(q, 0), end[q]
+        while lo < hi:
+            step = min(per_partition, hi - lo)
+            out.append((q, lo, lo + step))
+            lo += step
+    return out

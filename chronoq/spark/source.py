@@ -1,0 +1,320 @@
+"""The ``chronoq`` PySpark data source: batch and streaming reads and writes (docs/spark.md).
+
+Where each piece runs (shared/spark notes, §3): options are parsed in the process that makes the
+``DataSource``; readers and writers are pickled to other processes, so they hold only plain
+values, and every method that talks to the broker opens its own channel (``rpc.AdminRpc``).
+
+Reading: a topic by (queue, offset) ranges. ``read`` is pure (it reruns for sampling, retries and
+replays) and yields Arrow record batches. The stream reader keeps no consumer position in the
+broker: the offsets in Spark's checkpoint are the position (canonical JSON, ``offsets.py``).
+
+Writing: every Spark task stages its rows (``Stage``) under (sink id, batch id); the commit
+publishes the batch (``Publish``), exactly once per (sink id, batch id) however often Spark
+commits it; ``abort`` discards by (sink id, batch id). A streaming sink's id comes from the
+``sinkId`` option or the checkpoint location (stable across restarts); a batch write is one job,
+``jobId`` option or a random id, batch 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, DataSourceStreamArrowWriter,
+                                    DataSourceStreamReader, InputPartition, WriterCommitMessage)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+
+from chronoq.spark import offsets as offs
+from chronoq.spark import rpc
+
+log = logging.getLogger("chronoq.spark")
+
+NAME = "chronoq"
+READ_PAGE_MESSAGES = 8192          # messages per ReadMessages call
+READ_PAGE_BYTES = 8 * 1024 * 1024
+PARTITION_MESSAGES = 250_000       # messages per input partition (option maxRecordsPerPartition)
+STAGE_ROWS = 16_384                # rows per Stage call ...
+STAGE_BYTES = 4 * 1024 * 1024      # ... and about this many body bytes (the broker's limits are higher)
+TIMEOUT_S = 120.0
+
+
+def _flag(options, name: str, default: bool) -> bool:
+    value = options.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"option {name} must be true or false, not {value!r}")
+
+
+def _positive(options, name: str, default: int | None) -> int | None:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"option {name} must be a positive integer, not {value!r}")
+    return n
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The parsed options: plain values, pickled to every worker."""
+
+    endpoints: tuple[str, ...]
+    topic: str
+    starting: str | None
+    ending: str | None
+    max_per_trigger: int | None
+    per_partition: int
+    fail_on_data_loss: bool
+    timeout_s: float
+    sink_id: str | None
+    job_id: str | None
+    checkpoint: str | None
+
+    @classmethod
+    def parse(cls, options) -> "Settings":
+        endpoints = options.get("endpoints") or options.get("endpoint")
+        if not endpoints:
+            raise ValueError("the chronoq source needs option endpoints (host:port of the broker)")
+        topic = options.get("topic")
+        if not topic:
+            raise ValueError("the chronoq source needs option topic")
+        timeout = options.get("timeoutSeconds")
+        return cls(tuple(rpc.parse_endpoints(endpoints)), topic, options.get("startingOffsets"),
+                   options.get("endingOffsets"), _positive(options, "maxRecordsPerTrigger", None),
+                   _positive(options, "maxRecordsPerPartition", PARTITION_MESSAGES),
+                   _flag(options, "failOnDataLoss", True), float(timeout) if timeout else TIMEOUT_S,
+                   options.get("sinkId"), options.get("jobId"), options.get("checkpointLocation"))
+
+    def client(self) -> rpc.AdminRpc:
+        return rpc.AdminRpc(list(self.endpoints), self.timeout_s)
+
+
+class ChronoqDataSource(DataSource):
+    """``spark.read.format("chronoq")`` / ``readStream`` / ``write`` / ``writeStream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self):
+        return rpc.READ_DDL
+
+    def _settings(self) -> Settings:
+        return Settings.parse(self.options)
+
+    def reader(self, schema):
+        return ChronoqBatchReader(self._settings())
+
+    def streamReader(self, schema):
+        return ChronoqStreamReader(self._settings())
+
+    def writer(self, schema, overwrite: bool):
+        settings = self._settings()
+        _check_write_schema(schema, overwrite)
+        job_id = settings.job_id or uuid.uuid4().hex
+        return ChronoqBatchWriter(settings, f"job:{job_id}")
+
+    def streamWriter(self, schema, overwrite: bool):
+        settings = self._settings()
+        _check_write_schema(schema, overwrite)
+        return ChronoqStreamWriter(settings, _sink_id(settings))
+
+
+def _sink_id(settings: Settings) -> str:
+    if settings.sink_id:
+        return settings.sink_id
+    if not settings.checkpoint:
+        raise ValueError("a chronoq stream sink needs option sinkId or a checkpointLocation (a stable id "
+                         "makes the sink exactly-once across restarts)")
+    path = settings.checkpoint.rstrip("/")
+    return "ckpt:" + (path if len(path) <= 150 and path.isprintable() else hashlib.sha256(path.encode()).hexdigest())
+
+
+def _check_write_schema(schema, overwrite: bool) -> None:
+    if overwrite:
+        raise ValueError("chronoq topics are append-only: write with mode('append')")
+    names = [f.name for f in schema.fields]
+    unknown = [n for n in names if n not in rpc.WRITE_COLUMNS]
+    if unknown or "body" not in names:
+        raise ValueError(
+            f"the chronoq sink takes the columns {', '.join(f'{k} ({v})' for k, v in rpc.WRITE_COLUMNS.items())}; "
+            + (f"unknown: {', '.join(unknown)}" if unknown else "body is missing"))
+
+
+# ---------------------------------------------------------------------------- reading
+@dataclass(frozen=True)
+class QueueRange(InputPartition):
+    queue: int
+    start: int
+    end: int
+
+
+def _read_range(settings: Settings, part: QueueRange):
+    """Record batches of the messages in ``part`` (pure: safe to run again)."""
+    with settings.client() as client:
+        offset = part.start
+        while offset < part.end:
+            res = client.read(settings.topic, part.queue, offset, min(READ_PAGE_MESSAGES, part.end - offset),
+                              READ_PAGE_BYTES)
+            if offset < res.min_offset and settings.fail_on_data_loss:
+                raise RuntimeError(
+                    f"chronoq: {settings.topic}/{part.queue} offsets {offset}..{res.min_offset - 1} were removed by "
+                    "retention before this query read them (set failOnDataLoss=false to skip them)")
+            if res.messages.count:
+                yield rpc.columns_to_arrow(settings.topic, part.queue, res.messages)
+            if res.next_offset <= offset:
+                if offset >= res.max_offset:  # the range reaches past the queue's end: it shrank?
+                    raise RuntimeError(f"chronoq: {settings.topic}/{part.queue} ends at {res.max_offset}, "
+                                       f"before the planned offset {part.end}")
+                break
+            offset = res.next_offset
+
+
+def _bounds(settings: Settings) -> offs.Bounds:
+    with settings.client() as client:
+        return client.queue_offsets(settings.topic)
+
+
+class ChronoqBatchReader(DataSourceReader):
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def partitions(self):
+        s = self.settings
+        bounds = _bounds(s)
+        start = offs.parse_option(s.topic, s.starting, "earliest", bounds, "startingOffsets")
+        end = offs.parse_option(s.topic, s.ending, "latest", bounds, "endingOffsets")
+        parts = [QueueRange(q, lo, hi) for q, lo, hi in offs.ranges(start, end, s.per_partition)]
+        return parts or [QueueRange(0, 0, 0)]
+
+    def read(self, partition: QueueRange):
+        if partition.end > partition.start:
+            yield from _read_range(self.settings, partition)
+
+
+class ChronoqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are the checkpoint's; ``maxRecordsPerTrigger`` is honoured, also by availableNow."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._target: dict[int, int] | None = None  # availableNow: stop here
+
+    def initialOffset(self) -> dict:
+        s = self.settings
+        start = offs.parse_option(s.topic, s.starting, "latest", _bounds(s), "startingOffsets")
+        return offs.canonical(s.topic, start)
+
+    def getDefaultReadLimit(self):
+        n = self.settings.max_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {q: hi for q, (_lo, hi) in _bounds(self.settings).items()}
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        s = self.settings
+        begin = offs.positions(s.topic, start)
+        bounds = _bounds(s)
+        end = {q: hi for q, (_lo, hi) in bounds.items()}
+        if self._target is not None:
+            end = {q: min(hi, self._target.get(q, 0)) for q, hi in end.items()}
+        end = {q: max(hi, begin.get(q, 0)) for q, hi in end.items()}  # never move backwards
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = offs.limit_rows(begin, end, max_rows)
+        latest = offs.canonical(s.topic, end)
+        return start if latest == start else latest
+
+    def partitions(self, start: dict, end: dict):
+        s = self.settings
+        return [QueueRange(q, lo, hi) for q, lo, hi in
+                offs.ranges(offs.positions(s.topic, start), offs.positions(s.topic, end), s.per_partition)]
+
+    def read(self, partition: QueueRange):
+        yield from _read_range(self.settings, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the checkpoint owns the position (no acks, no consumer offsets)."""
+
+
+# ---------------------------------------------------------------------------- writing
+@dataclass(frozen=True)
+class StageCommit(WriterCommitMessage):
+    stage_id: str
+    chunks: int
+    rows: int
+
+
+def _stage(settings: Settings, sink_id: str, batch_id: int, batches) -> StageCommit:
+    """Stage every row of ``batches`` as one stage (one per task attempt)."""
+    stage_id = uuid.uuid4().hex
+    chunks = rows = 0
+    with settings.client() as client:
+        for batch in batches:
+            for piece in rpc.split_batch(batch, STAGE_ROWS, STAGE_BYTES):
+                rows += client.stage(sink_id, batch_id, stage_id, chunks, settings.topic, rpc.batch_to_rows(piece))
+                chunks += 1
+    return StageCommit(stage_id, chunks, rows)
+
+
+def _publish(settings: Settings, sink_id: str, batch_id: int, messages) -> None:
+    stages = [(m.stage_id, m.chunks, m.rows) for m in messages if isinstance(m, StageCommit) and m.chunks]
+    with settings.client() as client:
+        resp = client.publish(sink_id, batch_id, stages)
+    log.info("chronoq sink %s batch %d: %s %d messages", sink_id, batch_id,
+             "already published," if resp.already_published else "published", resp.messages)
+
+
+def _abort(settings: Settings, sink_id: str, batch_id: int) -> None:
+    with settings.client() as client:
+        client.abort(sink_id, batch_id)
+
+
+class ChronoqBatchWriter(DataSourceArrowWriter):
+    """``df.write``: one job (``jobId``), published at once when every task has staged its rows."""
+
+    def __init__(self, settings: Settings, sink_id: str):
+        self.settings = settings
+        self.sink_id = sink_id
+
+    def write(self, iterator: Iterator) -> StageCommit:
+        return _stage(self.settings, self.sink_id, 0, iterator)
+
+    def commit(self, messages) -> None:
+        _publish(self.settings, self.sink_id, 0, messages)
+
+    def abort(self, messages) -> None:
+        _abort(self.settings, self.sink_id, 0)
+
+
+class ChronoqStreamWriter(DataSourceStreamArrowWriter):
+    """``writeStream``: exactly once per (sink id, batch id)."""
+
+    def __init__(self, settings: Settings, sink_id: str):
+        self.settings = settings
+        self.sink_id = sink_id
+
+    def write(self, iterator: Iterator) -> StageCommit:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+        if batch is None:
+            raise RuntimeError("chronoq stream sink: Spark did not say which micro-batch this task writes")
+        return _stage(self.settings, self.sink_id, int(batch), iterator)
+
+    def commit(self, messages, batchId: int) -> None:
+        _publish(self.settings, self.sink_id, batchId, messages)
+
+    def abort(self, messages, batchId: int) -> None:
+        _abort(self.settings, self.sink_id, batchId)

@@ -1,0 +1,437 @@
+"""Staged publish: rows staged invisibly under (sink id, batch id), then published exactly once.
+
+The Spark sink (``chronoq.spark``) writes a micro-batch in two steps, as the PySpark notes say it
+must: every task *stages* its rows (``Stage``), and the driver-side commit *publishes* the
+batch (``Publish``). Spark may replay a batch with the same batch id and commit it again; the
+broker publishes a (sink id, batch id) at most once, so the pair is exactly-once. Any client
+can use the same three calls (``Stage``, ``Publish``, ``Abort`` in ``chronoq.v1.Admin``;
+docs/spark.md).
+
+Records, all in the system topic ``STAGE_TOPIC`` (one queue, ``FLAG_SYSTEM``: no consumer ever
+sees them). The kind is the ``__OP`` property; ``__SINK`` and ``__BATCH`` name the batch:
+
+=========  ==========================================================================================
+stage      one chunk of a stage: ``__STAGE`` (stage id, one per Spark task attempt), ``__SEQ``
+           (chunk number from 0), ``__ROWS``. The body is the chunk's messages, each a complete
+           commit-log record (``chronoq.store.record``; queue offset and stored time 0), already
+           validated by ``Broker.prepare`` (queue, message id and delivery time chosen) when staged.
+begin      publishing started: ``__STAGES`` lists the stage ids being published (comma-separated).
+chunk      the messages of chunk (``__STAGE``, ``__SEQ``) are published.
+published  the whole batch is published (``__ROWS``: how many messages).
+aborted    the batch's staged rows were discarded.
+=========  ==========================================================================================
+
+Publishing a batch writes, per chunk and in one ``store.write`` call (one append): [begin, for
+the first chunk], the chunk's messages, its ``chunk`` marker, [``published``, after the last
+chunk]. Markers come after the messages they vouch for, so a crash never leaves a marker without
+its messages. The answer waits for one fsync at the end. A restart replays the topic from the
+state file's floor; a batch whose ``begin`` is durable but whose ``published`` is not is finished
+by the broker itself at start-up, chunk by chunk, skipping chunks with a marker, with the stage
+ids ``begin`` named. So a publish interrupted by a crash (``kill -9`` included) is completed, not
+repeated: exactly once. Two narrow exceptions (documented in docs/spark.md): a power loss that
+tears the last append, and a process death between the two appends of a write that crosses a
+commit-log segment roll, can leave part of one chunk published without its marker; completing
+the batch then publishes that part again.
+
+Why stage ids: a failed Spark task may have staged part of its rows before the retry staged them
+all again. The commit names the stages of the successful attempts, and only those are published.
+A replayed batch stages new stages; if the first publish had already *begun*, the stages it named
+are finished instead and the new ones are dropped.
+
+State file ``staging.json`` (``fsutil.write_json``)::
+
+    {"version": 1, "floor": <queue offset of STAGE_TOPIC replay starts at>,
+     "sinks": {"<sink id>": {"below": <int>, "published": [<batch id>, ...], "used_ms": <ms>}}}
+
+A batch id is published iff it is in ``published`` or below ``below`` (``published`` keeps the
+last ``PUBLISHED_KEEP`` ids per sink; Spark only ever replays the newest one). A sink unused for
+``SINK_FORGET_MS`` is forgotten. Unpublished stages older than ``stage_ttl_ms`` are discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from chronoq import errors, fsutil
+from chronoq.broker import Broker, OutgoingMessage
+from chronoq.store import record
+from chronoq.store.store import Prepared
+
+log = logging.getLogger("chronoq.staging")
+
+STAGE_TOPIC = "CHRONOQ_STAGE"
+STATE_FILE = "staging.json"
+STATE_VERSION = 1
+OP_STAGE, OP_BEGIN, OP_CHUNK, OP_PUBLISHED, OP_ABORTED = "stage", "begin", "chunk", "published", "aborted"
+PROP_OP, PROP_SINK, PROP_BATCH = "__OP", "__SINK", "__BATCH"
+PROP_STAGE, PROP_SEQ, PROP_ROWS, PROP_STAGES = "__STAGE", "__SEQ", "__ROWS", "__STAGES"
+SINK_ID_CHARS_MAX = 200
+STAGE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CHUNK_ROWS_MAX = 65_536            # messages in one staged chunk
+CHUNK_BYTES_MAX = 48 * 1024 * 1024  # encoded size of one chunk (a commit-log record holds 64 MiB)
+STAGES_PER_BATCH_MAX = 100_000
+PUBLISHED_KEEP = 1024
+SINK_FORGET_MS = 30 * 86_400_000
+
+_HEADER = record.HEADER
+_HEADER_SIZE = record.HEADER_SIZE
+
+
+@dataclass(slots=True)
+class Chunk:
+    queue_offset: int
+    commit_offset: int
+    size: int
+    rows: int
+    published: bool = False
+
+
+@dataclass(slots=True)
+class Batch:
+    """A (sink, batch) with staged rows, not yet published."""
+
+    first_ms: int
+    stages: dict[str, dict[int, Chunk]] = field(default_factory=dict)
+    begun: list[str] | None = None  # stage ids being published (a durable "begin" exists)
+
+
+@dataclass(slots=True)
+class Sink:
+    below: int = 0
+    published: set[int] = field(default_factory=set)
+    used_ms: int = 0
+
+    def has(self, batch: int) -> bool:
+        return batch < self.below or batch in self.published
+
+    def add(self, batch: int, now_ms: int) -> None:
+        self.published.add(batch)
+        self.used_ms = max(self.used_ms, now_ms)
+        if len(self.published) > PUBLISHED_KEEP:
+            keep = sorted(self.published)[-PUBLISHED_KEEP:]
+            self.below = max(self.below, keep[0])
+            self.published = set(keep)
+
+
+@dataclass(slots=True)
+class PublishJob:
+    """A publish under way: iterate ``steps()`` (one chunk written per step) to do it."""
+
+    already_published: bool
+    messages: int
+    _todo: list[tuple[str, int]]
+    _sink: str
+    _batch: int
+    _begin: list[str] | None
+
+    def steps(self, staging: "Staging") -> Iterator[int]:
+        yield from staging._run(self)
+
+
+def check_sink_id(sink_id: object) -> str:
+    if not isinstance(sink_id, str) or not sink_id.strip():
+        raise errors.ClientError("sink id is missing")
+    if len(sink_id) > SINK_ID_CHARS_MAX or not sink_id.isprintable():
+        raise errors.ClientError(f"sink id must be printable and at most {SINK_ID_CHARS_MAX} characters")
+    return sink_id
+
+
+def check_batch_id(batch_id: object) -> int:
+    if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
+        raise errors.ClientError(f"batch id must be a non-negative integer, not {batch_id!r}")
+    return batch_id
+
+
+def check_stage_id(stage_id: object) -> str:
+    if not isinstance(stage_id, str) or not STAGE_ID_RE.fullmatch(stage_id):
+        raise errors.ClientError(f"stage id {stage_id!r} must be 1-64 characters of [A-Za-z0-9_-]")
+    return stage_id
+
+
+def parse_records(blob: bytes) -> Iterator[Prepared]:
+    """The messages of a staged chunk body (commit-log records back to back), validated."""
+    pos, end = 0, len(blob)
+    topics: dict[bytes, str] = {}
+    while pos < end:
+        try:
+            total = record.check(blob, pos, end)
+        except record.RecordError as exc:
+            raise errors.CorruptionError(STAGE_TOPIC, pos, f"staged chunk: {exc.reason}") from None
+        (_t, _m, _v, _c, flags, qid, _qoff, born, _stored, deliver,
+         tlen, mlen, taglen, klen, plen, blen) = _HEADER.unpack_from(blob, pos)
+        p = pos + _HEADER_SIZE
+        raw_topic = blob[p:p + tlen]
+        topic = topics.get(raw_topic)
+        if topic is None:
+            topic = topics[raw_topic] = raw_topic.decode()
+        p += tlen
+        mid = blob[p:p + mlen]; p += mlen
+        tag = blob[p:p + taglen]; p += taglen
+        keys = blob[p:p + klen]; p += klen
+        props = blob[p:p + plen]; p += plen
+        yield Prepared(topic, qid, flags, born, deliver, mid, tag, keys, props, blob[p:p + blen])
+        pos += total
+
+
+class Staging:
+    """Stage / publish / abort over the embedded broker; every method runs on the broker's thread."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.ttl_ms = broker.config.stage_ttl_ms
+        broker.create_topic(STAGE_TOPIC, 1, system=True)
+        self.batches: dict[tuple[str, int], Batch] = {}
+        self.sinks: dict[str, Sink] = {}
+        self._path = os.path.join(broker.data_dir, STATE_FILE)
+        self._load()
+        broker.store.add_retention_guard(self._retention_floor)
+        self._resume()
+
+    # ----------------------------------------------------------------- records
+    def _op(self, op: str, sink: str, batch: int, now: int, body: bytes = b"", **extra: str) -> Prepared:
+        props = {PROP_OP: op, PROP_SINK: sink, PROP_BATCH: str(batch), **extra}
+        return Prepared(STAGE_TOPIC, 0, record.FLAG_SYSTEM, now, 0, f"{op}-{batch}".encode(), b"", b"",
+                        record.encode_properties(props), body)
+
+    def _props_at(self, commit_offset: int, size: int) -> dict[str, str]:
+        """A stage-topic record's properties, without reading its (possibly large) body."""
+        log_ = self.broker.store.log
+        head = log_.read(commit_offset, _HEADER_SIZE)
+        (_t, _m, _v, _c, _f, _q, _o, _b, _s, _d, tlen, mlen, taglen, klen, plen, _bl) = _HEADER.unpack(head)
+        start = commit_offset + _HEADER_SIZE + tlen + mlen + taglen + klen
+        return record.decode_properties(log_.read(start, plen)) if plen else {}
+
+    # ----------------------------------------------------------------- state
+    def _load(self) -> None:
+        try:
+            state = fsutil.read_json(self._path) or {}
+        except ValueError as exc:
+            log.warning("staging state unreadable (%s); replaying the whole stage topic", exc)
+            state = {}
+        for name, s in state.get("sinks", {}).items():
+            self.sinks[name] = Sink(int(s.get("below", 0)), {int(b) for b in s.get("published", [])},
+                                    int(s.get("used_ms", 0)))
+        store = self.broker.store
+        lo, hi = store.bounds(STAGE_TOPIC, 0)
+        offset = max(int(state.get("floor", 0)), lo)
+        while offset < hi:
+            entries = store.entries(STAGE_TOPIC, 0, offset, min(4096, hi - offset))
+            if not entries:
+                break
+            for i, (phys, size, _tag_hash, stored_ms) in enumerate(entries):
+                if size == 0 or phys < store.log.min_offset:
+                    continue
+                try:
+                    props = self._props_at(phys, size)
+                except errors.ChronoqError as exc:
+                    log.error("stage record at %d unreadable, skipped: %s", phys, exc)
+                    continue
+                self._apply(props, Chunk(offset + i, phys, size, int(props.get(PROP_ROWS, 0) or 0)), stored_ms)
+            offset += len(entries)
+
+    def _apply(self, props: dict[str, str], chunk: Chunk, stored_ms: int) -> None:
+        """Replay one stage-topic record into the in-memory state."""
+        op, sink = props.get(PROP_OP), props.get(PROP_SINK, "")
+        try:
+            batch = int(props.get(PROP_BATCH, "-1"))
+        except ValueError:
+            return
+        key = (sink, batch)
+        state = self.sinks.get(sink)
+        if op == OP_PUBLISHED:
+            self._mark_published(sink, batch, stored_ms)
+            return
+        if state is not None and state.has(batch):
+            return
+        b = self.batches.get(key)
+        if op == OP_STAGE:
+            if b is None:
+                b = self.batches[key] = Batch(stored_ms)
+            b.stages.setdefault(props.get(PROP_STAGE, ""), {}).setdefault(int(props.get(PROP_SEQ, 0)), chunk)
+        elif op == OP_BEGIN and b is not None:
+            b.begun = [s for s in props.get(PROP_STAGES, "").split(",") if s]
+        elif op == OP_CHUNK and b is not None:
+            c = b.stages.get(props.get(PROP_STAGE, ""), {}).get(int(props.get(PROP_SEQ, -1)))
+            if c is not None:
+                c.published = True
+        elif op == OP_ABORTED and b is not None and b.begun is None:
+            del self.batches[key]
+
+    def _mark_published(self, sink: str, batch: int, now: int) -> None:
+        self.sinks.setdefault(sink, Sink()).add(batch, now)
+        # This batch is done, and so are older unpublished batches of the sink (aborted attempts).
+        for key in [k for k in self.batches if k[0] == sink and k[1] <= batch and self.batches[k].begun is None
+                    or k == (sink, batch)]:
+            del self.batches[key]
+
+    def checkpoint(self) -> None:
+        """Persist the replay floor and the published batch ids (after a publish is durable)."""
+        now = self.broker.clock.wall_ms()
+        for name in [n for n, s in self.sinks.items() if now - s.used_ms > SINK_FORGET_MS]:
+            del self.sinks[name]
+        floor = min((c.queue_offset for b in self.batches.values() for st in b.stages.values() for c in st.values()),
+                    default=self.broker.store.bounds(STAGE_TOPIC, 0)[1])
+        fsutil.write_json(self._path, {
+            "version": STATE_VERSION, "floor": floor,
+            "sinks": {n: {"below": s.below, "published": sorted(s.published), "used_ms": s.used_ms}
+                      for n, s in sorted(self.sinks.items())}})
+
+    def _retention_floor(self) -> int | None:
+        return min((c.commit_offset for b in self.batches.values() for st in b.stages.values()
+                    for c in st.values() if not c.published), default=None)
+
+    def sweep(self, now_ms: int | None = None) -> int:
+        """Discard staged batches older than ``stage_ttl_ms`` that never began publishing."""
+        now = self.broker.clock.wall_ms() if now_ms is None else now_ms
+        old = [k for k, b in self.batches.items() if b.begun is None and now - b.first_ms > self.ttl_ms]
+        for key in old:
+            log.info("discarding staged batch %s/%d: not published within stage_ttl_ms", *key)
+            del self.batches[key]
+        return len(old)
+
+    def _resume(self) -> None:
+        """Finish publishes a crash interrupted (a durable "begin" without "published")."""
+        for (sink, batch), b in list(self.batches.items()):
+            if b.begun is not None:
+                job = self.publish(sink, batch, [])
+                log.warning("finishing the interrupted publish of %s/%d (%d messages)", sink, batch, job.messages)
+                for _ in job.steps(self):
+                    pass
+
+    # ----------------------------------------------------------------- API
+    def is_published(self, sink_id: str, batch_id: int) -> bool:
+        s = self.sinks.get(sink_id)
+        return s is not None and s.has(batch_id)
+
+    def stage(self, sink_id: str, batch_id: int, stage_id: str, seq: int, messages: list[OutgoingMessage]) -> int:
+        """Validate ``messages`` and stage them as chunk ``seq`` of ``stage_id`` (page cache; the
+        caller makes it durable). Idempotent per (stage id, seq). Returns the row count."""
+        sink_id, batch_id, stage_id = check_sink_id(sink_id), check_batch_id(batch_id), check_stage_id(stage_id)
+        if not isinstance(seq, int) or not 0 <= seq < 1_000_000:
+            raise errors.ClientError(f"chunk number must be in 0..999999, not {seq!r}")
+        if not messages or len(messages) > CHUNK_ROWS_MAX:
+            raise errors.ClientError(f"a chunk holds 1..{CHUNK_ROWS_MAX} rows, not {len(messages)}")
+        key = (sink_id, batch_id)
+        b = self.batches.get(key)
+        if self.is_published(sink_id, batch_id) or (b is not None and b.begun is not None):
+            return len(messages)  # a straggler of a batch already published (or being published): dropped
+        if b is not None and seq in b.stages.get(stage_id, {}):
+            return b.stages[stage_id][seq].rows  # a resent chunk
+        if b is not None and stage_id not in b.stages and len(b.stages) >= STAGES_PER_BATCH_MAX:
+            raise errors.ClientError(f"batch {batch_id} of sink {sink_id} has {STAGES_PER_BATCH_MAX} stages already")
+        broker = self.broker
+        now = broker.clock.wall_ms()
+        new_topics: dict = {}
+        prepare = broker.prepare
+        encode = record.encode
+        topic_bytes: dict[str, bytes] = {}
+        parts: list[bytes] = []
+        size = 0
+        for msg in messages:
+            p, _mid = prepare(msg, now=now, new_topics=new_topics)
+            tb = topic_bytes.get(p.topic)
+            if tb is None:
+                tb = topic_bytes[p.topic] = p.topic.encode()
+            raw = encode(p.flags, p.queue_id, 0, p.born_ms, 0, p.deliver_at_ms, tb, p.message_id, p.tag, p.keys,
+                         p.properties, p.body)
+            size += len(raw)
+            if size > CHUNK_BYTES_MAX:
+                raise errors.ClientError(f"a staged chunk may hold at most {CHUNK_BYTES_MAX} bytes; send fewer rows")
+            parts.append(raw)
+        for name in new_topics:  # every row is valid: create the topics they need
+            broker.topic(name, create=True)
+        rec = self._op(OP_STAGE, sink_id, batch_id, now, b"".join(parts), **{
+            PROP_STAGE: stage_id, PROP_SEQ: str(seq), PROP_ROWS: str(len(parts))})
+        w = broker.store.write([rec])[0]
+        if b is None:
+            b = self.batches[key] = Batch(now)
+        b.stages.setdefault(stage_id, {})[seq] = Chunk(w.queue_offset, w.commit_offset, w.size, len(parts))
+        return len(parts)
+
+    def publish(self, sink_id: str, batch_id: int, refs: list[tuple[str, int, int]]) -> PublishJob:
+        """Plan the publish of a batch from the stages ``refs`` names: ``(stage id, chunks, rows)``.
+
+        Already published: a job with ``already_published`` and nothing to do. A publish that
+        began before (then crashed) continues with the stages it began with, whatever ``refs``
+        says. Raises ``ClientError`` if a named stage is missing chunks (the rows were lost, e.g.
+        discarded by ``stage_ttl_ms``): the batch must be written again.
+        """
+        sink_id, batch_id = check_sink_id(sink_id), check_batch_id(batch_id)
+        if self.is_published(sink_id, batch_id):
+            return PublishJob(True, 0, [], sink_id, batch_id, None)
+        b = self.batches.get((sink_id, batch_id))
+        begin = None
+        if b is not None and b.begun is not None:
+            stage_ids = b.begun
+        else:
+            seen = set()
+            for stage_id, chunks, rows in refs:
+                check_stage_id(stage_id)
+                if stage_id in seen:
+                    raise errors.ClientError(f"stage {stage_id} is named twice")
+                seen.add(stage_id)
+                have = b.stages.get(stage_id, {}) if b is not None else {}
+                if sorted(have) != list(range(chunks)) or sum(c.rows for c in have.values()) != rows:
+                    raise errors.ClientError(
+                        f"stage {stage_id} of batch {batch_id} (sink {sink_id}) is incomplete on the broker: "
+                        f"{len(have)} of {chunks} chunks, {sum(c.rows for c in have.values())} of {rows} rows "
+                        "(discarded or lost); write the batch again")
+            stage_ids = begin = [r[0] for r in refs]
+        todo = [(sid, seq) for sid in stage_ids for seq in sorted(b.stages.get(sid, {}) if b is not None else {})
+                if not b.stages[sid][seq].published]  # type: ignore[union-attr]
+        messages = sum(b.stages[sid][seq].rows for sid, seq in todo) if b is not None else 0
+        return PublishJob(False, messages, todo, sink_id, batch_id, begin)
+
+    def _run(self, job: PublishJob) -> Iterator[int]:
+        """Write the job's chunks, one ``store.write`` (append) per chunk, yielding after each."""
+        if job.already_published:
+            return
+        broker = self.broker
+        sink, batch = job._sink, job._batch
+        key = (sink, batch)
+        total = job.messages
+        if not job._todo:
+            now = broker.clock.wall_ms()
+            broker.store.write([self._op(OP_PUBLISHED, sink, batch, now, **{PROP_ROWS: str(total)})])
+            self._mark_published(sink, batch, now)
+            return
+        begin = job._begin
+        for i, (stage_id, seq) in enumerate(job._todo):
+            b = self.batches[key]
+            c = b.stages[stage_id][seq]
+            now = broker.clock.wall_ms()
+            recs: list[Prepared] = []
+            if begin is not None:
+                recs.append(self._op(OP_BEGIN, sink, batch, now, **{PROP_STAGES: ",".join(begin)}))
+            stored = broker.store.read_at(c.commit_offset, c.size)
+            messages = list(parse_records(stored.body))
+            recs.extend(messages)
+            recs.append(self._op(OP_CHUNK, sink, batch, now, **{PROP_STAGE: stage_id, PROP_SEQ: str(seq)}))
+            last = i == len(job._todo) - 1
+            if last:
+                recs.append(self._op(OP_PUBLISHED, sink, batch, now, **{PROP_ROWS: str(total)}))
+            broker.store.write(recs)
+            if begin is not None:
+                b.begun, begin = begin, None
+            c.published = True
+            if broker.trace is not None:
+                broker.trace.stored(messages, now)
+            if last:
+                self._mark_published(sink, batch, now)
+            yield len(messages)
+
+    def abort(self, sink_id: str, batch_id: int) -> int:
+        """Discard a batch's staged rows; nothing once it is published or being published.
+        Returns how many staged rows were discarded."""
+        sink_id, batch_id = check_sink_id(sink_id), check_batch_id(batch_id)
+        b = self.batches.get((sink_id, batch_id))
+        if b is None or b.begun is not None:
+            return 0
+        rows = sum(c.rows for st in b.stages.values() for c in st.values())
+        del self.batches[(sink_id, batch_id)]
+        self.broker.store.write([self._op(OP_ABORTED, sink_id, batch_id, self.broker.clock.wall_ms())])
+        return rows
