@@ -9,6 +9,9 @@ or one JSON document for scripts, and exits with a documented status (docs/cli.m
     1  the broker refused the request (bad name, unknown group, ...); stderr names the code
     2  bad usage, caught before anything was sent (click's own status)
     3  no answer: the broker is unreachable, timed out, or is not chronoq
+    4  ``message recall``/``reschedule`` only: answered, but the message was not changed
+       (already delivered, already cancelled, or not found); the outcome says which
+    5  ``audit`` only: the audit found early deliveries or lost messages
 
 Names and values are checked by the broker, the one authority on them; the CLI checks only what
 it must parse itself (endpoint, ``k=v`` properties, the body source).
@@ -32,6 +35,7 @@ DEFAULT_ENDPOINT = "127.0.0.1:8081"
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_NOT_DONE = 4           # answered definitely, but nothing changed (already delivered, not found)
 RECEIVE_MAX_MESSAGES = 32   # per request (the protocol's batch limit)
 LONG_POLL_MAX_S = 60.0      # the broker parks a receive at most this long
 SEND_BATCH_DEFAULT = 100
@@ -480,3 +484,266 @@ def _print_received(got: list, group: str, topic: str, invisible: float, wait: f
     else:
         click.echo(f"received {len(got)} messages, acknowledged {acked}; the others become visible again "
                    f"{invisible:g} s after they were received")
+
+
+# ----------------------------------------------------------------------------- timers
+TIMERS_MINUTES_MAX = 10_080  # a week (the broker's limit)
+BAR_WIDTH = 40              # characters of the longest bar in the text histograms
+
+
+def _iso_ms(ms: int | None) -> str | None:
+    """Epoch ms as an ISO 8601 UTC time with milliseconds, for people."""
+    if not ms:
+        return None
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
+
+
+def _lane_json(lane) -> dict:
+    return {"pending": lane.pending, "pending_max": lane.pending_max, "failures": lane.failures,
+            "blocked": lane.blocked, "retry_at_ms": lane.retry_at_ms or None, "last_error": lane.last_error or None,
+            "delivered": lane.delivered, "skipped": lane.skipped}
+
+
+def _lane_state(lane) -> str:
+    if lane.blocked:
+        return f"BLOCKED ({lane.failures} failures: {lane.last_error})"
+    if lane.failures:
+        return f"retrying ({lane.failures} failures: {lane.last_error})"
+    return "ok"
+
+
+def _by_minute(buckets) -> list[dict]:
+    """Pending per minute of due time (buckets narrower than a minute are added up; wider ones
+    count in the minute they start)."""
+    minutes: dict[int, int] = {}
+    for b in buckets:
+        start = b.start_ms - b.start_ms % 60_000
+        minutes[start] = minutes.get(start, 0) + b.pending
+    return [{"start_ms": start, "pending": minutes[start]} for start in sorted(minutes)]
+
+
+def _timers_json(st) -> dict:
+    h = st.lateness
+    return {
+        "now_ms": st.now_ms, "bucket_ms": st.bucket_ms, "cursor": st.cursor, "wheel_entries": st.wheel_entries,
+        "buckets_on_disk": st.buckets_on_disk, "overdue_pending": st.overdue_pending, "lost": st.lost,
+        "notes": list(st.notes),
+        "lateness": {"count": h.count, "sum_ms": h.sum_ms, "max_ms": h.max_ms, "early": h.early,
+                     "p50_ms": h.p50_ms if h.count else None, "p99_ms": h.p99_ms if h.count else None,
+                     "p999_ms": h.p999_ms if h.count else None,
+                     "buckets": [{"le_ms": None if b.le_ms < 0 else b.le_ms, "count": b.count} for b in h.buckets]},
+        "timer_lane": _lane_json(st.timer_lane),
+        "levels": [{"level": lv.level, "delay_ms": lv.delay_ms, "backlog": lv.backlog,
+                    "head_due_ms": lv.head_due_ms or None, "lane": _lane_json(lv.lane)} for lv in st.levels],
+        "due_by_bucket": [{"start_ms": b.start_ms, "end_ms": b.end_ms, "pending": b.pending}
+                          for b in st.due_by_bucket],
+        "due_by_minute": _by_minute(st.due_by_bucket),
+    }
+
+
+def _bars(rows: list[tuple[str, int]]) -> None:
+    """A text histogram: label, bar scaled to the largest count, count."""
+    top = max((count for _, count in rows), default=0)
+    width = max((len(label) for label, _ in rows), default=0)
+    for label, count in rows:
+        bar = "#" * (round(count * BAR_WIDTH / top) if top else 0)
+        if count and not bar:
+            bar = "."  # some, but less than one character's worth
+        click.echo(f"  {label.rjust(width)} | {bar.ljust(BAR_WIDTH)} {count:,}")
+
+
+def _duration_text(ms: int) -> str:
+    from chronoq.timer.levels import format_duration
+
+    return format_duration(ms)
+
+
+def _print_timers(st, minutes: int) -> None:
+    h = st.lateness
+    click.echo(f"timer clock {_iso_ms(st.now_ms)}; buckets of {_duration_text(st.bucket_ms)}; "
+               f"{st.wheel_entries:,} timers in memory, {st.buckets_on_disk:,} buckets waiting on disk; "
+               f"cursor {st.cursor:,}")
+    lane = st.timer_lane
+    _print_table(None, ["LANE", "DELIVERED", "IN FLIGHT", "BACKLOG", "NEXT DUE", "STATE"],
+                 [["timer (deliver_at)", lane.delivered, lane.pending, sum(b.pending for b in st.due_by_bucket)
+                   + st.overdue_pending, None, _lane_state(lane)]] +
+                 [[f"level {lv.level} ({_duration_text(lv.delay_ms)})", lv.lane.delivered, lv.lane.pending,
+                   lv.backlog, _iso_ms(lv.head_due_ms) if lv.backlog else None, _lane_state(lv.lane)]
+                  for lv in st.levels],
+                 right=("DELIVERED", "IN FLIGHT", "BACKLOG"), wrap=("STATE",))
+    click.echo("(timer backlog: within the next %d minutes, plus %d overdue)" % (minutes, st.overdue_pending))
+    click.echo("")
+    if h.count:
+        click.echo(f"lateness (visible - due) of {h.count:,} deliveries: p50 <= {h.p50_ms} ms, p99 <= {h.p99_ms} ms, "
+                   f"p99.9 <= {h.p999_ms} ms, max {h.max_ms} ms, early {h.early}")
+        rows = []
+        prev = None
+        for b in h.buckets:
+            label = f"> {prev} ms" if b.le_ms < 0 else ("0 ms" if b.le_ms == 0 else f"<= {b.le_ms} ms")
+            rows.append((label, b.count))
+            prev = b.le_ms
+        while rows and rows[-1][1] == 0:  # no empty tail rows
+            rows.pop()
+        _bars(rows)
+    else:
+        click.echo("lateness: nothing delivered since the broker started")
+    click.echo("")
+    per_minute = _by_minute(st.due_by_bucket)
+    click.echo(f"timer messages due per minute, next {minutes} minutes "
+               f"({sum(m['pending'] for m in per_minute):,} pending; overdue now: {st.overdue_pending:,}):")
+    _bars([(_iso_ms(m["start_ms"])[11:16] + "Z", m["pending"]) for m in per_minute])
+    for note in st.notes:
+        click.echo(f"note: {note}")
+
+
+@main.command()
+@click.option("--minutes", type=click.IntRange(1, TIMERS_MINUTES_MAX), default=10, show_default=True,
+              help="How far ahead to count pending timer messages per minute.")
+@_remote
+def timers(minutes, endpoint, timeout, as_json) -> None:
+    """Delayed delivery: lateness histogram, what fires per minute, backlog per delay level."""
+    st = _admin(endpoint, timeout, "timer_stats", minutes)
+    if as_json:
+        _print_json(_timers_json(st))
+    else:
+        _print_timers(st, minutes)
+
+
+# ----------------------------------------------------------------------------- message
+@main.group()
+def message() -> None:
+    """Recall or reschedule a delayed message by its recall handle."""
+
+
+def _outcome_json(r, new_handle: bool) -> dict:
+    out = {"outcome": r.outcome, "topic": r.topic or None, "message_id": r.message_id or None,
+           "deliver_at_ms": r.deliver_at_ms or None, "detail": r.detail or None}
+    if new_handle:
+        out["recall_handle"] = r.recall_handle or None
+    return out
+
+
+def _print_outcome(r, as_json: bool, done: str, new_handle: bool = False) -> None:
+    if as_json:
+        _print_json(_outcome_json(r, new_handle))
+    else:
+        columns = ["OUTCOME", "TOPIC", "MESSAGE ID", "DUE", "DETAIL"]
+        row = [r.outcome, r.topic, r.message_id, _iso_ms(r.deliver_at_ms), r.detail]
+        if new_handle and r.recall_handle:
+            columns.append("NEW RECALL HANDLE")
+            row.append(r.recall_handle)
+        _print_table(None, columns, [row], wrap=("DETAIL",))
+    if r.outcome != done:
+        sys.exit(EXIT_NOT_DONE)
+
+
+@message.command("recall")
+@click.argument("handle")
+@_remote
+def message_recall(handle, endpoint, timeout, as_json) -> None:
+    """Cancel the delayed message HANDLE (the recall handle its send returned).
+
+    Exit 0 when it is cancelled (also when it already was), 4 when it was already delivered
+    or no pending message matches the handle.
+    """
+    r = _admin(endpoint, timeout, "recall", handle)
+    _print_outcome(r, as_json, "cancelled")
+
+
+def _parse_at(text: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (without an offset: this machine's local time)."""
+    import datetime
+
+    value = text.strip()
+    if value.isascii() and value.isdigit():
+        return int(value)
+    try:
+        when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither epoch milliseconds nor an ISO 8601 time "
+                                 "(e.g. 2030-01-31T09:00:00Z)", param_hint="--at") from None
+    return int(when.timestamp() * 1000)
+
+
+@message.command("reschedule")
+@click.argument("handle")
+@click.option("--at", "at", default=None, metavar="TIME",
+              help="New delivery time: epoch milliseconds or ISO 8601 (e.g. 2030-01-31T09:00:00Z; "
+                   "without an offset, this machine's local time).")
+@click.option("--in", "in_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="New delivery time, this many seconds from now.")
+@_remote
+def message_reschedule(handle, at, in_s, endpoint, timeout, as_json) -> None:
+    """Move the delayed message HANDLE to a new delivery time; prints its new recall handle.
+
+    Exit 0 when it was moved, 4 when it was already delivered, cancelled, or no pending message
+    matches the handle (then nothing changed).
+    """
+    if (at is None) == (in_s is None):
+        raise click.UsageError("give the new time with exactly one of --at or --in")
+    deliver_at_ms = _parse_at(at) if at is not None else int(time.time() * 1000 + in_s * 1000)
+    r = _admin(endpoint, timeout, "reschedule", handle, deliver_at_ms)
+    _print_outcome(r, as_json, "rescheduled", new_handle=True)
+
+
+# ----------------------------------------------------------------------------- audit (Spark)
+EXIT_AUDIT_PROBLEM = 5      # the audit found early deliveries or lost messages
+
+
+def _audit_json(result) -> dict:
+    rows = [{**r, "hour": r["hour"].strftime("%Y-%m-%dT%H:00:00Z") if r["hour"] else None} for r in result.rows]
+    return {"ok": result.ok, "at_ms": result.now_ms, "grace_ms": result.grace_ms,
+            "dropped_trace_events": result.dropped_events, "totals": result.totals, "rows": rows}
+
+
+@main.command()
+@click.option("--topic", "topics", multiple=True,
+              help="Only this topic; repeat for several. Default: every topic in the trace.")
+@click.option("--grace", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds after its due time from which a delayed message never made visible counts as lost.")
+@click.option("--html", "html_path", default="chronoq-audit.html", show_default=True,
+              help="Where to write the HTML report with the lateness plot ('' for none).")
+@click.option("--master", default="local[*]", show_default=True,
+              help="Spark master for the job (an active SparkSession in this process is used as it is).")
+@_remote
+def audit(topics, grace, html_path, master, endpoint, timeout, as_json) -> None:
+    """Delivery audit: a PySpark job over the broker's message life trace (docs/spark.md).
+
+    Per topic and hour of due time: sent, visible, delivered, acked, dead-lettered, recalled,
+    early (must be 0), lost (delayed, past due + --grace, never visible), waiting; lateness
+    (visible - due) p50/p99/max. Prints a table (or --json) and writes an HTML report.
+    Exit 0 when nothing was early or lost, 5 when something was.
+    """
+    try:
+        from pyspark.sql import SparkSession
+
+        from chronoq.spark import audit as job
+        from chronoq.spark.rpc import BrokerError
+        from chronoq.spark.session import local_session
+    except ImportError as exc:
+        _fail(f"the audit needs the spark extra (pip install 'chronoq[spark]' and Java 17): {exc}", EXIT_USAGE)
+    owned = SparkSession.getActiveSession() is None
+    spark = local_session(master, app="chronoq-audit")
+    try:
+        result = job.run(spark, endpoint, list(topics), grace)
+        if html_path:
+            job.write_html(result, html_path)
+    except BrokerError as exc:
+        _fail(str(exc), EXIT_UNREACHABLE if exc.code == -1 else EXIT_REFUSED)
+    finally:
+        if owned:
+            spark.stop()
+    if as_json:
+        _print_json(_audit_json(result))
+    else:
+        _print_table("chronoq delivery audit", job.TABLE_COLUMNS, job.table_rows(result),
+                     right=tuple(job.TABLE_COLUMNS[2:]))
+        t = result.totals
+        click.echo(("OK: no early delivery, no lost message" if result.ok else
+                    f"PROBLEM: {t['early']} early, {t['lost']} lost")
+                   + (f"; report: {html_path}" if html_path else ""))
+    if not result.ok:
+        sys.exit(EXIT_AUDIT_PROBLEM)

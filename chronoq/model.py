@@ -79,8 +79,14 @@ def validate_group_name(name: object) -> str:
     return group
 
 
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
+
+
 def _has_control(text: str) -> bool:
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+    # On every send (message ids, tags, keys): isprintable() is one C pass and False for every
+    # control character, so a True answer settles it; the regex decides the rest exactly
+    # (non-ASCII text may be "unprintable" without holding a control character).
+    return not text.isprintable() and _CONTROL_RE.search(text) is not None
 
 
 def validate_tag(tag: object) -> str:

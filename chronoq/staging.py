@@ -12,9 +12,9 @@ sees them). The kind is the ``__OP`` property; ``__SINK`` and ``__BATCH`` name t
 
 =========  ==========================================================================================
 stage      one chunk of a stage: ``__STAGE`` (stage id, one per Spark task attempt), ``__SEQ``
-           (chunk number from 0), ``__ROWS``. The body is the chunk's messages, each a complete
-           commit-log record (``chronoq.store.record``; queue offset and stored time 0), already
-           validated by ``Broker.prepare`` (queue, message id and delivery time chosen) when staged.
+           (chunk number from 0), ``__ROWS``, ``__TOPIC``. The body is the chunk's messages,
+           validated when staged (message id, queue and delivery time chosen then), in the
+           ROW format below.
 begin      publishing started: ``__STAGES`` lists the stage ids being published (comma-separated).
 chunk      the messages of chunk (``__STAGE``, ``__SEQ``) are published.
 published  the whole batch is published (``__ROWS``: how many messages).
@@ -33,6 +33,26 @@ tears the last append, and a process death between the two appends of a write th
 commit-log segment roll, can leave part of one chunk published without its marker; completing
 the batch then publishes that part again.
 
+ROW (little-endian), one per message, back to back in a stage record's body::
+
+    off  size  field
+      0     2  flags          commit-log record flags (DELAYED when the timer must schedule it)
+      2     2  queue_id
+      4     8  born_ms
+     12     8  deliver_at_ms  0: immediate
+     20     1  msgid_len
+     21     2  tag_len
+     23     2  keys_len
+     25     4  props_len
+     29     4  body_len
+     33        message id, tag, keys, properties (commit-log encodings), body
+
+Validation mirrors ``Broker.prepare`` for a columnar block (one topic lookup per chunk, no
+per-row objects); ``tests/unit/test_staging.py`` checks the two agree. Rows without a message
+group go to one queue per chunk, chosen round-robin per topic (sticky, like Kafka's default
+partitioner): a queue then holds long runs of a batch's messages, so reads by offset are a few
+large reads; a message group keeps its queue (``crc32(group) % queues``).
+
 Why stage ids: a failed Spark task may have staged part of its rows before the retry staged them
 all again. The commit names the stages of the successful attempts, and only those are published.
 A replayed batch stages new stages; if the first publish had already *begun*, the stages it named
@@ -43,23 +63,35 @@ State file ``staging.json`` (``fsutil.write_json``)::
     {"version": 1, "floor": <queue offset of STAGE_TOPIC replay starts at>,
      "sinks": {"<sink id>": {"below": <int>, "published": [<batch id>, ...], "used_ms": <ms>}}}
 
-A batch id is published iff it is in ``published`` or below ``below`` (``published`` keeps the
-last ``PUBLISHED_KEEP`` ids per sink; Spark only ever replays the newest one). A sink unused for
-``SINK_FORGET_MS`` is forgotten. Unpublished stages older than ``stage_ttl_ms`` are discarded.
+A batch id is published iff it is in ``published`` or below ``below`` (every id of a contiguous
+run from 0 is folded into ``below``; past ``PUBLISHED_KEEP`` ids the oldest are folded in too).
+A sink unused for ``SINK_FORGET_MS`` is forgotten. Unpublished stages older than
+``stage_ttl_ms`` are discarded. The file is rewritten at most every ``CHECKPOINT_EVERY_MS``: it
+only bounds the replay (the markers after its floor are replayed), so an older file is safe.
+
+Caveat (as with any idempotent-writer id): a sink id names one sequence of batch ids. A streaming
+query started over with a new checkpoint restarts its batch ids at 0, so it must use a new
+``sinkId`` (the default sink id is derived from the checkpoint location, so it does).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
+import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from chronoq import errors, fsutil
-from chronoq.broker import Broker, OutgoingMessage
+from chronoq import errors, fsutil, model
+from chronoq.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, Broker
+from chronoq.model import MessageType
+from chronoq.msgid import new_message_id
 from chronoq.store import record
 from chronoq.store.store import Prepared
+from chronoq.timer import deliverytime
 
 log = logging.getLogger("chronoq.staging")
 
@@ -68,13 +100,14 @@ STATE_FILE = "staging.json"
 STATE_VERSION = 1
 OP_STAGE, OP_BEGIN, OP_CHUNK, OP_PUBLISHED, OP_ABORTED = "stage", "begin", "chunk", "published", "aborted"
 PROP_OP, PROP_SINK, PROP_BATCH = "__OP", "__SINK", "__BATCH"
-PROP_STAGE, PROP_SEQ, PROP_ROWS, PROP_STAGES = "__STAGE", "__SEQ", "__ROWS", "__STAGES"
+PROP_STAGE, PROP_SEQ, PROP_ROWS, PROP_STAGES, PROP_TOPIC = "__STAGE", "__SEQ", "__ROWS", "__STAGES", "__TOPIC"
 SINK_ID_CHARS_MAX = 200
 STAGE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHUNK_ROWS_MAX = 65_536            # messages in one staged chunk
 CHUNK_BYTES_MAX = 48 * 1024 * 1024  # encoded size of one chunk (a commit-log record holds 64 MiB)
 STAGES_PER_BATCH_MAX = 100_000
-PUBLISHED_KEEP = 1024
+PUBLISHED_KEEP = 100_000
+CHECKPOINT_EVERY_MS = 5_000   # the state file is rewritten at most this often
 SINK_FORGET_MS = 30 * 86_400_000
 
 _HEADER = record.HEADER
@@ -87,6 +120,7 @@ class Chunk:
     commit_offset: int
     size: int
     rows: int
+    topic: str
     published: bool = False
 
 
@@ -109,10 +143,16 @@ class Sink:
         return batch < self.below or batch in self.published
 
     def add(self, batch: int, now_ms: int) -> None:
-        self.published.add(batch)
+        published = self.published
+        published.add(batch)
         self.used_ms = max(self.used_ms, now_ms)
-        if len(self.published) > PUBLISHED_KEEP:
-            keep = sorted(self.published)[-PUBLISHED_KEEP:]
+        while self.below in published:  # a contiguous run from ``below`` needs no set entries
+            published.discard(self.below)
+            self.below += 1
+        if len(published) > PUBLISHED_KEEP:
+            # Far more ids than any replay needs (Spark replays its newest batch; a batch job's
+            # partitions finish close together): keep the newest, count everything below as done.
+            keep = sorted(published)[-PUBLISHED_KEEP:]
             self.below = max(self.below, keep[0])
             self.published = set(keep)
 
@@ -152,29 +192,44 @@ def check_stage_id(stage_id: object) -> str:
     return stage_id
 
 
-def parse_records(blob: bytes) -> Iterator[Prepared]:
-    """The messages of a staged chunk body (commit-log records back to back), validated."""
+ROW = struct.Struct("<HHqqBHHII")
+ROW_SIZE = 33
+assert ROW.size == ROW_SIZE
+_TYPE_DELAY = record.encode_properties({PROP_MESSAGE_TYPE: MessageType.DELAY.name})
+
+
+@dataclass(slots=True)
+class Rows:
+    """Columns of the rows of one chunk; ``None``: the column is absent (every row lacks it)."""
+
+    bodies: list[bytes]
+    tags: list[str] | None = None
+    keys: list[list[str]] | None = None
+    properties: list[dict[str, str]] | None = None
+    groups: list[str] | None = None          # "": no message group
+    deliver_at_ms: list[int] | None = None   # 0: none
+    delay_ms: list[int] | None = None        # 0: none (from the moment the row is staged)
+
+
+def parse_rows(topic: str, blob: bytes) -> list[Prepared]:
+    """The messages of a staged chunk body (ROW format). On the publish hot path: one unpack and
+    plain slices per row, tuples built directly."""
+    out: list[Prepared] = []
+    add, new, unpack = out.append, tuple.__new__, ROW.unpack_from
     pos, end = 0, len(blob)
-    topics: dict[bytes, str] = {}
     while pos < end:
-        try:
-            total = record.check(blob, pos, end)
-        except record.RecordError as exc:
-            raise errors.CorruptionError(STAGE_TOPIC, pos, f"staged chunk: {exc.reason}") from None
-        (_t, _m, _v, _c, flags, qid, _qoff, born, _stored, deliver,
-         tlen, mlen, taglen, klen, plen, blen) = _HEADER.unpack_from(blob, pos)
-        p = pos + _HEADER_SIZE
-        raw_topic = blob[p:p + tlen]
-        topic = topics.get(raw_topic)
-        if topic is None:
-            topic = topics[raw_topic] = raw_topic.decode()
-        p += tlen
-        mid = blob[p:p + mlen]; p += mlen
-        tag = blob[p:p + taglen]; p += taglen
-        keys = blob[p:p + klen]; p += klen
-        props = blob[p:p + plen]; p += plen
-        yield Prepared(topic, qid, flags, born, deliver, mid, tag, keys, props, blob[p:p + blen])
-        pos += total
+        flags, qid, born, deliver, mlen, taglen, klen, plen, blen = unpack(blob, pos)
+        a = pos + ROW_SIZE
+        b = a + mlen
+        c = b + taglen
+        d = c + klen
+        e = d + plen
+        pos = e + blen
+        if pos > end:
+            raise errors.CorruptionError(STAGE_TOPIC, a - ROW_SIZE, "staged chunk: a row runs past the end")
+        add(new(Prepared, (topic, qid, flags, born, deliver, blob[a:b], blob[b:c] if taglen else b"",
+                           blob[c:d] if klen else b"", blob[d:e], blob[e:pos])))
+    return out
 
 
 class Staging:
@@ -186,6 +241,8 @@ class Staging:
         broker.create_topic(STAGE_TOPIC, 1, system=True)
         self.batches: dict[tuple[str, int], Batch] = {}
         self.sinks: dict[str, Sink] = {}
+        self._turns: dict[str, itertools.count] = {}  # sticky queue choice, per topic
+        self._checkpoint_ms = 0
         self._path = os.path.join(broker.data_dir, STATE_FILE)
         self._load()
         broker.store.add_retention_guard(self._retention_floor)
@@ -230,7 +287,8 @@ class Staging:
                 except errors.ChronoqError as exc:
                     log.error("stage record at %d unreadable, skipped: %s", phys, exc)
                     continue
-                self._apply(props, Chunk(offset + i, phys, size, int(props.get(PROP_ROWS, 0) or 0)), stored_ms)
+                self._apply(props, Chunk(offset + i, phys, size, int(props.get(PROP_ROWS, 0) or 0),
+                                         props.get(PROP_TOPIC, "")), stored_ms)
             offset += len(entries)
 
     def _apply(self, props: dict[str, str], chunk: Chunk, stored_ms: int) -> None:
@@ -262,15 +320,18 @@ class Staging:
             del self.batches[key]
 
     def _mark_published(self, sink: str, batch: int, now: int) -> None:
+        # Other unpublished batches of the sink stay: a batch write publishes its partitions in any
+        # order. Leftovers of failed attempts go with Abort or stage_ttl_ms.
         self.sinks.setdefault(sink, Sink()).add(batch, now)
-        # This batch is done, and so are older unpublished batches of the sink (aborted attempts).
-        for key in [k for k in self.batches if k[0] == sink and k[1] <= batch and self.batches[k].begun is None
-                    or k == (sink, batch)]:
-            del self.batches[key]
+        self.batches.pop((sink, batch), None)
 
-    def checkpoint(self) -> None:
-        """Persist the replay floor and the published batch ids (after a publish is durable)."""
+    def checkpoint(self, force: bool = False) -> None:
+        """Persist the replay floor and the published batch ids (after a publish is durable), at
+        most every CHECKPOINT_EVERY_MS unless ``force``."""
         now = self.broker.clock.wall_ms()
+        if not force and now - self._checkpoint_ms < CHECKPOINT_EVERY_MS:
+            return
+        self._checkpoint_ms = now
         for name in [n for n, s in self.sinks.items() if now - s.used_ms > SINK_FORGET_MS]:
             del self.sinks[name]
         floor = min((c.queue_offset for b in self.batches.values() for st in b.stages.values() for c in st.values()),
@@ -307,50 +368,95 @@ class Staging:
         s = self.sinks.get(sink_id)
         return s is not None and s.has(batch_id)
 
-    def stage(self, sink_id: str, batch_id: int, stage_id: str, seq: int, messages: list[OutgoingMessage]) -> int:
-        """Validate ``messages`` and stage them as chunk ``seq`` of ``stage_id`` (page cache; the
-        caller makes it durable). Idempotent per (stage id, seq). Returns the row count."""
+    def stage(self, sink_id: str, batch_id: int, stage_id: str, seq: int, topic: str, rows: Rows) -> int:
+        """Validate ``rows`` for ``topic`` and stage them as chunk ``seq`` of ``stage_id`` (page
+        cache; the caller makes it durable). A bad row fails the chunk and stages nothing.
+        Idempotent per (stage id, seq). Returns the row count."""
         sink_id, batch_id, stage_id = check_sink_id(sink_id), check_batch_id(batch_id), check_stage_id(stage_id)
         if not isinstance(seq, int) or not 0 <= seq < 1_000_000:
             raise errors.ClientError(f"chunk number must be in 0..999999, not {seq!r}")
-        if not messages or len(messages) > CHUNK_ROWS_MAX:
-            raise errors.ClientError(f"a chunk holds 1..{CHUNK_ROWS_MAX} rows, not {len(messages)}")
+        n = len(rows.bodies)
+        if not 1 <= n <= CHUNK_ROWS_MAX:
+            raise errors.ClientError(f"a chunk holds 1..{CHUNK_ROWS_MAX} rows, not {n}")
         key = (sink_id, batch_id)
         b = self.batches.get(key)
         if self.is_published(sink_id, batch_id) or (b is not None and b.begun is not None):
-            return len(messages)  # a straggler of a batch already published (or being published): dropped
+            return n  # a straggler of a batch already published (or being published): dropped
         if b is not None and seq in b.stages.get(stage_id, {}):
             return b.stages[stage_id][seq].rows  # a resent chunk
         if b is not None and stage_id not in b.stages and len(b.stages) >= STAGES_PER_BATCH_MAX:
             raise errors.ClientError(f"batch {batch_id} of sink {sink_id} has {STAGES_PER_BATCH_MAX} stages already")
-        broker = self.broker
-        now = broker.clock.wall_ms()
+        now = self.broker.clock.wall_ms()
         new_topics: dict = {}
-        prepare = broker.prepare
-        encode = record.encode
-        topic_bytes: dict[str, bytes] = {}
-        parts: list[bytes] = []
-        size = 0
-        for msg in messages:
-            p, _mid = prepare(msg, now=now, new_topics=new_topics)
-            tb = topic_bytes.get(p.topic)
-            if tb is None:
-                tb = topic_bytes[p.topic] = p.topic.encode()
-            raw = encode(p.flags, p.queue_id, 0, p.born_ms, 0, p.deliver_at_ms, tb, p.message_id, p.tag, p.keys,
-                         p.properties, p.body)
-            size += len(raw)
-            if size > CHUNK_BYTES_MAX:
-                raise errors.ClientError(f"a staged chunk may hold at most {CHUNK_BYTES_MAX} bytes; send fewer rows")
-            parts.append(raw)
-        for name in new_topics:  # every row is valid: create the topics they need
-            broker.topic(name, create=True)
-        rec = self._op(OP_STAGE, sink_id, batch_id, now, b"".join(parts), **{
-            PROP_STAGE: stage_id, PROP_SEQ: str(seq), PROP_ROWS: str(len(parts))})
-        w = broker.store.write([rec])[0]
+        cfg = self.broker._send_topic(topic, False, new_topics)  # validates; plans an auto-create
+        body = self._encode_rows(cfg, rows, now)
+        for name in new_topics:  # every row is valid: create the topic
+            self.broker.topic(name, create=True)
+        rec = self._op(OP_STAGE, sink_id, batch_id, now, body, **{
+            PROP_STAGE: stage_id, PROP_SEQ: str(seq), PROP_ROWS: str(n), PROP_TOPIC: cfg.name})
+        w = self.broker.store.write([rec])[0]
         if b is None:
             b = self.batches[key] = Batch(now)
-        b.stages.setdefault(stage_id, {})[seq] = Chunk(w.queue_offset, w.commit_offset, w.size, len(parts))
-        return len(parts)
+        b.stages.setdefault(stage_id, {})[seq] = Chunk(w.queue_offset, w.commit_offset, w.size, n, cfg.name)
+        return n
+
+    def _encode_rows(self, cfg: model.TopicConfig, rows: Rows, now: int) -> bytes:
+        """ROW-encoded rows, validated as ``Broker.prepare`` validates a message (same errors)."""
+        broker = self.broker
+        max_body = broker.config.max_body_bytes
+        max_delay = broker.timer.opts.max_delay_ms
+        mixed, topic_type = cfg.message_type is MessageType.MIXED, cfg.message_type
+        turn = self._turns.get(cfg.name)
+        if turn is None:
+            turn = self._turns[cfg.name] = itertools.count()
+        sticky_queue = next(turn) % cfg.queues
+        tags, keys, props_list, groups = rows.tags, rows.keys, rows.properties, rows.groups
+        deliver, delay = rows.deliver_at_ms, rows.delay_ms
+        tag_bytes, pack, delayed_flag = broker._tag_bytes, ROW.pack, record.FLAG_DELAYED
+        parts: list[bytes] = []
+        size = 0
+        for i, body in enumerate(rows.bodies):
+            if not body:
+                raise errors.BodyEmpty(f"row {i}: message body is empty")
+            if len(body) > max_body:
+                raise errors.BodyTooLarge(f"row {i}: message body is {len(body)} bytes; the limit is {max_body}")
+            at = deliver[i] if deliver is not None else 0
+            wait = delay[i] if delay is not None else 0
+            if at or wait:
+                if at < 0 or wait < 0:
+                    raise errors.InvalidDeliveryTime(f"row {i}: deliver_at_ms and delay_ms may not be negative")
+                if at and wait:
+                    raise errors.InvalidDeliveryTime(f"row {i}: give deliver_at_ms or delay_ms, not both")
+                at = deliverytime.check_deliver_at(at or now + wait, now, max_delay)
+            group = groups[i] if groups is not None else ""
+            mtype = MessageType.FIFO if group else MessageType.DELAY if at else MessageType.NORMAL
+            if not mixed and topic_type is not mtype:
+                raise errors.MessageTypeMismatch(
+                    f"topic {cfg.name} accepts {topic_type.name} messages, not {mtype.name}")
+            tag = tag_bytes(tags[i]) if tags is not None and tags[i] else b""
+            key_raw = record.encode_keys(model.validate_keys(keys[i])) if keys is not None and keys[i] else b""
+            user = props_list[i] if props_list is not None else None
+            if user or group:
+                props = model.validate_properties(user) if user else {}
+                if group:
+                    if not group.strip() or len(group.encode()) >= model.MESSAGE_GROUP_BYTES_MAX:
+                        raise errors.ClientError(
+                            f"row {i}: message group must be non-blank and under {model.MESSAGE_GROUP_BYTES_MAX} bytes")
+                    props[PROP_MESSAGE_GROUP] = group
+                if mtype is not MessageType.NORMAL:
+                    props[PROP_MESSAGE_TYPE] = mtype.name
+                prop_raw = record.encode_properties(props)
+            else:
+                prop_raw = _TYPE_DELAY if at else b""
+            queue = zlib.crc32(group.encode()) % cfg.queues if group else sticky_queue
+            mid = new_message_id(now).encode()
+            flags = delayed_flag if at > now else 0
+            parts.append(pack(flags, queue, now, at, len(mid), len(tag), len(key_raw), len(prop_raw), len(body)))
+            parts.extend((mid, tag, key_raw, prop_raw, body))
+            size += ROW_SIZE + len(mid) + len(tag) + len(key_raw) + len(prop_raw) + len(body)
+            if size > CHUNK_BYTES_MAX:
+                raise errors.ClientError(f"a staged chunk may hold at most {CHUNK_BYTES_MAX} bytes; send fewer rows")
+        return b"".join(parts)
 
     def publish(self, sink_id: str, batch_id: int, refs: list[tuple[str, int, int]]) -> PublishJob:
         """Plan the publish of a batch from the stages ``refs`` names: ``(stage id, chunks, rows)``.
@@ -408,7 +514,7 @@ class Staging:
             if begin is not None:
                 recs.append(self._op(OP_BEGIN, sink, batch, now, **{PROP_STAGES: ",".join(begin)}))
             stored = broker.store.read_at(c.commit_offset, c.size)
-            messages = list(parse_records(stored.body))
+            messages = parse_rows(c.topic, stored.body)
             recs.extend(messages)
             recs.append(self._op(OP_CHUNK, sink, batch, now, **{PROP_STAGE: stage_id, PROP_SEQ: str(seq)}))
             last = i == len(job._todo) - 1
@@ -425,13 +531,17 @@ class Staging:
             yield len(messages)
 
     def abort(self, sink_id: str, batch_id: int) -> int:
-        """Discard a batch's staged rows; nothing once it is published or being published.
-        Returns how many staged rows were discarded."""
-        sink_id, batch_id = check_sink_id(sink_id), check_batch_id(batch_id)
-        b = self.batches.get((sink_id, batch_id))
-        if b is None or b.begun is not None:
-            return 0
-        rows = sum(c.rows for st in b.stages.values() for c in st.values())
-        del self.batches[(sink_id, batch_id)]
-        self.broker.store.write([self._op(OP_ABORTED, sink_id, batch_id, self.broker.clock.wall_ms())])
+        """Discard a batch's staged rows (``batch_id`` -1: every unpublished batch of the sink);
+        nothing once a batch is published or being published. Returns how many rows were discarded."""
+        sink_id = check_sink_id(sink_id)
+        if batch_id != -1:
+            check_batch_id(batch_id)
+        keys = [k for k, b in self.batches.items()
+                if k[0] == sink_id and (batch_id == -1 or k[1] == batch_id) and b.begun is None]
+        rows = 0
+        now = self.broker.clock.wall_ms()
+        for key in keys:
+            b = self.batches.pop(key)
+            rows += sum(c.rows for st in b.stages.values() for c in st.values())
+            self.broker.store.write([self._op(OP_ABORTED, sink_id, key[1], now)])
         return rows

@@ -78,22 +78,39 @@ _Event = tuple  # (kind, flags, attempt, topic, message_id, group, ref_topic, re
 def encode(events: list[_Event]) -> bytes:
     """One trace record body for ``events`` (buffered tuples)."""
     assert 0 < len(events) <= 0xFFFFFFFF
-    index: dict[str, int] = {}
-    strings: list[str] = []
+    # Strings are str or (message ids from the write path) UTF-8 bytes; the table holds each
+    # once. The lookups are inlined: this runs for every event the broker records.
+    strings: list[bytes] = []
+    index: dict = {None: NONE}
+    get = index.get
 
-    def ref(text) -> int:
-        if text is None:
-            return NONE
-        i = index.get(text)
+    def intern(text) -> int:
+        raw = text if type(text) is bytes else text.encode()
+        i = get(raw)
         if i is None:
-            i = index[text] = len(strings)
-            strings.append(text)
+            i = index[raw] = len(strings)
+            strings.append(raw)
+        index[text] = i
         return i
 
     pack = EVENT.pack
-    body = [pack(kind, flags, attempt, ref(topic), ref(mid), ref(group), ref(rtopic), rqueue, ts, due, roff)
-            for kind, flags, attempt, topic, mid, group, rtopic, rqueue, ts, due, roff in events]
-    table = "\n".join(strings).encode()
+    body = []
+    add = body.append
+    for kind, flags, attempt, topic, mid, group, rtopic, rqueue, ts, due, roff in events:
+        t = get(topic)
+        if t is None:
+            t = intern(topic)
+        m = get(mid)
+        if m is None:
+            m = intern(mid)
+        g = get(group)
+        if g is None:
+            g = intern(group)
+        r = get(rtopic)
+        if r is None:
+            r = intern(rtopic)
+        add(pack(kind, flags, attempt, t, m, g, r, rqueue, ts, due, roff))
+    table = b"\n".join(strings)
     return HEAD.pack(MAGIC, len(events), len(table)) + table + b"".join(body)
 
 
@@ -160,7 +177,7 @@ class TraceRecorder:
             else:
                 topic = p.topic
                 flags = FLAG_DELAYED if p.flags & record.FLAG_DELAYED else 0
-            add((STORED, flags, 0, topic, p.message_id.decode(), None, None, 0, now_ms, p.deliver_at_ms, 0))
+            add((STORED, flags, 0, topic, p.message_id, None, None, 0, now_ms, p.deliver_at_ms, 0))
         self._trim(start, now_ms)
 
     def visible(self, deliveries: list, visible_ms: int) -> None:
@@ -169,7 +186,7 @@ class TraceRecorder:
         add = self.events.append
         for d in deliveries:
             p = d.prepared
-            add((VISIBLE, 0, 0, p.topic, p.message_id.decode(), None, None, 0, visible_ms, d.due_ms, 0))
+            add((VISIBLE, 0, 0, p.topic, p.message_id, None, None, 0, visible_ms, d.due_ms, 0))
         self._trim(start, visible_ms)
 
     def delivered(self, group: str, popped: list, refs: list, now_ms: int) -> None:

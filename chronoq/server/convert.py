@@ -25,6 +25,10 @@ from chronoq.timer.deliverytime import from_client_timestamp
 
 pb = definition_pb2
 PbType = pb.MessageType
+# Plain ints for the per-message paths: ``PbType.NORMAL`` is a Python-level __getattr__ call.
+_UNSPECIFIED, _NORMAL, _FIFO, _DELAY, _TRANSACTION, _LITE, _PRIORITY = (
+    pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.LITE, pb.PRIORITY)
+_GZIP, _IDENTITY, _ENCODING_UNSPECIFIED = pb.GZIP, pb.IDENTITY, pb.ENCODING_UNSPECIFIED
 
 MILLIS_12H = 12 * 3600 * 1000
 # Properties whose key starts with this are the broker's own (origin of a retry, group, type ...).
@@ -106,31 +110,33 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
 
     Checks what the protocol adds (message type, group, id present, encoding). The broker checks
     the rest when it writes (topic, body size, tag, keys, properties), so it is not done twice.
+    Runs once per message sent: each field is read once, and enum values are module ints.
     """
     sp = msg.system_properties
     message_id = sp.message_id
     if not message_id:
         raise errors.InvalidMessageId("message_id is missing; the client must set it")
     body = msg.body
-    if sp.body_encoding == pb.GZIP:
+    encoding = sp.body_encoding
+    if encoding == _GZIP:
         body = _gunzip(body, max_body_bytes)
-    elif sp.body_encoding not in (pb.IDENTITY, pb.ENCODING_UNSPECIFIED):
-        raise errors.ClientError(f"message {message_id}: unknown body encoding {sp.body_encoding}")
+    elif encoding != _IDENTITY and encoding != _ENCODING_UNSPECIFIED:
+        raise errors.ClientError(f"message {message_id}: unknown body encoding {encoding}")
     ptype = sp.message_type
     has_group = sp.HasField("message_group")
-    if ptype == PbType.MESSAGE_TYPE_UNSPECIFIED:  # infer it the way the clients do
-        ptype = (PbType.FIFO if has_group else PbType.DELAY if sp.HasField("delivery_timestamp")
-                 else PbType.NORMAL)
+    has_ts = sp.HasField("delivery_timestamp")
+    if ptype == _UNSPECIFIED:  # infer it the way the clients do
+        ptype = _FIFO if has_group else _DELAY if has_ts else _NORMAL
     if sp.HasField("lite_topic"):
-        ptype = PbType.LITE
-    if sp.HasField("priority") and ptype == PbType.NORMAL:
-        ptype = PbType.PRIORITY
+        ptype = _LITE
+    if ptype == _NORMAL and sp.HasField("priority"):
+        ptype = _PRIORITY
     # A delay level rides in a user property (RocketMQ 5 has no field for it); docs/timers.md.
     props = msg.user_properties
     delay_level = _delay_level(props[DELAY_LEVEL_PROPERTY], message_id) \
         if props and DELAY_LEVEL_PROPERTY in props else None
-    if delay_level and ptype == PbType.NORMAL:
-        ptype = PbType.DELAY  # the clients mark a message DELAY only with a delivery_timestamp
+    if delay_level and ptype == _NORMAL:
+        ptype = _DELAY  # the clients mark a message DELAY only with a delivery_timestamp
     mtype = _SENDABLE.get(ptype)
     if mtype is None:
         if ptype in _LATER:
@@ -143,15 +149,15 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
         if mtype is not MessageType.DELAY:
             raise errors.MessageTypeMismatch(
                 f"message {message_id}: a {PbType.Name(ptype)} message may not carry {DELAY_LEVEL_PROPERTY}")
-        if sp.HasField("delivery_timestamp"):
+        if has_ts:
             raise errors.InvalidDeliveryTime(
                 f"message {message_id}: give a delivery_timestamp or {DELAY_LEVEL_PROPERTY}, not both")
     elif mtype is MessageType.DELAY:
-        if not sp.HasField("delivery_timestamp"):
+        if not has_ts:
             raise errors.MessageTypeMismatch(f"message {message_id}: a DELAY message needs a delivery_timestamp")
         ts = sp.delivery_timestamp
         deliver_at_ms = from_client_timestamp(ts.seconds, ts.nanos, now_ms, max_delay_ms)
-    elif sp.HasField("delivery_timestamp"):
+    elif has_ts:
         raise errors.MessageTypeMismatch(
             f"message {message_id}: a {PbType.Name(ptype)} message may not carry a delivery_timestamp")
     group = None
@@ -166,18 +172,24 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
     elif has_group:
         raise errors.MessageTypeMismatch(
             f"message {message_id}: a {mtype.name} message may not carry a message_group")
-    born_ms = timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else None
+    born_ms = None
+    if sp.HasField("born_timestamp"):
+        born = sp.born_timestamp
+        born_ms = born.seconds * 1000 + born.nanos // 1_000_000
+        if born_ms <= 0:
+            born_ms = None
     properties = dict(props) if props else {}
     if delay_level is not None:
         del properties[DELAY_LEVEL_PROPERTY]  # a request, not data: the delivered copy drops it
+    keys = sp.keys
     return OutgoingMessage(
         msg.topic.name, body,
         tag=sp.tag if sp.HasField("tag") else "",
-        keys=tuple(sp.keys),
+        keys=tuple(keys) if keys else (),
         properties=properties,
         message_id=message_id,
         message_group=group,
-        born_ms=born_ms if born_ms and born_ms > 0 else None,
+        born_ms=born_ms,
         message_type=mtype,
         deliver_at_ms=deliver_at_ms,
         delay_level=delay_level or None,

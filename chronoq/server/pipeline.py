@@ -25,10 +25,9 @@ from __future__ import annotations
 import asyncio
 
 from chronoq import errors, model
-from chronoq.broker import OutgoingMessage
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import status
-from chronoq.staging import CHUNK_ROWS_MAX, Staging
+from chronoq.staging import CHUNK_ROWS_MAX, Rows, Staging
 from chronoq.store import record
 from chronoq.timer import copies
 from chronoq.timer.levels import DELAY_TOPIC
@@ -102,52 +101,52 @@ def _ints(values, n: int, what: str) -> list[int] | None:
     return list(values)
 
 
-def rows_to_messages(topic: str, rows: apb.RowColumns, now_ms: int) -> list[OutgoingMessage]:
-    """The messages a ``RowColumns`` block describes (checked for shape; the broker validates)."""
+def rows_from_columns(rows: apb.RowColumns) -> Rows:
+    """The rows a ``RowColumns`` block carries (its shape checked here; ``Staging`` validates values)."""
     n = rows.count
     if not 1 <= n <= CHUNK_ROWS_MAX:
         raise errors.ClientError(f"a chunk holds 1..{CHUNK_ROWS_MAX} rows, not {n}")
     bodies = _split(rows.bodies, rows.body_lengths, n, "bodies")
     if bodies is None:
         raise errors.ClientError("rows need a body")
-    tags = _texts(_split(rows.tags, rows.tag_lengths, n, "tags"), "tags")
-    groups = _texts(_split(rows.message_groups, rows.message_group_lengths, n, "message groups"),
-                    "message groups")
     key_items = _texts(_split(rows.keys, rows.key_lengths, len(rows.key_lengths), "keys"), "keys")
-    keys = _lists(rows.key_counts, key_items, n, "keys")
     pkeys = _texts(_split(rows.property_keys, rows.property_key_lengths, len(rows.property_key_lengths),
                           "property keys"), "property keys")
     pvalues = _texts(_split(rows.property_values, rows.property_value_lengths,
                             len(rows.property_value_lengths), "property values"), "property values")
     if len(pkeys or ()) != len(pvalues or ()):
         raise errors.ClientError("properties: as many keys as values are needed")
+    props = None
     pk = _lists(rows.property_counts, pkeys, n, "properties")
-    pv = _lists(rows.property_counts, pvalues, n, "properties")
-    deliver = _ints(rows.deliver_at_ms, n, "deliver_at_ms")
-    delay = _ints(rows.delay_ms, n, "delay_ms")
-    out = []
-    for i in range(n):
-        at = deliver[i] if deliver is not None else 0
-        wait = delay[i] if delay is not None else 0
-        if at < 0 or wait < 0:
-            raise errors.InvalidDeliveryTime(f"row {i}: deliver_at_ms and delay_ms may not be negative")
-        if at and wait:
-            raise errors.InvalidDeliveryTime(f"row {i}: give deliver_at_ms or delay_ms, not both")
-        props = dict(zip(pk[i], pv[i])) if pk is not None and pk[i] else {}  # type: ignore[index]
-        if pk is not None and len(props) != len(pk[i]):
-            raise errors.InvalidProperty(f"row {i}: a property key is repeated")
-        out.append(OutgoingMessage(
-            topic, bodies[i], tag=tags[i] if tags else "", keys=keys[i] if keys else (), properties=props,
-            message_group=(groups[i] or None) if groups else None,
-            deliver_at_ms=at if at else (now_ms + wait if wait else None)))
-    return out
+    if pk is not None:
+        pv = _lists(rows.property_counts, pvalues, n, "properties")
+        props = [dict(zip(k, v)) for k, v in zip(pk, pv)]  # type: ignore[arg-type]
+        for i, (k, d) in enumerate(zip(pk, props)):
+            if len(d) != len(k):
+                raise errors.InvalidProperty(f"row {i}: a property key is repeated")
+    return Rows(bodies,
+                tags=_texts(_split(rows.tags, rows.tag_lengths, n, "tags"), "tags"),
+                keys=_lists(rows.key_counts, key_items, n, "keys"),
+                properties=props,
+                groups=_texts(_split(rows.message_groups, rows.message_group_lengths, n, "message groups"),
+                              "message groups"),
+                deliver_at_ms=_ints(rows.deliver_at_ms, n, "deliver_at_ms"),
+                delay_ms=_ints(rows.delay_ms, n, "delay_ms"))
+
+
+_PAIR, _SEP, _KEY_SEP = record.PROP_PAIR_SEP, record.PROP_SEP, record.KEY_SEP
+_GROUP_KEY = PROP_GROUP.encode()
+_REF_KEYS = (copies.PROP_TIMER_REF.encode(), copies.PROP_DELAY_REF.encode())
+_SYSTEM_PREFIX_BYTES = _SYSTEM_PREFIX.encode()
+SPAN_BYTES_MAX = 1 << 20  # one pread covers records of a queue up to this far apart (other queues between)
 
 
 class _ColumnBuilder:
-    """``MessageColumns`` for stored messages (user properties only; message group apart)."""
+    """``MessageColumns`` straight from stored record bytes (user properties only; the message
+    group apart). Field bytes are sliced out of the records, never decoded and re-encoded."""
 
-    def __init__(self, broker) -> None:
-        self.broker = broker
+    def __init__(self, store) -> None:
+        self.store = store
         self.offsets: list[int] = []
         self.ids: list[bytes] = []
         self.tags: list[bytes] = []
@@ -162,51 +161,99 @@ class _ColumnBuilder:
         self.stored: list[int] = []
         self.deliver: list[int] = []
         self.visible: list[int] = []
+        self.any_group = False
 
-    def add(self, m) -> None:
-        self.offsets.append(m.queue_offset)
-        self.ids.append(m.message_id.encode())
-        self.tags.append(m.tag.encode())
-        self.bodies.append(m.body)
-        self.key_counts.append(len(m.keys))
-        self.keys.extend(k.encode() for k in m.keys)
-        stored = m.stored_ms
+    def read(self, entries: list, first_offset: int) -> int:
+        """Add the records behind consume-queue ``entries`` (the first at ``first_offset``);
+        returns the offset after the last entry. Holes (records removed by retention or
+        quarantined) are skipped, as ``Store.read`` does."""
+        log = self.store.log
+        min_phys = log.min_offset
+        n = len(entries)
+        i = 0
+        while i < n:
+            phys, size = entries[i][0], entries[i][1]
+            if size == 0 or phys < min_phys or log.lost and log.is_lost(phys):
+                i += 1
+                continue
+            seg_end = log.segment_for(phys).end
+            lo, hi, j = phys, phys + size, i + 1
+            while j < n:  # one read for records close together in one segment
+                p2, s2 = entries[j][0], entries[j][1]
+                if s2 == 0 or p2 < hi or p2 + s2 > seg_end or p2 + s2 - lo > SPAN_BYTES_MAX \
+                        or log.lost and log.is_lost(p2):
+                    break
+                hi = p2 + s2
+                j += 1
+            blob = log.read(lo, hi - lo)
+            for k in range(i, j):
+                pos = entries[k][0] - lo
+                try:
+                    record.check(blob, pos, pos + entries[k][1])
+                except record.RecordError as exc:
+                    seg = log.segment_for(entries[k][0])
+                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
+                self._add(first_offset + k, blob, pos)
+            i = j
+        return first_offset + n
+
+    def _add(self, offset: int, blob: bytes, pos: int) -> None:
+        (_t, _m, _v, _c, _flags, _qid, _qoff, born, stored, deliver,
+         tlen, mlen, taglen, klen, plen, blen) = _HEADER.unpack_from(blob, pos)
+        p = pos + record.HEADER_SIZE + tlen
+        self.offsets.append(offset)
+        self.ids.append(blob[p:p + mlen])
+        p += mlen
+        self.tags.append(blob[p:p + taglen])
+        p += taglen
+        if klen:
+            items = blob[p:p + klen].split(_KEY_SEP)
+            self.keys.extend(items)
+            self.key_counts.append(len(items))
+        else:
+            self.key_counts.append(0)
+        p += klen
+        visible = stored
         group = b""
         count = 0
-        for k, v in m.properties.items():
-            if k.startswith(_SYSTEM_PREFIX):
-                if k == PROP_GROUP:
-                    group = v.encode()
-                elif k == copies.PROP_TIMER_REF or k == copies.PROP_DELAY_REF:
-                    stored = self._original_stored(k, v)
-                continue
-            self.prop_keys.append(k.encode())
-            self.prop_values.append(v.encode())
-            count += 1
+        if plen:
+            for pair in blob[p:p + plen].split(_SEP):
+                key, _, value = pair.partition(_PAIR)
+                if key.startswith(_SYSTEM_PREFIX_BYTES):
+                    if key == _GROUP_KEY:
+                        group = value
+                    elif key in _REF_KEYS:
+                        stored = self._original_stored(key, value)
+                    continue
+                self.prop_keys.append(key)
+                self.prop_values.append(value)
+                count += 1
+        p += plen
         self.prop_counts.append(count)
         self.groups.append(group)
-        self.born.append(m.born_ms)
+        self.bodies.append(blob[p:p + blen])
+        self.born.append(born)
         self.stored.append(stored)
-        self.deliver.append(m.deliver_at_ms)
-        self.visible.append(m.stored_ms)
+        self.deliver.append(deliver)
+        self.visible.append(visible)
 
-    def _original_stored(self, key: str, ref: str) -> int:
-        """When the broker accepted a delayed message, from the record its copy was delivered from."""
-        store = self.broker.store
+    def _original_stored(self, key: bytes, ref: bytes) -> int:
+        """When the broker accepted a delayed message: the stored time of the record its visible
+        copy was delivered from (a timer entry names its commit offset, a level its queue offset)."""
+        store = self.store
         try:
-            if key == copies.PROP_TIMER_REF:
-                _start, phys = copies.parse_ref(ref)
+            if key == _REF_KEYS[0]:
+                _start, phys = copies.parse_ref(ref.decode())
                 if phys < store.log.min_offset:
                     return 0
                 return _HEADER.unpack(store.log.read(phys, record.HEADER_SIZE))[8]
-            level, qoff = copies.parse_ref(ref)
+            level, qoff = copies.parse_ref(ref.decode())
             entries = store.entries(DELAY_TOPIC, level - 1, qoff, 1)
             return entries[0][3] if entries else 0
         except (ValueError, errors.ChronoqError):
             return 0
 
     def build(self) -> apb.MessageColumns:
-        lens = [len(b) for b in self.bodies]
         return apb.MessageColumns(
             count=len(self.offsets), offsets=self.offsets,
             message_ids=b"".join(self.ids), message_id_lengths=[len(x) for x in self.ids],
@@ -218,7 +265,7 @@ class _ColumnBuilder:
             property_values=b"".join(self.prop_values), property_value_lengths=[len(x) for x in self.prop_values],
             message_groups=b"".join(self.groups),
             message_group_lengths=[len(x) for x in self.groups] if any(self.groups) else [],
-            bodies=b"".join(self.bodies), body_lengths=lens,
+            bodies=b"".join(self.bodies), body_lengths=[len(b) for b in self.bodies],
             born_ms=self.born, stored_ms=self.stored, deliver_at_ms=self.deliver, visible_ms=self.visible)
 
 
@@ -289,20 +336,16 @@ class PipelineRpcs:
         lo, hi = broker.queue_bounds(cfg.name, queue)  # type: ignore[attr-defined]
         offset = max(request.offset, lo)
         # Bound the read by the entries' record sizes first (a record is a little more than its body).
+        entries = broker.store.entries(cfg.name, queue, offset,  # type: ignore[attr-defined]
+                                       min(max_messages, max(hi - offset, 0)))
         want, size = 0, 0
-        for _phys, length, _tag, _time in broker.store.entries(  # type: ignore[attr-defined]
-                cfg.name, queue, offset, min(max_messages, max(hi - offset, 0))):
-            if want and size + length > max_bytes:
+        for entry in entries:
+            if want and size + entry[1] > max_bytes:
                 break
-            size += length
+            size += entry[1]
             want += 1
-        builder = _ColumnBuilder(broker)
-        next_offset = offset
-        if want:
-            res = broker.read(cfg.name, queue, offset, want)  # type: ignore[attr-defined]
-            for m in res.messages:
-                builder.add(m)
-            next_offset = res.next_offset
+        builder = _ColumnBuilder(broker.store)  # type: ignore[attr-defined]
+        next_offset = builder.read(entries[:want], offset)
         return apb.ReadMessagesResponse(status=_ok(), messages=builder.build(), next_offset=next_offset,
                                         min_offset=lo, max_offset=hi)
 
@@ -310,8 +353,8 @@ class PipelineRpcs:
     async def Stage(self, request, context):
         try:
             staging = self._pipeline()
-            messages = rows_to_messages(request.topic, request.rows, self.broker.clock.wall_ms())  # type: ignore
-            rows = staging.stage(request.sink_id, request.batch_id, request.stage_id, request.seq, messages)
+            rows = staging.stage(request.sink_id, request.batch_id, request.stage_id, request.seq, request.topic,
+                                 rows_from_columns(request.rows))
             if staging.sweep():
                 staging.checkpoint()
             await self._durable()
@@ -347,8 +390,7 @@ class PipelineRpcs:
     async def Abort(self, request, context):
         try:
             staging = self._pipeline()
-            if (request.sink_id, request.batch_id) in (self._publishing or {}):
-                return apb.AbortResponse(status=_ok(), discarded_rows=0)
+            # A batch being published is left alone (Staging.abort skips batches that began).
             return apb.AbortResponse(status=_ok(), discarded_rows=staging.abort(request.sink_id, request.batch_id))
         except Exception as exc:  # noqa: BLE001 - the boundary
             return _failed(apb.AbortResponse, "Abort", exc)

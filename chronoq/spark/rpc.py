@@ -221,10 +221,20 @@ def _flat_bytes(arr: pa.Array, what: str, required: bool = False) -> tuple[bytes
     return blob, np.diff(offsets).astype(np.int32)
 
 
+_PER_MS = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}
+
+
 def _ms(arr: pa.Array, what: str) -> np.ndarray:
+    """Epoch milliseconds (null -> 0). A timestamp finer than a millisecond is rounded *up*, so a
+    message is never due before the instant the row asked for."""
     if pa.types.is_timestamp(arr.type):
-        arr = arr.cast(pa.timestamp("ms", tz=arr.type.tz)).cast(pa.int64())
-    elif not pa.types.is_integer(arr.type):
+        unit = arr.type.unit
+        values = np.asarray(pc.fill_null(arr.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        per_ms = _PER_MS[unit]
+        if per_ms is None:
+            return values * 1000
+        return -((-values) // per_ms) if per_ms > 1 else values
+    if not pa.types.is_integer(arr.type):
         raise ValueError(f"column {what} must be a timestamp or a bigint, not {arr.type}")
     return np.asarray(pc.fill_null(arr.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
 

@@ -80,6 +80,7 @@ class Settings:
     sink_id: str | None
     job_id: str | None
     checkpoint: str | None
+    atomic: bool
 
     @classmethod
     def parse(cls, options) -> "Settings":
@@ -94,7 +95,8 @@ class Settings:
                    options.get("endingOffsets"), _positive(options, "maxRecordsPerTrigger", None),
                    _positive(options, "maxRecordsPerPartition", PARTITION_MESSAGES),
                    _flag(options, "failOnDataLoss", True), float(timeout) if timeout else TIMEOUT_S,
-                   options.get("sinkId"), options.get("jobId"), options.get("checkpointLocation"))
+                   options.get("sinkId"), options.get("jobId"), options.get("checkpointLocation"),
+                   _flag(options, "atomic", False))
 
     def client(self) -> rpc.AdminRpc:
         return rpc.AdminRpc(list(self.endpoints), self.timeout_s)
@@ -281,20 +283,36 @@ def _abort(settings: Settings, sink_id: str, batch_id: int) -> None:
 
 
 class ChronoqBatchWriter(DataSourceArrowWriter):
-    """``df.write``: one job (``jobId``), published at once when every task has staged its rows."""
+    """``df.write``: one job (sink ``job:<jobId>``).
+
+    Default: each task publishes its partition as soon as it has staged it (batch id = the
+    partition id), so the broker publishes while other tasks still run; a task retried after its
+    publish publishes nothing again, and a job re-run with the same ``jobId`` publishes only the
+    partitions that are missing. ``atomic=true``: the whole job is batch 0, published by the
+    job's commit, all or nothing.
+    """
 
     def __init__(self, settings: Settings, sink_id: str):
         self.settings = settings
         self.sink_id = sink_id
 
     def write(self, iterator: Iterator) -> StageCommit:
-        return _stage(self.settings, self.sink_id, 0, iterator)
+        if self.settings.atomic:
+            return _stage(self.settings, self.sink_id, 0, iterator)
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        staged = _stage(self.settings, self.sink_id, partition, iterator)
+        _publish(self.settings, self.sink_id, partition, [staged])
+        return staged
 
     def commit(self, messages) -> None:
-        _publish(self.settings, self.sink_id, 0, messages)
+        if self.settings.atomic:
+            _publish(self.settings, self.sink_id, 0, messages)
 
     def abort(self, messages) -> None:
-        _abort(self.settings, self.sink_id, 0)
+        _abort(self.settings, self.sink_id, 0 if self.settings.atomic else -1)
 
 
 class ChronoqStreamWriter(DataSourceStreamArrowWriter):

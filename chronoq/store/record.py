@@ -26,7 +26,8 @@ validation in ``chronoq.model`` forbids both bytes inside keys and values).
 
 A record is valid iff: at least ``HEADER_SIZE`` bytes are present, magic and version match,
 ``HEADER_SIZE <= total_len <= RECORD_SIZE_MAX``, the six lengths add up to ``total_len``,
-``topic_len`` and ``msgid_len`` are non-zero, and the CRC matches. Version changes bump
+``topic_len`` and ``msgid_len`` are non-zero, the CRC matches, and the five text fields (topic,
+message id, tag, keys, properties) are each valid UTF-8. Version changes bump
 ``VERSION`` and keep a reader for every older version.
 """
 
@@ -175,9 +176,28 @@ def check(buf: bytes, pos: int, end: int) -> int:
         raise RecordError("field lengths do not add up to the record length")
     if pos + total > end:
         raise RecordError(f"record of {total} bytes runs past the end ({end - pos} left)", torn=True)
-    if _crc(bytes(buf[pos + CRC_START:pos + total])) != crc:
+    covered = bytes(buf[pos + CRC_START:pos + total])
+    if _crc(covered) != crc:
         raise RecordError("CRC mismatch")
+    # A matching CRC does not make the text fields text (a bug or a hand may have written them),
+    # and every reader decodes them: check here, once, so no decoder meets bad UTF-8.
+    text = covered[_TEXT_START:_TEXT_START + tlen + mlen + taglen + klen + plen]
+    if not text.isascii():
+        _check_utf8(text, (tlen, mlen, taglen, klen, plen))
     return total
+
+
+_TEXT_START = HEADER_SIZE - CRC_START  # where the topic starts in the CRC-covered bytes
+
+
+def _check_utf8(text: bytes, lengths: tuple[int, ...]) -> None:
+    p = 0
+    for n in lengths:  # field by field: a character may not straddle two fields
+        try:
+            text[p:p + n].decode()
+        except UnicodeDecodeError:
+            raise RecordError("a text field (topic, id, tag, keys, properties) is not UTF-8") from None
+        p += n
 
 
 class RecordHeader:

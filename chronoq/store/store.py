@@ -390,6 +390,13 @@ class Store:
         min_phys = self.log.min_offset
         for i, data in self._read_runs(entries, min_phys):
             fields = record.decode(data)
+            if fields["queue_offset"] != offset + i or fields["topic"] != topic or fields["queue_id"] != queue_id:
+                # A damaged consume queue must not hand out another queue's message.
+                raise errors.CorruptionError(
+                    cq.directory, (offset + i) * ENTRY_SIZE,
+                    f"consume-queue entry {offset + i} of {topic}/{queue_id} points at message "
+                    f"{fields['queue_offset']} of {fields['topic']}/{fields['queue_id']}; the consume queue is "
+                    "damaged (it is derived data: delete its directory while the broker is stopped to rebuild it)")
             out.append(Message(
                 topic=fields["topic"], queue_id=fields["queue_id"], queue_offset=offset + i,
                 commit_offset=entries[i][0], message_id=fields["message_id"], body=fields["body"],

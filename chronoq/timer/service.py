@@ -1103,9 +1103,10 @@ class TimerService:
         levels = []
         for lane in self.level_lanes:
             lo, hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+            backlog = max(0, hi - max(lane.offset, lo))
+            head = lane.head_due if lane.head_due is not None or not backlog else self._peek_level(lane)
             levels.append({"level": lane.level, "delay_ms": lane.delay_ms, "offset": lane.offset,
-                           "next_offset": hi, "backlog": max(0, hi - max(lane.offset, lo)),
-                           "head_due_ms": lane.head_due, "lane": lane.stats()})
+                           "next_offset": hi, "backlog": backlog, "head_due_ms": head, "lane": lane.stats()})
         return {
             "now_ms": now, "cursor": self.cursor, "bucket_ms": self.width, "deliver_mode": self.opts.deliver_mode,
             "lateness": self.histogram.snapshot(),

@@ -1,0 +1,137 @@
+"""The timer and checkpoints with their fsyncs off the broker's thread (what the server runtime does).
+
+``tick(durable=False)`` writes due copies without fsyncing them; ``durability_wanted`` asks for a
+commit-log fsync, which the runtime runs on a worker thread and hands to ``synced``. Checkpoints
+are ``chronoq.jobs.Job``s: begun here, run elsewhere, finished here. These tests play the worker
+thread's part by hand, in the orders that matter: nothing is visible or counted delivered before
+its fsync, a failed fsync backs off and never writes a copy twice, a crash in between delivers
+each message once, and bucket files are left alone while a timer checkpoint syncs them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from timerkit import T0, TOPIC, crash, drain, open_broker, visible
+
+from chronoq import errors
+from chronoq.clock import FakeClock
+from chronoq.jobs import Job, run_all_here
+
+
+@pytest.fixture
+def clock():
+    return FakeClock(T0)
+
+
+def test_copies_become_visible_and_complete_only_after_the_callers_fsync(tmp_path, clock):
+    b = open_broker(tmp_path, clock)
+    for i in range(5):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=T0 + 1_000 + i)
+    clock.advance(1_010)
+    synced_before = b.store.log.synced
+    b.timer_tick(durable=False)
+    lane = b.timer.timer_lane
+    assert b.store.log.written > synced_before == b.store.log.synced  # written, not fsynced here
+    assert visible(b) == [] and lane.delivered == 0 and b.timer.histogram.count == 0
+    assert b.timer.durability_wanted()
+    done = b.timer_synced(b.store.sync())  # the worker thread's fsync, handed back
+    assert done == 5 and lane.delivered == 5 and not b.timer.durability_wanted()
+    got = visible(b)
+    assert sorted(m.body for m in got) == [f"m{i}".encode() for i in range(5)]
+    assert all(m.stored_ms >= m.deliver_at_ms for m in got)  # never early
+    assert b.timer.histogram.early == 0 and b.timer.histogram.count == 5
+    b.close()
+
+
+def test_a_failed_fsync_backs_off_then_completes_without_writing_a_copy_twice(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_retry_backoff_ms=100, timer_block_after_failures=3)
+    for i in range(3):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=T0 + 1_000 + i)
+    clock.advance(1_005)
+    b.timer_tick(durable=False)
+    written = b.store.log.written
+    b.timer_sync_failed(errors.StorageError("fsync failed (injected)"))
+    lane = b.timer.timer_lane
+    assert lane.failures == 1 and lane.retry_at_ms == clock.wall_ms() + 100
+    assert not b.timer.durability_wanted()  # backing off: no busy loop
+    b.timer_tick(durable=False)
+    assert b.store.log.written == written  # nothing written again
+    clock.advance(100)
+    assert b.timer.durability_wanted()
+    assert b.timer_synced(b.store.sync()) == 3
+    assert lane.failures == 0 and not lane.blocked
+    assert sorted(m.body for m in visible(b)) == [b"m0", b"m1", b"m2"]
+    b.close()
+
+
+def test_a_crash_between_the_write_and_the_fsync_delivers_each_message_once(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_checkpoint_interval_ms=1_000)
+    for i in range(50):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=T0 + 2_000 + i)
+    clock.advance(1_000)
+    b.maintenance()  # a timer checkpoint before the copies exist
+    clock.advance(1_100)
+    b.timer_tick(durable=False)  # copies in the page cache, never completed
+    crash(b)
+    b = open_broker(tmp_path, clock, timer_checkpoint_interval_ms=1_000)
+    drain(b)
+    bodies = [m.body for m in visible(b)]
+    assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(50))  # each exactly once
+    b.close()
+
+
+def test_bucket_files_are_not_touched_while_a_timer_checkpoint_job_runs(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_checkpoint_interval_ms=1_000)
+    for i in range(20):
+        b.send(TOPIC, f"a{i}".encode(), deliver_at_ms=T0 + 90_000 + i)
+    clock.advance(1_500)
+    jobs = b.maintenance_jobs()
+    timer_jobs = [j for j in jobs if j.name == "timer checkpoint"]
+    assert len(timer_jobs) == 1
+    sizes = {p.name: p.stat().st_size for p in (tmp_path / "timer" / "schedule").iterdir()}
+    # Meanwhile the broker goes on: more timers arrive and ticks run, but only buffers grow.
+    for i in range(20):
+        b.send(TOPIC, f"b{i}".encode(), deliver_at_ms=T0 + 90_000 + 100 + i)
+    b.timer_tick(durable=False)
+    assert {p.name: p.stat().st_size for p in (tmp_path / "timer" / "schedule").iterdir()} == sizes
+    cursor_before = b.timer.cursor
+    run_all_here(jobs)  # the worker thread, then finish back here
+    assert b.timer.cursor > cursor_before
+    checkpoint = json.loads((tmp_path / "timer" / "checkpoint.json").read_text().split("\n", 1)[1])
+    assert checkpoint["cursor"] == b.timer.cursor
+    b.timer_tick(durable=False)  # writes resume after the job finished
+    clock.advance(90_000)
+    drain(b)
+    assert len(visible(b)) == 40
+    b.close()
+
+
+def test_a_failed_store_checkpoint_job_marks_its_queue_files_dirty_again(tmp_path, clock):
+    b = open_broker(tmp_path, clock)
+    b.send(TOPIC, b"x")
+    job = b.store.checkpoint_job()
+    dirty = {key: set(cq._dirty) for key, cq in b.store.queues.items()}
+    assert not any(dirty.values())  # taken by the job
+    job.finish(errors.StorageError("fsync failed (injected)"))
+    assert any(cq._dirty for cq in b.store.queues.values())  # synced by the next checkpoint
+    b.close()
+
+
+def test_a_job_finishes_once_and_run_here_reraises_after_finishing():
+    calls = []
+
+    def boom() -> None:
+        raise errors.StorageError("boom")
+
+    job = Job("j", boom, lambda exc: calls.append(type(exc).__name__))
+    with pytest.raises(errors.StorageError):
+        job.run_here()
+    assert calls == ["StorageError"] and job.finished
+    with pytest.raises(AssertionError):
+        job.finish(None)
+    ok = Job("ok", lambda: None, lambda exc: calls.append(exc))
+    with pytest.raises(errors.StorageError):  # the others still run and finish
+        run_all_here([Job("bad", boom, lambda exc: calls.append("bad")), ok])
+    assert calls[-2:] == ["bad", None]
