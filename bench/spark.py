@@ -60,7 +60,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--body-bytes", type=int, default=64)
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--partitions", type=int, default=2, help="partitions of the written DataFrame")
+    ap.add_argument("--partitions", type=int, default=8,
+                    help="partitions of the written DataFrame (each publishes as it ends: more overlap)")
     ap.add_argument("--phase", choices=["all", "write", "read"], default="all")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="chronoq-bench-spark-")

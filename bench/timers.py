@@ -61,9 +61,10 @@ BIG_COUNT = 10_000_000
 SEND_BATCH_MAX = 1000       # messages per SendMessage request (the broker takes up to 1024)
 RECEIVE_BATCH = 32
 CONSUMERS = 2               # consumer processes
-CONSUMER_LANES = 4          # receives in flight per consumer process
+CONSUMER_LANES = 2          # receives in flight per consumer process
 DRAIN_GRACE_S = 30.0        # after the last due time, consumers give up after this long
 SEND_AHEAD_S = 0.010        # b: the producer sends what falls due within this much more time
+PRELOAD_RATE_GUESS = 8_000  # b, preload: timers/s a send phase surely reaches (sets the lead)
 MP = mp.get_context("spawn")  # children start clean (no forked gRPC state)
 
 
@@ -136,6 +137,18 @@ class MachineLoad:
         return round(100 * (1 - di / dt), 1) if dt else 0.0
 
 
+def wait_quiet(busy_pct_max: float, wait_s: float) -> float:
+    """Wait (at most ``wait_s``) until all CPUs were less than ``busy_pct_max`` % busy over 2 s;
+    returns the last reading. On a shared host this keeps other people's work out of a part."""
+    deadline = time.time() + wait_s
+    while True:
+        load = MachineLoad()
+        time.sleep(2)
+        busy = load.busy_pct()
+        if busy < busy_pct_max or time.time() >= deadline:
+            return busy
+
+
 def _pctl(sorted_values: list[int], q: float):
     if not sorted_values:
         return None
@@ -148,12 +161,29 @@ def _summary(values: list[int]) -> dict:
             "max_ms": values[-1] if values else None, "count": len(values)}
 
 
-def _producer(endpoint: str, topic: str, rate: int, seconds: float, lead_s: float, t0: float, out) -> None:
-    """Send ``rate * seconds`` timers: message i is sent at t0 + i/rate and due lead_s later."""
+def _producer(endpoint: str, topic: str, rate: int, seconds: float, lead_s: float, t0: float, out,
+              preload: bool = False) -> None:
+    """Send ``rate * seconds`` timers, message i due at t0 + lead_s + i/rate: each sent lead_s
+    before it is due (live), or all of them at once, before the first is due (preload)."""
     from chronoq.client import Client, OutgoingMessage, run
 
     total = int(rate * seconds)
     body = os.urandom(100)
+    base_ms = t0 * 1000 + lead_s * 1000
+
+    async def go_preload() -> dict:
+        started = time.time()
+        async with Client(endpoint, request_timeout_s=60) as client:
+            async def lane(k: int) -> None:
+                for first in range(k * SEND_BATCH_MAX, total, 4 * SEND_BATCH_MAX):
+                    n = min(SEND_BATCH_MAX, total - first)
+                    await client.send_batch([
+                        OutgoingMessage(topic, body, deliver_at_ms=int(base_ms + (first + i) * 1000 / rate))
+                        for i in range(n)])
+
+            await asyncio.gather(*(lane(k) for k in range(4)))
+        done = time.time()
+        return {"sent": total, "send_s": round(done - started, 1), "sent_ahead_s": round(base_ms / 1000 - done, 1)}
 
     async def go() -> dict:
         sent = late_sends = 0
@@ -175,7 +205,7 @@ def _producer(endpoint: str, topic: str, rate: int, seconds: float, lead_s: floa
                 sent += n
         return {"sent": sent, "late_sends": late_sends}
 
-    out.put(("producer", run(go())))
+    out.put(("producer", run(go_preload() if preload else go())))
 
 
 def _consumer(endpoint: str, group: str, topic: str, expected: int, counter, give_up_at: float, out) -> None:
@@ -282,32 +312,46 @@ def _broker_histogram(endpoint: str, part: str, **ctx) -> dict:
 
 def part_b(args, workdir: str) -> None:
     for rate in [int(r) for r in args.rates.split(",") if r]:
+        if args.quiet_pct:
+            wait_quiet(args.quiet_pct, args.quiet_wait_s)
         proc, endpoint = _server(workdir, f"b-{rate}")
         try:
-            topic, group = f"bench-steady-{uuid.uuid4().hex[:6]}", f"bench-steady-g-{uuid.uuid4().hex[:6]}"
-            total = int(rate * args.steady_seconds)
-            out = MP.Queue()
-            t0 = time.time() + 1.0
-            give_up_at = t0 + args.lead_s + args.steady_seconds + DRAIN_GRACE_S
-            cpu0 = _server_cpu(proc.pid)
-            load = MachineLoad()
-            consumers = _start_consumers(endpoint, group, topic, total, give_up_at, out)
-            producer = MP.Process(target=_producer, args=(endpoint, topic, rate, args.steady_seconds, args.lead_s,
-                                                          t0, out))
-            producer.start()
-            got = _collect(out, [producer, *consumers], {"producer": 1, "consumer": CONSUMERS},
-                           give_up_at - time.time() + 60)
-            cpu = _server_cpu(proc.pid) - cpu0
-            rows = [r for part in got.get("consumer", []) for r in part]
-            prod = (got.get("producer") or [{}])[0]
-            ctx = {"rate_per_s": rate, "seconds": args.steady_seconds, "lead_s": args.lead_s, "sent": prod.get("sent"),
-                   "late_sends": prod.get("late_sends"), "received": len(rows),
-                   "server_cpu_s": round(cpu, 1), "flush_policy": "sync", "machine_busy_pct": load.busy_pct(),
-                   "cpus": os.cpu_count()}
-            _delivery_metrics(rows, "b", **ctx)
-            _broker_histogram(endpoint, "b", rate_per_s=rate)
+            _steady(args, endpoint, proc.pid, rate)
         finally:
             _stop_server(proc)
+
+
+def _steady(args, endpoint: str, pid: int, rate: int) -> None:
+    topic, group = f"bench-steady-{uuid.uuid4().hex[:6]}", f"bench-steady-g-{uuid.uuid4().hex[:6]}"
+    total = int(rate * args.steady_seconds)
+    preload = args.b_mode == "preload"
+    out = MP.Queue()
+    t0 = time.time() + 1.0
+    # Preload: every timer is sent first (at ~10k+/s), then they fall due; live: each is sent
+    # lead_s before it is due, so sends run beside the deliveries.
+    lead_s = max(args.lead_s, total / PRELOAD_RATE_GUESS + 10) if preload else args.lead_s
+    first_due = t0 + lead_s
+    give_up_at = first_due + args.steady_seconds + DRAIN_GRACE_S
+    producer = MP.Process(target=_producer, args=(endpoint, topic, rate, args.steady_seconds, lead_s, t0, out,
+                                                  preload))
+    producer.start()
+    prod = {}
+    if preload:
+        prod = _collect(out, [producer], {"producer": 1}, lead_s + 60).get("producer", [{}])[0]
+        time.sleep(max(0.0, first_due - 2 - time.time()))  # consumers start just before the first is due
+    consumers = _start_consumers(endpoint, group, topic, total, give_up_at, out)
+    cpu0, load = _server_cpu(pid), MachineLoad()
+    kinds = {"consumer": CONSUMERS} if preload else {"producer": 1, "consumer": CONSUMERS}
+    got = _collect(out, consumers if preload else [producer, *consumers], kinds, give_up_at - time.time() + 60)
+    cpu, busy = _server_cpu(pid) - cpu0, load.busy_pct()
+    rows = [r for part in got.get("consumer", []) for r in part]
+    if not preload:
+        prod = (got.get("producer") or [{}])[0]
+    ctx = {"rate_per_s": rate, "seconds": args.steady_seconds, "mode": args.b_mode, "lead_s": round(lead_s, 1),
+           "received": len(rows), "server_cpu_s": round(cpu, 1), "flush_policy": "sync",
+           "machine_busy_pct": busy, "cpus": os.cpu_count(), **prod}
+    _delivery_metrics(rows, "b", **ctx)
+    _broker_histogram(endpoint, "b", rate_per_s=rate, mode=args.b_mode)
 
 
 def _server_cpu(pid: int) -> float:
@@ -336,8 +380,9 @@ def part_c(args, workdir: str) -> None:
                     i = offset * SEND_BATCH_MAX
                     while i < count:
                         n = min(SEND_BATCH_MAX, count - i)
-                        await client.send_batch([OutgoingMessage(topic, body, deliver_at_ms=second_ms + (i + k) % 1000)
-                                                 for k in range(n)])
+                        await client.send_batch([
+                            OutgoingMessage(topic, body, deliver_at_ms=second_ms + (i + k) % 1000)
+                            for k in range(n)])
                         sent += n
                         i += 4 * SEND_BATCH_MAX
 
@@ -452,9 +497,15 @@ def main() -> None:
     ap.add_argument("--big", action="store_true", help="10,000,000 timers in d and e")
     ap.add_argument("--rates", default="2000,5000", help="b: due timers per second, comma-separated")
     ap.add_argument("--steady-seconds", type=float, default=60.0, help="b: how long each rate runs")
-    ap.add_argument("--lead-s", type=float, default=5.0, help="b: how long before its due time a timer is sent")
+    ap.add_argument("--lead-s", type=float, default=5.0, help="b live: how long before its due time a timer is sent")
+    ap.add_argument("--b-mode", choices=("preload", "live"), default="preload",
+                    help="b: send every timer before the first is due (preload), or each --lead-s before it "
+                         "is due while the others are delivered (live: sends compete for the same CPU)")
     ap.add_argument("--burst", type=int, default=200_000, help="c: timers due in the same second")
     ap.add_argument("--burst-lead-s", type=float, default=40.0, help="c: the due second starts this far ahead")
+    ap.add_argument("--quiet-pct", type=float, default=0.0,
+                    help="b, c: first wait until the host's CPUs are less busy than this (%%; 0: do not wait)")
+    ap.add_argument("--quiet-wait-s", type=float, default=600.0, help="longest wait for --quiet-pct")
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=600.0, help="time bound of each enqueue loop")
     ap.add_argument("--body-bytes", type=int, default=100)
@@ -473,6 +524,8 @@ def main() -> None:
         if "b" in args.parts:
             part_b(args, workdir)
         if "c" in args.parts:
+            if args.quiet_pct:
+                wait_quiet(args.quiet_pct, args.quiet_wait_s)
             part_c(args, workdir)
         if "d" in args.parts or "e" in args.parts:
             if args.big:

@@ -728,7 +728,7 @@ def audit(topics, grace, html_path, master, endpoint, timeout, as_json) -> None:
     owned = SparkSession.getActiveSession() is None
     spark = local_session(master, app="chronoq-audit")
     try:
-        result = job.run(spark, endpoint, list(topics), grace)
+        result = job.run(spark, endpoint, list(topics), grace, **_connection())
         if html_path:
             job.write_html(result, html_path)
     except BrokerError as exc:

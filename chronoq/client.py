@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import itertools
 import os
 import socket
 import time
@@ -31,10 +32,12 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq import __version__
+from chronoq import __version__, wire
 from chronoq.msgid import new_message_id
 
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
+_MS = "/apache.rocketmq.v2.MessagingService/"
+_NOT_FOUND = pb.Code.MESSAGE_NOT_FOUND
 # The user property that asks chronoq for a delay level (chronoq.server.convert reads it).
 DELAY_LEVEL_PROPERTY = "CHRONOQ_DELAY_LEVEL"
 
@@ -141,11 +144,31 @@ class Client:
         self.access_key = access_key
         self.secret_key = secret_key
         self.timeout = request_timeout_s
-        self.client_id = f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}@chronoq"
+        self._host = socket.gethostname()
+        self.client_id = f"{self._host}@{os.getpid()}@{uuid.uuid4().hex[:8]}@chronoq"
         options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
         self._channel = _open_channel(endpoint, tls, tls_ca_file, options)
         self._stub = service_pb2_grpc.MessagingServiceStub(self._channel)
         self._routes: dict[str, list] = {}
+        # The per-message calls take requests already encoded (chronoq.wire): no protobuf object
+        # per message on this side. Answers are parsed by the generated classes as usual.
+        self._send_raw = self._channel.unary_unary(_MS + "SendMessage",
+                                                   response_deserializer=spb.SendMessageResponse.FromString)
+        self._ack_raw = self._channel.unary_unary(_MS + "AckMessage",
+                                                  response_deserializer=spb.AckMessageResponse.FromString)
+        # Metadata: the date changes once a second; request ids are a random prefix and a counter.
+        self._md_second = -1
+        self._md_head: list[tuple[str, str]] = []
+        self._md_tail: list[tuple[str, str]] = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2"),
+                                                ("x-mq-client-version", f"chronoq-{__version__}")]
+        if namespace:
+            self._md_tail.append(("x-mq-namespace", namespace))
+        self._request_prefix = uuid.uuid4().hex[:16]
+        self._request_seq = itertools.count()
+        self._topic_fields: dict[str, bytes] = {}
+        self._born_host = wire.string_field(wire.K_SP_BORN_HOST, self._host)
+        self._receive_requests: dict[tuple, spb.ReceiveMessageRequest] = {}
+        self._ack_heads: dict[tuple[str, str], tuple[bytes, bytes]] = {}
 
     async def __aenter__(self) -> "Client":
         return self
@@ -158,22 +181,17 @@ class Client:
 
     # ----------------------------------------------------------------- plumbing
     def _metadata(self) -> tuple:
-        date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        md = [
-            ("x-mq-client-id", self.client_id),
-            ("x-mq-date-time", date),
-            ("x-mq-request-id", uuid.uuid4().hex),
-            ("x-mq-language", "PYTHON"),
-            ("x-mq-protocol", "v2"),
-            ("x-mq-client-version", f"chronoq-{__version__}"),
-        ]
-        if self.namespace:
-            md.append(("x-mq-namespace", self.namespace))
-        if self.access_key:
-            sig = hmac.new(self.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
-            md.append(("authorization",
-                       f"MQv2-HMAC-SHA1 Credential={self.access_key}, SignedHeaders=x-mq-date-time, Signature={sig}"))
-        return tuple(md)
+        second = int(time.time())
+        if second != self._md_second:  # the date (and so the signature) changes once a second
+            date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
+            head = [("x-mq-client-id", self.client_id), ("x-mq-date-time", date)]
+            if self.access_key:
+                sig = hmac.new(self.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+                head.append(("authorization", f"MQv2-HMAC-SHA1 Credential={self.access_key}, "
+                                              f"SignedHeaders=x-mq-date-time, Signature={sig}"))
+            self._md_head, self._md_second = head, second
+        request_id = f"{self._request_prefix}{next(self._request_seq):016x}"
+        return (*self._md_head, ("x-mq-request-id", request_id), *self._md_tail)
 
     def _resource(self, name: str) -> pb.Resource:
         return pb.Resource(name=name, resource_namespace=self.namespace)
@@ -196,32 +214,56 @@ class Client:
         return queues
 
     # ----------------------------------------------------------------- send
-    def _encode(self, m: OutgoingMessage, born_ms: int) -> pb.Message:
-        sp = pb.SystemProperties(
-            message_id=m.message_id or new_message_id(born_ms), body_encoding=pb.Encoding.IDENTITY,
-            born_host=socket.gethostname(), tag=m.tag or None, keys=list(m.keys),
-        )
-        sp.born_timestamp.FromMilliseconds(born_ms)
-        if m.message_group:
-            sp.message_group = m.message_group
-            sp.message_type = pb.MessageType.FIFO
-        elif m.deliver_at_ms is not None:
-            sp.message_type = pb.MessageType.DELAY
-            sp.delivery_timestamp.FromMilliseconds(int(m.deliver_at_ms))
-        else:
-            sp.message_type = pb.MessageType.NORMAL
+    def _encode_parts(self, m: OutgoingMessage, born_ms: int, tail: dict) -> tuple[bytes, bytes, bytes]:
+        """``m`` as (topic and user-property fields, system properties, body) wire bytes.
+
+        ``tail`` caches, per message type, the system-property fields every message of this
+        batch shares (encoding, type, born time and host).
+        """
+        head = self._topic_fields.get(m.topic)
+        if head is None:
+            if len(self._topic_fields) > 1024:
+                self._topic_fields.clear()
+            head = self._topic_fields[m.topic] = wire.field(wire.K_MESSAGE_TOPIC,
+                                                            wire.resource(m.topic, self.namespace))
         props = m.properties
         if m.delay_level:
             props = dict(props, **{DELAY_LEVEL_PROPERTY: str(int(m.delay_level))})
-            sp.message_type = pb.MessageType.DELAY
-        return pb.Message(topic=self._resource(m.topic), body=m.body, user_properties=props,
-                          system_properties=sp)
+        if props:
+            head += wire.properties(props)
+        message_id = (m.message_id or new_message_id(born_ms)).encode()
+        mtype = pb.FIFO if m.message_group else pb.DELAY if m.deliver_at_ms is not None else pb.NORMAL
+        if m.delay_level:
+            mtype = pb.DELAY
+        common = tail.get(mtype)
+        if common is None:
+            common = tail[mtype] = (wire.K_SP_BODY_ENCODING + wire.varint(pb.IDENTITY) + wire.K_SP_MESSAGE_TYPE
+                                    + wire.varint(mtype) + wire.field(wire.K_SP_BORN_TIMESTAMP, wire.timestamp(born_ms))
+                                    + self._born_host)
+        sp = [wire.K_SP_MESSAGE_ID, wire.varint(len(message_id)), message_id, common]
+        if m.tag:
+            sp.insert(0, wire.string_field(wire.K_SP_TAG, m.tag))
+            if m.keys:
+                sp.insert(1, b"".join(wire.string_field(wire.K_SP_KEYS, k) for k in m.keys))
+        elif m.keys:
+            sp.insert(0, b"".join(wire.string_field(wire.K_SP_KEYS, k) for k in m.keys))
+        if m.message_group:
+            sp.append(wire.string_field(wire.K_SP_MESSAGE_GROUP, m.message_group))
+        elif m.deliver_at_ms is not None:
+            sp.append(wire.field(wire.K_SP_DELIVERY_TIMESTAMP, wire.timestamp(int(m.deliver_at_ms))))
+        return head, b"".join(sp), m.body
+
+    def _send_request_bytes(self, messages: Iterable[OutgoingMessage]) -> bytes:
+        """The SendMessageRequest for ``messages``, encoded (chronoq.wire)."""
+        now = int(time.time() * 1000)
+        tail: dict = {}
+        encode = self._encode_parts
+        return wire.send_request([encode(m, now, tail) for m in messages])
 
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
         """Send many messages in one SendMessage call; one receipt per message, in order."""
-        now = int(time.time() * 1000)
-        req = spb.SendMessageRequest(messages=[self._encode(m, now) for m in messages])
-        resp = await self._stub.SendMessage(req, metadata=self._metadata(), timeout=self.timeout)
+        req = self._send_request_bytes(messages)
+        resp = await self._send_raw(req, metadata=self._metadata(), timeout=self.timeout)
         self._check(resp.status)
         for entry in resp.entries:
             self._check(entry.status)
@@ -241,25 +283,31 @@ class Client:
     async def receive(self, group: str, topic: str, *, max_messages: int = 16, invisible_s: float = 30,
                       wait_s: float = 5, tag: str = "*") -> list[ReceivedMessage]:
         """POP up to ``max_messages``; long-polls up to ``wait_s`` when nothing is ready."""
-        queues = await self.route(topic)
-        mq = pb.MessageQueue()
-        mq.CopyFrom(queues[0])
-        mq.id = -1  # the broker serves every queue of the topic
-        req = spb.ReceiveMessageRequest(
-            group=self._resource(group), message_queue=mq,
-            filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression=tag),
-            batch_size=max_messages, invisible_duration=_duration(invisible_s), auto_renew=False,
-            long_polling_timeout=_duration(wait_s),
-        )
+        shape = (group, topic, max_messages, invisible_s, wait_s, tag)
+        req = self._receive_requests.get(shape)  # a consumer asks the same way again and again
+        if req is None:
+            queues = await self.route(topic)
+            mq = pb.MessageQueue()
+            mq.CopyFrom(queues[0])
+            mq.id = -1  # the broker serves every queue of the topic
+            req = spb.ReceiveMessageRequest(
+                group=self._resource(group), message_queue=mq,
+                filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression=tag),
+                batch_size=max_messages, invisible_duration=_duration(invisible_s), auto_renew=False,
+                long_polling_timeout=_duration(wait_s),
+            )
+            if len(self._receive_requests) > 256:
+                self._receive_requests.clear()
+            self._receive_requests[shape] = req
         out: list[ReceivedMessage] = []
+        add = out.append
         status = None
         async for resp in self._stub.ReceiveMessage(req, metadata=self._metadata(), timeout=wait_s + self.timeout):
-            which = resp.WhichOneof("content")
-            if which == "status":
+            if resp.HasField("message"):
+                add(_decode(resp.message))
+            elif resp.HasField("status"):
                 status = resp.status
-            elif which == "message":
-                out.append(_decode(resp.message))
-        if status is not None and status.code != pb.Code.MESSAGE_NOT_FOUND:
+        if status is not None and status.code != _NOT_FOUND:
             self._check(status)
         return out
 
@@ -267,9 +315,14 @@ class Client:
         """Acknowledge many messages in one call."""
         if not messages:
             return
-        req = spb.AckMessageRequest(group=self._resource(group), topic=self._resource(topic), entries=[
-            spb.AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle) for m in messages])
-        resp = await self._stub.AckMessage(req, metadata=self._metadata(), timeout=self.timeout)
+        heads = self._ack_heads.get((group, topic))
+        if heads is None:
+            if len(self._ack_heads) > 256:
+                self._ack_heads.clear()
+            heads = self._ack_heads[(group, topic)] = (wire.resource(group, self.namespace),
+                                                       wire.resource(topic, self.namespace))
+        req = wire.ack_request(heads[0], heads[1], [(m.message_id, m.receipt_handle) for m in messages])
+        resp = await self._ack_raw(req, metadata=self._metadata(), timeout=self.timeout)
         self._check(resp.status)
         for entry in resp.entries:
             self._check(entry.status)
@@ -363,15 +416,19 @@ class AdminClient:
         return resp
 
 
+def _ms(ts) -> int:
+    # Timestamp.ToMilliseconds is Python code; this is the same for the non-negative times here.
+    return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
 def _decode(msg: pb.Message) -> ReceivedMessage:
     sp = msg.system_properties
+    keys, props = sp.keys, msg.user_properties
     return ReceivedMessage(
-        topic=msg.topic.name, message_id=sp.message_id, body=msg.body, tag=sp.tag, keys=list(sp.keys),
-        properties=dict(msg.user_properties), receipt_handle=sp.receipt_handle,
-        delivery_attempt=sp.delivery_attempt, queue_id=sp.queue_id, queue_offset=sp.queue_offset,
-        born_ms=sp.born_timestamp.ToMilliseconds(), store_ms=sp.store_timestamp.ToMilliseconds(),
-        deliver_at_ms=sp.delivery_timestamp.ToMilliseconds() if sp.HasField("delivery_timestamp") else 0,
-        message_group=sp.message_group,
+        msg.topic.name, sp.message_id, msg.body, sp.tag, list(keys) if keys else [],
+        dict(props) if props else {}, sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset,
+        _ms(sp.born_timestamp), _ms(sp.store_timestamp),
+        _ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else 0, sp.message_group,
     )
 
 

@@ -386,6 +386,9 @@ class Staging:
             return b.stages[stage_id][seq].rows  # a resent chunk
         if b is not None and stage_id not in b.stages and len(b.stages) >= STAGES_PER_BATCH_MAX:
             raise errors.ClientError(f"batch {batch_id} of sink {sink_id} has {STAGES_PER_BATCH_MAX} stages already")
+        check_space = getattr(self.broker, "check_space", None)
+        if check_space is not None:  # new data is refused while the disk is below its reserve;
+            check_space()            # publishing staged rows later may use the reserve
         now = self.broker.clock.wall_ms()
         new_topics: dict = {}
         cfg = self.broker._send_topic(topic, False, new_topics)  # validates; plans an auto-create
@@ -481,7 +484,9 @@ class Staging:
                     raise errors.ClientError(f"stage {stage_id} is named twice")
                 seen.add(stage_id)
                 have = b.stages.get(stage_id, {}) if b is not None else {}
-                if sorted(have) != list(range(chunks)) or sum(c.rows for c in have.values()) != rows:
+                # len() first: a hostile chunk count (2**31) must not build a list that large.
+                if len(have) != chunks or sorted(have) != list(range(chunks)) \
+                        or sum(c.rows for c in have.values()) != rows:
                     raise errors.ClientError(
                         f"stage {stage_id} of batch {batch_id} (sink {sink_id}) is incomplete on the broker: "
                         f"{len(have)} of {chunks} chunks, {sum(c.rows for c in have.values())} of {rows} rows "

@@ -421,6 +421,28 @@ class PopService:
             self.broker.trace.acked(group, ck.queue.topic, ck.queue.queue_id, ck.offsets[index], now)
         self._after(now)
 
+    def ack_many(self, group: str, topic: str, receipt_handles) -> list[Exception | None]:
+        """``ack`` each handle, in order, with the bookkeeping after them (consume offsets) done
+        once for all. Per handle: None when settled, else the error ``ack`` would have raised."""
+        out: list[Exception | None] = []
+        now = self.clock.wall_ms()
+        trace = self.broker.trace
+        locate, settle = self._locate, self._inflight.settle
+        try:
+            for handle in receipt_handles:
+                try:
+                    ck, index = locate(group, topic, handle)
+                    settle(ck, index)
+                except Exception as exc:  # noqa: BLE001 - per handle, as ack would raise it
+                    out.append(exc)
+                    continue
+                if trace is not None:  # chronoq.trace: buffered, no I/O here
+                    trace.acked(group, ck.queue.topic, ck.queue.queue_id, ck.offsets[index], now)
+                out.append(None)
+        finally:
+            self._after(now)
+        return out
+
     def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         """Make the message invisible for ``invisible_ms`` from now; returns the NEW handle.
 

@@ -13,7 +13,7 @@ the services themselves stay unaware of it. Per RPC, in this order:
 3. **Authorization** (when enabled): the request's fields name what it touches (``RULES``) and
    the user must hold each permission; otherwise FORBIDDEN. A method without a rule — chronoq's
    Admin service, and anything added without one — needs the admin role: deny by default.
-4. **Telemetry streams** are counted per ``x-mq-client-id`` and in all; over a limit the stream
+4. **Telemetry streams** are counted per ``x-mq-client-id`` (of each user) and in all; over a limit the stream
    gets one TOO_MANY_REQUESTS command and ends. Inside a stream, a settings command naming a
    group or topic the user may not use is answered FORBIDDEN, and a transaction check (a
    ``recover_orphaned_transaction_command`` pushed by the broker) only reaches a client whose
@@ -25,7 +25,8 @@ Refusals are answered the way the services answer errors — in the response's `
 message. A response type without a ``status`` field would get the gRPC status instead.
 
 Cost: with access control off, a call pays one interceptor hop and a wrapper frame; handlers are
-built once per method. With it on, one HMAC-SHA1 per call and a memoized glob match per named
+built once per method. With it on, a dictionary lookup of the signature (an HMAC-SHA1 once per
+client and second: the signed date changes every second) and a memoized glob match per named
 resource; handlers are built once per (method, user).
 
 Secrets: nothing here logs headers; refusal messages name the access key, never the secret or
@@ -51,6 +52,7 @@ log = logging.getLogger("chronoq.auth")
 MS = "/apache.rocketmq.v2.MessagingService/"
 TELEMETRY = MS + "Telemetry"
 CLIENT_ID_HEADER = "x-mq-client-id"
+VERIFIED_MAX = 4096  # signatures remembered as verified (see Gate.intercept_service)
 
 # What each method touches: request -> [(kind, name)]. An empty list: any authenticated user.
 # A method missing here needs the admin role.
@@ -238,9 +240,10 @@ class Gate(grpc.aio.ServerInterceptor):
         self.access = access
         self.max_streams_per_client = max_streams_per_client
         self.max_streams = max_streams
-        self.streams: dict[str, int] = {}  # open Telemetry streams per client id
+        self.streams: dict[tuple[str, str], int] = {}  # open Telemetry streams per (access key, client id)
         self.streams_total = 0
         self._methods: dict[str, _Method] = {}
+        self._verified: dict[tuple[str, str], acl.User] = {}  # (authorization, date) -> user
         self.refused = 0  # calls refused for credentials or permissions (for tests and metrics)
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -258,12 +261,20 @@ class Gate(grpc.aio.ServerInterceptor):
                 h = method.by_user[""] = self._build(method, None)
             return h
         metadata = handler_call_details.invocation_metadata
-        try:
-            user = access.authenticate(_header(metadata, acl.AUTH_HEADER), _header(metadata, acl.DATE_HEADER))
-        except errors.Unauthorized as exc:
-            self.refused += 1
-            log.debug("refused %s: %s", method.name, exc.message)
-            return self._refusal(method, status.Code.UNAUTHORIZED, f"{method.name}: {exc.message}")
+        signed = (_header(metadata, acl.AUTH_HEADER), _header(metadata, acl.DATE_HEADER))
+        user = self._verified.get(signed)
+        if user is None:
+            try:
+                user = access.authenticate(*signed)
+            except errors.Unauthorized as exc:
+                self.refused += 1
+                log.debug("refused %s: %s", method.name, exc.message)
+                return self._refusal(method, status.Code.UNAUTHORIZED, f"{method.name}: {exc.message}")
+            # A client's date changes once a second: remember the pairs that verified (only those),
+            # so its other calls in that second skip the HMAC.
+            if len(self._verified) >= VERIFIED_MAX:
+                self._verified.clear()
+            self._verified[signed] = user
         h = method.by_user.get(user.access_key)
         if h is None:
             h = method.by_user[user.access_key] = self._build(method, user)
@@ -377,25 +388,27 @@ class Gate(grpc.aio.ServerInterceptor):
 
         async def telemetry(request_iterator, context):
             client_id = _header(context.invocation_metadata(), CLIENT_ID_HEADER)
-            open_now = self.streams.get(client_id, 0)
+            # Counted per user too: one user cannot use up another's quota by borrowing its id.
+            key = (user.access_key if user is not None else "", client_id)
+            open_now = self.streams.get(key, 0)
             if open_now >= self.max_streams_per_client or self.streams_total >= self.max_streams:
                 which = (f"client {client_id!r} already has {open_now} open Telemetry streams (max_streams_per_client)"
                          if open_now >= self.max_streams_per_client
                          else f"the broker has {self.streams_total} open Telemetry streams (max_streams)")
                 await context.write(method.response(status.Code.TOO_MANY_REQUESTS, f"Telemetry refused: {which}"))
                 return
-            self.streams[client_id] = open_now + 1
+            self.streams[key] = open_now + 1
             self.streams_total += 1
             guarded = _StreamContext(context, user)
             try:
                 await original(self._commands(method, request_iterator, guarded, user), guarded)
             finally:
                 self.streams_total -= 1
-                left = self.streams.get(client_id, 1) - 1
+                left = self.streams.get(key, 1) - 1
                 if left > 0:
-                    self.streams[client_id] = left
+                    self.streams[key] = left
                 else:
-                    self.streams.pop(client_id, None)
+                    self.streams.pop(key, None)
 
         return telemetry
 

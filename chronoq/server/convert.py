@@ -11,6 +11,7 @@ encoders build protobufs with keyword constructors and cache what repeats.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import zlib
 
@@ -29,6 +30,11 @@ PbType = pb.MessageType
 _UNSPECIFIED, _NORMAL, _FIFO, _DELAY, _TRANSACTION, _LITE, _PRIORITY = (
     pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.LITE, pb.PRIORITY)
 _GZIP, _IDENTITY, _ENCODING_UNSPECIFIED = pb.GZIP, pb.IDENTITY, pb.ENCODING_UNSPECIFIED
+# (and chronoq's enum members: ``MessageType.DELAY`` is a slow metaclass lookup on Python 3.11)
+_MT_DELAY, _MT_FIFO = MessageType.DELAY, MessageType.FIFO
+_OUTGOING_FIELDS = ("topic", "body", "tag", "keys", "properties", "message_id", "queue_id", "message_group",
+                    "born_ms", "message_type", "deliver_at_ms", "delay_level")
+assert tuple(f.name for f in dataclasses.fields(OutgoingMessage)) == _OUTGOING_FIELDS  # outgoing_from_pb's order
 
 MILLIS_12H = 12 * 3600 * 1000
 # Properties whose key starts with this are the broker's own (origin of a retry, group, type ...).
@@ -146,13 +152,13 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
         raise errors.ClientError(f"message {message_id}: unknown message type {ptype}")
     deliver_at_ms = None
     if delay_level:
-        if mtype is not MessageType.DELAY:
+        if mtype is not _MT_DELAY:
             raise errors.MessageTypeMismatch(
                 f"message {message_id}: a {PbType.Name(ptype)} message may not carry {DELAY_LEVEL_PROPERTY}")
         if has_ts:
             raise errors.InvalidDeliveryTime(
                 f"message {message_id}: give a delivery_timestamp or {DELAY_LEVEL_PROPERTY}, not both")
-    elif mtype is MessageType.DELAY:
+    elif mtype is _MT_DELAY:
         if not has_ts:
             raise errors.MessageTypeMismatch(f"message {message_id}: a DELAY message needs a delivery_timestamp")
         ts = sp.delivery_timestamp
@@ -161,7 +167,7 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
         raise errors.MessageTypeMismatch(
             f"message {message_id}: a {PbType.Name(ptype)} message may not carry a delivery_timestamp")
     group = None
-    if mtype is MessageType.FIFO:
+    if mtype is _MT_FIFO:
         if not has_group:
             raise errors.MessageTypeMismatch(f"message {message_id}: a FIFO message needs a message_group")
         group = sp.message_group
@@ -182,18 +188,9 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
     if delay_level is not None:
         del properties[DELAY_LEVEL_PROPERTY]  # a request, not data: the delivered copy drops it
     keys = sp.keys
-    return OutgoingMessage(
-        msg.topic.name, body,
-        tag=sp.tag if sp.HasField("tag") else "",
-        keys=tuple(keys) if keys else (),
-        properties=properties,
-        message_id=message_id,
-        message_group=group,
-        born_ms=born_ms,
-        message_type=mtype,
-        deliver_at_ms=deliver_at_ms,
-        delay_level=delay_level or None,
-    )
+    # Positional (see _OUTGOING_FIELDS): half the cost of keywords, once per message sent.
+    return OutgoingMessage(msg.topic.name, body, sp.tag if sp.HasField("tag") else "", tuple(keys) if keys else (),
+                           properties, message_id, None, group, born_ms, mtype, deliver_at_ms, delay_level or None)
 
 
 def _delay_level(text: str, message_id: str) -> int:
@@ -249,7 +246,7 @@ def message_fields(popped, *, requested_topic: str, namespace: str, store_host: 
     """
     m = popped.message
     props = m.properties
-    ptype = PbType.NORMAL
+    ptype = _NORMAL
     sp = {
         "message_id": m.message_id,
         "body_digest": {"type": pb.MD5, "checksum": hashlib.md5(m.body).hexdigest().upper()},
@@ -268,14 +265,14 @@ def message_fields(popped, *, requested_topic: str, namespace: str, store_host: 
         fields["user_properties"] = {k: v for k, v in props.items() if not k.startswith(_SYSTEM_PREFIX)}
         tname = props.get(PROP_MESSAGE_TYPE)
         if tname is not None:
-            ptype = _TYPE_BY_NAME.get(tname, PbType.NORMAL)
+            ptype = _TYPE_BY_NAME.get(tname, _NORMAL)
     group = popped.message_group
     if group is None and props:
         group = props.get(PROP_MESSAGE_GROUP)
     if group:
         sp["message_group"] = group
-        if ptype == PbType.NORMAL:
-            ptype = PbType.FIFO
+        if ptype == _NORMAL:
+            ptype = _FIFO
     sp["message_type"] = ptype
     if m.tag:
         sp["tag"] = m.tag
@@ -283,8 +280,8 @@ def message_fields(popped, *, requested_topic: str, namespace: str, store_host: 
         sp["keys"] = m.keys
     if m.deliver_at_ms:
         sp["delivery_timestamp"] = _ts(m.deliver_at_ms)
-        if ptype == PbType.NORMAL:  # a delivered timer copy: clients expect DELAY (contract §5.3)
-            sp["message_type"] = PbType.DELAY
+        if ptype == _NORMAL:  # a delivered timer copy: clients expect DELAY (contract §5.3)
+            sp["message_type"] = _DELAY
     if requested_topic.startswith(_DLQ_PREFIX):
         # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
         sp["dead_letter_queue"] = {"topic": m.topic, "message_id": m.message_id}

@@ -38,7 +38,7 @@ import logging
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from chronoq import errors, model
+from chronoq import errors, model, wire
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
 from chronoq.server import admin, auth, convert, status
@@ -49,6 +49,7 @@ log = logging.getLogger("chronoq.grpc")
 
 pb = definition_pb2
 sv = service_pb2
+_TRANSACTION = model.MessageType.TRANSACTION  # (an enum member lookup costs ~1 us on 3.11)
 
 PUSH_INVISIBLE_MS = 60_000          # invisible time for auto-renew receives (no auto-renew yet)
 DEFAULT_INVISIBLE_MS = 60_000       # when a non-push receive names none
@@ -104,6 +105,12 @@ def _boundary(response_type, what: str):
         return handler
 
     return wrap
+
+
+def _ack_with_empty(pop, group: str, topic: str, handles: list[str]) -> list:
+    """``pop.ack_many`` for a request where some receipt handles are empty (those fail)."""
+    settled = iter(pop.ack_many(group, topic, [h for h in handles if h]))
+    return [next(settled) if h else errors.InvalidReceiptHandle("the receipt handle is empty") for h in handles]
 
 
 class _Waker:
@@ -387,14 +394,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         max_body = self.config.max_body_bytes
         try:  # one group commit for the whole request
             results = await self.committer.send([self._outgoing(m) for m in messages])
-            ok = self._ok
-            entries = [sv.SendResultEntry(status=ok, message_id=r.message_id, offset=r.queue_offset,
-                                          recall_handle=r.recall_handle)
-                       for r in results]
         except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):
             # The broker refuses a batch with one bad message as a whole. Send them one by one
             # instead, so each gets its own answer (the committer still groups the fsyncs).
             entries = await asyncio.gather(*(self._send_one(m) for m in messages))
+        else:
+            # All accepted: encoded by hand (chronoq.wire), a third of the cost of building
+            # SendResultEntry objects; parsing it back is C and cheap.
+            return sv.SendMessageResponse.FromString(wire.send_response_ok(
+                [(r.message_id, r.queue_offset, r.recall_handle) for r in results]))
         # Clients read the top-level status only: report the first failure there.
         top = next((e.status for e in entries if e.status.code != status.OK), self._ok)
         return sv.SendMessageResponse(status=top, entries=entries)
@@ -403,7 +411,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Exactly one ``SendResultEntry`` for one message, failures included."""
         try:
             outgoing = self._outgoing(msg)
-            if outgoing.message_type is model.MessageType.TRANSACTION:
+            if outgoing.message_type is _TRANSACTION:
                 return await self._send_half(outgoing)
             r = (await self.committer.send([outgoing]))[0]
         except Exception as exc:  # noqa: BLE001 - the answer for this message
@@ -557,23 +565,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         pop = self.pop
         if not request.entries:
             raise errors.ClientError("AckMessage carries no entry")
-        entries = []
+        entries = request.entries
+        handles = [e.receipt_handle for e in entries]
+        # One call for the request: the POP bookkeeping after acks runs once, not per entry.
+        failures = pop.ack_many(group, topic, handles) if all(handles) else _ack_with_empty(pop, group, topic, handles)
+        done = []  # (message id, handle, status or None for OK)
         top = self._ok
-        for entry in request.entries:
-            try:
-                if not entry.receipt_handle:
-                    raise errors.InvalidReceiptHandle("the receipt handle is empty")
-                pop.ack(group, topic, entry.receipt_handle)
-                st = self._ok
-            except Exception as exc:  # noqa: BLE001 - per entry
+        for entry, handle, exc in zip(entries, handles, failures):
+            st = None
+            if exc is not None:
                 st = _status_of(exc, "AckMessage")
                 if top is self._ok:
                     top = st  # clients ignore entry statuses: the first failure goes on top
-            entries.append(sv.AckMessageResultEntry(message_id=entry.message_id,
-                                                    receipt_handle=entry.receipt_handle, status=st))
+            done.append((entry.message_id, handle, st))
         if self.pop.group(group).fifo:
             self._waker.wake_soon()  # the next message of the FIFO queue may go out now
-        return sv.AckMessageResponse(status=top, entries=entries)
+        if top is self._ok:  # all acked: encoded by hand (chronoq.wire), parsed back in C
+            return sv.AckMessageResponse.FromString(wire.ack_response_ok([(m, h) for m, h, _ in done]))
+        ok = self._ok
+        return sv.AckMessageResponse(status=top, entries=[
+            sv.AckMessageResultEntry(message_id=m, receipt_handle=h, status=st or ok) for m, h, st in done])
 
     async def ChangeInvisibleDuration(self, request, context):
         try:

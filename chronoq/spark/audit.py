@@ -73,14 +73,23 @@ def _decode_batches(batches):
                 yield decode_body(body)
 
 
-def trace_events(spark, endpoints: str):
-    """A DataFrame of every recorded event (``EVENTS_DDL``), after flushing the broker's buffer."""
-    with rpc.AdminRpc(endpoints) as client:
+# Connection keywords of ``run``/``trace_events`` -> the data source's option names.
+CONNECTION_OPTIONS = {"access_key": "accessKey", "secret_key": "secretKey", "tls": "tls", "tls_ca_file": "tlsCaFile"}
+
+
+def trace_events(spark, endpoints: str, **connection):
+    """A DataFrame of every recorded event (``EVENTS_DDL``), after flushing the broker's buffer.
+    ``connection``: ``access_key``, ``secret_key``, ``tls``, ``tls_ca_file`` (as ``rpc.AdminRpc``)."""
+    with rpc.AdminRpc(endpoints, **connection) as client:
         flushed = client.flush_trace()
     if not flushed.enabled:
         raise RuntimeError("the broker records no message trace (trace_enabled = false): nothing to audit")
-    raw = (spark.read.format("chronoq").option("endpoints", endpoints).option("topic", tr.TRACE_TOPIC)
-           .option("failOnDataLoss", "false").load())
+    reader = (spark.read.format("chronoq").option("endpoints", endpoints).option("topic", tr.TRACE_TOPIC)
+              .option("failOnDataLoss", "false"))
+    for key, value in connection.items():
+        if value:
+            reader = reader.option(CONNECTION_OPTIONS[key], str(value).lower() if isinstance(value, bool) else value)
+    raw = reader.load()
     return raw.select("body").mapInArrow(_decode_batches, EVENTS_DDL), flushed.dropped
 
 
@@ -176,13 +185,13 @@ class Audit:
 
 
 def run(spark, endpoints: str, topics: list[str] | None = None, grace_s: float = 60.0,
-        now_ms: int | None = None) -> Audit:
+        now_ms: int | None = None, **connection) -> Audit:
     """Run the audit job; ``topics`` limits it (default: every topic with recorded events)."""
     from pyspark.sql import functions as F
 
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     grace_ms = int(grace_s * 1000)
-    events, dropped = trace_events(spark, endpoints)
+    events, dropped = trace_events(spark, endpoints, **connection)
     if topics:
         events = events.where(F.col("topic").isin(list(topics)) | (F.col("kind") == tr.ACKED))
     msgs = messages(events, now_ms, grace_ms).cache()

@@ -8,6 +8,10 @@ pickled reader or writer. Messages arrive as ``MessageColumns`` and leave as ``R
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -63,14 +67,39 @@ def parse_endpoints(text: str) -> list[str]:
 
 
 class AdminRpc:
-    """One channel to the first reachable endpoint. Use as a context manager."""
+    """One channel to the first reachable endpoint. Use as a context manager.
 
-    def __init__(self, endpoints: list[str] | str, timeout_s: float = 60.0):
+    With ``access_key`` every call is signed as the broker's access control expects (MQv2-HMAC-SHA1
+    over ``x-mq-date-time``; docs/security.md; the Admin calls need a user with ``admin = true``).
+    ``tls`` (or a ``tls_ca_file`` of PEM roots to trust) connects over TLS.
+    """
+
+    def __init__(self, endpoints: list[str] | str, timeout_s: float = 60.0, *, access_key: str = "",
+                 secret_key: str = "", tls: bool = False, tls_ca_file: str = ""):
         self.endpoints = parse_endpoints(endpoints) if isinstance(endpoints, str) else list(endpoints)
         self.timeout_s = timeout_s
+        self.access_key, self.secret_key = access_key or "", secret_key or ""
+        self.tls, self.tls_ca_file = bool(tls or tls_ca_file), tls_ca_file or ""
         self._channel = None
         self._stub = None
         self._index = 0
+
+    def _metadata(self) -> tuple:
+        if not self.access_key:
+            return ()
+        date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        sig = hmac.new(self.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+        return (("x-mq-date-time", date), ("authorization", f"MQv2-HMAC-SHA1 Credential={self.access_key}, "
+                                                           f"SignedHeaders=x-mq-date-time, Signature={sig}"))
+
+    def _open(self, endpoint: str):
+        if not self.tls:
+            return grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        roots = None
+        if self.tls_ca_file:
+            with open(self.tls_ca_file, "rb") as fh:
+                roots = fh.read()
+        return grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(roots), options=CHANNEL_OPTIONS)
 
     def __enter__(self) -> "AdminRpc":
         return self
@@ -87,10 +116,10 @@ class AdminRpc:
         last: Exception | None = None
         for _ in range(len(self.endpoints)):
             if self._stub is None:
-                self._channel = grpc.insecure_channel(self.endpoints[self._index], options=CHANNEL_OPTIONS)
+                self._channel = self._open(self.endpoints[self._index])
                 self._stub = apb_grpc.AdminStub(self._channel)
             try:
-                resp = getattr(self._stub, method)(request, timeout=self.timeout_s)
+                resp = getattr(self._stub, method)(request, timeout=self.timeout_s, metadata=self._metadata())
             except grpc.RpcError as exc:
                 last = exc
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
@@ -247,7 +276,8 @@ def _list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
     """
     if isinstance(arr, pa.MapArray):
         entries = pa.StructArray.from_arrays([arr.keys, arr.items], names=["key", "value"])
-        arr = pa.ListArray.from_arrays(arr.offsets, entries, mask=arr.is_null())
+        offsets = pa.array(np.asarray(arr.offsets, dtype=np.int32))  # a fresh buffer (sliced + mask fails)
+        arr = pa.ListArray.from_arrays(offsets, entries, mask=arr.is_null())
     counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int32)
     return counts, pc.list_flatten(arr)
 

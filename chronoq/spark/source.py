@@ -81,6 +81,10 @@ class Settings:
     job_id: str | None
     checkpoint: str | None
     atomic: bool
+    access_key: str = ""
+    secret_key: str = ""
+    tls: bool = False
+    tls_ca_file: str = ""
 
     @classmethod
     def parse(cls, options) -> "Settings":
@@ -96,10 +100,12 @@ class Settings:
                    _positive(options, "maxRecordsPerPartition", PARTITION_MESSAGES),
                    _flag(options, "failOnDataLoss", True), float(timeout) if timeout else TIMEOUT_S,
                    options.get("sinkId"), options.get("jobId"), options.get("checkpointLocation"),
-                   _flag(options, "atomic", False))
+                   _flag(options, "atomic", False), options.get("accessKey") or "",
+                   options.get("secretKey") or "", _flag(options, "tls", False), options.get("tlsCaFile") or "")
 
     def client(self) -> rpc.AdminRpc:
-        return rpc.AdminRpc(list(self.endpoints), self.timeout_s)
+        return rpc.AdminRpc(list(self.endpoints), self.timeout_s, access_key=self.access_key,
+                            secret_key=self.secret_key, tls=self.tls, tls_ca_file=self.tls_ca_file)
 
 
 class ChronoqDataSource(DataSource):

@@ -222,18 +222,37 @@ class RecordHeader:
 
 def decode(buf: bytes, pos: int = 0) -> dict:
     """Decode a record already validated by ``check`` into its fields (a plain dict)."""
-    (total, _m, _v, _c, flags, qid, qoff, born, stored, deliver,
-     tlen, mlen, taglen, klen, plen, blen) = _unpack_header(buf, pos)
-    p = pos + HEADER_SIZE
-    topic = bytes(buf[p:p + tlen]).decode(); p += tlen
-    msgid = bytes(buf[p:p + mlen]).decode(); p += mlen
-    tag = bytes(buf[p:p + taglen]).decode(); p += taglen
-    keys = decode_keys(bytes(buf[p:p + klen])); p += klen
-    props = decode_properties(bytes(buf[p:p + plen])); p += plen
-    body = bytes(buf[p:p + blen])
-    assert p + blen == pos + total
+    (flags, qid, qoff, born, stored, deliver, topic, msgid, tag, keys, props, body) = decode_tuple(buf, pos)
     return {
         "flags": flags, "queue_id": qid, "queue_offset": qoff, "born_ms": born, "stored_ms": stored,
         "deliver_at_ms": deliver, "topic": topic, "message_id": msgid, "tag": tag, "keys": keys,
         "properties": props, "body": body,
     }
+
+
+_TOPICS_CACHE_MAX = 4096
+_topics: dict[bytes, str] = {}
+
+
+def decode_tuple(buf: bytes, pos: int = 0) -> tuple:
+    """``decode`` as a tuple, for the read path (no dict per message): (flags, queue_id,
+    queue_offset, born_ms, stored_ms, deliver_at_ms, topic, message_id, tag, keys, properties,
+    body). ``buf`` may hold other records around ``pos``; only the body is copied out."""
+    (total, _m, _v, _c, flags, qid, qoff, born, stored, deliver,
+     tlen, mlen, taglen, klen, plen, blen) = _unpack_header(buf, pos)
+    p = pos + HEADER_SIZE
+    raw_topic = bytes(buf[p:p + tlen])  # (bytes of bytes is no copy; of a memoryview, hashable)
+    topic = _topics.get(raw_topic)  # a few topics are read over and over
+    if topic is None:
+        topic = raw_topic.decode()
+        if len(_topics) >= _TOPICS_CACHE_MAX:
+            _topics.clear()
+        _topics[raw_topic] = topic
+    p += tlen
+    msgid = bytes(buf[p:p + mlen]).decode(); p += mlen
+    tag = bytes(buf[p:p + taglen]).decode() if taglen else ""; p += taglen
+    keys = decode_keys(bytes(buf[p:p + klen])) if klen else (); p += klen
+    props = decode_properties(bytes(buf[p:p + plen])) if plen else {}; p += plen
+    body = bytes(buf[p:p + blen])
+    assert p + blen == pos + total
+    return flags, qid, qoff, born, stored, deliver, topic, msgid, tag, keys, props, body

@@ -80,6 +80,7 @@ CHECKPOINT_VERSION = 1
 # at once (memory bound first).
 BUFFER_HARD_MAX = 64 * 1024 * 1024
 FLUSH_FILES_PER_TICK = 64
+FLUSH_TICK_MIN_BYTES = 256 * 1024
 FLUSH_FILES_PER_MAINTENANCE = 512
 LEVEL_READ_MAX = 512
 STATS_BUCKETS_MAX = 10_080  # a week of one-minute buckets
@@ -153,6 +154,7 @@ class LevelLane(Lane):
                          opts.retry_backoff_max_ms, opts.block_after_failures)
         self.level = level
         self.queue_id = DelayLevels.queue_id(level)
+        self.cq_key = (DELAY_TOPIC, self.queue_id)  # its consume queue in store.queues
         self.delay_ms = delay_ms
         self.offset = 0  # every queue offset below this is delivered (durable) or skipped
         self.scan_offset = 0  # next queue offset to claim
@@ -186,6 +188,7 @@ class TimerService:
         self.timer_lane = Lane("timer", options.pending_max, options.retry_backoff_ms,
                                options.retry_backoff_max_ms, options.block_after_failures)
         self.level_lanes = [LevelLane(i + 1, d, options) for i, d in enumerate(self.levels.delays_ms)]
+        self._all_lanes: list[Lane] = [self.timer_lane, *self.level_lanes]
         self._buffered_starts: set[int] = set()  # buckets with a non-empty write buffer
         # An incremental checkpoint in progress: the cursor it will claim, and the buckets whose
         # buffers (holding entries below that cursor) must still be written first.
@@ -562,7 +565,9 @@ class TimerService:
         done = self._complete()
         if not self._ckpt_syncing:  # bucket files stay untouched while a checkpoint syncs them
             self._finish_buckets(now)
-            if self._buffered_starts:
+            # Small buffers (a few DISPATCHED entries per tick at steady rates) wait for
+            # ``maintenance``: one write per bucket every few hundred ms, not one per tick.
+            if self._buffered_starts and self._buffered >= FLUSH_TICK_MIN_BYTES:
                 try:
                     self._flush_some(FLUSH_FILES_PER_TICK)
                 except errors.StorageError as exc:  # kept in memory; retried by the next call
@@ -577,7 +582,7 @@ class TimerService:
         if self._unabsorbed and now >= self._absorb_retry_at_ms:
             return True
         durable_upto = self._durable_upto()
-        return any(lane.needs_durability(durable_upto, now) for lane in self._lanes())
+        return any(lane.pending and lane.needs_durability(durable_upto, now) for lane in self._all_lanes)
 
     def synced(self, synced_upto: int, now_ms: int | None = None) -> int:
         """The caller fsynced the commit log below ``synced_upto`` (``store.sync()`` on a worker
@@ -623,13 +628,16 @@ class TimerService:
         nxt = self.wheel.next_deadline()
         if not room or nxt is None or nxt > now:
             return
+        # The burst path (200k due at once): locals, one call per step.
+        index_pop, claim, copy_of, ref_key = self._index.pop, lane.claim, copies.delivered_copy, copies.PROP_TIMER_REF
         for ident, due in self.wheel.expire(now, room):
-            b = self._index.pop(ident)
-            raw = b.claim(ident)
-            prepared = copies.delivered_copy(raw, copies.PROP_TIMER_REF, f"{b.start}.{ident}")
-            lane.claim((b.start, ident), due, prepared)
+            b = index_pop(ident)
+            start = b.start
+            claim((start, ident), due, copy_of(b.claim(ident), ref_key, f"{start}.{ident}"))
 
     def _claim_level(self, lane: LevelLane, now: int) -> None:
+        if self._level_idle(lane):
+            return
         room = lane.room(now)
         if not room or (lane.head_due is not None and lane.head_due > now):
             return
@@ -678,20 +686,30 @@ class TimerService:
             return None
 
     def _lanes(self) -> list[Lane]:
-        return [self.timer_lane, *self.level_lanes]
+        return self._all_lanes
+
+    def _level_idle(self, lane: LevelLane) -> bool:
+        """Nothing to do for this level now or later: it holds nothing, knows no head, and its
+        queue has no entry past its scan. (Ticks run hundreds of times a second at steady
+        rates; most levels are idle, and this keeps them out of every tick's cost.)"""
+        if lane.pending or lane.head_due is not None:
+            return False
+        cq = self.store.queues.get(lane.cq_key)
+        return cq is None or cq.next_offset <= lane.scan_offset
 
     def _deliver(self, now: int, durable: bool = True) -> None:
         """Write claimed copies (one group, one fsync; or one at a time in ``sync`` mode).
 
         Not ``durable``: write only; the caller fsyncs (see ``tick``)."""
-        items = [(lane, d) for lane in self._lanes() for d in lane.to_write(now)]
+        items = [(lane, d) for lane in self._all_lanes if lane.pending for d in lane.to_write(now)]
         if self.opts.deliver_mode == "sync":
             for item in items:
                 if not self._write_group([item], now) or not self._make_durable(now):
                     break
         elif items and self._write_group(items, now) and durable:
             self._make_durable(now)
-        if durable and any(lane.needs_durability(self._durable_upto(), now) for lane in self._lanes()):
+        if durable and any(lane.pending and lane.needs_durability(self._durable_upto(), now)
+                           for lane in self._all_lanes):
             self._make_durable(now)
 
     def _write_group(self, items: list[tuple[Lane, Delivery]], now: int) -> bool:
@@ -736,16 +754,21 @@ class TimerService:
         done = 0
         marks: dict[int, tuple[list[bytes], list[int]]] = {}
         record_lateness = self.histogram.record
+        encode_entry = schedlog.encode_entry
         seen: list[Delivery] | None = [] if self.on_visible is not None else None
-        for d in self.timer_lane.complete(upto):
-            if seen is not None:
-                seen.append(d)
+        completed = self.timer_lane.complete(upto)
+        if seen is not None:
+            seen.extend(completed)
+        for d in completed:
             start, ident = d.ref
-            entries, idents = marks.setdefault(start, ([], []))
-            entries.append(schedlog.encode_entry(DISPATCHED, ident, d.due_ms, d.commit_offset))
-            idents.append(ident)
-            record_lateness(visible_ms - d.due_ms)
-            done += 1
+            marked = marks.get(start)
+            if marked is None:
+                marked = marks[start] = ([], [])
+            due = d.due_ms
+            marked[0].append(encode_entry(DISPATCHED, ident, due, d.commit_offset))
+            marked[1].append(ident)
+            record_lateness(visible_ms - due)
+        done += len(completed)
         for start, (entries, idents) in marks.items():
             b = self.buckets.get(start)
             blob = b"".join(entries)
@@ -756,6 +779,8 @@ class TimerService:
                 for entry in entries:
                     self._append(start, entry)
         for lane in self.level_lanes:
+            if not lane.pending:
+                continue
             for d in lane.complete(upto):
                 lane.offset = d.ref + 1
                 if d.prepared is not None:
@@ -811,6 +836,8 @@ class TimerService:
             if level_lane.pending and level_lane.retry_at_ms:
                 cands.append(level_lane.retry_at_ms)
                 continue
+            if self._level_idle(level_lane):
+                continue
             head = level_lane.head_due if level_lane.head_due is not None else self._peek_level(level_lane)
             if head is not None:
                 cands.append(head)
@@ -852,7 +879,7 @@ class TimerService:
         if not self._wakeups:
             return
         for lane in self.level_lanes:
-            if lane.head_due is None and not lane.pending:
+            if lane.head_due is None and not lane.pending and not self._level_idle(lane):
                 head = self._peek_level(lane)
                 if head is not None and (self._reported_deadline is None or head < self._reported_deadline):
                     self._wake()

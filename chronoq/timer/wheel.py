@@ -11,8 +11,10 @@ the lowest deadline it holds and the wheel keeps the lowest of all, so:
   and the caller's bounded queue is never overfilled (flow control).
 
 Cost: recomputing the global minimum after the slot that held it changes is O(slots) (a ``min``
-over a list in C, ~30 µs for 4096 slots). That happens at most once per ``expire`` call and on a
-``remove`` of the minimum; a heap of slot minima would save it at the price of stale entries.
+over a list in C, ~30 µs for 4096 slots). ``expire`` first looks at the next ``NEAR_SLOTS``
+slots after ``now`` (under steady load the next deadline is that close, so this is O(1)) and only
+then falls back to the full ``min``; a ``remove`` of the minimum always takes the full ``min``.
+A heap of slot minima would save it at the price of stale entries.
 
 Keys are ints (the caller's entry identity); ``remove`` takes the deadline too, so the wheel needs
 no key -> deadline map of its own (memory is per near-window entry, so it is kept small).
@@ -21,6 +23,7 @@ no key -> deadline map of its own (memory is per near-window entry, so it is kep
 from __future__ import annotations
 
 INF = float("inf")
+NEAR_SLOTS = 64  # expire looks this many slots ahead for the next deadline before a full min()
 
 
 class TimingWheel:
@@ -110,9 +113,27 @@ class TimingWheel:
         for i in touched:
             self._reslot(i)
         self._count -= len(found)
-        self._lowest = min(self._slot_min)
+        # Fewer than ``limit`` found: everything due by now_ms was taken (the scan above did not
+        # stop early), which ``_lowest_after`` needs.
+        self._lowest = self._lowest_after(now_ms) if len(found) < limit else min(self._slot_min)
         assert not found or found[-1][0] <= now_ms
         return [(key, deadline_ms) for deadline_ms, key, _ in found]
+
+    def _lowest_after(self, after_ms: int) -> float:
+        """The lowest deadline held, given that none is <= ``after_ms``.
+
+        Slot ``t & mask`` holding a deadline below ``(t + 1) * slot_ms``, for the first tick ``t``
+        from ``after_ms``'s: that deadline is due in tick ``t`` itself (an earlier rotation's would
+        be <= after_ms), and every tick before ``t`` holds none, so it is the lowest. Entries of
+        later rotations in the same slots are larger. Not found within ``NEAR_SLOTS``: full min.
+        """
+        slot_ms, mask, slot_min = self.slot_ms, self._mask, self._slot_min
+        tick = after_ms // slot_ms
+        for t in range(tick, tick + min(NEAR_SLOTS, self.slots)):
+            low = slot_min[t & mask]
+            if low < (t + 1) * slot_ms:
+                return low
+        return min(slot_min)
 
     def _reslot(self, i: int) -> None:
         bucket = self._buckets[i]

@@ -12,8 +12,8 @@ buckets and a level table of ``1s 2s ... 18s``.
 2. Two consumer lanes receive and ack all the time (``chronoq.client``), reconnecting to each
    new server process; a receive in flight at a kill just fails.
 3. SIGKILL the broker at seeded random moments (``KILL_GAP_S`` after it is ready) and restart
-   it on the same data directory, at least ``KILLS`` times while deliveries are due, and until
-   every due time has passed.
+   it on the same data directory, at least ``KILLS`` times during delivery (some messages
+   received, some not yet), and until every due time has passed.
 4. Drain, stop cleanly, and audit the data directory with the embedded broker: the topic's
    consume queues hold every delivered copy.
 
@@ -68,6 +68,7 @@ SEND_LANES = 4
 RECEIVE_BATCH = 32
 INVISIBLE_S = 5                 # a receive lost in a kill comes back this soon
 DRAIN_TIMEOUT_S = 60.0          # after the last due time, every message must arrive within this
+KILL_PHASE_MAX_S = 240.0        # hard bound on the kill-and-restart phase
 SEND_TIMEOUT_S = 60.0
 TIMER_DUPLICATES_MAX = 0        # dispatch-once (chronoq/timer/service.py)
 LEVEL_ACCEPT_SLACK_MS = 5_000   # a level record is stored within this long of its send being taken
@@ -182,6 +183,7 @@ def audit(data_dir: str, config_path: str) -> tuple[dict[str, list], dict[tuple[
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # ~2 minutes on a quiet machine; a loaded one restarts much slower
 def test_kill_9_during_delivery_of_100k_timers_delivers_all_once_and_never_early(tmp_path):
     print(f"\ntimer crash test seed {SEED} (set CHRONOQ_TIMER_CRASH_SEED to replay), at least {KILLS} kills, "
           f"{TOTAL:,} messages")
@@ -215,15 +217,17 @@ async def kill_loop(state: State, rng: random.Random, last_due_ms: int) -> tuple
     consumers = [asyncio.create_task(consume(state, k)) for k in range(2)]
     kills = during = 0
     restarts: list[float] = []
-    first_due_ms = None
+    hard = time.monotonic() + KILL_PHASE_MAX_S
     try:
-        while kills < KILLS_MAX and (during < KILLS or time.time() * 1000 < last_due_ms + 1000):
+        while kills < KILLS_MAX and time.monotonic() < hard and (
+                during < KILLS or time.time() * 1000 < last_due_ms + 1000):
             await asyncio.sleep(rng.uniform(*KILL_GAP_S))
-            now_ms = time.time() * 1000
-            if first_due_ms is None and state.received:
-                first_due_ms = now_ms  # deliveries are flowing
-            if first_due_ms is not None and now_ms < last_due_ms:
+            # During delivery: some messages have arrived and some have not (on a slow machine
+            # the deliveries may trail the due times; they are still being delivered).
+            if 0 < len(state.received) < TOTAL:
                 during += 1
+            elif len(state.received) == TOTAL:
+                break
             state.proc.proc.send_signal(signal.SIGKILL)
             kills += 1
             await asyncio.to_thread(state.proc.proc.wait, 10)
@@ -244,7 +248,8 @@ async def kill_loop(state: State, rng: random.Random, last_due_ms: int) -> tuple
 
 def check(state: State, sent: dict, kills: int, during: int, send_s: float, restart_s: list[float]) -> dict:
     ctx = f"seed {SEED}"
-    assert during >= KILLS, f"{ctx}: only {during} kills while deliveries were due (want {KILLS})"
+    assert during >= KILLS, (f"{ctx}: only {during} of {kills} kills came during delivery (want {KILLS}); "
+                             f"send {send_s:.1f} s, restarts {[round(r, 1) for r in restart_s]}")
     missing = set(sent) - set(state.received)
     assert not missing, f"{ctx}: {len(missing)} messages never received, e.g. {sorted(missing)[:5]}"
     unknown = set(state.received) - set(sent)

@@ -430,6 +430,7 @@ def _no_bug_in_log(server: ChronoqProcess) -> None:
         assert marker not in stderr, f"{marker!r} in the broker log:\n{server.output()}"
 
 
+@pytest.mark.timeout(int(FUZZ_SECONDS * 2) + 180)
 def test_fuzz_the_grpc_port(tmp_path, capsys):
     safe_topic = f"fuzz-safe-{uuid.uuid4().hex[:8]}"
     config = "max_body_bytes = 65536\ntimer_max_delay_ms = 86400000\n"
@@ -491,6 +492,11 @@ REGRESSIONS: list[tuple[str, bytes]] = [
     ("/apache.rocketmq.v2.MessagingService/ReceiveMessage", b"\x0a\xff"),
     ("/apache.rocketmq.v2.MessagingService/Telemetry", b"\x12\x80"),
     ("/chronoq.v1.Admin/CreateTopic", b"\x0a\x05\x0a\x03"),
+    # A staged batch naming a stage of 2**31 - 1 chunks: Staging.publish built list(range(chunks))
+    # on the event loop, and the broker stopped answering (even SIGTERM) for minutes.
+    ("/chronoq.v1.Admin/Publish", chronoq.proto.chronoq_admin_pb2.PublishRequest(
+        sink_id="fuzz", batch_id=1, stages=[chronoq.proto.chronoq_admin_pb2.StageRef(
+            stage_id="fz-b", chunks=2**31 - 1, rows=2**62)]).SerializeToString()),
 ]
 
 

@@ -245,11 +245,13 @@ def _json_with_crc(body: bytes) -> bytes:
 
 
 # ------------------------------------------------------------------------------------- the harness
+@pytest.mark.timeout(int(FUZZ_SECONDS * 2) + 120)
 def test_decoders_answer_only_their_own_errors(tmp_path, capsys):
     targets = 6
     budget = max(FUZZ_SECONDS, 0.5) / targets
     pop_dir = tmp_path / "pop"
     pop_dir.mkdir()
+    _prepare_cq_store(tmp_path)  # before any drawing: the entries strategy reads its records
 
     @given(st.one_of(st.binary(max_size=400), poplog_files()))
     @CHUNK
@@ -276,7 +278,7 @@ def test_decoders_answer_only_their_own_errors(tmp_path, capsys):
         check_json(str(tmp_path), data)
 
     @given(st.integers(0, 7), st.one_of(st.binary(max_size=24 * 12), real_entries()))
-    @CHUNK
+    @settings(CHUNK, max_examples=25)  # each input opens a store: small chunks keep the budget
     def fuzz_consume_queue(which, raw):
         _tick("consume queue")
         check_consume_queue(tmp_path, which, raw)
@@ -311,10 +313,8 @@ def real_entries(draw):
     return b"".join(out)
 
 
-def check_consume_queue(tmp_path, which: int, raw: bytes) -> None:
-    """Overwrite a consume-queue file of a real store with ``raw``; reading the queue afterwards
-    answers messages of that queue, or ``CorruptionError``/``NotFound`` — never another queue's
-    messages and never a crash."""
+def _prepare_cq_store(tmp_path):
+    """A store with 40 messages in 4 queues, and a copy of every one of its files."""
     from storekit import fill, open_store
 
     base = tmp_path / "cq"
@@ -330,6 +330,16 @@ def check_consume_queue(tmp_path, which: int, raw: bytes) -> None:
             for name in names:
                 path = os.path.join(root, name)
                 _cq_store["files"][path] = open(path, "rb").read()
+    return base
+
+
+def check_consume_queue(tmp_path, which: int, raw: bytes) -> None:
+    """Overwrite a consume-queue file of a real store with ``raw``; reading the queue afterwards
+    answers messages of that queue, or ``CorruptionError``/``NotFound`` — never another queue's
+    messages and never a crash."""
+    from storekit import open_store
+
+    base = _prepare_cq_store(tmp_path)
     queue_files = sorted(p for p in _cq_store["files"] if p.endswith(".cq"))
     target = queue_files[which % len(queue_files)]
     for root, _dirs, names in os.walk(base):

@@ -124,3 +124,25 @@ def test_matches_a_sorted_reference_under_random_operations():
                 assert ref.pop(k) == d
         assert len(w) == len(ref)
         assert w.next_deadline() == (min(ref.values()) if ref else None)
+
+
+@pytest.mark.parametrize("slot_ms, slots, spread_ms, seed",
+                         [(5, 256, 300, 1), (5, 256, 20_000, 2), (16, 4096, 90_000, 3)])
+def test_next_deadline_after_expire_near_and_far(slot_ms, slots, spread_ms, seed):
+    """``expire`` finds the next deadline by looking a few slots ahead (steady load) or, failing
+    that, over all slots (sparse or far-future entries); both must agree with a reference."""
+    rng = random.Random(seed)
+    w = TimingWheel(slot_ms=slot_ms, slots=slots)
+    ref: dict[int, int] = {}
+    now = 0
+    for step in range(2_000):
+        for k in range(rng.randrange(0, 4)):
+            d = now + rng.randrange(0, spread_ms)
+            w.add(step * 10 + k, d)
+            ref[step * 10 + k] = d
+        now += rng.randrange(0, 2 * slot_ms)
+        got = w.expire(now, 1_000)
+        assert sorted(d for _, d in got) == sorted(d for d in ref.values() if d <= now)
+        for k, d in got:
+            assert ref.pop(k) == d
+        assert w.next_deadline() == (min(ref.values()) if ref else None)

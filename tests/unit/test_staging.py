@@ -1,0 +1,166 @@
+"""Staged publish (chronoq.staging): invisible until published, published once per (sink, batch),
+abort, restart, interrupted publishes finished at start-up, TTL, and parity with Broker.prepare."""
+
+from __future__ import annotations
+
+import pytest
+
+from chronoq import errors
+from chronoq.broker import Broker, OutgoingMessage
+from chronoq.clock import FakeClock
+from chronoq.config import BrokerConfig
+from chronoq.staging import STAGE_TOPIC, Rows, Staging, parse_rows
+
+
+def _open(tmp_path, clock=None, **cfg):
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path), **cfg), clock=clock or FakeClock())
+    return broker, Staging(broker)
+
+
+def _visible(broker, topic="out"):
+    cfg = broker.topics.get(topic)
+    if cfg is None:
+        return []
+    return [m for q in range(cfg.queues) for m in broker.read(topic, q, 0, 10_000).messages]
+
+
+def _publish(staging, sink, batch, refs):
+    job = staging.publish(sink, batch, refs)
+    for _ in job.steps(staging):
+        pass
+    staging.broker.flush()
+    return job
+
+
+def _rows(n, prefix="m", **columns):
+    return Rows([f"{prefix}-{i}".encode() for i in range(n)], **columns)
+
+
+def test_rows_are_invisible_until_published_then_published_once(tmp_path):
+    broker, st = _open(tmp_path)
+    assert st.stage("spark", 0, "a1", 0, "out", _rows(3)) == 3
+    assert st.stage("spark", 0, "a1", 1, "out", _rows(2, "n")) == 2
+    assert st.stage("spark", 0, "a1", 1, "out", _rows(2, "n")) == 2  # a resent chunk: kept once
+    broker.flush()
+    assert _visible(broker) == []
+    job = _publish(st, "spark", 0, [("a1", 2, 5)])
+    assert not job.already_published and job.messages == 5
+    assert sorted(m.body for m in _visible(broker)) == sorted([b"m-0", b"m-1", b"m-2", b"n-0", b"n-1"])
+    again = _publish(st, "spark", 0, [("a1", 2, 5)])  # Spark committed the batch twice
+    assert again.already_published and len(_visible(broker)) == 5
+    # A straggler staging for the published batch is dropped.
+    st.stage("spark", 0, "late", 0, "out", _rows(4, "late"))
+    assert _publish(st, "spark", 0, [("late", 1, 4)]).already_published and len(_visible(broker)) == 5
+    broker.close()
+
+
+def test_only_named_stages_are_published_and_incomplete_ones_refused(tmp_path):
+    broker, st = _open(tmp_path)
+    st.stage("s", 3, "failed-attempt", 0, "out", _rows(2, "x"))   # a task attempt that failed
+    st.stage("s", 3, "good-attempt", 0, "out", _rows(2, "x"))
+    with pytest.raises(errors.ClientError, match="incomplete"):
+        st.publish("s", 3, [("good-attempt", 2, 2)])   # the commit names 2 chunks; 1 arrived
+    _publish(st, "s", 3, [("good-attempt", 1, 2)])
+    assert sorted(m.body for m in _visible(broker)) == [b"x-0", b"x-1"]
+    broker.close()
+
+
+def test_abort_discards_and_a_restart_replays_the_state(tmp_path):
+    clock = FakeClock()
+    broker, st = _open(tmp_path, clock)
+    st.stage("s", 1, "a", 0, "out", _rows(3))
+    st.stage("s", 2, "b", 0, "out", _rows(3))
+    st.stage("job", 0, "c", 0, "out", _rows(1))
+    st.stage("job", 1, "d", 0, "out", _rows(1))
+    assert st.abort("s", 1) == 3
+    assert st.abort("job", -1) == 2   # -1: every unpublished batch of the sink
+    _publish(st, "s", 5, [])          # an empty batch is published too (its replay is a no-op)
+    broker.close()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path)), clock=clock)
+    st = Staging(broker)
+    assert set(st.batches) == {("s", 2)} and st.is_published("s", 5) and not st.is_published("s", 2)
+    with pytest.raises(errors.ClientError):
+        st.publish("s", 1, [("a", 1, 3)])  # aborted: its rows are gone
+    _publish(st, "s", 2, [("b", 1, 3)])
+    assert len(_visible(broker)) == 3
+    st.checkpoint(force=True)
+    broker.close()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path)), clock=clock)
+    st = Staging(broker)
+    assert st.batches == {} and st.is_published("s", 2) and st.is_published("s", 5)
+    broker.close()
+
+
+def test_a_publish_interrupted_by_a_crash_is_finished_at_start_not_repeated(tmp_path):
+    broker, st = _open(tmp_path)
+    st.stage("s", 7, "a", 0, "out", _rows(3, "first"))
+    st.stage("s", 7, "a", 1, "out", _rows(3, "second"))
+    st.stage("s", 7, "b", 0, "out", _rows(2, "third"))
+    job = st.publish("s", 7, [("a", 2, 6), ("b", 1, 2)])
+    steps = job.steps(st)
+    next(steps)  # one chunk (and the "begin" marker) written ...
+    broker.flush()
+    broker.close()  # ... then the process stops
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path)))
+    st = Staging(broker)  # finishes the batch from where it stopped
+    broker.flush()
+    bodies = sorted(m.body for m in _visible(broker))
+    assert bodies == sorted([b"first-0", b"first-1", b"first-2", b"second-0", b"second-1", b"second-2",
+                             b"third-0", b"third-1"])
+    assert st.is_published("s", 7)
+    # Spark replays the batch with new stages: nothing more is published.
+    st.stage("s", 7, "replay", 0, "out", _rows(8, "replay"))
+    assert _publish(st, "s", 7, [("replay", 1, 8)]).already_published
+    assert len(_visible(broker)) == 8
+    broker.close()
+
+
+def test_unpublished_stages_expire_after_the_ttl(tmp_path):
+    clock = FakeClock()
+    broker, st = _open(tmp_path, clock, stage_ttl_ms=60_000)
+    st.stage("s", 0, "a", 0, "out", _rows(2))
+    assert st._retention_floor() is not None
+    clock.advance(61_000)
+    assert st.sweep() == 1 and st.batches == {} and st._retention_floor() is None
+    broker.close()
+
+
+def test_bad_rows_fail_the_chunk_and_stage_nothing(tmp_path):
+    broker, st = _open(tmp_path)
+    before = broker.queue_bounds(STAGE_TOPIC, 0)
+    bad = [Rows([b"ok", b""]), Rows([b"ok"], tags=["a|b"]), Rows([b"ok"], deliver_at_ms=[-5]),
+           Rows([b"ok"], deliver_at_ms=[1], delay_ms=[1]), Rows([b"ok"], properties=[{"__x": "y"}]),
+           Rows([b"x" * (4 * 1024 * 1024 + 1)]), Rows([b"ok"], keys=[["has space"]])]
+    for rows in bad:
+        with pytest.raises(errors.ClientError):
+            st.stage("s", 0, "a", 0, "out", rows)
+    for sink, batch, stage in (("", 0, "a"), ("s", -1, "a"), ("s", 0, "bad id!")):
+        with pytest.raises(errors.ClientError):
+            st.stage(sink, batch, stage, 0, "out", _rows(1))
+    with pytest.raises(errors.ClientError):
+        st.stage("s", 0, "a", 0, "CHRONOQ_SYSTEM", _rows(1))  # a reserved topic
+    assert broker.queue_bounds(STAGE_TOPIC, 0) == before and "out" not in broker.topics
+    broker.close()
+
+
+def test_staged_rows_match_broker_prepare(tmp_path):
+    """The bulk validation in Staging agrees with Broker.prepare, field by field."""
+    clock = FakeClock()
+    broker, st = _open(tmp_path, clock)
+    now = clock.wall_ms()
+    rows = Rows([b"a", b"b", b"c", b"d"], tags=["t1", "", "t3", ""], keys=[["k1", "k2"], [], ["k3"], []],
+                properties=[{"p": "1"}, {}, {}, {"q": "2"}], groups=["", "", "g1", ""],
+                deliver_at_ms=[now + 5000, 0, 0, now - 10], delay_ms=[0, 0, 700, 0])
+    st.stage("s", 0, "a", 0, "out", rows)
+    chunk = st.batches[("s", 0)].stages["a"][0]
+    staged = parse_rows("out", broker.store.read_at(chunk.commit_offset, chunk.size).body)
+    msgs = [OutgoingMessage("out", b"a", tag="t1", keys=("k1", "k2"), properties={"p": "1"}, deliver_at_ms=now + 5000),
+            OutgoingMessage("out", b"b"),
+            OutgoingMessage("out", b"c", tag="t3", keys=("k3",), message_group="g1", deliver_at_ms=now + 700),
+            OutgoingMessage("out", b"d", properties={"q": "2"}, deliver_at_ms=now - 10)]
+    for mine, msg in zip(staged, msgs):
+        ref, _ = broker.prepare(msg, now=now)
+        same = ("topic", "flags", "born_ms", "deliver_at_ms", "tag", "keys", "properties", "body")
+        assert {f: getattr(mine, f) for f in same} == {f: getattr(ref, f) for f in same}, msg
+    assert staged[2].queue_id == broker.prepare(msgs[2], now=now)[0].queue_id  # a group keeps its queue
+    broker.close()

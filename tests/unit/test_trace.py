@@ -1,0 +1,92 @@
+"""The message life trace (chronoq.trace): the codec, and the hooks in send, timer, POP, recall."""
+
+from __future__ import annotations
+
+import pytest
+from popkit import Node
+
+from chronoq import trace
+from chronoq.trace import TRACE_TOPIC
+
+
+def test_codec_round_trip_and_rejects_garbage():
+    events = [(trace.STORED, trace.FLAG_DELAYED, 0, "t", b"ID1", None, None, 0, 5, 6, 0),
+              (trace.DELIVERED, 0, 2, "t", "ID1", "g", "%RETRY%g_t", 1, 7, 0, 9),
+              (trace.ACKED, 0, 0, None, None, "g", "%RETRY%g_t", 1, 8, 0, 9)]
+    body = trace.encode(events)
+    table, _raw, n = trace.decode(body)
+    assert n == 3 and sorted(table) == sorted(["t", "ID1", "g", "%RETRY%g_t"])  # each string once
+    got = trace.decode_events(body)
+    assert [e["kind"] for e in got] == ["stored", "delivered", "acked"]
+    assert got[1] == {"kind": "delivered", "flags": 0, "attempt": 2, "topic": "t", "message_id": "ID1",
+                      "group": "g", "ref_topic": "%RETRY%g_t", "ref_queue": 1, "ts_ms": 7, "due_ms": 0,
+                      "ref_offset": 9}
+    for bad in (b"", b"XXXX" + body[4:], body[:-1]):
+        with pytest.raises(ValueError):
+            trace.decode(bad)
+
+
+def _events(broker) -> list[dict]:
+    broker.write_trace()
+    broker.flush()
+    out = []
+    for m in broker.read(TRACE_TOPIC, 0, 0, 10_000).messages:
+        out += trace.decode_events(m.body)
+    return out
+
+
+def test_hooks_record_a_message_life(tmp_path):
+    node = Node(str(tmp_path), flush_policy="sync").open()
+    broker, pop, clock = node.broker, node.pop, node.clock
+    pop.set_group("g", max_attempts=1)
+    now = clock.wall_ms()
+    later = broker.send("orders", b"later", deliver_at_ms=now + 5_000)
+    soon = broker.send("orders", b"soon")
+    gone = broker.send("orders", b"gone", deliver_at_ms=now + 60_000)
+    broker.flush()  # (async flush policy) the timer absorbs what is durable
+    assert broker.recall(gone.recall_handle).outcome.value == "cancelled"
+    [p] = pop.receive("g", "orders", max_messages=4, invisible_ms=1_000)
+    assert p.message.message_id == soon.message_id
+    clock.advance(5_000)
+    broker.timer_tick()
+    [q] = pop.receive("g", "orders", max_messages=4, invisible_ms=1_000)
+    pop.ack("g", "orders", q.receipt_handle)
+    node.advance(2_000)  # "soon" was never acked: with max_attempts 1 it is dead-lettered
+    ev = _events(broker)
+    by = {}
+    for e in ev:
+        by.setdefault((e["kind"], e["message_id"]), []).append(e)
+    assert by[("stored", later.message_id)][0]["flags"] == trace.FLAG_DELAYED
+    assert by[("stored", later.message_id)][0]["due_ms"] == now + 5_000
+    assert by[("stored", soon.message_id)][0]["flags"] == 0
+    [vis] = by[("visible", later.message_id)]
+    assert vis["due_ms"] == now + 5_000 and vis["ts_ms"] >= now + 5_000
+    assert by[("recalled", gone.message_id)][0]["topic"] == "orders"
+    [d1] = by[("delivered", soon.message_id)]
+    [d2] = by[("delivered", later.message_id)]
+    assert d1["group"] == "g" and d1["attempt"] == 1 and d1["ref_topic"] == "orders"
+    [ack] = [e for e in ev if e["kind"] == "acked"]
+    assert (ack["group"], ack["ref_topic"], ack["ref_queue"], ack["ref_offset"]) == \
+        ("g", d2["ref_topic"], d2["ref_queue"], d2["ref_offset"])
+    assert by[("dead_lettered", soon.message_id)][0]["group"] == "g"
+    assert not any(e["topic"] and e["topic"].startswith("%") for e in ev if e["kind"] == "stored")
+    node.close()
+
+
+def test_trace_off_records_nothing(tmp_path):
+    from chronoq.broker import Broker
+    from chronoq.config import BrokerConfig
+
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path), trace_enabled=False))
+    broker.send("orders", b"x")
+    assert broker.trace is None and broker.write_trace() == 0 and TRACE_TOPIC not in broker.topics
+    broker.close()
+
+
+def test_buffer_is_bounded(monkeypatch):
+    monkeypatch.setattr(trace, "BUFFER_MAX", 3)
+    rec = trace.TraceRecorder(1000, "DELAY")
+    for i in range(5):
+        rec.acked("g", "t", 0, i, 1)
+    assert len(rec.events) == 3 and rec.dropped == 2
+    assert len(rec.take()) == 1 and rec.events == [] and rec.written == 3
