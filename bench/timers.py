@@ -13,17 +13,21 @@ Parts (letters follow the timer benchmark plan):
 
 a  enqueue: --count timers due over the next 10 minutes, sent through the broker API in batches
    (fsync per batch, flush policy sync); reports timers/s.
-b  steady lateness through the server: a fresh ``chronoq serve`` (default durable flush); one
-   producer process sends timers through ``chronoq.client`` so that --rates per second fall due,
-   evenly, for --steady-seconds (each sent --lead-s before it is due); two consumer processes
-   receive and ack them. Lateness = the delivered copy's store timestamp (stamped by the broker
-   when it writes the copy) - its due time, per message: p50/p99/p999/max and the early count.
-   Also the broker's own histogram (visible time after the fsync - due time; bucket bounds, exact
-   max) and end-to-end receive lateness (consumer's clock when the receive returned - due time;
-   same machine, so the same clock).
-c  burst: --burst timers due in the same second (sent beforehand), consumed afterwards: the
-   time from that second's start until the last is visible (broker's max lateness plus the
-   spread within the second, and the newest copy store timestamp), checked by consuming all.
+b  steady lateness through the server: a fresh ``chronoq serve`` (default durable flush) per rate;
+   timers fall due evenly at --rates per second for --steady-seconds. --b-mode preload (default)
+   sends them all first (one producer process, ``chronoq.client`` batches); live sends each
+   --lead-s before it is due, beside the deliveries. Two consumer processes receive and ack them
+   (a lane that got a partial batch pauses --consumer-pause-ms, so receives carry more messages:
+   on a small host consumers and broker share the CPUs). Lateness = the delivered copy's store
+   timestamp (stamped by the broker when it writes the copy) - its due time, per message:
+   p50/p99/p999/max and the early count. Also the broker's own histogram (visible time after the
+   fsync - due time; bucket bounds, exact max) and end-to-end receive lateness (consumer's clock
+   when the receive returned - due time; same machine, so the same clock). machine_busy_pct is
+   how busy all CPUs were meanwhile, this benchmark's own processes included.
+c  burst: --burst timers due in the same second (sent beforehand): the time from that second's
+   start until all are visible (the broker's delivered count, polled every 50 ms), the broker's
+   exact max lateness, and, consuming them all afterwards, the newest copy's store timestamp and
+   the early/duplicate counts.
 d  memory: --count far-future timers (due 1 to 8 days ahead) are scheduled in a child process that
    then exits without closing (kill -9); fresh child processes open that directory and an empty one
    and report RSS after start-up; the difference is what pending timers cost in memory.
@@ -208,11 +212,14 @@ def _producer(endpoint: str, topic: str, rate: int, seconds: float, lead_s: floa
     out.put(("producer", run(go_preload() if preload else go())))
 
 
-def _consumer(endpoint: str, group: str, topic: str, expected: int, counter, give_up_at: float, out) -> None:
-    """Receive and ack until ``counter`` (shared by the consumers) reaches ``expected``."""
+def _consumer(endpoint: str, group: str, topic: str, expected: int, counter, give_up_at: float, out,
+              pause_ms: int = 0) -> None:
+    """Receive and ack until ``counter`` (shared by the consumers) reaches ``expected``. After a
+    receive that was not full, a lane pauses ``pause_ms`` so the next one takes a bigger batch."""
     from chronoq.client import Client, run
 
     rows: list[tuple[str, int, int, int]] = []  # (message id, due ms, store ms, receive ms)
+    receives = [0]
 
     async def lane(client) -> None:
         while counter.value < expected and time.time() < give_up_at:
@@ -223,10 +230,13 @@ def _consumer(endpoint: str, group: str, topic: str, expected: int, counter, giv
             recv_ms = int(time.time() * 1000)
             if not got:
                 continue
+            receives[0] += 1
             await client.ack(group, topic, got)
             rows.extend((m.message_id, m.deliver_at_ms, m.store_ms, recv_ms) for m in got)
             with counter.get_lock():
                 counter.value += len(got)
+            if pause_ms and len(got) < RECEIVE_BATCH:
+                await asyncio.sleep(pause_ms / 1000)
 
     async def go() -> None:
         async with Client(endpoint, request_timeout_s=30) as client:
@@ -234,11 +244,14 @@ def _consumer(endpoint: str, group: str, topic: str, expected: int, counter, giv
 
     run(go())
     out.put(("consumer", rows))
+    out.put(("receives", receives[0]))
 
 
-def _start_consumers(endpoint: str, group: str, topic: str, expected: int, give_up_at: float, out):
+def _start_consumers(endpoint: str, group: str, topic: str, expected: int, give_up_at: float, out,
+                     pause_ms: int = 0):
     counter = MP.Value("q", 0)
-    procs = [MP.Process(target=_consumer, args=(endpoint, group, topic, expected, counter, give_up_at, out))
+    procs = [MP.Process(target=_consumer, args=(endpoint, group, topic, expected, counter, give_up_at, out,
+                                                pause_ms))
              for _ in range(CONSUMERS)]
     for p in procs:
         p.start()
@@ -339,16 +352,19 @@ def _steady(args, endpoint: str, pid: int, rate: int) -> None:
     if preload:
         prod = _collect(out, [producer], {"producer": 1}, lead_s + 60).get("producer", [{}])[0]
         time.sleep(max(0.0, first_due - 2 - time.time()))  # consumers start just before the first is due
-    consumers = _start_consumers(endpoint, group, topic, total, give_up_at, out)
+    consumers = _start_consumers(endpoint, group, topic, total, give_up_at, out, args.consumer_pause_ms)
     cpu0, load = _server_cpu(pid), MachineLoad()
-    kinds = {"consumer": CONSUMERS} if preload else {"producer": 1, "consumer": CONSUMERS}
+    kinds = {"consumer": CONSUMERS, "receives": CONSUMERS}
+    if not preload:
+        kinds["producer"] = 1
     got = _collect(out, consumers if preload else [producer, *consumers], kinds, give_up_at - time.time() + 60)
     cpu, busy = _server_cpu(pid) - cpu0, load.busy_pct()
     rows = [r for part in got.get("consumer", []) for r in part]
     if not preload:
         prod = (got.get("producer") or [{}])[0]
     ctx = {"rate_per_s": rate, "seconds": args.steady_seconds, "mode": args.b_mode, "lead_s": round(lead_s, 1),
-           "received": len(rows), "server_cpu_s": round(cpu, 1), "flush_policy": "sync",
+           "received": len(rows), "receives": sum(got.get("receives", [])),
+           "consumer_pause_ms": args.consumer_pause_ms, "server_cpu_s": round(cpu, 1), "flush_policy": "sync",
            "machine_busy_pct": busy, "cpus": os.cpu_count(), **prod}
     _delivery_metrics(rows, "b", **ctx)
     _broker_histogram(endpoint, "b", rate_per_s=rate, mode=args.b_mode)
@@ -419,7 +435,7 @@ def part_c(args, workdir: str) -> None:
         # Consume everything afterwards (so consumers do not compete with the burst) and check it.
         out = MP.Queue()
         consumers = _start_consumers(endpoint, group, topic, count, time.time() + args.seconds, out)
-        got = _collect(out, consumers, {"consumer": CONSUMERS}, args.seconds + 60)
+        got = _collect(out, consumers, {"consumer": CONSUMERS, "receives": CONSUMERS}, args.seconds + 60)
         rows = [r for part in got.get("consumer", []) for r in part]
         last_store = max((r[2] for r in rows), default=0)
         emit("burst_last_copy_store_stamp_after_second_start", last_store - second_ms, "ms", part="c",
@@ -498,6 +514,9 @@ def main() -> None:
     ap.add_argument("--rates", default="2000,5000", help="b: due timers per second, comma-separated")
     ap.add_argument("--steady-seconds", type=float, default=60.0, help="b: how long each rate runs")
     ap.add_argument("--lead-s", type=float, default=5.0, help="b live: how long before its due time a timer is sent")
+    ap.add_argument("--consumer-pause-ms", type=int, default=20,
+                    help="b: after a receive that was not full, a consumer lane waits this long (bigger batches, "
+                         "fewer RPCs: on a small host the consumers share the broker's CPUs)")
     ap.add_argument("--b-mode", choices=("preload", "live"), default="preload",
                     help="b: send every timer before the first is due (preload), or each --lead-s before it "
                          "is due while the others are delivered (live: sends compete for the same CPU)")

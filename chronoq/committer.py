@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import Iterable
 
+from chronoq import errors
 from chronoq.broker import Broker, OutgoingMessage
 from chronoq.model import SendResult
 
@@ -44,7 +45,11 @@ class GroupCommitter:
         while the disk is below its reserve.
         """
         self.broker.check_space()
-        results = self.broker.write(messages, system=system)
+        try:
+            results = self.broker.write(messages, system=system)
+        except errors.DiskFull:  # the disk filled between looks: look again at the next send
+            self.broker.disk.recheck_soon()
+            raise
         if not results:
             return results
         if not self.sync_policy:

@@ -126,6 +126,7 @@ class Runtime:
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends
 
+        gc_thresholds = gc.get_threshold()
         try:
             for front_end in front_ends.build(self):
                 await front_end.start()
@@ -146,6 +147,8 @@ class Runtime:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.committer.close()
             broker.close()
+            gc.set_threshold(*gc_thresholds)  # the process is the caller's again
+            gc.unfreeze()
         self.say("chronoq stopped cleanly")
 
 

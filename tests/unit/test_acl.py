@@ -151,3 +151,15 @@ def test_security_settings_are_validated():
         BrokerConfig(max_parked_polls=0).validate()
     with pytest.raises(errors.ClientError, match="disk_reserve_bytes may not be negative"):
         BrokerConfig(disk_reserve_bytes=-1).validate()
+
+
+def test_every_messaging_method_has_an_access_rule():
+    """A MessagingService method without a rule would be admin-only: make that a decision."""
+    from google.protobuf import descriptor_pool
+    from rocketmq.grpc_protocol import service_pb2  # noqa: F401 - registers the descriptors
+
+    from chronoq.server import auth
+
+    service = descriptor_pool.Default().FindServiceByName("apache.rocketmq.v2.MessagingService")
+    ruled = {path.rsplit("/", 1)[1] for path in auth.RULES if path.startswith(auth.MS)}
+    assert {m.name for m in service.methods} - ruled == {"SyncLiteSubscription"}  # unsupported: admins only
