@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import grpc
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc

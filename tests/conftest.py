@@ -1,6 +1,11 @@
 import os
 import sys
 
+# The Spark tests start a JVM (fork + exec) from this process after other tests used gRPC here.
+# With grpc's fork support on, a fork while gRPC threads are busy can leave the child crashing
+# before it execs ("Java gateway process exited"); nothing in the tests uses gRPC across a fork.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

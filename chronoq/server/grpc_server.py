@@ -391,7 +391,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return sv.SendMessageResponse(status=entry.status, entries=[entry])
         if any(m.system_properties.message_type == pb.TRANSACTION for m in messages):
             raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
-        max_body = self.config.max_body_bytes
         try:  # one group commit for the whole request
             results = await self.committer.send([self._outgoing(m) for m in messages])
         except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):

@@ -28,10 +28,13 @@ def spark(tmp_path_factory):
     from chronoq.spark.session import local_session
 
     scratch = tmp_path_factory.mktemp("spark")
-    s = local_session("local[2]", app="chronoq-tests", scratch=str(scratch), extra={
-        "spark.sql.shuffle.partitions": "2",
-        "spark.default.parallelism": "2",
-    })
+    settings = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
+    try:
+        s = local_session("local[2]", app="chronoq-tests", scratch=str(scratch), extra=settings)
+    except Exception as exc:  # noqa: BLE001 - one more try when the JVM did not come up (busy machine)
+        if "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        s = local_session("local[2]", app="chronoq-tests", scratch=str(scratch), extra=settings)
     # Warm the JVM, the Python workers and the data source's planning path once (a throwaway
     # broker), so the first test does not pay ~20 s of cold start inside its timings.
     warm = ChronoqProcess(str(scratch / "warm-broker"))
