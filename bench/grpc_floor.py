@@ -7,6 +7,8 @@ time (user + system, /proc) per call and per message, and the client's. Whatever
 above these figures is chronoq's; below them nothing can go on this stack and machine.
 
     .venv/bin/python bench/grpc_floor.py                         # grpc.aio server on uvloop
+
+``receive_unary`` is the same 16 messages as one unary answer (chronoq's ReceiveBatch shape).
     .venv/bin/python bench/grpc_floor.py --server sync --threads 4
     GRPC_POLL_STRATEGY=poll .venv/bin/python bench/grpc_floor.py  # env reaches the server
 
@@ -41,6 +43,30 @@ MESSAGE = sv.ReceiveMessageResponse(message=pb.Message(
     system_properties=pb.SystemProperties(message_id="01" * 17, receipt_handle="ab" * 24, queue_offset=1,
                                           body_digest=pb.Digest(type=pb.MD5, checksum="0" * 32))))
 SEND_ANSWERS: dict[int, sv.SendMessageResponse] = {}
+# A ReceiveBatch-shaped answer (chronoq.wire.receive_batch): the stream's items in one message.
+_MESSAGE_BYTES = MESSAGE.SerializeToString()
+_STATUS_BYTES = sv.ReceiveMessageResponse(status=OK).SerializeToString()
+UNARY_PATH = "/chronoq.v1.Consume/ReceiveBatch"
+
+
+def _unary_answer(n: int) -> bytes:
+    from chronoq import wire
+
+    return wire.receive_batch([_STATUS_BYTES] + [_MESSAGE_BYTES] * n)
+
+
+async def _unary_receive(request, context) -> bytes:
+    return _unary_answer(request.batch_size)
+
+
+def _unary_receive_sync(request, context) -> bytes:
+    return _unary_answer(request.batch_size)
+
+
+def _unary_handler(behavior):
+    return grpc.method_handlers_generic_handler("chronoq.v1.Consume", {
+        "ReceiveBatch": grpc.unary_unary_rpc_method_handler(behavior,
+                                                            request_deserializer=sv.ReceiveMessageRequest.FromString)})
 
 
 def _send_answer(n: int) -> sv.SendMessageResponse:
@@ -83,6 +109,7 @@ def serve(kind: str, port: int, threads: int) -> None:
 
         server = grpc.server(futures.ThreadPoolExecutor(threads))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(SyncServicer(), server)
+        server.add_generic_rpc_handlers((_unary_handler(_unary_receive_sync),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         server.start()
         print("ready", flush=True)
@@ -92,6 +119,7 @@ def serve(kind: str, port: int, threads: int) -> None:
     async def main() -> None:
         server = grpc.aio.server()
         service_pb2_grpc.add_MessagingServiceServicer_to_server(AsyncServicer(), server)
+        server.add_generic_rpc_handlers((_unary_handler(_unary_receive),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         print("ready", flush=True)
@@ -113,6 +141,7 @@ async def drive(endpoint: str, what: str, calls: int, concurrency: int, batch: i
             topic=pb.Resource(name="bench"), body=BODY, system_properties=pb.SystemProperties(
                 message_id="01" * 17, body_encoding=pb.IDENTITY, message_type=pb.NORMAL)) for _ in range(batch)])
         receive = sv.ReceiveMessageRequest(batch_size=batch)
+        unary = channel.unary_unary(UNARY_PATH, request_serializer=sv.ReceiveMessageRequest.SerializeToString)
 
         async def worker(n: int) -> None:
             for _ in range(n):
@@ -120,6 +149,8 @@ async def drive(endpoint: str, what: str, calls: int, concurrency: int, batch: i
                     await stub.Heartbeat(heartbeat, timeout=30)
                 elif what == "send":
                     await stub.SendMessage(send, timeout=30)
+                elif what == "receive_unary":
+                    await unary(receive, timeout=30)
                 else:
                     async for _response in stub.ReceiveMessage(receive, timeout=30):
                         pass
@@ -153,7 +184,7 @@ def main() -> None:
         endpoint = f"127.0.0.1:{port}"
         # (what, calls, concurrent callers, messages per call)
         for what, calls, concurrency, batch in (("heartbeat", 6400, 64, 0), ("send", 1600, 4, 100),
-                                                ("receive", 1600, 8, 16)):
+                                                ("receive", 1600, 8, 16), ("receive_unary", 1600, 8, 16)):
             cpu0, wall0 = server_cpu_s(proc.pid), time.perf_counter()
             ru0 = resource.getrusage(resource.RUSAGE_SELF)
             asyncio.run(drive(endpoint, what, calls, concurrency, batch))

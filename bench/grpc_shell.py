@@ -35,10 +35,15 @@ META = (("x-mq-client-id", "bench@1@1@x"),)
 
 
 def server_cpu_s(pid: int) -> float:
+    return sum(server_cpu_split_s(pid))
+
+
+def server_cpu_split_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process ``pid`` so far, all its threads (/proc)."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return int(fields[11]) / ticks, int(fields[12]) / ticks  # utime, stime
 
 
 def start_server(data_dir: str, policy: str) -> tuple[subprocess.Popen, str]:
@@ -48,7 +53,8 @@ def start_server(data_dir: str, policy: str) -> tuple[subprocess.Popen, str]:
     launcher = os.environ.get("BENCH_SERVER_LAUNCHER")  # e.g. a profiling wrapper script
     command = [launcher] if launcher else ["-m", "chronoq"]
     proc = subprocess.Popen([sys.executable, *command, "serve", "--data-dir", data_dir, "--port", str(port),
-                             "--host", "127.0.0.1", "--flush-policy", policy, "--log-level", "warning"],
+                             "--host", "127.0.0.1", "--http-port", "0", "--flush-policy", policy,
+                             "--log-level", "warning"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 30
     for line in proc.stdout:

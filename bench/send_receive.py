@@ -5,13 +5,19 @@ Starts ``chronoq serve`` (default durable flush) on loopback, then:
   (a) official Python client (rocketmq-python-client): N sends, then N receive+ack; the broker's
       CPU time per message for each way (read from /proc; the client is the bottleneck here);
   (b) chronoq.client: P producer processes sending batches of B one-KiB messages: msgs/s;
-  (c) chronoq.client: C consumer processes receiving batches of R and acking each batch: msgs/s.
+  (c) chronoq.client: C consumer processes receiving batches of R and acking each batch: msgs/s
+      (chronoq.client receives with chronoq's ReceiveBatch call: one answer per batch, no stream;
+      by default each batch is acked with the next receive, ``ack_and_receive``: one call per batch).
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Every phase is bounded
 in count and time.
 
     .venv/bin/python bench/send_receive.py                     # all three phases
     .venv/bin/python bench/send_receive.py --phase b --messages 400000
+    .venv/bin/python bench/send_receive.py --phase c --rounds 3     # (b) then (c), three times
+
+Each line carries the broker's CPU time per message (user + system, and system alone) and the
+machine's 1-minute load average: on a shared machine compare CPU per message, not rates.
 """
 
 from __future__ import annotations
@@ -29,11 +35,28 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.grpc_shell import server_cpu_s, start_server  # noqa: E402
+from bench.grpc_shell import server_cpu_split_s, start_server  # noqa: E402
 
 
 def emit(metric: str, value, unit: str, **ctx) -> None:
+    # The machine's load beside every figure: CPU time per message rises on a busy machine too.
+    ctx.setdefault("load1", round(os.getloadavg()[0], 2))
+    ctx.setdefault("cpus", os.cpu_count())
     print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
+
+
+class ServerCpu:
+    """The broker's CPU time over one phase (user + system, from /proc)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.user0, self.sys0 = server_cpu_split_s(pid)
+
+    def per_message(self, messages: int) -> dict:
+        user, system = server_cpu_split_s(self.pid)
+        n = max(messages, 1)
+        return {"server_cpu_us_per_msg": round((user - self.user0 + system - self.sys0) / n * 1e6, 1),
+                "server_sys_us_per_msg": round((system - self.sys0) / n * 1e6, 1)}
 
 
 # ----------------------------------------------------------------------------- (a) official client
@@ -46,7 +69,7 @@ def phase_official(endpoint: str, pid: int, messages: int, seconds: float) -> No
     producer.startup()
     body = os.urandom(1024)
     futures = []
-    cpu0, t0 = server_cpu_s(pid), time.perf_counter()
+    cpu, t0 = ServerCpu(pid), time.perf_counter()
     try:
         for _ in range(messages):
             if time.perf_counter() - t0 > seconds:
@@ -59,12 +82,13 @@ def phase_official(endpoint: str, pid: int, messages: int, seconds: float) -> No
     finally:
         producer.shutdown()
     sent = len(futures)
-    cpu, elapsed = server_cpu_s(pid) - cpu0, time.perf_counter() - t0
-    emit("official_send_server_cpu", round(cpu / sent * 1e6, 1), "us/msg", messages=sent, rate=round(sent / elapsed))
+    elapsed, used = time.perf_counter() - t0, cpu.per_message(sent)
+    emit("official_send_server_cpu", used.pop("server_cpu_us_per_msg"), "us/msg", messages=sent,
+         rate=round(sent / elapsed), **used)
     consumer = SimpleConsumer(cfg, group, {topic: FilterExpression("*")}, await_duration=2)
     consumer.startup()
     got = 0
-    cpu0, t0 = server_cpu_s(pid), time.perf_counter()
+    cpu, t0 = ServerCpu(pid), time.perf_counter()
     try:
         while got < sent and time.perf_counter() - t0 < seconds:
             for m in consumer.receive(32, 30):
@@ -72,9 +96,9 @@ def phase_official(endpoint: str, pid: int, messages: int, seconds: float) -> No
                 got += 1
     finally:
         consumer.shutdown()
-    cpu, elapsed = server_cpu_s(pid) - cpu0, time.perf_counter() - t0
-    emit("official_receive_ack_server_cpu", round(cpu / max(got, 1) * 1e6, 1), "us/msg", messages=got,
-         rate=round(got / elapsed))
+    elapsed, used = time.perf_counter() - t0, cpu.per_message(got)
+    emit("official_receive_ack_server_cpu", used.pop("server_cpu_us_per_msg"), "us/msg", messages=got,
+         rate=round(got / elapsed), **used)
 
 
 # ----------------------------------------------------------------------------- (b) batched producers
@@ -101,53 +125,67 @@ def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: in
     q: mp.Queue = mp.Queue()
     procs = [mp.Process(target=_producer_proc, args=(endpoint, topic, messages // producers, batch, seconds, q))
              for _ in range(producers)]
-    cpu0, t0 = server_cpu_s(pid), time.perf_counter()
+    cpu, t0 = ServerCpu(pid), time.perf_counter()
     for p in procs:
         p.start()
     sent = sum(q.get(timeout=seconds + 60) for _ in procs)
     for p in procs:
         p.join()
-    elapsed, cpu = time.perf_counter() - t0, server_cpu_s(pid) - cpu0
+    elapsed = time.perf_counter() - t0
     emit("batched_send_rate", round(sent / elapsed), "msgs/s", producers=producers, batch=batch,
-         messages=sent, seconds=round(elapsed, 2), server_cpu_us_per_msg=round(cpu / sent * 1e6, 1))
+         messages=sent, seconds=round(elapsed, 2), **cpu.per_message(sent))
 
 
 # ----------------------------------------------------------------------------- (c) batched consumers
-def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue) -> None:
+def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
+                   combined: bool, stream: bool) -> None:
     from chronoq.client import Client, run
 
     async def go() -> int:
         got = 0
         deadline = time.perf_counter() + seconds
-        async with Client(endpoint) as client:
+        async with Client(endpoint, extensions=not stream) as client:
             async def lane() -> None:
                 nonlocal got
+                msgs: list = []
+                # Everything was sent (and is visible) before this phase: an empty answer without
+                # waiting means the topic is drained, whichever consumer took more than its share.
                 while got < count and time.perf_counter() < deadline:
-                    msgs = await client.receive(group, topic, max_messages=batch, invisible_s=60, wait_s=1)
-                    if not msgs and got >= count:
+                    if combined:  # ack the last batch and receive the next in one call
+                        msgs = await client.ack_and_receive(group, topic, msgs, max_messages=batch, invisible_s=60,
+                                                            wait_s=0)
+                    else:
+                        msgs = await client.receive(group, topic, max_messages=batch, invisible_s=60, wait_s=0)
+                        await client.ack(group, topic, msgs)
+                    if not msgs:
                         return
-                    await client.ack(group, topic, msgs)
                     got += len(msgs)
+                if combined:
+                    await client.ack(group, topic, msgs)
             await asyncio.gather(*(lane() for _ in range(4)))
         return got
 
     out.put(run(go()))
 
 
-def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch: int, seconds: float, topic: str) -> None:
+def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch: int, seconds: float, topic: str,
+                  combined: bool = True, stream: bool = False) -> None:
     group = f"bench-g-{uuid.uuid4().hex[:6]}"
     q: mp.Queue = mp.Queue()
-    procs = [mp.Process(target=_consumer_proc, args=(endpoint, group, topic, messages // consumers, batch, seconds, q))
+    procs = [mp.Process(target=_consumer_proc,
+                        args=(endpoint, group, topic, messages, batch, seconds, q, combined, stream))
              for _ in range(consumers)]
-    cpu0, t0 = server_cpu_s(pid), time.perf_counter()
+    cpu, t0 = ServerCpu(pid), time.perf_counter()
     for p in procs:
         p.start()
     got = sum(q.get(timeout=seconds + 60) for _ in procs)
     for p in procs:
         p.join()
-    elapsed, cpu = time.perf_counter() - t0, server_cpu_s(pid) - cpu0
+    elapsed = time.perf_counter() - t0
     emit("batched_receive_ack_rate", round(got / elapsed), "msgs/s", consumers=consumers, batch=batch,
-         messages=got, seconds=round(elapsed, 2), server_cpu_us_per_msg=round(cpu / max(got, 1) * 1e6, 1))
+         ack="ack then receive" if stream or not combined else "ack_and_receive",
+         receive="ReceiveMessage stream" if stream else "ReceiveBatch", messages=got, seconds=round(elapsed, 2),
+         **cpu.per_message(got))
 
 
 def main() -> None:
@@ -161,17 +199,23 @@ def main() -> None:
     ap.add_argument("--receive-batch", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=60.0, help="time bound of each phase")
     ap.add_argument("--policy", choices=["sync", "async"], default="sync")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat (b) and (c) this often (noisy machines)")
+    ap.add_argument("--ack", choices=["combined", "separate"], default="combined",
+                    help="(c): ack each batch with the next receive (ack_and_receive), or in a call of its own")
+    ap.add_argument("--stream", action="store_true",
+                    help="(c): RocketMQ's calls only (ReceiveMessage stream, then AckMessage), for comparison")
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="bench-sr-")
     proc, endpoint = start_server(os.path.join(data_dir, "data"), args.policy)
     try:
         if args.phase in ("a", "all"):
             phase_official(endpoint, proc.pid, args.official_messages, args.seconds)
-        topic = f"bench-{uuid.uuid4().hex[:6]}"
-        if args.phase in ("b", "c", "all"):
+        for _ in range(args.rounds if args.phase != "a" else 0):  # a fresh topic each round
+            topic = f"bench-{uuid.uuid4().hex[:6]}"
             phase_send(endpoint, proc.pid, args.messages, args.producers, args.send_batch, args.seconds, topic)
-        if args.phase in ("c", "all"):
-            phase_receive(endpoint, proc.pid, args.messages, args.consumers, args.receive_batch, args.seconds, topic)
+            if args.phase in ("c", "all"):
+                phase_receive(endpoint, proc.pid, args.messages, args.consumers, args.receive_batch, args.seconds,
+                              topic, args.ack == "combined", args.stream)
     finally:
         proc.terminate()
         proc.wait(30)

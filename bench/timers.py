@@ -73,7 +73,10 @@ MP = mp.get_context("spawn")  # children start clean (no forked gRPC state)
 
 
 def emit(metric: str, value, unit: str, **ctx) -> None:
-    print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
+    # The host's 1-minute load average when the line is printed: figures from a shared host
+    # mean little without it (see also machine_busy_pct and server_cpu_s in b and c).
+    print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx,
+                      "loadavg_1m": round(os.getloadavg()[0], 2)}), flush=True)
 
 
 def rss_mb() -> float:
@@ -290,6 +293,9 @@ def _timer_stats(endpoint: str):
 def _server(workdir: str, name: str):
     from bench.grpc_shell import start_server
 
+    # No HTTP listener (metrics, console): its fixed default port would clash between servers.
+    os.environ.setdefault("CHRONOQ_HTTP_PORT", "off")
+
     proc, endpoint = start_server(os.path.join(workdir, name), "sync")
     return proc, endpoint
 
@@ -364,7 +370,8 @@ def _steady(args, endpoint: str, pid: int, rate: int) -> None:
         prod = (got.get("producer") or [{}])[0]
     ctx = {"rate_per_s": rate, "seconds": args.steady_seconds, "mode": args.b_mode, "lead_s": round(lead_s, 1),
            "received": len(rows), "receives": sum(got.get("receives", [])),
-           "consumer_pause_ms": args.consumer_pause_ms, "server_cpu_s": round(cpu, 1), "flush_policy": "sync",
+           "consumer_pause_ms": args.consumer_pause_ms, "server_cpu_s": round(cpu, 1),
+           "server_cpu_us_per_msg": round(cpu * 1e6 / max(len(rows), 1)), "flush_policy": "sync",
            "machine_busy_pct": busy, "cpus": os.cpu_count(), **prod}
     _delivery_metrics(rows, "b", **ctx)
     _broker_histogram(endpoint, "b", rate_per_s=rate, mode=args.b_mode)

@@ -55,6 +55,11 @@ def main() -> None:
               help="Where data lives. Default ./chronoq-data (env CHRONOQ_DATA_DIR).")
 @click.option("--port", type=int, default=None, help="gRPC port. Default 8081 (env CHRONOQ_PORT).")
 @click.option("--host", default=None, help="Address to bind. Default 127.0.0.1 (env CHRONOQ_HOST).")
+@click.option("--http-port", default=None,
+              help="HTTP port (/metrics, console). Default 8082; 0: any free port; off: none "
+                   "(env CHRONOQ_HTTP_PORT).")
+@click.option("--http-host", default=None, help="Address the HTTP listener binds. Default 127.0.0.1 "
+                                                "(env CHRONOQ_HTTP_HOST).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML config file (see docs/configuration.md).")
 @click.option("--flush-policy", type=click.Choice(["sync", "async"]), default=None,
@@ -63,11 +68,12 @@ def main() -> None:
               help="On corruption in a sealed segment or mid-log, copy the damaged bytes to "
                    "quarantine/, mark them lost and start anyway (default: refuse to start).")
 @click.option("--log-level", default=None, help="debug, info (default), warning, error.")
-def serve(data_dir, port, host, config_file, flush_policy, quarantine, log_level) -> None:
+def serve(data_dir, port, host, http_port, http_host, config_file, flush_policy, quarantine, log_level) -> None:
     """Run the broker until SIGTERM or SIGINT."""
     try:
         cfg = load_config(config_file, overrides={
-            "data_dir": data_dir, "port": port, "host": host, "flush_policy": flush_policy,
+            "data_dir": data_dir, "port": port, "host": host, "http_port": http_port, "http_host": http_host,
+            "flush_policy": flush_policy,
             "quarantine": quarantine, "log_level": log_level,
         })
     except errors.ChronoqError as exc:
@@ -610,6 +616,56 @@ def timers(minutes, endpoint, timeout, as_json) -> None:
         _print_json(_timers_json(st))
     else:
         _print_timers(st, minutes)
+
+
+# ----------------------------------------------------------------------------- stats
+def _stats_json(st) -> dict:
+    out = {name: getattr(st, name) for name in STATS_FIELDS}
+    for key in ("lateness_p50_ms", "lateness_p99_ms"):
+        out[key] = None if out[key] < 0 else out[key]
+    out["pending_by_horizon"] = {h.horizon: h.pending for h in st.pending_by_horizon}
+    return out
+
+
+STATS_FIELDS = ("topics", "groups", "messages_stored", "in_flight", "dlq", "pending_timers", "commitlog_bytes",
+                "commitlog_segments", "lateness_count", "lateness_p50_ms", "lateness_p99_ms", "messages_sent",
+                "messages_received", "messages_acked", "messages_dead_lettered")
+
+
+def _size_text(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _print_stats(st) -> None:
+    due = ", ".join(f"{h.horizon}: {h.pending:,}" for h in st.pending_by_horizon if h.horizon != "inf")
+    lateness = "none measured yet" if st.lateness_count == 0 else \
+        f"p50 {st.lateness_p50_ms:,} ms, p99 {st.lateness_p99_ms:,} ms ({st.lateness_count:,} deliveries)"
+    rows = [
+        ["topics", f"{st.topics:,}"], ["consumer groups", f"{st.groups:,}"],
+        ["messages stored", f"{st.messages_stored:,}"], ["in flight", f"{st.in_flight:,}"],
+        ["dead-lettered (stored)", f"{st.dlq:,}"],
+        ["pending timers", f"{st.pending_timers:,}" + (f" (due within {due})" if st.pending_timers else "")],
+        ["timer lateness", lateness],
+        ["commit log", f"{_size_text(st.commitlog_bytes)} in {st.commitlog_segments:,} segment(s)"],
+        ["since start", f"{st.messages_sent:,} sent, {st.messages_received:,} received, "
+                        f"{st.messages_acked:,} acked, {st.messages_dead_lettered:,} dead-lettered"],
+    ]
+    _print_table("broker overview", ["WHAT", "VALUE"], rows, wrap=("VALUE",))
+
+
+@main.command()
+@_remote
+def stats(endpoint, timeout, as_json) -> None:
+    """Broker overview: topics, groups, stored, in flight, DLQ, pending timers, commit log, lateness."""
+    st = _admin(endpoint, timeout, "stats")
+    if as_json:
+        _print_json(_stats_json(st))
+    else:
+        _print_stats(st)
 
 
 # ----------------------------------------------------------------------------- message

@@ -2,8 +2,11 @@
 
 What it adds over the official Python client: many messages per SendMessage call (the protocol
 allows it; the official client sends one), many receipts per AckMessage, and plain asyncio
-coroutines. It speaks only ``apache.rocketmq.v2.MessagingService``, so it works against a
-RocketMQ 5 proxy as well (``delay_level`` excepted: it is a chronoq property). ``AdminClient``
+coroutines. It speaks ``apache.rocketmq.v2.MessagingService``, so it works against a RocketMQ 5
+proxy as well (``delay_level`` excepted: it is a chronoq property). One extension: receives use
+chronoq's ``chronoq.v1.Consume/ReceiveBatch`` (the same request, answered in one response rather
+than a stream: much cheaper for gRPC Python) and fall back to ReceiveMessage for a server that
+does not offer it; ``ack_and_receive`` acks one batch and receives the next in one such call. ``AdminClient``
 speaks chronoq's own ``chronoq.v1.Admin`` (topics, consumer groups, timer stats, recall and
 reschedule; ``chronoq/proto/chronoq_admin.proto``).
 
@@ -38,6 +41,12 @@ from chronoq.msgid import new_message_id
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _MS = "/apache.rocketmq.v2.MessagingService/"
 _NOT_FOUND = pb.Code.MESSAGE_NOT_FOUND
+RECEIVE_BATCH_PATH = "/chronoq.v1.Consume/ReceiveBatch"  # chronoq only (chronoq.server.grpc_server)
+ACK_AND_RECEIVE_PATH = "/chronoq.v1.Consume/AckAndReceive"
+# How chronoq's gate refuses calls whose answer has no status field (chronoq.server.auth).
+_REFUSALS = {grpc.StatusCode.PERMISSION_DENIED: pb.Code.FORBIDDEN,
+             grpc.StatusCode.UNAUTHENTICATED: pb.Code.UNAUTHORIZED,
+             grpc.StatusCode.RESOURCE_EXHAUSTED: pb.Code.TOO_MANY_REQUESTS}
 # The user property that asks chronoq for a delay level (chronoq.server.convert reads it).
 DELAY_LEVEL_PROPERTY = "CHRONOQ_DELAY_LEVEL"
 
@@ -138,7 +147,10 @@ class _Signer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientIn
 
 class Client:
     def __init__(self, endpoint: str, *, namespace: str = "", access_key: str = "", secret_key: str = "",
-                 request_timeout_s: float = 10.0, tls: bool = False, tls_ca_file: str = ""):
+                 request_timeout_s: float = 10.0, tls: bool = False, tls_ca_file: str = "",
+                 extensions: bool = True):
+        """``extensions``: use chronoq's ``chronoq.v1.Consume`` calls when the server offers them
+        (False: only RocketMQ's calls, e.g. to compare)."""
         self.endpoint = endpoint
         self.namespace = namespace
         self.access_key = access_key
@@ -156,6 +168,12 @@ class Client:
                                                    response_deserializer=spb.SendMessageResponse.FromString)
         self._ack_raw = self._channel.unary_unary(_MS + "AckMessage",
                                                   response_deserializer=spb.AckMessageResponse.FromString)
+        # chronoq's ReceiveMessage in one answer (wire.receive_batch); a RocketMQ proxy answers
+        # UNIMPLEMENTED and the client streams from then on.
+        self._receive_batch = self._channel.unary_unary(
+            RECEIVE_BATCH_PATH, request_serializer=spb.ReceiveMessageRequest.SerializeToString)
+        self._ack_and_receive = self._channel.unary_unary(ACK_AND_RECEIVE_PATH)  # bytes both ways
+        self._batch_offered = extensions
         # Metadata: the date changes once a second; request ids are a random prefix and a counter.
         self._md_second = -1
         self._md_head: list[tuple[str, str]] = []
@@ -280,9 +298,8 @@ class Client:
         return resp.message_id
 
     # ----------------------------------------------------------------- receive
-    async def receive(self, group: str, topic: str, *, max_messages: int = 16, invisible_s: float = 30,
-                      wait_s: float = 5, tag: str = "*") -> list[ReceivedMessage]:
-        """POP up to ``max_messages``; long-polls up to ``wait_s`` when nothing is ready."""
+    async def _receive_request(self, group: str, topic: str, max_messages: int, invisible_s: float,
+                               wait_s: float, tag: str) -> spb.ReceiveMessageRequest:
         shape = (group, topic, max_messages, invisible_s, wait_s, tag)
         req = self._receive_requests.get(shape)  # a consumer asks the same way again and again
         if req is None:
@@ -299,10 +316,21 @@ class Client:
             if len(self._receive_requests) > 256:
                 self._receive_requests.clear()
             self._receive_requests[shape] = req
+        return req
+
+    async def receive(self, group: str, topic: str, *, max_messages: int = 16, invisible_s: float = 30,
+                      wait_s: float = 5, tag: str = "*") -> list[ReceivedMessage]:
+        """POP up to ``max_messages``; long-polls up to ``wait_s`` when nothing is ready."""
+        req = await self._receive_request(group, topic, max_messages, invisible_s, wait_s, tag)
+        timeout = wait_s + self.timeout
+        if self._batch_offered:
+            blob = await self._chronoq_call(self._receive_batch, req, timeout)
+            if blob is not None:
+                return self._received(wire.split_receive_batch(blob))
         out: list[ReceivedMessage] = []
         add = out.append
         status = None
-        async for resp in self._stub.ReceiveMessage(req, metadata=self._metadata(), timeout=wait_s + self.timeout):
+        async for resp in self._stub.ReceiveMessage(req, metadata=self._metadata(), timeout=timeout):
             if resp.HasField("message"):
                 add(_decode(resp.message))
             elif resp.HasField("status"):
@@ -311,21 +339,82 @@ class Client:
             self._check(status)
         return out
 
-    async def ack(self, group: str, topic: str, messages: Sequence[ReceivedMessage]) -> None:
-        """Acknowledge many messages in one call."""
-        if not messages:
-            return
+    async def ack_and_receive(self, group: str, topic: str, acked: Sequence[ReceivedMessage], *,
+                              max_messages: int = 16, invisible_s: float = 30, wait_s: float = 5,
+                              tag: str = "*") -> list[ReceivedMessage]:
+        """``ack(acked)`` then ``receive(...)``, in one call on chronoq (two elsewhere). When the
+        ack fails (ClientError), nothing is received."""
+        if not acked:
+            return await self.receive(group, topic, max_messages=max_messages, invisible_s=invisible_s,
+                                      wait_s=wait_s, tag=tag)
+        req = await self._receive_request(group, topic, max_messages, invisible_s, wait_s, tag)
+        if self._batch_offered:
+            both = wire.ack_and_receive_request(self._ack_request(group, topic, acked), req.SerializeToString())
+            blob = await self._chronoq_call(self._ack_and_receive, both, wait_s + self.timeout)
+            if blob is not None:
+                items, ack = [], None
+                for number, value in wire.length_fields(blob):
+                    if number == 1:
+                        items.append(value)
+                    elif number == 2:
+                        ack = value
+                if ack is None:
+                    raise ValueError("AckAndReceive answered no ack result")
+                self._check_ack(spb.AckMessageResponse.FromString(ack))
+                return self._received(items)
+        await self.ack(group, topic, acked)
+        return await self.receive(group, topic, max_messages=max_messages, invisible_s=invisible_s,
+                                  wait_s=wait_s, tag=tag)
+
+    async def _chronoq_call(self, call, request, timeout: float):
+        """A ``chronoq.v1.Consume`` call; None (and never again) when the server lacks it."""
+        try:
+            return await call(request, metadata=self._metadata(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code in _REFUSALS:  # the broker's gate refuses these calls with a gRPC code, not a status
+                raise ClientError(_REFUSALS[code], exc.details() or "") from None
+            if code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._batch_offered = False
+            return None
+
+    def _received(self, items) -> list[ReceivedMessage]:
+        """The messages of serialized ReceiveMessageResponses; raises for a failed status."""
+        out: list[ReceivedMessage] = []
+        add = out.append
+        status = None
+        parse = spb.ReceiveMessageResponse.FromString
+        for item in items:
+            resp = parse(item)
+            if resp.HasField("message"):
+                add(_decode(resp.message))
+            elif resp.HasField("status"):
+                status = resp.status
+        if status is not None and status.code != _NOT_FOUND:
+            self._check(status)
+        return out
+
+    def _ack_request(self, group: str, topic: str, messages: Sequence[ReceivedMessage]) -> bytes:
         heads = self._ack_heads.get((group, topic))
         if heads is None:
             if len(self._ack_heads) > 256:
                 self._ack_heads.clear()
             heads = self._ack_heads[(group, topic)] = (wire.resource(group, self.namespace),
                                                        wire.resource(topic, self.namespace))
-        req = wire.ack_request(heads[0], heads[1], [(m.message_id, m.receipt_handle) for m in messages])
-        resp = await self._ack_raw(req, metadata=self._metadata(), timeout=self.timeout)
+        return wire.ack_request(heads[0], heads[1], [(m.message_id, m.receipt_handle) for m in messages])
+
+    def _check_ack(self, resp: spb.AckMessageResponse) -> None:
         self._check(resp.status)
         for entry in resp.entries:
             self._check(entry.status)
+
+    async def ack(self, group: str, topic: str, messages: Sequence[ReceivedMessage]) -> None:
+        """Acknowledge many messages in one call."""
+        if not messages:
+            return
+        req = self._ack_request(group, topic, messages)
+        self._check_ack(await self._ack_raw(req, metadata=self._metadata(), timeout=self.timeout))
 
     async def change_invisible(self, group: str, topic: str, message: ReceivedMessage, invisible_s: float) -> str:
         req = spb.ChangeInvisibleDurationRequest(
@@ -399,6 +488,12 @@ class AdminClient:
         """``TimerStatsResponse``: lateness histogram, pending per due bucket for the next
         ``minutes`` (0: 10), backlog per delay level, lane states."""
         resp = await self._stub.TimerStats(self._apb.TimerStatsRequest(minutes=minutes), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
+
+    async def stats(self):
+        """``StatsResponse``: the broker overview (the figures of its /metrics endpoint)."""
+        resp = await self._stub.Stats(self._apb.StatsRequest(), timeout=self.timeout)
         Client._check(resp.status)
         return resp
 

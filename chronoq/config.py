@@ -23,6 +23,10 @@ class BrokerConfig:
     data_dir: str = "./chronoq-data"
     host: str = "127.0.0.1"
     port: int = 8081
+    # The HTTP listener (chronoq.server.http: /metrics, /healthz, the web console; docs/metrics.md).
+    # http_port 0 picks a free port (announced in the "chronoq is ready" line); negative: no listener.
+    http_host: str = "127.0.0.1"
+    http_port: int = 8082
     # Address clients are told to dial (the route's broker endpoint); default host:port.
     advertised_address: str = ""
     broker_name: str = "chronoq"
@@ -60,7 +64,7 @@ class BrokerConfig:
     timer_retry_backoff_ms: int = 100
     timer_retry_backoff_max_ms: int = 10_000
     timer_block_after_failures: int = 3
-    timer_load_batch: int = 5000
+    timer_load_batch: int = 1000  # per tick: ~4 ms of parsing, so loading a big bucket ahead never holds due work long
     timer_checkpoint_interval_ms: int = 5000
     timer_recall_memory_ms: int = 7 * 86_400_000
     # Message life trace for `chronoq audit` (chronoq.trace; docs/spark.md): buffered events are
@@ -78,6 +82,11 @@ class BrokerConfig:
     max_streams: int = 10_000           # open Telemetry streams in all
     disk_reserve_bytes: int = 64 * 1024 * 1024  # sends are refused below this much free space (0: off)
     disk_check_interval_ms: int = 500   # free space is looked up at most this often
+    # Push consumers (auto_renew receives; chronoq/pop/renew.py, docs/rocketmq.md): messages stay
+    # invisible in slices of push_invisible_ms, renewed until acked, nacked, the client is gone, or
+    # auto_renew_max_ms after the receive (0: no renewal, one slice only).
+    push_invisible_ms: int = 60_000
+    auto_renew_max_ms: int = 3 * 3600 * 1000
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -86,6 +95,9 @@ class BrokerConfig:
             raise errors.ClientError(f"flush_policy must be 'sync' or 'async', not {self.flush_policy!r}")
         if not 1 <= self.port <= 65535:
             raise errors.ClientError(f"port {self.port} is out of range 1..65535")
+        if self.http_port > 65535:
+            raise errors.ClientError(f"http_port {self.http_port} is out of range (0: any free port, "
+                                     "negative: no HTTP listener)")
         if not 1 <= self.default_queues <= self.max_queues <= 65535:
             raise errors.ClientError("need 1 <= default_queues <= max_queues <= 65535")
         if not 1 <= self.max_body_bytes <= 64 * 1024 * 1024:
@@ -97,6 +109,10 @@ class BrokerConfig:
             raise errors.ClientError("intervals must be positive")
         self._validate_timer()
         self._validate_security()
+        if not 1000 <= self.push_invisible_ms <= 12 * 3600 * 1000:
+            raise errors.ClientError(f"push_invisible_ms must be 1000 ms to 12 h, not {self.push_invisible_ms}")
+        if not 0 <= self.auto_renew_max_ms <= 24 * 3600 * 1000:
+            raise errors.ClientError(f"auto_renew_max_ms must be 0 to 24 h, not {self.auto_renew_max_ms}")
         return self
 
     def _validate_security(self) -> None:
@@ -148,6 +164,8 @@ def _coerce(name: str, value: Any) -> Any:
             if text.lower() in ("0", "false", "no", "off"):
                 return False
             raise errors.ClientError(f"{name}: expected true/false, got {value!r}")
+        if name == "http_port" and text.lower() == "off":
+            return -1  # CHRONOQ_HTTP_PORT=off / --http-port off: no HTTP listener
         if kind == "int":
             try:
                 return int(text.replace("_", ""))

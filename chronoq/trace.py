@@ -168,16 +168,17 @@ class TraceRecorder:
         add = self.events.append
         start = len(self.events)
         delay_topic = self._delay_topic
-        for p in prepared:
-            if p.flags & record.FLAG_SYSTEM:
-                if p.topic != delay_topic:
+        system, delayed = record.FLAG_SYSTEM, record.FLAG_DELAYED
+        # Positional unpacking (Prepared field order): attribute access costs more, per message.
+        for topic, _qid, pflags, _born, deliver_at_ms, message_id, _tag, _keys, props, _body in prepared:
+            if pflags & system:
+                if topic != delay_topic:
                     continue
-                topic = record.decode_properties(p.properties).get("__DELAY_TOPIC", p.topic)
+                topic = record.decode_properties(props).get("__DELAY_TOPIC", topic)
                 flags = FLAG_DELAYED
             else:
-                topic = p.topic
-                flags = FLAG_DELAYED if p.flags & record.FLAG_DELAYED else 0
-            add((STORED, flags, 0, topic, p.message_id, None, None, 0, now_ms, p.deliver_at_ms, 0))
+                flags = FLAG_DELAYED if pflags & delayed else 0
+            add((STORED, flags, 0, topic, message_id, None, None, 0, now_ms, deliver_at_ms, 0))
         self._trim(start, now_ms)
 
     def visible(self, deliveries: list, visible_ms: int) -> None:

@@ -59,6 +59,8 @@ def varint(n: int) -> bytes:
     """Base-128 varint of ``n``; a negative ``n`` as its 64-bit two's complement (10 bytes)."""
     if 0 <= n < 128:
         return _SMALL[n]
+    if 0 < n < 0x4000:  # lengths of bodies and messages up to 16 KiB: no loop
+        return bytes((n & 0x7F | 0x80, n >> 7))
     if n < 0:
         n += 1 << 64
     out = bytearray()
@@ -121,11 +123,21 @@ def resource(name: str, namespace: str = "") -> bytes:
     return out + string_field(K_RESOURCE_NAME, name) if name else out
 
 
+_NANOS = [b""] + [K_TS_NANOS + varint(rest * 1_000_000) for rest in range(1, 1000)]
+_seconds_cache: dict[int, bytes] = {}
+
+
 def timestamp(ms: int) -> bytes:
     """The bytes of a ``google.protobuf.Timestamp`` for epoch milliseconds ``ms``."""
     seconds, rest = divmod(ms, 1000)
-    out = K_TS_SECONDS + varint(seconds) if seconds else b""
-    return out + K_TS_NANOS + varint(rest * 1_000_000) if rest else out
+    if not seconds:
+        return _NANOS[rest]
+    head = _seconds_cache.get(seconds)
+    if head is None:  # messages received together were mostly stored within a few seconds
+        if len(_seconds_cache) >= 4096:
+            _seconds_cache.clear()
+        head = _seconds_cache[seconds] = K_TS_SECONDS + varint(seconds)
+    return head + _NANOS[rest]
 
 
 def properties(props: dict[str, str]) -> bytes:
@@ -211,3 +223,88 @@ def ack_response_ok(entries) -> bytes:
         add(varint(len(entry)))
         add(entry)
     return b"".join(pieces)
+
+
+# ------------------------------------------------------------------------------ batched receive
+# ``chronoq.v1.Consume/ReceiveBatch`` (chronoq.server.grpc_server, chronoq.client) answers what
+# ReceiveMessage streams, in one unary response: the bytes of a message
+#
+#     message ReceiveBatch { repeated apache.rocketmq.v2.ReceiveMessageResponse responses = 1; }
+#
+# in stream order (status first, then one per message, then the delivery timestamp). No .proto
+# declares it: both sides use the two functions below. Why: gRPC Python costs tens of
+# microseconds of server CPU per streamed message (bench/grpc_floor.py), one unary answer a few.
+K_BATCH_ITEM = key(1, LEN)
+
+
+def receive_batch(items) -> bytes:
+    """Join serialized ``ReceiveMessageResponse``s into a ``ReceiveBatch``."""
+    pieces: list[bytes] = []
+    add = pieces.append
+    for item in items:
+        add(K_BATCH_ITEM)
+        add(varint(len(item)))
+        add(item)
+    return b"".join(pieces)
+
+
+def split_receive_batch(blob: bytes) -> list[memoryview]:
+    """The serialized ``ReceiveMessageResponse``s of a ``ReceiveBatch``; ValueError if malformed."""
+    items = []
+    for number, value in length_fields(blob):
+        if number != 1:
+            raise ValueError(f"ReceiveBatch: unexpected field {number}")
+        items.append(value)
+    return items
+
+
+# ``chronoq.v1.Consume/AckAndReceive`` acks one batch and receives the next in one call:
+#
+#     message AckAndReceiveRequest  { apache.rocketmq.v2.AckMessageRequest ack = 1;
+#                                     apache.rocketmq.v2.ReceiveMessageRequest receive = 2; }
+#     message AckAndReceiveResponse { repeated apache.rocketmq.v2.ReceiveMessageResponse responses = 1;
+#                                     apache.rocketmq.v2.AckMessageResponse ack = 2; }
+#
+# The ack runs first; when it fails the receive does not run (``responses`` is empty). When every
+# entry was acked, ``ack`` carries the OK status alone (no per-entry results).
+K_ACK_AND_RECEIVE_ACK, K_ACK_AND_RECEIVE_RECEIVE = key(1, LEN), key(2, LEN)
+K_ACK_AND_RECEIVE_RESPONSE_ACK = key(2, LEN)
+
+
+def ack_and_receive_request(ack: bytes, receive: bytes) -> bytes:
+    return field(K_ACK_AND_RECEIVE_ACK, ack) + field(K_ACK_AND_RECEIVE_RECEIVE, receive)
+
+
+def ack_and_receive_response(ack: bytes, items) -> bytes:
+    return receive_batch(items) + field(K_ACK_AND_RECEIVE_RESPONSE_ACK, ack)
+
+
+def length_fields(blob: bytes) -> list[tuple[int, memoryview]]:
+    """(field number, value) of a message made only of length-delimited fields, in order;
+    ValueError for anything else or a truncated message."""
+    out = []
+    pos, end = 0, len(blob)
+    view = memoryview(blob)
+    while pos < end:
+        k, pos = _read_varint(blob, pos, end)
+        if k & 7 != LEN:
+            raise ValueError(f"field {k >> 3} has wire type {k & 7}, not length-delimited")
+        size, pos = _read_varint(blob, pos, end)
+        if pos + size > end:
+            raise ValueError("truncated field")
+        out.append((k >> 3, view[pos:pos + size]))
+        pos += size
+    return out
+
+
+def _read_varint(blob: bytes, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        b = blob[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7

@@ -108,7 +108,8 @@ class QueueState:
 
 class Checkpoint:
     __slots__ = ("ck_id", "group", "topic", "queue", "offsets", "attempts", "pop_ms", "delivered_ms",
-                 "aging_ms", "deadline_ms", "bits", "full", "fifo", "logged", "durable", "expired", "live")
+                 "aging_ms", "deadline_ms", "bits", "full", "fifo", "logged", "durable", "expired", "live",
+                 "renew_until_ms", "client_id")
 
     def __init__(self, ck_id: int, group: str, topic: str, queue: QueueState, offsets: list[int],
                  attempts: list[int], pop_ms: int, delivered_ms: int, aging_ms: int, deadline_ms: int,
@@ -133,6 +134,8 @@ class Checkpoint:
         self.durable = False
         self.expired = False
         self.live = True
+        self.renew_until_ms = 0        # auto-renew (renew.py): extended, not revived, until then
+        self.client_id = ""            # the receiving client, for auto-renew
 
     def unsettled(self) -> list[int]:
         bits = self.bits
@@ -320,6 +323,19 @@ class Inflight:
     def postpone(self, ck: Checkpoint, deadline_ms: int) -> None:
         """Revive could not finish (storage error): try again at ``deadline_ms``."""
         assert ck.live and not ck.expired
+        ck.deadline_ms = deadline_ms
+        _heappush(self._deadlines, (deadline_ms, ck.ck_id))
+
+    def renew_for(self, ck: Checkpoint, client_id: str, renew_until_ms: int) -> None:
+        """Mark a CK just opened by an auto-renew receive (``renew.py``)."""
+        assert ck.live and renew_until_ms >= ck.deadline_ms and client_id
+        ck.renew_until_ms = renew_until_ms
+        ck.client_id = client_id
+
+    def extend(self, ck: Checkpoint, deadline_ms: int) -> None:
+        """Auto-renew: the CK stays invisible until ``deadline_ms`` (same id, so its receipt
+        handles stay valid). In memory only: the POP log keeps the deadline it was logged with."""
+        assert ck.live and not ck.expired and deadline_ms > ck.deadline_ms, (ck, deadline_ms)
         ck.deadline_ms = deadline_ms
         _heappush(self._deadlines, (deadline_ms, ck.ck_id))
 

@@ -27,6 +27,8 @@ tick       revives CKs whose invisible time ended. Concurrent groups: unsettled 
            queue and offset, attempt + 1) so the order of a message group holds; a queue with a
            FIFO CK in flight hands out nothing (RocketMQ locks the queue the same way).
 FIFO DLQ   ``forward_to_dlq`` copies the message to ``%DLQ%{group}``, fsyncs, settles it.
+auto-renew a push receive's CKs are extended in place at their deadline instead of revived while
+           their client is alive, up to ``auto_renew_max_ms`` (rules in ``renew.py``).
 
 Durability and the merge buffer
 -------------------------------
@@ -85,7 +87,8 @@ from chronoq.broker import PROP_MESSAGE_GROUP, Broker, OutgoingMessage
 from chronoq.clock import Clock
 from chronoq.model import Message
 from chronoq.pop import handle as handles
-from chronoq.pop import names, poplog
+from chronoq.pop import names, poplog, renew
+from chronoq.pop.counters import PopCounters
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
 from chronoq.pop.names import (DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_DELAYS_MS, PROP_DLQ_ORIGIN_MESSAGE_ID,
                                PROP_DLQ_ORIGIN_TOPIC, PROP_NOT_BEFORE_MS, PROP_ORIGIN_MESSAGE_ID,
@@ -105,6 +108,8 @@ REVIVE_RETRY_MS = 1_000       # a revive that hit a storage error is retried thi
 COMPACT_MIN_BYTES = 16 << 20  # compact the POP log past this size ...
 COMPACT_RATIO = 4             # ... when it is this many times the live CKs' size
 CK_BYTES_ESTIMATE = 128
+PUSH_INVISIBLE_MS = 60_000    # auto-renew receives without an invisible time: the renew slice
+AUTO_RENEW_MAX_MS = 3 * 3600 * 1000  # auto-renew stops this long after the receive (the proxy's 3 h)
 _NAMES_CACHE_MAX = 10_000
 
 
@@ -130,9 +135,16 @@ class GroupConfig:
 
 class PopService:
     def __init__(self, broker: Broker, clock: Clock | None = None, *, buffer_ms: int = BUFFER_MS,
-                 flush_interval_ms: int = FLUSH_INTERVAL_MS):
+                 flush_interval_ms: int = FLUSH_INTERVAL_MS, push_invisible_ms: int = PUSH_INVISIBLE_MS,
+                 auto_renew_max_ms: int = AUTO_RENEW_MAX_MS):
         if buffer_ms < 0 or flush_interval_ms < 0:
             raise errors.ClientError("buffer_ms and flush_interval_ms must not be negative")
+        names.check_receive_invisible(push_invisible_ms)
+        if not 0 <= auto_renew_max_ms <= renew.MAX_MS_LIMIT:
+            raise errors.ClientError(f"auto_renew_max_ms must be 0 to {renew.MAX_MS_LIMIT}, not {auto_renew_max_ms}")
+        self.renewals = renew.Renewals(push_invisible_ms, auto_renew_max_ms)
+        self.counters = PopCounters()  # for chronoq.metrics
+        self._pruned_ms = 0
         self.broker = broker
         self.clock = clock or broker.clock
         self.buffer_ms = buffer_ms
@@ -205,13 +217,22 @@ class PopService:
         return [self._groups[name] for name in sorted(self._groups)]
 
     # ----------------------------------------------------------------- receiving
-    def receive(self, group: str, topic: str, *, max_messages: int, invisible_ms: int,
-                tag_filter: str = "*", attempt_id: str | None = None, client_id: str = "") -> list[Popped]:
+    def receive(self, group: str, topic: str, *, max_messages: int, invisible_ms: int | None,
+                tag_filter: str = "*", attempt_id: str | None = None, client_id: str = "",
+                auto_renew: bool = False) -> list[Popped]:
         """Hand out up to ``max_messages`` visible messages; [] when none (never blocks).
+
+        ``auto_renew`` (push consumers): the broker keeps the messages invisible, in slices of
+        ``invisible_ms`` (None: ``push_invisible_ms``), until they are acked or nacked, the
+        client goes away, or ``auto_renew_max_ms`` has passed (``renew.py``).
 
         Ensures: each message is in exactly one new CK, invisible until ``invisible_until_ms``.
         """
         self._check_open()
+        if invisible_ms is None:
+            if not auto_renew:
+                raise errors.InvalidInvisibleTime("a receive without auto-renew needs an invisible time")
+            invisible_ms = self.renewals.slice_ms
         names.check_max_messages(max_messages)
         names.check_receive_invisible(invisible_ms)
         tags = names.parse_tag_filter(tag_filter)
@@ -242,10 +263,32 @@ class PopService:
             self._pop_topic(gcfg, topic, rcfg, out, refs, max_messages, now, invisible_ms, None, 0, True)
         if key is not None and out:
             inflight.remember_attempt(key, out, refs)
+        if out:
+            received, key = self.counters.received, (group, topic)
+            received[key] = received.get(key, 0) + len(out)
+        if auto_renew and out:
+            self._renew_for(refs, client_id, now)
         self._after(now)
         if self.broker.trace is not None and out:  # chronoq.trace: buffered, no I/O here
             self.broker.trace.delivered(group, out, refs, now)
         return out
+
+    def _renew_for(self, refs: list, client_id: str, now: int) -> None:
+        until = self.renewals.until(client_id, now)
+        last = None
+        for ck, _ in refs:  # refs run CK by CK
+            if ck is not last and until > ck.deadline_ms:
+                self._inflight.renew_for(ck, client_id, until)
+            last = ck
+
+    def client_seen(self, client_id: str) -> None:
+        """The client is alive (a heartbeat): its auto-renew receives go on being renewed."""
+        self.renewals.seen(client_id, self.clock.wall_ms())
+
+    def client_gone(self, client_id: str) -> None:
+        """The client terminated: its messages are no longer renewed; they revive at their
+        current deadline unless acked first."""
+        self.renewals.gone(client_id)
 
     def _pop_topic(self, gcfg: GroupConfig, topic: str, tcfg: model.TopicConfig, out: list[Popped],
                    refs: list, limit: int, now: int, invisible_ms: int, tags: frozenset[str] | None,
@@ -416,6 +459,8 @@ class PopService:
         """Settle one delivery. InvalidReceiptHandle if unknown, stale, or already revived."""
         ck, index = self._locate(group, topic, receipt_handle)
         self._inflight.settle(ck, index)
+        acked, key = self.counters.acked, (group, topic)
+        acked[key] = acked.get(key, 0) + 1
         now = self.clock.wall_ms()
         if self.broker.trace is not None:  # chronoq.trace: buffered, no I/O here
             self.broker.trace.acked(group, ck.queue.topic, ck.queue.queue_id, ck.offsets[index], now)
@@ -441,6 +486,10 @@ class PopService:
                 out.append(None)
         finally:
             self._after(now)
+            settled = out.count(None)
+            if settled:
+                acked, key = self.counters.acked, (group, topic)
+                acked[key] = acked.get(key, 0) + settled
         return out
 
     def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
@@ -452,6 +501,8 @@ class PopService:
         ck, index = self._locate(group, topic, receipt_handle)
         now = self.clock.wall_ms()
         new = self._inflight.change(ck, index, now, invisible_ms)
+        nacked, key = self.counters.nacked, (group, topic)
+        nacked[key] = nacked.get(key, 0) + 1
         self._after(now)
         return handles.encode(new.ck_id, 0, new.queue.queue_id, new.offsets[0])
 
@@ -462,6 +513,7 @@ class PopService:
         if m is not None:
             self.broker.write([self._dlq_message(ck, m)], system=True)
             self.broker.flush()
+            self.counters.revive_outcome(group, 0, 0, 1)  # forwarded by the client, not revived
         else:
             log.warning("forward to DLQ: %s/%d@%d is no longer in the store", ck.queue.topic,
                         ck.queue.queue_id, ck.offsets[index])
@@ -484,6 +536,8 @@ class PopService:
         handled = 0
         due = inflight.due(now, TICK_CKS_MAX)
         if due:
+            due = self._renew(due, now)
+        if due:
             handled += self._revive(due, now)
         if self._blocked:
             for qs in [qs for qs in self._blocked if qs.blocked_until <= now]:
@@ -496,13 +550,30 @@ class PopService:
         self._maybe_compact(now)
         return handled
 
+    def _renew(self, due: list[Checkpoint], now: int) -> list[Checkpoint]:
+        """Extend the due CKs that auto-renew (``renew.py``); returns the others, to revive."""
+        renewals = self.renewals
+        if now - self._pruned_ms > renewals.client_silence_ms:
+            renewals.prune(now)
+            self._pruned_ms = now
+        out = []
+        for ck in due:
+            deadline = renewals.extend(ck.client_id, ck.renew_until_ms, now) if ck.renew_until_ms else None
+            if deadline is None:
+                out.append(ck)
+            else:
+                self._inflight.extend(ck, deadline)
+        return out
+
     def _revive(self, due: list[Checkpoint], now: int) -> int:
         """Retry or dead-letter the unsettled entries of ``due`` (fsynced), then drop the CKs."""
         outgoing: list[OutgoingMessage] = []
         plan: list[tuple[Checkpoint, list[int], list[int]]] = []  # (ck, settle now, FIFO again)
+        tally: dict[str, list[int]] = {}  # group -> [revived, retried, dead-lettered] (chronoq.metrics)
         for ck in due:
             gcfg = self.group(ck.group)
             drop, again = [], []
+            counts = tally.setdefault(ck.group, [0, 0, 0])
             for i in ck.unsettled():
                 attempt = ck.attempts[i]
                 if ck.fifo and attempt < gcfg.max_attempts:
@@ -514,14 +585,19 @@ class PopService:
                                 ck.queue.queue_id, ck.offsets[i])
                 elif attempt >= gcfg.max_attempts:
                     outgoing.append(self._dlq_message(ck, m))
+                    counts[2] += 1
                 else:
                     outgoing.append(self._retry_message(ck, m, attempt, gcfg, now))
+                    counts[1] += 1
                 drop.append(i)
+            counts[0] += len(drop) + len(again)
             plan.append((ck, drop, again))
         if outgoing and not self._write_durably(outgoing):
             for ck in due:
                 self._inflight.postpone(ck, now + REVIVE_RETRY_MS)
             return 0
+        for group, (revived, retried, dead_lettered) in tally.items():
+            self.counters.revive_outcome(group, revived, retried, dead_lettered)
         inflight = self._inflight
         handled = 0
         sealed = False

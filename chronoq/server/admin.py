@@ -19,6 +19,9 @@ Choices:
   POP state or consume offsets for; lag is ``PopService.lag`` (not yet received, retry copies
   included) and in-flight is ``PopService.inflight_by_topic``. Everything runs on the event loop
   like the rest of the broker API, so a report is a consistent snapshot.
+- ``Stats`` is the overview ``chronoq stats`` prints: the figures of the HTTP ``/metrics`` endpoint
+  (``chronoq.metrics``), read the same way, so both always agree and the CLI needs only the gRPC
+  endpoint and credentials it already has.
 - ``TimerStats``, ``Recall`` and ``Reschedule`` serve delayed delivery (docs/timers.md). Recall and
   reschedule run on the event loop like every broker call, so an outcome is linearized against
   the timer's ticks exactly as ``Broker.recall`` documents; their fsync is the one blocking call
@@ -30,6 +33,7 @@ Choices:
 from __future__ import annotations
 
 from chronoq import errors, model
+from chronoq.metrics import BrokerMetrics
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
 from chronoq.proto import chronoq_admin_pb2 as apb
@@ -174,6 +178,17 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         return apb.ListGroupsResponse(status=_ok(), groups=rows)
 
     # ------------------------------------------------------------------ delayed delivery
+    async def Stats(self, request, context):
+        return _answer(apb.StatsResponse, "Stats", self._stats, request)
+
+    def _stats(self, request) -> apb.StatsResponse:
+        self._check_open()
+        s = BrokerMetrics(self.broker, lambda: self.pop).snapshot()  # the figures /metrics shows
+        horizons = [apb.PendingHorizon(horizon=h, pending=n) for h, n in s.pop("pending_by_horizon").items()]
+        for key in ("lateness_p50_ms", "lateness_p99_ms"):
+            s[key] = -1 if s[key] is None else s[key]
+        return apb.StatsResponse(status=_ok(), pending_by_horizon=horizons, **s)
+
     async def TimerStats(self, request, context):
         return _answer(apb.TimerStatsResponse, "TimerStats", self._timer_stats, request)
 

@@ -17,9 +17,9 @@ import zlib
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
-from chronoq import errors, model
+from chronoq import errors, model, wire
 from chronoq.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, OutgoingMessage
 from chronoq.model import MessageType
 from chronoq.timer.deliverytime import from_client_timestamp
@@ -297,6 +297,106 @@ def message_to_pb(popped, *, requested_topic: str, namespace: str, store_host: s
 
 def _ts(ms: int) -> dict:
     return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
+
+
+# Keys of the fields ``message_bytes`` writes (numbers checked against the descriptors below).
+_K = wire.key
+_LEN, _VARINT = wire.LEN, wire.VARINT
+_K_RESPONSE_MESSAGE = _K(2, _LEN)
+_K_SP_TAG, _K_SP_KEYS, _K_SP_ID, _K_SP_DIGEST = _K(1, _LEN), _K(2, _LEN), _K(3, _LEN), _K(4, _LEN)
+_SP_ENCODING_IDENTITY = _K(5, _VARINT) + wire.varint(pb.IDENTITY)
+_K_SP_TYPE, _K_SP_BORN, _K_SP_STORED, _K_SP_HOST = _K(6, _VARINT), _K(7, _LEN), _K(9, _LEN), _K(10, _LEN)
+_K_SP_DELIVERY, _K_SP_HANDLE, _K_SP_QUEUE, _K_SP_OFFSET = _K(11, _LEN), _K(12, _LEN), _K(13, _VARINT), _K(14, _VARINT)
+_K_SP_ATTEMPT, _K_SP_GROUP, _K_SP_DLQ = _K(16, _VARINT), _K(17, _LEN), _K(20, _LEN)
+_DIGEST_MD5_HEAD = _K(1, _VARINT) + wire.varint(pb.MD5) + _K(2, _LEN) + wire.varint(32)  # + 32 hex digits
+for _name, _number in (("tag", 1), ("keys", 2), ("message_id", 3), ("body_digest", 4), ("body_encoding", 5),
+                       ("message_type", 6), ("born_timestamp", 7), ("store_timestamp", 9), ("store_host", 10),
+                       ("delivery_timestamp", 11), ("receipt_handle", 12), ("queue_id", 13), ("queue_offset", 14),
+                       ("delivery_attempt", 16), ("message_group", 17), ("dead_letter_queue", 20)):
+    assert pb.SystemProperties.DESCRIPTOR.fields_by_name[_name].number == _number, _name
+assert (pb.Digest.DESCRIPTOR.fields_by_name["type"].number, pb.Digest.DESCRIPTOR.fields_by_name["checksum"].number) \
+    == (1, 2)
+assert service_pb2.ReceiveMessageResponse.DESCRIPTOR.fields_by_name["message"].number == 2
+assert (pb.DeadLetterQueue.DESCRIPTOR.fields_by_name["topic"].number,
+        pb.DeadLetterQueue.DESCRIPTOR.fields_by_name["message_id"].number) == (1, 2)
+_K_DLQ_TOPIC, _K_DLQ_ID = _K(1, _LEN), _K(2, _LEN)
+_DIGEST_HEAD = _K_SP_DIGEST + wire.varint(len(_DIGEST_MD5_HEAD) + 32) + _DIGEST_MD5_HEAD
+
+
+def message_bytes(popped, requested_topic: str, namespace: str, store_host_field: bytes) -> bytes:
+    """``ReceiveMessageResponse(message=message_fields(...))`` serialized, encoded by hand
+    (``chronoq.wire``): the receive hot path. ``store_host_field`` is ``store_host_field(host)``.
+
+    Equal to the generated encoding up to the order of map entries
+    (tests/unit/test_server_status_convert.py).
+    """
+    m = popped.message
+    props = m.properties
+    ptype = _NORMAL
+    user = b""
+    group = popped.message_group
+    if props:
+        user = b"".join(wire.field(wire.K_MESSAGE_PROPS, wire.string_field(wire.K_MAP_KEY, k)
+                                   + wire.string_field(wire.K_MAP_VALUE, v))
+                        for k, v in props.items() if not k.startswith(_SYSTEM_PREFIX))
+        tname = props.get(PROP_MESSAGE_TYPE)
+        if tname is not None:
+            ptype = _TYPE_BY_NAME.get(tname, _NORMAL)
+        if group is None:
+            group = props.get(PROP_MESSAGE_GROUP)
+    if group and ptype == _NORMAL:
+        ptype = _FIFO
+    if m.deliver_at_ms and ptype == _NORMAL:  # a delivered timer copy: clients expect DELAY (contract §5.3)
+        ptype = _DELAY
+    varint, text, small = wire.varint, wire.string_field, _SMALL
+    sp = text(_K_SP_TAG, m.tag) if m.tag else b""
+    for k in m.keys:
+        sp += text(_K_SP_KEYS, k)
+    mid = m.message_id.encode()
+    if mid:
+        sp += _K_SP_ID + (small[len(mid)] if len(mid) < 128 else varint(len(mid))) + mid
+    born = wire.timestamp(m.born_ms or m.stored_ms)  # (a Timestamp is at most 22 bytes)
+    stored = wire.timestamp(m.stored_ms)
+    handle = popped.receipt_handle.encode()
+    attempt = popped.delivery_attempt
+    sp += b"".join((
+        _DIGEST_HEAD, hashlib.md5(m.body).hexdigest().upper().encode(), _SP_ENCODING_IDENTITY,
+        _TYPE_FIELDS[ptype],
+        _K_SP_BORN, small[len(born)], born, _K_SP_STORED, small[len(stored)], stored, store_host_field,
+        wire.field(_K_SP_DELIVERY, wire.timestamp(m.deliver_at_ms)) if m.deliver_at_ms else b"",
+        _K_SP_HANDLE, small[len(handle)] if len(handle) < 128 else varint(len(handle)), handle,
+        _K_SP_QUEUE + varint(m.queue_id) if m.queue_id else b"",
+        _K_SP_OFFSET, varint(m.queue_offset),
+        _K_SP_ATTEMPT, small[attempt] if 0 < attempt < 128 else varint(max(1, attempt)),
+        text(_K_SP_GROUP, group) if group else b"",
+    ))
+    if requested_topic.startswith(_DLQ_PREFIX):
+        # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
+        sp += wire.field(_K_SP_DLQ, (text(_K_DLQ_TOPIC, m.topic) if m.topic else b"") +
+                         (text(_K_DLQ_ID, m.message_id) if m.message_id else b""))
+        topic_key = (requested_topic, namespace)
+    else:
+        topic_key = (m.topic, namespace)
+    head = _topic_fields.get(topic_key)
+    if head is None:  # receives name the same few topics over and over
+        if len(_topic_fields) >= _NAMES_CACHE_MAX:
+            _topic_fields.clear()
+        head = _topic_fields[topic_key] = wire.field(wire.K_MESSAGE_TOPIC, wire.resource(*topic_key))
+    body = m.body
+    message = b"".join((head, user, wire.K_MESSAGE_SP, varint(len(sp)), sp,
+                        wire.K_MESSAGE_BODY + varint(len(body)) if body else b"", body))
+    return _K_RESPONSE_MESSAGE + varint(len(message)) + message
+
+
+_SMALL = [bytes((i,)) for i in range(128)]  # varints below 128 are one byte: the value
+_TYPE_FIELDS = {t: (_K_SP_TYPE + wire.varint(t) if t else b"") for t in (_UNSPECIFIED, _NORMAL, _FIFO, _DELAY,
+                                                                        _TRANSACTION, _LITE, _PRIORITY)}
+_topic_fields: dict[tuple[str, str], bytes] = {}
+
+
+def store_host_field(store_host: str) -> bytes:
+    """The ``store_host`` field bytes for ``message_bytes`` (empty for an empty host)."""
+    return wire.string_field(_K_SP_HOST, store_host) if store_host else b""
 
 
 # ------------------------------------------------------------------------------------ routes

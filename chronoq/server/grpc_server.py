@@ -19,9 +19,15 @@ What the shell owns besides the RPCs:
 
 Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
 
-- Push consumers receive with ``auto_renew=true`` and no invisible duration. chronoq has no
-  auto-renew yet, so such receives use ``PUSH_INVISIBLE_MS`` (60 s), the proxy's default.
+- Push consumers receive with ``auto_renew=true`` and no invisible duration: the messages stay
+  invisible in slices of ``push_invisible_ms`` (60 s), renewed in place while the client is alive
+  (Heartbeat, receives; NotifyClientTermination ends it) until acked or nacked, up to
+  ``auto_renew_max_ms`` (``chronoq/pop/renew.py``). The receipt handles stay the same.
 - Receives serve every queue of the topic for the group, whatever queue id the client names.
+- ``chronoq.v1.Consume/ReceiveBatch`` (not RocketMQ): a ReceiveMessage answered in one unary
+  response instead of a stream, for ``chronoq.client``; gRPC Python's per-streamed-message cost
+  is what it saves (``wire.receive_batch``). ``AckAndReceive`` acks the last batch and receives
+  the next in one call.
 - A long poll answers by ``min(long_polling_timeout, deadline - POLL_MARGIN_S)``.
 - Settings replies send ``metric{on:false}``. The Python PushConsumer 5.1.2 then stops reading its
   Telemetry stream after the first reply (a client bug, contract §3.3); consumption is unaffected.
@@ -51,7 +57,6 @@ pb = definition_pb2
 sv = service_pb2
 _TRANSACTION = model.MessageType.TRANSACTION  # (an enum member lookup costs ~1 us on 3.11)
 
-PUSH_INVISIBLE_MS = 60_000          # invisible time for auto-renew receives (no auto-renew yet)
 DEFAULT_INVISIBLE_MS = 60_000       # when a non-push receive names none
 LONG_POLL_DEFAULT_S = 20.0          # when the request names none
 LONG_POLL_MAX_S = 60.0              # never park longer than this, whatever the client asks
@@ -64,6 +69,8 @@ TXN_SCAN_S = 1.0                    # how often unresolved transactions are look
 STOP_GRACE_S = 1.0                  # in-flight RPCs get this long when the server stops
 
 CLIENT_ID_HEADER = "x-mq-client-id"
+# chronoq's own consume calls beside the RocketMQ service (chronoq.client uses them when offered).
+CONSUME_SERVICE = "chronoq.v1.Consume"
 
 _PRODUCER_BACKOFF = pb.RetryPolicy(
     max_attempts=3,
@@ -111,6 +118,25 @@ def _ack_with_empty(pop, group: str, topic: str, handles: list[str]) -> list:
     """``pop.ack_many`` for a request where some receipt handles are empty (those fail)."""
     settled = iter(pop.ack_many(group, topic, [h for h in handles if h]))
     return [next(settled) if h else errors.InvalidReceiptHandle("the receipt handle is empty") for h in handles]
+
+
+class AckAndReceiveRequest:
+    """A ``chronoq.v1.Consume/AckAndReceive`` request (``wire``): an AckMessageRequest and a
+    ReceiveMessageRequest. ``chronoq.server.auth`` reads ``ack`` and ``receive`` to check rights."""
+
+    __slots__ = ("ack", "receive")
+
+    def __init__(self, ack, receive) -> None:
+        self.ack = ack
+        self.receive = receive
+
+    @classmethod
+    def parse(cls, blob: bytes) -> "AckAndReceiveRequest":
+        """ValueError (or protobuf's DecodeError) when malformed: the gate answers BAD_REQUEST."""
+        parts = dict(wire.length_fields(blob))
+        if set(parts) != {1, 2}:
+            raise ValueError("AckAndReceive needs exactly an ack (1) and a receive (2)")
+        return cls(sv.AckMessageRequest.FromString(parts[1]), sv.ReceiveMessageRequest.FromString(parts[2]))
 
 
 class _Waker:
@@ -173,6 +199,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.sessions: dict[str, _TelemetrySession] = {}
         self._broker_pb = pb.Broker(name=config.broker_name, id=0, endpoints=convert.endpoints_pb(config.endpoint))
         self._store_host = config.endpoint
+        self._store_host_field = convert.store_host_field(config.endpoint)
         self._routes: dict[tuple[str, str], tuple[object, sv.QueryRouteResponse]] = {}
         self._waker = _Waker()
         self._tick_kick = asyncio.Event()
@@ -185,6 +212,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._receive_ok = sv.ReceiveMessageResponse(status=self._ok)
         self._receive_empty = sv.ReceiveMessageResponse(
             status=pb.Status(code=status.MESSAGE_NOT_FOUND, message="no new message"))
+        self._receive_ok_bytes = self._receive_ok.SerializeToString()
+        self._receive_empty_bytes = self._receive_empty.SerializeToString()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -300,10 +329,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # ------------------------------------------------------------------ client sessions
     @_boundary(sv.HeartbeatResponse, "Heartbeat")
     async def Heartbeat(self, request, context):
+        self.pop.client_seen(_header(context, CLIENT_ID_HEADER))  # keeps its auto-renewals going
         return self._ok_heartbeat
 
     @_boundary(sv.NotifyClientTerminationResponse, "NotifyClientTermination")
     async def NotifyClientTermination(self, request, context):
+        self.pop.client_gone(_header(context, CLIENT_ID_HEADER))  # its messages are renewed no more
         return self._ok_termination
 
     async def Telemetry(self, request_iterator, context):
@@ -392,7 +423,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if any(m.system_properties.message_type == pb.TRANSACTION for m in messages):
             raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
         try:  # one group commit for the whole request
-            results = await self.committer.send([self._outgoing(m) for m in messages])
+            decode, cfg, now = convert.outgoing_from_pb, self.config, self.clock.wall_ms()
+            body_max, delay_max = cfg.max_body_bytes, cfg.timer_max_delay_ms  # (once per request)
+            results = await self.committer.send([decode(m, body_max, now, delay_max) for m in messages])
         except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):
             # The broker refuses a batch with one bad message as a whole. Send them one by one
             # instead, so each gets its own answer (the committer still groups the fsyncs).
@@ -497,6 +530,46 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 self._release(group, topic, popped)
         yield sv.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_pb(self.clock.wall_ms()))
 
+    async def ReceiveBatch(self, request, context) -> bytes:
+        """``chronoq.v1.Consume/ReceiveBatch``: what ReceiveMessage streams, as one unary answer
+        (``wire.receive_batch``), for ``chronoq.client``. Same request, validation and statuses.
+
+        Streaming costs gRPC Python tens of microseconds of CPU per message; this answer costs
+        about one unary call per batch. The client cannot take part of it, so nothing is released
+        early: an answer the client never reads becomes visible again after its invisible time.
+        """
+        return wire.receive_batch(await self._receive_items(request, context, "ReceiveBatch"))
+
+    async def AckAndReceive(self, request, context) -> bytes:
+        """``chronoq.v1.Consume/AckAndReceive``: AckMessage, then (if every entry was acked)
+        ReceiveBatch, in one call (``wire.ack_and_receive_response``): a consumer that acks
+        each batch as it asks for the next pays one call per batch instead of two."""
+        try:
+            acked, ack = self._ack(request.ack, entries=False)
+        except Exception as exc:  # noqa: BLE001 - the boundary, as in AckMessage
+            acked, ack = False, sv.AckMessageResponse(status=_status_of(exc, "AckMessage")).SerializeToString()
+        items = await self._receive_items(request.receive, context, "AckAndReceive") if acked else ()
+        return wire.ack_and_receive_response(ack, items)
+
+    async def _receive_items(self, request, context, what: str) -> list[bytes]:
+        """ReceiveMessage's stream as serialized responses: status, messages, delivery timestamp."""
+        popped = ()
+        try:
+            group, topic, popped = await self._receive(request, context)
+            if not popped:
+                return [self._receive_empty_bytes]
+            namespace = request.message_queue.topic.resource_namespace
+            encode, host = convert.message_bytes, self._store_host_field
+            items = [self._receive_ok_bytes]
+            items += [encode(p, topic, namespace, host) for p in popped]  # by hand: no protobuf objects
+            items.append(sv.ReceiveMessageResponse(
+                delivery_timestamp=convert.timestamp_pb(self.clock.wall_ms())).SerializeToString())
+            return items
+        except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
+            if popped:
+                self._release(group, topic, popped)
+            return [sv.ReceiveMessageResponse(status=_status_of(exc, what)).SerializeToString()]
+
     def _release(self, group: str, topic: str, popped) -> None:
         for p in popped:
             try:
@@ -520,10 +593,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if batch <= 0:
             raise errors.ClientError(f"batch_size must be positive, not {batch}")
         batch = min(batch, RECEIVE_BATCH_MAX)
+        auto_renew = request.auto_renew
         if request.HasField("invisible_duration"):  # its range is the POP service's rule
             invisible_ms = convert.duration_ms(request.invisible_duration)
-        else:
-            invisible_ms = PUSH_INVISIBLE_MS if request.auto_renew else DEFAULT_INVISIBLE_MS
+        else:  # auto-renew: the POP service's slice (push_invisible_ms)
+            invisible_ms = None if auto_renew else DEFAULT_INVISIBLE_MS
         wait_s = (convert.duration_ms(request.long_polling_timeout) / 1000
                   if request.HasField("long_polling_timeout") else LONG_POLL_DEFAULT_S)
         wait_s = min(wait_s, LONG_POLL_MAX_S)
@@ -539,7 +613,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         while True:
             event = waker.current()  # taken before trying, so no arrival is missed
             popped = pop.receive(group, topic, max_messages=batch, invisible_ms=invisible_ms,
-                                 tag_filter=tag_filter, attempt_id=attempt_id, client_id=client_id)
+                                 tag_filter=tag_filter, attempt_id=attempt_id, client_id=client_id,
+                                 auto_renew=auto_renew)
             if popped:
                 break
             left = deadline - loop.time()
@@ -559,6 +634,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @_boundary(sv.AckMessageResponse, "AckMessage")
     async def AckMessage(self, request, context):
+        _acked, answer = self._ack(request)
+        return sv.AckMessageResponse.FromString(answer)  # parsed back in C (the encoding is by hand)
+
+    def _ack(self, request, *, entries: bool = True) -> tuple[bool, bytes]:
+        """(every entry acked, the serialized ``AckMessageResponse``); raises for a bad request.
+        Without ``entries`` a response where all succeeded carries the status alone."""
         group = convert.group_name(request.group)
         topic = convert.topic_name(request.topic)
         pop = self.pop
@@ -579,11 +660,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             done.append((entry.message_id, handle, st))
         if self.pop.group(group).fifo:
             self._waker.wake_soon()  # the next message of the FIFO queue may go out now
-        if top is self._ok:  # all acked: encoded by hand (chronoq.wire), parsed back in C
-            return sv.AckMessageResponse.FromString(wire.ack_response_ok([(m, h) for m, h, _ in done]))
+        if top is self._ok:  # all acked: encoded by hand (chronoq.wire)
+            return True, wire.ack_response_ok([(m, h) for m, h, _ in done] if entries else ())
         ok = self._ok
-        return sv.AckMessageResponse(status=top, entries=[
-            sv.AckMessageResultEntry(message_id=m, receipt_handle=h, status=st or ok) for m, h, st in done])
+        return False, sv.AckMessageResponse(status=top, entries=[
+            sv.AckMessageResultEntry(message_id=m, receipt_handle=h, status=st or ok)
+            for m, h, st in done]).SerializeToString()
 
     async def ChangeInvisibleDuration(self, request, context):
         try:
@@ -654,7 +736,8 @@ class GrpcFrontEnd:
         broker = self.runtime.broker
         assert broker is not None and self.runtime.committer is not None, "open the broker first"
         gate, tls = auth.build_gate(cfg), auth.server_credentials(cfg)  # access control, limits, TLS
-        self.pop = PopService(broker)
+        self.pop = PopService(broker, push_invisible_ms=cfg.push_invisible_ms,
+                              auto_renew_max_ms=cfg.auto_renew_max_ms)
         try:
             apply_group_config(self.pop, cfg.extra.get("groups", {}))
         except Exception:
@@ -670,6 +753,13 @@ class GrpcFrontEnd:
             ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
         ])
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CONSUME_SERVICE, {
+            # Both answer bytes (chronoq.wire); no .proto declares them.
+            "ReceiveBatch": grpc.unary_unary_rpc_method_handler(
+                self.service.ReceiveBatch, request_deserializer=sv.ReceiveMessageRequest.FromString),
+            "AckAndReceive": grpc.unary_unary_rpc_method_handler(
+                self.service.AckAndReceive, request_deserializer=AckAndReceiveRequest.parse),
+        }),))
         admin.add_to_server(server, broker, self.pop)
         host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
         self.bound = f"{host}:{cfg.port}"

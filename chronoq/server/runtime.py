@@ -35,6 +35,7 @@ class Runtime:
         self.say = say
         self.broker: Broker | None = None
         self.committer: GroupCommitter | None = None
+        self.metrics = None  # chronoq.metrics.BrokerMetrics, once the broker is open
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
@@ -48,7 +49,19 @@ class Runtime:
         self.broker = Broker(self.config, progress=progress)
         self.say(f"chronoq data directory: {self.config.data_dir}")
         self.say(f"recovery: {self.broker.recovery.summary()}")
+        from chronoq.metrics import BrokerMetrics
+
+        self.metrics = BrokerMetrics(self.broker, pop=lambda: self.pop)
         return self.broker
+
+    @property
+    def pop(self):
+        """The gRPC front end's ``PopService`` (None before it started or when there is none)."""
+        for front_end in self.front_ends:
+            pop = getattr(front_end, "pop", None)
+            if pop is not None:
+                return pop
+        return None
 
     async def _periodic(self) -> None:
         assert self.broker is not None
@@ -79,38 +92,63 @@ class Runtime:
                 log.exception("periodic maintenance failed")
 
     async def _timer_loop(self) -> None:
-        """Deliver due timers: sleep until the timer's next deadline or an earlier wake-up."""
+        """Deliver due timers: sleep until the timer's next deadline or an earlier wake-up.
+
+        Writing due copies never waits for an fsync: the copies are written (page cache) at their
+        due time, here, and a separate flusher task fsyncs the commit log on a worker thread and
+        then publishes and completes them. Copies that fall due while an fsync runs are written
+        on time and join the next one (group commit), so a slow fsync delays when they become
+        visible, never when they are written, and the tick after it is not a backlog.
+        """
         assert self.broker is not None
         broker = self.broker
         wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         broker.timer.add_wakeup_listener(lambda: loop.call_soon_threadsafe(wake.set))
+        flusher: asyncio.Task | None = None
         failures = 0
-        while not self._stop.is_set():
-            wake.clear()  # before the tick: a deadline added during it ends the next wait at once
-            try:
-                # Copies are written here; their fsync runs on a worker thread, so sends,
-                # receives and acks go on meanwhile, then they are published and completed.
-                broker.timer_tick(durable=False)
-                if broker.timer.durability_wanted():
-                    await _run_in_thread(broker.store.sync, broker.timer_synced, broker.timer_sync_failed)
+        try:
+            while not self._stop.is_set():
+                wake.clear()  # before the tick: a deadline added during it ends the next wait at once
+                try:
+                    broker.timer_tick(durable=False)
+                    if (flusher is None or flusher.done()) and broker.timer.durability_wanted():
+                        flusher = loop.create_task(self._timer_flush(wake), name="chronoq-timer-fsync")
+                    deadline_ms = broker.timer_next_deadline_ms()
                     failures = 0
-                    continue  # look again at once: more may have fallen due during the fsync
-                deadline_ms = broker.timer_next_deadline_ms()
-                failures = 0
-            except Exception:  # retry with back-off; the timer itself blocks a failing lane
-                if failures % 100 == 0:
-                    log.exception("timer tick failed (%d in a row)", failures + 1)
-                failures += 1
-                deadline_ms = broker.clock.wall_ms() + min(1000, 10 * failures)
-            delay = TIMER_IDLE_S if deadline_ms is None else (deadline_ms - broker.clock.wall_ms()) / 1000
-            if delay <= 0:
-                await asyncio.sleep(0)  # more is due now: yield to the other tasks, then go on
-                continue
-            try:
-                await asyncio.wait_for(wake.wait(), min(delay, TIMER_IDLE_S))
-            except asyncio.TimeoutError:
-                pass
+                except Exception:  # retry with back-off; the timer itself blocks a failing lane
+                    if failures % 100 == 0:
+                        log.exception("timer tick failed (%d in a row)", failures + 1)
+                    failures += 1
+                    deadline_ms = broker.clock.wall_ms() + min(1000, 10 * failures)
+                delay = TIMER_IDLE_S if deadline_ms is None else (deadline_ms - broker.clock.wall_ms()) / 1000
+                if delay <= 0:
+                    await asyncio.sleep(0)  # more is due now: yield to the other tasks, then go on
+                    continue
+                try:
+                    await asyncio.wait_for(wake.wait(), min(delay, TIMER_IDLE_S))
+                except asyncio.TimeoutError:
+                    pass
+        finally:  # the broker closes next: no fsync thread may still be running
+            if flusher is not None and not flusher.done():
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+
+    async def _timer_flush(self, wake: asyncio.Event) -> None:
+        """fsync the commit log for the timer's written copies until none waits, completing them
+        after each fsync (``timer_synced``); wakes the timer loop after each, since completions
+        free room in full lanes (a full lane offers no deadline: it waits for this)."""
+        broker = self.broker
+        assert broker is not None
+        try:
+            while broker.timer.durability_wanted():
+                await _run_in_thread(broker.store.sync, broker.timer_synced, broker.timer_sync_failed)
+                wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged; the timer loop starts a new flusher at its next tick
+            log.exception("completing timer deliveries after an fsync failed")
+            wake.set()
 
     def request_stop(self) -> None:
         self._stop.set()

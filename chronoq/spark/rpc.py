@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -146,6 +147,37 @@ class AdminRpc:
     def stage(self, sink_id: str, batch_id: int, stage_id: str, seq: int, topic: str, rows: apb.RowColumns) -> int:
         return self._call("Stage", apb.StageRequest(sink_id=sink_id, batch_id=batch_id, stage_id=stage_id, seq=seq,
                                                     topic=topic, rows=rows)).rows
+
+    def stage_async(self, sink_id: str, batch_id: int, stage_id: str, seq: int, topic: str,
+                    rows: apb.RowColumns) -> Callable[[], int]:
+        """Send a ``Stage`` call without waiting for it; the returned function waits for its answer
+        (the row count). A writer converts its next chunk while the broker stages this one. Any
+        failure of the call sends it again through ``_call`` (failover, errors): ``Stage`` is
+        idempotent per (stage id, seq), so a chunk staged twice is kept once."""
+        request = apb.StageRequest(sink_id=sink_id, batch_id=batch_id, stage_id=stage_id, seq=seq, topic=topic,
+                                   rows=rows)
+        future = None
+        try:
+            if self._stub is None:
+                self._channel = self._open(self.endpoints[self._index])
+                self._stub = apb_grpc.AdminStub(self._channel)
+            future = self._stub.Stage.future(request, timeout=self.timeout_s, metadata=self._metadata())
+        except grpc.RpcError:
+            pass
+
+        def result() -> int:
+            if future is not None:
+                try:
+                    resp = future.result()
+                except grpc.RpcError:
+                    pass
+                else:
+                    if resp.status.code != OK:
+                        raise BrokerError(resp.status.code, f"Stage: {resp.status.message}")
+                    return resp.rows
+            return self._call("Stage", request).rows
+
+        return result
 
     def publish(self, sink_id: str, batch_id: int, stages: list[tuple[str, int, int]]):
         return self._call("Publish", apb.PublishRequest(sink_id=sink_id, batch_id=batch_id, stages=[

@@ -268,10 +268,18 @@ def _stage(settings: Settings, sink_id: str, batch_id: int, batches) -> StageCom
     stage_id = uuid.uuid4().hex
     chunks = rows = 0
     with settings.client() as client:
+        # The next chunk is read from Spark, converted and sent while the broker stages this one;
+        # at most two calls are outstanding (each answer is awaited before a third is sent).
+        waiting = None
         for batch in batches:
             for piece in rpc.split_batch(batch, STAGE_ROWS, STAGE_BYTES):
-                rows += client.stage(sink_id, batch_id, stage_id, chunks, settings.topic, rpc.batch_to_rows(piece))
+                call = client.stage_async(sink_id, batch_id, stage_id, chunks, settings.topic, rpc.batch_to_rows(piece))
                 chunks += 1
+                if waiting is not None:
+                    rows += waiting()
+                waiting = call
+        if waiting is not None:
+            rows += waiting()
     return StageCommit(stage_id, chunks, rows)
 
 

@@ -29,6 +29,28 @@ SEGMENT_SUFFIX = ".log"
 SEGMENT_NAME_DIGITS = 20
 LOST_FILE = "lost.json"
 PREALLOCATE_BYTES = 32 * 1024 * 1024
+# Upper bounds (ns, inclusive) of the fsync latency histogram (chronoq.metrics); one more bucket
+# holds everything above. 100 µs (NVMe) to 10 s (a struggling disk).
+FSYNC_BOUNDS_NS = tuple(int(ms * 1_000_000) for ms in (
+    0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000))
+
+
+class SyncTimes:
+    """Latency of each commit-log fsync: counts per bucket of ``FSYNC_BOUNDS_NS``. Updated under
+    the log's sync lock (fsyncs run on a worker thread), read by a metrics scrape."""
+
+    __slots__ = ("counts", "count", "sum_ns")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(FSYNC_BOUNDS_NS) + 1)
+        self.count = 0
+        self.sum_ns = 0
+
+    def record(self, elapsed_ns: int) -> None:
+        elapsed_ns = max(0, elapsed_ns)
+        self.counts[bisect.bisect_left(FSYNC_BOUNDS_NS, elapsed_ns)] += 1
+        self.count += 1
+        self.sum_ns += elapsed_ns
 
 
 def segment_name(base: int) -> str:
@@ -55,8 +77,14 @@ class LostRange:
 
 
 class CommitLog:
-    def __init__(self, directory: str, segment_bytes: int):
+    def __init__(self, directory: str, segment_bytes: int, monotonic_ns=None):
         assert segment_bytes >= 4096, "segments smaller than 4 KiB make no sense"
+        if monotonic_ns is None:
+            from chronoq.clock import SYSTEM_CLOCK
+
+            monotonic_ns = SYSTEM_CLOCK.monotonic_ns
+        self._monotonic_ns = monotonic_ns  # times fsyncs (``sync_times``)
+        self.sync_times = SyncTimes()
         self.directory = directory
         self.segment_bytes = segment_bytes
         os.makedirs(directory, exist_ok=True)
@@ -209,10 +237,12 @@ class CommitLog:
             target = self.written
             fd = self._active_fd
             if target > self.synced:
+                began_ns = self._monotonic_ns()
                 try:
                     os.fsync(fd)
                 except OSError as exc:
                     raise fsutil.storage_error(exc, self.directory) from exc
+                self.sync_times.record(self._monotonic_ns() - began_ns)
                 self.synced = max(self.synced, target)
             return self.synced
 

@@ -98,7 +98,8 @@ class Store:
         self.clock = clock or SYSTEM_CLOCK
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
-        self.log = CommitLog(os.path.join(data_dir, "commitlog"), self.options.segment_bytes)
+        self.log = CommitLog(os.path.join(data_dir, "commitlog"), self.options.segment_bytes,
+                             self.clock.monotonic_ns)
         self.cq_dir = os.path.join(data_dir, "consumequeue")
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._next_qoff: dict[tuple[str, int], int] = {}
@@ -296,6 +297,7 @@ class Store:
         if not meta:
             return []
         out: list[Written] = []
+        add_out, new_tuple = out.append, tuple.__new__
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         delayed_records: list[tuple[int, int, int]] = []
         i = 0
@@ -310,7 +312,8 @@ class Store:
                 pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
                 for k in range(i, j):
                     key, qoff, length, tag_hash, time_ms = meta[k]
-                    out.append(Written(pos, qoff, length))
+                    # tuple.__new__: a NamedTuple's own __new__ is a Python-level call, per message.
+                    add_out(new_tuple(Written, (pos, qoff, length)))
                     if key is None:
                         delayed_records.append((pos, length, time_ms))
                         pos += length

@@ -61,7 +61,8 @@ class Bucket:
     def begin_load(self, file_entries: bytes) -> None:
         """Start loading from the file's entries (without header); unflushed entries follow them."""
         assert self.state == UNLOADED and self.data is None
-        self.data = bytearray(file_entries)
+        # A bytearray (``schedfiles.BucketReader``) is taken over, not copied: it can be ~70 MB.
+        self.data = file_entries if type(file_entries) is bytearray else bytearray(file_entries)
         self.data += self.buffer
         self.parse_pos = 0
         self.state = LOADING

@@ -60,6 +60,8 @@ class Lane:
         self.skipped = 0
         self.failed_total = 0
         self.times_blocked = 0
+        # Times the pending queue filled up, so scanning for due messages paused (flow control).
+        self.times_full = 0
 
     def room(self, now_ms: int) -> int:
         """How many more deliveries may be claimed now (0 while backing off or blocked)."""
@@ -71,6 +73,8 @@ class Lane:
         assert len(self.pending) < self.pending_max, "claim beyond room()"
         d = Delivery(ref, due_ms, prepared)
         self.pending.append(d)
+        if len(self.pending) == self.pending_max:
+            self.times_full += 1
         return d
 
     def to_write(self, now_ms: int) -> list[Delivery]:
@@ -133,4 +137,4 @@ class Lane:
         return {"pending": len(self.pending), "pending_max": self.pending_max, "failures": self.failures,
                 "blocked": self.blocked, "retry_at_ms": self.retry_at_ms or None, "last_error": self.last_error,
                 "delivered": self.delivered, "skipped": self.skipped, "failed_total": self.failed_total,
-                "times_blocked": self.times_blocked}
+                "times_blocked": self.times_blocked, "times_full": self.times_full}

@@ -48,6 +48,7 @@ from __future__ import annotations
 import bisect
 import enum
 import heapq
+import itertools
 import logging
 import os
 from collections import deque
@@ -62,9 +63,9 @@ from chronoq.store.store import Prepared, Store
 from chronoq.timer import copies, deliverytime, schedlog
 from chronoq.timer import handle as handles
 from chronoq.timer.buckets import LOADED, LOADING, UNLOADED, Bucket, count_pending, lookup
-from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
+from chronoq.timer.lanes import CLAIMED, SKIP, WRITTEN, Delivery, Lane
 from chronoq.timer.levels import DELAY_TOPIC, DelayLevels
-from chronoq.timer.schedfiles import ScheduleFiles
+from chronoq.timer.schedfiles import BucketReader, ScheduleFiles
 from chronoq.timer.schedlog import CANCELLED, DISPATCHED, MESSAGE, MOVED, Damage
 from chronoq.timer.stats import LatenessHistogram
 from chronoq.timer.wheel import TimingWheel
@@ -83,6 +84,11 @@ FLUSH_FILES_PER_TICK = 64
 FLUSH_TICK_MIN_BYTES = 256 * 1024
 FLUSH_FILES_PER_MAINTENANCE = 512
 LEVEL_READ_MAX = 512
+# Bytes of a bucket file read per tick while loading it ahead (a memory copy of a few ms; a
+# minute at 5,000 timers/s is ~70 MB, which read at once held due deliveries for 100s of ms).
+LOAD_READ_BYTES = 4 * 1024 * 1024
+CATCH_UP_RUN = 4096  # delayed records absorbed together at start-up
+WHEEL_FILL_PER_TICK = 4000  # loaded messages put into the wheel per tick (a few ms)
 STATS_BUCKETS_MAX = 10_080  # a week of one-minute buckets
 _CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
 _DELAY_TOPIC = DELAY_TOPIC.encode()
@@ -181,6 +187,10 @@ class TimerService:
         self._heap: list[int] = []  # starts of buckets waiting on disk (UNLOADED)
         self._in_heap: set[int] = set()
         self._loading: deque[Bucket] = deque()
+        self._readers: dict[int, BucketReader] = {}  # buckets of _loading whose file is being read
+        # Loaded buckets whose pending messages are still being put into the wheel: (bucket,
+        # [(ident, due)], next index). See ``_fill_wheel``.
+        self._wheel_fill: deque[tuple[Bucket, list[tuple[int, int]], int]] = deque()
         self._loaded: list[int] = []  # starts of LOADING/LOADED buckets, sorted
         self._loaded_horizon = -1  # every bucket starting at or below this is LOADING/LOADED
         self._index: dict[int, Bucket] = {}  # ident -> bucket, for entries in the wheel
@@ -202,6 +212,7 @@ class TimerService:
         self.cursor = 0
         self._last_checkpoint_ms = 0
         self.histogram = LatenessHistogram()
+        self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (buffer length, pending)
         # chronoq.trace hook: called once per tick with the deliveries made visible (or None).
         self.on_visible: Callable[[list[Delivery], int], None] | None = None
         self.damage: list[Damage] = self.files.damage
@@ -211,6 +222,7 @@ class TimerService:
         self.buckets_finished = 0
         self._wakeups: list[Callable[[], None]] = []
         self._reported_deadline: int | None = None
+        self._caller_syncs = False  # the last tick was ``durable=False`` (see ``tick``)
         self.closed = False
         self._read_checkpoint()
         self._scan_dir()
@@ -274,12 +286,25 @@ class TimerService:
     def _catch_up(self) -> None:
         """Replay the commit log after the cursor: absorb delayed records, re-mark delivered copies."""
         count = 0
+        # Runs of delayed records go through the bulk path (``_absorb_run``), a run ending at
+        # each delivered copy so entries keep commit-log order (a restart replays ~10 s of sends).
+        raws: list[bytes] = []
+        records: list[tuple[int, int, int]] = []
         for offset, header, raw in self.store.scan(self.cursor):
             if header.flags & record.FLAG_DELAYED:
-                self._absorb_record(offset, raw)
+                raws.append(raw)
+                records.append((offset, len(raw), 0))
                 count += 1
+                if len(records) >= CATCH_UP_RUN:
+                    self._absorb_run(b"".join(raws), records)
+                    raws, records = [], []
             elif (copies.REF_MARKERS[0] in raw or copies.REF_MARKERS[1] in raw) and header.topic != DELAY_TOPIC:
+                if records:
+                    self._absorb_run(b"".join(raws), records)
+                    raws, records = [], []
                 count += self._apply_ref(offset, raw)
+        if records:
+            self._absorb_run(b"".join(raws), records)
         self.caught_up = count
         for lane in self.level_lanes:
             lane.scan_offset = lane.offset
@@ -359,15 +384,27 @@ class TimerService:
                 end += queue[count][1]
                 count += 1
             blob = self.store.log.read(first, end - first)
-            pos = 0
-            for i in range(count):
-                offset, size, _due = queue[i]
-                self._absorb_record(offset, blob[pos:pos + size])
-                pos += size
+            self._absorb_run(blob, list(itertools.islice(queue, count)))
             # Only now: a failure above leaves the run queued (absorbing again is idempotent), so
             # the cursor never passes a record that was not absorbed.
             for _ in range(count):
                 queue.popleft()
+
+    def _absorb_run(self, blob: bytes, records: list[tuple[int, int, int]]) -> None:
+        """Absorb ``records`` (``(offset, size, due)``), held back to back in ``blob``.
+
+        Plain timer messages, the bulk of a delayed publish, are encoded together and appended
+        with one call per bucket (``schedlog.encode_messages``). A run that may hold a recall or a
+        move (their markers appear somewhere in it) goes one record at a time, in order.
+        """
+        if _CONTROL_TOPIC in blob or _MOVED_MARKERS[0] in blob or _MOVED_MARKERS[1] in blob:
+            pos = 0
+            for offset, size, _due in records:
+                self._absorb_record(offset, blob[pos:pos + size])
+                pos += size
+            return
+        for start, entries in schedlog.encode_messages(blob, records, self.width).items():
+            self._append(start, b"".join(entries))
 
     def _absorb_record(self, offset: int, raw: bytes) -> None:
         flags, _qid, deliver_at, topic, _mid = copies.header_fields(raw)
@@ -379,7 +416,7 @@ class TimerService:
         # The bucket must be the same every time the record is absorbed (a replay after a crash
         # included), because recall records name it: the due time's bucket, or for a record that
         # was already due when stored (a reschedule into the past), the bucket of its store time.
-        start = schedlog.bucket_start(max(deliver_at, copies.stored_ms(raw)), self.width)
+        start = schedlog.bucket_of_record(copies.stored_ms(raw), deliver_at, self.width)
         self._append(start, schedlog.encode_entry(MESSAGE, offset, deliver_at, 0, raw))
 
     def _apply_control(self, offset: int, raw: bytes, due_ms: int) -> None:
@@ -472,14 +509,42 @@ class TimerService:
         budget = self.opts.load_batch
         while self._loading and budget > 0:
             b = self._loading[0]
+            reader = self._readers.get(b.start)
+            if reader is not None:  # its file is still being read, LOAD_READ_BYTES per tick
+                if not reader.step(LOAD_READ_BYTES):
+                    return
+                data = reader.finish()  # then begin_load at once: no flush between (BucketReader)
+                del self._readers[b.start]
+                b.begin_load(data)
             _added, _removed, n = b.parse(budget, self.damage)
             budget -= max(n, 1)
             if b.parsed:
                 self._loading.popleft()
-                self._to_wheel(b, b.finish_load())
+                self._wheel_fill.append((b, b.finish_load(), 0))
+        self._fill_wheel(WHEEL_FILL_PER_TICK)
+
+    def _fill_wheel(self, budget: int) -> None:
+        """Put loaded buckets' pending messages into the wheel, ``budget`` per tick (a loaded
+        minute can hold 300,000). The bucket is LOADED meanwhile: a message recalled or claimed
+        before its turn has left ``pending`` and is skipped here."""
+        while self._wheel_fill and budget > 0:
+            b, entries, pos = self._wheel_fill[0]
+            end = min(len(entries), pos + budget)
+            pending = b.pending
+            self._to_wheel(b, [e for e in entries[pos:end] if e[0] in pending])
+            budget -= end - pos
+            if end >= len(entries):
+                self._wheel_fill.popleft()
+            else:
+                self._wheel_fill[0] = (b, entries, end)
 
     def _finish_loading(self, b: Bucket) -> None:
         """Parse the rest of a LOADING bucket now (a recall needs its exact state)."""
+        reader = self._readers.get(b.start)
+        if reader is not None:
+            data = reader.finish()
+            del self._readers[b.start]
+            b.begin_load(data)
         b.parse(1 << 62, self.damage)
         self._loading.remove(b)
         self._to_wheel(b, b.finish_load())
@@ -490,9 +555,14 @@ class TimerService:
             if not os.path.exists(self._path(start)):
                 return  # finished and deleted meanwhile
             b = self.buckets[start] = Bucket(start, self._path(start))
-        elif b.state != UNLOADED:
+        elif b.state != UNLOADED or start in self._readers:
             return
-        b.begin_load(self.files.entries(start))
+        if os.path.exists(self._path(start)):
+            # The file is read over the next ticks (``_load_step``); until then the bucket stays
+            # UNLOADED (its new entries only buffered; a recall looks in its file and buffer).
+            self._readers[start] = BucketReader(self.files, start)
+        else:  # only buffered entries so far
+            b.begin_load(b"")
         bisect.insort(self._loaded, start)
         self._loading.append(b)
 
@@ -521,7 +591,8 @@ class TimerService:
                 continue
             self._buffered -= len(b.buffer)
             b.buffer = bytearray()
-            if b.state == UNLOADED:  # far future: keep nothing in memory (it is on the heap)
+            self._horizon_cache.pop(start, None)  # its file grew (pending_by_horizon)
+            if b.state == UNLOADED and start not in self._readers:  # far future: keep nothing in memory
                 del self.buckets[start]
 
     # ================================================================= ticking
@@ -548,6 +619,9 @@ class TimerService:
         if self.closed:
             raise errors.ClosedError("the timer is closed")
         now = self._now(now_ms)
+        # Remembered for ``next_deadline_ms``: with the caller doing the fsyncs, what waits for
+        # one is the caller's work (``durability_wanted``), not a reason to tick again.
+        self._caller_syncs = not durable
         if durable and self._unabsorbed and now >= self._absorb_retry_at_ms:
             self._sync_for_absorb(now)
         # Due work first: a tick that also loads a bucket ahead (parsing up to load_batch
@@ -814,6 +888,7 @@ class TimerService:
         self._buffered -= len(b.buffer)
         self._buffered_starts.discard(b.start)
         self._ckpt_pending.discard(b.start)  # its entries are no longer needed
+        self._horizon_cache.pop(b.start, None)
         del self.buckets[b.start]
         self._loaded.remove(b.start)
         self.buckets_finished += 1
@@ -822,13 +897,15 @@ class TimerService:
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has work (epoch ms; may be <= now), or None when nothing waits."""
         now = self._now()
-        if self._loading or (self._unabsorbed and now >= self._absorb_retry_at_ms):
+        absorb_now = self._unabsorbed and now >= self._absorb_retry_at_ms
+        if self._loading or self._wheel_fill or (absorb_now and not self._caller_syncs):
             return self._remember(now)
-        cands: list[int] = [self._absorb_retry_at_ms] if self._unabsorbed else []
+        cands: list[int] = [self._absorb_retry_at_ms] if self._unabsorbed and not absorb_now else []
+        durable_upto = self._durable_upto()
         lane = self.timer_lane
         if lane.pending and lane.retry_at_ms:
             cands.append(lane.retry_at_ms)
-        else:
+        elif self._lane_waits(lane, now, durable_upto, cands):
             nxt = self.wheel.next_deadline()
             if nxt is not None:
                 cands.append(nxt)
@@ -836,7 +913,7 @@ class TimerService:
             if level_lane.pending and level_lane.retry_at_ms:
                 cands.append(level_lane.retry_at_ms)
                 continue
-            if self._level_idle(level_lane):
+            if self._level_idle(level_lane) or not self._lane_waits(level_lane, now, durable_upto, cands):
                 continue
             head = level_lane.head_due if level_lane.head_due is not None else self._peek_level(level_lane)
             if head is not None:
@@ -848,6 +925,19 @@ class TimerService:
             if b.state == LOADED and not b.pending and not b.claimed:
                 cands.append(b.start + self.width)
         return self._remember(min(cands) if cands else None)
+
+    @staticmethod
+    def _lane_waits(lane: Lane, now: int, durable_upto: int, cands: list[int]) -> bool:
+        """Whether a lane's next due message is a deadline: not while the lane is full (flow
+        control: only completions free room; the caller doing the fsyncs ticks after each).
+        A lane whose oldest delivery can complete now (made durable and visible by someone
+        else's fsync, e.g. the send path's group commit) wants a tick now."""
+        pending = lane.pending
+        if pending:
+            head = pending[0]
+            if head.state == SKIP or (head.state == WRITTEN and head.end <= durable_upto):
+                cands.append(now)
+        return len(pending) < lane.pending_max
 
     def _remember(self, deadline: int | None) -> int | None:
         self._reported_deadline = deadline
@@ -1115,6 +1205,8 @@ class TimerService:
         if self.closed:
             return
         self.checkpoint(clean=True)
+        for reader in self._readers.values():
+            reader.close()
         self.files.close()
         self.closed = True
 
@@ -1125,7 +1217,7 @@ class TimerService:
         first = schedlog.bucket_start(now, self.width)
         count = min(max(horizon_ms, 0) // self.width + 1, STATS_BUCKETS_MAX)
         due_by_bucket = [{"start_ms": first + i * self.width, "end_ms": first + (i + 1) * self.width,
-                          "pending": self._pending_in(first + i * self.width)} for i in range(count)]
+                          "pending": self._pending_cached(first + i * self.width)} for i in range(count)]
         overdue = sum(len(self.buckets[s].pending) + len(self.buckets[s].claimed) for s in self._loaded if s < first)
         levels = []
         for lane in self.level_lanes:
@@ -1146,6 +1238,62 @@ class TimerService:
             "buffered_bytes": self._buffered, "records_replayed_at_start": self.caught_up, "lost": self.lost,
             "damage": [vars(d) for d in self.damage], "notes": list(self.notes),
         }
+
+    def pending_by_horizon(self, horizons_ms: tuple[int, ...]) -> list[int]:
+        """Pending delayed messages due within each horizon from now (cumulative; overdue ones
+        count in every horizon), timer messages and delay-level messages together. For metrics.
+
+        Unloaded buckets are counted from their files once and cached: a file changes only in
+        ``_flush_starts``, which drops its entry, and entries not yet written are keyed by the
+        buffer's length, so a scrape re-reads only buckets that changed. Level queues are in due
+        order, so each horizon is a binary search over the queue.
+        """
+        assert list(horizons_ms) == sorted(horizons_ms) and all(h >= 0 for h in horizons_ms)
+        now = self._now()
+        # by_first[i]: messages whose bucket is first inside horizon i (the last slot: none).
+        by_first = [0] * (len(horizons_ms) + 1)
+        cache, buckets, count = self._horizon_cache, self.buckets, self._pending_cached
+        where = bisect.bisect_left
+        live = self._in_heap | buckets.keys()
+        for start in live:
+            # A bucket's messages are due inside [start, start + width): count them at its start
+            # (overdue: start - now < 0, inside every horizon).
+            by_first[where(horizons_ms, start - now)] += count(start)
+        for gone in cache.keys() - live:  # finished buckets (C-level set difference)
+            del cache[gone]
+        out = list(itertools.accumulate(by_first[:-1]))
+        for lane in self.level_lanes:
+            lo, hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+            first = max(lane.offset, lo)
+            for i, horizon in enumerate(horizons_ms):
+                out[i] += self._level_due_before(lane, first, hi, now + horizon) - first
+        return out
+
+    def _level_due_before(self, lane: LevelLane, lo: int, hi: int, limit_ms: int) -> int:
+        """First queue offset in [lo, hi) of ``lane`` due after ``limit_ms`` (hi if none): its
+        entries are in arrival order, so in due order (stored time + the level's delay)."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = self.store.entries(DELAY_TOPIC, lane.queue_id, mid, 1)
+            if entry and entry[0][3] + lane.delay_ms > limit_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _pending_cached(self, start: int) -> int:
+        """``_pending_in``, with the count of an unloaded bucket kept until its file is written
+        (``_flush_starts`` drops it) or its buffer grows."""
+        b = self.buckets.get(start)
+        if b is not None and b.state == LOADED:
+            return len(b.pending) + len(b.claimed)
+        if b is None and start not in self._in_heap:
+            return 0
+        key = len(b.buffer) if b is not None else 0
+        hit = self._horizon_cache.get(start)
+        if hit is None or hit[0] != key:
+            hit = self._horizon_cache[start] = (key, self._pending_in(start))
+        return hit[1]
 
     def _pending_in(self, start: int) -> int:
         b = self.buckets.get(start)

@@ -13,6 +13,7 @@ server.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READY_LINE = "chronoq is ready"
+HTTP_ANNOUNCED = re.compile(r"HTTP on (http://\S+:(\d+)/)")  # in the ready line (chronoq.server.http)
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 
@@ -58,8 +60,13 @@ class ChronoqProcess:
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.lines: list[str] = []
+        # The HTTP listener (/metrics, console) takes any free port unless the test chose one;
+        # the broker announces it, and ``http_port``/``http_url`` are read from that line.
+        self.http_port: int | None = None
+        self.http_url: str | None = None
+        http_args = () if "--http-port" in extra_args else ("--http-port", "0")
         args = [sys.executable, "-m", "chronoq", "serve", "--data-dir", data_dir,
-                "--port", str(self.port), "--host", "127.0.0.1", *extra_args]
+                "--port", str(self.port), "--host", "127.0.0.1", *http_args, *extra_args]
         if config_text:
             path = os.path.join(os.path.dirname(data_dir), os.path.basename(data_dir) + ".toml")
             with open(path, "w") as fh:
@@ -78,6 +85,10 @@ class ChronoqProcess:
         if not any(READY_LINE in line for line in self.lines):
             self.stop(check=False)
             raise RuntimeError(f"chronoq did not become ready in {READY_TIMEOUT_S} s:\n{self.output()}")
+        ready = next(line for line in self.lines if READY_LINE in line)
+        announced = HTTP_ANNOUNCED.search(ready)
+        if announced:  # "http://127.0.0.1:PORT/" (no match: the listener is off)
+            self.http_url, self.http_port = announced.group(1), int(announced.group(2))
 
     def _read_stdout(self) -> None:
         for line in self.proc.stdout:  # drain until EOF so the pipe never fills

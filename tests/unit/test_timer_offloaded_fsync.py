@@ -135,3 +135,83 @@ def test_a_job_finishes_once_and_run_here_reraises_after_finishing():
     with pytest.raises(errors.StorageError):  # the others still run and finish
         run_all_here([Job("bad", boom, lambda exc: calls.append("bad")), ok])
     assert calls[-2:] == ["bad", None]
+
+
+def test_copies_falling_due_while_an_fsync_runs_are_written_at_once_and_join_the_next(tmp_path, clock):
+    """The runtime ticks on while its fsync thread runs: a later copy is written by the tick that
+    finds it due (its store time is that tick's), not after the fsync, and only the fsync that
+    covers it makes it visible."""
+    b = open_broker(tmp_path, clock)
+    for i in range(4):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=T0 + 1_000 + 10 * i)
+    clock.advance(1_000)
+    b.timer_tick(durable=False)  # m0 written
+    in_flight = b.store.sync()  # the worker thread's fsync, not handed back yet
+    clock.advance(30)
+    b.timer_tick(durable=False)  # m1..m3 fell due meanwhile
+    assert b.store.log.written > in_flight  # written without waiting for that fsync
+    assert visible(b) == [] and b.timer.timer_lane.delivered == 0
+    assert b.timer_synced(in_flight) == 1  # the fsync that ran covers m0 only
+    assert [m.body for m in visible(b)] == [b"m0"]
+    assert b.timer.durability_wanted()
+    assert b.timer_synced(b.store.sync()) == 3
+    stored = {m.body: m.stored_ms for m in visible(b)}
+    assert stored == {b"m0": T0 + 1_000, b"m1": T0 + 1_030, b"m2": T0 + 1_030, b"m3": T0 + 1_030}
+    assert b.timer.histogram.early == 0
+    b.close()
+
+
+def test_a_full_lane_offers_no_deadline_until_its_fsync_frees_room(tmp_path, clock):
+    """Flow control without a busy loop: while the lane is full nothing more can be claimed, so
+    the due time of the next message is not a deadline (the runtime ticks after each fsync)."""
+    b = open_broker(tmp_path, clock, timer_pending_max=3)
+    for i in range(5):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=T0 + 1_000 + i)
+    clock.advance(1_100)
+    b.timer_tick(durable=False)
+    lane = b.timer.timer_lane
+    assert len(lane.pending) == 3 and lane.room(clock.wall_ms()) == 0
+    deadline = b.timer_next_deadline_ms()
+    assert deadline is None or deadline > clock.wall_ms()
+    assert b.timer_synced(b.store.sync()) == 3
+    assert b.timer_next_deadline_ms() <= clock.wall_ms()  # room again: the rest is due now
+    b.timer_tick(durable=False)
+    assert b.timer_synced(b.store.sync()) == 2
+    assert sorted(m.body for m in visible(b)) == [f"m{i}".encode() for i in range(5)]
+    b.close()
+
+
+def test_copies_made_durable_by_another_fsync_are_completed_at_the_next_tick(tmp_path, clock):
+    """The send path's group commit may fsync and dispatch the timer's copies first: nothing is
+    left for the timer's own fsync, but the timer still ticks at once to complete them."""
+    b = open_broker(tmp_path, clock)
+    for i in range(3):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=T0 + 1_000 + i)
+    clock.advance(1_100)
+    b.timer_tick(durable=False)
+    b.store.dispatch(b.store.sync())  # what the committer does for the sends around it
+    assert not b.timer.durability_wanted()
+    assert b.timer_next_deadline_ms() <= clock.wall_ms()
+    assert b.timer_tick(durable=False) == 3 and b.timer.timer_lane.delivered == 3
+    deadline = b.timer_next_deadline_ms()
+    assert deadline is None or deadline > clock.wall_ms()
+    b.close()
+
+
+def test_records_waiting_for_the_callers_fsync_are_not_a_deadline(tmp_path, clock):
+    """Async flush policy: delayed records are dispatched before they are fsynced and are
+    absorbed only once durable. With the runtime doing the fsyncs, that wait is its work
+    (``durability_wanted``), not a reason to tick again at once (no busy loop meanwhile)."""
+    b = open_broker(tmp_path, clock, flush_policy="async")
+    b.send(TOPIC, b"m", deliver_at_ms=T0 + 5_000)
+    b.timer_tick(durable=False)
+    assert b.timer.durability_wanted()
+    deadline = b.timer_next_deadline_ms()
+    assert deadline is None or deadline > clock.wall_ms()
+    b.timer_synced(b.store.sync())
+    assert b.timer_next_deadline_ms() == T0 + 5_000 and not b.timer.durability_wanted()
+    clock.advance(5_000)
+    b.timer_tick(durable=False)
+    assert b.timer_synced(b.store.sync()) == 1
+    assert [m.body for m in visible(b)] == [b"m"]
+    b.close()

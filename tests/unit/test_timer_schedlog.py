@@ -170,3 +170,27 @@ def test_lookup_and_count_in_an_unloaded_bucket():
     assert lookup("f", START, data, b"", 9999) == (None, None)
     assert count_pending("f", START, data, extra) == 1
     assert lookup("f", START, b"XXXX" + data[4:], b"", 1001) == (None, None)  # bad header: nothing trusted
+
+
+def test_bulk_message_encoding_equals_one_entry_at_a_time():
+    """encode_messages (the bulk absorb path) files each record exactly as encode_entry would, in
+    the bucket of its due time, or of its store time when it was already due when stored."""
+    stored = START + 1
+    recs = [record.encode(record.FLAG_DELAYED, 0, 0, 1, stored, due, b"t", f"id-{i}".encode(), b"", b"", b"",
+                          b"x" * (i + 1))
+            for i, due in enumerate([START + 5, START + WIDTH + 7, START + 9, START - 3 * WIDTH, START + 2 * WIDTH])]
+    blob = b"".join(recs)
+    idents = [5000 + 7 * i for i in range(len(recs))]
+    got = schedlog.encode_messages(blob, [(ident, len(r), 0) for ident, r in zip(idents, recs)], WIDTH)
+    want: dict[int, list[bytes]] = {}
+    for ident, r in zip(idents, recs):
+        due = record.HEADER.unpack_from(r, 0)[9]
+        start = schedlog.bucket_start(max(due, stored), WIDTH)
+        assert start == schedlog.bucket_of_record(stored, due, WIDTH)
+        want.setdefault(start, []).append(schedlog.encode_entry(MESSAGE, ident, due, 0, r))
+    assert got == want
+    assert sorted(got) == [START, START + WIDTH, START + 2 * WIDTH]  # the past one went to its store time
+    for entries in got.values():
+        data = b"".join(entries)
+        assert [f[2] for f in schedlog.scan("x", START, schedlog.encode_header(START, WIDTH) + data)] == \
+            [MESSAGE] * len(entries)

@@ -581,3 +581,34 @@ def test_stale_journal_records_are_ignored(tmp_path, clock):
     drain(b)
     assert bodies(b) == [b"kept"]
     b.close()
+
+
+def test_a_bucket_file_is_read_over_several_ticks_and_entries_arriving_meanwhile_are_kept(
+        tmp_path, clock, monkeypatch):
+    """Loading ahead reads a big bucket file a few MB per tick (here a few hundred bytes). While
+    it is read, new entries for it are flushed to the same file and a recall looks it up; all of
+    that is in the bucket once loaded, and nothing is delivered before the whole file is read."""
+    from chronoq.timer import service
+
+    monkeypatch.setattr(service, "LOAD_READ_BYTES", 700)
+    b = open_broker(tmp_path, clock)
+    first = [b.send(TOPIC, f"a{i}".encode(), deliver_at_ms=T0 + 3 * DAY + i) for i in range(30)]
+    b.timer.checkpoint()  # the bucket is a file on disk, nothing of it in memory
+    clock.advance(3 * DAY - 30_000)  # the bucket enters the preload window
+    b.timer_tick()
+    start = schedlog.bucket_start(T0 + 3 * DAY, b.timer.width)
+    assert start in b.timer._readers and b.timer.buckets[start].state == UNLOADED
+    b.timer_tick()
+    assert start in b.timer._readers  # still reading: several ticks
+    for i in range(5):
+        b.send(TOPIC, f"b{i}".encode(), deliver_at_ms=T0 + 3 * DAY + 100 + i)
+    b.timer._flush_buffers()  # appended to the file being read
+    assert b.recall(first[3].recall_handle).outcome is RecallOutcome.CANCELLED
+    b.send(TOPIC, b"c", deliver_at_ms=T0 + 3 * DAY + 200)  # stays buffered
+    drain(b)
+    assert not b.timer._readers and len(b.timer.wheel) == 30 - 1 + 5 + 1
+    clock.advance(30_000 + 1_000)
+    drain(b)
+    assert sorted(bodies(b)) == sorted([f"a{i}".encode() for i in range(30) if i != 3]
+                                       + [f"b{i}".encode() for i in range(5)] + [b"c"])
+    b.close()

@@ -111,3 +111,35 @@ def test_ack_response_equals_the_generated_encoding(entries):
     raw = wire.ack_response_ok(entries)
     assert raw == want.SerializeToString()
     assert sv.AckMessageResponse.FromString(raw) == want
+
+
+# ------------------------------------------------------------------------------ batched receive
+@given(st.lists(st.binary(max_size=300), max_size=20))
+def test_receive_batch_splits_back_into_its_items(items):
+    blob = wire.receive_batch(items)
+    assert [bytes(v) for v in wire.split_receive_batch(blob)] == items
+
+
+def test_receive_batch_is_repeated_field_one():
+    """The bytes of `repeated M responses = 1`: a generated class of that shape
+    (SendMessageRequest's `repeated Message messages = 1`) reads the same items."""
+    items = [pb.Message(body=b"x" * n).SerializeToString() for n in (0, 5, 300)]
+    parsed = sv.SendMessageRequest.FromString(wire.receive_batch(items))
+    assert [m.SerializeToString() for m in parsed.messages] == items
+
+
+@given(st.binary(max_size=64), st.binary(max_size=64))
+def test_ack_and_receive_request_and_response_split_into_their_parts(ack, receive):
+    assert [(n, bytes(v)) for n, v in wire.length_fields(wire.ack_and_receive_request(ack, receive))] == [
+        (1, ack), (2, receive)]
+    response = wire.ack_and_receive_response(ack, [receive, receive])
+    assert [(n, bytes(v)) for n, v in wire.length_fields(response)] == [(1, receive), (1, receive), (2, ack)]
+
+
+@given(st.binary(max_size=200))
+def test_length_fields_accepts_or_raises_value_error(blob):
+    try:
+        fields = wire.length_fields(blob)
+    except ValueError:
+        return
+    assert sum(len(v) for _, v in fields) <= len(blob)

@@ -1,0 +1,52 @@
+"""The ``[console]`` table of the config file. Pure.
+
+::
+
+    [console]
+    lateness_interval_s = 10   # one lateness sample (p50/p99/max) per this many seconds
+    lateness_samples = 360     # samples kept (360 x 10 s = the last hour)
+    lookup_scan_mib = 32       # newest MiB of the commit log a lookup scans for an id or key
+    trace_scan_mib = 64        # newest MiB of the trace topic a lookup reads for a message's life
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from chronoq import errors
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    lateness_interval_s: float = 10.0
+    lateness_samples: int = 360
+    lookup_scan_mib: int = 32
+    trace_scan_mib: int = 64
+
+    # Upper limits: each bounds memory or the time one request holds the event loop.
+    LIMITS = {"lateness_interval_s": (0.1, 3600), "lateness_samples": (1, 100_000), "lookup_scan_mib": (1, 1024),
+              "trace_scan_mib": (1, 4096)}
+
+
+def parse(table: object) -> ConsoleSettings:
+    """``ConsoleSettings`` from ``config.extra.get("console")``; ``errors.ClientError`` if wrong."""
+    if table is None:
+        return ConsoleSettings()
+    if not isinstance(table, dict):
+        raise errors.ClientError("[console] in the config file must be a table")
+    known = {f.name: f for f in fields(ConsoleSettings)}
+    unknown = set(table) - set(known)
+    if unknown:
+        raise errors.ClientError(f"unknown setting(s) {', '.join(sorted(unknown))} in [console]; known: "
+                                 + ", ".join(sorted(known)))
+    values = {}
+    for name, value in table.items():
+        lo, hi = ConsoleSettings.LIMITS[name]
+        integral = name != "lateness_interval_s"
+        if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)):
+            raise errors.ClientError(f"[console] {name} must be a{'n integer' if integral else ' number'}, "
+                                     f"not {value!r}")
+        if not lo <= value <= hi:
+            raise errors.ClientError(f"[console] {name} must be between {lo} and {hi}, not {value}")
+        values[name] = value
+    return ConsoleSettings(**values)

@@ -1,0 +1,273 @@
+"""The console's request handlers: gather figures from the running broker, render a template.
+
+Everything runs on the broker's event loop (the broker API is single-threaded), reads what the
+broker already keeps and reuses its reports: group lag and in-flight counts are the Admin
+service's ``ListGroups`` answer, pending timers are ``TimerService.pending_by_horizon`` (as
+for ``/metrics``) and ``stats``, lateness is the timer's histogram. The first view of the timer
+horizon after many timers arrived reads their schedule files once (about 1 s per 100k pending
+timers on the development machine); later views read only files that changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+
+import jinja2
+from aiohttp import web
+
+from chronoq import acl, errors
+from chronoq.console import access, charts, horizon, lookup
+from chronoq.console.lateness import LatenessRing
+from chronoq.console.settings import ConsoleSettings
+from chronoq.pop import names
+from chronoq.proto import chronoq_admin_pb2 as apb
+from chronoq.server.admin import AdminService
+
+log = logging.getLogger("chronoq.console")
+
+LATENESS_ROWS = 30  # newest samples listed in the table under the chart
+
+
+@dataclass
+class Console:
+    """Per-app state: the runtime, the settings, access control, templates, the lateness ring."""
+
+    runtime: object
+    settings: ConsoleSettings
+    access: acl.AccessControl | None
+    templates: jinja2.Environment
+    ring: LatenessRing
+
+    @property
+    def broker(self):
+        broker = self.runtime.broker
+        if broker is None or broker.closed:
+            raise web.HTTPServiceUnavailable(text="the broker is stopping\n")
+        return broker
+
+    def now_ms(self) -> int:
+        return self.broker.clock.wall_ms()
+
+    def render(self, request: web.Request, name: str, status: int = 200, **context) -> web.Response:
+        context.setdefault("user", request.get("console_user"))
+        context.setdefault("auth_on", self.access is not None)
+        context.setdefault("now_ms", self.now_ms())
+        body = self.templates.get_template(name).render(page=name.split(".")[0], **context)
+        return web.Response(text=body, status=status, content_type="text/html", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})
+
+
+CONSOLE_KEY = web.AppKey("chronoq_console", Console)
+
+
+def guarded(*, write: bool):
+    """Check access (``access.decide``) before the handler; writes also need the same origin."""
+    def wrap(handler):
+        @functools.wraps(handler)
+        async def checked(request: web.Request) -> web.StreamResponse:
+            console = request.app[CONSOLE_KEY]
+            decision = access.decide(console.access, request.headers.get("Authorization"), write=write)
+            if decision.status == 401:
+                raise web.HTTPUnauthorized(text=decision.reason + "\n", headers={
+                    "WWW-Authenticate": f'Basic realm="{access.REALM}", charset="UTF-8"'})
+            request["console_user"] = decision.user
+            if decision.status != 200:
+                return console.render(request, "refused.html", status=decision.status, reason=decision.reason)
+            if write and not access.same_origin(request.host, request.headers.get("Origin"),
+                                                request.headers.get("Referer")):
+                return console.render(request, "refused.html", status=403,
+                                      reason="this request comes from another site's page; use the console's own forms")
+            return await handler(request, console)
+        return checked
+    return wrap
+
+
+# ---------------------------------------------------------------------------- overview
+def topic_rows(broker) -> list[dict]:
+    rows = []
+    for cfg in broker.list_topics():
+        bounds = [broker.queue_bounds(cfg.name, q) for q in range(cfg.queues)]
+        rows.append({"name": cfg.name, "queues": cfg.queues, "type": cfg.message_type.name.lower(),
+                     "messages": sum(hi - lo for lo, hi in bounds), "written": sum(hi for _lo, hi in bounds)})
+    return rows
+
+
+def dlq_count(broker, group: str) -> int:
+    """Messages in the group's dead-letter topic (still retained)."""
+    cfg = broker.topics.get(names.dlq_topic(group))
+    if cfg is None:
+        return 0
+    return sum(hi - lo for lo, hi in (broker.queue_bounds(cfg.name, q) for q in range(cfg.queues)))
+
+
+def group_rows(broker, pop) -> tuple[list[dict], list[dict]]:
+    """(per group, per group and topic), from the Admin service's ``ListGroups`` (one code path
+    for lag and in-flight counts: ``chronoq group list``, the gRPC Admin API and this page)."""
+    if pop is None:
+        return [], []
+    answer = AdminService(broker, pop)._list_groups(apb.ListGroupsRequest())
+    per_topic, per_group = [], {}
+    for row in answer.groups:
+        g = row.group
+        entry = per_group.setdefault(g.name, {"name": g.name, "fifo": g.fifo, "max_attempts": g.max_attempts,
+                                               "lag": 0, "inflight": 0, "topics": 0,
+                                               "dlq": dlq_count(broker, g.name), "dlq_topic": names.dlq_topic(g.name)})
+        if row.topic:
+            per_topic.append({"group": g.name, "topic": row.topic, "lag": row.lag, "inflight": row.inflight})
+            entry["lag"] += row.lag
+            entry["inflight"] += row.inflight
+            entry["topics"] += 1
+    return list(per_group.values()), per_topic
+
+
+@guarded(write=False)
+async def overview(request: web.Request, console: Console) -> web.Response:
+    broker = console.broker
+    groups, group_topics = group_rows(broker, console.runtime.pop)
+    segments = list(broker.store.log.segments)
+    hist = broker.timer.histogram
+    summary = {"topics": len(broker.list_topics()), "groups": len(groups),
+               "inflight": sum(g["inflight"] for g in groups), "dlq": sum(g["dlq"] for g in groups),
+               "log_bytes": sum(s.size for s in segments), "segments": len(segments),
+               "timers_delivered": hist.count}
+    return console.render(request, "overview.html", topics=topic_rows(broker), groups=groups,
+                          group_topics=group_topics, summary=summary, pop_missing=console.runtime.pop is None,
+                          notice=request.query.get("notice", ""))
+
+
+# ---------------------------------------------------------------------------- timers
+def horizon_data(console: Console) -> dict:
+    """The timer page's figures. ``pending_by_horizon`` reads a schedule file only when it changed
+    since it last counted it (a cache it shares with ``/metrics``), so a refresh costs little."""
+    timer = console.broker.timer
+    stats = timer.stats(horizon_ms=0)  # the cards and tables: wheel, buckets, levels, lanes, overdue
+    plan = horizon.view_plan(console.now_ms(), stats["bucket_ms"])
+    return {"stats": stats, "view": horizon.bins(plan, timer.pending_by_horizon(tuple(plan["horizons_ms"]))),
+            "computed_ms": plan["now_ms"]}
+
+
+@guarded(write=False)
+async def timers(request: web.Request, console: Console) -> web.Response:
+    data = horizon_data(console)
+    view, stats = data["view"], data["stats"]
+    figs = {"minutes": charts.script_json(charts.due_bars(view["minutes"], "Messages due per minute, next hour")),
+            "hours": charts.script_json(charts.due_bars(view["hours"], "Messages due per hour, next week"))}
+    minute_rows, hour_rows = ([{"start_ms": s, "pending": p} for s, p in zip(view[v]["starts_ms"], view[v]["pending"])]
+                              for v in ("minutes", "hours"))
+    return console.render(request, "timers.html", view=view, stats=stats, figs=figs,
+                          minute_rows=minute_rows, hour_rows=hour_rows,
+                          total_hour=sum(view["minutes"]["pending"]), computed_ms=data["computed_ms"])
+
+
+# ---------------------------------------------------------------------------- lateness
+@guarded(write=False)
+async def lateness(request: web.Request, console: Console) -> web.Response:
+    broker = console.broker
+    snapshot = broker.timer.histogram.snapshot()
+    current = console.ring.current(snapshot, console.now_ms())
+    samples = list(console.ring.samples) + ([current] if current.count else [])
+    now = console.now_ms()
+    window_ms = int(console.settings.lateness_interval_s * 1000 * console.ring.samples.maxlen)
+    fig = charts.script_json(charts.lateness_lines(samples, window_ms, now))
+    rows = [s for s in reversed(samples) if s.count][:LATENESS_ROWS]
+    return console.render(request, "lateness.html", totals=snapshot, fig=fig, rows=rows,
+                          interval_s=console.settings.lateness_interval_s, kept=len(console.ring.samples),
+                          capacity=console.ring.samples.maxlen)
+
+
+async def sample_lateness(console: Console) -> None:
+    """Close one lateness interval every ``lateness_interval_s`` (runs until cancelled)."""
+    while True:
+        await asyncio.sleep(console.settings.lateness_interval_s)
+        broker = console.runtime.broker
+        if broker is None or broker.closed:
+            return
+        try:
+            console.ring.observe(broker.timer.histogram.snapshot(), broker.clock.wall_ms())
+        except Exception:  # noqa: BLE001 - a bad sample must not end the sampler
+            log.exception("lateness sample failed")
+
+
+# ---------------------------------------------------------------------------- lookup
+@guarded(write=False)
+async def lookup_page(request: web.Request, console: Console) -> web.Response:
+    query = request.query.get("q", "").strip()
+    context = {"query": query, "scan_mib": console.settings.lookup_scan_mib,
+               "trace_mib": console.settings.trace_scan_mib, "notice": request.query.get("notice", ""), "error": ""}
+    if not query:
+        return console.render(request, "lookup.html", **context)
+    if len(query) > lookup.QUERY_CHARS_MAX or not query.isprintable():
+        context["error"] = f"a message id or key is at most {lookup.QUERY_CHARS_MAX} printable characters"
+        return console.render(request, "lookup.html", status=400, **context)
+    broker = console.broker
+    now = console.now_ms()
+    scan = lookup.scan_log(broker.store.log, query, console.settings.lookup_scan_mib << 20, now)
+    ids = []
+    for r in scan.records:
+        if r.origin_id not in ids:
+            ids.append(r.origin_id)
+    if not ids:
+        ids = [query]  # not in the scanned log: it may still be an id the trace knows
+    ids = ids[:lookup.lifeline.IDS_MAX]
+    trace = await lookup.trace_events(console.runtime, set(ids), console.settings.trace_scan_mib << 20)
+    messages = []
+    for mid in ids:
+        events = [e for e in trace.events if e["message_id"] == mid]
+        records = [r for r in scan.records if r.origin_id == mid]
+        if not events and not records:
+            continue
+        messages.append({"id": mid, "events": events, "records": records,
+                         "state": lookup.lifeline.summary(events, now),
+                         "topic": records[0].origin_topic if records else (events[0]["topic"] if events else "")})
+    return console.render(request, "lookup.html", scan=scan, trace=trace, messages=messages, **context)
+
+
+# ---------------------------------------------------------------------------- write actions
+@guarded(write=True)
+async def recall(request: web.Request, console: Console) -> web.Response:
+    form = await request.post()
+    handle = str(form.get("handle", "")).strip()
+    back = str(form.get("q", "")).strip()
+    broker = console.broker
+    try:
+        result = broker.recall(handle)
+    except errors.ClientError as exc:
+        return console.render(request, "refused.html", status=400, reason=f"recall refused: {exc}")
+    log.info("console: %s recalled %s (%s): %s", request.get("console_user") or "anonymous", result.message_id,
+             result.topic, result.outcome.value)
+    notice = f"recall of {result.message_id}: {result.outcome.value}" + (f" ({result.detail})" if result.detail else "")
+    raise web.HTTPSeeOther(request.app.router["console-lookup"].url_for().with_query(q=back or result.message_id,
+                                                                                     notice=notice))
+
+
+@guarded(write=True)
+async def create_topic(request: web.Request, console: Console) -> web.Response:
+    form = await request.post()
+    name = str(form.get("name", "")).strip()
+    queues_text = str(form.get("queues", "")).strip()
+    try:
+        queues = int(queues_text) if queues_text else 0
+    except ValueError:
+        return console.render(request, "refused.html", status=400,
+                              reason=f"queues must be a number, not {queues_text!r}")
+    if console.runtime.pop is None:  # the Admin service needs the gRPC front end's POP service
+        return console.render(request, "refused.html", status=503, reason="the gRPC front end is not running")
+    existed = name in console.broker.topics
+    # The Admin service's CreateTopic: the same validation and "0 / empty = keep" rules as
+    # ``chronoq topic create`` and the gRPC Admin API.
+    try:
+        answer = AdminService(console.broker, console.runtime.pop)._create_topic(apb.CreateTopicRequest(
+            topic=apb.Topic(name=name, queues=queues, message_type=str(form.get("type", "")))))
+    except (errors.ClientError, ValueError) as exc:  # ValueError: a queue count protobuf cannot hold
+        return console.render(request, "refused.html", status=400, reason=f"topic not created: {exc}")
+    cfg = answer.topic
+    log.info("console: %s created or updated topic %s", request.get("console_user") or "anonymous", cfg.name)
+    notice = f"topic {cfg.name} {'updated' if existed else 'created'}: {cfg.queues} queues, {cfg.message_type}"
+    raise web.HTTPSeeOther(request.app.router["console-overview"].url_for().with_query(notice=notice))
+
+
+__all__ = ["Console", "CONSOLE_KEY", "overview", "timers", "lateness", "lookup_page", "recall", "create_topic",
+           "sample_lateness"]

@@ -1,0 +1,228 @@
+"""Prometheus metrics of one broker: the registry and every metric definition (docs/metrics.md).
+
+No prometheus_client object is touched on a hot path. The broker keeps what is measured in plain
+ints, counted per batch where there is one (``Broker.sent_by_topic``: one dict update per send
+batch; ``PopService.counters``: one per receive or ack call; the timer's lanes and lateness
+histogram, ``CommitLog.sync_times``, the recovery report), and ``BrokerCollector`` reads them
+when ``/metrics`` is scraped and turns them into metric families. Each broker gets its own
+``CollectorRegistry`` (not prometheus_client's global one), so several brokers in one process
+(tests) never collide.
+
+A scrape runs on the event loop, between requests: it walks topics and queues (bounds only), the
+in-flight checkpoints, and the timer's pending buckets (``TimerService.pending_by_horizon``:
+files counted once, then only when they change).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from chronoq.pop import names as pop_names
+from chronoq.store.commitlog import FSYNC_BOUNDS_NS
+from chronoq.timer.stats import LATENESS_BOUNDS_MS
+
+# "Due within" horizons of chronoq_timer_pending_messages: label value -> seconds (None: all).
+PENDING_HORIZONS: tuple[tuple[str, int | None], ...] = (
+    ("1m", 60), ("10m", 600), ("1h", 3600), ("1d", 86_400), ("inf", None))
+_HORIZONS_MS = tuple(1 << 62 if s is None else s * 1000 for _, s in PENDING_HORIZONS)  # 1 << 62: "all"
+INF = float("inf")
+
+
+class BrokerMetrics:
+    """The registry of one broker. ``pop`` returns the running ``PopService`` or None."""
+
+    def __init__(self, broker, pop: Callable[[], object] = lambda: None) -> None:
+        self.collector = BrokerCollector(broker, pop)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+
+    def snapshot(self) -> dict:
+        """The overview ``chronoq stats`` shows (plain numbers)."""
+        return self.collector.snapshot()
+
+
+class BrokerCollector(Collector):
+    def __init__(self, broker, pop: Callable[[], object]) -> None:
+        self.broker = broker
+        self._pop = pop
+
+    # ----------------------------------------------------------------- collect
+    def collect(self) -> Iterator[Metric]:
+        broker = self.broker
+        if broker.closed:
+            return
+        pop = self._pop()
+        yield from self._sends_and_storage(broker)
+        if pop is not None:
+            yield from self._consumption(broker, pop)
+        yield from self._timer(broker)
+        yield from self._commit_log(broker)
+        yield from self._recovery(broker)
+
+    def _sends_and_storage(self, broker) -> Iterator[Metric]:
+        sent = CounterMetricFamily("chronoq_messages_sent", "Messages accepted from producers (duplicates "
+                                   "answered from the dedupe window not counted).", labels=["topic"])
+        topics = broker.list_topics()
+        counts = broker.sent_by_topic
+        # Every user topic has a series from the start (0 until a send), so rate() sees the first.
+        for topic in sorted(counts.keys() | {cfg.name for cfg in topics}):
+            sent.add_metric([topic], counts.get(topic, 0))
+        yield sent
+        stored = GaugeMetricFamily("chronoq_topic_messages", "Messages stored in a topic's queues (oldest "
+                                   "retained to newest, consumed or not).", labels=["topic"])
+        for cfg in topics:
+            stored.add_metric([cfg.name], self._stored(broker, cfg.name))
+        yield stored
+        yield GaugeMetricFamily("chronoq_topics", "User topics.", value=len(topics))
+
+    def _consumption(self, broker, pop) -> Iterator[Metric]:
+        counters = pop.counters
+        by_pair = (("received", "Messages handed to consumers by receives (each delivery attempt)."),
+                   ("acked", "Messages acknowledged."),
+                   ("nacked", "Negative acknowledgements: changes of invisible time."))
+        for name, doc in by_pair:
+            family = CounterMetricFamily(f"chronoq_messages_{name}", doc, labels=["topic", "group"])
+            for (group, topic), n in sorted(getattr(counters, name).items()):
+                family.add_metric([topic, group], n)
+            yield family
+        by_group = (("revived", "Deliveries whose invisible time ended unacked (then retried, "
+                                "dead-lettered or, FIFO, handed out again)."),
+                    ("retried", "Copies written to the group's retry topic."),
+                    ("dead_lettered", "Copies written to the group's dead-letter topic %DLQ%{group}."))
+        for name, doc in by_group:
+            family = CounterMetricFamily(f"chronoq_messages_{name}", doc, labels=["group"])
+            for group, n in sorted(getattr(counters, name).items()):
+                family.add_metric([group], n)
+            yield family
+        inflight = GaugeMetricFamily("chronoq_inflight_messages", "Deliveries handed out, not yet acked "
+                                     "and still invisible.", labels=["topic", "group"])
+        for (group, topic), n in sorted(pop.inflight_by_topic().items()):
+            inflight.add_metric([topic, group], n)
+        yield inflight
+        groups = pop.list_groups()
+        dlq = GaugeMetricFamily("chronoq_dlq_messages", "Messages stored in the group's dead-letter topic.",
+                                labels=["group"])
+        for g in groups:
+            dlq.add_metric([g.name], self._stored(broker, pop_names.dlq_topic(g.name)))
+        yield dlq
+        yield GaugeMetricFamily("chronoq_consumer_groups", "Consumer groups.", value=len(groups))
+
+    def _timer(self, broker) -> Iterator[Metric]:
+        timer = broker.timer
+        hist = timer.histogram
+        yield _histogram("chronoq_timer_lateness_seconds", "Visible time minus due time of delivered "
+                         "delayed messages.", [b / 1000 for b in LATENESS_BOUNDS_MS], hist.counts, hist.sum_ms / 1000)
+        yield CounterMetricFamily("chronoq_timer_early_deliveries", "Delayed messages made visible before "
+                                  "their due time (must stay 0).", value=hist.early)
+        pending = GaugeMetricFamily("chronoq_timer_pending_messages", "Delayed messages not yet delivered "
+                                    "that fall due within the horizon from now (cumulative; inf: all).",
+                                    labels=["horizon"])
+        counts = timer.pending_by_horizon(_HORIZONS_MS)
+        for (label, _s), n in zip(PENDING_HORIZONS, counts):
+            pending.add_metric([label], n)
+        yield pending
+        lanes = [timer.timer_lane, *timer.level_lanes]
+        for name, attr, doc in (
+                ("chronoq_timer_delivered", "delivered", "Delayed messages made visible, per delivery lane."),
+                ("chronoq_timer_flow_control_pauses", "times_full", "Times a lane's pending queue filled up so "
+                 "scanning for due messages paused."),
+                ("chronoq_timer_lane_blocks", "times_blocked", "Times a lane blocked after repeated write "
+                 "failures.")):
+            family = CounterMetricFamily(name, doc, labels=["lane"])
+            for lane in lanes:
+                family.add_metric([lane.name], getattr(lane, attr))
+            yield family
+
+    def _commit_log(self, broker) -> Iterator[Metric]:
+        log = broker.store.log
+        yield GaugeMetricFamily("chronoq_commitlog_bytes", "Bytes in the commit log (oldest retained "
+                                "segment to the end).", value=log.written - log.min_offset)
+        yield GaugeMetricFamily("chronoq_commitlog_segments", "Commit-log segment files.", value=len(log.segments))
+        times = log.sync_times
+        yield _histogram("chronoq_commitlog_fsync_seconds", "Latency of commit-log fsyncs.",
+                         [b / 1e9 for b in FSYNC_BOUNDS_NS], list(times.counts), times.sum_ns / 1e9)
+
+    def _recovery(self, broker) -> Iterator[Metric]:
+        report = broker.recovery
+        figures = (
+            ("chronoq_recovery_duration_seconds", "Time to open the broker at start (store and timer recovery).",
+             broker.open_duration_ns / 1e9),
+            ("chronoq_recovery_clean", "1 if the last stop was clean, 0 after a crash.", int(report.clean)),
+            ("chronoq_recovery_records_replayed", "Commit-log records replayed into the consume queues at "
+             "start.", report.records_replayed),
+            ("chronoq_recovery_timer_records_replayed", "Delayed records the timer caught up on at start.",
+             broker.timer.caught_up),
+            ("chronoq_recovery_truncated_bytes", "Bytes of torn tail truncated at start.",
+             sum(r.end - r.start for r in report.truncated)),
+            ("chronoq_recovery_quarantined_bytes", "Bytes of damaged log quarantined at start.",
+             sum(r.end - r.start for r in report.quarantined)),
+        )
+        for name, doc, value in figures:
+            yield GaugeMetricFamily(name, doc, value=value)
+
+    # ----------------------------------------------------------------- helpers
+    @staticmethod
+    def _stored(broker, topic: str) -> int:
+        cfg = broker.topics.get(topic)
+        if cfg is None:
+            return 0
+        total = 0
+        for qid in range(cfg.queues):
+            lo, hi = broker.queue_bounds(topic, qid)
+            total += hi - lo
+        return total
+
+    # ----------------------------------------------------------------- overview
+    def snapshot(self) -> dict:
+        """Figures for ``chronoq stats``, read the same way as a scrape."""
+        values: dict[str, float] = {}
+        labelled: dict[str, dict[tuple, float]] = {}
+        for family in self.collect():
+            for sample in family.samples:
+                if sample.labels:
+                    labelled.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+                else:
+                    values[sample.name] = sample.value
+        hist = self.broker.timer.histogram
+        lateness = {"count": hist.count, "p50_ms": hist.quantile_ms(0.50), "p99_ms": hist.quantile_ms(0.99)}
+
+        def total(name: str) -> int:
+            return int(sum(labelled.get(name, {}).values()))
+
+        pending = {dict(k)["horizon"]: int(v) for k, v in labelled.get("chronoq_timer_pending_messages", {}).items()}
+        return {
+            "messages_sent": total("chronoq_messages_sent_total"),
+            "messages_received": total("chronoq_messages_received_total"),
+            "messages_acked": total("chronoq_messages_acked_total"),
+            "messages_dead_lettered": total("chronoq_messages_dead_lettered_total"),
+            "topics": int(values.get("chronoq_topics", 0)),
+            "groups": int(values.get("chronoq_consumer_groups", 0)),
+            "messages_stored": total("chronoq_topic_messages"),
+            "in_flight": total("chronoq_inflight_messages"),
+            "dlq": total("chronoq_dlq_messages"),
+            "pending_timers": pending.get("inf", 0),
+            "pending_by_horizon": {label: pending.get(label, 0) for label, _s in PENDING_HORIZONS},
+            "commitlog_bytes": int(values.get("chronoq_commitlog_bytes", 0)),
+            "commitlog_segments": int(values.get("chronoq_commitlog_segments", 0)),
+            "lateness_count": lateness["count"],
+            "lateness_p50_ms": lateness["p50_ms"],
+            "lateness_p99_ms": lateness["p99_ms"],
+        }
+
+
+def _histogram(name: str, doc: str, bounds: list[float], counts: list[int], total: float) -> HistogramMetricFamily:
+    """A histogram family from per-bucket counts (the last is the +Inf overflow bucket)."""
+    assert len(counts) == len(bounds) + 1
+    buckets, seen = [], 0
+    for bound, n in zip([*bounds, INF], counts):
+        seen += n
+        buckets.append(("+Inf" if bound == INF else _le(bound), seen))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))

@@ -1,0 +1,128 @@
+"""The broker's HTTP listener: ``/metrics`` (Prometheus), ``/healthz``, and the web console.
+
+An aiohttp application served on the broker's own asyncio loop, bound to
+``config.http_host:config.http_port`` (default 127.0.0.1:8082; port 0 picks a free port; a negative
+port, or ``off``, means no listener). The bound address is announced in the "chronoq is ready" line
+as ``HTTP on http://HOST:PORT/`` (tests read it from there, see ``tests/integration/conftest.py``).
+
+Routes owned here:
+
+- ``GET /metrics``: the broker's metrics in the Prometheus text format (``chronoq.metrics``,
+  docs/metrics.md).
+- ``GET /healthz``: ``ok`` while the broker is open.
+
+The web console lives in ``chronoq.console``. When that package exists, ``build_app`` calls
+``chronoq.console.setup(app, runtime)`` once, before the app is frozen, so it can add routes, static
+files and middlewares. What the console may use from ``runtime`` (a ``chronoq.server.runtime.Runtime``);
+all of it is read on the event loop thread, the same thread the gRPC front end runs on, so no locks:
+
+- ``runtime.config``: the ``BrokerConfig`` (``extra`` holds the config file's tables, e.g. ``[auth]``).
+- ``runtime.broker``: the ``chronoq.broker.Broker`` (topics: ``list_topics``, ``queue_bounds``,
+  ``read``; consumer offsets: ``list_groups``, ``get_offset``; ``recovery``: the start-up report;
+  ``store``: commit log; ``timer_stats()``).
+- ``runtime.broker.timer``: the ``chronoq.timer.service.TimerService`` (pending timers).
+- ``runtime.pop``: the ``chronoq.pop.service.PopService`` of the gRPC front end (groups, in-flight
+  messages, retry/DLQ), or ``None`` when no gRPC front end is running.
+- ``runtime.metrics``: the ``chronoq.metrics.BrokerMetrics`` (``.registry`` is its own
+  ``CollectorRegistry``; ``.snapshot()`` a dict of the figures ``chronoq stats`` shows).
+
+Nothing here may block the loop for long: a scrape reads counters the broker already keeps.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from chronoq import errors
+
+log = logging.getLogger("chronoq.http")
+
+RUNTIME_KEY = web.AppKey("chronoq_runtime", object)  # app[RUNTIME_KEY] is the runtime
+CONSOLE_MODULE = "chronoq.console"
+
+
+def _load_console():
+    """``chronoq.console`` if it is installed, else None. Only its own absence is tolerated."""
+    try:
+        return importlib.import_module(CONSOLE_MODULE)
+    except ImportError as exc:
+        if exc.name != CONSOLE_MODULE:  # the console exists but something it imports is missing
+            raise
+        return None
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME_KEY]
+    body = generate_latest(runtime.metrics.registry)
+    # A raw header: web.Response(content_type=...) refuses a value with parameters (version, charset).
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    broker = request.app[RUNTIME_KEY].broker
+    if broker is None or broker.closed:
+        return web.Response(status=503, text="closed\n")
+    return web.Response(text="ok\n")
+
+
+def build_app(runtime) -> web.Application:
+    app = web.Application()
+    app[RUNTIME_KEY] = runtime
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    console = _load_console()
+    setup = getattr(console, "setup", None)
+    if setup is not None:
+        setup(app, runtime)
+    elif console is not None:  # e.g. a directory without __init__.py (a namespace package)
+        log.warning("%s has no setup(app, runtime): the web console is not served", CONSOLE_MODULE)
+    return app
+
+
+class HttpFrontEnd:
+    """Serves ``build_app(runtime)`` on ``config.http_host:config.http_port``."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.config = runtime.config
+        self.runner: web.AppRunner | None = None
+        self.host = self.config.http_host
+        self.port = 0  # the bound port, once started
+
+    async def start(self) -> None:
+        assert self.config.http_port >= 0, "a negative http_port means no HTTP front end"
+        runner = web.AppRunner(build_app(self.runtime), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.config.http_port, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise errors.ClientError(f"cannot listen for HTTP on {self.host}:{self.config.http_port}: "
+                                     f"{exc.strerror or exc}") from None
+        self.runner = runner
+        self.port = _bound_port(runner)
+        assert 0 < self.port <= 65535
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def describe(self) -> str:
+        return f"HTTP on {self.url}"
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    addresses = runner.addresses  # (host, port, ...) per listening socket
+    assert addresses, "the site started but has no socket"
+    return int(addresses[0][1])

@@ -1,0 +1,255 @@
+"""chronoq.metrics against an in-process broker on a fake clock: every counter equals the traffic."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from chronoq.broker import Broker, OutgoingMessage
+from chronoq.clock import FakeClock
+from chronoq import errors
+from chronoq.config import BrokerConfig, load_config
+from chronoq.metrics import BrokerMetrics
+from chronoq.pop.service import PopService
+
+from timerkit import crash
+
+T0 = 1_700_000_000_000
+INVISIBLE_MS = 10_000
+TICKS_MAX = 200
+
+
+def scrape(metrics: BrokerMetrics) -> dict:
+    """{(sample name, frozenset of labels): value} of one scrape, parsed as Prometheus would."""
+    text = generate_latest(metrics.registry).decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def open_broker(path, clock: FakeClock, **cfg) -> Broker:
+    return Broker(BrokerConfig(data_dir=str(path), segment_bytes=64 * 1024, default_queues=1, **cfg), clock=clock)
+
+
+def advance_pop(pop: PopService, clock: FakeClock, ms: int) -> None:
+    """Move time by ``ms`` and run the POP ticks due on the way (bounded)."""
+    end = clock.wall_ms() + ms
+    for _ in range(TICKS_MAX):
+        pop.tick()
+        deadline = pop.next_deadline_ms()
+        if deadline is None or deadline > end:
+            clock.set(end)
+            pop.tick()
+            return
+        clock.set(max(deadline, clock.wall_ms()))
+    raise AssertionError("POP still busy")
+
+
+def test_counters_equal_the_traffic(tmp_path):
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock)
+    pop = PopService(broker, clock)
+    metrics = BrokerMetrics(broker, lambda: pop)
+    try:
+        pop.set_group("g", max_attempts=2)
+        broker.send_batch([OutgoingMessage("a", b"a%d" % i) for i in range(3)])
+        broker.send_batch([OutgoingMessage("b", b"b0"), OutgoingMessage("b", b"b1")])
+        broker.send("a", b"dup", message_id="0123456789ABCDEF0123456789AB")
+        broker.send("a", b"dup", message_id="0123456789ABCDEF0123456789AB")  # a resend: not counted
+        broker.send("a", b"later", deliver_at_ms=T0 + 5_000)
+        broker.send("b", b"much later", deliver_at_ms=T0 + 7_200_000)
+
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_messages_sent_total", topic="a") == 5
+        assert value(samples, "chronoq_messages_sent_total", topic="b") == 3
+        assert value(samples, "chronoq_timer_pending_messages", horizon="1m") == 1
+        assert value(samples, "chronoq_timer_pending_messages", horizon="1h") == 1
+        assert value(samples, "chronoq_timer_pending_messages", horizon="1d") == 2
+        assert value(samples, "chronoq_timer_pending_messages", horizon="inf") == 2
+        assert value(samples, "chronoq_topic_messages", topic="a") == 4  # the delayed one is not visible yet
+
+        clock.advance(5_000)
+        for _ in range(TICKS_MAX):
+            if not broker.timer_tick():
+                break
+        got = pop.receive("g", "a", max_messages=32, invisible_ms=INVISIBLE_MS)
+        assert len(got) == 5
+        pop.ack("g", "a", got[0].receipt_handle)
+        assert pop.ack_many("g", "a", [got[1].receipt_handle, got[2].receipt_handle, "bogus"])[:2] == [None, None]
+        pop.change_invisible("g", "a", got[3].receipt_handle, INVISIBLE_MS)  # a nack
+        pop.ack("g", "a", got[4].receipt_handle)
+
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_messages_received_total", topic="a", group="g") == 5
+        assert value(samples, "chronoq_messages_acked_total", topic="a", group="g") == 4
+        assert value(samples, "chronoq_messages_nacked_total", topic="a", group="g") == 1
+        assert value(samples, "chronoq_inflight_messages", topic="a", group="g") == 1
+        assert value(samples, "chronoq_timer_pending_messages", horizon="inf") == 1
+        assert value(samples, "chronoq_timer_delivered_total", lane="timer") == 1
+        assert value(samples, "chronoq_timer_lateness_seconds_count") == 1
+        assert value(samples, "chronoq_timer_lateness_seconds_bucket", le="0.0") == 1  # the fake clock: on time
+        assert value(samples, "chronoq_timer_early_deliveries_total") == 0
+
+        # The nacked message is never acked: revived into the retry topic, delivered again, then
+        # (max_attempts 2) dead-lettered.
+        advance_pop(pop, clock, INVISIBLE_MS + 1)
+        advance_pop(pop, clock, 5_000)  # the retry back-off
+        again = pop.receive("g", "a", max_messages=32, invisible_ms=INVISIBLE_MS)
+        assert [p.delivery_attempt for p in again] == [2]
+        advance_pop(pop, clock, INVISIBLE_MS + 1)
+
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_messages_received_total", topic="a", group="g") == 6
+        assert value(samples, "chronoq_messages_revived_total", group="g") == 2
+        assert value(samples, "chronoq_messages_retried_total", group="g") == 1
+        assert value(samples, "chronoq_messages_dead_lettered_total", group="g") == 1
+        assert value(samples, "chronoq_dlq_messages", group="g") == 1
+        assert value(samples, "chronoq_inflight_messages", topic="a", group="g") == 0
+        assert value(samples, "chronoq_topics") == 2 and value(samples, "chronoq_consumer_groups") == 1
+
+        log = broker.store.log
+        assert value(samples, "chronoq_commitlog_bytes") == log.written > 0
+        assert value(samples, "chronoq_commitlog_segments") == len(log.segments)
+        fsyncs = value(samples, "chronoq_commitlog_fsync_seconds_count")
+        assert fsyncs == log.sync_times.count > 0
+        # The fake clock does not move during an fsync: every one lands in the first bucket.
+        assert value(samples, "chronoq_commitlog_fsync_seconds_bucket", le="0.0001") == fsyncs
+        assert value(samples, "chronoq_commitlog_fsync_seconds_sum") == 0
+
+        snap = metrics.snapshot()
+        assert snap["topics"] == 2 and snap["groups"] == 1 and snap["dlq"] == 1 and snap["in_flight"] == 0
+        assert snap["pending_timers"] == 1 and snap["lateness_count"] == 1 and snap["lateness_p99_ms"] == 0
+        assert snap["messages_stored"] == 5 + 2  # a: 4 sent + 1 delivered copy; b: 2
+    finally:
+        pop.close()
+        broker.close()
+
+
+def test_flow_control_pauses_are_counted(tmp_path):
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock, timer_pending_max=2)
+    metrics = BrokerMetrics(broker)
+    try:
+        broker.send_batch([OutgoingMessage("t", b"m%d" % i, deliver_at_ms=T0 + 1_000) for i in range(5)])
+        clock.advance(1_000)
+        ticks = 0
+        while broker.timer_tick() and ticks < TICKS_MAX:
+            ticks += 1
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_timer_delivered_total", lane="timer") == 5
+        # The lane holds 2: it fills up twice (2, then 2 more), the last message fits.
+        assert value(samples, "chronoq_timer_flow_control_pauses_total", lane="timer") == 2
+        assert value(samples, "chronoq_timer_pending_messages", horizon="inf") == 0
+        assert "chronoq_messages_received_total" not in {name for name, _ in samples}  # no POP service
+    finally:
+        broker.close()
+
+
+def test_recovery_figures(tmp_path):
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock)
+    broker.send_batch([OutgoingMessage("t", b"x" * 100) for _ in range(10)])
+    broker.close()
+    broker = open_broker(tmp_path / "data", clock)
+    samples = scrape(BrokerMetrics(broker))
+    assert value(samples, "chronoq_recovery_clean") == 1
+    assert value(samples, "chronoq_recovery_truncated_bytes") == 0
+    assert value(samples, "chronoq_recovery_duration_seconds") == 0  # the fake clock stood still
+    assert value(samples, "chronoq_messages_sent_total", topic="t") == 0  # counters start at 0 per process
+    assert value(samples, "chronoq_topic_messages", topic="t") == 10
+
+    # kill -9 with a torn record at the end of the log.
+    broker.send_batch([OutgoingMessage("t", b"y" * 100) for _ in range(5)])
+    end = broker.store.log.written
+    path = broker.store.log.active.path
+    crash(broker)
+    with open(path, "r+b") as fh:
+        fh.seek(end - broker.store.log.active.base)
+        fh.write(b"\x00\x00\x01\x00torn")
+    broker = open_broker(tmp_path / "data", clock)
+    try:
+        samples = scrape(BrokerMetrics(broker))
+        assert value(samples, "chronoq_recovery_clean") == 0
+        assert value(samples, "chronoq_recovery_records_replayed") == 5  # those after the start's checkpoint
+        assert value(samples, "chronoq_recovery_truncated_bytes") == sum(
+            r.end - r.start for r in broker.recovery.truncated) > 0
+        assert value(samples, "chronoq_topic_messages", topic="t") == 15
+    finally:
+        broker.close()
+
+
+def test_http_listener_settings():
+    assert load_config(None, env={}).http_port == 8082
+    assert load_config(None, env={}).http_host == "127.0.0.1"
+    assert load_config(None, env={"CHRONOQ_HTTP_PORT": "off"}).http_port == -1
+    assert load_config(None, env={"CHRONOQ_HTTP_PORT": "0"}).http_port == 0
+    assert load_config(None, env={}, overrides={"http_port": "OFF"}).http_port == -1
+    assert load_config(None, env={}, overrides={"http_port": "-5"}).http_port == -5  # negative: no listener
+    with pytest.raises(errors.ClientError, match="http_port 70000 is out of range"):
+        load_config(None, env={"CHRONOQ_HTTP_PORT": "70000"})
+    with pytest.raises(errors.ClientError, match="expected an integer"):
+        load_config(None, env={"CHRONOQ_HTTP_PORT": "on"})
+
+
+def test_cached_pending_counts_equal_a_fresh_count(tmp_path):
+    """pending_by_horizon caches per-bucket counts; after every kind of change (new entries
+    buffered, buffers written, recalls, deliveries, finished buckets, a restart) the cached
+    answer equals one computed from nothing."""
+    seed = 20261121
+    rng = random.Random(seed)
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock, timer_bucket_ms=10_000, timer_preload_ms=20_000)
+    horizons = (0, 15_000, 60_000, 600_000, 1 << 62)
+    handles = []
+    try:
+        for step in range(60):
+            action = rng.random()
+            now = clock.wall_ms()
+            if action < 0.4:
+                results = broker.send_batch([OutgoingMessage("t", b"x", deliver_at_ms=now + rng.randrange(1, 900_000))
+                                             for _ in range(rng.randrange(1, 20))])
+                handles += [r.recall_handle for r in results]
+            elif action < 0.55 and handles:
+                broker.recall(handles.pop(rng.randrange(len(handles))))
+            elif action < 0.8:
+                clock.advance(rng.randrange(1, 60_000))
+                for _ in range(TICKS_MAX):
+                    if not broker.timer_tick():
+                        break
+            elif action < 0.95:
+                broker.maintenance()
+            else:
+                broker.close()
+                broker = open_broker(tmp_path / "data", clock, timer_bucket_ms=10_000, timer_preload_ms=20_000)
+            cached = broker.timer.pending_by_horizon(horizons)
+            broker.timer._horizon_cache.clear()
+            assert cached == broker.timer.pending_by_horizon(horizons), f"seed {seed}, step {step}"
+        assert cached[-1] > 0  # the walk left something pending (the test looked at real counts)
+    finally:
+        broker.close()
+
+
+def test_a_fifo_forward_to_the_dlq_is_a_dead_letter_not_a_revive(tmp_path):
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock)
+    pop = PopService(broker, clock)
+    metrics = BrokerMetrics(broker, lambda: pop)
+    try:
+        pop.set_group("f", fifo=True)
+        broker.send("orders", b"poison", message_group="order-7")
+        got = pop.receive("f", "orders", max_messages=1, invisible_ms=INVISIBLE_MS)
+        pop.forward_to_dlq("f", "orders", got[0].receipt_handle)
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_messages_dead_lettered_total", group="f") == 1
+        assert value(samples, "chronoq_dlq_messages", group="f") == 1
+        assert ("chronoq_messages_revived_total", frozenset({("group", "f")})) not in samples
+        assert value(samples, "chronoq_inflight_messages", topic="orders", group="f") == 0
+    finally:
+        pop.close()
+        broker.close()
