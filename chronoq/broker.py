@@ -387,6 +387,74 @@ class Broker:
             out.append(result)
         return out
 
+    def write_plain(self, topic: str, message_ids: list[str], tags: list[str], bodies: list[bytes],
+                    born_ms: list[int | None]) -> list[int] | None:
+        """``write`` for the common batch, checked and stored in bulk: plain messages of one
+        existing topic, each with a client-chosen id, a tag or none, and no keys, properties,
+        group, delay or queue. Returns the queue offsets (the results are those of ``write``:
+        these ids, round-robin queues, no duplicates), or None, having changed nothing, when the
+        batch is anything else: a new topic, a rule broken, a duplicate id (in the batch or the
+        window). The caller then uses ``write``, which answers such batches message by message
+        with the usual errors. Same records, queues, dedupe entries, metrics and trace events.
+        """
+        n = len(bodies)
+        if not n or not (len(message_ids) == len(tags) == len(born_ms) == n):
+            return None
+        cfg = self._user_topics.get(topic) if type(topic) is str else None
+        if cfg is None or self.topics.get(topic) is not cfg or (cfg.message_type is not _MIXED
+                                                                 and cfg.message_type is not _NORMAL):
+            return None  # (the first send of a topic validates and caches it)
+        # Bodies: bytes, not empty, within the limit.
+        lengths = list(map(len, bodies))
+        if min(lengths) == 0 or max(lengths) > self.config.max_body_bytes \
+                or not all(type(b) is bytes for b in bodies):
+            return None
+        # Ids as validate_message_id has them: printable ASCII (no control characters), not
+        # blank, at most MESSAGE_ID_CHARS_MAX. A space anywhere goes the slow way (blank or not).
+        if not all(type(m) is str for m in message_ids):
+            return None
+        joined = "".join(message_ids)
+        id_lengths = list(map(len, message_ids))
+        if not (joined.isascii() and joined.isprintable()) or " " in joined or min(id_lengths) == 0 \
+                or max(id_lengths) > model.MESSAGE_ID_CHARS_MAX:
+            return None
+        # Duplicates (in the batch or the dedupe window) are answered with the original: slow way.
+        keys = [(topic, m) for m in message_ids]
+        dedupe = self._dedupe
+        if len(set(message_ids)) != n or not dedupe.keys().isdisjoint(keys):
+            return None
+        distinct_tags = set(tags)
+        tag_bytes: dict[str, bytes] = {}
+        for t in distinct_tags:
+            if type(t) is not str:
+                return None
+            try:
+                tag_bytes[t] = self._tag_bytes(t) if t else b""
+            except errors.ClientError:
+                return None
+        raw_tags = [tag_bytes[tags[0]]] * n if len(distinct_tags) == 1 else [tag_bytes[t] for t in tags]
+        # All valid: from here on the batch is written as write() would write it.
+        counter = self._round_robin.get(topic)
+        start = 0 if counter is None else next(counter)
+        self._round_robin[topic] = itertools.count(start + n)  # as if next() ran once per message
+        queues = cfg.queues
+        queue_ids = [(start + i) % queues for i in range(n)]
+        now = self.clock.wall_ms()
+        born = [now if b is None else b for b in born_ms]
+        raw_ids = [m.encode() for m in message_ids]
+        commits, qoffs = self.store.write_plain(topic, queue_ids, born, raw_ids, raw_tags, bodies)
+        sent = self.sent_by_topic
+        sent[topic] = sent.get(topic, 0) + n
+        if self.trace is not None:
+            self.trace.stored_plain(topic, raw_ids, now)
+        now = self.clock.wall_ms()
+        dedupe.update(zip(keys, [(m, q, o, c, "", _body_crc(b), now)
+                                 for m, q, o, c, b in zip(message_ids, queue_ids, qoffs, commits, bodies)]))
+        limit = self.config.dedupe_max_entries
+        while len(dedupe) > limit:
+            dedupe.popitem(last=False)
+        return qoffs
+
     def flush(self) -> int:
         """Make everything written durable (per policy) and visible; return the durable offset."""
         synced = self.store.dispatch(self.store.sync())

@@ -9,8 +9,9 @@ or one JSON document for scripts, and exits with a documented status (docs/cli.m
     1  the broker refused the request (bad name, unknown group, ...); stderr names the code
     2  bad usage, caught before anything was sent (click's own status)
     3  no answer: the broker is unreachable, timed out, or is not chronoq
-    4  ``message recall``/``reschedule`` only: answered, but the message was not changed
-       (already delivered, already cancelled, or not found); the outcome says which
+    4  ``message recall``/``reschedule``: answered, but the message was not changed
+       (already delivered, already cancelled, or not found); the outcome says which.
+       ``message show``: nothing with that id or key in the windows searched
     5  ``audit`` only: the audit found early deliveries or lost messages
 
 Names and values are checked by the broker, the one authority on them; the CLI checks only what
@@ -20,6 +21,7 @@ it must parse itself (endpoint, ``k=v`` properties, the body source).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -199,6 +201,25 @@ def _print_table(title: str | None, columns: list[str], rows: list[list], *, rig
     console.print(table)
 
 
+@contextlib.contextmanager
+def _progress(description: str, total: int | None, hidden: bool):
+    """A rich progress bar for long work, shown only to a person: stdout is a terminal and not
+    ``hidden`` (--json, or work too short for one; scripts and pipes get nothing extra). Yields ``advance(n)``; ``total`` None: a
+    spinner with the elapsed time (work whose size is unknown). The bar is removed when done,
+    so the command's own output follows as usual."""
+    if hidden or not sys.stdout.isatty():
+        yield lambda n=1: None
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    columns = ([TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
+               if total is not None else [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()])
+    with Progress(*columns, transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n=1: progress.advance(task, n)
+
+
 def _admin(endpoint: str, timeout_s: float, method: str, *args, **kwargs):
     """Call one ``AdminClient`` method against ``endpoint``."""
     from chronoq.client import AdminClient
@@ -359,7 +380,7 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, count, 
 
     receipts: list = []
 
-    async def work():
+    async def work(advance):
         async with Client(endpoint, request_timeout_s=timeout, **_connection()) as client:
             left = count
             while left:
@@ -369,11 +390,14 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, count, 
                                          message_group=message_group, deliver_at_ms=deliver_at_ms)
                          for _ in range(n)]
                 receipts.extend(await client.send_batch(batch))
+                advance(n)
                 left -= n
 
     started = time.monotonic()
     try:
-        _call(endpoint, timeout, work())
+        # A bar only for bulk sends of more than one request (one request is over at once).
+        with _progress(f"sending to {topic}", count, as_json or count <= batch_size) as advance:
+            _call(endpoint, timeout, work(advance))
     finally:
         if receipts and len(receipts) < count:  # a later batch failed: say what is stored
             click.echo(f"chronoq: {len(receipts)} of {count} messages were sent before the error", err=True)
@@ -446,7 +470,7 @@ def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_a
 
     got: list[tuple[object, bool]] = []
 
-    async def work():
+    async def work(advance):
         async with Client(endpoint, request_timeout_s=timeout, **_connection()) as client:
             want = count or max_messages
             while len(got) < want:
@@ -461,11 +485,14 @@ def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_a
                         got.extend((m, False) for m in batch)
                         raise
                 got.extend((m, not no_ack) for m in batch)
+                advance(len(batch))
                 if count is None:
                     return
 
     try:
-        _call(endpoint, timeout, work())
+        # A bar only with --count (several requests until that many arrived).
+        with _progress(f"receiving {topic} for {group}", count, as_json or count is None) as advance:
+            _call(endpoint, timeout, work(advance))
     except SystemExit:  # a later request failed: still show what arrived (and whether it was acked)
         if got:
             _print_received(got, group, topic, invisible, wait, as_json)
@@ -671,7 +698,7 @@ def stats(endpoint, timeout, as_json) -> None:
 # ----------------------------------------------------------------------------- message
 @main.group()
 def message() -> None:
-    """Recall or reschedule a delayed message by its recall handle."""
+    """Show a message's life by id or key; recall or reschedule a delayed one by its recall handle."""
 
 
 def _outcome_json(r, new_handle: bool) -> dict:
@@ -745,6 +772,121 @@ def message_reschedule(handle, at, in_s, endpoint, timeout, as_json) -> None:
     _print_outcome(r, as_json, "rescheduled", new_handle=True)
 
 
+@message.command("show")
+@click.argument("query", metavar="ID_OR_KEY")
+@click.option("--scan-mib", type=click.IntRange(min=1), default=None,
+              help="Newest MiB of the commit log to search (at most 1024). Default: the broker's [console] "
+                   "lookup_scan_mib (32).")
+@click.option("--trace-mib", type=click.IntRange(min=1), default=None,
+              help="Newest MiB of the message trace to read (at most 4096). Default: the broker's [console] "
+                   "trace_scan_mib (64).")
+@_remote
+def message_show(query, scan_mib, trace_mib, endpoint, timeout, as_json) -> None:
+    """The life of the message with id or key ID_OR_KEY: stored, due, visible, each delivery
+    attempt, ack or dead letter; and its records in the commit log (the console's lookup page).
+
+    Searches only the newest part of the log and trace (see --scan-mib, --trace-mib). Exit 0 when
+    found, 4 when nothing there has that id or key.
+    """
+    from rocketmq.grpc_protocol.definition_pb2 import Code
+
+    from chronoq.client import AdminClient, ClientError
+
+    async def work():
+        async with AdminClient(endpoint, request_timeout_s=timeout, **_connection()) as admin:
+            try:
+                return await admin.lookup_message(query, scan_mib or 0, trace_mib or 0)
+            except ClientError as exc:
+                if exc.code != Code.NOT_FOUND:  # the broker's answer for "nothing in the windows"
+                    raise
+                return exc  # a definite answer, not a failure of the call
+
+    answer = _call(endpoint, timeout, work())
+    if isinstance(answer, ClientError):
+        if as_json:
+            _print_json({"query": query, "found": False, "detail": answer.status_message, "messages": []})
+        click.echo(f"chronoq: not found: {answer.status_message}", err=True)
+        sys.exit(EXIT_NOT_DONE)
+    if as_json:
+        _print_json(_lookup_json(query, answer))
+    else:
+        _print_lookup(answer)
+
+
+def _event_json(e) -> dict:
+    return {"kind": e.kind, "ts_ms": e.ts_ms, "due_ms": e.due_ms or None, "delayed": e.delayed,
+            "group": e.group or None, "attempt": e.attempt or None, "topic": e.topic or None,
+            "ref": {"topic": e.ref_topic, "queue": e.ref_queue, "offset": e.ref_offset} if e.ref_topic else None}
+
+
+def _record_json(r) -> dict:
+    return {"kind": r.kind, "commit_offset": r.commit_offset, "topic": r.topic, "queue_id": r.queue_id,
+            "queue_offset": r.queue_offset, "message_id": r.message_id, "tag": r.tag or None, "keys": list(r.keys),
+            "born_ms": r.born_ms, "stored_ms": r.stored_ms, "deliver_at_ms": r.deliver_at_ms or None,
+            "body_bytes": r.body_bytes, "recall_handle": r.recall_handle or None}
+
+
+def _lookup_json(query: str, a) -> dict:
+    return {
+        "query": query, "found": True,
+        "messages": [{"message_id": m.message_id, "topic": m.topic, "status": m.status,
+                      "stored_ms": m.stored_ms or None, "due_ms": m.due_ms or None, "visible_ms": m.visible_ms or None,
+                      "recalled_ms": m.recalled_ms or None,
+                      "groups": [{"group": g.group, "state": g.state, "attempts": g.attempts} for g in m.groups],
+                      "events": [_event_json(e) for e in m.events], "records": [_record_json(r) for r in m.records]}
+                     for m in a.messages],
+        "scanned": {"from_offset": a.scanned_from, "to_offset": a.scanned_to, "truncated": a.truncated,
+                    "damage": a.damage or None},
+        "trace": {"enabled": a.trace_enabled, "bytes_read": a.trace_bytes_read, "dropped": a.trace_dropped},
+    }
+
+
+def _event_detail(e) -> str:
+    """The detail column of a life event (as the console's lookup page words it)."""
+    if e.kind == "stored":
+        return f"due {_iso_ms(e.due_ms)}" if e.delayed else "visible at once"
+    if e.kind in ("visible", "recalled", "rescheduled"):
+        late = f", {e.ts_ms - e.due_ms:,} ms late" if e.kind == "visible" else ""
+        return f"due {_iso_ms(e.due_ms)}{late}"
+    if e.ref_topic:
+        return f"{e.ref_topic}/{e.ref_queue}@{e.ref_offset}"
+    return ""
+
+
+def _record_place(r) -> str:
+    """topic/queue@offset; a timer message's scheduled record sits in no queue yet (no offset)."""
+    from chronoq.timer.levels import DELAY_TOPIC
+
+    if r.kind == "scheduled" and r.topic != DELAY_TOPIC:
+        return f"{r.topic}/{r.queue_id}"
+    return f"{r.topic}/{r.queue_id}@{r.queue_offset}"
+
+
+def _print_lookup(a) -> None:
+    if a.damage:
+        click.echo(f"warning: {a.damage}")
+    if not a.trace_enabled:
+        click.echo("note: the broker records no message trace (trace_enabled = false): only records are shown")
+    elif a.trace_dropped:
+        click.echo(f"note: the trace buffer dropped {a.trace_dropped:,} events since start: a life may be incomplete")
+    for m in a.messages:
+        click.echo(f"message {m.message_id} in {m.topic}: {m.status}")
+        _print_table("life", ["TIME (UTC)", "EVENT", "GROUP", "ATTEMPT", "DETAIL"],
+                     [[_iso_ms(e.ts_ms), e.kind, e.group, e.attempt or None, _event_detail(e)] for e in m.events]
+                     or [["-", "no trace events in the window read", None, None, None]],
+                     right=("ATTEMPT",), wrap=("DETAIL",))
+        _print_table("records in the commit log", ["WHAT", "TOPIC/QUEUE@OFFSET", "COMMIT OFFSET", "STORED (UTC)",
+                                                   "DUE (UTC)", "KEYS", "BODY", "RECALL HANDLE"],
+                     [[r.kind, _record_place(r), r.commit_offset, _iso_ms(r.stored_ms),
+                       _iso_ms(r.deliver_at_ms), " ".join(r.keys), f"{r.body_bytes:,} B", r.recall_handle or None]
+                      for r in m.records] or [["-", "no record in the scanned part of the log"] + [None] * 6],
+                     right=("COMMIT OFFSET", "BODY"), wrap=("KEYS",))
+        click.echo("")
+    click.echo(f"searched commit-log offsets {a.scanned_from:,} to {a.scanned_to:,}"
+               + (" (stopped at 200 matching records)" if a.truncated else "")
+               + f" and {_size_text(a.trace_bytes_read)} of the message trace")
+
+
 # ----------------------------------------------------------------------------- audit (Spark)
 EXIT_AUDIT_PROBLEM = 5      # the audit found early deliveries or lost messages
 
@@ -782,9 +924,12 @@ def audit(topics, grace, html_path, master, endpoint, timeout, as_json) -> None:
     except ImportError as exc:
         _fail(f"the audit needs the spark extra (pip install 'chronoq[spark]' and Java 17): {exc}", EXIT_USAGE)
     owned = SparkSession.getActiveSession() is None
-    spark = local_session(master, app="chronoq-audit")
+    with _progress("starting Spark", None, as_json):
+        spark = local_session(master, app="chronoq-audit")
     try:
-        result = job.run(spark, endpoint, list(topics), grace, **_connection())
+        # The Spark job's size is unknown up front: a spinner with the elapsed time.
+        with _progress("auditing the message trace with Spark", None, as_json):
+            result = job.run(spark, endpoint, list(topics), grace, **_connection())
         if html_path:
             job.write_html(result, html_path)
     except BrokerError as exc:

@@ -497,6 +497,14 @@ class AdminClient:
         Client._check(resp.status)
         return resp
 
+    async def lookup_message(self, query: str, scan_mib: int = 0, trace_mib: int = 0):
+        """``LookupMessageResponse``: the records and life of the message(s) with id or key ``query``
+        (0 MiB: the broker's [console] windows). Nothing found raises ``ClientError`` NOT_FOUND."""
+        resp = await self._stub.LookupMessage(self._apb.LookupMessageRequest(
+            query=query, scan_mib=scan_mib, trace_mib=trace_mib), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
+
     async def recall(self, recall_handle: str):
         """``RecallResponse``; ``.outcome`` is "cancelled", "already_delivered" or "not_found"."""
         resp = await self._stub.Recall(self._apb.RecallRequest(recall_handle=recall_handle), timeout=self.timeout)

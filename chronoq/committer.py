@@ -50,21 +50,38 @@ class GroupCommitter:
         except errors.DiskFull:  # the disk filled between looks: look again at the next send
             self.broker.disk.recheck_soon()
             raise
-        if not results:
-            return results
+        if results:
+            await self._acknowledged()
+        return results
+
+    async def send_plain(self, topic: str, message_ids: list[str], tags: list[str], bodies: list[bytes],
+                         born_ms: list[int | None]) -> list[int] | None:
+        """``send`` through ``Broker.write_plain`` (a batch stored in bulk): the queue offsets once
+        acknowledged, or None at once, nothing written, when the batch is not for that path."""
+        self.broker.check_space()
+        try:
+            offsets = self.broker.write_plain(topic, message_ids, tags, bodies, born_ms)
+        except errors.DiskFull:
+            self.broker.disk.recheck_soon()
+            raise
+        if offsets:
+            await self._acknowledged()
+        return offsets
+
+    async def _acknowledged(self) -> None:
+        """Return once everything written so far is acknowledged under the flush policy."""
         if not self.sync_policy:
             self.broker.store.dispatch()
             self.broker.notify_arrivals()
-            return results
+            return
         # Duplicates answer with the original's offset; it too must be durable before we reply.
         end = self.broker.store.log.written
         if self.broker.store.log.synced >= end and self.broker.store.dispatched >= end:
-            return results
+            return
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append((end, fut))
         self._kick.set()
         await fut
-        return results
 
     async def barrier(self) -> None:
         """Return once everything written so far is durable and visible (per policy)."""

@@ -109,6 +109,11 @@ class BrokerConfig:
             raise errors.ClientError("intervals must be positive")
         self._validate_timer()
         self._validate_security()
+        # [console] (chronoq.console.settings): checked here, at load, so a typo stops `chronoq
+        # serve` before it opens anything, not later when the HTTP listener starts.
+        from chronoq.console import settings as console_settings
+
+        console_settings.parse(self.extra.get("console"))
         if not 1000 <= self.push_invisible_ms <= 12 * 3600 * 1000:
             raise errors.ClientError(f"push_invisible_ms must be 1000 ms to 12 h, not {self.push_invisible_ms}")
         if not 0 <= self.auto_renew_max_ms <= 24 * 3600 * 1000:

@@ -181,6 +181,13 @@ class TraceRecorder:
             add((STORED, flags, 0, topic, message_id, None, None, 0, now_ms, deliver_at_ms, 0))
         self._trim(start, now_ms)
 
+    def stored_plain(self, topic: str, message_ids: list[bytes], now_ms: int) -> None:
+        """``stored`` for a batch of plain (not delayed, not system) messages of one topic: the
+        same events, one list extend per batch (Store.write_plain's callers)."""
+        start = len(self.events)
+        self.events += [(STORED, 0, 0, topic, mid, None, None, 0, now_ms, 0, 0) for mid in message_ids]
+        self._trim(start, now_ms)
+
     def visible(self, deliveries: list, visible_ms: int) -> None:
         """Timer deliveries made visible (``timer.lanes.Delivery`` with a ``prepared`` copy)."""
         start = len(self.events)

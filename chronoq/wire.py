@@ -207,6 +207,23 @@ def send_response_ok(results) -> bytes:
     return b"".join(pieces)
 
 
+def send_response_ok_plain(message_ids: list[str], offsets: list[int]) -> bytes:
+    """``send_response_ok`` for results without recall handles, from two columns (the
+    SendMessage fast path): the same bytes, without a tuple per message."""
+    pieces = [_OK_SEND_STATUS]
+    add = pieces.append
+    small, head, k_offset = _SMALL, K_SEND_ENTRIES, K_ENTRY_OFFSET
+    for message_id, offset in zip(message_ids, offsets):
+        mid = message_id.encode()
+        entry = _OK_ENTRY_STATUS + K_ENTRY_MESSAGE_ID + varint(len(mid)) + mid if mid else _OK_ENTRY_STATUS
+        if offset:
+            entry += k_offset + (small[offset] if offset < 128 else varint(offset))
+        add(head)
+        add(small[len(entry)] if len(entry) < 128 else varint(len(entry)))
+        add(entry)
+    return b"".join(pieces)
+
+
 _OK_ACK_STATUS = field(K_ACK_RESULT_STATUS, _OK_STATUS)
 _OK_RESULT_STATUS = field(K_RESULT_STATUS, _OK_STATUS)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import jinja2
 from aiohttp import web
 
-from chronoq import acl, errors
-from chronoq.console import access, charts, horizon, lookup
+from chronoq import acl, errors, lookup
+from chronoq.console import access, charts, horizon
 from chronoq.console.lateness import LatenessRing
 from chronoq.console.settings import ConsoleSettings
 from chronoq.pop import names
@@ -108,7 +108,7 @@ def group_rows(broker, pop) -> tuple[list[dict], list[dict]]:
     for lag and in-flight counts: ``chronoq group list``, the gRPC Admin API and this page)."""
     if pop is None:
         return [], []
-    answer = AdminService(broker, pop)._list_groups(apb.ListGroupsRequest())
+    answer = AdminService(broker, pop).group_lags(apb.ListGroupsRequest())
     per_topic, per_group = [], {}
     for row in answer.groups:
         g = row.group
@@ -202,27 +202,11 @@ async def lookup_page(request: web.Request, console: Console) -> web.Response:
     if len(query) > lookup.QUERY_CHARS_MAX or not query.isprintable():
         context["error"] = f"a message id or key is at most {lookup.QUERY_CHARS_MAX} printable characters"
         return console.render(request, "lookup.html", status=400, **context)
-    broker = console.broker
-    now = console.now_ms()
-    scan = lookup.scan_log(broker.store.log, query, console.settings.lookup_scan_mib << 20, now)
-    ids = []
-    for r in scan.records:
-        if r.origin_id not in ids:
-            ids.append(r.origin_id)
-    if not ids:
-        ids = [query]  # not in the scanned log: it may still be an id the trace knows
-    ids = ids[:lookup.lifeline.IDS_MAX]
-    trace = await lookup.trace_events(console.runtime, set(ids), console.settings.trace_scan_mib << 20)
-    messages = []
-    for mid in ids:
-        events = [e for e in trace.events if e["message_id"] == mid]
-        records = [r for r in scan.records if r.origin_id == mid]
-        if not events and not records:
-            continue
-        messages.append({"id": mid, "events": events, "records": records,
-                         "state": lookup.lifeline.summary(events, now),
-                         "topic": records[0].origin_topic if records else (events[0]["topic"] if events else "")})
-    return console.render(request, "lookup.html", scan=scan, trace=trace, messages=messages, **context)
+    # The same lookup as the Admin RPC LookupMessage (chronoq message show): chronoq.lookup.
+    found = await lookup.lookup_message(console.broker, console.runtime.committer.barrier, query,
+                                        console.settings.lookup_scan_mib << 20, console.settings.trace_scan_mib << 20)
+    return console.render(request, "lookup.html", scan=found.scan, trace=found.trace, messages=found.messages,
+                          **context)
 
 
 # ---------------------------------------------------------------------------- write actions
@@ -259,7 +243,7 @@ async def create_topic(request: web.Request, console: Console) -> web.Response:
     # The Admin service's CreateTopic: the same validation and "0 / empty = keep" rules as
     # ``chronoq topic create`` and the gRPC Admin API.
     try:
-        answer = AdminService(console.broker, console.runtime.pop)._create_topic(apb.CreateTopicRequest(
+        answer = AdminService(console.broker, console.runtime.pop).create_or_update_topic(apb.CreateTopicRequest(
             topic=apb.Topic(name=name, queues=queues, message_type=str(form.get("type", "")))))
     except (errors.ClientError, ValueError) as exc:  # ValueError: a queue count protobuf cannot hold
         return console.render(request, "refused.html", status=400, reason=f"topic not created: {exc}")

@@ -28,12 +28,21 @@ Choices:
   an Admin RPC makes (they are rare operator actions). Definite outcomes, ``not_found``
   included, are answered with status OK and the outcome; only a malformed handle, a bad time
   or a storage error is a non-OK status.
+- ``LookupMessage`` (``chronoq message show``) is ``chronoq.lookup.lookup_message``, the console's
+  lookup: a bounded scan of the commit log's tail and of the trace. Its windows default to
+  ``[console] lookup_scan_mib`` / ``trace_scan_mib``; a request may ask for others within the same
+  limits. Nothing found is ``NOT_FOUND`` (a message older than the windows is not found either).
+  Admins only (``chronoq.server.auth``: it shows keys and ids of every topic).
+- ``create_or_update_topic`` and ``group_lags`` are also called by the web console, so a topic
+  created there and the lag it shows follow the same rules as the RPCs.
 """
 
 from __future__ import annotations
 
-from chronoq import errors, model
+from chronoq import errors, lookup, model
+from chronoq.console import settings as console_settings
 from chronoq.metrics import BrokerMetrics
+from chronoq.trace import FLAG_DELAYED
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
 from chronoq.proto import chronoq_admin_pb2 as apb
@@ -82,9 +91,10 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
 
     # ------------------------------------------------------------------ topics
     async def CreateTopic(self, request, context):
-        return _answer(apb.CreateTopicResponse, "CreateTopic", self._create_topic, request)
+        return _answer(apb.CreateTopicResponse, "CreateTopic", self.create_or_update_topic, request)
 
-    def _create_topic(self, request) -> apb.CreateTopicResponse:
+    def create_or_update_topic(self, request) -> apb.CreateTopicResponse:
+        """``CreateTopic`` without the RPC: also the console's "create topic" form (the same rules)."""
         self._check_open()
         if not request.HasField("topic"):
             raise errors.ClientError("CreateTopic needs a topic")
@@ -130,7 +140,7 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             name=cfg.name, fifo=cfg.fifo, max_attempts=cfg.max_attempts))
 
     async def ListGroups(self, request, context):
-        return _answer(apb.ListGroupsResponse, "ListGroups", self._list_groups, request)
+        return _answer(apb.ListGroupsResponse, "ListGroups", self.group_lags, request)
 
     def _known_groups(self) -> dict[str, apb.Group]:
         groups = {g.name: apb.Group(name=g.name, fifo=g.fifo, max_attempts=g.max_attempts)
@@ -145,7 +155,9 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             groups[name] = apb.Group(name=name, fifo=False, max_attempts=DEFAULT_MAX_ATTEMPTS)
         return groups
 
-    def _list_groups(self, request) -> apb.ListGroupsResponse:
+    def group_lags(self, request) -> apb.ListGroupsResponse:
+        """``ListGroups`` without the RPC: lag and in-flight per (group, topic); also the console's
+        overview, so both always agree."""
         self._check_open()
         groups = self._known_groups()
         if request.group:
@@ -176,6 +188,33 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             if not topics:
                 rows.append(apb.GroupLag(group=groups[name], topic="", lag=0, inflight=0))
         return apb.ListGroupsResponse(status=_ok(), groups=rows)
+
+    # ------------------------------------------------------------------ message lookup
+    async def LookupMessage(self, request, context):
+        # Not _answer: the lookup awaits (the trace is read in steps, other work served between).
+        try:
+            return await self._lookup_message(request)
+        except Exception as exc:  # noqa: BLE001 - this is the boundary
+            code, message = status.code_and_message(exc, "LookupMessage")
+            return apb.LookupMessageResponse(status=apb.Status(code=code, message=message))
+
+    async def _lookup_message(self, request) -> apb.LookupMessageResponse:
+        self._check_open()
+        chosen = console_settings.parse(self.broker.config.extra.get("console"))  # validated at load
+        scan_mib = _window_mib(request.scan_mib, chosen.lookup_scan_mib, "scan_mib", "lookup_scan_mib")
+        trace_mib = _window_mib(request.trace_mib, chosen.trace_scan_mib, "trace_mib", "trace_scan_mib")
+        found = await lookup.lookup_message(self.broker, self._durable, request.query, scan_mib << 20,
+                                            trace_mib << 20)
+        if not found.messages:
+            raise errors.NotFound(
+                f"no message with id or key {found.query!r} in the newest {scan_mib} MiB of the commit log "
+                f"(offsets {found.scan.scanned_from}-{found.scan.scanned_to}) nor in the newest {trace_mib} MiB "
+                "of the message trace" + ("" if found.trace.enabled else " (the trace is off)"))
+        scan, trace = found.scan, found.trace
+        return apb.LookupMessageResponse(
+            status=_ok(), messages=[_looked_up_pb(m) for m in found.messages], scanned_from=scan.scanned_from,
+            scanned_to=scan.scanned_to, truncated=scan.truncated, damage=scan.damage, trace_enabled=trace.enabled,
+            trace_bytes_read=trace.bytes_read, trace_dropped=trace.dropped)
 
     # ------------------------------------------------------------------ delayed delivery
     async def Stats(self, request, context):
@@ -245,3 +284,31 @@ def _lane_pb(lane: dict) -> apb.TimerLane:
     return apb.TimerLane(pending=lane["pending"], pending_max=lane["pending_max"], failures=lane["failures"],
                          blocked=lane["blocked"], retry_at_ms=lane["retry_at_ms"] or 0,
                          last_error=lane["last_error"], delivered=lane["delivered"], skipped=lane["skipped"])
+
+
+def _window_mib(asked: int, configured: int, field: str, setting: str) -> int:
+    """A lookup window: the request's, within the [console] limits, or the configured one."""
+    if asked == 0:
+        return configured
+    lo, hi = console_settings.ConsoleSettings.LIMITS[setting]
+    if not lo <= asked <= hi:
+        raise errors.ClientError(f"{field} must be between {lo} and {hi} MiB, not {asked}")
+    return asked
+
+
+def _looked_up_pb(m: dict) -> apb.LookedUpMessage:
+    state = m["state"]
+    groups = [apb.GroupOutcome(group=g, state=st, attempts=state["attempts"].get(g, 0))
+              for g, st in sorted(state["groups"].items())]
+    events = [apb.LifeEvent(kind=e["kind"], ts_ms=e["ts_ms"], due_ms=e["due_ms"],
+                            delayed=bool(e["flags"] & FLAG_DELAYED), group=e["group"] or "", attempt=e["attempt"],
+                            topic=e["topic"] or "", ref_topic=e["ref_topic"] or "", ref_queue=e["ref_queue"],
+                            ref_offset=e["ref_offset"]) for e in m["events"]]
+    records = [apb.LookupRecord(commit_offset=r.commit_offset, kind=r.kind, topic=r.topic, queue_id=r.queue_id,
+                                queue_offset=r.queue_offset, message_id=r.message_id, tag=r.tag, keys=list(r.keys),
+                                born_ms=r.born_ms, stored_ms=r.stored_ms, deliver_at_ms=r.deliver_at_ms,
+                                body_bytes=r.body_bytes, recall_handle=r.recall_handle or "") for r in m["records"]]
+    return apb.LookedUpMessage(message_id=m["id"], topic=m["topic"], status=state["status"],
+                               stored_ms=state["stored_ms"] or 0, due_ms=state["due_ms"] or 0,
+                               visible_ms=state["visible_ms"] or 0, recalled_ms=state["recalled_ms"] or 0,
+                               groups=groups, events=events, records=records)

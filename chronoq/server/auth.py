@@ -120,6 +120,9 @@ RULES.update({
     ADMIN_SERVICE + "Abort": lambda r: [],
     ADMIN_SERVICE + "Recall": _handle_topic,
     ADMIN_SERVICE + "Reschedule": _handle_topic,
+    # A lookup (chronoq message show) lists ids, keys and recall handles of any topic: admins,
+    # like every other read of the Admin service.
+    ADMIN_SERVICE + "LookupMessage": lambda r: [(acl.ADMIN, "")],
     # Everything else of chronoq.v1.Admin (topics, groups, timer stats, trace) is for admins.
 })
 _ADMIN_ONLY: Rule = lambda r: [(acl.ADMIN, "")]  # noqa: E731

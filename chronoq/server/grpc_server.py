@@ -420,6 +420,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(messages) == 1:  # the official clients' only shape
             entry = await self._send_one(messages[0])
             return sv.SendMessageResponse(status=entry.status, entries=[entry])
+        # The common batch (plain messages of one topic) is checked and stored in bulk
+        # (Broker.write_plain); anything else, or any rule broken, takes _send_batch.
+        plain = convert.plain_batch(messages)
+        if plain is not None:
+            offsets = await self.committer.send_plain(*plain)
+            if offsets is not None:
+                return sv.SendMessageResponse.FromString(wire.send_response_ok_plain(plain[1], offsets))
+        return await self._send_batch(messages)
+
+    async def _send_batch(self, messages):
+        """A batch message by message (``outgoing_from_pb``, ``Broker.write``): every shape."""
         if any(m.system_properties.message_type == pb.TRANSACTION for m in messages):
             raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
         try:  # one group commit for the whole request

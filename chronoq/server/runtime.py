@@ -42,11 +42,15 @@ class Runtime:
         self.front_ends: list = []
 
     def open_broker(self) -> Broker:
-        def progress(phase: str, done: int, total: int) -> None:
-            if total:
-                self.say(f"recovery: {phase} {done * 100 // total}% ({done}/{total} bytes)")
+        from chronoq.clock import SYSTEM_CLOCK
+        from chronoq.server.progress import StartupProgress
 
-        self.broker = Broker(self.config, progress=progress)
+        # Verify and rebuild progress: INFO log lines every 2 s, and a bar when stderr is a terminal.
+        progress = StartupProgress(SYSTEM_CLOCK.monotonic_ns)
+        try:
+            self.broker = Broker(self.config, progress=progress)
+        finally:
+            progress.close()
         self.say(f"chronoq data directory: {self.config.data_dir}")
         self.say(f"recovery: {self.broker.recovery.summary()}")
         from chronoq.metrics import BrokerMetrics

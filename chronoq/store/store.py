@@ -89,7 +89,17 @@ class StoreOptions:
     quarantine: bool = False
 
 
+_NEVER = 1 << 63  # an offset no record reaches
+
+
 class Store:
+    """Ensures after ``__init__``: recovery ran (``report``), every record up to the log end is
+    dispatched. ``progress(phase, done, total)``, if given, hears of the long parts of recovery:
+    phase "verify" (bytes of segments checked) and "replay" (bytes of log re-dispatched into the
+    consume queues), once per segment and at the end of each phase; ``done`` and ``total`` count
+    bytes of that phase (chronoq.server.progress shows them).
+    """
+
     def __init__(self, data_dir: str, options: StoreOptions | None = None, clock=None,
                  progress: Callable[[str, int, int], None] | None = None):
         from chronoq.clock import SYSTEM_CLOCK
@@ -131,7 +141,8 @@ class Store:
         if not clean:
             verify_from = self._verify_start(dispatched)
             verify_log(self.log, verify_from, self.options.quarantine, report,
-                       None if progress is None else (lambda off: progress("verify", off, log_len)))
+                       None if progress is None else
+                       (lambda off: progress("verify", off - verify_from, log_len - verify_from)))
         log_end = self.log.segments[-1].end if self.log.segments else 0
         report.log_end = log_end
         replay_from = dispatched
@@ -202,22 +213,32 @@ class Store:
         return not all(cq.is_whole() for cq in self.queues.values())
 
     def _replay(self, start: int, progress, log_end: int) -> int:
-        """Re-dispatch records from ``start``; then cut queue entries the log no longer backs."""
+        """Re-dispatch records from ``start``; then cut queue entries the log no longer backs.
+
+        ``progress("replay", done, total)`` (bytes of this replay) is called once per segment
+        passed and once at the end: one integer compare per record, nothing more.
+        """
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         count = 0
+        ends = [seg.end for seg in self.log.segments if seg.end > start]
+        next_end = ends.pop(0) if ends and progress is not None else _NEVER
         for offset, buf in iter_records(self.log, start):
+            if offset >= next_end:  # a segment boundary passed (only when someone listens)
+                while next_end <= offset:
+                    next_end = ends.pop(0) if ends else _NEVER
+                progress("replay", offset - start, log_end - start)
             h = record.RecordHeader(buf, 0)
             if h.flags & record.FLAG_DELAYED:  # the timer absorbs these itself (see scan)
                 continue
             entry = _pack_entry(offset, h.length, zlib.crc32(h.tag), h.stored_ms)
             self._add_entry(batch, (h.topic, h.queue_id), h.queue_offset, entry)
             count += 1
-            if count % 65536 == 0:
+            if count % 65536 == 0:  # bounded memory for a long rebuild
                 self._put_entries(batch)
                 batch = {}
-                if progress is not None:
-                    progress("replay", offset, log_end)
         self._put_entries(batch)
+        if progress is not None and log_end > start:
+            progress("replay", log_end - start, log_end - start)
         for cq in self.queues.values():  # R9
             cq.truncate_past(log_end)
         for key, cq in self.queues.items():
@@ -335,6 +356,81 @@ class Store:
             raise
         self._pending.append((pos, batch, delayed_records))
         return out
+
+    def write_plain(self, topic: str, queue_ids: list[int], born_ms: list[int], message_ids: list[bytes],
+                    tags: list[bytes], bodies: list[bytes]) -> tuple[list[int], list[int]]:
+        """``write`` for plain records of one topic (flags 0; no keys, properties or delay), from
+        columns instead of ``Prepared`` tuples: the same records byte for byte, the same queue
+        offsets and pending dispatch, without a tuple per message in or out (the SendMessage
+        fast path, chronoq.server.grpc_server). Returns (commit offsets, queue offsets).
+        """
+        n = len(bodies)
+        assert len(queue_ids) == len(born_ms) == len(message_ids) == len(tags) == n
+        if not n:
+            return [], []
+        now = self.clock.wall_ms()
+        tb = self._topic_bytes.get(topic)
+        if tb is None:
+            tb = self._topic_bytes[topic] = topic.encode()
+        tlen = len(tb)
+        next_qoff = self._next_qoff
+        nxt: dict[int, int] = {}
+        for qid in set(queue_ids):
+            qoff = next_qoff.get((topic, qid))
+            nxt[qid] = self._queue(topic, qid).next_offset if qoff is None else qoff
+        first = dict(nxt)
+        tag_hash = {t: zlib.crc32(t) for t in set(tags)}
+        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
+        magic, version, size_max = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX
+        pieces: list[bytes] = []
+        add = pieces.append
+        sizes: list[int] = []
+        add_size = sizes.append
+        qoffs: list[int] = []
+        add_qoff = qoffs.append
+        # The loop of record.encode_parts, inlined: a call per message costs as much as its body.
+        for qid, born, mid, tag, body in zip(queue_ids, born_ms, message_ids, tags, bodies):
+            qoff = nxt[qid]
+            nxt[qid] = qoff + 1
+            head = pack_tail(0, qid, qoff, born, now, 0, tlen, len(mid), len(tag), 0, 0, len(body)) + tb + mid + tag
+            total = record.CRC_START + len(head) + len(body)
+            if total > size_max:
+                raise ValueError(f"record of {total} bytes exceeds {size_max}")
+            add(pack_prefix(total, magic, version, extend(crc(head), body)))
+            add(head)
+            add(body)
+            add_size(total)
+            add_qoff(qoff)
+        commits: list[int] = []
+        add_commit = commits.append
+        runs: dict[int, bytearray] = {qid: bytearray() for qid in nxt}
+        pack_entry = _pack_entry
+        i = pos = 0
+        try:
+            while i < n:
+                j, room, size = i, self.log.room(), 0
+                # Fill what fits in the active segment; a roll happens between chunks only.
+                while j < n and (size + sizes[j] <= room or j == i):
+                    size += sizes[j]
+                    j += 1
+                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
+                for k in range(i, j):
+                    length = sizes[k]
+                    add_commit(pos)
+                    runs[queue_ids[k]] += pack_entry(pos, length, tag_hash[tags[k]], now)
+                    pos += length
+                i = j
+        finally:
+            # Queue offsets of records not written (a storage error) are given back; what was
+            # written waits for dispatch like any batch.
+            batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+            for qid, run in runs.items():
+                next_qoff[(topic, qid)] = first[qid] + len(run) // ENTRY_SIZE
+                if run:
+                    self._add_entry(batch, (topic, qid), first[qid], run)
+            if commits:
+                self._pending.append((pos, batch, []))
+        return commits, qoffs
 
     def sync(self) -> int:
         """fsync the log; return the durable offset. May run in a worker thread."""

@@ -23,7 +23,13 @@ CLI_TIMEOUT_S = 30
 
 @pytest.fixture(scope="module")
 def cli(chronoq_endpoint):
-    def run(*args: str, input: bytes | None = None, endpoint: str | None = chronoq_endpoint,
+    return make_cli(chronoq_endpoint)
+
+
+def make_cli(default_endpoint: str | None):
+    """``run(*args, expect=0)``: ``python -m chronoq ARGS`` against ``default_endpoint``; ``run.json``
+    adds --json and parses stdout."""
+    def run(*args: str, input: bytes | None = None, endpoint: str | None = default_endpoint,
             expect: int | None = 0) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("CHRONOQ_ENDPOINT", None)

@@ -259,6 +259,11 @@ def test_admin_calls_need_the_admin_role(auth_server):
     # Flags work too (the env is preferred: a flag shows in the process list).
     sent = _cli(auth_server.endpoint, "send", name, "via-cli", "--access-key", "root", "--secret-key", USERS["root"])
     assert sent.returncode == 0, sent.stderr
+    # Message lookup (chronoq message show) shows ids and keys of every topic: admins only.
+    looked = _cli(auth_server.endpoint, "message", "show", "some-key", ak="app", sk=USERS["app"])
+    assert looked.returncode == 1 and "FORBIDDEN" in looked.stderr
+    looked = _cli(auth_server.endpoint, "message", "show", "some-key", ak="root", sk=USERS["root"])
+    assert looked.returncode == 4 and "not found" in looked.stderr
 
 
 def test_secrets_and_signatures_never_reach_the_broker_log(auth_server):

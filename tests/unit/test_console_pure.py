@@ -158,6 +158,17 @@ def test_console_settings():
             settings.parse(bad)
 
 
+def test_console_settings_are_checked_when_the_config_is_loaded(tmp_path):
+    from chronoq.config import load_config
+
+    path = tmp_path / "chronoq.toml"
+    path.write_text("[console]\ntrace_scan_mib = 128\n")
+    assert load_config(str(path), env={}).extra["console"] == {"trace_scan_mib": 128}
+    path.write_text("[console]\nlookup_scan_mb = 8\n")  # a typo: refused at load, not when HTTP starts
+    with pytest.raises(errors.ClientError, match="lookup_scan_mb"):
+        load_config(str(path), env={})
+
+
 def test_chart_json_cannot_close_its_script_element():
     fig = charts.due_bars({"starts_ms": [T0], "step_ms": MIN, "pending": [3]}, "</script><b>")
     text = charts.script_json(fig)

@@ -1,5 +1,9 @@
 """Message lookup by id or key: the records of the log that hold it, and its life from the trace.
 
+Shared by the console's lookup page (``chronoq.console.views``) and the Admin RPC
+``LookupMessage`` (``chronoq.server.admin``, used by ``chronoq message show``), so both always
+show the same life. ``lookup_message`` is the entry point; ``chronoq.lifeline`` is the pure part.
+
 Data sources and their bounds (docs/console.md, "Message lookup"):
 
 1. **The commit log, newest ``scan_bytes``** (``[console] lookup_scan_mib``, 32 MiB). The broker keeps no index from a
@@ -25,9 +29,9 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
-from chronoq import model
-from chronoq.console import lifeline
+from chronoq import errors, lifeline, model
 from chronoq.store import record
 from chronoq.timer import copies
 from chronoq.timer import handle as handles
@@ -181,13 +185,18 @@ class TraceReport:
     dropped: int = 0         # events the trace buffer had to drop (it was full)
 
 
-async def trace_events(runtime, ids: set[str], trace_bytes: int) -> TraceReport:
-    """Events of ``ids`` in the newest ``trace_bytes`` of the trace topic, oldest first."""
-    broker = runtime.broker
+async def trace_events(broker, durable: Callable[[], Awaitable[None]], ids: set[str],
+                       trace_bytes: int) -> TraceReport:
+    """Events of ``ids`` in the newest ``trace_bytes`` of the trace topic, oldest first.
+
+    ``durable`` makes what the broker wrote durable and dispatched (the group committer's
+    barrier in the console, an fsync + dispatch in the Admin service): the trace buffer written
+    here must be readable before the read starts.
+    """
     if broker.trace is None:
         return TraceReport(enabled=False)
     broker.write_trace()
-    await runtime.committer.barrier()  # durable and dispatched: readable now
+    await durable()  # durable and dispatched: readable now
     report = TraceReport(dropped=broker.trace.dropped)
     lo, hi = broker.queue_bounds(TRACE_TOPIC, 0)
     wanted = [i.encode() for i in ids]
@@ -221,3 +230,52 @@ async def trace_events(runtime, ids: set[str], trace_bytes: int) -> TraceReport:
     report.records_read = search.records
     report.events = search.timeline()
     return report
+
+
+# ------------------------------------------------------------------------ the whole lookup
+@dataclass
+class LookupResult:
+    query: str
+    scan: ScanReport
+    trace: TraceReport
+    # One per message id found: {"id", "topic", "events", "records", "state"} (``lifeline.summary``).
+    messages: list[dict]
+
+
+def check_query(query: str) -> str:
+    """The query stripped; ``errors.ClientError`` when it cannot be a message id or key."""
+    text = query.strip()
+    if not text or len(text) > QUERY_CHARS_MAX or not text.isprintable():
+        raise errors.ClientError(f"a message id or key is 1 to {QUERY_CHARS_MAX} printable characters")
+    return text
+
+
+async def lookup_message(broker, durable: Callable[[], Awaitable[None]], query: str, scan_bytes: int,
+                         trace_bytes: int) -> LookupResult:
+    """Every message ``query`` names (by id, origin id or key), with its records and its life.
+
+    Ensures: each listed message has at least one record or one trace event; at most
+    ``lifeline.IDS_MAX`` messages. An empty list means nothing in the windows read.
+    """
+    query = check_query(query)
+    now = broker.clock.wall_ms()
+    scan = scan_log(broker.store.log, query, scan_bytes, now)
+    ids: list[str] = []
+    for r in scan.records:
+        if r.origin_id not in ids:
+            ids.append(r.origin_id)
+    if not ids:
+        ids = [query]  # not in the scanned log: it may still be an id the trace knows
+    ids = ids[:lifeline.IDS_MAX]
+    trace = await trace_events(broker, durable, set(ids), trace_bytes)
+    now = broker.clock.wall_ms()  # the trace read yielded: time moved on
+    messages = []
+    for mid in ids:
+        events = [e for e in trace.events if e["message_id"] == mid]
+        records = [r for r in scan.records if r.origin_id == mid]
+        if not events and not records:
+            continue
+        messages.append({"id": mid, "events": events, "records": records, "state": lifeline.summary(events, now),
+                         "topic": records[0].origin_topic if records else (events[0]["topic"] or "")})
+    assert len(messages) <= lifeline.IDS_MAX
+    return LookupResult(query, scan, trace, messages)

@@ -1,0 +1,71 @@
+"""Progress bars of the CLI (docs/cli.md): drawn only for a person. The CLI runs as a subprocess
+against the shared ``chronoq serve``, once with stdout on a pseudo-terminal (a bar must appear
+and end at its total) and once piped or with --json (not a trace of a bar).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+from .conftest import ROOT
+from .test_cli import make_cli, unique
+
+PTY_TIMEOUT_S = 60
+
+
+def run_on_terminal(endpoint: str, *args: str) -> tuple[int, str]:
+    """``python -m chronoq ARGS`` with stdout and stderr on a pseudo-terminal: (exit, output)."""
+    master, slave = os.openpty()
+    env = dict(os.environ, TERM="xterm", COLUMNS="120", CHRONOQ_ENDPOINT=endpoint,
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "chronoq", *args], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + PTY_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def test_bulk_send_and_receive_show_a_bar_on_a_terminal_only(chronoq_endpoint):
+    topic, group = unique("bar"), unique("bar-g")
+    code, out = run_on_terminal(chronoq_endpoint, "send", topic, "x", "--count", "1200", "--batch-size", "100")
+    assert code == 0, out
+    assert f"sending to {topic}" in out and "1200/1200" in out  # the bar, drawn to its end
+    assert f"sent 1200 messages to {topic}" in out
+
+    code, out = run_on_terminal(chronoq_endpoint, "receive", group, topic, "--count", "1200", "--max", "32")
+    assert code == 0, out
+    assert f"receiving {topic} for {group}" in out and "1200/1200" in out
+    assert "received and acknowledged 1200 messages" in out
+
+    # Piped, or --json: no bar.
+    cli = make_cli(chronoq_endpoint)
+    piped = cli("send", topic, "y", "--count", "300", "--batch-size", "100")
+    assert "sending to" not in piped.out + piped.err and "\x1b[" not in piped.out
+    code, out = run_on_terminal(chronoq_endpoint, "send", topic, "z", "--count", "300", "--batch-size", "100",
+                                "--json")
+    assert code == 0 and "sending to" not in out
+    assert json.loads(out)["sent"] == 300
