@@ -44,7 +44,7 @@ class BrokerConfig:
     retention_max_age_hours: float = 72.0
     retention_max_bytes: int = 0  # 0: no size limit
     retention_interval_s: float = 60.0
-    verify_extra_segments: int = 1
+    verify_extra_segments: int = 0
     quarantine: bool = False
     log_level: str = "info"
     # Transactions: an unresolved half message is checked with its producer after this long,

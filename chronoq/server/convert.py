@@ -224,7 +224,8 @@ _get_type, _get_encoding, _get_keys, _get_id, _get_tag = map(
     operator.attrgetter, ("message_type", "body_encoding", "keys", "message_id", "tag"))
 _get_born_seconds, _get_born_nanos = map(operator.attrgetter, ("born_timestamp.seconds", "born_timestamp.nanos"))
 _has_group, _has_delivery, _has_lite, _has_priority = (
-    operator.methodcaller("HasField", name) for name in ("message_group", "delivery_timestamp", "lite_topic", "priority"))
+    operator.methodcaller("HasField", name)
+    for name in ("message_group", "delivery_timestamp", "lite_topic", "priority"))
 _PLAIN_TYPES = frozenset((_NORMAL, _UNSPECIFIED))
 _PLAIN_ENCODINGS = frozenset((_IDENTITY, _ENCODING_UNSPECIFIED))
 

@@ -20,9 +20,10 @@ check (found by searching for the magic/version bytes and validating each candid
 | R9 | consume-queue entries past the log     | entries beyond what the replayed log produces          | truncate those consume-queue files                    |
 | R10| checkpoint past the log end            | dispatched offset > recovered log end (async loss)     | warn; re-dispatch the whole log                        |
 
-Which records are verified: on an unclean start, every segment from the one holding the dispatch
-checkpoint (minus ``verify_extra_segments`` earlier ones) to the end. Older records are verified
-when read (``CommitLog.read_record``) and fail with the same named error.
+Which records are verified: on an unclean start, every record from the dispatch checkpoint's
+offset to the end (the checkpoint only names fsynced records, so nothing below it can be torn by a
+crash), or from further back with ``verify_extra_segments`` (Store._verify_start). Older records
+are verified when read (``CommitLog.read_record``) and fail with the same named error.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def verify_log(
     log: CommitLog, verify_from: int, quarantine: bool, report: RecoveryReport,
     progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Verify from the start of the segment holding ``verify_from`` to the end of the log."""
+    """Verify every record from ``verify_from`` (a record boundary) to the end of the log."""
     if not log.segments:
         return
     report.verified_from = verify_from
@@ -180,7 +181,7 @@ def verify_log(
     for i, seg in enumerate(list(log.segments)):
         if seg.end <= verify_from and i != last:
             continue
-        start = 0
+        start = min(verify_from - seg.base, seg.size) if verify_from > seg.base else 0
         verify_segment(log, seg, start, i == last, quarantine, report)
         if progress is not None:
             progress(seg.end)

@@ -1,7 +1,8 @@
 """The store: commit log + consume queues + checkpoint, opened through recovery.
 
 Write path (one thread): ``write`` encodes a batch, assigns each message its queue offset and
-appends it to the page cache; ``sync`` fsyncs (any thread); ``dispatch`` publishes consume-queue
+appends it to the page cache (``write_plain``: the same for plain records of one topic, given as
+columns); ``sync`` fsyncs (any thread); ``dispatch`` publishes consume-queue
 entries for records up to an offset. The flush policy decides when ``dispatch`` follows ``sync``:
 under ``sync`` nothing is visible or acknowledged before it is on disk.
 
@@ -85,7 +86,7 @@ class Written(NamedTuple):
 class StoreOptions:
     segment_bytes: int = 1 << 30
     cq_entries_per_file: int = 300_000
-    verify_extra_segments: int = 1
+    verify_extra_segments: int = 0
     quarantine: bool = False
 
 
@@ -176,16 +177,26 @@ class Store:
         return cp
 
     def _verify_start(self, dispatched: int) -> int:
+        """Where the start-up CRC scan begins after an unclean stop.
+
+        The checkpoint's ``dispatched`` is a record boundary below which everything was fsynced
+        before the checkpoint was written, so a crash cannot have torn it: by default the scan
+        starts there (what lies below is checked when read). ``verify_extra_segments`` = N > 0
+        starts it at the beginning of the segment holding that offset (N = 1) or N - 1 segments
+        earlier. A checkpoint past the log end (R10) scans the whole log: it is rebuilt anyway.
+        """
         segs = self.log.segments
-        if not segs:
+        if not segs or dispatched > segs[-1].end:
             return 0
+        extra = self.options.verify_extra_segments
+        if extra <= 0:
+            return dispatched
         idx = len(segs) - 1
         for i, seg in enumerate(segs):
-            if seg.base <= dispatched < seg.end or (dispatched == seg.end and i == len(segs) - 1):
+            if seg.base <= dispatched < seg.end:
                 idx = i
                 break
-        idx = max(0, idx - self.options.verify_extra_segments)
-        return segs[idx].base
+        return segs[max(0, idx - (extra - 1))].base
 
     def _open_queues(self) -> None:
         if not os.path.isdir(self.cq_dir):

@@ -263,10 +263,29 @@ def test_r5_quarantine_then_queue_rebuild_skips_the_hole(tmp_path):
 
 
 # ---------------------------------------------------------------- R6 damage in a sealed segment
+WIDE = 2  # scan from the start of the segment before the one holding the checkpoint
+
+
+def test_default_scan_starts_at_the_checkpoint_offset(tmp_path):
+    """Below the checkpoint everything was fsynced: by default the scan does not re-read it."""
+    sent, segs = _sealed_setup(tmp_path)
+    dispatched = checkpoint_doc(tmp_path)["dispatched"]
+    assert dispatched > int(os.path.basename(segs[-1])[:20])  # inside the active segment
+    store = reopen(tmp_path)
+    assert store.report.verified_from == dispatched
+    assert read_all(store) == expected(sent)
+    store.close()
+    store = reopen(tmp_path)
+    crash(store)
+    store = reopen(tmp_path, verify_extra_segments=1)
+    assert store.report.verified_from == int(os.path.basename(segs[-1])[:20])
+    store.close()
+
+
 def _sealed_setup(tmp_path, seed=16):
     store = reopen(tmp_path)
     sent = fill(store, 250, seed=seed)
-    store.checkpoint()  # the verify window is now [penultimate segment, active segment]
+    store.checkpoint()  # with verify_extra_segments=2 the scan covers [penultimate segment, end)
     sent += fill(store, 5, seed=seed, start=250)
     crash(store)
     segs = segments(tmp_path)
@@ -284,7 +303,7 @@ def test_r6_damage_in_a_sealed_segment_is_fatal(tmp_path, which):
     flip_bit(sealed, pos + length - 2, 1)
     before = raw_files(tmp_path)
     with pytest.raises(errors.CorruptionError) as info:
-        reopen(tmp_path)
+        reopen(tmp_path, verify_extra_segments=WIDE)
     assert (info.value.path, info.value.offset) == (sealed, pos)
     assert raw_files(tmp_path) == before
 
@@ -295,7 +314,7 @@ def test_r6_with_quarantine_starts_and_reports(tmp_path):
     base = int(os.path.basename(sealed)[:20])
     pos, length = record_positions(sealed)[-1]
     flip_bit(sealed, pos + 70)
-    store = reopen(tmp_path, quarantine=True)
+    store = reopen(tmp_path, quarantine=True, verify_extra_segments=WIDE)
     assert [(lr.start, lr.end, lr.path) for lr in store.report.quarantined] == [
         (base + pos, base + pos + length, sealed)]
     assert store.report.truncated == []
