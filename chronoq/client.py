@@ -327,17 +327,8 @@ class Client:
             blob = await self._chronoq_call(self._receive_batch, req, timeout)
             if blob is not None:
                 return self._received(wire.split_receive_batch(blob))
-        out: list[ReceivedMessage] = []
-        add = out.append
-        status = None
-        async for resp in self._stub.ReceiveMessage(req, metadata=self._metadata(), timeout=timeout):
-            if resp.HasField("message"):
-                add(_decode(resp.message))
-            elif resp.HasField("status"):
-                status = resp.status
-        if status is not None and status.code != _NOT_FOUND:
-            self._check(status)
-        return out
+        stream = self._stub.ReceiveMessage(req, metadata=self._metadata(), timeout=timeout)
+        return self._messages_of([resp async for resp in stream])
 
     async def ack_and_receive(self, group: str, topic: str, acked: Sequence[ReceivedMessage], *,
                               max_messages: int = 16, invisible_s: float = 30, wait_s: float = 5,
@@ -381,12 +372,14 @@ class Client:
 
     def _received(self, items) -> list[ReceivedMessage]:
         """The messages of serialized ReceiveMessageResponses; raises for a failed status."""
+        return self._messages_of(map(spb.ReceiveMessageResponse.FromString, items))
+
+    def _messages_of(self, responses) -> list[ReceivedMessage]:
+        """The messages of ReceiveMessageResponses; raises for a failed status (not NOT_FOUND)."""
         out: list[ReceivedMessage] = []
         add = out.append
         status = None
-        parse = spb.ReceiveMessageResponse.FromString
-        for item in items:
-            resp = parse(item)
+        for resp in responses:
             if resp.HasField("message"):
                 add(_decode(resp.message))
             elif resp.HasField("status"):
