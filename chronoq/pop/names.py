@@ -17,8 +17,9 @@ properties (keys start with ``__``, ``model.SYSTEM_PROPERTY_PREFIX``)::
 A receive hands out a retried or dead-lettered message under its origin topic and id, with these
 properties removed (``service._view``); ``queue_id``/``queue_offset`` say where it was read.
 
-Back-off (until issue 4's delay levels exist): a retry message carries ``__NOT_BEFORE_MS`` and a
-receive neither hands it out nor moves past it before that time. The retry topic has one queue
+Back-off: a retry message carries ``__NOT_BEFORE_MS`` and a receive neither hands it out nor
+moves past it before that time (not through the timer: a retry needs no schedule-log copy, and
+waiting at the head of a per-level queue is what a delay level does anyway). The retry topic has one queue
 for "due at once" (queue 0) and one per back-off level (queue k holds level k), so within a queue
 arrival order is (nearly) due order and waiting at the head costs little; see ``retry_queue``.
 """

@@ -66,9 +66,10 @@ earlier) and the consume offset passes the message; the broker persists that wit
 ``checkpoint_interval_ms``. Offsets a restart must not read again (covered by CKs in the log,
 including finished ones) are kept in the skip set and carried into every snapshot.
 
-Back-off (no timer subsystem yet): a retry message carries ``__NOT_BEFORE_MS`` =
+Back-off: a retry message carries ``__NOT_BEFORE_MS`` =
 ``max(revive time, failed delivery's start + retry_delays_ms[attempt - 1])`` and waits at the
-head of its retry queue. Issue 4 will route these through the delay levels instead.
+head of its retry queue (one queue per back-off level, see ``names.retry_queue``), the way a
+delay level waits, without a copy through the timer's schedule log (docs/timers.md).
 
 Long polling: ``receive`` never blocks. The shell waits for a broker arrival, or for
 ``tick()`` returning > 0 (messages revived, dead-lettered, due for FIFO redelivery, or a retry

@@ -269,6 +269,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Check unresolved half messages with a producer of their topic; expire the hopeless."""
         txns = self.txns
         saved = None
+        storage_fault = None  # the storage error last reported: a full disk is said once, not per pass
         while not self._stopping:
             await asyncio.sleep(TXN_SCAN_S)
             try:
@@ -281,6 +282,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if state != saved:  # persist the replay floor only when it moved
                     txns.checkpoint()
                     saved = state
+                if storage_fault is not None:
+                    log.warning("transaction checks work again (storage recovered)")
+                    storage_fault = None
+            except (errors.StorageError, OSError) as exc:  # e.g. disk full: retried each pass, said once
+                if str(exc) != storage_fault:
+                    log.warning("transaction check pass failed, retrying every %.0f s: %s", TXN_SCAN_S, exc)
+                    storage_fault = str(exc)
             except Exception:  # noqa: BLE001 - keep checking; the next pass retries
                 log.exception("transaction check pass failed")
 
