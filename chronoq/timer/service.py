@@ -213,6 +213,8 @@ class TimerService:
         self._last_checkpoint_ms = 0
         self.histogram = LatenessHistogram()
         self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (buffer length, pending)
+        self._warm_todo: list[int] | None = None  # buckets warm_horizon_cache has yet to count
+        self._horizon_warm = False
         # chronoq.trace hook: called once per tick with the deliveries made visible (or None).
         self.on_visible: Callable[[list[Delivery], int], None] | None = None
         self.damage: list[Damage] = self.files.damage
@@ -1268,6 +1270,26 @@ class TimerService:
             for i, horizon in enumerate(horizons_ms):
                 out[i] += self._level_due_before(lane, first, hi, now + horizon) - first
         return out
+
+    def warm_horizon_cache(self, budget_ns: int) -> bool:
+        """Count the buckets on disk into ``pending_by_horizon``'s cache a few at a time (at most
+        ``budget_ns`` per call, on the caller's thread), so the first metrics scrape or console view
+        after a start with many pending timers does not read every schedule file at once. Returns
+        True once a full pass is done; later changes drop single entries, re-read when asked."""
+        if self._horizon_warm:
+            return True
+        if self._warm_todo is None:
+            self._warm_todo = list(self._in_heap | self.buckets.keys())
+        todo, deadline = self._warm_todo, self.clock.monotonic_ns() + budget_ns
+        while todo:
+            start = todo.pop()
+            if start in self._in_heap or start in self.buckets:
+                self._pending_cached(start)
+            if self.clock.monotonic_ns() >= deadline:
+                break
+        if not todo:
+            self._horizon_warm, self._warm_todo = True, None
+        return self._horizon_warm
 
     def _level_due_before(self, lane: LevelLane, lo: int, hi: int, limit_ms: int) -> int:
         """First queue offset in [lo, hi) of ``lane`` due after ``limit_ms`` (hi if none): its

@@ -253,3 +253,30 @@ def test_a_fifo_forward_to_the_dlq_is_a_dead_letter_not_a_revive(tmp_path):
     finally:
         pop.close()
         broker.close()
+
+
+def test_maintenance_warms_the_horizon_cache_a_bucket_at_a_time(tmp_path):
+    """After a restart the schedule files are counted in small steps, not by the first scrape."""
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock, timer_bucket_ms=10_000, timer_preload_ms=20_000)
+    now = clock.wall_ms()
+    broker.send_batch([OutgoingMessage("t", b"x", deliver_at_ms=now + 60_000 + 10_000 * i + 7)
+                       for i in range(12) for _ in range(i + 1)])
+    broker.close()
+    broker = open_broker(tmp_path / "data", clock, timer_bucket_ms=10_000, timer_preload_ms=20_000)
+    try:
+        timer = broker.timer
+        timer._horizon_cache.clear()
+        timer._horizon_warm, timer._warm_todo = False, None
+        calls = 0
+        while not timer.warm_horizon_cache(0):  # a zero budget: one bucket per call
+            calls += 1
+            assert calls <= 100
+        assert calls + 1 >= 12 and len(timer._horizon_cache) >= 12
+        horizons = (0, 60_000, 120_000, 1 << 62)
+        warmed = timer.pending_by_horizon(horizons)
+        timer._horizon_cache.clear()
+        assert warmed == timer.pending_by_horizon(horizons)
+        assert warmed[-1] == sum(range(1, 13))
+    finally:
+        broker.close()
