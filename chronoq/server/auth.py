@@ -53,6 +53,7 @@ MS = "/apache.rocketmq.v2.MessagingService/"
 TELEMETRY = MS + "Telemetry"
 CLIENT_ID_HEADER = "x-mq-client-id"
 VERIFIED_MAX = 4096  # signatures remembered as verified (see Gate.intercept_service)
+REFUSAL_READ_S = 1.0  # how long a refused Telemetry stream waits for the settings it will refuse
 
 # What each method touches: request -> [(kind, name)]. An empty list: any authenticated user.
 # A method missing here needs the admin role.
@@ -403,6 +404,12 @@ class Gate(grpc.aio.ServerInterceptor):
                 which = (f"client {client_id!r} already has {open_now} open Telemetry streams (max_streams_per_client)"
                          if open_now >= self.max_streams_per_client
                          else f"the broker has {self.streams_total} open Telemetry streams (max_streams)")
+                # Take the client's first command (its settings) before answering: a client whose
+                # write races with the stream's end gets a transport error instead of this reason.
+                try:
+                    await asyncio.wait_for(anext(aiter(request_iterator), None), REFUSAL_READ_S)
+                except Exception:  # noqa: BLE001 - nothing sent, cancelled or garbled: refuse anyway
+                    pass
                 await context.write(method.response(status.Code.TOO_MANY_REQUESTS, f"Telemetry refused: {which}"))
                 return
             self.streams[key] = open_now + 1
