@@ -138,7 +138,6 @@ _PAIR, _SEP, _KEY_SEP = record.PROP_PAIR_SEP, record.PROP_SEP, record.KEY_SEP
 _GROUP_KEY = PROP_GROUP.encode()
 _REF_KEYS = (copies.PROP_TIMER_REF.encode(), copies.PROP_DELAY_REF.encode())
 _SYSTEM_PREFIX_BYTES = _SYSTEM_PREFIX.encode()
-SPAN_BYTES_MAX = 1 << 20  # one pread covers records of a queue up to this far apart (other queues between)
 
 
 class _ColumnBuilder:
@@ -167,35 +166,10 @@ class _ColumnBuilder:
         """Add the records behind consume-queue ``entries`` (the first at ``first_offset``);
         returns the offset after the last entry. Holes (records removed by retention or
         quarantined) are skipped, as ``Store.read`` does."""
-        log = self.store.log
-        min_phys = log.min_offset
-        n = len(entries)
-        i = 0
-        while i < n:
-            phys, size = entries[i][0], entries[i][1]
-            if size == 0 or phys < min_phys or log.lost and log.is_lost(phys):
-                i += 1
-                continue
-            seg_end = log.segment_for(phys).end
-            lo, hi, j = phys, phys + size, i + 1
-            while j < n:  # one read for records close together in one segment
-                p2, s2 = entries[j][0], entries[j][1]
-                if s2 == 0 or p2 < hi or p2 + s2 > seg_end or p2 + s2 - lo > SPAN_BYTES_MAX \
-                        or log.lost and log.is_lost(p2):
-                    break
-                hi = p2 + s2
-                j += 1
-            blob = log.read(lo, hi - lo)
-            for k in range(i, j):
-                pos = entries[k][0] - lo
-                try:
-                    record.check(blob, pos, pos + entries[k][1])
-                except record.RecordError as exc:
-                    seg = log.segment_for(entries[k][0])
-                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
-                self._add(first_offset + k, blob, pos)
-            i = j
-        return first_offset + n
+        add = self._add
+        for k, blob, pos in self.store.read_runs(entries, self.store.log.min_offset):
+            add(first_offset + k, blob, pos)
+        return first_offset + len(entries)
 
     def _add(self, offset: int, blob: bytes, pos: int) -> None:
         (_t, _m, _v, _c, _flags, _qid, _qoff, born, stored, deliver,

@@ -516,7 +516,7 @@ class Store:
         add = out.append
         min_phys = self.log.min_offset
         decode = record.decode_tuple
-        for i, blob, pos in self._read_runs(entries, min_phys):
+        for i, blob, pos in self.read_runs(entries, min_phys):
             (flags, r_queue_id, r_offset, born_ms, stored_ms, deliver_at_ms, r_topic, message_id, tag, keys,
              props, body) = decode(blob, pos)
             if r_offset != offset + i or r_topic != topic or r_queue_id != queue_id:
@@ -531,7 +531,7 @@ class Store:
                         stored_ms, deliver_at_ms, flags))
         return out, offset + len(entries)
 
-    def _read_runs(self, entries, min_phys: int):
+    def read_runs(self, entries, min_phys: int):
         """Yield (index, bytes, position of the record in them), each record checked, none copied.
 
         Records near each other in the log are read with one pread, gaps included: a queue's
