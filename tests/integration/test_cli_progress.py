@@ -28,19 +28,24 @@ def run_on_terminal(endpoint: str, *args: str) -> tuple[int, str]:
     os.close(slave)
     out = b""
     deadline = time.monotonic() + PTY_TIMEOUT_S
+    exited = False
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
+            # Once the child has exited, drain what it wrote without waiting: its last output may
+            # have arrived between a select that timed out and the poll that saw it gone.
+            ready, _, _ = select.select([master], [], [], 0 if exited else 0.2)
             if ready:
                 try:
                     chunk = os.read(master, 65536)
-                except OSError:  # EIO: the child closed the terminal
+                except OSError:  # EIO: the child closed the terminal and all was read
                     break
                 if not chunk:
                     break
                 out += chunk
-            elif proc.poll() is not None:
+            elif exited:
                 break
+            else:
+                exited = proc.poll() is not None
     finally:
         os.close(master)
         if proc.poll() is None:
