@@ -18,11 +18,13 @@ b  steady lateness through the server: a fresh ``chronoq serve`` (default durabl
    sends them all first (one producer process, ``chronoq.client`` batches); live sends each
    --lead-s before it is due, beside the deliveries. Two consumer processes receive and ack them
    (a lane that got a partial batch pauses --consumer-pause-ms, so receives carry more messages:
-   on a small host consumers and broker share the CPUs). Lateness = the delivered copy's store
-   timestamp (stamped by the broker when it writes the copy) - its due time, per message:
-   p50/p99/p999/max and the early count. Also the broker's own histogram (visible time after the
-   fsync - due time; bucket bounds, exact max) and end-to-end receive lateness (consumer's clock
-   when the receive returned - due time; same machine, so the same clock). machine_busy_pct is
+   on a small host consumers and broker share the CPUs). Store-stamp lateness = the delivered
+   copy's store timestamp - its due time, per message: p50/p99/p999/max and the early count (a
+   copy written ahead and held, ``timer_prewrite_ms`` > 0, the default, is stamped with its due
+   time, so this is 0 then; with 0 it is when the copy was written). The headline is the broker's
+   own histogram (time the copy became visible to readers - due time; bucket bounds, exact max),
+   and end-to-end receive lateness (consumer's clock when the receive returned - due time; same
+   machine, so the same clock). machine_busy_pct is
    how busy all CPUs were meanwhile, this benchmark's own processes included.
 c  burst: --burst timers due in the same second (sent beforehand): the time from that second's
    start until all are visible (the broker's delivered count, polled every 50 ms), the broker's

@@ -122,7 +122,7 @@ class Broker:
         self._dedupe: OrderedDict[tuple[str, str], tuple[str, int, int, int, str, int, int]] = OrderedDict()
         self._last_checkpoint_ms = self.clock.wall_ms()
         self._arrival_listeners: list = []
-        self._notified_upto = self.store.dispatched
+        self._notified_upto = (self.store.dispatched, self.store.released)
         # Delayed delivery: the timer absorbs FLAG_DELAYED records (store.delayed_sink), catches up
         # from its cursor here, and delivers what falls due when ``timer_tick`` runs.
         self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
@@ -469,8 +469,10 @@ class Broker:
         self._arrival_listeners.append(listener)
 
     def notify_arrivals(self) -> None:
-        if self.store.dispatched > self._notified_upto:
-            self._notified_upto = self.store.dispatched
+        # Visibility grows by dispatch and by releasing held timer copies at their due time.
+        mark = (self.store.dispatched, self.store.released)
+        if mark != self._notified_upto:
+            self._notified_upto = mark
             for listener in self._arrival_listeners:
                 listener()
 

@@ -16,6 +16,8 @@ from typing import Any, Mapping
 from chronoq import errors
 
 ENV_PREFIX = "CHRONOQ_"
+# A held copy hides everything behind it in its queue until its due time: keep the lead short.
+TIMER_PREWRITE_MAX_MS = 1000
 
 
 @dataclass
@@ -61,6 +63,9 @@ class BrokerConfig:
     timer_wheel_slot_ms: int = 16
     timer_deliver_mode: str = "async"  # "async": group writes, one fsync per group; "sync": one each
     timer_pending_max: int = 2000
+    # Timer copies are written this long before their due time and held hidden until it, so the
+    # commit-log fsync is done when they fall due (0: written at the due time, visible after fsync).
+    timer_prewrite_ms: int = 50
     timer_retry_backoff_ms: int = 100
     timer_retry_backoff_max_ms: int = 10_000
     timer_block_after_failures: int = 3
@@ -146,10 +151,20 @@ class BrokerConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise errors.ClientError(f"{name} must be positive, not {getattr(self, name)}")
+        if not 0 <= self.timer_prewrite_ms <= TIMER_PREWRITE_MAX_MS:
+            raise errors.ClientError(
+                f"timer_prewrite_ms must be between 0 and {TIMER_PREWRITE_MAX_MS}, not {self.timer_prewrite_ms}")
         if self.timer_preload_ms < 0 or self.timer_recall_memory_ms < 0:
             raise errors.ClientError("timer_preload_ms and timer_recall_memory_ms may not be negative")
         if self.timer_retry_backoff_max_ms < self.timer_retry_backoff_ms:
             raise errors.ClientError("timer_retry_backoff_max_ms must be at least timer_retry_backoff_ms")
+
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        """``timer_delay_levels`` parsed: the delay of level 1, 2, ... in ms. The timer's delay
+        levels and POP's retry back-off (``chronoq.pop.names``) both use this table."""
+        from chronoq.timer.levels import DelayLevels
+
+        return DelayLevels.parse(self.timer_delay_levels).delays_ms
 
     @property
     def endpoint(self) -> str:

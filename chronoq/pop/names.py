@@ -17,11 +17,25 @@ properties (keys start with ``__``, ``model.SYSTEM_PROPERTY_PREFIX``)::
 A receive hands out a retried or dead-lettered message under its origin topic and id, with these
 properties removed (``service._view``); ``queue_id``/``queue_offset`` say where it was read.
 
-Back-off: a retry message carries ``__NOT_BEFORE_MS`` and a receive neither hands it out nor
-moves past it before that time (not through the timer: a retry needs no schedule-log copy, and
-waiting at the head of a per-level queue is what a delay level does anyway). The retry topic has one queue
-for "due at once" (queue 0) and one per back-off level (queue k holds level k), so within a queue
-arrival order is (nearly) due order and waiting at the head costs little; see ``retry_queue``.
+Back-off: the broker's delay-level table (``BrokerConfig.timer_delay_levels``, default
+``1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h``); ``PopService`` passes it in and
+the functions here take it as an argument (``delays_ms``). A message whose delivery ``attempt``
+*n* failed waits back-off level ``min(n, len(table))`` (``backoff_level``): the first retry
+waits level 1, the *k*-th level *k*, and every retry past the table's end its last level. The
+wait is measured from the failed delivery (``not_before_ms``).
+
+A retry message carries ``__NOT_BEFORE_MS`` (absolute epoch ms) and a receive neither hands it
+out nor moves past it before that time (not through the timer: a retry needs no schedule-log
+copy, and waiting at the head of a per-level queue is what a delay level does anyway). The
+retry topic has one queue for "due at once" (queue 0) and one per back-off level (queue k holds
+level k; ``retry_queues``), so within a queue arrival order is (nearly) due order and waiting at
+the head costs little; see ``retry_queue``.
+
+Changing the table (a restart with another ``timer_delay_levels``) loses nothing and delivers
+nothing early: a copy already waiting keeps its absolute ``__NOT_BEFORE_MS``, and receives read
+every queue of the retry topic, however many there are. A longer table grows the topic (queue
+counts only grow); a shorter one leaves the upper queues to drain. Until the old copies drain, a
+queue may hold two levels' delays, so a new copy can wait behind an older, later-due head.
 """
 
 from __future__ import annotations
@@ -42,15 +56,9 @@ PROP_DLQ_ORIGIN_MESSAGE_ID = "__DLQ_ORIGIN_MSG_ID"
 RETRY_PROPS = (PROP_ORIGIN_TOPIC, PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIMES, PROP_NOT_BEFORE_MS)
 DLQ_PROPS = (PROP_DLQ_ORIGIN_TOPIC, PROP_DLQ_ORIGIN_MESSAGE_ID)
 
-# The proxy's default: 16 retries after the first delivery, with RocketMQ's delay levels 1s..2h.
+# The proxy's default: 16 retries after the first delivery (back-off: the broker's delay levels).
 DEFAULT_MAX_ATTEMPTS = 17
 MAX_ATTEMPTS_LIMIT = 1000
-DEFAULT_RETRY_DELAYS_MS = (
-    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
-    420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
-)
-# Queue 0: due at once; queue k (1..18): waiting out back-off level k.
-RETRY_QUEUES = 1 + len(DEFAULT_RETRY_DELAYS_MS)
 DLQ_QUEUES = 1
 
 MAX_MESSAGES_MAX = 32
@@ -83,27 +91,51 @@ def dlq_topic(group: str) -> str:
     return name
 
 
-def retry_queue(attempt: int, not_before_ms: int, now_ms: int, queues: int) -> int:
+def retry_queues(delays_ms: tuple[int, ...]) -> int:
+    """Queues a retry topic needs for the back-off table ``delays_ms``: queue 0 (due at once)
+    and queue k for level k."""
+    assert delays_ms
+    return 1 + len(delays_ms)
+
+
+def backoff_level(attempt: int, delays_ms: tuple[int, ...]) -> int:
+    """The back-off level (1-based) of a message whose delivery ``attempt`` failed: level
+    ``attempt``, clamped to the table's last level."""
+    assert attempt >= 1 and delays_ms
+    return min(attempt, len(delays_ms))
+
+
+def retry_queue(attempt: int, not_before_ms: int, now_ms: int, queues: int, delays_ms: tuple[int, ...]) -> int:
     """The retry-topic queue for a message whose delivery ``attempt`` failed.
 
-    Ensures: 0 when due now; otherwise the back-off level's own queue (clamped to the topic).
+    Ensures: 0 when due now; otherwise its back-off level's own queue, clamped to the topic's
+    ``queues`` (fewer than ``retry_queues(delays_ms)`` only when ``max_queues`` caps the topic).
     """
-    assert attempt >= 1 and queues >= 1
+    assert queues >= 1
+    level = backoff_level(attempt, delays_ms)
     if not_before_ms <= now_ms:
         return 0
-    return min(attempt, queues - 1)
+    return min(level, queues - 1)
 
 
 def not_before_ms(attempt: int, delivered_ms: int, now_ms: int, delays_ms: tuple[int, ...]) -> int:
-    """When a message whose delivery ``attempt`` failed may be delivered again.
+    """When a message whose delivery ``attempt`` failed may be delivered again: its back-off
+    level's delay (``backoff_level``) after the failed delivery.
 
     The back-off is measured from the failed delivery, not from the revive: a consumer that
     already waited (invisible time, or a nack with the client's own back-off) is not made to
     wait twice. Ensures: result >= now_ms.
     """
-    assert attempt >= 1 and delays_ms
-    delay = delays_ms[min(attempt, len(delays_ms)) - 1]
+    delay = delays_ms[backoff_level(attempt, delays_ms) - 1]
     return max(now_ms, delivered_ms + delay)
+
+
+def check_retry_delays(delays_ms: object) -> tuple[int, ...]:
+    """A back-off table: a non-empty sequence of positive whole milliseconds, as a tuple."""
+    table = tuple(delays_ms) if isinstance(delays_ms, (tuple, list)) else ()
+    if not table or any(type(d) is not int or d <= 0 for d in table):
+        raise errors.ClientError(f"retry delays must be a non-empty list of positive milliseconds, not {delays_ms!r}")
+    return table
 
 
 def parse_tag_filter(expression: object) -> frozenset[str] | None:

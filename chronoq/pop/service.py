@@ -66,10 +66,12 @@ earlier) and the consume offset passes the message; the broker persists that wit
 ``checkpoint_interval_ms``. Offsets a restart must not read again (covered by CKs in the log,
 including finished ones) are kept in the skip set and carried into every snapshot.
 
-Back-off: a retry message carries ``__NOT_BEFORE_MS`` =
-``max(revive time, failed delivery's start + retry_delays_ms[attempt - 1])`` and waits at the
-head of its retry queue (one queue per back-off level, see ``names.retry_queue``), the way a
-delay level waits, without a copy through the timer's schedule log (docs/timers.md).
+Back-off: the table is the broker's delay levels (``BrokerConfig.timer_delay_levels``, read at
+construction into ``retry_delays_ms`` and each ``GroupConfig``). A retry message carries
+``__NOT_BEFORE_MS`` = ``max(revive time, failed delivery's start + delay of level
+min(attempt, levels))`` and waits at the head of its retry queue (one queue per back-off level,
+see ``names.retry_queue``; the topic grows when the table does), the way a delay level waits,
+without a copy through the timer's schedule log (docs/timers.md).
 
 Long polling: ``receive`` never blocks. The shell waits for a broker arrival, or for
 ``tick()`` returning > 0 (messages revived, dead-lettered, due for FIFO redelivery, or a retry
@@ -91,7 +93,7 @@ from chronoq.pop import handle as handles
 from chronoq.pop import names, poplog, renew
 from chronoq.pop.counters import PopCounters
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
-from chronoq.pop.names import (DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_DELAYS_MS, PROP_DLQ_ORIGIN_MESSAGE_ID,
+from chronoq.pop.names import (DEFAULT_MAX_ATTEMPTS, PROP_DLQ_ORIGIN_MESSAGE_ID,
                                PROP_DLQ_ORIGIN_TOPIC, PROP_NOT_BEFORE_MS, PROP_ORIGIN_MESSAGE_ID,
                                PROP_ORIGIN_TOPIC, PROP_RECONSUME_TIMES)
 
@@ -128,7 +130,9 @@ class GroupConfig:
     name: str
     fifo: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # deliveries before dead-lettering
-    retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS
+    # Back-off levels (names.backoff_level). PopService sets the broker's table; not saved in
+    # groups.json, so a restart with another timer_delay_levels follows it.
+    retry_delays_ms: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return {"fifo": self.fifo, "max_attempts": self.max_attempts}
@@ -137,7 +141,9 @@ class GroupConfig:
 class PopService:
     def __init__(self, broker: Broker, clock: Clock | None = None, *, buffer_ms: int = BUFFER_MS,
                  flush_interval_ms: int = FLUSH_INTERVAL_MS, push_invisible_ms: int = PUSH_INVISIBLE_MS,
-                 auto_renew_max_ms: int = AUTO_RENEW_MAX_MS):
+                 auto_renew_max_ms: int = AUTO_RENEW_MAX_MS, retry_delays_ms: tuple[int, ...] | None = None):
+        """``retry_delays_ms``: the retry back-off table; None (the rule): the broker's
+        ``timer_delay_levels``."""
         if buffer_ms < 0 or flush_interval_ms < 0:
             raise errors.ClientError("buffer_ms and flush_interval_ms must not be negative")
         names.check_receive_invisible(push_invisible_ms)
@@ -147,6 +153,8 @@ class PopService:
         self.counters = PopCounters()  # for chronoq.metrics
         self._pruned_ms = 0
         self.broker = broker
+        self.retry_delays_ms = (broker.config.delay_levels_ms() if retry_delays_ms is None
+                                else names.check_retry_delays(retry_delays_ms))
         self.clock = clock or broker.clock
         self.buffer_ms = buffer_ms
         self.flush_interval_ms = flush_interval_ms
@@ -178,8 +186,11 @@ class PopService:
         except ValueError as exc:
             raise errors.CorruptionError(path, 0, str(exc)) from None
         for name, item in (data.get("groups") or {}).items():  # type: ignore[union-attr]
-            self._groups[name] = GroupConfig(name, bool(item.get("fifo", False)),
-                                             int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
+            self._groups[name] = self._new_group(name, bool(item.get("fifo", False)),
+                                                 int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
+
+    def _new_group(self, name: str, fifo: bool = False, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> GroupConfig:
+        return GroupConfig(name, fifo, max_attempts, self.retry_delays_ms)
 
     def _save_groups(self) -> None:
         fsutil.write_json(os.path.join(self.data_dir, GROUPS_FILE), {
@@ -192,7 +203,7 @@ class PopService:
         cfg = self._groups.get(name)
         if cfg is None:
             model.validate_group_name(name)
-            cfg = self._groups[name] = GroupConfig(name)
+            cfg = self._groups[name] = self._new_group(name)
             self._save_groups()
         return cfg
 
@@ -205,7 +216,7 @@ class PopService:
                                          or not 1 <= max_attempts <= names.MAX_ATTEMPTS_LIMIT):
             raise errors.ClientError(f"max_attempts must be an integer from 1 to {names.MAX_ATTEMPTS_LIMIT}, "
                                      f"not {max_attempts!r}")
-        cfg = self._groups.get(name) or GroupConfig(name)
+        cfg = self._groups.get(name) or self._new_group(name)
         if fifo is not None:
             cfg.fifo = fifo
         if max_attempts is not None:
@@ -662,9 +673,21 @@ class PopService:
         return None
 
     def _system_topic(self, name: str, queues: int) -> model.TopicConfig:
+        """The system topic ``name``, created with ``queues`` queues (capped by ``max_queues``),
+        or grown to that many if it has fewer."""
         cfg = self.broker.topics.get(name)
-        if cfg is None:
-            cfg = self.broker.create_topic(name, min(queues, self.broker.config.max_queues), system=True)
+        want = min(queues, self.broker.config.max_queues)
+        if cfg is None or cfg.queues < want:
+            # A retry topic made for a shorter back-off table (e.g. 19 queues, then a restart with
+            # 24 levels) grows rather than clamping levels into its last queue: a queue holding
+            # several levels' delays makes a short-delay copy wait behind a long-delay head (late,
+            # for up to the difference of the delays, for as long as the table stays). Growing
+            # only adds empty queues: copies already waiting keep their queue and their absolute
+            # __NOT_BEFORE_MS, and receives read every queue the topic has, so nothing is lost
+            # or handed out early either way. A shorter table never shrinks the topic (counts
+            # only grow); its upper queues just drain.
+            kind = cfg.message_type if cfg is not None else model.MessageType.MIXED
+            cfg = self.broker.create_topic(name, want, kind, system=True)
         return cfg
 
     def _retry_message(self, ck: Checkpoint, m: Message, attempt: int, gcfg: GroupConfig, now: int) -> OutgoingMessage:
@@ -678,9 +701,10 @@ class PopService:
             props[PROP_NOT_BEFORE_MS] = str(not_before)
         else:
             props.pop(PROP_NOT_BEFORE_MS, None)
-        cfg = self._system_topic(names.retry_topic(ck.group, ck.topic), names.RETRY_QUEUES)
+        delays = gcfg.retry_delays_ms
+        cfg = self._system_topic(names.retry_topic(ck.group, ck.topic), names.retry_queues(delays))
         return OutgoingMessage(cfg.name, m.body, tag=m.tag, keys=m.keys, properties=props,
-                               queue_id=names.retry_queue(attempt, not_before, now, cfg.queues),
+                               queue_id=names.retry_queue(attempt, not_before, now, cfg.queues, delays),
                                born_ms=m.born_ms)
 
     def _dlq_message(self, ck: Checkpoint, m: Message) -> OutgoingMessage:

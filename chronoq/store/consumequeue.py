@@ -16,12 +16,19 @@ A consume queue is derived data: the dispatcher writes entry *n* at the position
 ``queue_offset`` names, so replaying the log over existing files is idempotent, and a lost file is
 rebuilt by replaying the log. All-zero entries at the end of a file are unwritten space (a crash
 after the file grew) and are ignored.
+
+Holds (in memory only): an entry of a HELD record (a timer copy written ahead of its due time,
+``record.FLAG_HELD``) is *held* until the timer releases it at its due time: readers (``get``,
+``visible_next``) stop before the first held entry, so offsets stay dense and in log order and
+nothing behind a held copy is read before it. The store rebuilds holds on open from the entries'
+times (``Store._restore_holds``).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections import deque
 
 from chronoq import fsutil
 
@@ -44,6 +51,8 @@ class ConsumeQueue:
         self._dirty: set[int] = set()
         self.min_offset = 0
         self.next_offset = 0  # one past the last valid entry
+        # (queue offset, due ms) of held entries, offsets ascending; readers stop at the first.
+        self.held: deque[tuple[int, int]] = deque()
         self._load()
 
     def _path(self, index: int) -> str:
@@ -114,13 +123,45 @@ class ConsumeQueue:
             self.min_offset = first_offset
         self.next_offset = max(self.next_offset, first_offset + n)
 
+    @property
+    def visible_next(self) -> int:
+        """One past the last entry readers may see: the first held entry, or ``next_offset``."""
+        held = self.held
+        if held and held[0][0] < self.next_offset:
+            return held[0][0]
+        return self.next_offset
+
+    def hold(self, offset: int, due_ms: int) -> None:
+        """Hide the entry at ``offset`` (and every later one) from readers until ``release``."""
+        if self.held and self.held[-1][0] >= offset:  # already held (a replay): offsets only grow
+            return
+        self.held.append((offset, due_ms))
+
+    def release(self, now_ms: int) -> bool:
+        """Release held entries due at or before ``now_ms``, from the first on (a later-due hold
+        keeps what follows it hidden). Returns whether any was released."""
+        held = self.held
+        released = False
+        while held and held[0][1] <= now_ms:
+            held.popleft()
+            released = True
+        return released
+
     def get(self, offset: int, max_entries: int) -> bytes:
-        """Entries from logical ``offset`` (at most ``max_entries``, never crossing a file)."""
-        if offset < self.min_offset or offset >= self.next_offset or max_entries <= 0:
+        """Visible entries from logical ``offset`` (at most ``max_entries``, never crossing a file)."""
+        end = self.visible_next
+        if offset < self.min_offset or offset >= end or max_entries <= 0:
             return b""
+        return self._read(offset, min(max_entries, end - offset))
+
+    def _read(self, offset: int, count: int) -> bytes:
         index, slot = divmod(offset, self.per_file)
-        take = min(max_entries, self.next_offset - offset, self.per_file - slot)
+        take = min(count, self.next_offset - offset, self.per_file - slot)
         return os.pread(self._fd(index), take * ENTRY_SIZE, slot * ENTRY_SIZE)
+
+    def time_at(self, offset: int) -> int:
+        """The time field of the entry at ``offset`` (held or not)."""
+        return ENTRY.unpack(self._read(offset, 1))[3]
 
     def truncate(self, next_offset: int) -> None:
         """Drop entries at and beyond ``next_offset`` (they point past the recovered log)."""
@@ -136,9 +177,11 @@ class ConsumeQueue:
             os.fsync(fd)
         self.next_offset = next_offset
         self.min_offset = min(self.min_offset, next_offset)
+        while self.held and self.held[-1][0] >= next_offset:
+            self.held.pop()
 
     def _end_at(self, offset: int) -> int:
-        raw = self.get(offset, 1)
+        raw = self._read(offset, 1)
         phys, size, _, _ = ENTRY.unpack(raw)
         return phys + size
 

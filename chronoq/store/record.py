@@ -7,11 +7,11 @@ Layout (all integers little-endian; offsets in bytes from the start of the recor
       4     1  magic          0xC9
       5     1  version        1
       6     4  crc32c         CRC-32C (Castagnoli) of bytes [10, total_len)
-     10     2  flags          bit 0 DELAYED, bit 1 TRANSACTION_HALF, bit 2 SYSTEM (see FLAG_*)
+     10     2  flags          bit 0 DELAYED, bit 1 TRANSACTION_HALF, bit 2 SYSTEM, bit 3 HELD (FLAG_*)
      12     2  queue_id       u16
      14     8  queue_offset   u64, logical offset of this message in its (topic, queue_id)
      22     8  born_ms        i64, epoch ms the producer created it
-     30     8  stored_ms      i64, epoch ms the broker appended it
+     30     8  stored_ms      i64, epoch ms the broker appended it (HELD: the due time)
      38     8  deliver_at_ms  i64, epoch ms it may first be consumed; 0 means at once
      46     1  topic_len      u8, 1..127
      47     1  msgid_len      u8, 1..128
@@ -51,6 +51,9 @@ assert _PREFIX.size == CRC_START and _PREFIX.size + _TAIL.size == HEADER_SIZE
 FLAG_DELAYED = 0x0001
 FLAG_TRANSACTION_HALF = 0x0002
 FLAG_SYSTEM = 0x0004
+# A timer copy written ahead of its due time (``timer_prewrite_ms``): its stored_ms is the due time
+# and readers do not see it, nor anything after it in its queue, before then (ConsumeQueue.hold).
+FLAG_HELD = 0x0008
 
 # Body limit is configurable up to 64 MiB; topic/id/tag/keys/properties add at most ~100 KiB.
 RECORD_SIZE_MAX = 64 * 1024 * 1024 + 256 * 1024

@@ -14,6 +14,10 @@ Checkpoint file ``checkpoint.json`` (``fsutil.write_json``)::
 
 ``queue_mins`` may be absent (older checkpoints); then a queue's start is not checked.
 
+Held records (``record.FLAG_HELD``, timer copies written ahead of their due time) are stamped
+with their due time and held in their consume queue until ``release_held`` passes it; holds
+live in memory and are rebuilt on open from the queue tails (``_restore_holds``).
+
 Every consume-queue file is fsynced before a checkpoint naming its entries is written, so after
 a crash the queues hold at least what the checkpoint says, and replay from ``dispatched`` is
 positional and idempotent.
@@ -88,6 +92,10 @@ class StoreOptions:
     cq_entries_per_file: int = 300_000
     verify_extra_segments: int = 0
     quarantine: bool = False
+    # How far back (by entry time) ``_restore_holds`` looks for held entries on open: a held
+    # record is written at most the timer's prewrite lead (config.TIMER_PREWRITE_MAX_MS) before
+    # its due time; the rest is slack for the wall clock.
+    hold_window_ms: int = 15_000
 
 
 _NEVER = 1 << 63  # an offset no record reaches
@@ -123,9 +131,13 @@ class Store:
         # Receives [(commit offset, size, deliver_at_ms)] for FLAG_DELAYED records once they are
         # dispatched; such records get no consume-queue entry (the timer owns them).
         self.delayed_sink: Callable[[list[tuple[int, int, int]]], None] | None = None
+        # Queues with held entries; ``released`` counts releases (readers' wake-ups key on it).
+        self._held: dict[tuple[str, int], ConsumeQueue] = {}
+        self.released = 0
         self.report = self._recover(progress)
         self.log.start_writing()
         self.dispatched = self.log.written
+        self._restore_holds()
         self._write_checkpoint(clean=False)
 
     # ----------------------------------------------------------------- recovery
@@ -300,12 +312,19 @@ class Store:
         tag_hashes = self._tag_hashes
         encode_parts = record.encode_parts
         delayed = record.FLAG_DELAYED
+        held_flag = record.FLAG_HELD
         pieces: list[bytes] = []
         meta = []
         add_meta = meta.append
+        holds = False
         for m in messages:
             # One unpack instead of a named-field lookup per use: this loop runs per message.
             topic, queue_id, flags, born_ms, deliver_at_ms, message_id, tag, keys, props, body = m
+            stamp = now
+            if flags & held_flag:
+                assert deliver_at_ms > 0 and not flags & delayed, "a held copy is a visible copy with a due time"
+                stamp = deliver_at_ms
+                holds = True
             if flags & delayed:
                 # Not in any consume queue yet: the timer re-puts a copy when it falls due.
                 key, qoff = None, 0
@@ -323,9 +342,9 @@ class Store:
                 if len(tag_hashes) > 4096:
                     tag_hashes.clear()
                 tag_hash = tag_hashes[tag] = zlib.crc32(tag)
-            size = encode_parts(pieces, flags, queue_id, qoff, born_ms, now, deliver_at_ms, tb,
+            size = encode_parts(pieces, flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb,
                                 message_id, tag, keys, props, body)
-            add_meta((key, qoff, size, tag_hash, deliver_at_ms if flags & delayed else now))
+            add_meta((key, qoff, size, tag_hash, deliver_at_ms if flags & delayed else stamp))
         if not meta:
             return []
         out: list[Written] = []
@@ -342,6 +361,8 @@ class Store:
                     size += meta[j][2]
                     j += 1
                 pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
+                if holds:  # before dispatch can put their entries: never visible unreleased
+                    self._hold_written(meta, i, j, now)
                 for k in range(i, j):
                     key, qoff, length, tag_hash, time_ms = meta[k]
                     # tuple.__new__: a NamedTuple's own __new__ is a Python-level call, per message.
@@ -443,6 +464,78 @@ class Store:
                 self._pending.append((pos, batch, []))
         return commits, qoffs
 
+    def _hold_written(self, meta: list, i: int, j: int, now: int) -> None:
+        for key, qoff, _size, _tag_hash, time_ms in meta[i:j]:
+            if key is not None and time_ms > now:  # only held copies are stamped ahead of now
+                cq = self._queue(*key)
+                cq.hold(qoff, time_ms)
+                self._held[key] = cq
+
+    def release_held(self, now_ms: int) -> bool:
+        """Release held entries due by ``now_ms``; True when something became visible."""
+        if not self._held:
+            return False
+        released = False
+        for key, cq in list(self._held.items()):
+            if cq.release(now_ms):
+                released = True
+            if not cq.held:
+                del self._held[key]
+        if released:
+            self.released += 1
+        return released
+
+    def held_records(self, topic: str, due_ms: int):
+        """Records of ``topic`` held (dispatched, not yet released) with due time ``due_ms``."""
+        for (t, _q), cq in self._held.items():
+            if t != topic:
+                continue
+            for qoff, due in cq.held:
+                if due == due_ms and qoff < cq.next_offset:
+                    phys, size, _tag, _time = ENTRY.unpack(cq._read(qoff, 1))
+                    yield self.log.read_record(phys, size)
+
+    def next_held_ms(self) -> int | None:
+        """The earliest due time of a held entry (when ``release_held`` next has work)."""
+        return min((cq.held[0][1] for cq in self._held.values()), default=None)
+
+    def _restore_holds(self) -> None:
+        """Hold again the HELD records of each queue's tail that are not due yet (after a restart).
+
+        A held record is written at most ``hold_window_ms`` before its due time, and every entry
+        after it in its queue was written later, so walking back from a tail while entry times
+        are within the window finds every held entry still due in the future.
+        """
+        now = self.clock.wall_ms()
+        floor = now - self.options.hold_window_ms
+        for key, cq in self.queues.items():
+            found: list[tuple[int, int]] = []
+            off = cq.next_offset
+            while off > cq.min_offset:
+                n = min(256, off - cq.min_offset)
+                raw = cq._read(off - n, n)
+                entries = list(ENTRY.iter_unpack(raw))
+                stop = False
+                for k in range(len(entries) - 1, -1, -1):
+                    phys, size, _tag, time_ms = entries[k]
+                    if time_ms <= floor:
+                        stop = True
+                        break
+                    if time_ms > now and size and phys >= self.log.min_offset:
+                        try:
+                            flags = record.RecordHeader(self.log.read_record(phys, size), 0).flags
+                        except errors.CorruptionError:
+                            continue
+                        if flags & record.FLAG_HELD:
+                            found.append((off - n + k, time_ms))
+                if stop:
+                    break
+                off -= n
+            for qoff, due in reversed(found):
+                cq.hold(qoff, due)
+            if cq.held:
+                self._held[key] = cq
+
     def sync(self) -> int:
         """fsync the log; return the durable offset. May run in a worker thread."""
         return self.log.sync()
@@ -492,7 +585,7 @@ class Store:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             return (0, 0)
-        return (cq.min_offset, cq.next_offset)
+        return (cq.min_offset, cq.visible_next)
 
     def entries(self, topic: str, queue_id: int, offset: int, max_entries: int) -> list[tuple[int, int, int, int]]:
         cq = self.queues.get((topic, queue_id))

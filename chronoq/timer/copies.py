@@ -123,8 +123,9 @@ _DELAY_TOPIC_BYTES = DELAY_TOPIC.encode()
 _topic_names: dict[bytes, str] = {}
 
 
-def delivered_copy(raw: bytes, ref_key: str, ref_value: str) -> Prepared:
-    """The visible copy of a due message (timer entry or level record).
+def delivered_copy(raw: bytes, ref_key: str, ref_value: str, flags: int = 0) -> Prepared:
+    """The visible copy of a due message (timer entry or level record). ``flags``:
+    ``record.FLAG_HELD`` for a copy written ahead of its due time (``timer_prewrite_ms``).
 
     On the delivery hot path (a burst is 200k of these): one header unpack and plain slices.
     """
@@ -153,7 +154,7 @@ def delivered_copy(raw: bytes, ref_key: str, ref_value: str) -> Prepared:
                 _topic_names.clear()
             topic = _topic_names[topic_raw] = topic_raw.decode()
     props = add_prop(without_waiting_props(props), ref_key, ref_value)
-    return Prepared(topic, qid, 0, born, deliver, mid, tag, keys, props, body)
+    return Prepared(topic, qid, flags, born, deliver, mid, tag, keys, props, body)
 
 
 def rescheduled(raw, new_due_ms: int, moved_key: str, moved_value: str) -> Prepared:

@@ -32,7 +32,7 @@ SKIP = 2
 
 
 class Delivery:
-    __slots__ = ("ref", "due_ms", "prepared", "state", "end", "commit_offset")
+    __slots__ = ("ref", "due_ms", "prepared", "state", "end", "commit_offset", "queue_offset")
 
     def __init__(self, ref, due_ms: int, prepared):
         self.ref = ref
@@ -41,6 +41,7 @@ class Delivery:
         self.state = SKIP if prepared is None else CLAIMED
         self.end = 0  # commit-log offset just past the written copy
         self.commit_offset = -1
+        self.queue_offset = -1  # the copy's offset in its real queue
 
 
 class Lane:
@@ -87,11 +88,12 @@ class Lane:
         return now_ms >= self.retry_at_ms and any(d.state == WRITTEN and d.end > durable_upto for d in self.pending)
 
     @staticmethod
-    def written(d: Delivery, commit_offset: int, end: int) -> None:
+    def written(d: Delivery, commit_offset: int, end: int, queue_offset: int = -1) -> None:
         assert d.state == CLAIMED and end > commit_offset >= 0
         d.state = WRITTEN
         d.commit_offset = commit_offset
         d.end = end
+        d.queue_offset = queue_offset
 
     def failed(self, now_ms: int, error: str) -> int:
         """Record a failed write/sync; return the back-off chosen (ms)."""

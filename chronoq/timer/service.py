@@ -143,13 +143,15 @@ class TimerOptions:
     load_batch: int
     checkpoint_interval_ms: int
     recall_memory_ms: int
+    prewrite_ms: int = 0
 
     @classmethod
     def from_config(cls, cfg) -> "TimerOptions":
         return cls(cfg.timer_delay_levels, cfg.timer_max_delay_ms, cfg.timer_bucket_ms, cfg.timer_preload_ms,
                    cfg.timer_wheel_slots, cfg.timer_wheel_slot_ms, cfg.timer_deliver_mode, cfg.timer_pending_max,
                    cfg.timer_retry_backoff_ms, cfg.timer_retry_backoff_max_ms, cfg.timer_block_after_failures,
-                   cfg.timer_load_batch, cfg.timer_checkpoint_interval_ms, cfg.timer_recall_memory_ms)
+                   cfg.timer_load_batch, cfg.timer_checkpoint_interval_ms, cfg.timer_recall_memory_ms,
+                   cfg.timer_prewrite_ms)
 
 
 class LevelLane(Lane):
@@ -212,6 +214,9 @@ class TimerService:
         self.cursor = 0
         self._last_checkpoint_ms = 0
         self.histogram = LatenessHistogram()
+        # Completed deliveries (durable) whose copy is still hidden behind a hold in its queue, per
+        # queue in offset order: counted visible (lateness, trace) when the store releases them.
+        self._awaiting: dict[tuple[str, int], deque[Delivery]] = {}
         self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (buffer length, pending)
         self._warm_todo: list[int] | None = None  # buckets warm_horizon_cache has yet to count
         self._horizon_warm = False
@@ -617,6 +622,12 @@ class TimerService:
         and completes them. A copy is still durable before it is visible (sync flush policy) and
         before its DISPATCHED entry exists (dispatch-once), only the wait is off this thread.
         ``deliver_mode = "sync"`` (one fsync per message, for comparison) always fsyncs here.
+
+        Timer messages are claimed and written ``prewrite_ms`` before they are due, as *held*
+        copies (``record.FLAG_HELD``): the store hides them until ``store.release_held`` passes
+        their due time, which every tick does first. So the fsync is behind them when they fall
+        due, and visibility at the due instant is an in-memory step. Returns how many deliveries
+        became visible.
         """
         if self.closed:
             raise errors.ClosedError("the timer is closed")
@@ -624,6 +635,7 @@ class TimerService:
         # Remembered for ``next_deadline_ms``: with the caller doing the fsyncs, what waits for
         # one is the caller's work (``durability_wanted``), not a reason to tick again.
         self._caller_syncs = not durable
+        released = self._release(now)
         if durable and self._unabsorbed and now >= self._absorb_retry_at_ms:
             self._sync_for_absorb(now)
         # Due work first: a tick that also loads a bucket ahead (parsing up to load_batch
@@ -635,10 +647,10 @@ class TimerService:
         self._deliver(now, durable)
         self._load_step(now)
         nxt = self.wheel.next_deadline()
-        if nxt is not None and nxt <= now and self.timer_lane.room(now):
+        if nxt is not None and nxt <= now + self.opts.prewrite_ms and self.timer_lane.room(now):
             self._claim_timers(now)
             self._deliver(now, durable)
-        done = self._complete()
+        done = released + self._complete()
         if not self._ckpt_syncing:  # bucket files stay untouched while a checkpoint syncs them
             self._finish_buckets(now)
             # Small buffers (a few DISPATCHED entries per tick at steady rates) wait for
@@ -664,13 +676,14 @@ class TimerService:
         """The caller fsynced the commit log below ``synced_upto`` (``store.sync()`` on a worker
         thread): publish it, absorb what waited for it, complete deliveries. Returns how many
         deliveries completed."""
-        self._now(now_ms)
+        now = self._now(now_ms)
         self.store.dispatch(synced_upto)
+        released = self._release(now)
         self._absorb_durable()
         for lane in self._lanes():
             if lane.failures and not any(d.state == CLAIMED for d in lane.pending):
                 lane.succeeded()
-        return self._complete()
+        return released + self._complete()
 
     def sync_failed(self, exc: BaseException, now_ms: int | None = None) -> None:
         """The caller's fsync failed: lanes holding written copies back off (and block after
@@ -702,14 +715,16 @@ class TimerService:
         lane = self.timer_lane
         room = lane.room(now)
         nxt = self.wheel.next_deadline()
-        if not room or nxt is None or nxt > now:
+        horizon = now + self.opts.prewrite_ms
+        if not room or nxt is None or nxt > horizon:
             return
         # The burst path (200k due at once): locals, one call per step.
         index_pop, claim, copy_of, ref_key = self._index.pop, lane.claim, copies.delivered_copy, copies.PROP_TIMER_REF
-        for ident, due in self.wheel.expire(now, room):
+        held = record.FLAG_HELD
+        for ident, due in self.wheel.expire(horizon, room):
             b = index_pop(ident)
             start = b.start
-            claim((start, ident), due, copy_of(b.claim(ident), ref_key, f"{start}.{ident}"))
+            claim((start, ident), due, copy_of(b.claim(ident), ref_key, f"{start}.{ident}", held if due > now else 0))
 
     def _claim_level(self, lane: LevelLane, now: int) -> None:
         if self._level_idle(lane):
@@ -795,17 +810,17 @@ class TimerService:
         except errors.StorageError as exc:
             # A batch that spans a segment roll can fail after its first part was appended: those
             # copies exist (and will be dispatched) so they must not be written again.
-            appended = [(off, hdr.length) for off, hdr, _raw in self.store.scan(before)] \
+            appended = [(off, hdr.length, hdr.queue_offset) for off, hdr, _raw in self.store.scan(before)] \
                 if self.store.log.written > before else []
-            for (lane, d), (off, length) in zip(items, appended):
-                lane.written(d, off, off + length)
+            for (lane, d), (off, length, qoff) in zip(items, appended):
+                lane.written(d, off, off + length, qoff)
             for lane in {id(lane): lane for lane, _ in items[len(appended):]}.values():
                 delay = lane.failed(now, str(exc))
                 log.warning("timer lane %s: delivery failed (%s); retry in %d ms%s", lane.name, exc, delay,
                             " (lane blocked)" if lane.blocked else "")
             return False
         for (lane, d), w in zip(items, written):
-            lane.written(d, w.commit_offset, w.commit_offset + w.size)
+            lane.written(d, w.commit_offset, w.commit_offset + w.size, w.queue_offset)
         return True
 
     def _make_durable(self, now: int) -> bool:
@@ -824,27 +839,20 @@ class TimerService:
         return True
 
     def _complete(self) -> int:
-        """Finish durable deliveries in lane order: DISPATCHED entries, level offsets, lateness."""
+        """Finish durable deliveries in lane order: DISPATCHED entries, level offsets; then count
+        the visible ones (lateness, trace). Returns how many became visible."""
         upto = self._durable_upto()
         visible_ms = self._now()
-        done = 0
         marks: dict[int, tuple[list[bytes], list[int]]] = {}
-        record_lateness = self.histogram.record
         encode_entry = schedlog.encode_entry
-        seen: list[Delivery] | None = [] if self.on_visible is not None else None
         completed = self.timer_lane.complete(upto)
-        if seen is not None:
-            seen.extend(completed)
         for d in completed:
             start, ident = d.ref
             marked = marks.get(start)
             if marked is None:
                 marked = marks[start] = ([], [])
-            due = d.due_ms
-            marked[0].append(encode_entry(DISPATCHED, ident, due, d.commit_offset))
+            marked[0].append(encode_entry(DISPATCHED, ident, d.due_ms, d.commit_offset))
             marked[1].append(ident)
-            record_lateness(visible_ms - due)
-        done += len(completed)
         for start, (entries, idents) in marks.items():
             b = self.buckets.get(start)
             blob = b"".join(entries)
@@ -860,13 +868,50 @@ class TimerService:
             for d in lane.complete(upto):
                 lane.offset = d.ref + 1
                 if d.prepared is not None:
-                    self.histogram.record(visible_ms - d.due_ms)
-                    done += 1
-                    if seen is not None:
-                        seen.append(d)
-        if seen:
-            self.on_visible(seen, visible_ms)  # type: ignore[misc]
-        return done
+                    completed.append(d)
+        return self._count_visible(completed, visible_ms) if completed else 0
+
+    def _count_visible(self, completed: list[Delivery], visible_ms: int) -> int:
+        """Record lateness (and tell the trace) for completed copies readers can see now; park the
+        ones behind a hold in ``_awaiting`` until ``_release``."""
+        queues, awaiting = self.store.queues, self._awaiting
+        record_lateness = self.histogram.record
+        seen: list[Delivery] = []
+        for d in completed:
+            p = d.prepared
+            key = (p.topic, p.queue_id)
+            waiting = awaiting.get(key)
+            if waiting is None and d.queue_offset < queues[key].visible_next:
+                record_lateness(visible_ms - d.due_ms)
+                seen.append(d)
+            elif waiting is None:
+                awaiting[key] = deque((d,))
+            else:
+                waiting.append(d)
+        if seen and self.on_visible is not None:
+            self.on_visible(seen, visible_ms)
+        return len(seen)
+
+    def _release(self, now: int) -> int:
+        """Release held copies due by ``now`` (the store's holds); count the completed ones that
+        became visible. Returns that count."""
+        self.store.release_held(now)
+        if not self._awaiting:
+            return 0
+        queues, record_lateness = self.store.queues, self.histogram.record
+        seen: list[Delivery] = []
+        for key, waiting in list(self._awaiting.items()):
+            limit = queues[key].visible_next
+            while waiting and waiting[0].queue_offset < limit:
+                d = waiting.popleft()
+                assert d.due_ms <= now, "a copy became visible before its due time"
+                record_lateness(now - d.due_ms)
+                seen.append(d)
+            if not waiting:
+                del self._awaiting[key]
+        if seen and self.on_visible is not None:
+            self.on_visible(seen, now)
+        return len(seen)
 
     def _finish_buckets(self, now: int) -> None:
         while self._loaded:
@@ -910,7 +955,10 @@ class TimerService:
         elif self._lane_waits(lane, now, durable_upto, cands):
             nxt = self.wheel.next_deadline()
             if nxt is not None:
-                cands.append(nxt)
+                cands.append(nxt - self.opts.prewrite_ms)
+        held = self.store.next_held_ms()
+        if held is not None:
+            cands.append(held)
         for level_lane in self.level_lanes:
             if level_lane.pending and level_lane.retry_at_ms:
                 cands.append(level_lane.retry_at_ms)
@@ -1042,9 +1090,26 @@ class TimerService:
         if now >= h.due_ms:
             # Due: delivered, or durable and made visible by the next tick (linearization point).
             return "delivered", start, None, "its delivery time has passed"
+        if h.kind == handles.TIMER and (self._claimed(start, h.position) if state == MESSAGE else self._held(h)):
+            # Written ahead as a held copy (``prewrite_ms``): it will be visible at its due time,
+            # across a crash too, so this answer never has to be taken back.
+            return "delivered", start, None, "its copy is already written and becomes visible at its delivery time"
         if state == MESSAGE and self._matches(raw, h):
             return "pending", start, raw, ""
         return "missing", start, None, "no pending message matches the handle"
+
+    def _claimed(self, start: int, ident: int) -> bool:
+        b = self.buckets.get(start)
+        return b is not None and ident in b.claimed
+
+    def _held(self, h: handles.RecallHandle) -> bool:
+        """A held copy of the handle's message is in its queue (completed ahead of its due time;
+        loaded buckets forget DISPATCHED entries, and a restart knows holds from the store only)."""
+        for raw in self.store.held_records(h.topic, h.due_ms):
+            parts = copies.split(raw)
+            if parts.message_id.decode() == h.message_id and parts.deliver_at_ms == h.due_ms:
+                return True
+        return False
 
     def _write_durably(self, p: Prepared) -> int:
         """Write one timer record, fsync it and apply it (dispatch runs the sink). Returns its offset."""

@@ -21,8 +21,9 @@ Checked:
 
 - every message is delivered: the audit finds each sent message id in the topic, and the
   consumers received each at least once;
-- none early: every delivered copy's store time (stamped by the broker when it wrote the copy;
-  visibility comes later still, after the fsync) is at or after its due time; a timer message's
+- none early: every delivered copy's store time (stamped by the broker when it wrote the copy, or
+  its due time for a copy written ahead and held until then) is at or after its due time, and so
+  is the consumer's clock when the receive that got it returned; a timer message's
   due time is the one it was sent with, a level message's is the level's delay after the broker
   took the send (just before it stamped the level record's store time; both broker clocks);
 - duplicates: the audit counts message ids with more than one delivered copy (the timer's
@@ -131,11 +132,14 @@ async def consume(state: State, lane: int) -> None:
             client = Client(state.endpoint, request_timeout_s=5)
         try:
             got = await client.receive(GROUP, TOPIC, max_messages=RECEIVE_BATCH, invisible_s=INVISIBLE_S, wait_s=1)
+            # Copies are written ahead of their due time and held (timer_prewrite_ms), stamped with
+            # it: so also check this clock (the broker's, same machine) when the receive returned.
+            got_ms = int(time.time() * 1000)
             for m in got:
                 state.received.setdefault(m.message_id, []).append(
                     (m.queue_id, m.queue_offset, m.store_ms, m.deliver_at_ms, m.delivery_attempt))
-                if m.store_ms < m.deliver_at_ms:
-                    state.early.append((m.message_id, m.store_ms, m.deliver_at_ms))
+                if m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms:
+                    state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
             if got:
                 await client.ack(GROUP, TOPIC, got)
         except ClientError as exc:  # the broker answered and refused: only "stopping" is expected

@@ -25,13 +25,14 @@ class Node:
     clock: FakeClock = field(default_factory=FakeClock)
     queues: int = 2
     flush_policy: str = "async"
+    config: dict = field(default_factory=dict)  # more BrokerConfig settings (kept across restarts)
     broker: Broker | None = None
     pop: PopService | None = None
 
     def open(self) -> "Node":
         cfg = BrokerConfig(data_dir=self.data_dir, flush_policy=self.flush_policy, default_queues=self.queues,
                            checkpoint_interval_ms=CHECKPOINT_INTERVAL_MS,
-                           segment_bytes=SEGMENT_BYTES)
+                           segment_bytes=SEGMENT_BYTES, **self.config)
         self.broker = Broker(cfg, clock=self.clock)
         self.pop = PopService(self.broker, self.clock, buffer_ms=BUFFER_MS, flush_interval_ms=FLUSH_INTERVAL_MS)
         return self

@@ -75,9 +75,28 @@ def test_back_off_is_measured_from_the_delivery():
     assert names.not_before_ms(1, delivered_ms=0, now_ms=60_000, delays_ms=delays) == 60_000
     assert names.not_before_ms(2, delivered_ms=0, now_ms=100, delays_ms=delays) == 5_000
     assert names.not_before_ms(9, delivered_ms=0, now_ms=100, delays_ms=delays) == 5_000  # last level repeats
-    assert names.retry_queue(3, not_before_ms=10, now_ms=10, queues=19) == 0
-    assert names.retry_queue(3, not_before_ms=11, now_ms=10, queues=19) == 3
-    assert names.retry_queue(30, not_before_ms=11, now_ms=10, queues=19) == 18
+    levels18 = tuple(range(1_000, 19_000, 1_000))
+    assert names.retry_queues(levels18) == 19
+    assert names.retry_queue(3, not_before_ms=10, now_ms=10, queues=19, delays_ms=levels18) == 0
+    assert names.retry_queue(3, not_before_ms=11, now_ms=10, queues=19, delays_ms=levels18) == 3
+    assert names.retry_queue(30, not_before_ms=11, now_ms=10, queues=19, delays_ms=levels18) == 18
+
+
+def test_back_off_follows_the_table_it_is_given():
+    """Attempt n waits level min(n, levels); queue k holds level k, clamped to the topic."""
+    delays = (2_000, 4_000)
+    assert [names.backoff_level(n, delays) for n in (1, 2, 3, 50)] == [1, 2, 2, 2]
+    assert [names.not_before_ms(n, delivered_ms=0, now_ms=0, delays_ms=delays) for n in (1, 2, 3)] == \
+        [2_000, 4_000, 4_000]
+    assert names.retry_queues(delays) == 3
+    # A topic made for a longer table (19 queues): later attempts still use their level's queue.
+    assert [names.retry_queue(n, 1, 0, queues=19, delays_ms=delays) for n in (1, 2, 3, 9)] == [1, 2, 2, 2]
+    # A topic capped below the table (max_queues): the top levels share its last queue.
+    assert [names.retry_queue(n, 1, 0, queues=2, delays_ms=delays) for n in (1, 2, 3)] == [1, 1, 1]
+    assert names.check_retry_delays([2_000, 4_000]) == delays
+    for bad in ((), (0,), (1_000, -1), "1s", (1.5,), None, (True,)):
+        with pytest.raises(errors.ClientError):
+            names.check_retry_delays(bad)
 
 
 # --------------------------------------------------------------------------------- in-flight books

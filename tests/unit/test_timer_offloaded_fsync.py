@@ -141,7 +141,7 @@ def test_copies_falling_due_while_an_fsync_runs_are_written_at_once_and_join_the
     """The runtime ticks on while its fsync thread runs: a later copy is written by the tick that
     finds it due (its store time is that tick's), not after the fsync, and only the fsync that
     covers it makes it visible."""
-    b = open_broker(tmp_path, clock)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)  # copies written at their due time
     for i in range(4):
         b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=T0 + 1_000 + 10 * i)
     clock.advance(1_000)
@@ -202,7 +202,7 @@ def test_records_waiting_for_the_callers_fsync_are_not_a_deadline(tmp_path, cloc
     """Async flush policy: delayed records are dispatched before they are fsynced and are
     absorbed only once durable. With the runtime doing the fsyncs, that wait is its work
     (``durability_wanted``), not a reason to tick again at once (no busy loop meanwhile)."""
-    b = open_broker(tmp_path, clock, flush_policy="async")
+    b = open_broker(tmp_path, clock, flush_policy="async", timer_prewrite_ms=0)
     b.send(TOPIC, b"m", deliver_at_ms=T0 + 5_000)
     b.timer_tick(durable=False)
     assert b.timer.durability_wanted()

@@ -1,0 +1,143 @@
+"""Timer copies written ahead of their due time (``timer_prewrite_ms``), held until it.
+
+The runtime's way (``tick(durable=False)`` and a separate fsync) on a fake clock: a copy is
+written and made durable before it is due, stays hidden (and keeps what follows it in its queue
+hidden) until the tick at its due instant releases it, and a restart in between keeps it hidden
+and delivers it once. Recall inside the window answers ALREADY_DELIVERED and keeps that promise.
+"""
+
+from __future__ import annotations
+
+import pytest
+from timerkit import T0, TOPIC, crash, open_broker, visible
+
+from chronoq.clock import FakeClock
+from chronoq.store import record
+from chronoq.timer.service import RecallOutcome
+
+LEAD = 50
+
+
+@pytest.fixture
+def clock():
+    return FakeClock(T0)
+
+
+def _tick_and_sync(b) -> int:
+    done = b.timer_tick(durable=False)
+    if b.timer.durability_wanted():
+        done += b.timer_synced(b.store.sync())
+    return done
+
+
+def test_a_copy_is_durable_before_its_due_time_and_visible_exactly_at_it(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    b.create_topic(TOPIC, 1)
+    due = T0 + 1_000
+    b.send(TOPIC, b"held", deliver_at_ms=due)
+    _tick_and_sync(b)  # (loads the bucket)
+    assert b.timer_next_deadline_ms() == due - LEAD  # claimed the lead ahead
+    clock.advance(1_000 - LEAD)
+    assert _tick_and_sync(b) == 0
+    assert b.store.log.synced == b.store.log.written  # the copy is on disk already
+    assert visible(b) == [] and b.timer.histogram.count == 0
+    assert b.timer_next_deadline_ms() == due  # the release
+    clock.advance(LEAD - 1)
+    _tick_and_sync(b)
+    assert visible(b) == []  # never early
+    clock.advance(1)
+    assert b.timer_tick(durable=False) == 1  # no fsync needed at the due instant
+    [m] = visible(b)
+    assert m.body == b"held" and m.stored_ms == due and m.flags & record.FLAG_HELD
+    assert b.timer.histogram.count == 1 and b.timer.histogram.max_ms == 0 and b.timer.histogram.early == 0
+    b.close()
+
+
+def test_a_hold_keeps_what_follows_it_in_its_queue_hidden_until_its_due_time(tmp_path, clock):
+    """Queue offsets are dense and in log order: a message sent behind a held copy waits for it
+    (at most the lead), in every reader: POP, reads by offset, bounds."""
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    b.create_topic(TOPIC, 1)
+    due = T0 + 1_000
+    b.send(TOPIC, b"held", deliver_at_ms=due, queue_id=0)
+    clock.advance(1_000 - 20)
+    _tick_and_sync(b)
+    b.send(TOPIC, b"now", queue_id=0)  # an immediate message behind the hold
+    assert visible(b) == [] and b.store.bounds(TOPIC, 0) == (0, 0)
+    clock.advance(20)
+    _tick_and_sync(b)
+    assert [m.body for m in visible(b)] == [b"held", b"now"]
+    assert b.store.bounds(TOPIC, 0) == (0, 2)
+    b.close()
+
+
+def test_a_crash_between_prewrite_and_due_time_keeps_the_copy_hidden_then_delivers_it_once(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    b.create_topic(TOPIC, 1)
+    due = T0 + 1_000
+    b.send(TOPIC, b"held", deliver_at_ms=due)
+    b.send(TOPIC, b"later", deliver_at_ms=due + 5_000)
+    clock.advance(1_000 - LEAD)
+    _tick_and_sync(b)
+    crash(b)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    assert visible(b) == []  # restored hold: the copy is in the log and its queue, still hidden
+    assert b.store.next_held_ms() == due and b.timer_next_deadline_ms() <= due
+    clock.advance(LEAD)
+    _tick_and_sync(b)
+    assert [m.body for m in visible(b)] == [b"held"]
+    clock.advance(5_000)
+    _tick_and_sync(b)
+    _tick_and_sync(b)
+    assert [m.body for m in visible(b)] == [b"held", b"later"]  # once each
+    b.close()
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)  # and a clean restart changes nothing
+    assert [m.body for m in visible(b)] == [b"held", b"later"]
+    b.close()
+
+
+def test_a_crash_before_the_copy_is_durable_writes_it_again_once(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    b.create_topic(TOPIC, 1)
+    b.send(TOPIC, b"held", deliver_at_ms=T0 + 1_000)
+    clock.advance(1_000 - LEAD)
+    b.timer_tick(durable=False)  # written to the page cache, no fsync
+    assert b.store.log.written > b.store.log.synced
+    crash(b)  # (the page cache survives a kill -9, so the replay may find the copy: still once)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    clock.advance(LEAD)
+    for _ in range(3):
+        _tick_and_sync(b)
+    assert [m.body for m in visible(b)] == [b"held"]
+    b.close()
+
+
+def test_recall_inside_the_prewrite_window_answers_already_delivered_and_keeps_it(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    b.create_topic(TOPIC, 1)
+    early = b.send(TOPIC, b"recalled", deliver_at_ms=T0 + 1_000)
+    late = b.send(TOPIC, b"kept", deliver_at_ms=T0 + 2_000)
+    clock.advance(1_000 - LEAD - 1)
+    _tick_and_sync(b)
+    assert b.recall(early.recall_handle).outcome is RecallOutcome.CANCELLED  # before the window
+    clock.advance(1_001)
+    _tick_and_sync(b)  # "kept" is written, held: 50 ms to go
+    got = b.recall(late.recall_handle)
+    assert got.outcome is RecallOutcome.ALREADY_DELIVERED and "already written" in got.detail
+    clock.advance(LEAD + 1)
+    _tick_and_sync(b)
+    assert [m.body for m in visible(b)] == [b"kept"]
+    b.close()
+
+
+def test_no_prewrite_writes_copies_at_their_due_time(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    b.create_topic(TOPIC, 1)
+    b.send(TOPIC, b"m", deliver_at_ms=T0 + 1_000)
+    _tick_and_sync(b)
+    assert b.timer_next_deadline_ms() == T0 + 1_000
+    clock.advance(1_000)
+    assert _tick_and_sync(b) == 1
+    [m] = visible(b)
+    assert not m.flags & record.FLAG_HELD and not b.store.queues[(TOPIC, 0)].held
+    b.close()
