@@ -552,16 +552,17 @@ class Broker:
         return self.timer.stats(horizon_ms)
 
     # ----------------------------------------------------------------- message life trace
-    def write_trace(self) -> int:
-        """Write the buffered trace events as TRACE_TOPIC records (page cache; durable and visible
-        with the next fsync, e.g. ``flush``). Returns how many events were written."""
+    def write_trace(self, limit: int | None = None) -> int:
+        """Write the buffered trace events (the oldest ``limit``, or all) as TRACE_TOPIC records
+        (page cache; durable and visible with the next fsync, e.g. ``flush``). Returns how many
+        events were written."""
         trace = self.trace
         if trace is None or not trace.events:
             return 0
-        count = len(trace.events)
+        count = min(len(trace.events), limit) if limit is not None else len(trace.events)
         now = self.clock.wall_ms()
         self.store.write([Prepared(TRACE_TOPIC, 0, record.FLAG_SYSTEM, now, 0, new_message_id(now).encode(),
-                                   b"", b"", b"", body) for body in trace.take()])
+                                   b"", b"", b"", body) for body in trace.take(limit)])
         return count
 
     # ----------------------------------------------------------------- reading

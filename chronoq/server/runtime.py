@@ -20,6 +20,10 @@ from chronoq.config import BrokerConfig
 log = logging.getLogger("chronoq.runtime")
 
 TIMER_IDLE_S = 1.0  # the timer loop looks again at least this often
+# Trace events are written this many at a time (a few ms of encoding), the loop served between;
+# at most BUFFER_STEPS_MAX steps per maintenance pass (what is left waits for the next pass).
+TRACE_WRITE_STEP = 1024
+BUFFER_STEPS_MAX = 256
 # Cyclic-GC thresholds while serving (CPython's default is 700, 10, 10). Every message allocates a
 # few short-lived container objects, so the default runs a young collection every ~100 messages
 # and a full one (tens of ms, a pause for every client) every few seconds: ~9% of the server's CPU
@@ -77,6 +81,7 @@ class Runtime:
             except asyncio.TimeoutError:
                 pass
             try:
+                await self._write_trace_in_steps()
                 # Checkpoint fsyncs run on a worker thread (chronoq.jobs); one job at a time, and
                 # the next maintenance only after all of them finished.
                 jobs = self.broker.maintenance_jobs()
@@ -94,6 +99,19 @@ class Runtime:
                         log.info("retention deleted %s", path)
             except Exception:  # keep serving; the next tick retries
                 log.exception("periodic maintenance failed")
+
+    async def _write_trace_in_steps(self) -> None:
+        """Write due trace events a step at a time, yielding between steps: encoding a second of
+        busy traffic (tens of thousands of events) at once held timer ticks for tens of ms."""
+        broker = self.broker
+        trace = broker.trace
+        if trace is None or not trace.due(broker.clock.wall_ms()):
+            return
+        for _ in range(BUFFER_STEPS_MAX):
+            if not trace.events:
+                return
+            broker.write_trace(TRACE_WRITE_STEP)
+            await asyncio.sleep(0)
 
     async def _timer_loop(self) -> None:
         """Deliver due timers: sleep until the timer's next deadline or an earlier wake-up.

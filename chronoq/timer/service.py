@@ -214,6 +214,10 @@ class TimerService:
         self.cursor = 0
         self._last_checkpoint_ms = 0
         self.histogram = LatenessHistogram()
+        # Claiming starts once the earliest timer is this close to due and then takes everything
+        # due within ``prewrite_ms``: copies go out in groups of about half the lead (fewer
+        # writes, fsyncs and ticks), each at least half the lead before its due time.
+        self._claim_ahead_ms = options.prewrite_ms // 2
         # Completed deliveries (durable) whose copy is still hidden behind a hold in its queue, per
         # queue in offset order: counted visible (lateness, trace) when the store releases them.
         self._awaiting: dict[tuple[str, int], deque[Delivery]] = {}
@@ -647,7 +651,7 @@ class TimerService:
         self._deliver(now, durable)
         self._load_step(now)
         nxt = self.wheel.next_deadline()
-        if nxt is not None and nxt <= now + self.opts.prewrite_ms and self.timer_lane.room(now):
+        if nxt is not None and nxt <= now + self._claim_ahead_ms and self.timer_lane.room(now):
             self._claim_timers(now)
             self._deliver(now, durable)
         done = released + self._complete()
@@ -715,9 +719,9 @@ class TimerService:
         lane = self.timer_lane
         room = lane.room(now)
         nxt = self.wheel.next_deadline()
-        horizon = now + self.opts.prewrite_ms
-        if not room or nxt is None or nxt > horizon:
+        if not room or nxt is None or nxt > now + self._claim_ahead_ms:
             return
+        horizon = now + self.opts.prewrite_ms
         # The burst path (200k due at once): locals, one call per step.
         index_pop, claim, copy_of, ref_key = self._index.pop, lane.claim, copies.delivered_copy, copies.PROP_TIMER_REF
         held = record.FLAG_HELD
@@ -955,7 +959,7 @@ class TimerService:
         elif self._lane_waits(lane, now, durable_upto, cands):
             nxt = self.wheel.next_deadline()
             if nxt is not None:
-                cands.append(nxt - self.opts.prewrite_ms)
+                cands.append(nxt - self._claim_ahead_ms)
         held = self.store.next_held_ms()
         if held is not None:
             cands.append(held)

@@ -36,13 +36,14 @@ def test_a_copy_is_durable_before_its_due_time_and_visible_exactly_at_it(tmp_pat
     due = T0 + 1_000
     b.send(TOPIC, b"held", deliver_at_ms=due)
     _tick_and_sync(b)  # (loads the bucket)
-    assert b.timer_next_deadline_ms() == due - LEAD  # claimed the lead ahead
-    clock.advance(1_000 - LEAD)
+    # Claiming starts half the lead ahead and takes everything due within the lead.
+    assert b.timer_next_deadline_ms() == due - LEAD // 2
+    clock.advance(1_000 - LEAD // 2)
     assert _tick_and_sync(b) == 0
     assert b.store.log.synced == b.store.log.written  # the copy is on disk already
     assert visible(b) == [] and b.timer.histogram.count == 0
     assert b.timer_next_deadline_ms() == due  # the release
-    clock.advance(LEAD - 1)
+    clock.advance(LEAD // 2 - 1)
     _tick_and_sync(b)
     assert visible(b) == []  # never early
     clock.advance(1)
@@ -77,13 +78,13 @@ def test_a_crash_between_prewrite_and_due_time_keeps_the_copy_hidden_then_delive
     due = T0 + 1_000
     b.send(TOPIC, b"held", deliver_at_ms=due)
     b.send(TOPIC, b"later", deliver_at_ms=due + 5_000)
-    clock.advance(1_000 - LEAD)
+    clock.advance(1_000 - LEAD // 2)
     _tick_and_sync(b)
     crash(b)
     b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
     assert visible(b) == []  # restored hold: the copy is in the log and its queue, still hidden
     assert b.store.next_held_ms() == due and b.timer_next_deadline_ms() <= due
-    clock.advance(LEAD)
+    clock.advance(LEAD // 2)
     _tick_and_sync(b)
     assert [m.body for m in visible(b)] == [b"held"]
     clock.advance(5_000)
@@ -100,12 +101,12 @@ def test_a_crash_before_the_copy_is_durable_writes_it_again_once(tmp_path, clock
     b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
     b.create_topic(TOPIC, 1)
     b.send(TOPIC, b"held", deliver_at_ms=T0 + 1_000)
-    clock.advance(1_000 - LEAD)
+    clock.advance(1_000 - LEAD // 2)
     b.timer_tick(durable=False)  # written to the page cache, no fsync
     assert b.store.log.written > b.store.log.synced
     crash(b)  # (the page cache survives a kill -9, so the replay may find the copy: still once)
     b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
-    clock.advance(LEAD)
+    clock.advance(LEAD // 2)
     for _ in range(3):
         _tick_and_sync(b)
     assert [m.body for m in visible(b)] == [b"held"]
@@ -120,8 +121,8 @@ def test_recall_inside_the_prewrite_window_answers_already_delivered_and_keeps_i
     clock.advance(1_000 - LEAD - 1)
     _tick_and_sync(b)
     assert b.recall(early.recall_handle).outcome is RecallOutcome.CANCELLED  # before the window
-    clock.advance(1_001)
-    _tick_and_sync(b)  # "kept" is written, held: 50 ms to go
+    clock.advance(1_026)
+    _tick_and_sync(b)  # "kept" is written, held: 25 ms to go
     got = b.recall(late.recall_handle)
     assert got.outcome is RecallOutcome.ALREADY_DELIVERED and "already written" in got.detail
     clock.advance(LEAD + 1)

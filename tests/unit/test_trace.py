@@ -90,3 +90,16 @@ def test_buffer_is_bounded(monkeypatch):
         rec.acked("g", "t", 0, i, 1)
     assert len(rec.events) == 3 and rec.dropped == 2
     assert len(rec.take()) == 1 and rec.events == [] and rec.written == 3
+
+
+def test_take_in_steps_keeps_order_and_the_rest():
+    """The server writes trace events a step at a time (runtime._write_trace_in_steps)."""
+    rec = trace.TraceRecorder(flush_ms=1_000, delay_topic="CHRONOQ_DELAY")
+    rec.events = [(trace.STORED, 0, 0, "t", f"ID{i}", None, None, 0, i, 0, 0) for i in range(10)]
+    rec._first_ms = 5
+    first = rec.take(4)
+    assert [e["message_id"] for b in first for e in trace.decode_events(b)] == [f"ID{i}" for i in range(4)]
+    assert len(rec.events) == 6 and rec.written == 4 and rec.due(5 + 1_000)  # the rest is still due
+    rest = rec.take(100)
+    assert [e["message_id"] for b in rest for e in trace.decode_events(b)] == [f"ID{i}" for i in range(4, 10)]
+    assert rec.events == [] and rec.written == 10 and not rec.due(10**12)
