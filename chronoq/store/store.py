@@ -495,6 +495,11 @@ class Store:
                     phys, size, _tag, _time = ENTRY.unpack(cq._read(qoff, 1))
                     yield self.log.read_record(phys, size)
 
+    @property
+    def holding(self) -> bool:
+        """Whether any consume queue holds entries (``release_held`` has work ahead)."""
+        return bool(self._held)
+
     def next_held_ms(self) -> int | None:
         """The earliest due time of a held entry (when ``release_held`` next has work)."""
         return min((cq.held[0][1] for cq in self._held.values()), default=None)

@@ -84,6 +84,7 @@ FLUSH_FILES_PER_TICK = 64
 FLUSH_TICK_MIN_BYTES = 256 * 1024
 FLUSH_FILES_PER_MAINTENANCE = 512
 LEVEL_READ_MAX = 512
+CLAIM_PER_TICK = 2000  # timer messages claimed (and their copies written) per tick at most
 # Bytes of a bucket file read per tick while loading it ahead (a memory copy of a few ms; a
 # minute at 5,000 timers/s is ~70 MB, which read at once held due deliveries for 100s of ms).
 LOAD_READ_BYTES = 4 * 1024 * 1024
@@ -717,7 +718,9 @@ class TimerService:
 
     def _claim_timers(self, now: int) -> None:
         lane = self.timer_lane
-        room = lane.room(now)
+        # At most CLAIM_PER_TICK a tick (a few tens of ms of copying), however big the lane: with
+        # room for more, the next tick writes the next group while this one's fsync runs.
+        room = min(lane.room(now), CLAIM_PER_TICK)
         nxt = self.wheel.next_deadline()
         if not room or nxt is None or nxt > now + self._claim_ahead_ms:
             return
@@ -879,6 +882,11 @@ class TimerService:
         """Record lateness (and tell the trace) for completed copies readers can see now; park the
         ones behind a hold in ``_awaiting`` until ``_release``."""
         queues, awaiting = self.store.queues, self._awaiting
+        if not awaiting and not self.store.holding:  # nothing is hidden: all are visible (a burst)
+            self.histogram.record_many(visible_ms, [d.due_ms for d in completed])
+            if self.on_visible is not None:
+                self.on_visible(completed, visible_ms)
+            return len(completed)
         record_lateness = self.histogram.record
         seen: list[Delivery] = []
         for d in completed:
@@ -902,19 +910,20 @@ class TimerService:
         self.store.release_held(now)
         if not self._awaiting:
             return 0
-        queues, record_lateness = self.store.queues, self.histogram.record
+        queues = self.store.queues
         seen: list[Delivery] = []
         for key, waiting in list(self._awaiting.items()):
             limit = queues[key].visible_next
             while waiting and waiting[0].queue_offset < limit:
                 d = waiting.popleft()
                 assert d.due_ms <= now, "a copy became visible before its due time"
-                record_lateness(now - d.due_ms)
                 seen.append(d)
             if not waiting:
                 del self._awaiting[key]
-        if seen and self.on_visible is not None:
-            self.on_visible(seen, now)
+        if seen:
+            self.histogram.record_many(now, [d.due_ms for d in seen])
+            if self.on_visible is not None:
+                self.on_visible(seen, now)
         return len(seen)
 
     def _finish_buckets(self, now: int) -> None:
@@ -931,6 +940,10 @@ class TimerService:
     def _finish(self, b: Bucket) -> None:
         """Delete a bucket whose messages are all delivered or retired (keep its cancellations)."""
         done = b.done_entries()
+        if b.start in self._done:
+            # Finished before: a replay after a crash re-created the bucket from the records after
+            # the cursor only, so keep what the earlier .done recorded (recalls before the cursor).
+            done = self._done_entries_on_disk(b.start) + done
         if done:
             self.files.write_done(b.start, done)
             if b.start not in self._done:
@@ -943,6 +956,17 @@ class TimerService:
         del self.buckets[b.start]
         self._loaded.remove(b.start)
         self.buckets_finished += 1
+
+    def _done_entries_on_disk(self, start: int) -> bytes:
+        path = self._path(start, schedlog.DONE_SUFFIX)
+        data = schedlog.read_file(path)
+        if not data:
+            return b""
+        try:
+            return b"".join(data[pos:pos + total] for pos, total, kind, _i, _d, _a in schedlog.scan(path, start, data)
+                            if kind in (CANCELLED, MOVED))
+        except schedlog.SchedLogError:  # a damaged .done: what it held cannot be trusted anyway
+            return b""
 
     # ================================================================= deadlines
     def next_deadline_ms(self) -> int | None:

@@ -8,6 +8,7 @@ never negative unless a message was delivered early, which the timer counts sepa
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 
 # Upper bounds (ms, inclusive) of the histogram buckets; one more bucket holds everything above.
 LATENESS_BOUNDS_MS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000)
@@ -32,6 +33,20 @@ class LatenessHistogram:
         self.sum_ms += lateness_ms
         if lateness_ms > self.max_ms:
             self.max_ms = lateness_ms
+
+    def record_many(self, visible_ms: int, dues_ms: list[int]) -> None:
+        """``record(visible_ms - due)`` for each due time (a burst shares few distinct ones)."""
+        counts, bounds = self.counts, LATENESS_BOUNDS_MS
+        for due, n in Counter(dues_ms).items():
+            lateness_ms = visible_ms - due
+            if lateness_ms < 0:
+                self.early += n
+                lateness_ms = 0
+            counts[bisect.bisect_left(bounds, lateness_ms)] += n
+            self.count += n
+            self.sum_ms += lateness_ms * n
+            if lateness_ms > self.max_ms:
+                self.max_ms = lateness_ms
 
     def quantile_ms(self, q: float) -> int | None:
         """Upper bound of the bucket holding quantile ``q`` (the max for the open last bucket)."""

@@ -142,3 +142,14 @@ def test_no_prewrite_writes_copies_at_their_due_time(tmp_path, clock):
     [m] = visible(b)
     assert not m.flags & record.FLAG_HELD and not b.store.queues[(TOPIC, 0)].held
     b.close()
+
+
+def test_record_many_matches_one_at_a_time():
+    from chronoq.timer.stats import LatenessHistogram
+
+    dues = [95, 100, 100, 100, 103, 250, 99, 120]  # 250: early (before the visible time 200)
+    one, many = LatenessHistogram(), LatenessHistogram()
+    for due in dues:
+        one.record(200 - due)
+    many.record_many(200, dues)
+    assert many.snapshot() == one.snapshot() and many.early == 1

@@ -612,3 +612,29 @@ def test_a_bucket_file_is_read_over_several_ticks_and_entries_arriving_meanwhile
     assert sorted(bodies(b)) == sorted([f"a{i}".encode() for i in range(30) if i != 3]
                                        + [f"b{i}".encode() for i in range(5)] + [b"c"])
     b.close()
+
+
+def test_a_recall_stays_answered_after_its_bucket_finishes_twice(tmp_path, clock):
+    """A kill -9 replays the records after the timer's cursor into a bucket that was already
+    finished; finishing it again must keep the earlier .done's cancellations (found by the
+    property test: the second .done replaced the first, and a recall answered ALREADY_DELIVERED)."""
+    def reopen():
+        return open_broker(tmp_path, clock, timer_delay_levels=LEVELS, timer_checkpoint_interval_ms=20_000)
+
+    b = reopen()
+    b.create_topic(TOPIC, 2)
+    moved = b.reschedule(b.send(TOPIC, b"l", delay_level=1).recall_handle, clock.wall_ms() + 59_999)
+    assert b.recall(moved.recall_handle).outcome is RecallOutcome.CANCELLED
+    b.close()  # a clean checkpoint: the cancellation is now before the cursor
+    b = reopen()
+    other = b.send(TOPIC, b"t", deliver_at_ms=clock.wall_ms() + 59_999, queue_id=0)
+    assert b.recall(other.recall_handle).outcome is RecallOutcome.CANCELLED
+    clock.advance(3_600_000)
+    drain(b)  # the bucket finishes: its .done keeps both cancellations
+    crash(b)
+    b = reopen()
+    drain(b)  # the replay re-creates the bucket (the second message only) and finishes it again
+    assert b.recall(moved.recall_handle).outcome is RecallOutcome.CANCELLED
+    assert b.recall(other.recall_handle).outcome is RecallOutcome.CANCELLED
+    assert visible(b) == []
+    b.close()
