@@ -35,6 +35,7 @@ from chronoq.timer.levels import DELAY_TOPIC
 from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
                                    TimerService)
 from chronoq.trace import TRACE_TOPIC, TraceRecorder
+from chronoq.trace import bodies as trace_bodies
 
 # Fingerprint of a body for the dedupe window (a resend must carry the same body). CRC-32C is
 # computed in hardware: a quarter of zlib.crc32's cost per KiB.
@@ -552,18 +553,22 @@ class Broker:
         return self.timer.stats(horizon_ms)
 
     # ----------------------------------------------------------------- message life trace
-    def write_trace(self, limit: int | None = None) -> int:
-        """Write the buffered trace events (the oldest ``limit``, or all) as TRACE_TOPIC records
-        (page cache; durable and visible with the next fsync, e.g. ``flush``). Returns how many
-        events were written."""
+    def write_trace(self) -> int:
+        """Write the buffered trace events as TRACE_TOPIC records (page cache; durable and visible
+        with the next fsync, e.g. ``flush``). Returns how many events were written."""
         trace = self.trace
         if trace is None or not trace.events:
             return 0
-        count = min(len(trace.events), limit) if limit is not None else len(trace.events)
+        return self.write_trace_events(trace.take_events())
+
+    def write_trace_events(self, events: list) -> int:
+        """Write trace events taken with ``trace.take_events()`` (the server does it in slices)."""
+        if not events:
+            return 0
         now = self.clock.wall_ms()
         self.store.write([Prepared(TRACE_TOPIC, 0, record.FLAG_SYSTEM, now, 0, new_message_id(now).encode(),
-                                   b"", b"", b"", body) for body in trace.take(limit)])
-        return count
+                                   b"", b"", b"", body) for body in trace_bodies(events)])
+        return len(events)
 
     # ----------------------------------------------------------------- reading
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> ReadResult:

@@ -143,6 +143,11 @@ def decode_events(body: bytes) -> list[dict]:
     return out
 
 
+def bodies(events: list[_Event]) -> list[bytes]:
+    """Trace record bodies for ``events``, at most EVENTS_PER_RECORD each."""
+    return [encode(events[i:i + EVENTS_PER_RECORD]) for i in range(0, len(events), EVENTS_PER_RECORD)]
+
+
 class TraceRecorder:
     """The in-memory buffer behind the hooks. Every method runs on the broker's thread."""
 
@@ -240,14 +245,14 @@ class TraceRecorder:
             return False
         return len(self.events) >= EVENTS_PER_RECORD or now_ms - (self._first_ms or now_ms) >= self.flush_ms
 
-    def take(self, limit: int | None = None) -> list[bytes]:
-        """Take the oldest events (at most ``limit``) as trace record bodies (the caller writes
-        them). Encoding costs ~2 µs an event on the broker's thread: the server takes them in
-        steps so a second of busy traffic is not one long stall."""
-        if limit is None or limit >= len(self.events):
-            events, self.events = self.events, []
-            self._first_ms = None
-        else:
-            events, self.events = self.events[:limit], self.events[limit:]
+    def take(self) -> list[bytes]:
+        """Empty the buffer into trace record bodies (the caller writes them)."""
+        return bodies(self.take_events())
+
+    def take_events(self) -> list[_Event]:
+        """Empty the buffer; the caller encodes (``bodies``) and writes the events. Encoding costs
+        ~2 µs an event on the broker's thread, so the server does it a slice at a time."""
+        events, self.events = self.events, []
+        self._first_ms = None
         self.written += len(events)
-        return [encode(events[i:i + EVENTS_PER_RECORD]) for i in range(0, len(events), EVENTS_PER_RECORD)]
+        return events

@@ -20,10 +20,8 @@ from chronoq.config import BrokerConfig
 log = logging.getLogger("chronoq.runtime")
 
 TIMER_IDLE_S = 1.0  # the timer loop looks again at least this often
-# Trace events are written this many at a time (a few ms of encoding), the loop served between;
-# at most BUFFER_STEPS_MAX steps per maintenance pass (what is left waits for the next pass).
+# Trace events are written this many at a time (a few ms of encoding), the loop served between.
 TRACE_WRITE_STEP = 1024
-BUFFER_STEPS_MAX = 256
 # Cyclic-GC thresholds while serving (CPython's default is 700, 10, 10). Every message allocates a
 # few short-lived container objects, so the default runs a young collection every ~100 messages
 # and a full one (tens of ms, a pause for every client) every few seconds: ~9% of the server's CPU
@@ -107,11 +105,15 @@ class Runtime:
         trace = broker.trace
         if trace is None or not trace.due(broker.clock.wall_ms()):
             return
-        for _ in range(BUFFER_STEPS_MAX):
-            if not trace.events:
-                return
-            broker.write_trace(TRACE_WRITE_STEP)
-            await asyncio.sleep(0)
+        events = trace.take_events()
+        done = 0
+        try:
+            while done < len(events):
+                broker.write_trace_events(events[done:done + TRACE_WRITE_STEP])
+                done += TRACE_WRITE_STEP
+                await asyncio.sleep(0)
+        finally:  # cancelled (shutdown): what was taken is still written, at once
+            broker.write_trace_events(events[done:])
 
     async def _timer_loop(self) -> None:
         """Deliver due timers: sleep until the timer's next deadline or an earlier wake-up.

@@ -92,14 +92,14 @@ def test_buffer_is_bounded(monkeypatch):
     assert len(rec.take()) == 1 and rec.events == [] and rec.written == 3
 
 
-def test_take_in_steps_keeps_order_and_the_rest():
-    """The server writes trace events a step at a time (runtime._write_trace_in_steps)."""
+def test_take_events_then_bodies_in_slices_keep_order():
+    """The server takes the events at once and encodes/writes them in slices (runtime)."""
     rec = trace.TraceRecorder(flush_ms=1_000, delay_topic="CHRONOQ_DELAY")
     rec.events = [(trace.STORED, 0, 0, "t", f"ID{i}", None, None, 0, i, 0, 0) for i in range(10)]
     rec._first_ms = 5
-    first = rec.take(4)
-    assert [e["message_id"] for b in first for e in trace.decode_events(b)] == [f"ID{i}" for i in range(4)]
-    assert len(rec.events) == 6 and rec.written == 4 and rec.due(5 + 1_000)  # the rest is still due
-    rest = rec.take(100)
-    assert [e["message_id"] for b in rest for e in trace.decode_events(b)] == [f"ID{i}" for i in range(4, 10)]
+    assert rec.due(5 + 1_000)
+    events = rec.take_events()
     assert rec.events == [] and rec.written == 10 and not rec.due(10**12)
+    got = [e["message_id"] for part in (events[:4], events[4:]) for b in trace.bodies(part)
+           for e in trace.decode_events(b)]
+    assert got == [f"ID{i}" for i in range(10)]
