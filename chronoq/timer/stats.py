@@ -1,6 +1,7 @@
 """Timer observability data: the lateness histogram. Pure: no I/O, no clock.
 
-Lateness = the time a delivered copy became visible (after its fsync) minus its due time. It is
+Lateness = the time a delivered copy became visible to readers (after its fsync, and for a copy
+written ahead, when the timer's tick released its hold) minus its due time. It is
 never negative unless a message was delivered early, which the timer counts separately
 (``early``) so a test or an operator sees a violation of invariant 2 at once.
 """

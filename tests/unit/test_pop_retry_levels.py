@@ -50,14 +50,20 @@ def copies(node):
     return out
 
 
-def nack_and_wait(node, mid, attempt, wait_ms):
-    """Hand out ``mid`` (delivery ``attempt``), nack it at once, and check it is handed out again
-    exactly ``wait_ms`` later: not a millisecond sooner."""
+def nack_now(node, mid, attempt) -> int:
+    """Hand out ``mid`` (delivery ``attempt``) and nack it at once; returns when."""
     [p] = receive(node)
     assert p.message.message_id == mid and p.delivery_attempt == attempt
     nacked = node.clock.wall_ms()
     node.pop.change_invisible(G, T, p.receipt_handle, 0)  # its invisible time ends now
     node.advance(0)  # revived into the retry topic
+    return nacked
+
+
+def nack_and_wait(node, mid, attempt, wait_ms):
+    """Hand out ``mid`` (delivery ``attempt``), nack it at once, and check it is handed out again
+    exactly ``wait_ms`` later: not a millisecond sooner."""
+    nacked = nack_now(node, mid, attempt)
     assert receive(node) == []
     assert node.pop.next_deadline_ms() == nacked + wait_ms
     node.advance(wait_ms - 1)
@@ -136,10 +142,7 @@ def test_restart_with_a_shorter_table_neither_loses_nor_hurries_a_waiting_copy(t
     mid = node.broker.send(T, b"x").message_id
     nack_and_wait(node, mid, 1, 1_000)
     nack_and_wait(node, mid, 2, 5_000)
-    [p] = receive(node)
-    t3 = node.clock.wall_ms()
-    node.pop.change_invisible(G, T, p.receipt_handle, 0)
-    node.advance(0)
+    t3 = nack_now(node, mid, 3)
     assert (3, 3, t3 + 10_000) in copies(node)
     node.config["timer_delay_levels"] = "2s 4s"  # level 3 no longer exists
     node.restart()  # kill -9
@@ -148,11 +151,7 @@ def test_restart_with_a_shorter_table_neither_loses_nor_hurries_a_waiting_copy(t
     node.advance(9_999 - (node.clock.wall_ms() - t3))
     assert receive(node) == []  # its __NOT_BEFORE_MS is absolute: not early
     node.advance(1)
-    [p] = receive(node)
-    assert p.message.message_id == mid and p.delivery_attempt == 4
-    t4 = node.clock.wall_ms()
-    node.pop.change_invisible(G, T, p.receipt_handle, 0)
-    node.advance(0)
+    t4 = nack_now(node, mid, 4)
     assert (2, 4, t4 + 4_000) in copies(node)  # the new table's last level and its queue
     node.advance(4_000)
     [p] = receive(node)
@@ -168,10 +167,7 @@ def test_restart_with_a_longer_table_grows_the_retry_topic(tmp_path, nodes):
     mid = node.broker.send(T, b"x").message_id
     nack_and_wait(node, mid, 1, 1_000)
     nack_and_wait(node, mid, 2, 2_000)
-    [p] = receive(node)
-    t3 = node.clock.wall_ms()
-    node.pop.change_invisible(G, T, p.receipt_handle, 0)
-    node.advance(0)
+    t3 = nack_now(node, mid, 3)
     assert node.broker.topics[RETRY].queues == 3
     assert (2, 3, t3 + 2_000) in copies(node)  # clamped to level 2
     node.config["timer_delay_levels"] = "1s 2s 3s 4s"
