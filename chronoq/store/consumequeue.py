@@ -152,16 +152,14 @@ class ConsumeQueue:
         end = self.visible_next
         if offset < self.min_offset or offset >= end or max_entries <= 0:
             return b""
-        return self._read(offset, min(max_entries, end - offset))
+        return self.read_including_held(offset, min(max_entries, end - offset))
 
-    def _read(self, offset: int, count: int) -> bytes:
+    def read_including_held(self, offset: int, count: int) -> bytes:
+        """Entries from ``offset`` up to ``next_offset``, held or not (recovery, the store's own
+        bookkeeping); at most ``count``, never crossing a file."""
         index, slot = divmod(offset, self.per_file)
         take = min(count, self.next_offset - offset, self.per_file - slot)
         return os.pread(self._fd(index), take * ENTRY_SIZE, slot * ENTRY_SIZE)
-
-    def time_at(self, offset: int) -> int:
-        """The time field of the entry at ``offset`` (held or not)."""
-        return ENTRY.unpack(self._read(offset, 1))[3]
 
     def truncate(self, next_offset: int) -> None:
         """Drop entries at and beyond ``next_offset`` (they point past the recovered log)."""
@@ -181,7 +179,7 @@ class ConsumeQueue:
             self.held.pop()
 
     def _end_at(self, offset: int) -> int:
-        raw = self._read(offset, 1)
+        raw = self.read_including_held(offset, 1)
         phys, size, _, _ = ENTRY.unpack(raw)
         return phys + size
 

@@ -492,7 +492,7 @@ class Store:
                 continue
             for qoff, due in cq.held:
                 if due == due_ms and qoff < cq.next_offset:
-                    phys, size, _tag, _time = ENTRY.unpack(cq._read(qoff, 1))
+                    phys, size, _tag, _time = ENTRY.unpack(cq.read_including_held(qoff, 1))
                     yield self.log.read_record(phys, size)
 
     @property
@@ -517,8 +517,10 @@ class Store:
             found: list[tuple[int, int]] = []
             off = cq.next_offset
             while off > cq.min_offset:
-                n = min(256, off - cq.min_offset)
-                raw = cq._read(off - n, n)
+                # Within one consume-queue file (a read never crosses one).
+                n = min(256, off - cq.min_offset, (off - 1) % cq.per_file + 1)
+                raw = cq.read_including_held(off - n, n)
+                assert len(raw) == n * ENTRY_SIZE
                 entries = list(ENTRY.iter_unpack(raw))
                 stop = False
                 for k in range(len(entries) - 1, -1, -1):

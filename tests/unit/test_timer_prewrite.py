@@ -153,3 +153,25 @@ def test_record_many_matches_one_at_a_time():
         one.record(200 - due)
     many.record_many(200, dues)
     assert many.snapshot() == one.snapshot() and many.early == 1
+
+
+def test_holds_are_restored_across_consume_queue_files(tmp_path, clock):
+    """Restoring holds walks back over a queue's newest entries, a file at a time."""
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD, cq_entries_per_file=4)
+    b.create_topic(TOPIC, 1)
+    for i in range(6):
+        b.send(TOPIC, f"n{i}".encode(), queue_id=0)  # offsets 0..5: files 0 and 1
+    b.send(TOPIC, b"held", deliver_at_ms=T0 + 1_000, queue_id=0)
+    clock.advance(1_000 - LEAD // 2)
+    _tick_and_sync(b)  # the held copy at offset 6
+    for i in range(3):
+        b.send(TOPIC, f"m{i}".encode(), queue_id=0)  # offsets 7..9: into file 2
+    crash(b)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD, cq_entries_per_file=4)
+    assert [m.body for m in visible(b)] == [f"n{i}".encode() for i in range(6)]
+    assert list(b.store.queues[(TOPIC, 0)].held) == [(6, T0 + 1_000)]
+    clock.advance(LEAD // 2)
+    _tick_and_sync(b)
+    assert [m.body for m in visible(b)] == [*(f"n{i}".encode() for i in range(6)), b"held",
+                                            *(f"m{i}".encode() for i in range(3))]
+    b.close()
