@@ -12,6 +12,7 @@ server.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -35,6 +36,21 @@ SHARED_GROUPS = {
     "fifo-dlq": {"fifo": True, "max_attempts": 2},
     "dlq-concurrent": {"max_attempts": 2},
 }
+
+
+# The official Python client creates some grpc.aio calls from the calling thread, and grpc asks
+# asyncio for that thread's current loop. After any ``asyncio.run`` in this process (chronoq.client
+# tests) the main thread has none, and a client's Telemetry stream then failed to start now and
+# then ("There is no current event loop in thread 'MainThread'", then no settings within 10 s).
+# A fresh process has one: so does every test here.
+_MAIN_THREAD_LOOP = asyncio.new_event_loop()
+
+
+@pytest.fixture(autouse=True)
+def _main_thread_has_an_event_loop():
+    if threading.current_thread() is threading.main_thread():
+        asyncio.set_event_loop(_MAIN_THREAD_LOOP)
+    yield
 
 
 def free_port() -> int:
