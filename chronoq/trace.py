@@ -245,10 +245,6 @@ class TraceRecorder:
             return False
         return len(self.events) >= EVENTS_PER_RECORD or now_ms - (self._first_ms or now_ms) >= self.flush_ms
 
-    def take(self) -> list[bytes]:
-        """Empty the buffer into trace record bodies (the caller writes them)."""
-        return bodies(self.take_events())
-
     def take_events(self) -> list[_Event]:
         """Empty the buffer; the caller encodes (``bodies``) and writes the events. Encoding costs
         ~2 µs an event on the broker's thread, so the server does it a slice at a time."""
