@@ -38,6 +38,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.grpc_shell import server_cpu_split_s, start_server  # noqa: E402
 
 
+# Fresh interpreters for the load processes: phase (a) leaves the official client's gRPC threads in
+# this process, and forking a process with live gRPC threads can crash the child.
+_MP = mp.get_context("spawn")
+
+
 def emit(metric: str, value, unit: str, **ctx) -> None:
     # The machine's load beside every figure: CPU time per message rises on a busy machine too.
     ctx.setdefault("load1", round(os.getloadavg()[0], 2))
@@ -122,8 +127,8 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
 
 
 def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: int, seconds: float, topic: str) -> None:
-    q: mp.Queue = mp.Queue()
-    procs = [mp.Process(target=_producer_proc, args=(endpoint, topic, messages // producers, batch, seconds, q))
+    q = _MP.Queue()
+    procs = [_MP.Process(target=_producer_proc, args=(endpoint, topic, messages // producers, batch, seconds, q))
              for _ in range(producers)]
     cpu, t0 = ServerCpu(pid), time.perf_counter()
     for p in procs:
@@ -171,8 +176,8 @@ def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int
 def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch: int, seconds: float, topic: str,
                   combined: bool = True, stream: bool = False) -> None:
     group = f"bench-g-{uuid.uuid4().hex[:6]}"
-    q: mp.Queue = mp.Queue()
-    procs = [mp.Process(target=_consumer_proc,
+    q = _MP.Queue()
+    procs = [_MP.Process(target=_consumer_proc,
                         args=(endpoint, group, topic, messages, batch, seconds, q, combined, stream))
              for _ in range(consumers)]
     cpu, t0 = ServerCpu(pid), time.perf_counter()

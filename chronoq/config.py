@@ -79,6 +79,9 @@ class BrokerConfig:
     # Staged publish (chronoq.staging): rows staged but neither published nor aborted are
     # discarded after this long, so an abandoned Spark job does not pin the commit log.
     stage_ttl_ms: int = 86_400_000
+    # Which gRPC server serves the port: "chronoq" (chronoq.server.h2server, on the event loop)
+    # or "grpcio" (grpc.aio's server: several threads per call, ~5x the CPU per call on small VMs).
+    grpc_server: str = "chronoq"
     # Security and limits (docs/security.md). TLS is on when both PEM paths are set.
     tls_cert_file: str = ""
     tls_key_file: str = ""
@@ -128,6 +131,8 @@ class BrokerConfig:
     def _validate_security(self) -> None:
         from chronoq import acl
 
+        if self.grpc_server not in ("chronoq", "grpcio"):
+            raise errors.ClientError(f"grpc_server must be 'chronoq' or 'grpcio', not {self.grpc_server!r}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise errors.ClientError("TLS needs both tls_cert_file and tls_key_file (PEM), or neither")
         for name in ("max_parked_polls", "max_streams_per_client", "max_streams", "disk_check_interval_ms"):

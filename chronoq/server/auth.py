@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import ssl
 from typing import Callable
 
 import grpc
@@ -453,8 +454,9 @@ def build_gate(config) -> Gate:
     return Gate(access, max_streams_per_client=config.max_streams_per_client, max_streams=config.max_streams)
 
 
-def server_credentials(config) -> grpc.ServerCredentials | None:
-    """TLS credentials from ``tls_cert_file``/``tls_key_file`` (PEM), or None for plaintext."""
+def server_credentials(config):
+    """TLS for the gRPC port from ``tls_cert_file``/``tls_key_file`` (PEM), or None for plaintext:
+    an ``ssl.SSLContext`` for chronoq's own server, ``grpc.ServerCredentials`` for grpcio's."""
     if not config.tls_cert_file:
         return None
     pem = {}
@@ -467,4 +469,11 @@ def server_credentials(config) -> grpc.ServerCredentials | None:
             raise errors.ClientError(f"cannot read {key} {path}: {exc.strerror or exc}") from None
         if b"-----BEGIN " not in pem[key]:
             raise errors.ClientError(f"{key} {path} is not a PEM file")
+    if config.grpc_server == "chronoq":
+        from chronoq.server.h2server import server_ssl_context
+
+        try:
+            return server_ssl_context(pem["tls_cert_file"], pem["tls_key_file"])
+        except ssl.SSLError as exc:
+            raise errors.ClientError(f"cannot use tls_cert_file/tls_key_file: {exc}") from None
     return grpc.ssl_server_credentials([(pem["tls_key_file"], pem["tls_cert_file"])])

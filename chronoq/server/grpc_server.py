@@ -47,7 +47,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 from chronoq import errors, model, wire
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
-from chronoq.server import admin, auth, convert, status
+from chronoq.server import admin, auth, convert, h2server, status
 from chronoq.timer import handle as recall_handles
 from chronoq.transactions import Transactions
 
@@ -766,11 +766,14 @@ class GrpcFrontEnd:
         # Big enough that an oversized body reaches us and gets MESSAGE_BODY_TOO_LARGE instead
         # of a transport error.
         receive_limit = 2 * cfg.max_body_bytes + (4 << 20)
-        server = grpc.aio.server(interceptors=[gate], options=[
-            ("grpc.max_receive_message_length", receive_limit),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
-        ])
+        if cfg.grpc_server == "chronoq":
+            server = h2server.Server(interceptors=[gate], max_receive_message_length=receive_limit)
+        else:
+            server = grpc.aio.server(interceptors=[gate], options=[
+                ("grpc.max_receive_message_length", receive_limit),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
+            ])
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CONSUME_SERVICE, {
             # Both answer bytes (chronoq.wire); no .proto declares them.

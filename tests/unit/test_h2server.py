@@ -1,0 +1,261 @@
+"""chronoq's HTTP/2 gRPC server (chronoq.server.h2server) against grpcio's client and raw sockets.
+
+The service here is a small echo service built from grpc's own handler factories, so what is
+tested is the transport: framing, flow control, statuses, deadlines, cancellation, compression,
+interceptors and protocol errors. The RocketMQ service over it is tested in tests/integration.
+"""
+
+import asyncio
+import socket
+import struct
+
+import grpc
+import pytest
+
+from chronoq.server import h2server
+
+SERVICE = "test.Echo"  # bytes in, bytes out: no protobuf needed to test the transport
+
+
+class Echo:
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.closed_generators = 0
+
+    async def unary(self, request: bytes, context) -> bytes:
+        if request == b"abort":
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no, thanks: ünïcode")
+        if request == b"fail":
+            raise RuntimeError("boom")
+        if request == b"deadline":
+            return str(round(context.time_remaining())).encode()
+        if request == b"metadata":
+            return repr(sorted(context.invocation_metadata())).encode()
+        if request == b"sleep":
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        if request == b"code":
+            context.set_code(grpc.StatusCode.NOT_FOUND)
+            context.set_details("set by hand")
+            return b""
+        return request
+
+    async def stream_out(self, request: bytes, context):
+        try:
+            count, size = map(int, request.split(b"x"))
+            for i in range(count):
+                yield bytes([i % 256]) * size
+        finally:
+            self.closed_generators += 1
+
+    async def stream_in(self, requests, context) -> bytes:
+        total = 0
+        async for r in requests:
+            total += len(r)
+        return str(total).encode()
+
+    async def bidi(self, requests, context):
+        async for r in requests:
+            await context.write(r.upper())
+
+    def handlers(self):
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Unary": grpc.unary_unary_rpc_method_handler(self.unary),
+            "StreamOut": grpc.unary_stream_rpc_method_handler(self.stream_out),
+            "StreamIn": grpc.stream_unary_rpc_method_handler(self.stream_in),
+            "Bidi": grpc.stream_stream_rpc_method_handler(self.bidi),
+        })
+
+
+class Tagging(grpc.aio.ServerInterceptor):
+    """Refuses calls that carry ``x-refuse``; counts the rest."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def intercept_service(self, continuation, details):
+        self.seen += 1
+        if any(k == "x-refuse" for k, _ in details.invocation_metadata):
+            async def refuse(request, context):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "refused")
+            return grpc.unary_unary_rpc_method_handler(refuse)
+        return await continuation(details)
+
+
+def run(coro_fn, **server_kw):
+    async def main():
+        echo, gate = Echo(), Tagging()
+        server = h2server.Server(interceptors=[gate], **server_kw)
+        server.add_generic_rpc_handlers((echo.handlers(),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            return await coro_fn(f"127.0.0.1:{port}", echo, gate)
+        finally:
+            await server.stop(0.5)
+
+    return asyncio.run(main())
+
+
+def test_unary_calls_statuses_metadata_and_deadlines():
+    async def go(endpoint, echo, gate):
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            unary = ch.unary_unary(f"/{SERVICE}/Unary")
+            assert await unary(b"hello", timeout=5) == b"hello"
+            assert await unary(b"", timeout=5) == b""
+            big = bytes(range(256)) * 12_000  # 3 MB: many DATA frames, window updates both ways
+            assert await unary(big, timeout=10) == big
+            assert 25 <= int(await unary(b"deadline", timeout=30)) <= 30
+            md = (await unary(b"metadata", metadata=(("x-a", "1"), ("x-b-bin", b"\x00\xff")), timeout=5)).decode()
+            assert "('x-a', '1')" in md and "('x-b-bin', b'\\x00\\xff')" in md
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await unary(b"abort", timeout=5)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert err.value.details() == "no, thanks: ünïcode"
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await unary(b"fail", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNKNOWN and "boom" in err.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await unary(b"code", timeout=5)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND and err.value.details() == "set by hand"
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await ch.unary_unary("/test.Echo/Nope")(b"x", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await unary(b"x", metadata=(("x-refuse", "1"),), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # Many at once on one connection.
+            answers = await asyncio.gather(*(unary(str(i).encode(), timeout=10) for i in range(500)))
+            assert answers == [str(i).encode() for i in range(500)]
+            assert gate.seen >= 510
+
+    run(go)
+
+
+def test_compressed_requests_are_accepted():
+    async def go(endpoint, echo, gate):
+        for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+            async with grpc.aio.insecure_channel(endpoint, compression=compression) as ch:
+                body = b"compress me " * 1000
+                assert await ch.unary_unary(f"/{SERVICE}/Unary")(body, timeout=5) == body
+
+    run(go)
+
+
+def test_oversized_requests_are_refused_and_the_connection_goes_on():
+    async def go(endpoint, echo, gate):
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            unary = ch.unary_unary(f"/{SERVICE}/Unary")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await unary(b"x" * 200_000, timeout=5)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert await unary(b"small", timeout=5) == b"small"
+
+    run(go, max_receive_message_length=100_000)
+
+
+def test_streams_both_ways_and_flow_control():
+    async def go(endpoint, echo, gate):
+        # A tiny client window: the server must wait for WINDOW_UPDATEs, not overrun it.
+        async with grpc.aio.insecure_channel(endpoint, options=[("grpc.http2.lookahead_bytes", 16_384),
+                                                                 ("grpc.http2.bdp_probe", 0)]) as ch:
+            got = [m async for m in ch.unary_stream(f"/{SERVICE}/StreamOut")(b"40x100000", timeout=20)]
+            assert len(got) == 40 and all(len(m) == 100_000 and m[0] == i % 256 for i, m in enumerate(got))
+
+            async def chunks():
+                for i in range(50):
+                    yield b"y" * 10_000
+
+            assert await ch.stream_unary(f"/{SERVICE}/StreamIn")(chunks(), timeout=10) == b"500000"
+            call = ch.stream_stream(f"/{SERVICE}/Bidi")(timeout=10)
+            for word in (b"one", b"two", b"three"):
+                await call.write(word)
+                assert await call.read() == word.upper()
+            await call.done_writing()
+            assert await call.read() == grpc.aio.EOF
+            assert await call.code() == grpc.StatusCode.OK
+
+    run(go)
+
+
+def test_a_cancelled_call_cancels_its_handler_and_closes_its_generator():
+    async def go(endpoint, echo, gate):
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            call = ch.unary_unary(f"/{SERVICE}/Unary")(b"sleep", timeout=30)
+            await asyncio.sleep(0.2)
+            call.cancel()
+            await asyncio.wait_for(echo.cancelled.wait(), 5)
+            stream = ch.unary_stream(f"/{SERVICE}/StreamOut")(b"1000x100000", timeout=30)
+            await stream.read()
+            stream.cancel()
+            for _ in range(50):
+                if echo.closed_generators:
+                    break
+                await asyncio.sleep(0.1)
+            assert echo.closed_generators == 1
+            assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"still here", timeout=5) == b"still here"
+
+    run(go)
+
+
+# ---------------------------------------------------------------------------------- raw sockets
+def _frames(data: bytes):
+    pos = 0
+    while len(data) - pos >= 9:
+        hi, lo, kind, flags, sid = struct.unpack_from(">HBBBI", data, pos)
+        length = hi << 8 | lo
+        yield kind, flags, sid, data[pos + 9:pos + 9 + length]
+        pos += 9 + length
+
+
+def _raw(endpoint: str, payload: bytes, wait_s: float = 1.0) -> bytes:
+    host, port = endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=wait_s) as s:
+        s.sendall(payload)
+        out = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+        except socket.timeout:
+            pass
+    return out
+
+
+def _frame(kind, flags, sid, payload=b""):
+    n = len(payload)
+    return struct.pack(">HBBBI", n >> 8, n & 0xFF, kind, flags, sid) + payload
+
+
+@pytest.mark.parametrize("payload, error_code", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", h2server.PROTOCOL_ERROR),                     # not HTTP/2
+    (h2server.PREFACE + _frame(h2server.HEADERS, 0x4, 1, b"\xbf\xff\xff\xff\x0f"), h2server.COMPRESSION_ERROR),
+    (h2server.PREFACE + _frame(h2server.DATA, 0x1, 0, b"x"), h2server.PROTOCOL_ERROR),   # DATA on stream 0
+    (h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0, b"\x00\x04\xff\xff\xff\xff"), h2server.FLOW_CONTROL_ERROR),
+    (h2server.PREFACE + _frame(h2server.HEADERS, 0x0, 1, b"\x82") + _frame(h2server.PING, 0, 0, b"\0" * 8),
+     h2server.PROTOCOL_ERROR),                                                          # interrupted block
+])
+def test_protocol_errors_close_the_connection_with_goaway(payload, error_code):
+    async def go(endpoint, echo, gate):
+        out = await asyncio.to_thread(_raw, endpoint, payload)
+        goaways = [p for kind, _f, _s, p in _frames(out) if kind == h2server.GOAWAY]
+        assert goaways and struct.unpack(">I", goaways[0][4:8])[0] == error_code
+        async with grpc.aio.insecure_channel(endpoint) as ch:  # the server itself is unharmed
+            assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"ok", timeout=5) == b"ok"
+
+    run(go)
+
+
+def test_settings_and_ping_are_acknowledged():
+    async def go(endpoint, echo, gate):
+        payload = h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0) + _frame(h2server.PING, 0, 0, b"12345678")
+        frames = list(_frames(await asyncio.to_thread(_raw, endpoint, payload, 0.5)))
+        assert (h2server.SETTINGS, 0x1, 0, b"") in frames
+        assert (h2server.PING, 0x1, 0, b"12345678") in frames
+
+    run(go)
