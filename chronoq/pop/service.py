@@ -253,6 +253,9 @@ class PopService:
             model.validate_group_name(group)  # before the topic: a bad request creates nothing
         tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
         gcfg = self.group(group)
+        # Timer copies due by now become visible here too, not only at the timer's next tick: a
+        # receive while the event loop is busy still sees everything due (never anything early).
+        self.broker.release_due_timers()
         now = self.clock.wall_ms()
         inflight = self._inflight
         key = None

@@ -175,3 +175,32 @@ def test_holds_are_restored_across_consume_queue_files(tmp_path, clock):
     assert [m.body for m in visible(b)] == [*(f"n{i}".encode() for i in range(6)), b"held",
                                             *(f"m{i}".encode() for i in range(3))]
     b.close()
+
+
+def test_a_receive_releases_copies_due_by_now_without_waiting_for_the_tick(tmp_path, clock):
+    """A busy event loop may run the timer's tick late; a POP receive at the due instant still
+    sees the copy (and counts it visible then), and never one that is not due yet."""
+    from chronoq.pop.service import PopService
+
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    b.create_topic(TOPIC, 1)
+    due = T0 + 1_000
+    b.send(TOPIC, b"first", deliver_at_ms=due, queue_id=0)
+    b.send(TOPIC, b"second", deliver_at_ms=due + 10, queue_id=0)
+    pop = PopService(b, clock)
+    clock.advance(1_000 - 20)
+    _tick_and_sync(b)  # both written ahead and held
+    assert b.store.holding
+    assert pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000) == []
+    clock.advance(20)  # due, and no tick runs
+    [got] = pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000)
+    assert got.message.body == b"first"
+    assert b.timer.histogram.count == 1 and b.timer.histogram.max_ms == 0
+    clock.advance(9)
+    assert pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000) == []  # never early
+    clock.advance(1)
+    assert [p.message.body for p in pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000)] == [b"second"]
+    assert b.timer_tick(durable=False) == 0  # the tick finds nothing left to release
+    assert b.timer.histogram.count == 2 and b.timer.histogram.early == 0
+    pop.close()
+    b.close()
