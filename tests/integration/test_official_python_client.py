@@ -306,3 +306,16 @@ def test_fifo_consumer_forwards_to_the_dlq_and_moves_on(chronoq_endpoint):
     assert bodies.count(b"f-bad") == 2  # retried locally up to max_attempts, then forwarded
     dead = receive_dlq(chronoq_endpoint, group, 1, 15)
     assert [m.body for m in dead] == [b"f-bad"]
+
+
+def test_the_grpcio_server_still_serves_the_official_client(chronoq_process):
+    """``grpc_server = "grpcio"`` (grpc.aio's server, kept for comparison) serves the same calls."""
+    proc = chronoq_process('grpc_server = "grpcio"\n')
+    topic, group = unique("grpcio"), unique("ggrp")
+    with producer(proc.endpoint, topic) as p:
+        sent = {p.send(make_message(topic, b"g%d" % i)).message_id for i in range(5)}
+    with simple_consumer(proc.endpoint, group, topic) as c:
+        got = receive_all(c, 5)
+        assert {m.message_id for m in got} == sent
+        for m in got:
+            c.ack(m)
