@@ -9,6 +9,7 @@ above these figures is chronoq's; below them nothing can go on this stack and ma
     .venv/bin/python bench/grpc_floor.py                         # grpc.aio server on uvloop
 
 ``receive_unary`` is the same 16 messages as one unary answer (chronoq's ReceiveBatch shape).
+    .venv/bin/python bench/grpc_floor.py --server chronoq          # chronoq's own HTTP/2 server
     .venv/bin/python bench/grpc_floor.py --server sync --threads 4
     GRPC_POLL_STRATEGY=poll .venv/bin/python bench/grpc_floor.py  # env reaches the server
 
@@ -117,7 +118,12 @@ def serve(kind: str, port: int, threads: int) -> None:
         return
 
     async def main() -> None:
-        server = grpc.aio.server()
+        if kind == "chronoq":
+            from chronoq.server import h2server
+
+            server = h2server.Server()
+        else:
+            server = grpc.aio.server()
         service_pb2_grpc.add_MessagingServiceServicer_to_server(AsyncServicer(), server)
         server.add_generic_rpc_handlers((_unary_handler(_unary_receive),))
         server.add_insecure_port(f"127.0.0.1:{port}")
@@ -125,7 +131,7 @@ def serve(kind: str, port: int, threads: int) -> None:
         print("ready", flush=True)
         await server.wait_for_termination()
 
-    if kind == "uvloop":
+    if kind in ("uvloop", "chronoq"):
         import uvloop
 
         uvloop.run(main())
@@ -165,7 +171,7 @@ def emit(metric: str, value: float, unit: str, **context) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", choices=("aio", "uvloop", "sync"), default="uvloop")
+    ap.add_argument("--server", choices=("aio", "uvloop", "sync", "chronoq"), default="uvloop")
     ap.add_argument("--threads", type=int, default=4, help="sync server: worker threads")
     ap.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)  # internal: run the server
     args = ap.parse_args()
