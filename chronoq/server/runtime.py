@@ -27,6 +27,7 @@ TRACE_WRITE_STEP = 1024
 # and a full one (tens of ms, a pause for every client) every few seconds: ~9% of the server's CPU
 # in the send benchmark; with these, ~1%. Young garbage is still collected every 20k allocations.
 GC_THRESHOLDS = (20_000, 20, 20)
+SWITCH_INTERVAL_S = 0.001  # sys.setswitchinterval while serving (the default is 0.005)
 
 
 class Runtime:
@@ -188,7 +189,10 @@ class Runtime:
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends
 
-        gc_thresholds = gc.get_threshold()
+        gc_thresholds, switch_interval = gc.get_threshold(), sys.getswitchinterval()
+        # Worker threads (fsync completions, checkpoints) run a little Python; the loop thread
+        # must not wait the default 5 ms for the GIL behind them (timer releases are due to the ms).
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
             for front_end in front_ends.build(self):
                 await front_end.start()
@@ -211,6 +215,7 @@ class Runtime:
             broker.close()
             gc.set_threshold(*gc_thresholds)  # the process is the caller's again
             gc.unfreeze()
+            sys.setswitchinterval(switch_interval)
         self.say("chronoq stopped cleanly")
 
 
