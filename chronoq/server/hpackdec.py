@@ -97,26 +97,26 @@ class Decoder:
                 index, pos = _integer(data, pos, 7)
                 out.append(self._entry(index))
             elif b & 0x40:  # literal with incremental indexing
-                index, pos = _integer(data, pos, 6)
-                if index:
-                    name = self._entry(index)[0]
-                else:
-                    name, pos = self._string(data, pos)
-                value, pos = self._string(data, pos)
-                self._add(name, value)
-                out.append((name, value))
+                field, pos = self._literal(data, pos, 6)
+                self._add(*field)
+                out.append(field)
             elif b & 0x20:  # dynamic table size update
                 size, pos = _integer(data, pos, 5)
                 self._resize(size)
             else:  # literal without indexing (0000) or never indexed (0001)
-                index, pos = _integer(data, pos, 4)
-                if index:
-                    name = self._entry(index)[0]
-                else:
-                    name, pos = self._string(data, pos)
-                value, pos = self._string(data, pos)
-                out.append((name, value))
+                field, pos = self._literal(data, pos, 4)
+                out.append(field)
         return out
+
+    def _literal(self, data, pos: int, prefix: int) -> tuple[tuple[str, str], int]:
+        """A literal field: its name indexed (a ``prefix``-bit index) or a string, then its value."""
+        index, pos = _integer(data, pos, prefix)
+        if index:
+            name = self._entry(index)[0]
+        else:
+            name, pos = self._string(data, pos)
+        value, pos = self._string(data, pos)
+        return (name, value), pos
 
 
 def _integer(data, pos: int, prefix: int) -> tuple[int, int]:
