@@ -19,13 +19,16 @@ What the shell owns besides the RPCs:
 
 Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
 
+- The port is served by ``h2server.Server`` (chronoq's own HTTP/2 gRPC server on this event
+  loop) unless ``grpc_server = "grpcio"``; both take the same handlers and the access gate.
+
 - Push consumers receive with ``auto_renew=true`` and no invisible duration: the messages stay
   invisible in slices of ``push_invisible_ms`` (60 s), renewed in place while the client is alive
   (Heartbeat, receives; NotifyClientTermination ends it) until acked or nacked, up to
   ``auto_renew_max_ms`` (``chronoq/pop/renew.py``). The receipt handles stay the same.
 - Receives serve every queue of the topic for the group, whatever queue id the client names.
 - ``chronoq.v1.Consume/ReceiveBatch`` (not RocketMQ): a ReceiveMessage answered in one unary
-  response instead of a stream, for ``chronoq.client``; gRPC Python's per-streamed-message cost
+  response instead of a stream, for ``chronoq.client``; a server's per-streamed-message cost
   is what it saves (``wire.receive_batch``). ``AckAndReceive`` acks the last batch and receives
   the next in one call.
 - A long poll answers by ``min(long_polling_timeout, deadline - POLL_MARGIN_S)``.
