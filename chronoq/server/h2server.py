@@ -333,7 +333,6 @@ class _Connection(asyncio.Protocol):
         self._header_flags = 0
         self._header_parts: list[bytes] = []
         self._header_size = 0
-        self._blocked_streams: list[_Stream] = []  # streams waiting for the connection window
         self._out: list[bytes] = []              # frames to send at the end of this loop pass
         self._out_bytes = 0
 
@@ -671,9 +670,7 @@ class _Connection(asyncio.Protocol):
                 self.streams.pop(stream.id, None)
                 break
             room = min(stream.send_window, self.peer_window, max_frame)
-            if room <= 0:
-                if self.peer_window <= 0 and stream not in self._blocked_streams:
-                    self._blocked_streams.append(stream)
+            if room <= 0:  # a WINDOW_UPDATE (stream or connection) or SETTINGS resumes it
                 break
             chunk, rest = item[:room], item[room:]
             stream.send_window -= len(chunk)
@@ -687,10 +684,7 @@ class _Connection(asyncio.Protocol):
             stream.window_open.set()
 
     def _unblock_all(self) -> None:
-        waiting, self._blocked_streams = self._blocked_streams, []
-        for stream in waiting:
-            if stream.blocked and self.streams.get(stream.id) is stream:
-                self._flush_stream(stream)
+        """More connection window (or a larger initial window): oldest streams first."""
         for stream in list(self.streams.values()):
             if stream.blocked:
                 self._flush_stream(stream)
