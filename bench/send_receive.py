@@ -16,6 +16,7 @@ in count and time.
     .venv/bin/python bench/send_receive.py --phase b --messages 400000
     .venv/bin/python bench/send_receive.py --phase c --rounds 3     # (b) then (c), three times
 
+The load processes connect first and start together: interpreter start-up is not timed.
 Each line carries the broker's CPU time per message (user + system, and system alone) and the
 machine's 1-minute load average: on a shared machine compare CPU per message, not rates.
 """
@@ -107,14 +108,17 @@ def phase_official(endpoint: str, pid: int, messages: int, seconds: float) -> No
 
 
 # ----------------------------------------------------------------------------- (b) batched producers
-def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue) -> None:
+def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
+                   start) -> None:
     from chronoq.client import Client, OutgoingMessage, run
 
     async def go() -> int:
         body = os.urandom(1024)
         sent = 0
-        deadline = time.perf_counter() + seconds
         async with Client(endpoint) as client:
+            await client.route(topic)  # connected (and the topic known) before the clock starts
+            start.wait(seconds + 60)
+            deadline = time.perf_counter() + seconds
             async def lane() -> None:
                 nonlocal sent
                 while sent < count and time.perf_counter() < deadline:
@@ -127,29 +131,33 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
 
 
 def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: int, seconds: float, topic: str) -> None:
-    q = _MP.Queue()
-    procs = [_MP.Process(target=_producer_proc, args=(endpoint, topic, messages // producers, batch, seconds, q))
+    q, start = _MP.Queue(), _MP.Barrier(producers + 1)
+    procs = [_MP.Process(target=_producer_proc,
+                         args=(endpoint, topic, messages // producers, batch, seconds, q, start))
              for _ in range(producers)]
-    cpu, t0 = ServerCpu(pid), time.perf_counter()
     for p in procs:
         p.start()
+    start.wait(seconds + 60)  # every producer connected: interpreter start-up is not timed
+    cpu, t0 = ServerCpu(pid), time.perf_counter()
     sent = sum(q.get(timeout=seconds + 60) for _ in procs)
+    elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
-    elapsed = time.perf_counter() - t0
     emit("batched_send_rate", round(sent / elapsed), "msgs/s", producers=producers, batch=batch,
          messages=sent, seconds=round(elapsed, 2), **cpu.per_message(sent))
 
 
 # ----------------------------------------------------------------------------- (c) batched consumers
 def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
-                   combined: bool, stream: bool) -> None:
+                   combined: bool, stream: bool, start) -> None:
     from chronoq.client import Client, run
 
     async def go() -> int:
         got = 0
-        deadline = time.perf_counter() + seconds
         async with Client(endpoint, extensions=not stream) as client:
+            await client.route(topic)  # connected before the clock starts
+            start.wait(seconds + 60)
+            deadline = time.perf_counter() + seconds
             async def lane() -> None:
                 nonlocal got
                 msgs: list = []
@@ -176,17 +184,18 @@ def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int
 def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch: int, seconds: float, topic: str,
                   combined: bool = True, stream: bool = False) -> None:
     group = f"bench-g-{uuid.uuid4().hex[:6]}"
-    q = _MP.Queue()
+    q, start = _MP.Queue(), _MP.Barrier(consumers + 1)
     procs = [_MP.Process(target=_consumer_proc,
-                        args=(endpoint, group, topic, messages, batch, seconds, q, combined, stream))
+                        args=(endpoint, group, topic, messages, batch, seconds, q, combined, stream, start))
              for _ in range(consumers)]
-    cpu, t0 = ServerCpu(pid), time.perf_counter()
     for p in procs:
         p.start()
+    start.wait(seconds + 60)  # every consumer connected: interpreter start-up is not timed
+    cpu, t0 = ServerCpu(pid), time.perf_counter()
     got = sum(q.get(timeout=seconds + 60) for _ in procs)
+    elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
-    elapsed = time.perf_counter() - t0
     emit("batched_receive_ack_rate", round(got / elapsed), "msgs/s", consumers=consumers, batch=batch,
          ack="ack then receive" if stream or not combined else "ack_and_receive",
          receive="ReceiveMessage stream" if stream else "ReceiveBatch", messages=got, seconds=round(elapsed, 2),

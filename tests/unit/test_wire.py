@@ -65,6 +65,36 @@ def test_send_request_equals_the_generated_encoding(messages, namespace, born_ms
         assert wire.send_request(parts) == want.SerializeToString()
 
 
+@settings(max_examples=200, deadline=None)
+@given(names, st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=6),
+       st.sampled_from(["", "ns-1"]))
+def test_a_plain_batch_encodes_as_the_general_path_does(topic, bodies, namespace):
+    # Topic and body only: the fast path (one prefix per body length) must build the request the
+    # generated classes would, ids aside (fresh ones, one per message).
+    client = _client(namespace)
+    now = 1_700_000_000_123
+    raw = client._plain_request([OutgoingMessage(topic, b) for b in bodies], now)
+    assert raw is not None
+    got = sv.SendMessageRequest.FromString(raw)
+    ids = [m.system_properties.message_id for m in got.messages]
+    assert len(set(ids)) == len(bodies) and all(len(i) == 34 for i in ids)
+    want = sv.SendMessageRequest(messages=[
+        _reference(OutgoingMessage(topic, b, message_id=i), now, namespace, "host-1") for b, i in zip(bodies, ids)])
+    assert got == want
+    assert raw == want.SerializeToString()
+
+
+def test_anything_beyond_topic_and_body_takes_the_general_path():
+    client = _client("")
+    plain = OutgoingMessage("t", b"x")
+    for other in (OutgoingMessage("t", b"x", tag="a"), OutgoingMessage("t", b"x", keys=("k",)),
+                  OutgoingMessage("t", b"x", properties={"a": "b"}), OutgoingMessage("t", b"x", message_group="g"),
+                  OutgoingMessage("t", b"x", deliver_at_ms=0), OutgoingMessage("t", b"x", message_id="m"),
+                  OutgoingMessage("t", b"x", delay_level=2), OutgoingMessage("u", b"x"), OutgoingMessage("t", b"")):
+        assert client._plain_request([plain, other], 1_700_000_000_000) is None
+    assert client._plain_request([], 1_700_000_000_000) is None
+
+
 def test_a_message_without_an_id_gets_a_fresh_one():
     client = _client("")
     got = sv.SendMessageRequest.FromString(client._send_request_bytes([OutgoingMessage("t", b"a"),

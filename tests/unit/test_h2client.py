@@ -1,0 +1,203 @@
+"""chronoq.h2client against grpcio's own server: an HTTP/2 and gRPC implementation that is not ours.
+
+(chronoq's server is its other peer: every integration test that uses ``chronoq.client`` runs on it.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import grpc
+import pytest
+
+from chronoq import h2client
+
+
+async def _echo(request: bytes, context) -> bytes:
+    return request
+
+
+async def _fail(request: bytes, context) -> bytes:
+    await context.abort(grpc.StatusCode.NOT_FOUND, "nö such thing: 100% gone")
+
+
+async def _slow(request: bytes, context) -> bytes:
+    await asyncio.sleep(5)
+    return b"late"
+
+
+async def _meta(request: bytes, context) -> bytes:
+    md = dict(context.invocation_metadata())
+    context.set_trailing_metadata((("x-answer", "42"),))
+    remaining = context.time_remaining()  # from our grpc-timeout header
+    return f"{md.get('x-k')}|{remaining is not None and 0 < remaining <= 5}".encode()
+
+
+async def _big(request: bytes, context) -> bytes:
+    return bytes(range(256)) * (int(request or b"0") // 256)
+
+
+async def _zipped(request: bytes, context) -> bytes:
+    context.set_compression(grpc.Compression.Gzip)
+    return b"z" * 50_000
+
+
+HANDLERS = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in
+            (("Echo", _echo), ("Fail", _fail), ("Slow", _slow), ("Meta", _meta), ("Big", _big), ("Zipped", _zipped))}
+
+
+class _Generic(grpc.GenericRpcHandler):
+    def service(self, details):
+        service, _, method = details.method.rpartition("/")
+        return HANDLERS.get(method) if service == "/t.S" else None
+
+
+async def _serve() -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1),
+                                      ("grpc.max_send_message_length", -1)])
+    server.add_generic_rpc_handlers((_Generic(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def _run(scenario):
+    async def main():
+        server, target = await _serve()
+        channel = h2client.Channel(target)
+        try:
+            await scenario(channel, server)
+        finally:
+            await channel.close()
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_a_unary_call_round_trips_its_bytes():
+    async def scenario(channel, _server):
+        echo = channel.unary_unary("/t.S/Echo")
+        assert await echo(b"hello", timeout=5) == b"hello"
+        assert await echo(b"", timeout=5) == b""  # an empty message is still one message
+        assert await echo(b"again", timeout=5) == b"again"  # same connection, next stream
+
+    _run(scenario)
+
+
+def test_serializers_apply_both_ways():
+    async def scenario(channel, _server):
+        echo = channel.unary_unary("/t.S/Echo", request_serializer=str.encode, response_deserializer=bytes.decode)
+        assert await echo("text", timeout=5) == "text"
+
+    _run(scenario)
+
+
+def test_a_failed_call_raises_the_servers_code_and_details():
+    async def scenario(channel, _server):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await channel.unary_unary("/t.S/Fail")(b"", timeout=5)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert info.value.details() == "nö such thing: 100% gone"  # percent-decoded UTF-8
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await channel.unary_unary("/t.S/Nothing")(b"", timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED  # a trailers-only answer
+        assert await channel.unary_unary("/t.S/Echo")(b"still fine", timeout=5) == b"still fine"
+
+    _run(scenario)
+
+
+def test_metadata_and_the_deadline_reach_the_server():
+    async def scenario(channel, _server):
+        got = await channel.unary_unary("/t.S/Meta")(b"", metadata=[("x-k", "v1")], timeout=5)
+        assert got == b"v1|True"
+
+    _run(scenario)
+
+
+def test_a_deadline_ends_the_call_and_the_connection_lives_on():
+    async def scenario(channel, _server):
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await channel.unary_unary("/t.S/Slow")(b"", timeout=0.3)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert loop.time() - t0 < 3
+        assert await channel.unary_unary("/t.S/Echo")(b"after", timeout=5) == b"after"
+
+    _run(scenario)
+
+
+def test_big_messages_both_ways_respect_the_flow_control_windows():
+    # 3 MiB up (the server's initial windows are 64 KiB: we must wait for its WINDOW_UPDATEs) and
+    # 20 MiB down (past our own stream window: we must grant more as we read).
+    async def scenario(channel, _server):
+        up = os.urandom(3 << 20)
+        assert await channel.unary_unary("/t.S/Echo")(up, timeout=30) == up
+        down = await channel.unary_unary("/t.S/Big")(str(20 << 20).encode(), timeout=30)
+        assert down == bytes(range(256)) * ((20 << 20) // 256)
+
+    _run(scenario)
+
+
+def test_many_concurrent_calls_share_one_connection():
+    async def scenario(channel, _server):
+        echo = channel.unary_unary("/t.S/Echo")
+        bodies = [os.urandom(n % 5000) for n in range(300)]
+        assert await asyncio.gather(*(echo(b, timeout=30) for b in bodies)) == bodies
+        assert channel._conn is not None and channel._conn.next_id == 1 + 2 * 300
+
+    _run(scenario)
+
+
+def test_a_gzip_answer_is_decompressed():
+    async def scenario(channel, _server):
+        assert await channel.unary_unary("/t.S/Zipped")(b"", timeout=5) == b"z" * 50_000
+
+    _run(scenario)
+
+
+def test_a_lost_server_fails_calls_as_unavailable_and_a_new_one_is_reached():
+    async def scenario(channel, server):
+        echo = channel.unary_unary("/t.S/Echo")
+        assert await echo(b"1", timeout=5) == b"1"
+        await server.stop(None)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await echo(b"2", timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    _run(scenario)
+
+
+def test_a_cancelled_caller_resets_only_its_own_stream():
+    async def scenario(channel, _server):
+        slow = asyncio.ensure_future(channel.unary_unary("/t.S/Slow")(b"", timeout=30))
+        await asyncio.sleep(0.2)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert not channel._conn.calls  # forgotten at once
+        assert await channel.unary_unary("/t.S/Echo")(b"ok", timeout=5) == b"ok"
+
+    _run(scenario)
+
+
+def test_nothing_listening_is_unavailable():
+    async def main():
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        channel = h2client.Channel(f"127.0.0.1:{port}")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await channel.unary_unary("/t.S/Echo")(b"", timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        await channel.close()
+
+    asyncio.run(main())
+
+
+def test_a_bad_target_is_refused_up_front():
+    with pytest.raises(ValueError):
+        h2client.Channel("no-port-here")
