@@ -7,9 +7,10 @@ transport parses HTTP/2 in ``data_received`` on the loop thread and resolves the
 there: no thread, one write per call, one read per answer.
 
 What it speaks: one connection per ``Channel`` (TCP, or TLS with ALPN ``h2``), opened on first use
-and again after it is lost. A call is one stream: HEADERS (a literal-only HPACK block: no encoder
-state), the request as one gRPC message in DATA frames within the peer's windows and frame size,
-then the answer's HEADERS, DATA and trailers. SETTINGS (acknowledged; initial window, frame size
+and again after it is lost. A call is one stream: HEADERS (HPACK: the fields that never change
+are indexed once and then sent as one-byte references, the rest as literals; ``_HeaderEncoder``),
+the request as one gRPC message in DATA frames within the peer's windows and frame size, then the
+answer's HEADERS, DATA and trailers. SETTINGS (acknowledged; initial window, frame size
 and concurrent-stream limits applied), PING, WINDOW_UPDATE both ways, RST_STREAM, GOAWAY (calls
 the server never saw are retried once on a new connection, as grpc does), CONTINUATION, gzip or
 deflate answers. Deadlines travel as ``grpc-timeout`` and end the call here too (RST_STREAM CANCEL).
@@ -31,9 +32,9 @@ import grpc
 from chronoq import __version__
 from chronoq.server.h2server import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
                                      NO_ERROR, PADDED, PING, PRIORITY_FLAG, PROTOCOL_ERROR, REFUSED_STREAM,
-                                     RST_STREAM, S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
+                                     RST_STREAM, S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
                                      S_MAX_FRAME_SIZE, SETTINGS, WINDOW_UPDATE, _frame)
-from chronoq.server.hpackdec import Decoder, HpackError, literal
+from chronoq.server.hpackdec import Decoder, HpackError, _encode_integer, literal
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _HEAD = struct.Struct(">HBBBI")
@@ -47,6 +48,7 @@ OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
 MAX_FRAME_IN = (1 << 24) - 1   # the largest frame we accept: the protocol's limit
 MAX_HEADER_BLOCK = 1 << 20     # an answer's header block, before decoding
+STATIC_LEN = 61                # entries in HPACK's static table
 
 # HTTP status -> gRPC code for answers that are not gRPC (gRPC's "HTTP to gRPC status code mapping").
 _HTTP_CODES = {400: grpc.StatusCode.INTERNAL, 401: grpc.StatusCode.UNAUTHENTICATED,
@@ -64,6 +66,75 @@ def _timeout_text(seconds: float) -> str:
     """``grpc-timeout``: at most 8 digits and a unit."""
     ms = max(1, int(seconds * 1000))
     return f"{ms}m" if ms < 100_000_000 else f"{min(int(seconds), 99_999_999)}S"
+
+
+# Header fields that stay the same call after call: sent once with incremental indexing, then as a
+# one-byte reference into the server's table. Per-call values (request id, date, deadline) stay
+# literals that touch no table.
+STABLE_NAMES = frozenset((":path", ":authority", "content-type", "te", "grpc-accept-encoding", "user-agent",
+                          "x-mq-client-id", "x-mq-language", "x-mq-protocol", "x-mq-client-version",
+                          "x-mq-namespace"))
+DEFAULT_TABLE = 4096   # the server's HPACK table until its SETTINGS say otherwise (RFC 7541 default)
+
+
+class _HeaderEncoder:
+    """HPACK for requests (RFC 7541), with the server's dynamic table mirrored just enough.
+
+    Stable fields are inserted (``0x40`` literal with incremental indexing) only while they fit
+    without evicting anything, so an entry's index is simply 62 + the number of entries inserted
+    after it. Everything else is a literal without indexing. A smaller table announced by the
+    server empties ours and stops indexing (a size update of 0 opens the next block)."""
+
+    __slots__ = ("authority", "scheme", "inserted", "size", "limit", "order", "pending_update", "_blocks")
+
+    def __init__(self, authority: str, scheme: str) -> None:
+        self.authority, self.scheme = authority, scheme
+        self.order: dict[tuple[str, str], int] = {}   # field -> its insertion number
+        self.inserted = 0
+        self.size = 0
+        self.limit = DEFAULT_TABLE
+        self.pending_update = False
+        self._blocks: dict[str, tuple[int, bytes]] = {}
+
+    def table_size(self, value: int) -> None:
+        if value < self.limit:
+            self.limit = 0
+            self.order.clear()
+            self._blocks.clear()
+            self.pending_update = True
+
+    def field(self, name: str, value) -> bytes:
+        if name not in STABLE_NAMES or type(value) is not str:
+            return literal(name, value)
+        key = (name, value)
+        number = self.order.get(key)
+        if number is not None:
+            return _encode_integer(STATIC_LEN + self.inserted - number, 7, 0x80)
+        n, v = name.encode("latin-1"), value.encode("latin-1")
+        cost = 32 + len(n) + len(v)
+        if self.size + cost > self.limit:
+            return literal(name, value)
+        self.order[key] = self.inserted
+        self.inserted += 1
+        self.size += cost
+        return b"\x40" + _encode_integer(len(n), 7) + n + _encode_integer(len(v), 7) + v
+
+    def request(self, path: str) -> bytes:
+        """The fixed part of a call's header block: method, scheme, path, authority and the rest."""
+        cached = self._blocks.get(path)
+        if cached is not None and cached[0] == self.inserted:
+            return cached[1]
+        head = b"\x20" if self.pending_update else b""  # dynamic table size update: 0
+        self.pending_update = False
+        before = self.inserted
+        block = head + b"\x83" + (b"\x87" if self.scheme == "https" else b"\x86") + b"".join(
+            self.field(k, v) for k, v in (
+                (":path", path), (":authority", self.authority), ("content-type", "application/grpc"),
+                ("te", "trailers"), ("grpc-accept-encoding", "identity,deflate,gzip"),
+                ("user-agent", f"chronoq-python/{__version__}")))
+        if not head and self.inserted == before:  # references only: valid until the next insertion
+            self._blocks[path] = (before, block)
+        return block
 
 
 class _Call:
@@ -90,6 +161,7 @@ class _Connection(asyncio.Protocol):
         self.calls: dict[int, _Call] = {}
         self.next_id = 1
         self.decoder = Decoder()
+        self.headers = _HeaderEncoder(authority, scheme)
         self.peer_max_frame = 16_384
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_window = DEFAULT_WINDOW
@@ -218,6 +290,8 @@ class _Connection(asyncio.Protocol):
                 self.peer_max_frame = value
             elif key == S_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
+            elif key == S_HEADER_TABLE_SIZE:
+                self.headers.table_size(value)
         self.transport.write(_frame(SETTINGS, ACK, 0))
         self._send_pending()
 
@@ -322,7 +396,7 @@ class _Connection(asyncio.Protocol):
         if self._room is not None:
             self._room.set()
 
-    async def start(self, path_block: bytes, metadata, timeout: float | None, message: bytes) -> bytes:
+    async def start(self, path: str, metadata, timeout: float | None, message: bytes) -> bytes:
         """Run one call on this connection: its answer's message bytes, or AioRpcError."""
         while len(self.calls) >= self.peer_max_streams and self.usable:
             if self._room is None:
@@ -333,13 +407,14 @@ class _Connection(asyncio.Protocol):
             raise _Refused()
         sid = self.next_id
         self.next_id += 2
-        fields = [path_block]
+        fields = [self.headers.request(path)]
         if timeout is not None:
             fields.append(literal("grpc-timeout", _timeout_text(timeout)))
+        field = self.headers.field
         for key, value in metadata or ():
             if key.endswith("-bin"):
                 value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
-            fields.append(literal(key, value))
+            fields.append(field(key, value))
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         call = _Call(sid, future, self.peer_initial_window)
@@ -448,13 +523,6 @@ class Channel:
     def unary_unary(self, path: str, request_serializer=None, response_deserializer=None) -> "UnaryMethod":
         return UnaryMethod(self, path, request_serializer, response_deserializer)
 
-    def path_block(self, path: str) -> bytes:
-        """The constant part of a call's header block (literals: no HPACK state to keep)."""
-        return b"".join(literal(k, v) for k, v in (
-            (":method", "POST"), (":scheme", self._scheme), (":path", path), (":authority", self.authority),
-            ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-accept-encoding", "identity,deflate,gzip"),
-            ("user-agent", f"chronoq-python/{__version__}")))
-
     async def _connection(self, timeout: float | None) -> _Connection:
         conn = self._conn
         if conn is not None and conn.usable:
@@ -486,14 +554,14 @@ class Channel:
             old.close()
         return conn
 
-    async def call(self, path_block: bytes, request: bytes, metadata, timeout: float | None) -> bytes:
+    async def call(self, path: str, request: bytes, metadata, timeout: float | None) -> bytes:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         for attempt in (1, 2):  # a call the server never processed is tried once more
             left = None if deadline is None else max(deadline - loop.time(), 0.0)
             conn = await self._connection(left)
             try:
-                return await conn.start(path_block, metadata, left, request)
+                return await conn.start(path, metadata, left, request)
             except _Refused as exc:
                 if attempt == 2:
                     raise _error(grpc.StatusCode.UNAVAILABLE,
@@ -510,14 +578,14 @@ class Channel:
 class UnaryMethod:
     """A unary method of a ``Channel``, called like grpc's ``UnaryUnaryMultiCallable``."""
 
-    __slots__ = ("channel", "block", "serialize", "deserialize")
+    __slots__ = ("channel", "path", "serialize", "deserialize")
 
     def __init__(self, channel: Channel, path: str, serialize, deserialize) -> None:
         self.channel = channel
-        self.block = channel.path_block(path)
+        self.path = path
         self.serialize, self.deserialize = serialize, deserialize
 
     async def __call__(self, request, *, metadata=None, timeout: float | None = None):
         raw = request if self.serialize is None else self.serialize(request)
-        answer = await self.channel.call(self.block, raw, metadata, timeout)
+        answer = await self.channel.call(self.path, raw, metadata, timeout)
         return answer if self.deserialize is None else self.deserialize(answer)

@@ -31,7 +31,7 @@ async def _meta(request: bytes, context) -> bytes:
     md = dict(context.invocation_metadata())
     context.set_trailing_metadata((("x-answer", "42"),))
     remaining = context.time_remaining()  # from our grpc-timeout header
-    return f"{md.get('x-k')}|{remaining is not None and 0 < remaining <= 5}".encode()
+    return f"{md.get('x-k')}|{remaining is not None and 0 < remaining <= 5}|{md.get('x-mq-client-id')}".encode()
 
 
 async def _big(request: bytes, context) -> bytes:
@@ -110,7 +110,27 @@ def test_a_failed_call_raises_the_servers_code_and_details():
 def test_metadata_and_the_deadline_reach_the_server():
     async def scenario(channel, _server):
         got = await channel.unary_unary("/t.S/Meta")(b"", metadata=[("x-k", "v1")], timeout=5)
-        assert got == b"v1|True"
+        assert got == b"v1|True|None"
+
+    _run(scenario)
+
+
+def test_stable_headers_are_indexed_once_and_referenced_after():
+    # The server's HPACK table must stay in step with ours across paths, ids and calls.
+    async def scenario(channel, _server):
+        meta, echo = channel.unary_unary("/t.S/Meta"), channel.unary_unary("/t.S/Echo")
+        for i in range(40):
+            client = f"client-{i % 3}"
+            got = await meta(b"", metadata=[("x-mq-client-id", client), ("x-k", str(i))], timeout=5)
+            assert got == f"{i}|True|{client}".encode()
+            assert await echo(str(i).encode(), metadata=[("x-mq-client-id", client)], timeout=5) == str(i).encode()
+        encoder = channel._conn.headers
+        assert len(encoder.order) == 2 + 3 + 5  # two paths, three client ids, five fixed fields
+        block = encoder.request("/t.S/Echo")
+        assert len(block) == 2 + 6  # method, scheme, then six one-byte references
+        encoder.table_size(0)  # a server that wants no table: a size update, then literals only
+        assert encoder.request("/t.S/Echo").startswith(b"\x20\x83")
+        assert await echo(b"after", timeout=5) == b"after"
 
     _run(scenario)
 
