@@ -15,6 +15,7 @@ in count and time.
     .venv/bin/python bench/send_receive.py                     # all three phases
     .venv/bin/python bench/send_receive.py --phase b --messages 400000
     .venv/bin/python bench/send_receive.py --phase c --rounds 3     # (b) then (c), three times
+    .venv/bin/python bench/send_receive.py --phase c --client-transport grpc   # load through grpc.aio
 
 The load processes connect first and start together: interpreter start-up is not timed.
 Each line carries the broker's CPU time per message (user + system, and system alone) and the
@@ -47,6 +48,8 @@ _MP = mp.get_context("spawn")
 def emit(metric: str, value, unit: str, **ctx) -> None:
     # The machine's load beside every figure: CPU time per message rises on a busy machine too.
     ctx.setdefault("load1", round(os.getloadavg()[0], 2))
+    if metric.startswith("batched"):
+        ctx.setdefault("client_transport", _transport())
     ctx.setdefault("cpus", os.cpu_count())
     print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
 
@@ -107,6 +110,12 @@ def phase_official(endpoint: str, pid: int, messages: int, seconds: float) -> No
          rate=round(got / elapsed), **used)
 
 
+def _transport() -> str:
+    """chronoq.client's transport for the load processes (--client-transport; spawned children
+    inherit it through the environment)."""
+    return os.environ.get("BENCH_CLIENT_TRANSPORT", "h2")
+
+
 # ----------------------------------------------------------------------------- (b) batched producers
 def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
                    start) -> None:
@@ -115,7 +124,7 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
     async def go() -> int:
         body = os.urandom(1024)
         sent = 0
-        async with Client(endpoint) as client:
+        async with Client(endpoint, transport=_transport()) as client:
             await client.route(topic)  # connected (and the topic known) before the clock starts
             start.wait(seconds + 60)
             deadline = time.perf_counter() + seconds
@@ -154,7 +163,7 @@ def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int
 
     async def go() -> int:
         got = 0
-        async with Client(endpoint, extensions=not stream) as client:
+        async with Client(endpoint, extensions=not stream, transport=_transport()) as client:
             await client.route(topic)  # connected before the clock starts
             start.wait(seconds + 60)
             deadline = time.perf_counter() + seconds
@@ -216,9 +225,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="repeat (b) and (c) this often (noisy machines)")
     ap.add_argument("--ack", choices=["combined", "separate"], default="combined",
                     help="(c): ack each batch with the next receive (ack_and_receive), or in a call of its own")
+    ap.add_argument("--client-transport", choices=["h2", "grpc"], default="h2",
+                    help="chronoq.client's transport in (b) and (c): its own HTTP/2 (default) or grpc.aio")
     ap.add_argument("--stream", action="store_true",
                     help="(c): RocketMQ's calls only (ReceiveMessage stream, then AckMessage), for comparison")
     args = ap.parse_args()
+    os.environ["BENCH_CLIENT_TRANSPORT"] = args.client_transport
     data_dir = tempfile.mkdtemp(prefix="bench-sr-")
     proc, endpoint = start_server(os.path.join(data_dir, "data"), args.policy)
     try:
