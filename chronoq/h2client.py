@@ -405,16 +405,22 @@ class _Connection(asyncio.Protocol):
             await self._room.wait()
         if not self.usable:
             raise _Refused()
+        try:
+            fields = [self.headers.request(path)]
+            if timeout is not None:
+                fields.append(literal("grpc-timeout", _timeout_text(timeout)))
+            field = self.headers.field
+            for key, value in metadata or ():
+                if key.endswith("-bin"):
+                    value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
+                fields.append(field(key, value))
+        except (UnicodeError, TypeError, ValueError) as exc:
+            # Fields indexed for this block may be in our copy of the server's table but will never
+            # reach it: no later call may reference them. Calls already sent finish normally.
+            self.goaway_last = self.next_id - 2
+            raise _error(grpc.StatusCode.INTERNAL, f"cannot encode the call's headers: {exc}") from None
         sid = self.next_id
         self.next_id += 2
-        fields = [self.headers.request(path)]
-        if timeout is not None:
-            fields.append(literal("grpc-timeout", _timeout_text(timeout)))
-        field = self.headers.field
-        for key, value in metadata or ():
-            if key.endswith("-bin"):
-                value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
-            fields.append(field(key, value))
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         call = _Call(sid, future, self.peer_initial_window)

@@ -135,6 +135,21 @@ def test_stable_headers_are_indexed_once_and_referenced_after():
     _run(scenario)
 
 
+def test_metadata_that_cannot_be_encoded_fails_that_call_and_the_next_call_is_fine():
+    async def scenario(channel, _server):
+        echo = channel.unary_unary("/t.S/Echo")
+        assert await echo(b"1", metadata=[("x-mq-client-id", "a")], timeout=5) == b"1"
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # a new path indexed, then a bad value
+            await channel.unary_unary("/t.S/Meta")(b"", metadata=[("x-k", "snow \u2603")], timeout=5)
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        # The next call goes out on a fresh connection (the old table copy is not trusted).
+        got = await channel.unary_unary("/t.S/Meta")(b"", metadata=[("x-k", "ok"), ("x-mq-client-id", "a")],
+                                                    timeout=5)
+        assert got == b"ok|True|a"
+
+    _run(scenario)
+
+
 def test_a_deadline_ends_the_call_and_the_connection_lives_on():
     async def scenario(channel, _server):
         loop = asyncio.get_running_loop()
