@@ -53,6 +53,7 @@ PROP_MESSAGE_GROUP = "__GROUP"
 PROP_MESSAGE_TYPE = "__TYPE"
 # Per maintenance pass (every <= 200 ms), time spent counting schedule files for the metrics
 # cache: a first scrape then finds them counted, and deliveries wait at most this long.
+DEDUPE_EXPIRE_STEP = 10_000  # dedupe entries expired per maintenance call at most (about 2 ms)
 HORIZON_WARM_BUDGET_NS = 2_000_000
 
 
@@ -696,7 +697,10 @@ class Broker:
         self.timer.warm_horizon_cache(HORIZON_WARM_BUDGET_NS)
         horizon = now - self.config.dedupe_window_ms
         dedupe = self._dedupe
-        while dedupe:
+        # At most DEDUPE_EXPIRE_STEP a call: after a burst of sends the whole burst expires at
+        # once, and popping 300,000 entries held the event loop (and every timer release) for
+        # tens of ms. Maintenance runs every few hundred ms; the size cap holds meanwhile.
+        for _ in range(min(len(dedupe), DEDUPE_EXPIRE_STEP)):
             _, entry = next(iter(dedupe.items()))
             if entry[-1] >= horizon:  # stored at ms
                 break

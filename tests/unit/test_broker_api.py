@@ -393,3 +393,25 @@ def test_booleans_are_not_queue_ids_or_offsets(tmp_path):
             b.read("orders", True, 0, 1)
         with pytest.raises(errors.InvalidOffset):
             b.read("orders", 0, False, 1)
+
+
+def test_dedupe_entries_expire_a_bounded_step_per_maintenance_call(tmp_path):
+    # A burst of sends expires all at once; maintenance takes it in steps so the event loop is not
+    # held for tens of ms (timer releases wait behind it).
+    from chronoq import broker as broker_module
+    from chronoq.broker import OutgoingMessage
+
+    clock = FakeClock(NOW_MS)
+    step = broker_module.DEDUPE_EXPIRE_STEP
+    with Broker(BrokerConfig(data_dir=str(tmp_path), dedupe_window_ms=1000), clock=clock) as b:
+        total = step * 2 + 500
+        for first in range(0, total, 1000):
+            b.send_batch([OutgoingMessage("orders", b"p", message_id=f"m{first + i}")
+                          for i in range(min(1000, total - first))])
+        assert len(b._dedupe) == total
+        clock.advance(1001)
+        b.maintenance()
+        assert len(b._dedupe) == total - step
+        b.maintenance()
+        b.maintenance()
+        assert len(b._dedupe) == 0
