@@ -14,7 +14,9 @@ it) and TLS with ALPN ``h2``. Every client that speaks gRPC over HTTP/2 works wi
 grpc-js, grpc-java).
 
 What HTTP/2 it implements: SETTINGS (both ways, acknowledged), PING, WINDOW_UPDATE and flow
-control both ways (answers wait for the peer's windows; we grant windows as we read),
+control both ways (answers wait for the peer's windows; we grant windows as we read, and stop
+granting the connection more while unary requests not yet taken by their handlers hold
+``BUFFERED_MAX``: many open streams cannot make a connection hold unbounded memory),
 HEADERS/CONTINUATION with padding and priority fields, DATA with padding, RST_STREAM (the call's
 task is cancelled), GOAWAY (both ways; ``stop`` sends it and lets running calls finish within the
 grace). Not implemented: priorities (ignored, as RFC 9113 allows), server push (never used by gRPC),
@@ -71,6 +73,7 @@ MAX_STREAMS = 4096                # concurrent calls per connection
 MAX_HEADER_BLOCK = 256 << 10      # HEADERS + CONTINUATION bytes, before decoding
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 READ_AHEAD_MESSAGES = 64          # a streaming call's unread requests before its window stops growing
+BUFFERED_MAX = 64 << 20           # unary request bytes a connection may hold before its window stops growing
 
 _ANSWER_HEADERS = literal_block([(":status", "200"), ("content-type", "application/grpc")])
 
@@ -196,7 +199,7 @@ class _Stream:
 
     __slots__ = ("conn", "id", "buf", "queue", "half_closed", "cancelled", "ended", "headers_sent",
                  "send_window", "blocked", "window_open", "task", "deserializer", "serializer", "recv_unacked",
-                 "encoding", "ready")
+                 "encoding", "ready", "counted")
 
     def __init__(self, conn: "_Connection", stream_id: int, send_window: int) -> None:
         self.conn = conn
@@ -216,6 +219,7 @@ class _Stream:
         self.recv_unacked = 0           # request bytes read since our last WINDOW_UPDATE for the stream
         self.encoding = "identity"
         self.ready: asyncio.Future | None = None  # a unary call's task waits here for END_STREAM
+        self.counted = 0                # request bytes held for a unary call (the connection's cap)
 
     # ------------------------------------------------------------------ requests
     def messages(self) -> list[bytes]:
@@ -295,6 +299,7 @@ class _Stream:
 
     def finish(self, code: int, details: str | None, metadata=()) -> None:
         """Trailers: the call's last frame."""
+        self.conn.release(self)
         if self.ended or self.cancelled:
             return
         block = _OK_TRAILERS if code == 0 and not details and not metadata else _trailers(code, details, metadata)
@@ -329,6 +334,7 @@ class _Connection(asyncio.Protocol):
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = 16_384
         self.recv_unacked = 0
+        self.buffered = 0                        # unary request bytes held until their calls read them
         self._header_stream = 0                  # stream whose header block continues (CONTINUATION)
         self._header_flags = 0
         self._header_parts: list[bytes] = []
@@ -574,11 +580,14 @@ class _Connection(asyncio.Protocol):
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         if not sid:
             raise _ConnError(PROTOCOL_ERROR, "DATA on stream 0")
+        self.recv_unacked += len(payload)
+        try:
+            self._stream_data(flags, sid, payload)
+        finally:  # after the frame's bytes are counted as held (or not)
+            self._credit_connection()
+
+    def _stream_data(self, flags: int, sid: int, payload: bytes) -> None:
         length = len(payload)
-        self.recv_unacked += length
-        if self.recv_unacked >= OUR_CONN_WINDOW // 2:
-            self._write(_frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
-            self.recv_unacked = 0
         if flags & PADDED:
             if not payload or payload[0] >= length:
                 raise _ConnError(PROTOCOL_ERROR, "bad DATA padding")
@@ -589,6 +598,9 @@ class _Connection(asyncio.Protocol):
                 raise _ConnError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream we reset or finished: the data is dropped (window already counted)
         stream.buf += payload
+        if stream.queue is None:  # unary: held until END_STREAM and the handler takes it
+            stream.counted += len(payload)
+            self.buffered += len(payload)
         if not flags & END_STREAM:
             stream.recv_unacked += length
             self.credit(stream)
@@ -605,6 +617,21 @@ class _Connection(asyncio.Protocol):
             return
         if flags & END_STREAM:
             self._half_close(stream)
+
+    def _credit_connection(self) -> None:
+        """Grant the connection more window once half is used, unless unary requests not yet
+        taken by their handlers hold BUFFERED_MAX: a client cannot make us hold more than that
+        plus one window, however many streams it opens."""
+        if self.recv_unacked >= OUR_CONN_WINDOW // 2 and self.buffered < BUFFERED_MAX and not self.closed:
+            self._write(_frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
+            self.recv_unacked = 0
+
+    def release(self, stream: _Stream) -> None:
+        """The stream's held request bytes are taken (or dropped): count them off the cap."""
+        if stream.counted:
+            self.buffered -= stream.counted
+            stream.counted = 0
+            self._credit_connection()
 
     def credit(self, stream: _Stream) -> None:
         """Grant the stream more window once half of it is used, unless its handler is behind:
@@ -696,6 +723,7 @@ class _Connection(asyncio.Protocol):
         self._cancel(stream)
 
     def _cancel(self, stream: _Stream) -> None:
+        self.release(stream)
         stream.cancelled = True
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
@@ -939,6 +967,7 @@ class Server:
             stream.ready = waiter
             await waiter
         messages = stream.messages()
+        stream.conn.release(stream)
         if len(messages) != 1 or stream.buf:
             raise _CallError(grpc.StatusCode.INTERNAL if messages or stream.buf else grpc.StatusCode.UNIMPLEMENTED,
                              "a unary call takes exactly one request message")

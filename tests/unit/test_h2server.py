@@ -259,3 +259,63 @@ def test_settings_and_ping_are_acknowledged():
         assert (h2server.PING, 0x1, 0, b"12345678") in frames
 
     run(go)
+
+
+def test_held_unary_requests_stop_the_connection_window_until_taken(monkeypatch):
+    # A client opening many streams and never ending them must not make the server hold more than
+    # BUFFERED_MAX (plus one connection window) of request bytes: connection credit stops there
+    # and resumes once the handlers take the requests.
+    monkeypatch.setattr(h2server, "OUR_CONN_WINDOW", 1 << 20)
+    monkeypatch.setattr(h2server, "BUFFERED_MAX", 1 << 20)
+    chunk = 256 << 10
+    block = h2server.literal_block([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Unary"),
+                                    (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+    body = struct.pack(">BI", 0, chunk - 5) + b"x" * (chunk - 5)  # one gRPC message of `chunk` bytes
+
+    def conversation(endpoint: str):
+        host, port = endpoint.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            def read_for(seconds: float) -> list:
+                s.settimeout(seconds)
+                data = b""
+                try:
+                    while True:
+                        got = s.recv(65536)
+                        if not got:
+                            break
+                        data += got
+                except socket.timeout:
+                    pass
+                return list(_frames(data))
+
+            def open_streams(sids):  # END_STREAM held back: the requests wait in the server
+                s.sendall(b"".join(_frame(h2server.HEADERS, 0x4, sid, block) + _frame(h2server.DATA, 0, sid, body)
+                                   for sid in sids))
+
+            s.sendall(h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0))
+            open_streams([1, 3, 5, 7])      # 1 MiB: the whole initial window
+            first = read_for(0.7)
+            open_streams([9, 11])           # 512 KiB more: the credit the first half earned
+            second = read_for(0.7)
+            s.sendall(b"".join(_frame(h2server.DATA, 0x1, sid) for sid in (1, 3, 5, 7, 9, 11)))
+            third = read_for(1.0)
+        return first, second, third
+
+    async def go(endpoint, echo, gate):
+        first, second, third = await asyncio.to_thread(conversation, endpoint)
+
+        def conn_credit(frames):
+            return sum(struct.unpack(">I", p)[0] for kind, _f, sid, p in frames
+                       if kind == h2server.WINDOW_UPDATE and sid == 0)
+
+        # Start-up grants the window; 512 KiB received while less than the cap was held earns
+        # 512 KiB; with 1 MiB and more held nothing more is granted...
+        assert conn_credit(first) == (1 << 20) - h2server.DEFAULT_WINDOW + (512 << 10)
+        assert conn_credit(second) == 0
+        # ...until the calls took their requests: the window comes back and every call answers (its
+        # headers: the echoed bodies wait for this raw client's windows, which it never opens).
+        assert conn_credit(third) >= 1 << 20
+        answered = {sid for kind, _flags, sid, _p in third if kind == h2server.HEADERS}
+        assert answered == {1, 3, 5, 7, 9, 11}
+
+    run(go)
