@@ -211,20 +211,26 @@ def _frames(data: bytes):
         pos += 9 + length
 
 
+def _read_until_quiet(s: socket.socket, wait_s: float) -> bytes:
+    """Everything the server sends until the socket closes or stays quiet for ``wait_s``."""
+    s.settimeout(wait_s)
+    out = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except socket.timeout:
+        pass
+    return out
+
+
 def _raw(endpoint: str, payload: bytes, wait_s: float = 1.0) -> bytes:
     host, port = endpoint.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=wait_s) as s:
         s.sendall(payload)
-        out = b""
-        try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                out += chunk
-        except socket.timeout:
-            pass
-    return out
+        return _read_until_quiet(s, wait_s)
 
 
 def _frame(kind, flags, sid, payload=b""):
@@ -276,17 +282,7 @@ def test_held_unary_requests_stop_the_connection_window_until_taken(monkeypatch)
         host, port = endpoint.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=5) as s:
             def read_for(seconds: float) -> list:
-                s.settimeout(seconds)
-                data = b""
-                try:
-                    while True:
-                        got = s.recv(65536)
-                        if not got:
-                            break
-                        data += got
-                except socket.timeout:
-                    pass
-                return list(_frames(data))
+                return list(_frames(_read_until_quiet(s, seconds)))
 
             def open_streams(sids):  # END_STREAM held back: the requests wait in the server
                 s.sendall(b"".join(_frame(h2server.HEADERS, 0x4, sid, block) + _frame(h2server.DATA, 0, sid, body)
