@@ -132,8 +132,9 @@ class Bucket:
         due_ms, pos, total = self.pending.pop(ident)
         self.claimed.add(ident)
         assert self.data is not None
-        with memoryview(self.data) as view:  # one copy, and the view is gone before data grows
-            return bytes(view[pos + ENTRY_HEAD_SIZE:pos + total])
+        # Two small copies, but no memoryview to make and release per claim: half the cost (and
+        # no exported view can block the bytearray from growing).
+        return bytes(self.data[pos + ENTRY_HEAD_SIZE:pos + total])
 
     def record_of(self, ident: int) -> bytes | None:
         hit = self.pending.get(ident)
