@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
@@ -188,6 +189,9 @@ class _TelemetrySession:
     async def write(self, command) -> None:
         async with self.lock:
             await self.context.write(command)
+
+
+_get_handle, _get_message_id = operator.attrgetter("receipt_handle"), operator.attrgetter("message_id")
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
@@ -665,15 +669,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         group = convert.group_name(request.group)
         topic = convert.topic_name(request.topic)
         pop = self.pop
-        if not request.entries:
+        items = request.entries
+        if not items:
             raise errors.ClientError("AckMessage carries no entry")
-        entries = request.entries
-        handles = [e.receipt_handle for e in entries]
+        handles = list(map(_get_handle, items))
         # One call for the request: the POP bookkeeping after acks runs once, not per entry.
         failures = pop.ack_many(group, topic, handles) if all(handles) else _ack_with_empty(pop, group, topic, handles)
+        if not any(failures):  # all acked (the usual case): no per-entry status to work out
+            if pop.group(group).fifo:
+                self._waker.wake_soon()  # the next message of the FIFO queue may go out now
+            return True, wire.ack_response_ok(list(zip(map(_get_message_id, items), handles)) if entries else ())
         done = []  # (message id, handle, status or None for OK)
         top = self._ok
-        for entry, handle, exc in zip(entries, handles, failures):
+        for entry, handle, exc in zip(items, handles, failures):
             st = None
             if exc is not None:
                 st = _status_of(exc, "AckMessage")
@@ -682,8 +690,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             done.append((entry.message_id, handle, st))
         if self.pop.group(group).fifo:
             self._waker.wake_soon()  # the next message of the FIFO queue may go out now
-        if top is self._ok:  # all acked: encoded by hand (chronoq.wire)
-            return True, wire.ack_response_ok([(m, h) for m, h, _ in done] if entries else ())
         ok = self._ok
         return False, sv.AckMessageResponse(status=top, entries=[
             sv.AckMessageResultEntry(message_id=m, receipt_handle=h, status=st or ok)

@@ -151,6 +151,25 @@ def test_ack_and_receive_acks_then_receives_in_one_call(chronoq_endpoint):
     assert bad.code == pb.Code.ILLEGAL_CONSUMER_GROUP
 
 
+def test_ack_and_receive_answers_a_status_alone_when_every_entry_was_acked(chronoq_endpoint):
+    # (AckMessage answers one entry per receipt; the combined call needs only the verdict.)
+    topic, group = unique("ars"), unique("arsg")
+
+    async def scenario():
+        async with Client(chronoq_endpoint) as client:
+            await client.send_batch([OutgoingMessage(topic, b"m%d" % i) for i in range(4)])
+            got = await client.receive(group, topic, max_messages=4, wait_s=1)
+            receive = await client._receive_request(group, topic, 4, 30, 0, "*")
+            both = wire.ack_and_receive_request(client._ack_request(group, topic, got), receive.SerializeToString())
+            return got, await client._chronoq_call(client._ack_and_receive, both, 5)
+
+    got, blob = asyncio.run(scenario())
+    assert len(got) == 4
+    acks = [value for number, value in wire.length_fields(blob) if number == 2]
+    answer = sv.AckMessageResponse.FromString(acks[0])
+    assert answer.status.code == pb.Code.OK and not answer.entries
+
+
 def test_ack_and_receive_request_must_hold_both_parts(chronoq_endpoint):
     async def scenario():
         async with grpc.aio.insecure_channel(chronoq_endpoint) as channel:
