@@ -38,6 +38,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.grpc_shell import server_cpu_split_s, start_server  # noqa: E402
+from bench.machine import MachineLoad, python_speed  # noqa: E402
 
 
 # Fresh interpreters for the load processes: phase (a) leaves the official client's gRPC threads in
@@ -45,9 +46,15 @@ from bench.grpc_shell import server_cpu_split_s, start_server  # noqa: E402
 _MP = mp.get_context("spawn")
 
 
+_SPEED: list[float] = []  # bench.machine.python_speed() at start-up
+
+
 def emit(metric: str, value, unit: str, **ctx) -> None:
-    # The machine's load beside every figure: CPU time per message rises on a busy machine too.
+    # The machine's load beside every figure: CPU time per message rises on a busy machine too,
+    # and on a slow day of a shared VM (python_speed_mips, steal_pct).
     ctx.setdefault("load1", round(os.getloadavg()[0], 2))
+    if _SPEED:
+        ctx.setdefault("python_speed_mips", _SPEED[0])
     if metric.startswith("batched"):
         ctx.setdefault("client_transport", _transport())
     ctx.setdefault("cpus", os.cpu_count())
@@ -55,17 +62,19 @@ def emit(metric: str, value, unit: str, **ctx) -> None:
 
 
 class ServerCpu:
-    """The broker's CPU time over one phase (user + system, from /proc)."""
+    """The broker's CPU time over one phase (user + system, from /proc), and the host's steal."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.user0, self.sys0 = server_cpu_split_s(pid)
+        self.machine = MachineLoad()
 
     def per_message(self, messages: int) -> dict:
         user, system = server_cpu_split_s(self.pid)
         n = max(messages, 1)
         return {"server_cpu_us_per_msg": round((user - self.user0 + system - self.sys0) / n * 1e6, 1),
-                "server_sys_us_per_msg": round((system - self.sys0) / n * 1e6, 1)}
+                "server_sys_us_per_msg": round((system - self.sys0) / n * 1e6, 1),
+                "steal_pct": self.machine.steal_pct()}
 
 
 # ----------------------------------------------------------------------------- (a) official client
@@ -230,6 +239,7 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true",
                     help="(c): RocketMQ's calls only (ReceiveMessage stream, then AckMessage), for comparison")
     args = ap.parse_args()
+    _SPEED.append(python_speed())
     os.environ["BENCH_CLIENT_TRANSPORT"] = args.client_transport
     data_dir = tempfile.mkdtemp(prefix="bench-sr-")
     proc, endpoint = start_server(os.path.join(data_dir, "data"), args.policy)

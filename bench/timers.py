@@ -24,7 +24,8 @@ b  steady lateness through the server: a fresh ``chronoq serve`` (default durabl
    time, so this is 0 then; with 0 it is when the copy was written). The headline is the broker's
    own histogram (time the copy became visible to readers - due time; bucket bounds, exact max),
    and end-to-end receive lateness (consumer's clock when the receive returned - due time; same
-   machine, so the same clock). machine_busy_pct is
+   machine, so the same clock). steal_pct is the host's share of the CPUs meanwhile, and
+   python_speed_mips how fast this VM ran a plain Python loop when the run began. machine_busy_pct is
    how busy all CPUs were meanwhile, this benchmark's own processes included.
 c  burst: --burst timers due in the same second (sent beforehand): the time from that second's
    start until all are visible (the broker's delivered count, polled every 50 ms), the broker's
@@ -58,6 +59,7 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.machine import MachineLoad, python_speed  # noqa: E402
 from chronoq.broker import Broker, OutgoingMessage  # noqa: E402
 from chronoq.config import BrokerConfig  # noqa: E402
 
@@ -74,11 +76,16 @@ PRELOAD_RATE_GUESS = 8_000  # b, preload: timers/s a send phase surely reaches (
 MP = mp.get_context("spawn")  # children start clean (no forked gRPC state)
 
 
+_SPEED: list[float] = []  # bench.machine.python_speed() at start-up
+
+
 def emit(metric: str, value, unit: str, **ctx) -> None:
-    # The host's 1-minute load average when the line is printed: figures from a shared host
-    # mean little without it (see also machine_busy_pct and server_cpu_s in b and c).
+    # The host's 1-minute load average when the line is printed, and how fast it ran Python when
+    # the run began: figures from a shared host mean little without them (see also
+    # machine_busy_pct, steal_pct and server_cpu_s in b and c).
     print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx,
-                      "loadavg_1m": round(os.getloadavg()[0], 2)}), flush=True)
+                      "loadavg_1m": round(os.getloadavg()[0], 2),
+                      "python_speed_mips": _SPEED[0] if _SPEED else None}), flush=True)
 
 
 def rss_mb() -> float:
@@ -127,25 +134,6 @@ def part_a(args, workdir: str) -> None:
 
 
 # ----------------------------------------------------------------------------- b, c: through the server
-class MachineLoad:
-    """How busy all CPUs were between ``start`` and ``stop`` (/proc/stat): this host may be shared,
-    and lateness figures mean little without it."""
-
-    def __init__(self) -> None:
-        self.begin = self._read()
-
-    @staticmethod
-    def _read() -> tuple[int, int]:
-        with open("/proc/stat") as fh:
-            fields = [int(x) for x in fh.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-
-    def busy_pct(self) -> float:
-        total, idle = self._read()
-        dt, di = total - self.begin[0], idle - self.begin[1]
-        return round(100 * (1 - di / dt), 1) if dt else 0.0
-
-
 def wait_quiet(busy_pct_max: float, wait_s: float) -> float:
     """Wait (at most ``wait_s``) until all CPUs were less than ``busy_pct_max`` % busy over 2 s;
     returns the last reading. On a shared host this keeps other people's work out of a part."""
@@ -374,7 +362,7 @@ def _steady(args, endpoint: str, pid: int, rate: int) -> None:
            "received": len(rows), "receives": sum(got.get("receives", [])),
            "consumer_pause_ms": args.consumer_pause_ms, "server_cpu_s": round(cpu, 1),
            "server_cpu_us_per_msg": round(cpu * 1e6 / max(len(rows), 1)), "flush_policy": "sync",
-           "machine_busy_pct": busy, "cpus": os.cpu_count(), **prod}
+           "machine_busy_pct": busy, "steal_pct": load.steal_pct(), "cpus": os.cpu_count(), **prod}
     _delivery_metrics(rows, "b", **ctx)
     _broker_histogram(endpoint, "b", rate_per_s=rate, mode=args.b_mode)
 
@@ -439,7 +427,7 @@ def part_c(args, workdir: str) -> None:
         emit("burst_all_visible_after_second_start", done_s, "s", part="c", timers=count, delivered=delivered,
              note="polled every 50 ms: the lane's delivered count reached the burst",
              broker_max_lateness_ms=h.max_ms, broker_p50_ms=h.p50_ms, broker_p99_ms=h.p99_ms, early=h.early,
-             machine_busy_pct=load.busy_pct(), server_cpu_s=round(_server_cpu(proc.pid) - cpu0, 1),
+             machine_busy_pct=load.busy_pct(), steal_pct=load.steal_pct(), server_cpu_s=round(_server_cpu(proc.pid) - cpu0, 1),
              send_s=round(send_s, 1), sent_ahead_s=round(sent_ahead_s, 1))
         # Consume everything afterwards (so consumers do not compete with the burst) and check it.
         out = MP.Queue()
@@ -541,6 +529,7 @@ def main() -> None:
     ap.add_argument("--child", choices=["fill", "open"], help=argparse.SUPPRESS)
     ap.add_argument("--close", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    _SPEED.append(python_speed())
     if args.child == "fill":
         return child_fill(args)
     if args.child == "open":
