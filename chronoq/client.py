@@ -264,18 +264,22 @@ class Client:
         return queues
 
     # ----------------------------------------------------------------- send
+    def _topic_head(self, topic: str) -> bytes:
+        """The message's topic field (cached: producers send to a few topics over and over)."""
+        head = self._topic_fields.get(topic)
+        if head is None:
+            if len(self._topic_fields) > 1024:
+                self._topic_fields.clear()
+            head = self._topic_fields[topic] = wire.field(wire.K_MESSAGE_TOPIC, wire.resource(topic, self.namespace))
+        return head
+
     def _encode_parts(self, m: OutgoingMessage, born_ms: int, tail: dict) -> tuple[bytes, bytes, bytes]:
         """``m`` as (topic and user-property fields, system properties, body) wire bytes.
 
         ``tail`` caches, per message type, the system-property fields every message of this
         batch shares (encoding, type, born time and host).
         """
-        head = self._topic_fields.get(m.topic)
-        if head is None:
-            if len(self._topic_fields) > 1024:
-                self._topic_fields.clear()
-            head = self._topic_fields[m.topic] = wire.field(wire.K_MESSAGE_TOPIC,
-                                                            wire.resource(m.topic, self.namespace))
+        head = self._topic_head(m.topic)
         props = m.properties
         if m.delay_level:
             props = dict(props, **{DELAY_LEVEL_PROPERTY: str(int(m.delay_level))})
@@ -319,15 +323,13 @@ class Client:
         """The request for a batch of plain messages (one topic, a body, nothing else set), or
         None. Such a message is the same bytes as any other but its id and body, so the bytes
         around those are made once per body length and the batch is joined in one C-level pass
-        (half the client's CPU per message in a 100-message batch)."""
+        (about a third of the general path's CPU per message in a 100-message batch)."""
         if not messages or any(map(_has_extras, messages)) or len(set(map(_topic_of, messages))) != 1:
             return None
         bodies = list(map(_body_of, messages))
         if not all(map(len, bodies)) or not all(type(b) is bytes for b in bodies):
             return None  # (an empty body is a proto3 special case; the general path knows it)
-        head = self._topic_fields.get(messages[0].topic)
-        if head is None:
-            head = wire.field(wire.K_MESSAGE_TOPIC, wire.resource(messages[0].topic, self.namespace))
+        head = self._topic_head(messages[0].topic)
         ids = new_message_ids(now, len(messages))
         # system properties: message id, then encoding, type, born time and host
         sp_tail = (wire.K_SP_BODY_ENCODING + wire.varint(pb.IDENTITY) + wire.K_SP_MESSAGE_TYPE
