@@ -236,3 +236,31 @@ def test_nothing_listening_is_unavailable():
 def test_a_bad_target_is_refused_up_front():
     with pytest.raises(ValueError):
         h2client.Channel("no-port-here")
+
+
+def test_a_restarted_server_is_reached_again_on_a_new_connection():
+    async def main():
+        server, target = await _serve()
+        port = int(target.rsplit(":", 1)[1])
+        channel = h2client.Channel(target)
+        echo = channel.unary_unary("/t.S/Echo")
+        try:
+            assert await echo(b"before", timeout=5) == b"before"
+            first = channel._conn
+            await server.stop(None)
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers((_Generic(),))
+            if server.add_insecure_port(f"127.0.0.1:{port}") != port:
+                pytest.skip("the port could not be bound again")
+            await server.start()
+            for _ in range(50):  # the old connection's loss may be seen a moment after the stop
+                if first.closed:
+                    break
+                await asyncio.sleep(0.02)
+            assert await echo(b"after", timeout=5) == b"after"
+            assert channel._conn is not first
+        finally:
+            await channel.close()
+            await server.stop(None)
+
+    asyncio.run(main())
