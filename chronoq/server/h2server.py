@@ -927,6 +927,7 @@ class Server:
                 stream.queue = asyncio.Queue()
                 for message in stream.messages():
                     stream.queue.put_nowait(message)
+                conn.release(stream)  # what came before the handler was known was counted as held
                 if stream.half_closed:
                     stream.queue.put_nowait(None)
                 requests = stream.request_iterator()
