@@ -23,32 +23,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl as ssl_module
-import struct
 import zlib
 from urllib.parse import unquote
 
 import grpc
 
 from chronoq import __version__
-from chronoq.server.h2server import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
-                                     NO_ERROR, PADDED, PING, PRIORITY_FLAG, PROTOCOL_ERROR, REFUSED_STREAM,
-                                     RST_STREAM, S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
-                                     S_MAX_FRAME_SIZE, SETTINGS, WINDOW_UPDATE, _frame)
-from chronoq.server.hpackdec import Decoder, HpackError, _encode_integer, literal
+# The frame layer's constants are the server's (chronoq/server/h2server.py): one definition of HTTP/2 here.
+from chronoq.server.h2server import (_HEAD, _MSG, _SETTING, _U32, ACK, CANCEL, CONTINUATION, DATA, DEFAULT_WINDOW,
+                                     END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, NO_ERROR, PADDED, PING,
+                                     PREFACE, PRIORITY_FLAG, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM,
+                                     S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE,
+                                     S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE, SETTINGS, WINDOW_UPDATE, _frame)
+from chronoq.server.hpackdec import STATIC_LEN, Decoder, HpackError, _encode_integer, literal
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_HEAD = struct.Struct(">HBBBI")
-_U32 = struct.Struct(">I")
-_SETTING = struct.Struct(">HI")
-_MSG = struct.Struct(">BI")
-
-DEFAULT_WINDOW = 65_535
-MAX_WINDOW = (1 << 31) - 1
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
 MAX_FRAME_IN = (1 << 24) - 1   # the largest frame we accept: the protocol's limit
 MAX_HEADER_BLOCK = 1 << 20     # an answer's header block, before decoding
-STATIC_LEN = 61                # entries in HPACK's static table
 
 # HTTP status -> gRPC code for answers that are not gRPC (gRPC's "HTTP to gRPC status code mapping").
 _HTTP_CODES = {400: grpc.StatusCode.INTERNAL, 401: grpc.StatusCode.UNAUTHENTICATED,
