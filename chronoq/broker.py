@@ -51,11 +51,11 @@ TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "offsets.json"
 PROP_MESSAGE_GROUP = "__GROUP"
 PROP_MESSAGE_TYPE = "__TYPE"
-# Per maintenance pass (every <= 200 ms), time spent counting schedule files for the metrics
-# cache: a first scrape then finds them counted, and deliveries wait at most this long.
 # Dedupe entries expired per maintenance call at most (~1.5 ms on the 2-core VM; maintenance runs
 # every 200 ms, so 10,000 a second; above that rate ``dedupe_max_entries`` bounds the window).
 DEDUPE_EXPIRE_STEP = 2_000
+# Per maintenance pass (every <= 200 ms), time spent counting schedule files for the metrics
+# cache: a first scrape then finds them counted, and deliveries wait at most this long.
 HORIZON_WARM_BUDGET_NS = 2_000_000
 
 

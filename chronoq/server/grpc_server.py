@@ -675,9 +675,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         handles = list(map(_get_handle, items))
         # One call for the request: the POP bookkeeping after acks runs once, not per entry.
         failures = pop.ack_many(group, topic, handles) if all(handles) else _ack_with_empty(pop, group, topic, handles)
+        if pop.group(group).fifo:
+            self._waker.wake_soon()  # the next message of the FIFO queue may go out now
         if not any(failures):  # all acked (the usual case): no per-entry status to work out
-            if pop.group(group).fifo:
-                self._waker.wake_soon()  # the next message of the FIFO queue may go out now
             return True, wire.ack_response_ok(list(zip(map(_get_message_id, items), handles)) if entries else ())
         done = []  # (message id, handle, status or None for OK)
         top = self._ok
@@ -688,8 +688,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if top is self._ok:
                     top = st  # clients ignore entry statuses: the first failure goes on top
             done.append((entry.message_id, handle, st))
-        if self.pop.group(group).fifo:
-            self._waker.wake_soon()  # the next message of the FIFO queue may go out now
         ok = self._ok
         return False, sv.AckMessageResponse(status=top, entries=[
             sv.AckMessageResultEntry(message_id=m, receipt_handle=h, status=st or ok)
