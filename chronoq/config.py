@@ -95,6 +95,10 @@ class BrokerConfig:
     # auto_renew_max_ms after the receive (0: no renewal, one slice only).
     push_invisible_ms: int = 60_000
     auto_renew_max_ms: int = 3 * 3600 * 1000
+    # `chronoq serve` lowers its nice value by this much at start, when the OS allows it (root or
+    # CAP_SYS_NICE): timers are due to the ms, and on a host whose CPUs are shared with clients
+    # the scheduler otherwise makes a woken loop wait behind them (docs/timers.md). 0: unchanged.
+    priority_boost: int = 5
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -122,6 +126,8 @@ class BrokerConfig:
         from chronoq.console import settings as console_settings
 
         console_settings.parse(self.extra.get("console"))
+        if not 0 <= self.priority_boost <= 20:
+            raise errors.ClientError(f"priority_boost must be 0 to 20 nice steps, not {self.priority_boost}")
         if not 1000 <= self.push_invisible_ms <= 12 * 3600 * 1000:
             raise errors.ClientError(f"push_invisible_ms must be 1000 ms to 12 h, not {self.push_invisible_ms}")
         if not 0 <= self.auto_renew_max_ms <= 24 * 3600 * 1000:

@@ -325,6 +325,9 @@ class _Connection(asyncio.Protocol):
         self.preface_seen = False
         self.decoder = Decoder()
         self.streams: dict[int, _Stream] = {}
+        # Streams with answer bytes waiting for window, oldest first: a connection WINDOW_UPDATE
+        # (clients send one every few KiB) looks at these, not at every open stream.
+        self.waiting: dict[int, _Stream] = {}
         self.last_stream = 0
         self.closed = False
         self.goaway_sent = False
@@ -672,6 +675,7 @@ class _Connection(asyncio.Protocol):
             self._write(_frame(DATA, 0, stream.id, message))
             return
         stream.blocked.append(message)
+        self.waiting[stream.id] = stream
         self._flush_stream(stream)
 
     def send_trailers(self, stream: _Stream, head: bytes, trailers: bytes) -> None:
@@ -707,14 +711,19 @@ class _Connection(asyncio.Protocol):
                 blocked[0] = rest
             else:
                 blocked.pop(0)
-        if not blocked and stream.window_open is not None:
-            stream.window_open.set()
+        if not blocked:
+            self.waiting.pop(stream.id, None)
+            if stream.window_open is not None:
+                stream.window_open.set()
 
     def _unblock_all(self) -> None:
-        """More connection window (or a larger initial window): oldest streams first."""
-        for stream in list(self.streams.values()):
-            if stream.blocked:
+        """More connection window (or a larger initial window): oldest waiting streams first."""
+        waiting, streams = self.waiting, self.streams
+        for sid, stream in list(waiting.items()):
+            if stream.blocked and streams.get(sid) is stream:
                 self._flush_stream(stream)
+            else:  # reset or cancelled meanwhile: its bytes will never leave
+                waiting.pop(sid, None)
 
     # ------------------------------------------------------------------ ending
     def _reset(self, stream: _Stream, code: int) -> None:
@@ -724,6 +733,7 @@ class _Connection(asyncio.Protocol):
 
     def _cancel(self, stream: _Stream) -> None:
         self.release(stream)
+        self.waiting.pop(stream.id, None)
         stream.cancelled = True
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
