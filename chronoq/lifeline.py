@@ -147,6 +147,10 @@ def summary(events: list[dict], now_ms: int) -> dict:
 
 
 # ------------------------------------------------------------------------ records of the log
+# A timer copy written ahead of its due time (``timer_prewrite_ms``) that readers cannot see yet.
+KIND_HELD_COPY = "written ahead (hidden until due)"
+
+
 def record_kind(topic: str, flags: int, props: dict) -> str:
     """What a stored record is in the message's life (for the lookup's table of records)."""
     if topic.startswith(names.DLQ_PREFIX):

@@ -161,6 +161,8 @@ def _scan_segment(log, seg, buf, pos: int, needle: bytes, query: str, report: Sc
 def _found(offset, flags, qid, qoff, born, stored, deliver, topic, mid, tag, keys, props, body_bytes,
            now_ms) -> Found:
     kind = lifeline.record_kind(topic, flags, props)
+    if flags & record.FLAG_HELD and stored > now_ms:  # stamped with its due time, hidden until then
+        kind = lifeline.KIND_HELD_COPY
     handle = None
     if deliver > now_ms:
         # A message still waiting: the recall handle its send returned (chronoq.timer.handle),

@@ -102,6 +102,22 @@ def test_rebuilt_recall_handles_recall_pending_messages(tmp_path):
     node.close()
 
 
+def test_a_copy_written_ahead_is_not_shown_as_visible_before_its_due_time(tmp_path):
+    node = Node(str(tmp_path), flush_policy="sync", config={"timer_prewrite_ms": 50}).open()
+    broker, clock = node.broker, node.clock
+    broker.send("orders", b"soon", keys=("ahead-1",), deliver_at_ms=clock.wall_ms() + 1_000)
+    broker.timer_tick()  # loads the bucket
+    clock.advance(975)  # half the lead ahead: the copy is written (and fsynced), held
+    broker.timer_tick()
+    kinds = [f.kind for f in lookup.scan_log(broker.store.log, "ahead-1", BIG, clock.wall_ms()).records]
+    assert kinds == ["scheduled", lifeline.KIND_HELD_COPY]
+    clock.advance(25)  # its due time
+    broker.timer_tick()
+    kinds = [f.kind for f in lookup.scan_log(broker.store.log, "ahead-1", BIG, clock.wall_ms()).records]
+    assert kinds == ["scheduled", "made visible (timer copy)"]
+    node.close()
+
+
 def test_a_bounded_scan_starts_on_a_record_boundary(tmp_path):
     node = Node(str(tmp_path), flush_policy="sync").open()
     broker = node.broker
