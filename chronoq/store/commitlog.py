@@ -152,12 +152,24 @@ class CommitLog:
         return self.segments[self._index(offset)]
 
     def _create_segment(self, base: int) -> None:
+        """Make the empty segment file at ``base``; it joins ``segments`` only once its directory
+        entry is durable, so a failure part way leaves the log as it was."""
         path = os.path.join(self.directory, segment_name(base))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            # Left by a roll that failed after making it (below): still empty, so it is taken.
+            if os.path.getsize(path) != 0:
+                raise
+            fd = os.open(path, os.O_RDWR)
+        try:
+            fsutil.fsync_dir(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
         self._fds[base] = fd
         self.segments.append(Segment(base, path, 0))
         self._bases.append(base)
-        fsutil.fsync_dir(self.directory)
 
     # ----------------------------------------------------------------- writing
     def room(self) -> int:
@@ -225,11 +237,17 @@ class CommitLog:
         self.synced = max(self.synced, seg.end)
 
     def _roll(self) -> None:
+        # Either every step is done or the active segment stays the old one (sealed or not, a
+        # later roll redoes the rest): the batch that needed the roll is refused, nothing else.
         old = self.segments[-1]
-        self._seal_active()
-        self._create_segment(old.end)
+        try:
+            self._seal_active()
+            self._create_segment(old.end)
+        except OSError as exc:
+            raise fsutil.storage_error(exc, self.directory) from exc
         self._active_fd = self._fds[old.end]
         self._allocated = 0
+        assert self.segments[-1].base == old.end and self.segments[-1].size == 0
 
     def sync(self) -> int:
         """fsync what has been written; return the offset now durable. Safe from another thread."""

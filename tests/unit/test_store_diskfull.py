@@ -45,3 +45,40 @@ def test_disk_full_refuses_the_batch_and_keeps_the_store_whole(tmp_path, monkeyp
     assert got[("a", 0, hi)][0] == "F0"
     assert len(got) == len(sent) + 1
     store.close()
+
+
+@pytest.mark.parametrize("fault", ["create", "fsync_dir", "seal"])
+def test_a_failed_segment_roll_keeps_the_log_whole_and_rolls_later(tmp_path, monkeypatch, fault):
+    """A roll that fails part way (the new file cannot be made, its directory entry cannot be made
+    durable, the old segment cannot be sealed) refuses that batch and leaves every written byte as
+    it was; the next batch rolls, and a restart finds everything."""
+    store = open_store(tmp_path, segment_bytes=64 * 1024)
+    store.delayed_sink = lambda records: None
+    sent = fill(store, 15, seed=7)
+    while store.log.room() > 4000:  # up to the roll
+        sent += fill(store, 1, seed=len(sent))
+    before = (store.log.written, len(store.log.segments), read_all(store))
+    if fault == "create":
+        real_open = commitlog.os.open
+        monkeypatch.setattr(commitlog.os, "open", lambda path, flags, *a: _enospc() if flags & os.O_CREAT
+                            else real_open(path, flags, *a))
+    elif fault == "fsync_dir":
+        monkeypatch.setattr(commitlog.fsutil, "fsync_dir", lambda _path: _enospc())
+    else:
+        real_fsync = commitlog.os.fsync
+        monkeypatch.setattr(commitlog.os, "fsync", lambda fd: _enospc() if fd == store.log._active_fd
+                            else real_fsync(fd))
+    with pytest.raises(errors.StorageError):
+        store.append([prep("a", 0, body_for("R0", 8000), "R0")])
+    monkeypatch.undo()
+    assert (store.log.written, len(store.log.segments), read_all(store)) == before
+    lo, hi = store.bounds("a", 0)
+    (w,) = store.append([prep("a", 0, body_for("R1", 8000), "R1")])
+    assert w.queue_offset == hi and len(store.log.segments) == before[1] + 1
+    store.sync()
+    crash(store)
+    store = open_store(tmp_path, segment_bytes=64 * 1024)
+    assert store.report.truncated == []
+    got = read_all(store)
+    assert got == {**before[2], ("a", 0, hi): got[("a", 0, hi)]} and got[("a", 0, hi)][0] == "R1"
+    store.close()
