@@ -48,6 +48,7 @@ class ConsumeQueue:
         self.per_file = entries_per_file
         self.file_bytes = entries_per_file * ENTRY_SIZE
         self._fds: dict[int, int] = {}  # file index -> fd
+        self._dir_unsynced = False  # a file was made but the directory fsync after it failed
         self._dirty: set[int] = set()
         self.min_offset = 0
         self.next_offset = 0  # one past the last valid entry
@@ -92,9 +93,15 @@ class ConsumeQueue:
             path = self._path(index)
             created = not os.path.exists(path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if created or self._dir_unsynced:  # the fd is kept once the file's entry is durable
+                self._dir_unsynced = True
+                try:
+                    fsutil.fsync_dir(self.directory)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._dir_unsynced = False
             self._fds[index] = fd
-            if created:
-                fsutil.fsync_dir(self.directory)
         return fd
 
     def put(self, first_offset: int, entries: bytes) -> None:

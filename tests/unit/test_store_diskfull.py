@@ -82,3 +82,21 @@ def test_a_failed_segment_roll_keeps_the_log_whole_and_rolls_later(tmp_path, mon
     got = read_all(store)
     assert got == {**before[2], ("a", 0, hi): got[("a", 0, hi)]} and got[("a", 0, hi)][0] == "R1"
     store.close()
+
+
+def test_a_consume_queue_file_whose_directory_fsync_failed_is_synced_again(tmp_path, monkeypatch):
+    from chronoq.store import consumequeue
+
+    cq = consumequeue.ConsumeQueue(str(tmp_path / "q"), "a", 0, 4)
+    entry = bytes(range(consumequeue.ENTRY_SIZE))
+    cq.put(0, entry)
+    synced = []
+    monkeypatch.setattr(consumequeue.fsutil, "fsync_dir", lambda _path: _enospc())
+    with pytest.raises(errors.StorageError):
+        cq.put(4, entry)  # a new file; its directory entry cannot be made durable
+    monkeypatch.setattr(consumequeue.fsutil, "fsync_dir", synced.append)
+    cq.put(4, entry)  # retried: the file exists now, and the directory is fsynced all the same
+    assert synced == [str(tmp_path / "q")]
+    cq.put(5, entry)
+    assert synced == [str(tmp_path / "q")]  # once
+    cq.close()
