@@ -46,6 +46,12 @@ def server_cpu_split_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / ticks, int(fields[12]) / ticks  # utime, stime
 
 
+def server_nice(pid: int) -> int:
+    """The broker's nice value (its main thread's; ``priority_boost`` lowers it when allowed)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[16])
+
+
 def start_server(data_dir: str, policy: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,7 +24,8 @@ b  steady lateness through the server: a fresh ``chronoq serve`` (default durabl
    time, so this is 0 then; with 0 it is when the copy was written). The headline is the broker's
    own histogram (time the copy became visible to readers - due time; bucket bounds, exact max),
    and end-to-end receive lateness (consumer's clock when the receive returned - due time; same
-   machine, so the same clock). steal_pct is the host's share of the CPUs meanwhile, and
+   machine, so the same clock). broker_nice is the broker's nice value (priority_boost).
+   steal_pct is the host's share of the CPUs meanwhile, and
    python_speed_mips how fast this VM ran a plain Python loop when the run began. machine_busy_pct is
    how busy all CPUs were meanwhile, this benchmark's own processes included.
 c  burst: --burst timers due in the same second (sent beforehand): the time from that second's
@@ -362,9 +363,16 @@ def _steady(args, endpoint: str, pid: int, rate: int) -> None:
            "received": len(rows), "receives": sum(got.get("receives", [])),
            "consumer_pause_ms": args.consumer_pause_ms, "server_cpu_s": round(cpu, 1),
            "server_cpu_us_per_msg": round(cpu * 1e6 / max(len(rows), 1)), "flush_policy": "sync",
-           "machine_busy_pct": busy, "steal_pct": load.steal_pct(), "cpus": os.cpu_count(), **prod}
+           "machine_busy_pct": busy, "steal_pct": load.steal_pct(), "cpus": os.cpu_count(),
+           "broker_nice": _server_nice(pid), **prod}
     _delivery_metrics(rows, "b", **ctx)
     _broker_histogram(endpoint, "b", rate_per_s=rate, mode=args.b_mode)
+
+
+def _server_nice(pid: int) -> int:
+    from bench.grpc_shell import server_nice
+
+    return server_nice(pid)
 
 
 def _server_cpu(pid: int) -> float:
@@ -428,6 +436,7 @@ def part_c(args, workdir: str) -> None:
              note="polled every 50 ms: the lane's delivered count reached the burst",
              broker_max_lateness_ms=h.max_ms, broker_p50_ms=h.p50_ms, broker_p99_ms=h.p99_ms, early=h.early,
              machine_busy_pct=load.busy_pct(), steal_pct=load.steal_pct(), server_cpu_s=round(_server_cpu(proc.pid) - cpu0, 1),
+             broker_nice=_server_nice(proc.pid),
              send_s=round(send_s, 1), sent_ahead_s=round(sent_ahead_s, 1))
         # Consume everything afterwards (so consumers do not compete with the burst) and check it.
         out = MP.Queue()
