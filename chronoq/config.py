@@ -97,7 +97,7 @@ class BrokerConfig:
     auto_renew_max_ms: int = 3 * 3600 * 1000
     # `chronoq serve` lowers its nice value by this much at start, when the OS allows it (root or
     # CAP_SYS_NICE): timers are due to the ms, and on a host whose CPUs are shared with clients
-    # the scheduler otherwise makes a woken loop wait behind them (docs/timers.md). 0: unchanged.
+    # the scheduler can otherwise make a woken loop wait behind them (docs/timers.md). 0: unchanged.
     priority_boost: int = 5
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)

@@ -228,8 +228,8 @@ def raise_priority(boost: int) -> str:
 
     Linux keeps a nice value per thread: every thread running now is changed, and threads started
     later inherit their creator's. Timer lateness is why: on a 2-CPU host shared with busy clients,
-    a loop thread woken at a due time otherwise waits behind them (at 5,000 due/s, p99 20-50 ms
-    instead of 5 ms; docs/timers.md).
+    a loop thread woken at a due time can otherwise wait behind them for a scheduler slice (the
+    measured effect on the late tail, modest and noisy: docs/timers.md, "CPU priority").
     """
     before = os.getpriority(os.PRIO_PROCESS, 0)
     target = max(-20, before - boost)
