@@ -38,18 +38,22 @@ def server_cpu_s(pid: int) -> float:
     return sum(server_cpu_split_s(pid))
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after "(comm)": proc(5)'s field 3 is [0]."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()
+
+
 def server_cpu_split_s(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of process ``pid`` so far, all its threads (/proc)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
+    fields = _stat_fields(pid)
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / ticks, int(fields[12]) / ticks  # utime, stime
 
 
 def server_nice(pid: int) -> int:
     """The broker's nice value (its main thread's; ``priority_boost`` lowers it when allowed)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        return int(fh.read().rsplit(")", 1)[1].split()[16])
+    return int(_stat_fields(pid)[16])
 
 
 def start_server(data_dir: str, policy: str) -> tuple[subprocess.Popen, str]:
