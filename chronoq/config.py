@@ -66,6 +66,9 @@ class BrokerConfig:
     # Timer copies are written this long before their due time and held hidden until it, so the
     # commit-log fsync is done when they fall due (0: written at the due time, visible after fsync).
     timer_prewrite_ms: int = 50
+    # A burst (timers due faster than 20,000/s over this window) is written this far ahead instead
+    # (0: never; at most TIMER_PREWRITE_MAX_MS; only with timer_prewrite_ms > 0).
+    timer_burst_lead_ms: int = 1000
     timer_retry_backoff_ms: int = 100
     timer_retry_backoff_max_ms: int = 10_000
     timer_block_after_failures: int = 3
@@ -165,6 +168,9 @@ class BrokerConfig:
         if not 0 <= self.timer_prewrite_ms <= TIMER_PREWRITE_MAX_MS:
             raise errors.ClientError(
                 f"timer_prewrite_ms must be between 0 and {TIMER_PREWRITE_MAX_MS}, not {self.timer_prewrite_ms}")
+        if not 0 <= self.timer_burst_lead_ms <= TIMER_PREWRITE_MAX_MS:
+            raise errors.ClientError(
+                f"timer_burst_lead_ms must be between 0 and {TIMER_PREWRITE_MAX_MS}, not {self.timer_burst_lead_ms}")
         if self.timer_preload_ms < 0 or self.timer_recall_memory_ms < 0:
             raise errors.ClientError("timer_preload_ms and timer_recall_memory_ms may not be negative")
         if self.timer_retry_backoff_max_ms < self.timer_retry_backoff_ms:

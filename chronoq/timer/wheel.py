@@ -80,6 +80,19 @@ class TimingWheel:
         """The earliest deadline held, or None when empty."""
         return None if self._lowest == INF else int(self._lowest)
 
+    def count_due_by(self, until_ms: int) -> int:
+        """An upper bound of the entries due at or before ``until_ms``, from slot sizes alone:
+        the slots from the earliest deadline's to ``until_ms``'s hold every such entry, and may
+        also hold entries a whole rotation later. O(slots spanned), no entry looked at."""
+        if self._lowest > until_ms:
+            return 0
+        first = int(self._lowest) // self.slot_ms
+        ticks = until_ms // self.slot_ms - first + 1
+        if ticks >= self.slots:
+            return self._count
+        mask, buckets = self._mask, self._buckets
+        return sum(len(b) for b in (buckets[t & mask] for t in range(first, first + ticks)) if b)
+
     def expire(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
         """Remove and return up to ``limit`` entries due at or before ``now_ms``, earliest first.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from timerkit import T0, TOPIC, crash, open_broker, visible
 
+from chronoq import errors
 from chronoq.clock import FakeClock
 from chronoq.store import record
 from chronoq.timer.service import RecallOutcome
@@ -204,3 +205,76 @@ def test_a_receive_releases_copies_due_by_now_without_waiting_for_the_tick(tmp_p
     assert b.timer.histogram.count == 2 and b.timer.histogram.early == 0
     pop.close()
     b.close()
+
+
+# ----------------------------------------------------------------------------- the burst lead
+BURST = 1_000  # the default timer_burst_lead_ms
+
+
+def test_a_burst_is_written_ahead_by_the_burst_lead_and_each_copy_is_visible_exactly_at_its_due_time(
+        tmp_path, clock):
+    """Timers due faster than the burst rate are claimed from the burst lead ahead (instead of
+    prewrite_ms): every copy is written and on disk before its due time, and none is readable
+    before it, in any queue; the tick at each due instant releases it."""
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD, timer_burst_lead_ms=BURST)
+    b.timer.burst_due_min = 100  # (the real threshold, 20,000 due per second, scaled down)
+    b.create_topic(TOPIC, 4)
+    first = T0 + 5_000
+    dues = [first + i for i in range(300)]  # 300 due within 300 ms
+    for i, due in enumerate(dues):
+        b.send(TOPIC, f"m{i}".encode(), deliver_at_ms=due, queue_id=i % 4)
+    _tick_and_sync(b)
+    assert b.timer_next_deadline_ms() == first - BURST
+    clock.advance(first - BURST - T0)
+    _tick_and_sync(b)
+    assert b.timer.burst_claims >= 1 and b.store.log.synced == b.store.log.written
+    assert visible(b) == []
+    while clock.wall_ms() < dues[-1]:
+        clock.advance(1)
+        _tick_and_sync(b)
+        now = clock.wall_ms()
+        seen = visible(b)
+        assert all(m.deliver_at_ms <= now for m in seen)  # never early
+        assert len(seen) == sum(1 for d in dues if d <= now)  # and each at its due instant
+    seen = visible(b)
+    assert sorted(m.body for m in seen) == sorted(f"m{i}".encode() for i in range(300))
+    # Every copy was written ahead (held, stamped with its due time), none after it fell due.
+    assert all(m.flags & record.FLAG_HELD and m.stored_ms == m.deliver_at_ms for m in seen)
+    assert b.timer.histogram.max_ms == 0 and b.timer.histogram.early == 0
+    b.close()
+
+
+def test_timers_below_the_burst_rate_keep_the_short_lead(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD, timer_burst_lead_ms=BURST)
+    b.timer.burst_due_min = 100
+    b.create_topic(TOPIC, 1)
+    first = T0 + 5_000
+    for i in range(99):  # one short of a burst within the lead
+        b.send(TOPIC, b"x", deliver_at_ms=first + i * 10)
+    _tick_and_sync(b)
+    assert b.timer_next_deadline_ms() == first - LEAD // 2
+    clock.advance(first - LEAD // 2 - T0)
+    _tick_and_sync(b)
+    assert b.timer.burst_claims == 0
+    b.close()
+
+
+@pytest.mark.parametrize("prewrite, lead", [(0, BURST), (LEAD, 0), (LEAD, LEAD)])
+def test_no_burst_lead_without_holds_or_when_it_is_off(tmp_path, clock, prewrite, lead):
+    """prewrite 0 means no copy is ever written ahead (hence never held), and a burst lead of 0
+    or not longer than prewrite_ms changes nothing."""
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=prewrite, timer_burst_lead_ms=lead)
+    b.timer.burst_due_min = 1
+    b.create_topic(TOPIC, 1)
+    first = T0 + 5_000
+    for i in range(10):
+        b.send(TOPIC, b"x", deliver_at_ms=first + i)
+    _tick_and_sync(b)
+    assert b.timer_next_deadline_ms() == first - prewrite // 2
+    b.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 1_001])
+def test_the_burst_lead_is_checked(tmp_path, bad):
+    with pytest.raises(errors.ClientError, match="timer_burst_lead_ms"):
+        open_broker(tmp_path, FakeClock(T0), timer_burst_lead_ms=bad)

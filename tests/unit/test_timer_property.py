@@ -41,6 +41,10 @@ STEPS = st.sampled_from([0, 1, 999, 1_000, 4_000, 59_999, 60_000, 3_600_000, DAY
 
 
 class TimerMachine(RuleBasedStateMachine):
+    prewrite_ms = PREWRITE_MS
+    burst_lead_ms = 0
+    burst_due_min: int | None = None  # set: the burst threshold, scaled down to these few messages
+
     def __init__(self):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="chronoq-timer-prop-")
@@ -53,8 +57,12 @@ class TimerMachine(RuleBasedStateMachine):
         self.count = 0
 
     def _open(self):
-        return open_broker(self.dir, self.clock, timer_delay_levels=LEVELS, timer_pending_max=4,
-                           timer_load_batch=16, timer_checkpoint_interval_ms=20_000, timer_prewrite_ms=PREWRITE_MS)
+        b = open_broker(self.dir, self.clock, timer_delay_levels=LEVELS, timer_pending_max=4,
+                        timer_load_batch=16, timer_checkpoint_interval_ms=20_000, timer_prewrite_ms=self.prewrite_ms,
+                        timer_burst_lead_ms=self.burst_lead_ms)
+        if self.burst_due_min is not None:
+            b.timer.burst_due_min = self.burst_due_min
+        return b
 
     def teardown(self):
         if not self.broker.closed:
@@ -97,7 +105,7 @@ class TimerMachine(RuleBasedStateMachine):
             return "cancelled"
         if now >= m["due"]:
             return "already_delivered"
-        if m.get("timer") and now >= m["due"] - PREWRITE_MS:
+        if m.get("timer") and now >= m["due"] - max(self.prewrite_ms, self.burst_lead_ms):
             return "pending_or_delivered"  # its held copy may be written already
         return "pending"
 
@@ -182,3 +190,16 @@ TimerMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestTimerMachine = TimerMachine.TestCase
+
+
+class TimerBurstMachine(TimerMachine):
+    """The same with a short ``timer_prewrite_ms`` and the burst lead on whenever two timers are
+    due within it: claims switch between the two leads as messages come and go."""
+
+    prewrite_ms = 100
+    burst_lead_ms = 1_000
+    burst_due_min = 2
+
+
+TimerBurstMachine.TestCase.settings = TimerMachine.TestCase.settings
+TestTimerBurstMachine = TimerBurstMachine.TestCase

@@ -146,3 +146,25 @@ def test_next_deadline_after_expire_near_and_far(slot_ms, slots, spread_ms, seed
         for k, d in got:
             assert ref.pop(k) == d
         assert w.next_deadline() == (min(ref.values()) if ref else None)
+
+
+def test_count_due_by_bounds_the_entries_due_from_above_by_slot():
+    w = TimingWheel(slot_ms=10, slots=64)  # one rotation: 640 ms
+    assert w.count_due_by(10_000) == 0
+    for k, d in enumerate([1_000, 1_003, 1_009, 1_015, 1_200]):
+        w.add(k, d)
+    assert w.count_due_by(999) == 0
+    assert w.count_due_by(1_000) == 3  # the whole first slot (1_000..1_009): an upper bound
+    assert w.count_due_by(1_015) == 4
+    assert w.count_due_by(1_199) == 4
+    assert w.count_due_by(1_200) == 5
+    w.add(9, 1_005 + 640)  # a rotation later, in the first slot: counted (the bound is loose)
+    assert w.count_due_by(1_010) == 5
+    assert w.count_due_by(1_000 + 640 * 2) == len(w) == 6  # past a rotation: everything
+    rng = random.Random(7)
+    w = TimingWheel(slot_ms=16, slots=256)
+    dues = [rng.randrange(0, 3_000) for _ in range(500)]
+    for k, d in enumerate(dues):
+        w.add(k, d)
+    for until in range(0, 5_000, 37):  # never below the exact count
+        assert w.count_due_by(until) >= sum(1 for d in dues if d <= until)
