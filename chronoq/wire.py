@@ -53,14 +53,16 @@ for _cls, _name, _number, _wire in _FIELDS:
 assert pb.IDENTITY == 1 and pb.NORMAL == 1 and pb.FIFO == 2 and pb.DELAY == 3
 
 _SMALL = [bytes((i,)) for i in range(128)]
+# Two-byte varints (128 .. 16383: most lengths on the receive path), made once (~0.5 MB).
+_TWO = [b""] * 128 + [bytes((n & 0x7F | 0x80, n >> 7)) for n in range(128, 0x4000)]
 
 
 def varint(n: int) -> bytes:
     """Base-128 varint of ``n``; a negative ``n`` as its 64-bit two's complement (10 bytes)."""
     if 0 <= n < 128:
         return _SMALL[n]
-    if 0 < n < 0x4000:  # lengths of bodies and messages up to 16 KiB: no loop
-        return bytes((n & 0x7F | 0x80, n >> 7))
+    if 0 < n < 0x4000:  # lengths of bodies and messages up to 16 KiB: a table, no loop
+        return _TWO[n]
     if n < 0:
         n += 1 << 64
     out = bytearray()
