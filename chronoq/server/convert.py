@@ -345,7 +345,6 @@ _SP_ENCODING_IDENTITY = _K(5, _VARINT) + wire.varint(pb.IDENTITY)
 _K_SP_TYPE, _K_SP_BORN, _K_SP_STORED, _K_SP_HOST = _K(6, _VARINT), _K(7, _LEN), _K(9, _LEN), _K(10, _LEN)
 _K_SP_DELIVERY, _K_SP_HANDLE, _K_SP_QUEUE, _K_SP_OFFSET = _K(11, _LEN), _K(12, _LEN), _K(13, _VARINT), _K(14, _VARINT)
 _K_SP_ATTEMPT, _K_SP_GROUP, _K_SP_DLQ = _K(16, _VARINT), _K(17, _LEN), _K(20, _LEN)
-_DIGEST_MD5_HEAD = _K(1, _VARINT) + wire.varint(pb.MD5) + _K(2, _LEN) + wire.varint(32)  # + 32 hex digits
 for _name, _number in (("tag", 1), ("keys", 2), ("message_id", 3), ("body_digest", 4), ("body_encoding", 5),
                        ("message_type", 6), ("born_timestamp", 7), ("store_timestamp", 9), ("store_host", 10),
                        ("delivery_timestamp", 11), ("receipt_handle", 12), ("queue_id", 13), ("queue_offset", 14),
@@ -357,9 +356,9 @@ assert service_pb2.ReceiveMessageResponse.DESCRIPTOR.fields_by_name["message"].n
 assert (pb.DeadLetterQueue.DESCRIPTOR.fields_by_name["topic"].number,
         pb.DeadLetterQueue.DESCRIPTOR.fields_by_name["message_id"].number) == (1, 2)
 _K_DLQ_TOPIC, _K_DLQ_ID = _K(1, _LEN), _K(2, _LEN)
-_DIGEST_HEAD = _K_SP_DIGEST + wire.varint(len(_DIGEST_MD5_HEAD) + 32) + _DIGEST_MD5_HEAD
-# chronoq's own receive calls carry a CRC32 digest instead (8 uppercase hex digits, as the Python
-# client checks it): a quarter of MD5's cost per message, and only chronoq.client reads them.
+# chronoq's own receive calls carry a CRC32 body digest (8 uppercase hex digits, as the Python
+# client checks it) where ReceiveMessage sends MD5: a quarter of the cost per message, and only
+# chronoq.client reads these answers.
 _DIGEST_CRC32_HEAD = _K(1, _VARINT) + wire.varint(pb.CRC32) + _K(2, _LEN) + wire.varint(8)
 _DIGEST_CRC32 = _K_SP_DIGEST + wire.varint(len(_DIGEST_CRC32_HEAD) + 8) + _DIGEST_CRC32_HEAD
 
