@@ -125,6 +125,12 @@ def _transport() -> str:
     return os.environ.get("BENCH_CLIENT_TRANSPORT", "h2")
 
 
+def _gather(q, procs, seconds: float) -> tuple[int, float]:
+    """The load processes' (messages, CPU seconds), summed: each reports its own after its loop."""
+    results = [q.get(timeout=seconds + 60) for _ in procs]
+    return sum(r[0] for r in results), sum(r[1] for r in results)
+
+
 # ----------------------------------------------------------------------------- (b) batched producers
 def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
                    start) -> None:
@@ -136,6 +142,7 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
         async with Client(endpoint, transport=_transport()) as client:
             await client.route(topic)  # connected (and the topic known) before the clock starts
             start.wait(seconds + 60)
+            cpu0 = time.process_time()
             deadline = time.perf_counter() + seconds
             async def lane() -> None:
                 nonlocal sent
@@ -143,7 +150,7 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
                     sent += batch
                     await client.send_batch([OutgoingMessage(topic, body) for _ in range(batch)])
             await asyncio.gather(*(lane() for _ in range(4)))  # a few requests in flight
-        return sent
+        return sent, time.process_time() - cpu0
 
     out.put(run(go()))
 
@@ -157,12 +164,13 @@ def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: in
         p.start()
     start.wait(seconds + 60)  # every producer connected: interpreter start-up is not timed
     cpu, t0 = ServerCpu(pid), time.perf_counter()
-    sent = sum(q.get(timeout=seconds + 60) for _ in procs)
+    sent, client_cpu = _gather(q, procs, seconds)
     elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
     emit("batched_send_rate", round(sent / elapsed), "msgs/s", producers=producers, batch=batch,
-         messages=sent, seconds=round(elapsed, 2), **cpu.per_message(sent))
+         messages=sent, seconds=round(elapsed, 2), **cpu.per_message(sent),
+         client_cpu_us_per_msg=round(client_cpu / max(sent, 1) * 1e6, 1))
 
 
 # ----------------------------------------------------------------------------- (c) batched consumers
@@ -175,6 +183,7 @@ def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int
         async with Client(endpoint, extensions=not stream, transport=_transport()) as client:
             await client.route(topic)  # connected before the clock starts
             start.wait(seconds + 60)
+            cpu0 = time.process_time()
             deadline = time.perf_counter() + seconds
             async def lane() -> None:
                 nonlocal got
@@ -194,7 +203,7 @@ def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int
                 if combined:
                     await client.ack(group, topic, msgs)
             await asyncio.gather(*(lane() for _ in range(4)))
-        return got
+        return got, time.process_time() - cpu0
 
     out.put(run(go()))
 
@@ -210,14 +219,14 @@ def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch:
         p.start()
     start.wait(seconds + 60)  # every consumer connected: interpreter start-up is not timed
     cpu, t0 = ServerCpu(pid), time.perf_counter()
-    got = sum(q.get(timeout=seconds + 60) for _ in procs)
+    got, client_cpu = _gather(q, procs, seconds)
     elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
     emit("batched_receive_ack_rate", round(got / elapsed), "msgs/s", consumers=consumers, batch=batch,
          ack="ack then receive" if stream or not combined else "ack_and_receive",
          receive="ReceiveMessage stream" if stream else "ReceiveBatch", messages=got, seconds=round(elapsed, 2),
-         **cpu.per_message(got))
+         **cpu.per_message(got), client_cpu_us_per_msg=round(client_cpu / max(got, 1) * 1e6, 1))
 
 
 def main() -> None:
