@@ -57,6 +57,7 @@ def emit(metric: str, value, unit: str, **ctx) -> None:
         ctx.setdefault("python_speed_mips", _SPEED[0])
     if metric.startswith("batched"):
         ctx.setdefault("client_transport", _transport())
+        ctx.setdefault("lanes", _lanes())
     ctx.setdefault("cpus", os.cpu_count())
     print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
 
@@ -119,6 +120,11 @@ def phase_official(endpoint: str, pid: int, messages: int, seconds: float) -> No
          rate=round(got / elapsed), **used)
 
 
+def _lanes() -> int:
+    """Requests each load process keeps in flight (--lanes; spawned children read the environment)."""
+    return int(os.environ.get("BENCH_LANES", "4"))
+
+
 def _transport() -> str:
     """chronoq.client's transport for the load processes (--client-transport; spawned children
     inherit it through the environment)."""
@@ -149,7 +155,7 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
                 while sent < count and time.perf_counter() < deadline:
                     sent += batch
                     await client.send_batch([OutgoingMessage(topic, body) for _ in range(batch)])
-            await asyncio.gather(*(lane() for _ in range(4)))  # a few requests in flight
+            await asyncio.gather(*(lane() for _ in range(_lanes())))  # a few requests in flight
         return sent, time.process_time() - cpu0
 
     out.put(run(go()))
@@ -202,7 +208,7 @@ def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int
                     got += len(msgs)
                 if combined:
                     await client.ack(group, topic, msgs)
-            await asyncio.gather(*(lane() for _ in range(4)))
+            await asyncio.gather(*(lane() for _ in range(_lanes())))
         return got, time.process_time() - cpu0
 
     out.put(run(go()))
@@ -245,11 +251,14 @@ def main() -> None:
                     help="(c): ack each batch with the next receive (ack_and_receive), or in a call of its own")
     ap.add_argument("--client-transport", choices=["h2", "grpc"], default="h2",
                     help="chronoq.client's transport in (b) and (c): its own HTTP/2 (default) or grpc.aio")
+    ap.add_argument("--lanes", type=int, default=4,
+                    help="(b), (c): requests each load process keeps in flight")
     ap.add_argument("--stream", action="store_true",
                     help="(c): RocketMQ's calls only (ReceiveMessage stream, then AckMessage), for comparison")
     args = ap.parse_args()
     _SPEED.append(python_speed())
     os.environ["BENCH_CLIENT_TRANSPORT"] = args.client_transport
+    os.environ["BENCH_LANES"] = str(max(1, args.lanes))
     data_dir = tempfile.mkdtemp(prefix="bench-sr-")
     proc, endpoint = start_server(os.path.join(data_dir, "data"), args.policy)
     try:

@@ -107,11 +107,14 @@ def _trailers(code: int, details: str | None, metadata=()) -> bytes:
 _OK_TRAILERS = _trailers(0, None)
 
 
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
 def _timeout_s(text: str) -> float | None:
     """``grpc-timeout`` (at most 8 digits and a unit) in seconds; None when absent or malformed."""
     if not text or len(text) < 2:
         return None
-    unit = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}.get(text[-1])
+    unit = _TIMEOUT_UNITS.get(text[-1])
     digits = text[:-1]
     if unit is None or not digits.isdigit() or len(digits) > 8:
         return None
@@ -890,7 +893,7 @@ class Server:
                           f"bad request: {bad or 'no :path'}")
             stream.conn.streams.pop(stream.id, None)
             return
-        task = asyncio.ensure_future(self._run(stream, path, context))
+        task = stream.conn.loop.create_task(self._run(stream, path, context))
         stream.task = task
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
