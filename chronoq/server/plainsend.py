@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
+from chronoq.wire import _read_varint as _varint  # (ValueError when truncated or overlong)
 from chronoq.wire import varint as _VARINT_BYTES
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
@@ -52,19 +53,6 @@ _MESSAGE_KEY = 0x0A  # field 1, length-delimited
 
 class _GiveUp(Exception):
     """The bytes are not a plain batch (or not one this reader is sure of)."""
-
-
-def _varint(raw: bytes, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise _GiveUp
-        b = raw[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
 
 
 def _int64(value: int) -> int:
@@ -195,7 +183,7 @@ def columns(raw: bytes):
         return _columns(raw)
     except _GiveUp:
         return None
-    except (IndexError, UnicodeDecodeError):
+    except (ValueError, IndexError):  # (UnicodeDecodeError is a ValueError)
         return None
 
 
