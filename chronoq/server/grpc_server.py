@@ -483,7 +483,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             entries = await asyncio.gather(*(self._send_one(m) for m in messages))
         else:
             # All accepted: encoded by hand (chronoq.wire), a third of the cost of building
-            # SendResultEntry objects; parsing it back is C and cheap.
+            # SendResultEntry objects, and answered as bytes (serialize_answer).
             return wire.send_response_ok([(r.message_id, r.queue_offset, r.recall_handle) for r in results])
         # Clients read the top-level status only: report the first failure there.
         top = next((e.status for e in entries if e.status.code != status.OK), self._ok)
