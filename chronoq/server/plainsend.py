@@ -67,23 +67,6 @@ def _int32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def _skip(raw: bytes, pos: int, end: int, wire_type: int) -> int:
-    if wire_type == 0:
-        return _varint(raw, pos, end)[1]
-    if wire_type == 2:
-        size, pos = _varint(raw, pos, end)
-        pos += size
-    elif wire_type == 1:
-        pos += 8
-    elif wire_type == 5:
-        pos += 4
-    else:  # groups (3, 4) or invalid
-        raise _GiveUp
-    if pos > end:
-        raise _GiveUp
-    return pos
-
-
 def _fields(raw: bytes, pos: int, end: int):
     """(number, wire type, value start, value end or varint value) of each field in raw[pos:end]."""
     while pos < end:
@@ -98,9 +81,13 @@ def _fields(raw: bytes, pos: int, end: int):
         elif wire_type == 0:
             value, pos = _varint(raw, pos, end)
             yield number, 0, value, pos
-        else:
-            pos = _skip(raw, pos, end, wire_type)
+        elif wire_type == 1 or wire_type == 5:  # fixed 64 or 32 bits
+            pos += 8 if wire_type == 1 else 4
+            if pos > end:
+                raise _GiveUp
             yield number, wire_type, 0, pos
+        else:  # groups (3, 4) or invalid
+            raise _GiveUp
 
 
 def _read_message(raw: bytes, start: int, end: int):

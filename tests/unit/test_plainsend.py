@@ -89,6 +89,12 @@ def test_bytes_protobuf_merges_are_left_to_protobuf():
     tail = one + wire.key(9, wire.VARINT) + wire.varint(7)
     raw = wire.field(wire.K_SEND_MESSAGES, tail) * 3
     assert _agrees(raw) is not None
+    # Unknown fixed-width fields (64 and 32 bits) are skipped, as protobuf keeps them aside.
+    fixed = one + wire.key(10, 1) + bytes(8) + wire.key(11, 5) + bytes(4)
+    raw = wire.field(wire.K_SEND_MESSAGES, fixed) * 2
+    assert _agrees(raw) is not None
+    # A group (wire type 3) is not read: columns gives up.
+    assert plainsend.columns(wire.field(wire.K_SEND_MESSAGES, one + wire.key(12, 3) + wire.key(12, 4)) * 2) is None
 
 
 _ids = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=0, max_size=40)
