@@ -57,9 +57,10 @@ class TraceSearch:
         """One trace record body (records must come oldest first)."""
         self.records += 1
         table, raw, n = trace.decode(body)
-        wanted = {s: i for i, s in enumerate(table) if s in self.ids}
+        # Every entry of a wanted id: a writer may repeat a string (chronoq.trace's format).
+        wanted = [i for i, s in enumerate(table) if s in self.ids]
         hits: set[int] = set()
-        for mid, i in wanted.items():
+        for i in wanted:
             hits.update(_aligned(raw, _U32.pack(i), _MID_AT))
         for k in sorted(hits):  # first the id's own events: its deliveries name the refs acks use
             ev = self._event(table, raw, k)

@@ -22,7 +22,9 @@ Trace record body (one system message, little-endian)::
       4      4      n, u32: number of events
       8      4      s, u32: byte length of the string table
      12      s      string table: UTF-8 strings joined by b"\\n" (topics, groups, message ids;
-                    none may contain a newline: names and ids forbid control characters)
+                    none may contain a newline: names and ids forbid control characters);
+                    a writer may repeat a string (chronoq writes names once, message ids
+                    once per event): readers go by index only
      12+s  48 * n   events, EVENT below; string fields are indexes into the table
                     (NONE = 0xFFFFFFFF: absent)
 
@@ -44,7 +46,10 @@ EVENT (48 bytes)::
 
 from __future__ import annotations
 
+import itertools
 import struct
+import sys
+from array import array
 from typing import Iterable
 
 from chronoq.store import record
@@ -71,47 +76,124 @@ FLAG_DELAYED = 0x01
 EVENTS_PER_RECORD = 8192      # one trace message holds at most this many events (~700 KiB)
 BUFFER_MAX = 2_000_000        # events held between flushes; past this new events are dropped (counted)
 
-# The field order of a buffered event tuple (EVENT without the string indexes resolved).
+# The field order of an event as a tuple (``Events.from_tuples``, ``Events.tuples``).
 _Event = tuple  # (kind, flags, attempt, topic, message_id, group, ref_topic, ref_queue, ts, due, ref_offset)
 
+_LITTLE = sys.byteorder == "little"
 
-def encode(events: list[_Event]) -> bytes:
-    """One trace record body for ``events`` (buffered tuples)."""
-    assert 0 < len(events) <= 0xFFFFFFFF
-    # Strings are str or (message ids from the write path) UTF-8 bytes; the table holds each
-    # once. The lookups are inlined: this runs for every event the broker records.
+
+class Events:
+    """Buffered events, a column per EVENT field: the hooks extend columns (whole batches at C
+    speed where they can) and ``encode`` interleaves the columns with strided copies, so no
+    tuple is made, unpacked or packed per event. String columns hold str, UTF-8 bytes (message
+    ids from the write path) or None."""
+
+    __slots__ = ("head", "topic", "message_id", "group", "ref_topic", "ref_queue", "ts", "due", "ref_offset")
+
+    def __init__(self) -> None:
+        self.head = array("I")  # EVENT's first 4 bytes: kind | flags << 8 | attempt << 16
+        self.topic: list = []
+        self.message_id: list = []
+        self.group: list = []
+        self.ref_topic: list = []
+        self.ref_queue = array("I")
+        self.ts = array("q")
+        self.due = array("q")
+        self.ref_offset = array("q")
+
+    def __len__(self) -> int:
+        return len(self.head)
+
+    def __getitem__(self, part: slice) -> "Events":
+        if not isinstance(part, slice):  # (and so not iterable by accident: see ``tuples``)
+            raise TypeError("Events are sliced, not indexed")
+        out = Events.__new__(Events)
+        for name in Events.__slots__:
+            setattr(out, name, getattr(self, name)[part])
+        return out
+
+    def add(self, kind: int, flags: int, attempt: int, topic, message_id, group, ref_topic, ref_queue: int,
+            ts: int, due: int, ref_offset: int) -> None:
+        self.head.append(kind | flags << 8 | attempt << 16)
+        self.topic.append(topic)
+        self.message_id.append(message_id)
+        self.group.append(group)
+        self.ref_topic.append(ref_topic)
+        self.ref_queue.append(ref_queue)
+        self.ts.append(ts)
+        self.due.append(due)
+        self.ref_offset.append(ref_offset)
+
+    def truncate(self, n: int) -> None:
+        for name in Events.__slots__:
+            del getattr(self, name)[n:]
+
+    def consistent(self) -> bool:
+        n = len(self.head)
+        return all(len(getattr(self, name)) == n for name in Events.__slots__)
+
+    @classmethod
+    def from_tuples(cls, events) -> "Events":
+        out = cls()
+        for e in events:
+            out.add(*e)
+        return out
+
+    def tuples(self) -> list[_Event]:
+        return [(h & 0xFF, h >> 8 & 0xFF, h >> 16, *rest) for h, *rest in zip(
+            self.head, self.topic, self.message_id, self.group, self.ref_topic, self.ref_queue, self.ts, self.due,
+            self.ref_offset)]
+
+
+def encode(events) -> bytes:
+    """One trace record body for ``events`` (``Events``, or a list of event tuples)."""
+    if not isinstance(events, Events):
+        events = Events.from_tuples(events)
+    n = len(events)
+    assert 0 < n <= 0xFFFFFFFF and events.consistent()
+    # The string table: names (topics, groups: few) once each, str and bytes of a name sharing
+    # an entry; message ids (nearly all distinct) in event order, one entry per event that has
+    # one, so no Python work is done per distinct id (an id stored and delivered within one
+    # flush is in the table twice; readers go by index).
     strings: list[bytes] = []
     index: dict = {None: NONE}
-    get = index.get
 
-    def intern(text) -> int:
-        raw = text if type(text) is bytes else text.encode()
-        i = get(raw)
-        if i is None:
-            i = index[raw] = len(strings)
-            strings.append(raw)
-        index[text] = i
-        return i
+    def indexes(column: list) -> array:
+        for text in set(column).difference(index):  # only names not seen yet: no loop per event
+            raw = text if type(text) is bytes else text.encode()
+            i = index.get(raw)
+            if i is None:
+                i = index[raw] = len(strings)
+                strings.append(raw)
+            index[text] = i
+        return array("I", map(index.__getitem__, column))
 
-    pack = EVENT.pack
-    body = []
-    add = body.append
-    for kind, flags, attempt, topic, mid, group, rtopic, rqueue, ts, due, roff in events:
-        t = get(topic)
-        if t is None:
-            t = intern(topic)
-        m = get(mid)
-        if m is None:
-            m = intern(mid)
-        g = get(group)
-        if g is None:
-            g = intern(group)
-        r = get(rtopic)
-        if r is None:
-            r = intern(rtopic)
-        add(pack(kind, flags, attempt, t, m, g, r, rqueue, ts, due, roff))
+    names = (indexes(events.topic), indexes(events.group), indexes(events.ref_topic))
+    ids = events.message_id
+    first = len(strings)
+    present = [m if type(m) is bytes else m.encode() for m in ids if m is not None]
+    strings += present
+    if len(present) == len(ids):
+        id_indexes = array("I", range(first, first + len(ids)))
+    else:
+        position = itertools.count(first)
+        id_indexes = array("I", [NONE if m is None else next(position) for m in ids])
+    columns32 = (events.head, names[0], id_indexes, names[1], names[2], events.ref_queue)
+    columns64 = (events.ts, events.due, events.ref_offset)
+    out = bytearray(n * EVENT_SIZE)
+    words, quads = memoryview(out).cast("I"), memoryview(out).cast("q")
+    for k, column in enumerate(columns32):  # EVENT's 4-byte fields are its words 0..5
+        words[k::EVENT_SIZE // 4] = column if _LITTLE else _swapped(column)
+    for k, column in enumerate(columns64, start=3):  # ... and its 8-byte fields quads 3..5
+        quads[k::EVENT_SIZE // 8] = column if _LITTLE else _swapped(column)
     table = b"\n".join(strings)
-    return HEAD.pack(MAGIC, len(events), len(table)) + table + b"".join(body)
+    return HEAD.pack(MAGIC, n, len(table)) + table + bytes(out)
+
+
+def _swapped(column: array) -> array:
+    column = array(column.typecode, column)
+    column.byteswap()
+    return column
 
 
 def decode(body: bytes) -> tuple[list[str], bytes, int]:
@@ -143,7 +225,7 @@ def decode_events(body: bytes) -> list[dict]:
     return out
 
 
-def bodies(events: list[_Event]) -> list[bytes]:
+def bodies(events: Events) -> list[bytes]:
     """Trace record bodies for ``events``, at most EVENTS_PER_RECORD each."""
     return [encode(events[i:i + EVENTS_PER_RECORD]) for i in range(0, len(events), EVENTS_PER_RECORD)]
 
@@ -154,7 +236,7 @@ class TraceRecorder:
     def __init__(self, flush_ms: int, delay_topic: str):
         self.flush_ms = flush_ms
         self._delay_topic = delay_topic
-        self.events: list[_Event] = []
+        self.events = Events()
         self.dropped = 0
         self.written = 0
         self._first_ms: int | None = None
@@ -170,7 +252,7 @@ class TraceRecorder:
     # ------------------------------------------------------------------ hooks
     def stored(self, prepared: Iterable, now_ms: int) -> None:
         """Messages just written to the log (``store.Prepared``; system records are skipped)."""
-        add = self.events.append
+        add = self.events.add
         start = len(self.events)
         delay_topic = self._delay_topic
         system, delayed = record.FLAG_SYSTEM, record.FLAG_DELAYED
@@ -183,57 +265,87 @@ class TraceRecorder:
                 flags = FLAG_DELAYED
             else:
                 flags = FLAG_DELAYED if pflags & delayed else 0
-            add((STORED, flags, 0, topic, message_id, None, None, 0, now_ms, deliver_at_ms, 0))
+            add(STORED, flags, 0, topic, message_id, None, None, 0, now_ms, deliver_at_ms, 0)
         self._trim(start, now_ms)
 
     def stored_plain(self, topic: str, message_ids: list[bytes], now_ms: int) -> None:
         """``stored`` for a batch of plain (not delayed, not system) messages of one topic: the
-        same events, one list extend per batch (Store.write_plain's callers)."""
-        start = len(self.events)
-        self.events += [(STORED, 0, 0, topic, mid, None, None, 0, now_ms, 0, 0) for mid in message_ids]
+        same events, a few column extends per batch (Store.write_plain's callers)."""
+        ev = self.events
+        start, n = len(ev), len(message_ids)
+        ev.head += array("I", (STORED,)) * n
+        ev.topic += [topic] * n
+        ev.message_id += message_ids
+        nones = [None] * n
+        ev.group += nones
+        ev.ref_topic += nones
+        ev.ref_queue += array("I", (0,)) * n
+        ev.ts += array("q", (now_ms,)) * n
+        zeros = array("q", (0,)) * n
+        ev.due += zeros
+        ev.ref_offset += zeros
         self._trim(start, now_ms)
 
     def visible(self, deliveries: list, visible_ms: int) -> None:
         """Timer deliveries made visible (``timer.lanes.Delivery`` with a ``prepared`` copy)."""
         start = len(self.events)
-        add = self.events.append
+        add = self.events.add
         for d in deliveries:
             p = d.prepared
-            add((VISIBLE, 0, 0, p.topic, p.message_id, None, None, 0, visible_ms, d.due_ms, 0))
+            add(VISIBLE, 0, 0, p.topic, p.message_id, None, None, 0, visible_ms, d.due_ms, 0)
         self._trim(start, visible_ms)
 
     def delivered(self, group: str, popped: list, refs: list, now_ms: int) -> None:
         """A POP receive: ``popped[i]`` was read from ``refs[i] = (checkpoint, index)``."""
-        start = len(self.events)
-        add = self.events.append
-        for p, (ck, i) in zip(popped, refs):
-            m = p.message
-            q = ck.queue
-            add((DELIVERED, 0, min(p.delivery_attempt, 0xFFFF), m.topic, m.message_id, group, q.topic,
-                 q.queue_id, now_ms, 0, ck.offsets[i]))
+        ev = self.events
+        start, n = len(ev), len(popped)
+        ev.head.extend([DELIVERED | min(p.delivery_attempt, 0xFFFF) << 16 for p in popped])
+        messages = [p.message for p in popped]
+        ev.topic += [m.topic for m in messages]
+        ev.message_id += [m.message_id for m in messages]
+        ev.group += [group] * n
+        queues = [ck.queue for ck, _ in refs]
+        ev.ref_topic += [q.topic for q in queues]
+        ev.ref_queue.extend([q.queue_id for q in queues])
+        ev.ts += array("q", (now_ms,)) * n
+        ev.due += array("q", (0,)) * n
+        ev.ref_offset.extend([ck.offsets[i] for ck, i in refs])
         self._trim(start, now_ms)
 
-    def acked(self, group: str, ref_topic: str, ref_queue: int, ref_offset: int, now_ms: int) -> None:
-        if self._room(1, now_ms):
-            self.events.append((ACKED, 0, 0, None, None, group, ref_topic, ref_queue, now_ms, 0, ref_offset))
+    def acked(self, group: str, refs: list, now_ms: int) -> None:
+        """Acks: ``refs[i] = (checkpoint, index)`` of each settled message."""
+        ev = self.events
+        start, n = len(ev), len(refs)
+        ev.head += array("I", (ACKED,)) * n
+        nones = [None] * n
+        ev.topic += nones
+        ev.message_id += nones
+        ev.group += [group] * n
+        queues = [ck.queue for ck, _ in refs]
+        ev.ref_topic += [q.topic for q in queues]
+        ev.ref_queue.extend([q.queue_id for q in queues])
+        ev.ts += array("q", (now_ms,)) * n
+        ev.due += array("q", (0,)) * n
+        ev.ref_offset.extend([ck.offsets[i] for ck, i in refs])
+        self._trim(start, now_ms)
 
     def dead_lettered(self, group: str, topic: str, message_id: str, now_ms: int) -> None:
         if self._room(1, now_ms):
-            self.events.append((DEAD_LETTERED, 0, 0, topic, message_id, group, None, 0, now_ms, 0, 0))
+            self.events.add(DEAD_LETTERED, 0, 0, topic, message_id, group, None, 0, now_ms, 0, 0)
 
     def recalled(self, topic: str, message_id: str, due_ms: int, now_ms: int) -> None:
         if self._room(1, now_ms):
-            self.events.append((RECALLED, 0, 0, topic, message_id, None, None, 0, now_ms, due_ms, 0))
+            self.events.add(RECALLED, 0, 0, topic, message_id, None, None, 0, now_ms, due_ms, 0)
 
     def rescheduled(self, topic: str, message_id: str, due_ms: int, now_ms: int) -> None:
         if self._room(1, now_ms):
-            self.events.append((RESCHEDULED, 0, 0, topic, message_id, None, None, 0, now_ms, due_ms, 0))
+            self.events.add(RESCHEDULED, 0, 0, topic, message_id, None, None, 0, now_ms, due_ms, 0)
 
     def _trim(self, start: int, now_ms: int) -> None:
         """After a bulk append: enforce BUFFER_MAX (drop the new events past it, counted)."""
         over = len(self.events) - BUFFER_MAX
         if over > 0:
-            del self.events[-over:]
+            self.events.truncate(BUFFER_MAX)
             self.dropped += over
         if self._first_ms is None and len(self.events) > start:
             self._first_ms = now_ms
@@ -245,10 +357,10 @@ class TraceRecorder:
             return False
         return len(self.events) >= EVENTS_PER_RECORD or now_ms - (self._first_ms or now_ms) >= self.flush_ms
 
-    def take_events(self) -> list[_Event]:
-        """Empty the buffer; the caller encodes (``bodies``) and writes the events. Encoding costs
-        ~2 µs an event on the broker's thread, so the server does it a slice at a time."""
-        events, self.events = self.events, []
+    def take_events(self) -> Events:
+        """Empty the buffer; the caller encodes (``bodies``) and writes the events, a slice at a
+        time on the server (a second of busy traffic is tens of thousands of events)."""
+        events, self.events = self.events, Events()
         self._first_ms = None
         self.written += len(events)
         return events

@@ -478,7 +478,7 @@ class PopService:
         acked[key] = acked.get(key, 0) + 1
         now = self.clock.wall_ms()
         if self.broker.trace is not None:  # chronoq.trace: buffered, no I/O here
-            self.broker.trace.acked(group, ck.queue.topic, ck.queue.queue_id, ck.offsets[index], now)
+            self.broker.trace.acked(group, [(ck, index)], now)
         self._after(now)
 
     def ack_many(self, group: str, topic: str, receipt_handles) -> list[Exception | None]:
@@ -486,20 +486,21 @@ class PopService:
         once for all. Per handle: None when settled, else the error ``ack`` would have raised."""
         out: list[Exception | None] = []
         now = self.clock.wall_ms()
-        trace = self.broker.trace
+        settled_refs = []  # (checkpoint, index) of each settled handle, for the trace
         locate, settle = self._locate, self._inflight.settle
         try:
             for handle in receipt_handles:
                 try:
-                    ck, index = locate(group, topic, handle)
-                    settle(ck, index)
+                    ref = locate(group, topic, handle)
+                    settle(*ref)
                 except Exception as exc:  # noqa: BLE001 - per handle, as ack would raise it
                     out.append(exc)
                     continue
-                if trace is not None:  # chronoq.trace: buffered, no I/O here
-                    trace.acked(group, ck.queue.topic, ck.queue.queue_id, ck.offsets[index], now)
+                settled_refs.append(ref)
                 out.append(None)
         finally:
+            if self.broker.trace is not None and settled_refs:  # chronoq.trace: buffered, no I/O here
+                self.broker.trace.acked(group, settled_refs, now)
             self._after(now)
             settled = out.count(None)
             if settled:

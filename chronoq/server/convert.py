@@ -364,70 +364,101 @@ _DIGEST_CRC32 = _K_SP_DIGEST + wire.varint(len(_DIGEST_CRC32_HEAD) + 8) + _DIGES
 
 
 def message_bytes(popped, requested_topic: str, namespace: str, store_host_field: bytes) -> bytes:
-    """``ReceiveMessageResponse(message=message_fields(...))`` serialized, encoded by hand
-    (``chronoq.wire``), for chronoq's own receive calls (ReceiveBatch, AckAndReceive): the receive
-    hot path. ``store_host_field`` is ``store_host_field(host)``.
+    """``messages_bytes`` for one message."""
+    return messages_bytes((popped,), requested_topic, namespace, store_host_field)[0]
+
+
+def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host_field: bytes) -> list[bytes]:
+    """``ReceiveMessageResponse(message=message_fields(...))`` serialized for each popped
+    message, encoded by hand (``chronoq.wire``), for chronoq's own receive calls (ReceiveBatch,
+    AckAndReceive): the receive hot path. ``store_host_field`` is ``store_host_field(host)``.
 
     Equal to the generated encoding up to the order of map entries, except the body digest: CRC32
     (``zlib.crc32`` as 8 uppercase hex digits) where ReceiveMessage sends MD5
     (tests/unit/test_server_status_convert.py).
     """
-    m = popped.message
-    props = m.properties
-    ptype = _NORMAL
-    user = b""
-    group = popped.message_group
-    if props:
-        user = b"".join(wire.field(wire.K_MESSAGE_PROPS, wire.string_field(wire.K_MAP_KEY, k)
-                                   + wire.string_field(wire.K_MAP_VALUE, v))
+    varint, text, small, timestamp, crc32, join = wire.varint, wire.string_field, _SMALL, wire.timestamp, \
+        zlib.crc32, b"".join
+    type_fields = _TYPE_FIELDS
+    k_sp, k_body = wire.K_MESSAGE_SP, wire.K_MESSAGE_BODY
+    dlq = requested_topic.startswith(_DLQ_PREFIX)
+    out = []
+    last_topic, head = None, b""
+    last_born_ms = last_stored_ms = None  # messages sent together share their times: encode once
+    for popped in popped_list:
+        m = popped.message
+        props = m.properties
+        ptype = _NORMAL
+        user = b""
+        group = popped.message_group
+        if props:
+            user = join(wire.field(wire.K_MESSAGE_PROPS, text(wire.K_MAP_KEY, k) + text(wire.K_MAP_VALUE, v))
                         for k, v in props.items() if not k.startswith(_SYSTEM_PREFIX))
-        tname = props.get(PROP_MESSAGE_TYPE)
-        if tname is not None:
-            ptype = _TYPE_BY_NAME.get(tname, _NORMAL)
-        if group is None:
-            group = props.get(PROP_MESSAGE_GROUP)
-    if group and ptype == _NORMAL:
-        ptype = _FIFO
-    if m.deliver_at_ms and ptype == _NORMAL:  # a delivered timer copy: clients expect DELAY (contract §5.3)
-        ptype = _DELAY
-    varint, text, small = wire.varint, wire.string_field, _SMALL
-    sp = text(_K_SP_TAG, m.tag) if m.tag else b""
-    for k in m.keys:
-        sp += text(_K_SP_KEYS, k)
-    mid = m.message_id.encode()
-    if mid:
-        sp += _K_SP_ID + (small[len(mid)] if len(mid) < 128 else varint(len(mid))) + mid
-    born = wire.timestamp(m.born_ms or m.stored_ms)  # (a Timestamp is at most 22 bytes)
-    stored = wire.timestamp(m.stored_ms)
-    handle = popped.receipt_handle.encode()
-    attempt = popped.delivery_attempt
-    sp += b"".join((
-        _DIGEST_CRC32, b"%08X" % zlib.crc32(m.body), _SP_ENCODING_IDENTITY,
-        _TYPE_FIELDS[ptype],
-        _K_SP_BORN, small[len(born)], born, _K_SP_STORED, small[len(stored)], stored, store_host_field,
-        wire.field(_K_SP_DELIVERY, wire.timestamp(m.deliver_at_ms)) if m.deliver_at_ms else b"",
-        _K_SP_HANDLE, small[len(handle)] if len(handle) < 128 else varint(len(handle)), handle,
-        _K_SP_QUEUE + varint(m.queue_id) if m.queue_id else b"",
-        _K_SP_OFFSET, varint(m.queue_offset),
-        _K_SP_ATTEMPT, small[attempt] if 0 < attempt < 128 else varint(max(1, attempt)),
-        text(_K_SP_GROUP, group) if group else b"",
-    ))
-    if requested_topic.startswith(_DLQ_PREFIX):
-        # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
-        sp += wire.field(_K_SP_DLQ, (text(_K_DLQ_TOPIC, m.topic) if m.topic else b"") +
-                         (text(_K_DLQ_ID, m.message_id) if m.message_id else b""))
-        topic_key = (requested_topic, namespace)
-    else:
-        topic_key = (m.topic, namespace)
-    head = _topic_fields.get(topic_key)
+            tname = props.get(PROP_MESSAGE_TYPE)
+            if tname is not None:
+                ptype = _TYPE_BY_NAME.get(tname, _NORMAL)
+            if group is None:
+                group = props.get(PROP_MESSAGE_GROUP)
+        deliver_at_ms = m.deliver_at_ms
+        if ptype == _NORMAL:
+            if group:
+                ptype = _FIFO
+            elif deliver_at_ms:  # a delivered timer copy: clients expect DELAY (contract §5.3)
+                ptype = _DELAY
+        tag = m.tag
+        sp = text(_K_SP_TAG, tag) if tag else b""
+        if m.keys:
+            sp += join(text(_K_SP_KEYS, k) for k in m.keys)
+        mid = m.message_id.encode()
+        stored_ms = m.stored_ms
+        born_ms = m.born_ms or stored_ms
+        if born_ms != last_born_ms:
+            born = timestamp(born_ms)  # (a Timestamp is at most 22 bytes)
+            born_field = _K_SP_BORN + small[len(born)] + born
+            last_born_ms = born_ms
+        if stored_ms != last_stored_ms:
+            stored = timestamp(stored_ms)
+            stored_field = _K_SP_STORED + small[len(stored)] + stored + store_host_field
+            last_stored_ms = stored_ms
+        handle = popped.receipt_handle.encode()
+        attempt = popped.delivery_attempt
+        body = m.body
+        sp = join((
+            sp,
+            _K_SP_ID + (small[len(mid)] if len(mid) < 128 else varint(len(mid))) + mid if mid else b"",
+            _DIGEST_CRC32, b"%08X" % crc32(body), _SP_ENCODING_IDENTITY,
+            type_fields[ptype],
+            born_field, stored_field,
+            wire.field(_K_SP_DELIVERY, timestamp(deliver_at_ms)) if deliver_at_ms else b"",
+            _K_SP_HANDLE, small[len(handle)] if len(handle) < 128 else varint(len(handle)), handle,
+            _K_SP_QUEUE + varint(m.queue_id) if m.queue_id else b"",
+            _K_SP_OFFSET, varint(m.queue_offset),
+            _K_SP_ATTEMPT, small[attempt] if 0 < attempt < 128 else varint(max(1, attempt)),
+            text(_K_SP_GROUP, group) if group else b"",
+        ))
+        if dlq:
+            # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
+            sp += wire.field(_K_SP_DLQ, (text(_K_DLQ_TOPIC, m.topic) if m.topic else b"") +
+                             (text(_K_DLQ_ID, m.message_id) if m.message_id else b""))
+            topic = requested_topic
+        else:
+            topic = m.topic
+        if topic is not last_topic:  # a batch is nearly always of one topic
+            head = _topic_field(topic, namespace)
+            last_topic = topic
+        message = join((head, user, k_sp, varint(len(sp)), sp, k_body + varint(len(body)) if body else b"", body))
+        out.append(_K_RESPONSE_MESSAGE + varint(len(message)) + message)
+    return out
+
+
+def _topic_field(topic: str, namespace: str) -> bytes:
+    key = (topic, namespace)
+    head = _topic_fields.get(key)
     if head is None:  # receives name the same few topics over and over
         if len(_topic_fields) >= _NAMES_CACHE_MAX:
             _topic_fields.clear()
-        head = _topic_fields[topic_key] = wire.field(wire.K_MESSAGE_TOPIC, wire.resource(*topic_key))
-    body = m.body
-    message = b"".join((head, user, wire.K_MESSAGE_SP, varint(len(sp)), sp,
-                        wire.K_MESSAGE_BODY + varint(len(body)) if body else b"", body))
-    return _K_RESPONSE_MESSAGE + varint(len(message)) + message
+        head = _topic_fields[key] = wire.field(wire.K_MESSAGE_TOPIC, wire.resource(topic, namespace))
+    return head
 
 
 _SMALL = [bytes((i,)) for i in range(128)]  # varints below 128 are one byte: the value

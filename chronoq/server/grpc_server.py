@@ -609,9 +609,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if not popped:
                 return [self._receive_empty_bytes]
             namespace = request.message_queue.topic.resource_namespace
-            encode, host = convert.message_bytes, self._store_host_field
             items = [self._receive_ok_bytes]
-            items += [encode(p, topic, namespace, host) for p in popped]  # by hand: no protobuf objects
+            # By hand: no protobuf objects.
+            items += convert.messages_bytes(popped, topic, namespace, self._store_host_field)
             items.append(sv.ReceiveMessageResponse(
                 delivery_timestamp=convert.timestamp_pb(self.clock.wall_ms())).SerializeToString())
             return items

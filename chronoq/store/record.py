@@ -259,3 +259,39 @@ def decode_tuple(buf: bytes, pos: int = 0) -> tuple:
     body = bytes(buf[p:p + blen])
     assert p + blen == pos + total
     return flags, qid, qoff, born, stored, deliver, topic, msgid, tag, keys, props, body
+
+
+def check_decode(buf: bytes, pos: int, end: int) -> tuple:
+    """``check`` then ``decode_tuple`` in one pass (the read path: the header is unpacked once
+    and the fields are cut from the bytes the CRC was computed over). Same errors as ``check``."""
+    try:
+        (total, magic, version, crc, flags, qid, qoff, born, stored, deliver,
+         tlen, mlen, taglen, klen, plen, blen) = _unpack_header(buf, pos)
+    except Exception:  # noqa: BLE001 - too short for a header: check names the case
+        check(buf, pos, end)
+        raise  # (check always raises here)
+    if magic != MAGIC or version != VERSION or not HEADER_SIZE <= total <= RECORD_SIZE_MAX \
+            or HEADER_SIZE + tlen + mlen + taglen + klen + plen + blen != total or not tlen or not mlen \
+            or pos + total > end:
+        check(buf, pos, end)  # raises, with the precise reason
+        raise RecordError("record header is invalid")  # unreachable while the rules agree
+    covered = buf[pos + CRC_START:pos + total]
+    if _crc(covered) != crc:
+        raise RecordError("CRC mismatch")
+    p = _TEXT_START
+    text_end = p + tlen + mlen + taglen + klen + plen
+    if not covered[p:text_end].isascii():
+        _check_utf8(covered[p:text_end], (tlen, mlen, taglen, klen, plen))
+    raw_topic = covered[p:p + tlen]
+    topic = _topics.get(raw_topic)
+    if topic is None:
+        topic = raw_topic.decode()
+        if len(_topics) >= _TOPICS_CACHE_MAX:
+            _topics.clear()
+        _topics[raw_topic] = topic
+    p += tlen
+    msgid = covered[p:p + mlen].decode(); p += mlen
+    tag = covered[p:p + taglen].decode() if taglen else ""; p += taglen
+    keys = decode_keys(covered[p:p + klen]) if klen else (); p += klen
+    props = decode_properties(covered[p:p + plen]) if plen else {}
+    return flags, qid, qoff, born, stored, deliver, topic, msgid, tag, keys, props, covered[text_end:]

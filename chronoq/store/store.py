@@ -615,28 +615,46 @@ class Store:
         out: list[Message] = []
         add = out.append
         min_phys = self.log.min_offset
-        decode = record.decode_tuple
-        for i, blob, pos in self.read_runs(entries, min_phys):
-            (flags, r_queue_id, r_offset, born_ms, stored_ms, deliver_at_ms, r_topic, message_id, tag, keys,
-             props, body) = decode(blob, pos)
-            if r_offset != offset + i or r_topic != topic or r_queue_id != queue_id:
-                # A damaged consume queue must not hand out another queue's message.
-                raise errors.CorruptionError(
-                    cq.directory, (offset + i) * ENTRY_SIZE,
-                    f"consume-queue entry {offset + i} of {topic}/{queue_id} points at message "
-                    f"{r_offset} of {r_topic}/{r_queue_id}; the consume queue is "
-                    "damaged (it is derived data: delete its directory while the broker is stopped to rebuild it)")
-            # Positional, in _MESSAGE_FIELDS order: this runs for every message read.
-            add(Message(r_topic, r_queue_id, r_offset, entries[i][0], message_id, body, tag, keys, props, born_ms,
-                        stored_ms, deliver_at_ms, flags))
+        check_decode = record.check_decode
+        for i, j, blob, phys, seg in self._spans(entries, min_phys):
+            for k in range(i, j):
+                pos = entries[k][0] - phys
+                try:
+                    (flags, r_queue_id, r_offset, born_ms, stored_ms, deliver_at_ms, r_topic, message_id, tag, keys,
+                     props, body) = check_decode(blob, pos, pos + entries[k][1])
+                except record.RecordError as exc:
+                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
+                if r_offset != offset + k or r_topic != topic or r_queue_id != queue_id:
+                    # A damaged consume queue must not hand out another queue's message.
+                    raise errors.CorruptionError(
+                        cq.directory, (offset + k) * ENTRY_SIZE,
+                        f"consume-queue entry {offset + k} of {topic}/{queue_id} points at message "
+                        f"{r_offset} of {r_topic}/{r_queue_id}; the consume queue is "
+                        "damaged (it is derived data: delete its directory while the broker is stopped to rebuild it)")
+                # Positional, in _MESSAGE_FIELDS order: this runs for every message read.
+                add(Message(r_topic, r_queue_id, r_offset, entries[k][0], message_id, body, tag, keys, props,
+                            born_ms, stored_ms, deliver_at_ms, flags))
         return out, offset + len(entries)
 
     def read_runs(self, entries, min_phys: int):
-        """Yield (index, bytes, position of the record in them), each record checked, none copied.
+        """Yield (index, bytes, position of the record in them), each record checked, none copied."""
+        check = record.check
+        for i, j, blob, phys, seg in self._spans(entries, min_phys):
+            for k in range(i, j):
+                pos = entries[k][0] - phys
+                try:
+                    check(blob, pos, pos + entries[k][1])
+                except record.RecordError as exc:
+                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
+                yield k, blob, pos
 
-        Records near each other in the log are read with one pread, gaps included: a queue's
+    def _spans(self, entries, min_phys: int):
+        """Yield (i, j, bytes, their log offset, segment): entries[i:j] read with one pread.
+
+        Records near each other in the log are read together, gaps included: a queue's
         messages are interleaved with other queues' (round robin), so they are rarely adjacent,
         and one pread of the span costs less than a pread per record while gaps are small.
+        Entries that are holes, retained away or lost are left out. Nothing is checked here.
         """
         i = 0
         n = len(entries)
@@ -658,14 +676,7 @@ class Store:
                     break
                 end = next_phys + next_size
                 j += 1
-            blob = log.read(phys, end - phys)
-            for k in range(i, j):
-                pos = entries[k][0] - phys
-                try:
-                    record.check(blob, pos, pos + entries[k][1])
-                except record.RecordError as exc:
-                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
-                yield k, blob, pos
+            yield i, j, log.read(phys, end - phys), phys, seg
             i = j
 
     def read_at(self, commit_offset: int, size: int) -> Message:

@@ -70,6 +70,7 @@ def test_round_trip(f):
     assert record.check(rec, 0, len(rec)) == len(rec)
     assert struct.unpack_from("<I", rec, 0)[0] == len(rec)
     assert record.decode(rec) == f
+    assert record.check_decode(rec, 0, len(rec)) == record.decode_tuple(rec, 0)
     h = record.RecordHeader(rec, 0)
     assert (h.length, h.flags, h.queue_id, h.queue_offset, h.stored_ms, h.deliver_at_ms, h.topic, h.tag) == (
         len(rec), f["flags"], f["queue_id"], f["queue_offset"], f["stored_ms"], f["deliver_at_ms"], f["topic"],
@@ -86,14 +87,20 @@ def test_records_back_to_back_at_an_offset(fs, lead):
     for f, rec in zip(fs, recs):
         assert record.check(buf, pos, len(buf)) == len(rec)
         assert record.decode(buf, pos) == f
+        assert record.check_decode(buf, pos, len(buf)) == record.decode_tuple(buf, pos)
         pos += len(rec)
     assert pos == len(buf)
 
 
 def _assert_rejected(buf: bytes, end: int | None = None, *, torn: bool) -> record.RecordError:
+    end = len(buf) if end is None else end
     with pytest.raises(record.RecordError) as info:
-        record.check(buf, 0, len(buf) if end is None else end)
+        record.check(buf, 0, end)
     assert info.value.torn is torn, (info.value.reason, info.value.torn)
+    # The read path's one-pass check_decode refuses the same bytes for the same reason.
+    with pytest.raises(record.RecordError) as fused:
+        record.check_decode(buf, 0, end)
+    assert (fused.value.reason, fused.value.torn) == (info.value.reason, info.value.torn)
     return info.value
 
 
@@ -171,3 +178,12 @@ def test_empty_topic_or_message_id_is_invalid():
     for topic, msgid in ((b"", b"m"), (b"t", b"")):
         rec = record.encode(0, 0, 0, 0, 0, 0, topic, msgid, b"", b"", b"", b"x")
         _assert_rejected(rec, torn=False)
+
+
+@pytest.mark.parametrize("field", range(5))
+def test_text_that_is_not_utf8_is_rejected_despite_a_good_crc(field):
+    texts = [b"topic", b"id-1", b"tag", b"k1", b"a\x01b"]
+    texts[field] = texts[field][:1] + b"\xff" + texts[field][1:]
+    rec = record.encode(0, 0, 0, 1, 2, 0, *texts, b"body")
+    err = _assert_rejected(rec, torn=False)
+    assert "UTF-8" in err.reason

@@ -83,7 +83,7 @@ class _Side:
     def state(self) -> dict:
         b = self.broker
         return {"log": log_bytes(self.config.data_dir), "queues": queue_snapshot(b.store),
-                "dedupe": list(b._dedupe.items()), "sent": dict(b.sent_by_topic), "trace": list(b.trace.events),
+                "dedupe": list(b._dedupe.items()), "sent": dict(b.sent_by_topic), "trace": b.trace.events.tuples(),
                 "next": dict(b.store._next_qoff), "dispatched": b.store.dispatched}
 
     async def close(self) -> None:

@@ -215,3 +215,19 @@ def test_message_bytes_equal_the_generated_encoding(shape, requested, namespace,
         assert sv.ReceiveMessageResponse.FromString(mine) == reference
         if len(reference.message.user_properties) <= 1:  # map order aside, the very same bytes
             assert mine == reference.SerializeToString()
+
+
+@pytest.mark.parametrize("requested", ["orders", "%DLQ%grp"])
+def test_messages_bytes_of_a_mixed_batch_equal_each_alone(requested):
+    """The batch encoder carries topic and times from one message to the next: a batch that
+    changes them (and every other shape) encodes as each message would alone."""
+    batch = []
+    for i, shape in enumerate(_SHAPES * 2):
+        extra = dict(shape)
+        extra.setdefault("born_ms", 1_700_000_000_000 + (i // 3) * 1000)
+        extra.setdefault("stored_ms", 1_700_000_000_500 + (i // 2) * 7)
+        extra.setdefault("topic", "orders" if i % 4 else "other")
+        batch.append(FakePopped(_stored(**extra), f"{i:02d}" * 24, 1 + i % 3, 0, "g" if i % 5 == 0 else None))
+    host = convert.store_host_field("127.0.0.1:8081")
+    assert convert.messages_bytes(batch, requested, "ns", host) == [
+        convert.message_bytes(p, requested, "ns", host) for p in batch]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from popkit import Node
 
 from chronoq import trace
@@ -15,7 +17,8 @@ def test_codec_round_trip_and_rejects_garbage():
               (trace.ACKED, 0, 0, None, None, "g", "%RETRY%g_t", 1, 8, 0, 9)]
     body = trace.encode(events)
     table, _raw, n = trace.decode(body)
-    assert n == 3 and sorted(table) == sorted(["t", "ID1", "g", "%RETRY%g_t"])  # each string once
+    # Names once each (str or bytes alike); message ids once per event that has one.
+    assert n == 3 and sorted(table) == sorted(["t", "g", "%RETRY%g_t", "ID1", "ID1"])
     got = trace.decode_events(body)
     assert [e["kind"] for e in got] == ["stored", "delivered", "acked"]
     assert got[1] == {"kind": "delivered", "flags": 0, "attempt": 2, "topic": "t", "message_id": "ID1",
@@ -87,19 +90,55 @@ def test_buffer_is_bounded(monkeypatch):
     monkeypatch.setattr(trace, "BUFFER_MAX", 3)
     rec = trace.TraceRecorder(1000, "DELAY")
     for i in range(5):
-        rec.acked("g", "t", 0, i, 1)
+        rec.dead_lettered("g", "t", f"ID{i}", 1)
     assert len(rec.events) == 3 and rec.dropped == 2
-    assert len(trace.bodies(rec.take_events())) == 1 and rec.events == [] and rec.written == 3
+    assert len(trace.bodies(rec.take_events())) == 1 and len(rec.events) == 0 and rec.written == 3
+    rec.stored_plain("t", [b"A", b"B", b"C", b"D"], 2)  # a batch past the bound: its tail is dropped
+    assert len(rec.events) == 3 and rec.events.consistent() and rec.dropped == 3
+    assert [e[4] for e in rec.events.tuples()] == [b"A", b"B", b"C"]
 
 
 def test_take_events_then_bodies_in_slices_keep_order():
     """The server takes the events at once and encodes/writes them in slices (runtime)."""
     rec = trace.TraceRecorder(flush_ms=1_000, delay_topic="CHRONOQ_DELAY")
-    rec.events = [(trace.STORED, 0, 0, "t", f"ID{i}", None, None, 0, i, 0, 0) for i in range(10)]
+    rec.events = trace.Events.from_tuples(
+        [(trace.STORED, 0, 0, "t", f"ID{i}", None, None, 0, i, 0, 0) for i in range(10)])
     rec._first_ms = 5
     assert rec.due(5 + 1_000)
     events = rec.take_events()
-    assert rec.events == [] and rec.written == 10 and not rec.due(10**12)
+    assert len(rec.events) == 0 and rec.written == 10 and not rec.due(10**12)
     got = [e["message_id"] for part in (events[:4], events[4:]) for b in trace.bodies(part)
            for e in trace.decode_events(b)]
     assert got == [f"ID{i}" for i in range(10)]
+
+
+_TEXT = st.one_of(st.none(), st.sampled_from(["t", "orders", "%RETRY%g_t", "ü-topic"]))
+_ID = st.one_of(st.none(), st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=8))
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(st.lists(st.tuples(
+    st.integers(1, 7), st.integers(0, 255), st.integers(0, 0xFFFF), _TEXT, _ID, _TEXT, _TEXT,
+    st.integers(0, 0xFFFF), st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1),
+    st.integers(0, 2**63 - 1), st.booleans()), min_size=1, max_size=40))
+def test_columns_encode_every_event_as_given(rows):
+    """Events go in as columns (message ids as str or UTF-8 bytes) and come out of a record body
+    field for field, each name (topic, group) once in the table."""
+    events = [(k, f, a, t, (m.encode() if as_bytes and m is not None else m), g, rt, rq, ts, due, ro)
+              for k, f, a, t, m, g, rt, rq, ts, due, ro, as_bytes in rows]
+    columns = trace.Events.from_tuples(events)
+    assert columns.tuples() == events
+    body = trace.encode(columns)
+    table, _raw, n = trace.decode(body)
+    names = {r[i] for r in rows for i in (3, 5, 6)} - {None}  # topic, group, ref_topic
+    ids = [r[4] for r in rows if r[4] is not None]
+    assert n == len(events) and len(table) == len(names) + len(ids)
+    got = trace.decode_events(body)
+    for e, (k, f, a, t, m, g, rt, rq, ts, due, ro, _b) in zip(got, rows):
+        assert (e["kind"], e["flags"], e["attempt"], e["topic"], e["message_id"], e["group"], e["ref_topic"],
+                e["ref_queue"], e["ts_ms"], e["due_ms"], e["ref_offset"]) == (
+            trace.KIND_NAMES[k], f, a, t, m, g, rt, rq, ts, due, ro)
+    # Slices (the server writes a buffer in steps) encode the same events.
+    half = len(columns) // 2
+    parts = [columns[:half], columns[half:]] if half else [columns]
+    assert [e for part in parts for e in trace.decode_events(trace.encode(part))] == got
