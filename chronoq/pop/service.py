@@ -459,6 +459,11 @@ class PopService:
 
     # ----------------------------------------------------------------- settling
     def _locate(self, group: str, topic: str, receipt_handle: str) -> tuple[Checkpoint, int]:
+        self._check_names(group, topic)
+        ck_id, index, qid, offset = handles.decode(receipt_handle)
+        return self._inflight.find(ck_id, index, qid, offset, group, topic), index
+
+    def _check_names(self, group: str, topic: str) -> None:
         self._check_open()
         if group not in self._groups:
             model.validate_group_name(group)
@@ -467,8 +472,6 @@ class PopService:
             if len(self._topic_names) > _NAMES_CACHE_MAX:
                 self._topic_names.clear()
             self._topic_names.add(topic)
-        ck_id, index, qid, offset = handles.decode(receipt_handle)
-        return self._inflight.find(ck_id, index, qid, offset, group, topic), index
 
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
         """Settle one delivery. InvalidReceiptHandle if unknown, stale, or already revived."""
@@ -486,17 +489,24 @@ class PopService:
         once for all. Per handle: None when settled, else the error ``ack`` would have raised."""
         out: list[Exception | None] = []
         now = self.clock.wall_ms()
+        receipt_handles = list(receipt_handles)
         settled_refs = []  # (checkpoint, index) of each settled handle, for the trace
-        locate, settle = self._locate, self._inflight.settle
+        decode, find, settle = handles.decode, self._inflight.find, self._inflight.settle
         try:
+            try:
+                self._check_names(group, topic)  # _locate's checks, once for all handles
+            except Exception as exc:  # noqa: BLE001 - every handle fails as ack would
+                out += [exc] * len(receipt_handles)
+                return out
             for handle in receipt_handles:
                 try:
-                    ref = locate(group, topic, handle)
-                    settle(*ref)
+                    ck_id, index, qid, offset = decode(handle)
+                    ck = find(ck_id, index, qid, offset, group, topic)
+                    settle(ck, index)
                 except Exception as exc:  # noqa: BLE001 - per handle, as ack would raise it
                     out.append(exc)
                     continue
-                settled_refs.append(ref)
+                settled_refs.append((ck, index))
                 out.append(None)
         finally:
             if self.broker.trace is not None and settled_refs:  # chronoq.trace: buffered, no I/O here

@@ -63,6 +63,22 @@ def test_receive_then_ack_consumes_everything_once(node):
         assert node.broker.get_offset(G, T, qid) == node.broker.queue_bounds(T, qid)[1]
 
 
+def test_ack_many_answers_per_handle_as_ack_would(node):
+    send(node, 4)
+    got = node.pop.receive(G, T, max_messages=32, invisible_ms=10_000)
+    handles = [p.receipt_handle for p in got]
+    # A bad name fails every handle and settles none.
+    for group, topic in (("bad group!", T), (G, "bad topic!")):
+        out = node.pop.ack_many(group, topic, handles[:2])
+        assert len(out) == 2 and all(isinstance(e, errors.ClientError) for e in out)
+    out = node.pop.ack_many(G, T, [handles[0], "bogus", handles[1], handles[0]])
+    assert out[0] is None and out[2] is None
+    assert all(isinstance(e, errors.InvalidReceiptHandle) for e in (out[1], out[3]))  # malformed; acked twice
+    assert node.pop.ack_many(G, T, iter(handles[2:])) == [None, None]
+    node.pop.check()
+    assert node.pop.lag(G, T) == 0
+
+
 def test_receive_serves_all_queues_and_respects_max(node):
     send(node, 6)
     first = node.pop.receive(G, T, max_messages=4, invisible_ms=10_000)
