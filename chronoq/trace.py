@@ -145,6 +145,17 @@ class Events:
             self.ref_offset)]
 
 
+def _add_refs(ev: Events, refs: list, now_ms: int) -> None:
+    """The ref columns (and time, no due) of events about ``refs[i] = (checkpoint, index)``."""
+    n = len(refs)
+    queues = [ck.queue for ck, _ in refs]
+    ev.ref_topic += [q.topic for q in queues]
+    ev.ref_queue.extend([q.queue_id for q in queues])
+    ev.ts += array("q", (now_ms,)) * n
+    ev.due += array("q", (0,)) * n
+    ev.ref_offset.extend([ck.offsets[i] for ck, i in refs])
+
+
 def encode(events) -> bytes:
     """One trace record body for ``events`` (``Events``, or a list of event tuples)."""
     if not isinstance(events, Events):
@@ -304,12 +315,7 @@ class TraceRecorder:
         ev.topic += [m.topic for m in messages]
         ev.message_id += [m.message_id for m in messages]
         ev.group += [group] * n
-        queues = [ck.queue for ck, _ in refs]
-        ev.ref_topic += [q.topic for q in queues]
-        ev.ref_queue.extend([q.queue_id for q in queues])
-        ev.ts += array("q", (now_ms,)) * n
-        ev.due += array("q", (0,)) * n
-        ev.ref_offset.extend([ck.offsets[i] for ck, i in refs])
+        _add_refs(ev, refs, now_ms)
         self._trim(start, now_ms)
 
     def acked(self, group: str, refs: list, now_ms: int) -> None:
@@ -321,12 +327,7 @@ class TraceRecorder:
         ev.topic += nones
         ev.message_id += nones
         ev.group += [group] * n
-        queues = [ck.queue for ck, _ in refs]
-        ev.ref_topic += [q.topic for q in queues]
-        ev.ref_queue.extend([q.queue_id for q in queues])
-        ev.ts += array("q", (now_ms,)) * n
-        ev.due += array("q", (0,)) * n
-        ev.ref_offset.extend([ck.offsets[i] for ck, i in refs])
+        _add_refs(ev, refs, now_ms)
         self._trim(start, now_ms)
 
     def dead_lettered(self, group: str, topic: str, message_id: str, now_ms: int) -> None:

@@ -243,8 +243,18 @@ def decode_tuple(buf: bytes, pos: int = 0) -> tuple:
     body). ``buf`` may hold other records around ``pos``; only the body is copied out."""
     (total, _m, _v, _c, flags, qid, qoff, born, stored, deliver,
      tlen, mlen, taglen, klen, plen, blen) = _unpack_header(buf, pos)
+    if type(buf) is not bytes:  # (slices of bytes are bytes: hashable, decodable)
+        buf, pos = bytes(buf[pos:pos + total]), 0
     p = pos + HEADER_SIZE
-    raw_topic = bytes(buf[p:p + tlen])  # (bytes of bytes is no copy; of a memoryview, hashable)
+    text_end = p + tlen + mlen + taglen + klen + plen
+    assert text_end + blen == pos + total
+    return (flags, qid, qoff, born, stored, deliver, *_text_fields(buf, p, tlen, mlen, taglen, klen, plen),
+            buf[text_end:text_end + blen])
+
+
+def _text_fields(buf: bytes, p: int, tlen: int, mlen: int, taglen: int, klen: int, plen: int) -> tuple:
+    """(topic, message id, tag, keys, properties) of a record whose topic starts at ``p``."""
+    raw_topic = buf[p:p + tlen]
     topic = _topics.get(raw_topic)  # a few topics are read over and over
     if topic is None:
         topic = raw_topic.decode()
@@ -252,13 +262,11 @@ def decode_tuple(buf: bytes, pos: int = 0) -> tuple:
             _topics.clear()
         _topics[raw_topic] = topic
     p += tlen
-    msgid = bytes(buf[p:p + mlen]).decode(); p += mlen
-    tag = bytes(buf[p:p + taglen]).decode() if taglen else ""; p += taglen
-    keys = decode_keys(bytes(buf[p:p + klen])) if klen else (); p += klen
-    props = decode_properties(bytes(buf[p:p + plen])) if plen else {}; p += plen
-    body = bytes(buf[p:p + blen])
-    assert p + blen == pos + total
-    return flags, qid, qoff, born, stored, deliver, topic, msgid, tag, keys, props, body
+    msgid = buf[p:p + mlen].decode(); p += mlen
+    tag = buf[p:p + taglen].decode() if taglen else ""; p += taglen
+    keys = decode_keys(buf[p:p + klen]) if klen else (); p += klen
+    props = decode_properties(buf[p:p + plen]) if plen else {}
+    return topic, msgid, tag, keys, props
 
 
 def check_decode(buf: bytes, pos: int, end: int) -> tuple:
@@ -275,23 +283,12 @@ def check_decode(buf: bytes, pos: int, end: int) -> tuple:
             or pos + total > end:
         check(buf, pos, end)  # raises, with the precise reason
         raise RecordError("record header is invalid")  # unreachable while the rules agree
-    covered = buf[pos + CRC_START:pos + total]
+    covered = bytes(buf[pos + CRC_START:pos + total])  # (a no-op for bytes; memoryviews are copied)
     if _crc(covered) != crc:
         raise RecordError("CRC mismatch")
     p = _TEXT_START
     text_end = p + tlen + mlen + taglen + klen + plen
     if not covered[p:text_end].isascii():
         _check_utf8(covered[p:text_end], (tlen, mlen, taglen, klen, plen))
-    raw_topic = covered[p:p + tlen]
-    topic = _topics.get(raw_topic)
-    if topic is None:
-        topic = raw_topic.decode()
-        if len(_topics) >= _TOPICS_CACHE_MAX:
-            _topics.clear()
-        _topics[raw_topic] = topic
-    p += tlen
-    msgid = covered[p:p + mlen].decode(); p += mlen
-    tag = covered[p:p + taglen].decode() if taglen else ""; p += taglen
-    keys = decode_keys(covered[p:p + klen]) if klen else (); p += klen
-    props = decode_properties(covered[p:p + plen]) if plen else {}
-    return flags, qid, qoff, born, stored, deliver, topic, msgid, tag, keys, props, covered[text_end:]
+    return (flags, qid, qoff, born, stored, deliver, *_text_fields(covered, p, tlen, mlen, taglen, klen, plen),
+            covered[text_end:])

@@ -88,6 +88,7 @@ def test_records_back_to_back_at_an_offset(fs, lead):
         assert record.check(buf, pos, len(buf)) == len(rec)
         assert record.decode(buf, pos) == f
         assert record.check_decode(buf, pos, len(buf)) == record.decode_tuple(buf, pos)
+        assert record.check_decode(memoryview(buf), pos, len(buf)) == record.decode_tuple(memoryview(buf), pos)
         pos += len(rec)
     assert pos == len(buf)
 
