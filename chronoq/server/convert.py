@@ -11,6 +11,7 @@ encoders build protobufs with keyword constructors and cache what repeats.
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
 import hashlib
 import operator
@@ -278,8 +279,8 @@ def message_fields(popped, *, requested_topic: str, namespace: str, store_host: 
 
     ``popped`` is a ``chronoq.pop.service.Popped``. Retried messages carry their original topic
     and id; a message read from a DLQ topic also says where it came from (``dead_letter_queue``).
-    Nested dicts, not sub-message objects: protobuf builds them in one pass (about twice as fast),
-    so ``ReceiveMessageResponse(message=message_fields(...))`` is the hot path.
+    Every receive call answers with ``messages_bytes`` (encoded by hand); this form, built by
+    the generated classes, is the reference the tests hold that encoder to.
     """
     m = popped.message
     props = m.properties
@@ -361,27 +362,34 @@ _K_DLQ_TOPIC, _K_DLQ_ID = _K(1, _LEN), _K(2, _LEN)
 # chronoq.client reads these answers.
 _DIGEST_CRC32_HEAD = _K(1, _VARINT) + wire.varint(pb.CRC32) + _K(2, _LEN) + wire.varint(8)
 _DIGEST_CRC32 = _K_SP_DIGEST + wire.varint(len(_DIGEST_CRC32_HEAD) + 8) + _DIGEST_CRC32_HEAD
+# ReceiveMessage's MD5 digest: 32 uppercase hex digits (what message_fields writes).
+_DIGEST_MD5_HEAD = _K(1, _VARINT) + wire.varint(pb.MD5) + _K(2, _LEN) + wire.varint(32)
+_DIGEST_MD5 = _K_SP_DIGEST + wire.varint(len(_DIGEST_MD5_HEAD) + 32) + _DIGEST_MD5_HEAD
 
 
-def message_bytes(popped, requested_topic: str, namespace: str, store_host_field: bytes) -> bytes:
+def message_bytes(popped, requested_topic: str, namespace: str, store_host_field: bytes, *,
+                  md5: bool = False) -> bytes:
     """``messages_bytes`` for one message."""
-    return messages_bytes((popped,), requested_topic, namespace, store_host_field)[0]
+    return messages_bytes((popped,), requested_topic, namespace, store_host_field, md5=md5)[0]
 
 
-def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host_field: bytes) -> list[bytes]:
+def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host_field: bytes, *,
+                   md5: bool = False) -> list[bytes]:
     """``ReceiveMessageResponse(message=message_fields(...))`` serialized for each popped
-    message, encoded by hand (``chronoq.wire``), for chronoq's own receive calls (ReceiveBatch,
-    AckAndReceive): the receive hot path. ``store_host_field`` is ``store_host_field(host)``.
+    message, encoded by hand (``chronoq.wire``): the receive hot path of every receive call.
+    ``store_host_field`` is ``store_host_field(host)``.
 
-    Equal to the generated encoding up to the order of map entries, except the body digest: CRC32
-    (``zlib.crc32`` as 8 uppercase hex digits) where ReceiveMessage sends MD5
-    (tests/unit/test_server_status_convert.py).
+    Equal to the generated encoding up to the order of map entries. The body digest is MD5 with
+    ``md5`` (ReceiveMessage: what the official clients get, as ``message_fields`` has it), else
+    CRC32 (``zlib.crc32`` as 8 uppercase hex digits; chronoq's own ReceiveBatch and
+    AckAndReceive, a quarter of the cost) (tests/unit/test_server_status_convert.py).
     """
     varint, text, small, timestamp, crc32, join = wire.varint, wire.string_field, _SMALL, wire.timestamp, \
         zlib.crc32, b"".join
     type_fields = _TYPE_FIELDS
     k_sp, k_body = wire.K_MESSAGE_SP, wire.K_MESSAGE_BODY
     dlq = requested_topic.startswith(_DLQ_PREFIX)
+    digest_field, md5_of, hexlify = (_DIGEST_MD5 if md5 else _DIGEST_CRC32), hashlib.md5, binascii.b2a_hex
     out = []
     last_topic, head = None, b""
     last_born_ms = last_stored_ms = None  # messages sent together share their times: encode once
@@ -426,7 +434,8 @@ def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host
         sp = join((
             sp,
             _K_SP_ID + (small[len(mid)] if len(mid) < 128 else varint(len(mid))) + mid if mid else b"",
-            _DIGEST_CRC32, b"%08X" % crc32(body), _SP_ENCODING_IDENTITY,
+            digest_field, hexlify(md5_of(body).digest()).upper() if md5 else b"%08X" % crc32(body),
+            _SP_ENCODING_IDENTITY,
             type_fields[ptype],
             born_field, stored_field,
             wire.field(_K_SP_DELIVERY, timestamp(deliver_at_ms)) if deliver_at_ms else b"",

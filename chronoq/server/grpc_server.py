@@ -553,10 +553,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         popped = ()
         try:
             group, topic, popped = await self._receive(request, context)
-            namespace = request.message_queue.topic.resource_namespace
-            fields, store_host, response = convert.message_fields, self._store_host, sv.ReceiveMessageResponse
-            responses = [response(message=fields(p, requested_topic=topic, namespace=namespace, store_host=store_host))
-                         for p in popped]
+            # Serialized by hand (serialize_answer passes bytes on), with the MD5 digest.
+            responses = convert.messages_bytes(popped, topic, request.message_queue.topic.resource_namespace,
+                                               self._store_host_field, md5=True)
         except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
             if popped:
                 self._release(group, topic, popped)
@@ -805,14 +804,18 @@ class GrpcFrontEnd:
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
             ])
-        # SendMessage and AckMessage first (generic handlers are asked in order): their requests
-        # keep their bytes and their answers may be bytes encoded by hand (chronoq.wire).
+        # SendMessage, AckMessage and ReceiveMessage first (generic handlers are asked in order):
+        # their requests may keep their bytes and their answers may be bytes encoded by hand
+        # (chronoq.wire, convert.messages_bytes).
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(MESSAGING_SERVICE, {
             "SendMessage": grpc.unary_unary_rpc_method_handler(
                 self.service.SendMessage, request_deserializer=SendRequest.parse,
                 response_serializer=serialize_answer),
             "AckMessage": grpc.unary_unary_rpc_method_handler(
                 self.service.AckMessage, request_deserializer=sv.AckMessageRequest.FromString,
+                response_serializer=serialize_answer),
+            "ReceiveMessage": grpc.unary_stream_rpc_method_handler(
+                self.service.ReceiveMessage, request_deserializer=sv.ReceiveMessageRequest.FromString,
                 response_serializer=serialize_answer),
         }),))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)

@@ -49,3 +49,55 @@ def test_answer_blocks_decode_with_the_reference_decoder():
     block = literal_block([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "0")])
     assert hpack.Decoder().decode(block) == [(":status", "200"), ("content-type", "application/grpc"),
                                              ("grpc-status", "0")]
+
+
+# ----------------------------------------------------------------------------- Huffman
+def _huffman(data: bytes) -> bytes:
+    from hpack.huffman import HuffmanEncoder
+    from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+
+    return HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH).encode(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=80))
+def test_huffman_decode_inverts_the_reference_encoder(data):
+    from hpack.huffman_table import decode_huffman
+
+    from chronoq.server.hpackdec import huffman_decode
+
+    coded = _huffman(data)
+    assert huffman_decode(coded) == data == decode_huffman(coded)
+
+
+@pytest.mark.parametrize("coded, why", [
+    (b"\x00", "padding"),                    # '0' is 00000: then three 0-bits, not a prefix of EOS
+    (_huffman(b"ab") + b"\xff", "padding"),  # a whole byte of padding
+    (b"\xff\xff\xff\xff", "EOS"),            # thirty 1-bits: the EOS symbol inside the string
+])
+def test_huffman_decode_refuses_bad_padding_and_eos(coded, why):
+    from chronoq.server.hpackdec import huffman_decode
+
+    with pytest.raises(HpackError, match=why):
+        huffman_decode(coded)
+
+
+def test_huffman_decode_takes_padding_of_up_to_seven_one_bits():
+    from chronoq.server.hpackdec import huffman_decode
+
+    assert huffman_decode(b"\x07") == b"0"   # 00000 111
+    assert huffman_decode(_huffman(b"x-mq-request-id")) == b"x-mq-request-id"
+
+
+def test_a_name_from_the_dynamic_table_is_read_anew_each_time():
+    """The same bytes of a literal whose name is a dynamic-table index name different fields as
+    the table moves: they must not be answered from the field cache."""
+    ours = Decoder()
+    assert ours.decode(b"\x40\x03x-a\x011") == [("x-a", "1")]        # table[62] = x-a
+    by_index = b"\x0f\x2f\x01v"                                       # name: index 62, value "v"
+    assert ours.decode(by_index) == [("x-a", "v")]
+    assert ours.decode(b"\x40\x03x-b\x012") == [("x-b", "2")]        # now table[62] = x-b
+    assert ours.decode(by_index) == [("x-b", "v")]
+    # A name spelled out (or static) means the same on every connection: cached, still right.
+    other = Decoder()
+    assert other.decode(b"\x00\x03x-c\x01w") == [("x-c", "w")] == ours.decode(b"\x00\x03x-c\x01w")

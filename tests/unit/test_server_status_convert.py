@@ -210,10 +210,15 @@ def test_message_bytes_equal_the_generated_encoding(shape, requested, namespace,
         # chronoq's own receive calls carry a CRC32 digest (8 uppercase hex digits, what the Python
         # client checks), ReceiveMessage an MD5 one; everything else is the same.
         assert reference.message.system_properties.body_digest.type == pb.MD5
+        # ReceiveMessage's form: the MD5 digest, as message_fields has it.
+        with_md5 = convert.message_bytes(p, requested, namespace, convert.store_host_field(host), md5=True)
+        assert sv.ReceiveMessageResponse.FromString(with_md5) == reference
+        if len(reference.message.user_properties) <= 1:  # map order aside, the very same bytes
+            assert with_md5 == reference.SerializeToString()
         reference.message.system_properties.body_digest.CopyFrom(
             pb.Digest(type=pb.CRC32, checksum=f"{zlib.crc32(p.message.body):08X}"))
         assert sv.ReceiveMessageResponse.FromString(mine) == reference
-        if len(reference.message.user_properties) <= 1:  # map order aside, the very same bytes
+        if len(reference.message.user_properties) <= 1:
             assert mine == reference.SerializeToString()
 
 
@@ -231,3 +236,5 @@ def test_messages_bytes_of_a_mixed_batch_equal_each_alone(requested):
     host = convert.store_host_field("127.0.0.1:8081")
     assert convert.messages_bytes(batch, requested, "ns", host) == [
         convert.message_bytes(p, requested, "ns", host) for p in batch]
+    assert convert.messages_bytes(batch, requested, "ns", host, md5=True) == [
+        convert.message_bytes(p, requested, "ns", host, md5=True) for p in batch]
