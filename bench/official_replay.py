@@ -1,0 +1,313 @@
+"""The official Python client's calls, recorded once and replayed into the broker in process.
+
+Issue 3's figure (a) (server CPU per message through rocketmq-python-client) is read from /proc
+while the client talks to a live broker: it counts every wake-up of a mostly idle process, and on
+a shared VM it moves by 2x between runs. This benchmark takes the client and the network out:
+
+1. record: starts ``chronoq serve`` behind a loopback proxy (the broker advertises the proxy, so
+   every call goes through it), runs the official client (N sends with ``send_async``, then
+   ``SimpleConsumer`` receives of 32 with one ack per message, as ``bench/send_receive.py --phase
+   a`` does) and keeps the bytes the client sent, connection by connection;
+2. replay: opens a broker in this process on a fresh data directory, feeds those bytes to the
+   gRPC server's HTTP/2 connections one call at a time, runs the event loop until the answers
+   are out, and measures this process's CPU time (getrusage) per call for each phase.
+
+The replay is deterministic: a fresh broker hands out the same queue offsets and receipt handles
+as the recording broker did, so every recorded ack settles its message (the run checks it and
+says so). What it measures is the broker's own work per call: HTTP/2 and HPACK, the call
+machinery, the handler, the store (page cache; fsyncs run in their thread). It does not count
+socket reads and writes or the wake-ups between calls (``bench/send_receive.py --phase a`` does).
+
+    .venv/bin/python bench/official_replay.py                      # 5,000 messages, 3 replays
+    .venv/bin/python bench/official_replay.py --messages 10000 --replays 5
+    .venv/bin/python bench/official_replay.py --keep /tmp/calls.pickle     # keep the recording
+    .venv/bin/python bench/official_replay.py --recording /tmp/calls.pickle  # replay it again
+
+Prints one JSON object per line: {"metric", "value", "unit", ...context}; each replay's figure
+and then the best of them (the least disturbed by the machine) per phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import pickle
+import resource
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.machine import python_speed  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFACE_BYTES = 24                 # "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+FRAME_HEAD = struct.Struct(">BHBBI")  # length (24 bits as 8 + 16), type, flags, stream id
+HEADERS = 1
+TIME_LIMIT_S = 300                 # recording and each replay stop by themselves after this
+TOPIC, GROUP = "replay-t", "replay-g"
+
+
+def emit(metric: str, value, unit: str, **ctx) -> None:
+    print(json.dumps({"metric": metric, "value": value, "unit": unit, "cpus": os.cpu_count(), **ctx}), flush=True)
+
+
+# ---------------------------------------------------------------------------------- recording
+class _Proxy:
+    """A loopback TCP proxy that keeps what clients send: [(connection index, phase, bytes)]."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[int, str, bytes]] = []
+        self.phase = "setup"
+        self.target_port = 0
+        self.port = 0
+        self._connections = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        threading.Thread(target=self._serve, daemon=True, name="replay-proxy").start()
+        self._ready.wait(10)
+
+    def _serve(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        await asyncio.sleep(TIME_LIMIT_S + 60)
+
+    async def _handle(self, client_r, client_w) -> None:
+        index = self._connections
+        self._connections += 1
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def upstream() -> None:
+            while data := await client_r.read(1 << 16):
+                self.chunks.append((index, self.phase, data))
+                server_w.write(data)
+                await server_w.drain()
+            server_w.close()
+
+        async def downstream() -> None:
+            while data := await server_r.read(1 << 16):
+                client_w.write(data)
+                await client_w.drain()
+            client_w.close()
+
+        await asyncio.gather(upstream(), downstream(), return_exceptions=True)
+
+
+def record(messages: int) -> list[tuple[int, str, bytes]]:
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+    proxy = _Proxy()
+    data_dir = tempfile.mkdtemp(prefix="bench-replay-rec-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        proxy.target_port = s.getsockname()[1]
+    env = dict(os.environ, CHRONOQ_ADVERTISED_ADDRESS=f"127.0.0.1:{proxy.port}")
+    proc = subprocess.Popen([sys.executable, "-m", "chronoq", "serve", "--data-dir", data_dir, "--port",
+                             str(proxy.target_port), "--host", "127.0.0.1", "--http-port", "0", "--log-level",
+                             "warning"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    producer = consumer = None
+    try:
+        for line in proc.stdout:
+            if "chronoq is ready" in line:
+                break
+        cfg = ClientConfiguration(f"127.0.0.1:{proxy.port}", Credentials("", ""), request_timeout=10)
+        producer = Producer(cfg, (TOPIC,))
+        producer.startup()
+        body = os.urandom(1024)
+        started = time.monotonic()
+        proxy.phase = "send"
+        futures = []
+        for _ in range(messages):
+            m = Message()
+            m.topic, m.body = TOPIC, body
+            futures.append(producer.send_async(m))
+        for f in futures:
+            f.result(timeout=60)
+        time.sleep(0.5)
+        proxy.phase = "setup"
+        consumer = SimpleConsumer(cfg, GROUP, {TOPIC: FilterExpression("*")}, await_duration=2)
+        consumer.startup()
+        proxy.phase = "receive_ack"
+        got = 0
+        while got < messages and time.monotonic() - started < TIME_LIMIT_S:
+            for m in consumer.receive(32, 30):
+                consumer.ack(m)
+                got += 1
+        time.sleep(0.5)
+        proxy.phase = "end"
+        if got < messages:
+            raise RuntimeError(f"recorded {got} of {messages} receive+acks before the time limit")
+    finally:
+        for client in (consumer, producer):
+            if client is not None:
+                client.shutdown()
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return list(proxy.chunks)
+
+
+# ---------------------------------------------------------------------------------- replaying
+class _Transport:
+    """Where the server's answers go in a replay: counted, then dropped."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def get_extra_info(self, name: str, default=None):
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def close(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _calls(buf: bytes, first: bool) -> tuple[list[bytes], bytes]:
+    """The complete frames of ``buf`` cut into one piece per call (a piece starts at each
+    HEADERS frame: a call's headers, its data, the client's window updates after it), and the
+    bytes of an incomplete frame left over."""
+    pieces, current, pos = [], bytearray(), 0
+    if first:
+        current += buf[:PREFACE_BYTES]
+        pos = PREFACE_BYTES
+    while pos + 9 <= len(buf):
+        hi, lo, kind, _flags, _sid = FRAME_HEAD.unpack_from(buf, pos)
+        end = pos + 9 + (hi << 16 | lo)
+        if end > len(buf):
+            break
+        if kind == HEADERS and current:
+            pieces.append(bytes(current))
+            current = bytearray()
+        current += buf[pos:end]
+        pos = end
+    if current:
+        pieces.append(bytes(current))
+    return pieces, buf[pos:]
+
+
+async def _replay(chunks, port: int) -> dict:
+    from chronoq.committer import GroupCommitter
+    from chronoq.config import BrokerConfig
+    from chronoq.server import h2server
+    from chronoq.server.grpc_server import GrpcFrontEnd
+    from chronoq.server.runtime import GC_THRESHOLDS, SWITCH_INTERVAL_S, Runtime
+
+    data_dir = tempfile.mkdtemp(prefix="bench-replay-")
+    runtime = Runtime(BrokerConfig(data_dir=data_dir, port=port, http_port=-1), say=lambda _: None)
+    broker = runtime.open_broker()
+    runtime.committer = GroupCommitter(broker)
+    runtime.committer.start()
+    front_end = GrpcFrontEnd(runtime)
+    await front_end.start()
+    # As the broker runs once started (runtime.serve): start-up objects frozen, its GC thresholds.
+    gc.collect()
+    gc.freeze()
+    thresholds, switch = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    spent: dict[str, list[float]] = {}  # phase -> [pieces, user s, system s]
+    connections: dict[int, h2server._Connection] = {}
+    carry: dict[int, bytes] = {}
+    started = time.monotonic()
+    try:
+        for index, phase, data in chunks:
+            if time.monotonic() - started > TIME_LIMIT_S:
+                raise RuntimeError("the replay ran past its time limit")
+            first = index not in connections
+            if first:
+                connections[index] = h2server._Connection(front_end.server)
+                connections[index].connection_made(_Transport())
+                carry[index] = b""
+            pieces, carry[index] = _calls(carry[index] + data, first)
+            for piece in pieces:
+                before = resource.getrusage(resource.RUSAGE_SELF)
+                connections[index].data_received(piece)
+                # Two loop passes: the call's task runs, then its answer is flushed. A call that
+                # waits longer (a group commit) finishes during a later call: still counted.
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                row = spent.setdefault(phase, [0, 0.0, 0.0])
+                row[0] += 1
+                row[1] += after.ru_utime - before.ru_utime
+                row[2] += after.ru_stime - before.ru_stime
+            if phase == "setup":  # (the consumer's start-up: let its settings settle)
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        counters = front_end.pop.counters
+        acked = counters.acked.get((GROUP, TOPIC), 0)
+        received = counters.received.get((GROUP, TOPIC), 0)
+        fsyncs = runtime.committer.fsyncs
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        sys.setswitchinterval(switch)
+        await front_end.stop()
+        await runtime.committer.close()
+        broker.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return {"spent": spent, "acked": acked, "received": received, "fsyncs": fsyncs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=5000)
+    ap.add_argument("--replays", type=int, default=3)
+    ap.add_argument("--keep", help="write the recording to this file")
+    ap.add_argument("--recording", help="replay this recording instead of making one")
+    args = ap.parse_args()
+    speed = python_speed()
+    if args.recording:
+        with open(args.recording, "rb") as fh:
+            chunks = pickle.load(fh)
+    else:
+        chunks = record(args.messages)
+        if args.keep:
+            with open(args.keep, "wb") as fh:
+                pickle.dump(chunks, fh)
+    sends = sum(1 for _, phase, _ in chunks if phase == "send")  # (chunks, not calls: context only)
+    best: dict[str, float] = {}
+    for run in range(args.replays):
+        with socket.socket() as s:  # the front end binds a port even though nothing connects to it
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        result = asyncio.run(_replay(chunks, port))
+        for phase in ("send", "receive_ack"):
+            pieces, user, system = result["spent"].get(phase, (0, 0.0, 0.0))
+            if not pieces:
+                continue
+            per_call = round((user + system) / pieces * 1e6, 1)
+            best[phase] = min(best.get(phase, per_call), per_call)
+            emit(f"replay_{phase}_cpu_per_call", per_call, "us", calls=pieces,
+                 user_us=round(user / pieces * 1e6, 1), sys_us=round(system / pieces * 1e6, 1),
+                 acked=result["acked"], received=result["received"], replay=run + 1,
+                 fsyncs=result["fsyncs"], python_speed_mips=speed, recorded_chunks=sends)
+        if result["acked"] != result["received"] or not result["acked"]:
+            emit("replay_acks_settled", result["acked"], "messages", received=result["received"],
+                 note="the recorded acks did not all settle: the replay diverged from the recording")
+    for phase, value in best.items():
+        emit(f"replay_{phase}_cpu_per_call_best", value, "us", replays=args.replays, python_speed_mips=speed)
+
+
+if __name__ == "__main__":
+    main()
