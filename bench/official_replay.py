@@ -17,11 +17,13 @@ as the recording broker did, so every recorded ack settles its message (the run 
 says so). What it measures is the broker's own work per call: HTTP/2 and HPACK, the call
 machinery, the handler, the store (page cache; fsyncs run in their thread). It does not count
 socket reads and writes or the wake-ups between calls (``bench/send_receive.py --phase a`` does).
+Each line says how many fsyncs the replay's group commits made (the default ``sync`` policy).
 
     .venv/bin/python bench/official_replay.py                      # 5,000 messages, 3 replays
     .venv/bin/python bench/official_replay.py --messages 10000 --replays 5
     .venv/bin/python bench/official_replay.py --keep /tmp/calls.pickle     # keep the recording
     .venv/bin/python bench/official_replay.py --recording /tmp/calls.pickle  # replay it again
+    CHRONOQ_FLUSH_POLICY=async .venv/bin/python bench/official_replay.py   # the replay's policy (sync)
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}; each replay's figure
 and then the best of them (the least disturbed by the machine) per phase.
@@ -213,7 +215,8 @@ async def _replay(chunks, port: int) -> dict:
     from chronoq.server.runtime import GC_THRESHOLDS, SWITCH_INTERVAL_S, Runtime
 
     data_dir = tempfile.mkdtemp(prefix="bench-replay-")
-    runtime = Runtime(BrokerConfig(data_dir=data_dir, port=port, http_port=-1), say=lambda _: None)
+    policy = os.environ.get("CHRONOQ_FLUSH_POLICY", "sync")
+    runtime = Runtime(BrokerConfig(data_dir=data_dir, port=port, http_port=-1, flush_policy=policy), say=lambda _: None)
     broker = runtime.open_broker()
     runtime.committer = GroupCommitter(broker)
     runtime.committer.start()
@@ -269,6 +272,15 @@ async def _replay(chunks, port: int) -> dict:
     return {"spent": spent, "acked": acked, "received": received, "fsyncs": fsyncs}
 
 
+def _run_loop(coro):
+    """On uvloop when it is installed, as ``chronoq serve`` runs."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=5000)
@@ -291,7 +303,7 @@ def main() -> None:
         with socket.socket() as s:  # the front end binds a port even though nothing connects to it
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        result = asyncio.run(_replay(chunks, port))
+        result = _run_loop(_replay(chunks, port))
         for phase in ("send", "receive_ack"):
             pieces, user, system = result["spent"].get(phase, (0, 0.0, 0.0))
             if not pieces:
