@@ -101,7 +101,7 @@ class Decoder:
     def decode(self, data: bytes) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         append = out.append
-        fields, static, table = _FIELDS, STATIC, self.table
+        fields, static = _FIELDS, STATIC
         pos, end = 0, len(data)
         while pos < end:
             b = data[pos]
@@ -111,14 +111,7 @@ class Decoder:
                     index, pos = _integer(data, pos, 7)
                 else:
                     pos += 1
-                if index > STATIC_LEN:
-                    if index - STATIC_LEN > len(table):
-                        raise HpackError(f"header index {index} is beyond the table")
-                    append(table[index - STATIC_LEN - 1])
-                elif index:
-                    append(static[index - 1])
-                else:
-                    raise HpackError("header index 0")
+                append(static[index - 1] if 0 < index <= STATIC_LEN else self._entry(index))
                 continue
             if b & 0x40:  # literal with incremental indexing
                 prefix, indexing = 6, True
