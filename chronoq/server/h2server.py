@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections.abc
 import logging
 import os
 import socket
@@ -354,6 +355,7 @@ class _Connection(asyncio.Protocol):
         self._header_size = 0
         self._out: list[bytes] = []              # frames to send at the end of this loop pass
         self._out_bytes = 0
+        self._starting: list = []                # calls whose HEADERS came in this read: (stream, path, context)
 
     # ------------------------------------------------------------------ output
     def _write(self, data: bytes) -> None:
@@ -450,6 +452,20 @@ class _Connection(asyncio.Protocol):
         except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
             log.exception("HTTP/2 connection from %s failed", self.peer)
             self._fail(INTERNAL_ERROR, "internal error")
+        if self._starting:
+            self._launch_calls()
+
+    def _launch_calls(self) -> None:
+        """Run the calls that began in this read, now that all of its frames are in: a unary
+        call's request (HEADERS and DATA usually come in one read) is complete, so the call can
+        run to its end at once (``Server._launch``)."""
+        starting, self._starting = self._starting, []
+        if self.closed:
+            return
+        launch = self.server._launch
+        for stream, path, context in starting:
+            if not (stream.cancelled or stream.ended):  # not reset or failed meanwhile
+                launch(stream, path, context)
 
     # ------------------------------------------------------------------ frames
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
@@ -907,14 +923,29 @@ class Server:
                           f"bad request: {bad or 'no :path'}")
             stream.conn.streams.pop(stream.id, None)
             return
-        task = stream.conn.loop.create_task(self._run(stream, path, context))
+        if end_stream:
+            stream.half_closed = True
+        stream.conn._starting.append((stream, path, context))  # run when the read is parsed
+
+    def _launch(self, stream: _Stream, path: str, context: Context) -> None:
+        """Run a call's handler now, up to its first wait; only a call that waits gets a task.
+
+        Most calls (an ack, a send under the async flush policy, a receive that finds messages)
+        never wait: they answer within this step and cost no task, no loop pass and no
+        done-callback. A call that waits (a group commit, a long poll, a unary request whose DATA
+        has not come yet, in ``_unary_request``) goes on in a task from where it stopped
+        (``_Resumed``). Handlers must not rely on ``asyncio.current_task()`` before their first wait."""
+        coro = self._run(stream, path, context)
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration:
+            return
+        except asyncio.CancelledError:  # a handler awaited something cancelled: _run answered
+            return
+        task = stream.conn.loop.create_task(_Resumed(coro, waiting_on))
         stream.task = task
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
-        if end_stream:
-            stream.half_closed = True
-        # A unary call's task waits in _unary_request until END_STREAM (_unary_ready); a
-        # streaming one reads stream.queue.
 
     def _unary_ready(self, stream: _Stream) -> None:
         waiter = stream.ready
@@ -1028,6 +1059,47 @@ class Server:
                 await produced.aclose()
             return None
         return await produced  # a coroutine that writes with context.write
+
+
+class _Resumed:
+    """A coroutine that a task goes on with after its first step ran outside any task
+    (``Server._launch``): the task's first step gets what the coroutine waits on (a future, or
+    None for a bare yield), each later step goes to the coroutine. Throws (a cancellation) go to
+    the coroutine at any time, before the task's first step too, so its clean-up always runs."""
+
+    __slots__ = ("_coro", "_first", "_started")
+
+    def __init__(self, coro, waiting_on) -> None:
+        self._coro = coro
+        self._first = waiting_on
+        self._started = False
+
+    def send(self, value):
+        if not self._started:
+            self._started = True
+            first, self._first = self._first, None
+            return first
+        return self._coro.send(value)
+
+    def throw(self, *exc):
+        self._started = True
+        self._first = None
+        return self._coro.throw(*exc)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self):
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.send(None)
+
+
+collections.abc.Coroutine.register(_Resumed)
 
 
 def server_ssl_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:

@@ -315,3 +315,104 @@ def test_held_unary_requests_stop_the_connection_window_until_taken(monkeypatch)
         assert answered == {1, 3, 5, 7, 9, 11}
 
     run(go)
+
+
+# ---------------------------------------------------------------------------------- eager calls
+class _Transport:
+    """What a connection writes, kept (the calls below feed it bytes by hand, in one loop pass)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def get_extra_info(self, key, default=None):
+        return ("127.0.0.1", 1) if key == "peername" else default
+
+    def close(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+_UNARY_BLOCK = h2server.literal_block([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Unary"),
+                                       (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+
+
+def _request(sid: int, body: bytes, *, split: bool = False):
+    """A unary call's frames: one piece, or (HEADERS, DATA) when ``split``."""
+    head = _frame(h2server.HEADERS, 0x4, sid, _UNARY_BLOCK)
+    data = _frame(h2server.DATA, 0x1, sid, struct.pack(">BI", 0, len(body)) + body)
+    return (head, data) if split else head + data
+
+
+def _answers(out: bytes) -> dict:
+    """stream id -> (answer messages' bytes, ended with trailers)"""
+    got: dict = {}
+    for kind, flags, sid, payload in _frames(bytes(out)):
+        if kind == h2server.DATA:
+            got.setdefault(sid, [b"", False])[0] += payload[5:]
+        elif kind == h2server.HEADERS and flags & 0x1:
+            got.setdefault(sid, [b"", False])[1] = True
+    return {sid: tuple(v) for sid, v in got.items()}
+
+
+def _in_process(test):
+    async def main():
+        echo, gate = Echo(), Tagging()
+        server = h2server.Server(interceptors=[gate])
+        server.add_generic_rpc_handlers((echo.handlers(),))
+        conn = h2server._Connection(server)
+        transport = _Transport()
+        conn.connection_made(transport)
+        conn.data_received(h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0))
+        await test(server, conn, transport, echo)
+
+    asyncio.run(main())
+
+
+def test_a_call_that_never_waits_is_answered_within_the_read_that_completes_it():
+    async def test(server, conn, transport, echo):
+        conn.data_received(_request(1, b"one") + _request(3, b"two"))
+        assert not server._calls  # no task: both ran to their end inside data_received
+        conn._flush_out()
+        assert _answers(transport.out) == {1: (b"one", True), 3: (b"two", True)}
+
+    _in_process(test)
+
+
+def test_a_call_whose_request_comes_in_a_later_read_goes_on_in_a_task():
+    async def test(server, conn, transport, echo):
+        head, data = _request(1, b"later", split=True)
+        conn.data_received(head)
+        assert len(server._calls) == 1  # waiting for its DATA
+        conn.data_received(data)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        conn._flush_out()
+        assert _answers(transport.out) == {1: (b"later", True)}
+        assert not server._calls
+
+    _in_process(test)
+
+
+def test_a_call_reset_before_its_task_first_runs_still_sees_its_cancellation():
+    # The handler ran up to its first wait inside data_received; the client's RST_STREAM comes in
+    # the next read, before the task that goes on with it has taken a step. The handler must get
+    # the CancelledError there (its clean-up runs), and no answer goes out.
+    async def test(server, conn, transport, echo):
+        conn.data_received(_request(1, b"sleep"))
+        (task,) = server._calls
+        conn.data_received(_frame(h2server.RST_STREAM, 0, 1, struct.pack(">I", h2server.CANCEL)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert task.cancelled() and echo.cancelled.is_set()
+        conn._flush_out()
+        assert 1 not in _answers(transport.out)
+        conn.data_received(_request(3, b"next"))  # the connection goes on
+        conn._flush_out()
+        assert _answers(transport.out)[3] == (b"next", True)
+
+    _in_process(test)
