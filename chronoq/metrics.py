@@ -103,6 +103,12 @@ class BrokerCollector(Collector):
         for (group, topic), n in sorted(pop.inflight_by_topic().items()):
             inflight.add_metric([topic, group], n)
         yield inflight
+        lag = GaugeMetricFamily("chronoq_consumer_lag_messages", "Messages of a topic (and the group's retry "
+                                "copies) the group has not received yet.", labels=["topic", "group"])
+        for group, topics in sorted(pop.consumed_topics().items()):
+            for topic in sorted(topics):
+                lag.add_metric([topic, group], pop.lag(group, topic))
+        yield lag
         groups = pop.list_groups()
         dlq = GaugeMetricFamily("chronoq_dlq_messages", "Messages stored in the group's dead-letter topic.",
                                 labels=["group"])

@@ -844,6 +844,22 @@ class PopService:
                 out[key] = out.get(key, 0) + len(ck.unsettled())
         return out
 
+    def consumed_topics(self, inflight: dict[tuple[str, str], int] | None = None) -> dict[str, set[str]]:
+        """group -> the existing user topics it consumes: POP state in memory (``inflight_by_topic``,
+        passed in when the caller has it) or a committed offset. ``group list`` and the lag gauge."""
+        if inflight is None:
+            inflight = self.inflight_by_topic()
+        topics = self.broker.topics
+        consumed: dict[str, set[str]] = {}
+        for (group, topic) in inflight:
+            if topic in topics:
+                consumed.setdefault(group, set()).add(topic)
+        for group, offsets in self.broker.offsets.items():
+            mine = {t for t in offsets if t in topics and not model.is_system_topic(t)}
+            if mine:
+                consumed.setdefault(group, set()).update(mine)
+        return consumed
+
     def check(self) -> None:
         """Verify the in-flight invariants (``inflight.py``); for tests."""
         self._inflight.check()

@@ -171,17 +171,10 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             if only_topic not in self.broker.topics:
                 raise errors.TopicNotFound(f"topic {only_topic!r} does not exist")
         inflight = self.pop.inflight_by_topic()
-        consumed: dict[str, set[str]] = {}
-        for (group, topic) in inflight:
-            consumed.setdefault(group, set()).add(topic)
-        for group, topics in self.broker.offsets.items():
-            consumed.setdefault(group, set()).update(t for t in topics if not model.is_system_topic(t))
+        consumed = self.pop.consumed_topics(inflight)
         rows = []
         for name in sorted(groups):
-            if only_topic is not None:
-                topics = [only_topic]
-            else:  # a topic recorded in offsets may be gone from the topic table: skip it
-                topics = sorted(t for t in consumed.get(name, ()) if t in self.broker.topics)
+            topics = [only_topic] if only_topic is not None else sorted(consumed.get(name, ()))
             for topic in topics:
                 rows.append(apb.GroupLag(group=groups[name], topic=topic, lag=self.pop.lag(name, topic),
                                          inflight=inflight.get((name, topic), 0)))

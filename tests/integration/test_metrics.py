@@ -93,6 +93,8 @@ def test_metrics_count_the_traffic(chronoq_process):
         ("chronoq_messages_acked_total", topic_b, GROUP_B): 3,
         ("chronoq_messages_nacked_total", topic_b, GROUP_B): 0,
         ("chronoq_inflight_messages", topic_b, GROUP_B): 0,
+        ("chronoq_consumer_lag_messages", topic_a, GROUP_A): 0,  # all received (the retry copy too)
+        ("chronoq_consumer_lag_messages", topic_b, GROUP_B): 0,
     }
     got_values = {key: value(samples, key[0], topic=key[1], group=key[2]) for key in expected}
     assert got_values == expected

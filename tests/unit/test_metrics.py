@@ -86,6 +86,8 @@ def test_counters_equal_the_traffic(tmp_path):
         pop.ack("g", "a", got[4].receipt_handle)
 
         samples = scrape(metrics)
+        assert value(samples, "chronoq_consumer_lag_messages", topic="a", group="g") == 0  # all received
+        assert ("chronoq_consumer_lag_messages", frozenset({("topic", "b"), ("group", "g")})) not in samples
         assert value(samples, "chronoq_messages_received_total", topic="a", group="g") == 5
         assert value(samples, "chronoq_messages_acked_total", topic="a", group="g") == 4
         assert value(samples, "chronoq_messages_nacked_total", topic="a", group="g") == 1
@@ -100,7 +102,10 @@ def test_counters_equal_the_traffic(tmp_path):
         # (max_attempts 2) dead-lettered.
         advance_pop(pop, clock, INVISIBLE_MS + 1)
         advance_pop(pop, clock, 5_000)  # the retry back-off
+        # The retry copy waits in %RETRY%g_a: it is the group's lag on "a" until received.
+        assert value(scrape(metrics), "chronoq_consumer_lag_messages", topic="a", group="g") == 1
         again = pop.receive("g", "a", max_messages=32, invisible_ms=INVISIBLE_MS)
+        assert value(scrape(metrics), "chronoq_consumer_lag_messages", topic="a", group="g") == 0
         assert [p.delivery_attempt for p in again] == [2]
         advance_pop(pop, clock, INVISIBLE_MS + 1)
 
