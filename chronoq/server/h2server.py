@@ -4,7 +4,8 @@ Why chronoq has its own: grpcio's server hands every call between its poller thr
 event-engine threads and the loop thread (GIL hand-offs included). On small VMs, where a thread
 wake-up costs tens of microseconds, that measured ~340 us of server CPU for a call that does
 nothing (``bench/grpc_floor.py``: ~14 context switches per call). This server parses frames in
-the loop's ``data_received`` and runs each call as one task, so a call costs a few dozen us.
+the loop's ``data_received`` and runs each call there, once the read's frames are parsed, up to
+its first wait; only a call that waits gets a task (``Server._launch``). A call costs a few dozen us.
 
 It is a drop-in for the part of ``grpc.aio.server`` chronoq uses: generic and registered method
 handlers (``grpc.*_rpc_method_handler``), ``grpc.aio.ServerInterceptor``s, handler contexts with
@@ -18,7 +19,7 @@ control both ways (answers wait for the peer's windows; we grant windows as we r
 granting the connection more while unary requests not yet taken by their handlers hold
 ``BUFFERED_MAX``: many open streams cannot make a connection hold unbounded memory),
 HEADERS/CONTINUATION with padding and priority fields, DATA with padding, RST_STREAM (the call's
-task is cancelled), GOAWAY (both ways; ``stop`` sends it and lets running calls finish within the
+task, if it waits, is cancelled), GOAWAY (both ways; ``stop`` sends it and lets running calls finish within the
 grace). Not implemented: priorities (ignored, as RFC 9113 allows), server push (never used by gRPC),
 the HTTP/1.1 upgrade to h2c. Requests compressed with ``gzip`` or ``deflate`` are accepted;
 answers are never compressed. Protocol errors close the connection with GOAWAY and the RFC's
