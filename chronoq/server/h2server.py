@@ -357,6 +357,7 @@ class _Connection(asyncio.Protocol):
         self._out: list[bytes] = []              # frames to send at the end of this loop pass
         self._out_bytes = 0
         self._starting: list = []                # calls whose HEADERS came in this read: (stream, path, context)
+        self._reading = False                    # in data_received: it sends what is written when done
 
     # ------------------------------------------------------------------ output
     def _write(self, data: bytes) -> None:
@@ -367,7 +368,7 @@ class _Connection(asyncio.Protocol):
         self._out_bytes += len(data)
         if self._out_bytes >= FLUSH_BYTES:  # big answers go out now: the transport's buffer
             self._flush_out()                # limits (pause_writing) must see them
-        elif len(out) == 1:
+        elif len(out) == 1 and not self._reading:  # (data_received flushes when it is done)
             self.loop.call_soon(self._flush_out)
 
     def _flush_out(self) -> None:
@@ -420,6 +421,19 @@ class _Connection(asyncio.Protocol):
             await self._resumed.wait()
 
     def data_received(self, data: bytes) -> None:
+        # What this read's calls answer (most answer within it, ``_launch_calls``), its SETTINGS
+        # and PING acks and window updates leave in one send at the end: no loop pass to wait for.
+        self._reading = True
+        try:
+            self._read(data)
+            if self._starting:
+                self._launch_calls()
+        finally:
+            self._reading = False
+            if self._out:
+                self._flush_out()
+
+    def _read(self, data: bytes) -> None:
         buf = self.buf
         buf += data
         try:
@@ -453,8 +467,6 @@ class _Connection(asyncio.Protocol):
         except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
             log.exception("HTTP/2 connection from %s failed", self.peer)
             self._fail(INTERNAL_ERROR, "internal error")
-        if self._starting:
-            self._launch_calls()
 
     def _launch_calls(self) -> None:
         """Run the calls that began in this read, now that all of its frames are in: a unary
