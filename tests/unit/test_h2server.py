@@ -323,9 +323,11 @@ class _Transport:
 
     def __init__(self) -> None:
         self.out = bytearray()
+        self.writes = 0
 
     def write(self, data: bytes) -> None:
         self.out += data
+        self.writes += 1
 
     def get_extra_info(self, key, default=None):
         return ("127.0.0.1", 1) if key == "peername" else default
@@ -368,6 +370,8 @@ def _in_process(test):
         transport = _Transport()
         conn.connection_made(transport)
         conn.data_received(h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0))
+        transport.out.clear()  # our SETTINGS and their acknowledgement
+        transport.writes = 0
         await test(server, conn, transport, echo)
 
     asyncio.run(main())
@@ -377,8 +381,9 @@ def test_a_call_that_never_waits_is_answered_within_the_read_that_completes_it()
     async def test(server, conn, transport, echo):
         conn.data_received(_request(1, b"one") + _request(3, b"two"))
         assert not server._calls  # no task: both ran to their end inside data_received
-        conn._flush_out()
+        # ...and their answers left with it, in one write, without waiting for a loop pass
         assert _answers(transport.out) == {1: (b"one", True), 3: (b"two", True)}
+        assert transport.writes == 1
 
     _in_process(test)
 
