@@ -28,6 +28,7 @@ from chronoq.config import BrokerConfig
 from chronoq.jobs import Job, run_all_here
 from chronoq.model import Message, MessageType, SendResult, TopicConfig
 from chronoq.msgid import new_message_id
+from chronoq.refusals import Refusals
 from chronoq.store import record
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions
@@ -106,6 +107,8 @@ class Broker:
             quarantine=self.config.quarantine,
         ), clock=self.clock, progress=progress)
         self.recovery = self.store.report
+        # Requests the front ends turn away, by reason (chronoq_requests_refused_total).
+        self.refusals = Refusals(self.clock.monotonic_ns)
         # New messages are refused while free space is below the reserve (receives and acks go on).
         self.disk = DiskSpace(self.data_dir, self.config.disk_reserve_bytes, self.config.disk_check_interval_ms,
                               self.clock)

@@ -62,6 +62,15 @@ class BrokerCollector(Collector):
         yield from self._timer(broker)
         yield from self._commit_log(broker)
         yield from self._recovery(broker)
+        yield self._refusals(broker)
+
+    @staticmethod
+    def _refusals(broker) -> Metric:
+        refused = CounterMetricFamily("chronoq_requests_refused", "Requests and connections turned away, "
+                                      "by reason (docs/security.md lists them).", labels=["reason"])
+        for reason, count in broker.refusals.counts.items():
+            refused.add_metric([reason], count)
+        return refused
 
     def _sends_and_storage(self, broker) -> Iterator[Metric]:
         sent = CounterMetricFamily("chronoq_messages_sent", "Messages accepted from producers (duplicates "
