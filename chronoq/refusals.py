@@ -4,7 +4,8 @@ Every place that turns a client away (credentials, permissions, a limit, an HTTP
 ``Refusals.refuse(reason, peer, detail)``. The count per reason becomes
 ``chronoq_requests_refused_total{reason}`` when ``/metrics`` is scraped (``chronoq.metrics``); the
 log gets at most one WARNING line per reason per ``LOG_INTERVAL_NS`` (the first refusal at once,
-later ones summed into the next line), so a flood of refusals cannot flood the log too.
+later ones summed into the next line), so a flood of refusals cannot flood the log too; those in
+between go to the DEBUG level only (off by default).
 
 Reasons are a closed set (the constants below): a label value per reason keeps the metric's
 cardinality fixed whatever a client sends. Pure bookkeeping: no I/O but the logger; the clock is
@@ -28,6 +29,8 @@ MESSAGE_TOO_LARGE = "message_too_large"      # a gRPC message above max_receive_
 DISK_FULL = "disk_reserve"                   # free space below disk_reserve_bytes
 CONNECTIONS = "connection_limit"             # max_connections reached
 STREAMS = "stream_limit"                     # a connection opened streams past its limit
+TELEMETRY_STREAMS = "telemetry_stream_limit"  # Telemetry streams past max_streams(_per_client)
+PARKED_POLLS = "parked_poll_limit"           # long-poll receives past max_parked_polls
 ANSWER_BUDGET = "answer_budget"              # answers waiting on a peer's window over the budget
 PREFACE_TIMEOUT = "preface_timeout"          # no HTTP/2 preface and SETTINGS in time
 IDLE_TIMEOUT = "idle_timeout"                # a connection with no call for too long
@@ -40,6 +43,7 @@ EMPTY_FRAMES = "empty_frames"                # frames carrying nothing, over the
 PROTOCOL = "protocol_error"                  # any other HTTP/2 protocol violation
 
 REASONS = (UNAUTHENTICATED, PERMISSION, INVALID, MESSAGE_TOO_LARGE, DISK_FULL, CONNECTIONS, STREAMS,
+           TELEMETRY_STREAMS, PARKED_POLLS,
            ANSWER_BUDGET, PREFACE_TIMEOUT, IDLE_TIMEOUT, RAPID_RESET, SERVER_RESETS, CONTINUATION_FLOOD,
            HEADER_LIST, CONTROL_FLOOD, EMPTY_FRAMES, PROTOCOL)
 
@@ -63,6 +67,7 @@ class Refusals:
         now = self._now()
         if now < self._next_log.get(reason, 0):
             self._quiet[reason] = self._quiet.get(reason, 0) + 1
+            self._log.debug("refused %s from %s: %s", reason, peer or "unknown peer", detail)
             return
         self._next_log[reason] = now + self._interval
         quiet = self._quiet.pop(reason, 0)

@@ -45,7 +45,9 @@ import grpc
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from chronoq import acl, errors
+from chronoq import acl, errors, refusals
+from chronoq.clock import SYSTEM_CLOCK
+from chronoq.refusals import Refusals
 from chronoq.server import status
 
 log = logging.getLogger("chronoq.auth")
@@ -246,15 +248,18 @@ class _StreamContext:
 class Gate(grpc.aio.ServerInterceptor):
     """See the module docstring. ``access`` is None when access control is off."""
 
-    def __init__(self, access: acl.AccessControl | None, *, max_streams_per_client: int, max_streams: int) -> None:
+    def __init__(self, access: acl.AccessControl | None, *, max_streams_per_client: int, max_streams: int,
+                 refusals: Refusals | None = None) -> None:
         self.access = access
+        # Every refusal is counted by reason and logged at a bounded rate (chronoq.refusals).
+        self.refusals = refusals if refusals is not None else Refusals(SYSTEM_CLOCK.monotonic_ns)
         self.max_streams_per_client = max_streams_per_client
         self.max_streams = max_streams
         self.streams: dict[tuple[str, str], int] = {}  # open Telemetry streams per (access key, client id)
         self.streams_total = 0
         self._methods: dict[str, _Method] = {}
         self._verified: dict[tuple[str, str], acl.User] = {}  # (authorization, date) -> user
-        self.refused = 0  # calls refused for credentials or permissions (for tests and metrics)
+        self.refused = 0  # calls refused for credentials or permissions (for tests)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -277,8 +282,7 @@ class Gate(grpc.aio.ServerInterceptor):
             try:
                 user = access.authenticate(*signed)
             except errors.Unauthorized as exc:
-                self.refused += 1
-                log.debug("refused %s: %s", method.name, exc.message)
+                # Counted when the refusing handler runs: only the call's context knows the peer.
                 return self._refusal(method, status.Code.UNAUTHORIZED, f"{method.name}: {exc.message}")
             # A client's date changes once a second: remember the pairs that verified (only those),
             # so its other calls in that second skip the HMAC.
@@ -291,11 +295,17 @@ class Gate(grpc.aio.ServerInterceptor):
         return h
 
     # ------------------------------------------------------------------ refusing without parsing
+    def _refuse(self, reason: str, context, message: str) -> None:
+        self.refused += 1
+        self.refusals.refuse(reason, context.peer(), message)
+
     def _refusal(self, method: _Method, code: int, message: str):
         response = method.response(code, message)
+        refuse = self._refuse
 
         if method.kind in ("unary_unary", "stream_unary"):
             async def unary(_request, context):
+                refuse(refusals.UNAUTHENTICATED, context, message)
                 if response is None:
                     await _abort(context, code, message)
                 return response
@@ -303,23 +313,26 @@ class Gate(grpc.aio.ServerInterceptor):
 
         if method.path == TELEMETRY or method.kind == "stream_stream":
             async def stream(_requests, context):
+                refuse(refusals.UNAUTHENTICATED, context, message)
                 if response is None:
                     await _abort(context, code, message)
                 await context.write(response)
             return method.make(stream, None)
 
         async def server_stream(_request, context):
+            refuse(refusals.UNAUTHENTICATED, context, message)
             if response is None:
                 await _abort(context, code, message)
             yield response
         return method.make(server_stream, None)
 
     # ------------------------------------------------------------------ the guarded handlers
-    def _check(self, method: _Method, request, user: acl.User | None) -> tuple[int, str] | None:
+    def _check(self, method: _Method, request, user: acl.User | None, context) -> tuple[int, str] | None:
         """(code, message) when the request must be refused, else None."""
         if type(request) is _Malformed:
-            return status.Code.BAD_REQUEST, (f"{method.name}: the request is not a valid protobuf message "
-                                             f"({request.reason})")
+            message = f"{method.name}: the request is not a valid protobuf message ({request.reason})"
+            self.refusals.refuse(refusals.INVALID, context.peer(), message)
+            return status.Code.BAD_REQUEST, message
         if user is not None:
             try:
                 try:
@@ -329,8 +342,7 @@ class Gate(grpc.aio.ServerInterceptor):
                     needs = _ADMIN_ONLY(request)
                 acl.AccessControl.require(user, needs, method.name)
             except errors.Forbidden as exc:
-                self.refused += 1
-                log.debug("refused %s: %s", method.name, exc.message)
+                self._refuse(refusals.PERMISSION, context, exc.message)
                 return status.Code.FORBIDDEN, exc.message
         return None
 
@@ -340,7 +352,7 @@ class Gate(grpc.aio.ServerInterceptor):
         original, check = method.behavior, self._check
         if method.kind == "unary_unary":
             async def unary(request, context):
-                refusal = check(method, request, user)
+                refusal = check(method, request, user, context)
                 if refusal is None:
                     return await original(request, context)
                 response = method.response(*refusal)
@@ -353,7 +365,7 @@ class Gate(grpc.aio.ServerInterceptor):
             is_generator = inspect.isasyncgenfunction(original)
 
             async def server_stream(request, context):
-                refusal = check(method, request, user)
+                refusal = check(method, request, user, context)
                 if refusal is not None:
                     response = method.response(*refusal)
                     if response is None:
@@ -374,7 +386,7 @@ class Gate(grpc.aio.ServerInterceptor):
         # Client-streaming methods: each request is checked as it arrives.
         async def requests(request_iterator, context):
             async for request in request_iterator:
-                refusal = check(method, request, user)
+                refusal = check(method, request, user, context)
                 if refusal is not None:
                     await _abort(context, *refusal)
                 yield request
@@ -411,6 +423,7 @@ class Gate(grpc.aio.ServerInterceptor):
                     await asyncio.wait_for(anext(aiter(request_iterator), None), REFUSAL_READ_S)
                 except Exception:  # noqa: BLE001 - nothing sent, cancelled or garbled: refuse anyway
                     pass
+                self.refusals.refuse(refusals.TELEMETRY_STREAMS, context.peer(), which)
                 await context.write(method.response(status.Code.TOO_MANY_REQUESTS, f"Telemetry refused: {which}"))
                 return
             self.streams[key] = open_now + 1
@@ -440,18 +453,20 @@ class Gate(grpc.aio.ServerInterceptor):
                 try:
                     acl.AccessControl.require(user, _settings_needs(command.settings), "Telemetry settings")
                 except errors.Forbidden as exc:
-                    self.refused += 1
+                    self._refuse(refusals.PERMISSION, context, exc.message)
                     await context.write(method.response(status.Code.FORBIDDEN, exc.message))
                     continue
             yield command
 
 
-def build_gate(config) -> Gate:
-    """The interceptor for ``config`` (raises ``errors.ClientError`` on a bad ``[auth]`` table)."""
+def build_gate(config, refusals: Refusals | None = None) -> Gate:
+    """The interceptor for ``config`` (raises ``errors.ClientError`` on a bad ``[auth]`` table);
+    it counts what it refuses in ``refusals`` (the broker's)."""
     access = acl.from_config(config.extra.get("auth"))
     if access is not None:
         log.info("access control is on: %d users", len(access.users))
-    return Gate(access, max_streams_per_client=config.max_streams_per_client, max_streams=config.max_streams)
+    return Gate(access, max_streams_per_client=config.max_streams_per_client, max_streams=config.max_streams,
+                refusals=refusals)
 
 
 def server_credentials(config):

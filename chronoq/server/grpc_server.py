@@ -784,7 +784,7 @@ class GrpcFrontEnd:
         cfg = self.config
         broker = self.runtime.broker
         assert broker is not None and self.runtime.committer is not None, "open the broker first"
-        gate, tls = auth.build_gate(cfg), auth.server_credentials(cfg)  # access control, limits, TLS
+        gate, tls = auth.build_gate(cfg, broker.refusals), auth.server_credentials(cfg)  # access control, limits, TLS
         self.pop = PopService(broker, push_invisible_ms=cfg.push_invisible_ms,
                               auto_renew_max_ms=cfg.auto_renew_max_ms)
         try:

@@ -90,3 +90,40 @@ def test_telemetry_settings_and_transaction_checks_respect_permissions(tmp_path)
             await _close(front)
 
     asyncio.run(scenario())
+
+
+def test_refused_calls_are_counted_by_reason_and_logged(tmp_path, caplog):
+    """chronoq_requests_refused_total{reason}: a call without credentials, a call the user may
+    not make and a malformed request each count under their reason; the log names the peer."""
+    from prometheus_client import generate_latest
+
+    from chronoq.metrics import BrokerMetrics
+
+    async def scenario():
+        front = await _front_end(tmp_path)
+        try:
+            async with grpc.aio.insecure_channel(front.config.endpoint) as channel:
+                stub = service_pb2_grpc.MessagingServiceStub(channel)
+                route = sv.QueryRouteRequest(topic=pb.Resource(name="orders"))
+                anonymous = await stub.QueryRoute(route)
+                assert anonymous.status.code == pb.UNAUTHORIZED
+                forbidden = await stub.QueryRoute(sv.QueryRouteRequest(topic=pb.Resource(name="orders")),
+                                                  metadata=_md("bob", "bob-2"))
+                assert forbidden.status.code == pb.FORBIDDEN
+                malformed = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute")
+                garbled = sv.QueryRouteResponse.FromString(
+                    await malformed(b"\xff\xff\xff", metadata=_md("alice", "alice-2")))
+                assert garbled.status.code == pb.BAD_REQUEST
+            broker = front.runtime.broker
+            return broker, generate_latest(BrokerMetrics(broker).registry).decode()
+        finally:
+            await _close(front)
+
+    with caplog.at_level("WARNING", logger="chronoq.refused"):
+        broker, scrape = asyncio.run(scenario())
+    counts = broker.refusals.counts
+    assert (counts["unauthenticated"], counts["permission"], counts["invalid_request"]) == (1, 1, 1)
+    assert 'chronoq_requests_refused_total{reason="unauthenticated"} 1.0' in scrape
+    assert 'chronoq_requests_refused_total{reason="permission"} 1.0' in scrape
+    lines = [r.getMessage() for r in caplog.records if r.name == "chronoq.refused"]
+    assert any(line.startswith("refused permission from ipv") and "bob" in line for line in lines), lines
