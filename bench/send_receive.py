@@ -7,7 +7,13 @@ Starts ``chronoq serve`` (default durable flush) on loopback, then:
   (b) chronoq.client: P producer processes sending batches of B one-KiB messages: msgs/s;
   (c) chronoq.client: C consumer processes receiving batches of R and acking each batch: msgs/s
       (chronoq.client receives with chronoq's ReceiveBatch call: one answer per batch, no stream;
-      by default each batch is acked with the next receive, ``ack_and_receive``: one call per batch).
+      by default each batch is acked with the next receive, ``ack_and_receive``: one call per batch);
+  (d) as (b), but every message is delayed: delivery times spread evenly over the next 10 minutes
+      (``--delay-spread-s``), the timer's schedule log and wheel take them: msgs/s;
+  (e) one client, one 1 KiB message per call, one call at a time, on an idle broker: the call's
+      latency (p50, p99) and the broker's CPU per send, under the ``sync`` and the ``async`` flush
+      policy (a broker of each, one after the other, in the same run), beside a raw append+fsync of
+      1 KiB on the same disk (what ``sync`` adds at the least).
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Every phase is bounded
 in count and time.
@@ -16,6 +22,8 @@ in count and time.
     .venv/bin/python bench/send_receive.py --phase b --messages 400000
     .venv/bin/python bench/send_receive.py --phase c --rounds 3     # (b) then (c), three times
     .venv/bin/python bench/send_receive.py --phase c --client-transport grpc   # load through grpc.aio
+    .venv/bin/python bench/send_receive.py --phase d --rounds 3     # delayed batched enqueue
+    .venv/bin/python bench/send_receive.py --phase e                # lone sends: sync vs async
 
 The load processes connect first and start together: interpreter start-up is not timed.
 Each line carries the broker's CPU time per message (user + system, and system alone) and the
@@ -139,7 +147,7 @@ def _gather(q, procs, seconds: float) -> tuple[int, float]:
 
 # ----------------------------------------------------------------------------- (b) batched producers
 def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
-                   start) -> None:
+                   start, spread_ms: int = 0) -> None:
     from chronoq.client import Client, OutgoingMessage, run
 
     async def go() -> int:
@@ -150,21 +158,30 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
             start.wait(seconds + 60)
             cpu0 = time.process_time()
             deadline = time.perf_counter() + seconds
+            base_ms = int(time.time() * 1000) + 60_000  # due a minute on at the earliest: none fires here
+            step = spread_ms / max(count, 1)
             async def lane() -> None:
                 nonlocal sent
                 while sent < count and time.perf_counter() < deadline:
+                    first = sent
                     sent += batch
-                    await client.send_batch([OutgoingMessage(topic, body) for _ in range(batch)])
+                    if spread_ms:  # delayed: due times spread evenly over the window, in send order
+                        msgs = [OutgoingMessage(topic, body, deliver_at_ms=base_ms + int((first + i) * step))
+                                for i in range(batch)]
+                    else:
+                        msgs = [OutgoingMessage(topic, body) for _ in range(batch)]
+                    await client.send_batch(msgs)
             await asyncio.gather(*(lane() for _ in range(_lanes())))  # a few requests in flight
         return sent, time.process_time() - cpu0
 
     out.put(run(go()))
 
 
-def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: int, seconds: float, topic: str) -> None:
+def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: int, seconds: float, topic: str,
+               spread_s: float = 0) -> None:
     q, start = _MP.Queue(), _MP.Barrier(producers + 1)
     procs = [_MP.Process(target=_producer_proc,
-                         args=(endpoint, topic, messages // producers, batch, seconds, q, start))
+                         args=(endpoint, topic, messages // producers, batch, seconds, q, start, int(spread_s * 1000)))
              for _ in range(producers)]
     for p in procs:
         p.start()
@@ -174,8 +191,8 @@ def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: in
     elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
-    emit("batched_send_rate", round(sent / elapsed), "msgs/s", producers=producers, batch=batch,
-         messages=sent, seconds=round(elapsed, 2), **cpu.per_message(sent),
+    emit("batched_delayed_send_rate" if spread_s else "batched_send_rate", round(sent / elapsed), "msgs/s",
+         producers=producers, batch=batch, messages=sent, **({"delay_spread_s": spread_s} if spread_s else {}), seconds=round(elapsed, 2), **cpu.per_message(sent),
          client_cpu_us_per_msg=round(client_cpu / max(sent, 1) * 1e6, 1))
 
 
@@ -235,9 +252,71 @@ def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch:
          **cpu.per_message(got), client_cpu_us_per_msg=round(client_cpu / max(got, 1) * 1e6, 1))
 
 
+# ----------------------------------------------------------------------------- (e) lone sends
+def _raw_append_fsync_us(directory: str, count: int) -> float:
+    """p50 of writing 1 KiB at the end of a file and fsyncing it: the disk's floor for a durable send."""
+    path = os.path.join(directory, "raw-append")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    body, times = os.urandom(1024), []
+    try:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            os.write(fd, body)
+            os.fsync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def _lone_sends(endpoint: str, pid: int, count: int, seconds: float) -> dict:
+    from chronoq.client import Client, run
+
+    async def go() -> list[float]:
+        topic, body, times = f"bench-lone-{uuid.uuid4().hex[:6]}", os.urandom(1024), []
+        async with Client(endpoint, transport=_transport()) as client:
+            await client.route(topic)
+            for _ in range(50):  # warm up: connection, topic, caches
+                await client.send(topic, body)
+            cpu = ServerCpu(pid)
+            deadline = time.perf_counter() + seconds
+            while len(times) < count and time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                await client.send(topic, body)
+                times.append(time.perf_counter() - t0)
+            return times, cpu.per_message(len(times))
+
+    times, used = run(go())
+    times.sort()
+    return {"p50_ms": round(times[len(times) // 2] * 1e3, 3), "p99_ms": round(times[int(len(times) * 0.99)] * 1e3, 3),
+            "messages": len(times), **used}
+
+
+def phase_lone(data_dir: str, count: int, seconds: float) -> None:
+    raw_us = _raw_append_fsync_us(data_dir, 500)
+    figures = {}
+    for policy in ("sync", "async"):
+        proc, endpoint = start_server(os.path.join(data_dir, f"lone-{policy}"), policy)
+        try:
+            figures[policy] = _lone_sends(endpoint, proc.pid, count, seconds)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    for policy, f in figures.items():
+        emit(f"lone_send_{policy}_p50", f.pop("p50_ms"), "ms", policy=policy, raw_append_fsync_p50_ms=round(raw_us / 1e3, 3),
+             **f)
+    sync, asyn = figures["sync"], figures["async"]
+    emit("lone_send_sync_cpu_ratio", round(sync["server_cpu_us_per_msg"] / max(asyn["server_cpu_us_per_msg"], 1e-9), 2),
+         "x", target=1.2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phase", choices=["a", "b", "c", "all"], default="all")
+    ap.add_argument("--phase", choices=["a", "b", "c", "d", "e", "all"], default="all")
+    ap.add_argument("--delay-spread-s", type=float, default=600.0, help="(d): delivery times spread over this window")
+    ap.add_argument("--lone-messages", type=int, default=3000, help="(e): sends per flush policy")
     ap.add_argument("--official-messages", type=int, default=3000)
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--producers", type=int, default=2)
@@ -260,19 +339,30 @@ def main() -> None:
     os.environ["BENCH_CLIENT_TRANSPORT"] = args.client_transport
     os.environ["BENCH_LANES"] = str(max(1, args.lanes))
     data_dir = tempfile.mkdtemp(prefix="bench-sr-")
-    proc, endpoint = start_server(os.path.join(data_dir, "data"), args.policy)
     try:
-        if args.phase in ("a", "all"):
-            phase_official(endpoint, proc.pid, args.official_messages, args.seconds)
-        for _ in range(args.rounds if args.phase != "a" else 0):  # a fresh topic each round
-            topic = f"bench-{uuid.uuid4().hex[:6]}"
-            phase_send(endpoint, proc.pid, args.messages, args.producers, args.send_batch, args.seconds, topic)
-            if args.phase in ("c", "all"):
-                phase_receive(endpoint, proc.pid, args.messages, args.consumers, args.receive_batch, args.seconds,
-                              topic, args.ack == "combined", args.stream)
+        if args.phase in ("e", "all"):  # brokers of their own, idle
+            phase_lone(data_dir, args.lone_messages, args.seconds)
+        if args.phase == "e":
+            return
+        proc, endpoint = start_server(os.path.join(data_dir, "data"), args.policy)
+        try:
+            if args.phase in ("a", "all"):
+                phase_official(endpoint, proc.pid, args.official_messages, args.seconds)
+            for _ in range(args.rounds if args.phase != "a" else 0):  # a fresh topic each round
+                topic = f"bench-{uuid.uuid4().hex[:6]}"
+                if args.phase in ("d", "all"):
+                    phase_send(endpoint, proc.pid, args.messages, args.producers, args.send_batch, args.seconds,
+                               f"{topic}-delayed", args.delay_spread_s)
+                if args.phase == "d":
+                    continue
+                phase_send(endpoint, proc.pid, args.messages, args.producers, args.send_batch, args.seconds, topic)
+                if args.phase in ("c", "all"):
+                    phase_receive(endpoint, proc.pid, args.messages, args.consumers, args.receive_batch,
+                                  args.seconds, topic, args.ack == "combined", args.stream)
+        finally:
+            proc.terminate()
+            proc.wait(30)
     finally:
-        proc.terminate()
-        proc.wait(30)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
