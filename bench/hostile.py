@@ -580,7 +580,7 @@ def attacker_outcome(conns: list[h2raw.Conn], seconds: float) -> dict:
             "server_resets": dict(resets), "grpc_statuses": dict(statuses)}
 
 
-def run_attack(name: str, args) -> None:
+def run_attack(name: str, args) -> dict:
     broker = Broker()
     normal = None
     conns: list[h2raw.Conn] = []
@@ -654,9 +654,11 @@ def run_attack(name: str, args) -> None:
             ("after", not after_ok), ("alive", not alive)) if bad]
         result["meets_targets"], result["misses"] = not misses, misses
         emit(f"hostile_{name}", rss, "MiB", **result)
+        return result
     except Exception as exc:  # noqa: BLE001 - one attack's failure is recorded; the next runs
         emit(f"hostile_{name}", None, "MiB", attack=name, error=f"{type(exc).__name__}: {exc}",
              alive=broker.alive())
+        return {"attack": name, "meets_targets": False, "misses": ["error"]}
     finally:
         for conn in conns:
             conn.close()
@@ -688,8 +690,12 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4096 <= hard or soft < hard < 4096:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
-    for name in args.only or list(ATTACKS):
-        run_attack(name, args)
+    results = [run_attack(name, args) for name in args.only or list(ATTACKS)]
+    met = [r["attack"] for r in results if r.get("meets_targets")]
+    emit("hostile_attacks_meeting_targets", len(met), "attacks", attacks=len(results), met=met,
+         missed={r["attack"]: r.get("misses") for r in results if not r.get("meets_targets")},
+         targets={"rss_growth_mib": TARGET_RSS_MIB, "normal_p99_ms": TARGET_P99_MS, "after_ok": True, "alive": True},
+         quick=args.quick)
 
 
 if __name__ == "__main__":
