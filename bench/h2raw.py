@@ -89,6 +89,25 @@ def unknown(kind: int = 0x20, stream_id: int = 0, body: bytes = b"") -> bytes:
     return ExtensionFrame(kind, stream_id, flag_byte=0, body=body).serialize()
 
 
+def literal(name: bytes, value: bytes, index: bool = False) -> bytes:
+    """One HPACK field as a literal with a new name (RFC 7541 §6.2.1, §6.2.2), plain (not Huffman):
+    without indexing, or added to the dynamic table (``index``). Blocks built of these alone leave
+    the table as it was, whatever the connection's encoder did before."""
+    return bytes([0x40 if index else 0x00]) + _hpack_string(name) + _hpack_string(value)
+
+
+def _hpack_string(raw: bytes) -> bytes:
+    n = len(raw)  # length as a 7-bit prefix integer (RFC 7541 §5.1), Huffman bit clear
+    if n < 127:
+        return bytes([n]) + raw
+    out, n = bytearray([127]), n - 127
+    while n >= 128:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + raw
+
+
 def grpc_message(body: bytes, announced: int | None = None) -> bytes:
     """gRPC's length-prefixed message (uncompressed); ``announced`` overrides the length field."""
     return struct.pack(">BI", 0, len(body) if announced is None else announced) + body
