@@ -93,6 +93,14 @@ class BrokerConfig:
     max_streams: int = 10_000           # open Telemetry streams in all
     disk_reserve_bytes: int = 64 * 1024 * 1024  # sends are refused below this much free space (0: off)
     disk_check_interval_ms: int = 500   # free space is looked up at most this often
+    # Answer budget (chronoq/server/answers.py; docs/security.md, "Answer budget"): bytes of
+    # receive answers encoded but not yet taken by the peer (its flow-control window or a full
+    # socket), per connection and broker-wide; beyond it receives answer TOO_MANY_REQUESTS (or a
+    # smaller batch). An answer not taken within answer_send_timeout_ms ends its call and its
+    # messages go back to the queue at once.
+    answer_budget_per_connection: int = 32 * 1024 * 1024
+    answer_budget_total: int = 256 * 1024 * 1024
+    answer_send_timeout_ms: int = 10_000
     # Push consumers (auto_renew receives; chronoq/pop/renew.py, docs/rocketmq.md): messages stay
     # invisible in slices of push_invisible_ms, renewed until acked, nacked, the client is gone, or
     # auto_renew_max_ms after the receive (0: no renewal, one slice only).
@@ -124,6 +132,7 @@ class BrokerConfig:
             raise errors.ClientError("intervals must be positive")
         self._validate_timer()
         self._validate_security()
+        self._validate_answer_budget()
         # [console] (chronoq.console.settings): checked here, at load, so a typo stops `chronoq
         # serve` before it opens anything, not later when the HTTP listener starts.
         from chronoq.console import settings as console_settings
@@ -150,6 +159,13 @@ class BrokerConfig:
         if self.disk_reserve_bytes < 0:
             raise errors.ClientError(f"disk_reserve_bytes may not be negative, not {self.disk_reserve_bytes}")
         acl.from_config(self.extra.get("auth"))  # raises on a malformed [auth] table
+
+    def _validate_answer_budget(self) -> None:
+        if not 0 < self.answer_budget_per_connection <= self.answer_budget_total:
+            raise errors.ClientError("need 0 < answer_budget_per_connection <= answer_budget_total, not "
+                                     f"{self.answer_budget_per_connection} and {self.answer_budget_total}")
+        if not 100 <= self.answer_send_timeout_ms <= 3_600_000:
+            raise errors.ClientError(f"answer_send_timeout_ms must be 100 ms to 1 h, not {self.answer_send_timeout_ms}")
 
     def _validate_timer(self) -> None:
         from chronoq.timer.levels import DelayLevels

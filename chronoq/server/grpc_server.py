@@ -48,10 +48,10 @@ import operator
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from chronoq import errors, model, wire
+from chronoq import errors, model, refusals, wire
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
-from chronoq.server import admin, auth, convert, h2server, plainsend, status
+from chronoq.server import admin, answers, auth, convert, h2server, plainsend, status
 from chronoq.timer import handle as recall_handles
 from chronoq.transactions import Transactions
 
@@ -243,6 +243,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             status=pb.Status(code=status.MESSAGE_NOT_FOUND, message="no new message"))
         self._receive_ok_bytes = self._receive_ok.SerializeToString()
         self._receive_empty_bytes = self._receive_empty.SerializeToString()
+        # Receive answers not yet taken by their peers: bounded in bytes and time (answers.py).
+        self.answers = answers.AnswerBudget(config.answer_budget_per_connection, config.answer_budget_total,
+                                            config.answer_send_timeout_ms * 1_000_000, self.clock.monotonic_ns)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -267,6 +270,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except errors.StorageError as exc:  # e.g. a full disk: the broker must still close; start-up replays more
             log.error("could not save the transaction state at stop: %s", exc.message)
 
+    def expire_answers(self) -> int:
+        """End the receives whose answers waited on their peers longer than answer_send_timeout_ms:
+        their messages go back to the queue at once, their calls end (the ticker calls this)."""
+        expired = self.answers.expire()
+        for held in expired:
+            self._release(held.group, held.topic, held.popped)
+            if answers.end_call(held):  # (grpcio: held until its write returns or fails)
+                self.answers.release(held)
+            self.broker.refusals.refuse(refusals.ANSWER_BUDGET, held.peer, (
+                f"a receive answer of {held.nbytes} bytes was not taken within answer_send_timeout_ms "
+                f"({self.config.answer_send_timeout_ms} ms); its messages were released and the call ended"))
+        return len(expired)
+
     def _on_arrival(self) -> None:
         if not self._stopping:
             self._waker.wake_soon()
@@ -277,6 +293,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         while not self._stopping:
             kick.clear()  # before the tick: a kick during it makes the next wait end at once
             try:
+                self.expire_answers()
                 if pop.tick():
                     self._waker.wake_soon()
                 deadline_ms = pop.next_deadline_ms()
@@ -551,11 +568,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # ------------------------------------------------------------------ receiving
     async def ReceiveMessage(self, request, context):
         popped = ()
+        held = None
         try:
             group, topic, popped = await self._receive(request, context)
             # Serialized by hand (serialize_answer passes bytes on), with the MD5 digest.
             responses = convert.messages_bytes(popped, topic, request.message_queue.topic.resource_namespace,
                                                self._store_host_field, md5=True)
+            if responses:
+                held, popped, responses = self._hold(context, group, topic, popped, responses)
         except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
             if popped:
                 self._release(group, topic, popped)
@@ -571,53 +591,106 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 yield response
                 written += 1
         finally:
+            self.answers.release(held)  # taken by the transport, or the call is over
             # The client went away (cancelled, deadline, broken stream) before it had every
             # message: it drops the whole receive. A push consumer retries with the same
             # attempt_id and gets the same batch back; for others, make the messages visible
-            # again now rather than after their invisible time.
-            if written < len(responses) and not request.attempt_id:
+            # again now rather than after their invisible time. (An expired answer's messages
+            # were released when it expired.)
+            if written < len(responses) and not request.attempt_id and not held.abandoned:
                 self._release(group, topic, popped)
         yield sv.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_pb(self.clock.wall_ms()))
 
-    async def ReceiveBatch(self, request, context) -> bytes:
-        """``chronoq.v1.Consume/ReceiveBatch``: what ReceiveMessage streams, as one unary answer
+    async def ReceiveBatch(self, request, context):
+        """``chronoq.v1.Consume/ReceiveBatch``: what ReceiveMessage streams, as one answer
         (``wire.receive_batch``), for ``chronoq.client``. Same request, validation and statuses.
 
         Streaming costs gRPC Python tens of microseconds of CPU per message; this answer costs
-        about one unary call per batch. The client cannot take part of it, so nothing is released
-        early: an answer the client never reads becomes visible again after its invisible time.
+        about one unary call per batch. On the wire it is a unary answer; it is served as a
+        one-message stream so that the handler learns when the transport took it (the ``yield``
+        resumes): until then its bytes count in the answer budget, and if the call ends first
+        (client gone, send timeout) its messages are released at once (``_hand_over``).
         """
-        return wire.receive_batch(await self._receive_items(request, context, "ReceiveBatch"))
+        items, held = await self._receive_items(request, context, "ReceiveBatch")
+        async for answer in self._hand_over(wire.receive_batch(items), held, request):
+            yield answer
 
-    async def AckAndReceive(self, request, context) -> bytes:
+    async def AckAndReceive(self, request, context):
         """``chronoq.v1.Consume/AckAndReceive``: AckMessage, then (if every entry was acked)
         ReceiveBatch, in one call (``wire.ack_and_receive_response``): a consumer that acks
-        each batch as it asks for the next pays one call per batch instead of two."""
+        each batch as it asks for the next pays one call per batch instead of two. Served as
+        ReceiveBatch is (a one-message stream)."""
         try:
             acked, ack = self._ack(request.ack, entries=False)
         except Exception as exc:  # noqa: BLE001 - the boundary, as in AckMessage
             acked, ack = False, sv.AckMessageResponse(status=_status_of(exc, "AckMessage")).SerializeToString()
-        items = await self._receive_items(request.receive, context, "AckAndReceive") if acked else ()
-        return wire.ack_and_receive_response(ack, items)
+        items, held = (await self._receive_items(request.receive, context, "AckAndReceive")) if acked else ((), None)
+        async for answer in self._hand_over(wire.ack_and_receive_response(ack, items), held, request.receive):
+            yield answer
 
-    async def _receive_items(self, request, context, what: str) -> list[bytes]:
-        """ReceiveMessage's stream as serialized responses: status, messages, delivery timestamp."""
+    async def _hand_over(self, answer: bytes, held, request):
+        """Yield the one answer; then (or when the call ends first) return its reservation. An
+        answer that did not get out takes its messages back to the queue, as ReceiveMessage does."""
+        taken = False
+        try:
+            yield answer
+            taken = True
+        finally:
+            if held is not None:
+                self.answers.release(held)
+                if not taken and not held.abandoned and not request.attempt_id:
+                    self._release(held.group, held.topic, held.popped)
+
+    async def _receive_items(self, request, context, what: str) -> tuple[list[bytes], answers.Held | None]:
+        """ReceiveMessage's stream as serialized responses (status, messages, delivery timestamp)
+        and the answer's reservation (None when it carries no message)."""
         popped = ()
         try:
             group, topic, popped = await self._receive(request, context)
             if not popped:
-                return [self._receive_empty_bytes]
+                return [self._receive_empty_bytes], None
             namespace = request.message_queue.topic.resource_namespace
-            items = [self._receive_ok_bytes]
             # By hand: no protobuf objects.
-            items += convert.messages_bytes(popped, topic, namespace, self._store_host_field)
+            messages = convert.messages_bytes(popped, topic, namespace, self._store_host_field)
+            held, popped, messages = self._hold(context, group, topic, popped, messages)
+            items = [self._receive_ok_bytes]
+            items += messages
             items.append(sv.ReceiveMessageResponse(
                 delivery_timestamp=convert.timestamp_pb(self.clock.wall_ms())).SerializeToString())
-            return items
+            return items, held
         except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
             if popped:
                 self._release(group, topic, popped)
-            return [sv.ReceiveMessageResponse(status=_status_of(exc, what)).SerializeToString()]
+            return [sv.ReceiveMessageResponse(status=_status_of(exc, what)).SerializeToString()], None
+
+    def _hold(self, context, group: str, topic: str, popped, responses: list[bytes]):
+        """Reserve the encoded answer in the answer budget: (reservation, messages, responses),
+        cut to what fits (the rest released at once); raises TooManyRequests when nothing fits
+        (its messages released). Exact sizes, one dict update per call."""
+        budget = self.answers
+        peer = context.peer()
+        nbytes = sum(map(len, responses))
+        if budget.by_peer.get(peer, 0) + nbytes > budget.per_connection \
+                or budget.held + nbytes > budget.total:  # (rare) the answer must be cut or refused
+            n = budget.fit(peer, list(map(len, responses)))
+            if n == 0:  # (the caller releases the messages, as for any failed receive)
+                raise self._refuse_answer(peer, f"{len(responses)} messages of {nbytes} bytes do not fit")
+            if n < len(popped):
+                self._release(group, topic, popped[n:])
+                budget.trimmed += 1
+                popped, responses = popped[:n], responses[:n]
+                nbytes = sum(map(len, responses))
+        return budget.reserve(peer, nbytes, group, topic, popped, context), popped, responses
+
+    def _refuse_answer(self, peer: str, detail: str) -> errors.TooManyRequests:
+        budget = self.answers
+        budget.refused += 1
+        held = budget.by_peer.get(peer, 0)
+        text = (f"answers not yet taken hold the answer budget (this connection {held} of "
+                f"{budget.per_connection} bytes, the broker {budget.held} of {budget.total}): {detail}; "
+                "read the answers already sent, or retry later")
+        self.broker.refusals.refuse(refusals.ANSWER_BUDGET, peer, text)
+        return errors.TooManyRequests(text)
 
     def _release(self, group: str, topic: str, popped) -> None:
         for p in popped:
@@ -655,13 +728,18 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             wait_s = min(wait_s, remaining - POLL_MARGIN_S)
         attempt_id = request.attempt_id or None
         client_id = _header(context, CLIENT_ID_HEADER)
+        budget, peer = self.answers, context.peer()
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, wait_s)
         waker = self._waker
         while True:
+            # What the answer budget has room for, before taking anything: a refusal costs no work.
+            allowed = budget.allowance(peer, topic, batch)
+            if not allowed:
+                raise self._refuse_answer(peer, "no message was taken")
             event = waker.current()  # taken before trying, so no arrival is missed
-            popped = pop.receive(group, topic, max_messages=batch, invisible_ms=invisible_ms,
+            popped = pop.receive(group, topic, max_messages=allowed, invisible_ms=invisible_ms,
                                  tag_filter=tag_filter, attempt_id=attempt_id, client_id=client_id,
                                  auto_renew=auto_renew)
             if popped:
@@ -820,10 +898,11 @@ class GrpcFrontEnd:
         }),))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CONSUME_SERVICE, {
-            # Both answer bytes (chronoq.wire); no .proto declares them.
-            "ReceiveBatch": grpc.unary_unary_rpc_method_handler(
+            # Both answer bytes (chronoq.wire); no .proto declares them. Unary on the wire, served
+            # as one-message streams so the answer budget sees when the answer left (ReceiveBatch).
+            "ReceiveBatch": grpc.unary_stream_rpc_method_handler(
                 self.service.ReceiveBatch, request_deserializer=sv.ReceiveMessageRequest.FromString),
-            "AckAndReceive": grpc.unary_unary_rpc_method_handler(
+            "AckAndReceive": grpc.unary_stream_rpc_method_handler(
                 self.service.AckAndReceive, request_deserializer=AckAndReceiveRequest.parse),
         }),))
         admin.add_to_server(server, broker, self.pop)
