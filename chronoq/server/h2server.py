@@ -24,6 +24,19 @@ grace). Not implemented: priorities (ignored, as RFC 9113 allows), server push (
 the HTTP/1.1 upgrade to h2c. Requests compressed with ``gzip`` or ``deflate`` are accepted;
 answers are never compressed. Protocol errors close the connection with GOAWAY and the RFC's
 error code; a bad call is answered with a gRPC status and harms no other call.
+
+Limits (``chronoq.server.h2limits``, ``Server(limits=...)``; docs/security.md "HTTP/2 limits"):
+open connections per server, concurrent streams per connection (advertised in SETTINGS, enforced
+with REFUSED_STREAM, handlers of reset streams still finishing included), a deadline for the
+client preface and first SETTINGS, an idle timeout (one timer handle per connection, re-armed once
+per interval, none per call), and the defences against the published attacks: a reset budget
+spent by the client's resets and ours (rapid reset, MadeYouReset), CONTINUATION frames per header
+block, the decoded header list (HPACK bomb, capped inside ``hpackdec``), PING/SETTINGS acks queued
+while the peer does not read, entries per SETTINGS frame, a budget of frames that carry nothing,
+and a gRPC length prefix checked before its bytes are held. Beyond a limit: GOAWAY
+(ENHANCE_YOUR_CALM unless the RFC names a code) whose debug data names it, or REFUSED_STREAM;
+each refusal is counted in ``Server(refusals=...)`` (``chronoq.refusals``). The checks run only on
+the frames an attack is made of; a DATA frame or a call pays an integer compare or two.
 """
 
 from __future__ import annotations
