@@ -85,6 +85,13 @@ class BrokerConfig:
     # Which gRPC server serves the port: "chronoq" (chronoq.server.h2server, on the event loop)
     # or "grpcio" (grpc.aio's server: several threads per call, ~5x the CPU per call on small VMs).
     grpc_server: str = "chronoq"
+    # HTTP/2 front end limits (chronoq.server.h2limits, where each default is explained;
+    # docs/security.md "HTTP/2 limits"). The attack budgets there are not configuration.
+    h2_max_connections: int = 1000          # open connections, broker-wide
+    h2_max_concurrent_streams: int = 250    # per connection (SETTINGS_MAX_CONCURRENT_STREAMS)
+    h2_preface_timeout_ms: int = 10_000     # the client preface and first SETTINGS must come by then
+    h2_idle_timeout_ms: int = 300_000       # a connection with no open stream this long is closed
+    h2_max_header_list_bytes: int = 65_536  # decoded request headers, 32 bytes per field counted
     # Security and limits (docs/security.md). TLS is on when both PEM paths are set.
     tls_cert_file: str = ""
     tls_key_file: str = ""
@@ -131,6 +138,7 @@ class BrokerConfig:
                 or self.stage_ttl_ms <= 0:
             raise errors.ClientError("intervals must be positive")
         self._validate_timer()
+        self._validate_h2()
         self._validate_security()
         self._validate_answer_budget()
         # [console] (chronoq.console.settings): checked here, at load, so a typo stops `chronoq
@@ -166,6 +174,15 @@ class BrokerConfig:
                                      f"{self.answer_budget_per_connection} and {self.answer_budget_total}")
         if not 100 <= self.answer_send_timeout_ms <= 3_600_000:
             raise errors.ClientError(f"answer_send_timeout_ms must be 100 ms to 1 h, not {self.answer_send_timeout_ms}")
+
+    def _validate_h2(self) -> None:
+        for name in ("h2_max_connections", "h2_max_concurrent_streams", "h2_preface_timeout_ms",
+                     "h2_idle_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise errors.ClientError(f"{name} must be positive, not {getattr(self, name)}")
+        if not 4096 <= self.h2_max_header_list_bytes <= 16 << 20:
+            raise errors.ClientError(f"h2_max_header_list_bytes must be 4 KiB to 16 MiB, not "
+                                     f"{self.h2_max_header_list_bytes}")
 
     def _validate_timer(self) -> None:
         from chronoq.timer.levels import DelayLevels

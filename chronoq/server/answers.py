@@ -173,15 +173,11 @@ def end_call(held: Held) -> bool:
     """End an expired answer's call so that its transport drops the bytes it still holds; True
     if it did (the reservation may be returned now).
 
-    chronoq's server: RST_STREAM(CANCEL) drops the stream's unsent frames at once and cancels its
-    handler (cancelling the handler alone would queue trailers behind the blocked bytes). This
-    reaches into h2server's stream, which has no public way to reset a call from outside its
-    handler. grpcio: nothing drops the message its core holds (module docstring): False."""
+    chronoq's server: ``Context.reset`` (RST_STREAM CANCEL) drops the stream's unsent frames at
+    once and cancels its handler. grpcio: nothing drops the message its core holds (module
+    docstring): False."""
     context = held.context
     if not isinstance(context, h2server.Context):
         return False
-    stream = context._stream  # noqa: SLF001 - see the docstring
-    conn = stream.conn
-    if not (stream.ended and not stream.blocked) and not stream.cancelled and not conn.closed:
-        conn._reset(stream, h2server.CANCEL)  # noqa: SLF001
+    context.reset()
     return True

@@ -51,7 +51,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 from chronoq import errors, model, refusals, wire
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
-from chronoq.server import admin, answers, auth, convert, h2server, plainsend, status
+from chronoq.server import admin, answers, auth, convert, h2limits, h2server, plainsend, status
 from chronoq.timer import handle as recall_handles
 from chronoq.transactions import Transactions
 
@@ -874,13 +874,16 @@ class GrpcFrontEnd:
         # Big enough that an oversized body reaches us and gets MESSAGE_BODY_TOO_LARGE instead
         # of a transport error.
         receive_limit = 2 * cfg.max_body_bytes + (4 << 20)
+        limits = h2limits.Limits.from_config(cfg)  # HTTP/2 caps and defences (docs/security.md)
         if cfg.grpc_server == "chronoq":
-            server = h2server.Server(interceptors=[gate], max_receive_message_length=receive_limit)
+            server = h2server.Server(interceptors=[gate], max_receive_message_length=receive_limit,
+                                     limits=limits, refusals=broker.refusals)
         else:
             server = grpc.aio.server(interceptors=[gate], options=[
                 ("grpc.max_receive_message_length", receive_limit),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),  # a second broker on this port must fail, not share it
+                *limits.grpcio_options(),
             ])
         # SendMessage, AckMessage and ReceiveMessage first (generic handlers are asked in order):
         # their requests may keep their bytes and their answers may be bytes encoded by hand

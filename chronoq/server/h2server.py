@@ -24,6 +24,19 @@ grace). Not implemented: priorities (ignored, as RFC 9113 allows), server push (
 the HTTP/1.1 upgrade to h2c. Requests compressed with ``gzip`` or ``deflate`` are accepted;
 answers are never compressed. Protocol errors close the connection with GOAWAY and the RFC's
 error code; a bad call is answered with a gRPC status and harms no other call.
+
+Limits (``chronoq.server.h2limits``, ``Server(limits=...)``; docs/security.md "HTTP/2 limits"):
+open connections per server, concurrent streams per connection (advertised in SETTINGS, enforced
+with REFUSED_STREAM, handlers of reset streams still finishing included), a deadline for the
+client preface and first SETTINGS, an idle timeout (one timer handle per connection, re-armed once
+per interval, none per call), and the defences against the published attacks: a reset budget
+spent by the client's resets and ours (rapid reset, MadeYouReset), CONTINUATION frames per header
+block, the decoded header list (HPACK bomb, capped inside ``hpackdec``), PING/SETTINGS acks queued
+while the peer does not read, entries per SETTINGS frame, a budget of frames that carry nothing,
+and a gRPC length prefix checked before its bytes are held. Beyond a limit: GOAWAY
+(ENHANCE_YOUR_CALM unless the RFC names a code) whose debug data names it, or REFUSED_STREAM;
+each refusal is counted in ``Server(refusals=...)`` (``chronoq.refusals``). The checks run only on
+the frames an attack is made of; a DATA frame or a call pays an integer compare or two.
 """
 
 from __future__ import annotations
@@ -42,7 +55,9 @@ from urllib.parse import quote
 
 import grpc
 
-from chronoq.server.hpackdec import Decoder, HpackError, literal, literal_block
+from chronoq import refusals as R
+from chronoq.server.h2limits import IdleWatch, Limits, TokenBucket
+from chronoq.server.hpackdec import Decoder, HeaderListTooLarge, HpackError, literal, literal_block
 
 log = logging.getLogger("chronoq.h2")
 
@@ -70,8 +85,8 @@ MAX_WINDOW = (1 << 31) - 1
 OUR_STREAM_WINDOW = 4 << 20       # what each stream may send us before we grant more
 OUR_CONN_WINDOW = 16 << 20        # and the whole connection
 OUR_MAX_FRAME = 1 << 20           # clients may send DATA frames this big (fewer frames per big send)
-OUR_MAX_HEADER_LIST = 64 << 10
-MAX_STREAMS = 4096                # concurrent calls per connection
+# Concurrent streams, connections, timeouts and the attack budgets: chronoq.server.h2limits
+# (Server(limits=...)). The decoded header list's cap is advertised in SETTINGS_MAX_HEADER_LIST_SIZE.
 MAX_HEADER_BLOCK = 256 << 10      # HEADERS + CONTINUATION bytes, before decoding
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 READ_AHEAD_MESSAGES = 64          # a streaming call's unread requests before its window stops growing
@@ -83,6 +98,11 @@ _ANSWER_HEADERS = literal_block([(":status", "200"), ("content-type", "applicati
 def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     n = len(payload)
     return _HEAD.pack(n >> 8, n & 0xFF, kind, flags, stream_id) + payload
+
+
+def _goaway_frame(last_stream: int, code: int, debug: str) -> bytes:
+    """GOAWAY; its debug data (at most 256 bytes) says why, naming the limit."""
+    return _frame(GOAWAY, 0, 0, _U32.pack(last_stream) + _U32.pack(code) + debug.encode("utf-8", "replace")[:256])
 
 
 def _headers_frame(stream_id: int, block: bytes, end_stream: bool) -> bytes:
@@ -205,6 +225,15 @@ class Context:
         """The next request message of a streaming call, or ``grpc.aio.EOF`` after the last."""
         return await self._stream.read_message()
 
+    def reset(self, code: int = CANCEL) -> None:
+        """End the call from outside its handler (chronoq's own, not grpc.aio's): RST_STREAM drops
+        the answer frames still waiting for the peer's window at once and cancels the handler.
+        (Cancelling the handler alone would queue the trailers behind the blocked bytes.)"""
+        stream = self._stream
+        conn = stream.conn
+        if not (stream.ended and not stream.blocked) and not stream.cancelled and not conn.closed:
+            conn._reset(stream, code)
+
 
 class _Stream:
     """One call: request bytes in, answer frames out, and the task running the handler."""
@@ -242,7 +271,8 @@ class _Stream:
         limit = self.conn.server.max_receive
         while n - pos >= 5:
             flag, length = _MSG.unpack_from(buf, pos)
-            if length > limit:
+            if length > limit:  # refused on its length prefix, before its bytes are held
+                self.conn.refuse(R.MESSAGE_TOO_LARGE, f"a message of {length} bytes")
                 raise _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  f"Received message larger than max ({length} vs. {limit})")
             if n - pos - 5 < length:
@@ -335,7 +365,17 @@ class _Connection(asyncio.Protocol):
         self.peer = ""
         self.buf = bytearray()
         self.preface_seen = False
-        self.decoder = Decoder()
+        limits = self.limits = server.limits
+        self.decoder = Decoder(max_list=limits.max_header_list)
+        # Defences (chronoq.server.h2limits): resets both ways share one budget (rapid reset and
+        # MadeYouReset), frames that carry nothing another; acks queued while the peer does not read.
+        self.resets = TokenBucket(limits.reset_burst, limits.reset_rate, self.loop.time)
+        self.empties = TokenBucket(limits.empty_burst, limits.empty_rate, self.loop.time)
+        self.unread_acks = 0
+        self.lingering = 0                       # handlers of reset streams not yet finished
+        self.settings_seen = False               # the client's first SETTINGS (ends the preface deadline)
+        self._timer: asyncio.TimerHandle | None = None  # the preface deadline, then the idle check
+        self._idle = IdleWatch()
         self.streams: dict[int, _Stream] = {}
         # Streams with answer bytes waiting for window, oldest first: a connection WINDOW_UPDATE
         # (clients send one every few KiB) looks at these, not at every open stream.
@@ -354,6 +394,7 @@ class _Connection(asyncio.Protocol):
         self._header_flags = 0
         self._header_parts: list[bytes] = []
         self._header_size = 0
+        self._continuations = 0                  # CONTINUATION frames of the header block under way
         self._out: list[bytes] = []              # frames to send at the end of this loop pass
         self._out_bytes = 0
         self._starting: list = []                # calls whose HEADERS came in this read: (stream, path, context)
@@ -388,16 +429,55 @@ class _Connection(asyncio.Protocol):
             self.peer = f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"
         else:
             self.peer = "unix:" + str(peer or "")
+        limits = self.limits
+        if len(self.server._connections) >= limits.max_connections:
+            # Over the broker-wide cap: this connection alone is turned away, at once.
+            self.refuse(R.CONNECTIONS, f"{limits.max_connections} connections open")
+            transport.write(_frame(SETTINGS, 0, 0) + _goaway_frame(
+                0, ENHANCE_YOUR_CALM, f"connection limit {limits.max_connections} (h2_max_connections)"))
+            transport.close()
+            self.closed = True
+            return
         settings = b"".join(_SETTING.pack(k, v) for k, v in (
-            (S_MAX_CONCURRENT_STREAMS, MAX_STREAMS), (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
-            (S_MAX_FRAME_SIZE, OUR_MAX_FRAME), (S_MAX_HEADER_LIST_SIZE, OUR_MAX_HEADER_LIST),
+            (S_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams), (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
+            (S_MAX_FRAME_SIZE, OUR_MAX_FRAME), (S_MAX_HEADER_LIST_SIZE, limits.max_header_list),
             (S_ENABLE_PUSH, 0)))
         transport.write(_frame(SETTINGS, 0, 0, settings)
                         + _frame(WINDOW_UPDATE, 0, 0, _U32.pack(OUR_CONN_WINDOW - DEFAULT_WINDOW)))
         self.server._connections.add(self)
+        self._timer = self.loop.call_later(limits.preface_timeout_s, self._preface_expired)
+
+    # ------------------------------------------------------------------ timers (one handle at a time)
+    def _preface_expired(self) -> None:
+        self._timer = None
+        if not self.settings_seen and not self.closed:
+            seconds = self.limits.preface_timeout_s
+            self.refuse(R.PREFACE_TIMEOUT, f"no preface and SETTINGS in {seconds:g} s")
+            self._fail(PROTOCOL_ERROR, f"no HTTP/2 preface and SETTINGS within {seconds:g} s (h2_preface_timeout_ms)")
+
+    def _idle_check(self) -> None:
+        """Once per idle timeout: close the connection if it had no stream since the last check."""
+        self._timer = None
+        if self.closed:
+            return
+        if self._idle.check(len(self.streams), self.last_stream):
+            seconds = self.limits.idle_timeout_s
+            self.refuse(R.IDLE_TIMEOUT, f"no call for {seconds:g} s")
+            self._fail(NO_ERROR, f"idle for {seconds:g} s (h2_idle_timeout_ms)")  # clients reconnect
+        else:
+            self._timer = self.loop.call_later(self.limits.idle_timeout_s, self._idle_check)
+
+    def refuse(self, reason: str, detail: str) -> None:
+        """Count a refusal (chronoq.refusals) when the server was given a Refusals."""
+        refusals = self.server.refusals
+        if refusals is not None:
+            refusals.refuse(reason, self.peer, detail)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.server._connections.discard(self)
         for stream in list(self.streams.values()):
             self._cancel(stream)
@@ -410,6 +490,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
+        self.unread_acks = 0  # the peer reads again: what it was sent has left
         if self._resumed is not None:
             self._resumed.set()
 
@@ -461,8 +542,13 @@ class _Connection(asyncio.Protocol):
             if pos:
                 del buf[:pos]
         except _ConnError as exc:
+            self.refuse(exc.reason, str(exc))
             self._fail(exc.code, str(exc))
+        except HeaderListTooLarge as exc:  # an HPACK bomb, or far too much metadata
+            self.refuse(R.HEADER_LIST, str(exc))
+            self._fail(ENHANCE_YOUR_CALM, str(exc))
         except HpackError as exc:
+            self.refuse(R.PROTOCOL, str(exc))
             self._fail(COMPRESSION_ERROR, str(exc))
         except Exception:  # noqa: BLE001 - a bug here must cost one connection, not the server
             log.exception("HTTP/2 connection from %s failed", self.peer)
@@ -491,6 +577,12 @@ class _Connection(asyncio.Protocol):
         elif kind == CONTINUATION:
             if sid != self._header_stream or not sid:
                 raise _ConnError(PROTOCOL_ERROR, "CONTINUATION without a header block")
+            self._continuations += 1  # frames, not bytes: zero-length ones count too
+            if self._continuations > self.limits.max_continuations:
+                raise _ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_continuations} CONTINUATION "
+                                 "frames in one header block", R.CONTINUATION_FLOOD)
+            if not payload and not flags & END_HEADERS:
+                self._empty("an empty CONTINUATION")
             self._header_part(payload, flags)
         elif kind == WINDOW_UPDATE:
             self._window_update(sid, payload)
@@ -500,10 +592,17 @@ class _Connection(asyncio.Protocol):
             if sid or len(payload) != 8:
                 raise _ConnError(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "bad PING")
             if not flags & ACK:
+                if self.paused:  # the peer does not read what we send: count the acks piling up
+                    self._unread_ack()
                 self._write(_frame(PING, ACK, 0, payload))
+            else:  # we send no PINGs: an ack answers nothing
+                self._empty("an unsolicited PING ack")
         elif kind == RST_STREAM:
             if not sid or len(payload) != 4:
                 raise _ConnError(PROTOCOL_ERROR, "bad RST_STREAM")
+            if not self.resets.take():  # rapid reset (CVE-2023-44487)
+                raise _ConnError(ENHANCE_YOUR_CALM, f"stream resets over the budget ({self.limits.reset_burst}, "
+                                 f"then {self.limits.reset_rate:g}/s)", R.RAPID_RESET)
             stream = self.streams.pop(sid, None)
             if stream is not None:
                 self._cancel(stream)
@@ -513,17 +612,50 @@ class _Connection(asyncio.Protocol):
         elif kind == PRIORITY:
             if not sid:
                 raise _ConnError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+            self._empty("PRIORITY")  # priorities are ignored here: the frame carries nothing
         elif kind == PUSH_PROMISE:
             raise _ConnError(PROTOCOL_ERROR, "clients may not push")
-        # unknown frame types are ignored (RFC 9113 §4.1)
+        else:  # unknown frame types are ignored (RFC 9113 §4.1), within the empty-frame budget
+            self._empty(f"frame type {kind}")
+
+    def _empty(self, what: str) -> None:
+        """A frame that carries nothing (CVE-2019-9518): within a budget."""
+        if not self.empties.take():
+            raise _ConnError(ENHANCE_YOUR_CALM, f"frames carrying nothing over the budget ({self.limits.empty_burst}, "
+                             f"then {self.limits.empty_rate:g}/s; last: {what})", R.EMPTY_FRAMES)
+
+    def _unread_ack(self) -> None:
+        """One more PING or SETTINGS ack queued while the transport is paused (CVE-2019-9512/9515)."""
+        self.unread_acks += 1
+        if self.unread_acks > self.limits.max_unread_acks:
+            raise _ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_unread_acks} PING/SETTINGS acks "
+                             "queued unread", R.CONTROL_FLOOD)
+
+    def _server_reset(self, sid: int, code: int) -> None:
+        """RST_STREAM from us: it spends the same budget as the client's (MadeYouReset, CVE-2025-8671)."""
+        if not self.resets.take():
+            raise _ConnError(ENHANCE_YOUR_CALM, f"streams reset by the server over the budget "
+                             f"({self.limits.reset_burst}, then {self.limits.reset_rate:g}/s)", R.SERVER_RESETS)
+        self._write(_frame(RST_STREAM, 0, sid, _U32.pack(code)))
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid:
             raise _ConnError(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
+            self._empty("a SETTINGS ack")  # one per SETTINGS we send (once): more carry nothing
             return
         if len(payload) % 6:
             raise _ConnError(FRAME_SIZE_ERROR, "SETTINGS length")
+        if len(payload) > 6 * self.limits.max_settings_entries:
+            raise _ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_settings_entries} entries in "
+                             "one SETTINGS frame", R.CONTROL_FLOOD)
+        if not self.settings_seen:  # the preface is complete: from now on only idleness is timed
+            self.settings_seen = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_later(self.limits.idle_timeout_s, self._idle_check)
+        if self.paused:
+            self._unread_ack()
         grown = False
         for i in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, i)
@@ -588,12 +720,15 @@ class _Connection(asyncio.Protocol):
         self._header_flags = flags
         self._header_parts = []
         self._header_size = 0
+        self._continuations = 0
+        if pos == end and not flags & END_HEADERS:
+            self._empty("an empty HEADERS")
         self._header_part(payload[pos:end], flags)
 
     def _header_part(self, part: bytes, flags: int) -> None:
         self._header_size += len(part)
         if self._header_size > MAX_HEADER_BLOCK:
-            raise _ConnError(ENHANCE_YOUR_CALM, "header block too large")
+            raise _ConnError(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes", R.HEADER_LIST)
         self._header_parts.append(part)
         if not flags & END_HEADERS:
             return
@@ -610,10 +745,13 @@ class _Connection(asyncio.Protocol):
             raise _ConnError(PROTOCOL_ERROR, f"stream {sid} reused or out of order")
         self.last_stream = sid
         if self.goaway_sent or self.server._stopping:
-            self._write(_frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
+            self._server_reset(sid, REFUSED_STREAM)
             return
-        if len(self.streams) >= MAX_STREAMS:
-            self._write(_frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM)))
+        # Open streams, and handlers of reset streams still finishing: never more running at once
+        # than the advertised cap, however fast a client opens and resets them.
+        if len(self.streams) + self.lingering >= self.limits.max_concurrent_streams:
+            self.refuse(R.STREAMS, f"stream {sid} over {self.limits.max_concurrent_streams} concurrent")
+            self._server_reset(sid, REFUSED_STREAM)
             return
         stream = _Stream(self, sid, self.peer_initial_window)
         self.streams[sid] = stream
@@ -622,6 +760,8 @@ class _Connection(asyncio.Protocol):
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         if not sid:
             raise _ConnError(PROTOCOL_ERROR, "DATA on stream 0")
+        if not payload and not flags & END_STREAM:
+            self._empty("an empty DATA")
         self.recv_unacked += len(payload)
         try:
             self._stream_data(flags, sid, payload)
@@ -650,10 +790,18 @@ class _Connection(asyncio.Protocol):
             if stream.queue is not None:  # streaming request: hand messages over as they complete
                 for message in stream.messages():
                     stream.queue.put_nowait(message)
-            elif len(stream.buf) > self.server.max_receive + 5:
-                raise _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"Received message larger than max ({len(stream.buf) - 5} vs. "
-                                 f"{self.server.max_receive})")
+            else:
+                held, limit = len(stream.buf), self.server.max_receive
+                if held > limit + 5:
+                    self.refuse(R.MESSAGE_TOO_LARGE, f"a request of more than {held - 5} bytes")
+                    raise _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     f"Received message larger than max ({held - 5} vs. {limit})")
+                if held - len(payload) < 5 <= held:  # this frame completed the length prefix:
+                    announced = _MSG.unpack_from(stream.buf)[1]  # refused before its bytes come
+                    if announced > limit:
+                        self.refuse(R.MESSAGE_TOO_LARGE, f"a message of {announced} bytes announced")
+                        raise _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                         f"Received message larger than max ({announced} vs. {limit})")
         except _CallError as exc:
             self._fail_call(stream, exc.code, exc.details)
             return
@@ -699,9 +847,9 @@ class _Connection(asyncio.Protocol):
         if stream.task is not None and not stream.task.done():
             stream.cancelled = True
             stream.task.cancel()
-        if not stream.half_closed:  # we want no more of its request
-            self._write(_frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
         self.streams.pop(stream.id, None)
+        if not stream.half_closed:  # we want no more of its request
+            self._server_reset(stream.id, NO_ERROR)
 
     # ------------------------------------------------------------------ sending
     def send_data(self, stream: _Stream, head: bytes, message: bytes) -> None:
@@ -766,9 +914,9 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ ending
     def _reset(self, stream: _Stream, code: int) -> None:
-        self._write(_frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
         self.streams.pop(stream.id, None)
         self._cancel(stream)
+        self._server_reset(stream.id, code)
 
     def _cancel(self, stream: _Stream) -> None:
         self.release(stream)
@@ -776,16 +924,21 @@ class _Connection(asyncio.Protocol):
         stream.cancelled = True
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
+            # Its clean-up still runs: it counts against the stream cap until it is done.
+            self.lingering += 1
+            stream.task.add_done_callback(self._handler_done)
         if stream.queue is not None:
             stream.queue.put_nowait(_Closed("the call was cancelled"))
         if stream.window_open is not None:
             stream.window_open.set()
 
+    def _handler_done(self, _task) -> None:
+        self.lingering -= 1
+
     def _fail(self, code: int, reason: str) -> None:
         log.debug("closing connection from %s: %s", self.peer, reason)
         if self.transport is not None and not self.closed:
-            self._write(_frame(GOAWAY, 0, 0, _U32.pack(self.last_stream) + _U32.pack(code)
-                               + reason.encode("utf-8", "replace")[:256]))
+            self._write(_goaway_frame(self.last_stream, code, reason))
             self._flush_out()
             self.transport.close()
         self.closed = True
@@ -802,15 +955,24 @@ class _Connection(asyncio.Protocol):
 
 
 class _ConnError(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
+    """A connection error: GOAWAY with ``code``, the message as its debug data, ``reason`` counted."""
+
+    def __init__(self, code: int, message: str, reason: str = R.PROTOCOL) -> None:
+        super().__init__(message)
         self.code = code
+        self.reason = reason
 
 
 class Server:
     """The subset of ``grpc.aio.Server`` chronoq uses, served on this event loop."""
 
-    def __init__(self, *, interceptors=(), max_receive_message_length: int = 4 << 20) -> None:
+    def __init__(self, *, interceptors=(), max_receive_message_length: int = 4 << 20,
+                 limits: Limits | None = None, refusals=None) -> None:
+        """``limits``: connections, streams, timeouts and attack budgets (``h2limits.Limits``, its
+        defaults if None). ``refusals``: a ``chronoq.refusals.Refusals`` that counts what the
+        limits turn away (the broker's); None counts nothing."""
+        self.limits = limits if limits is not None else Limits()
+        self.refusals = refusals
         self._interceptors = list(interceptors)
         self._generic: list = []
         self._registered: dict[str, object] = {}  # full method path -> RpcMethodHandler

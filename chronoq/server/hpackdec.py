@@ -32,16 +32,32 @@ FIELDS_CACHE_MAX = 4096     # whole literal fields kept, shared by all connectio
 EOS = 256                   # the Huffman code's end-of-string symbol: never valid inside a string
 
 
+MAX_LIST_DEFAULT = 64 << 10  # decoded header list (chronoq.server.h2limits.MAX_HEADER_LIST)
+# A field not taken from the dynamic table decodes to at most its overhead plus the longest static
+# entry (28) plus its strings, which are at most 8/5 of their bytes on the wire (Huffman's shortest
+# code is 5 bits): ``decode`` bounds a block's list by that and counts exactly only past the bound.
+_FIELD_BOUND = ENTRY_OVERHEAD + max(len(n) + len(v) for n, v in STATIC)
+
+
 class HpackError(Exception):
     """The header block cannot be decoded: a connection error (COMPRESSION_ERROR)."""
+
+
+class HeaderListTooLarge(HpackError):
+    """The decoded header list passed ``Decoder.max_list`` (RFC 9113 §6.5.2 sizes: name + value + 32
+    per field). Raised while decoding, at the dynamic-table reference that passes it, so a small
+    block of references to one big entry (the HPACK bomb) never becomes a big list. The table may
+    have missed the rest of the block: the connection cannot go on (GOAWAY ENHANCE_YOUR_CALM)."""
 
 
 class Decoder:
     """One connection's HPACK decoder (its dynamic table). ``decode`` raises ``HpackError``."""
 
-    __slots__ = ("table", "size", "max_size", "settings_max", "_huffman")
+    __slots__ = ("table", "size", "max_size", "settings_max", "_huffman", "max_list", "largest")
 
-    def __init__(self, max_size: int = 4096) -> None:
+    def __init__(self, max_size: int = 4096, max_list: int = MAX_LIST_DEFAULT) -> None:
+        self.max_list = max_list  # the decoded header list's cap (HeaderListTooLarge)
+        self.largest = ENTRY_OVERHEAD  # the largest entry ever in the table (name + value + 32)
         self.table: list[tuple[str, str]] = []  # newest first
         self.size = 0
         self.max_size = max_size
@@ -82,6 +98,8 @@ class Decoder:
 
     def _add(self, name: str, value: str) -> None:
         size = len(name) + len(value) + ENTRY_OVERHEAD
+        if size > self.largest:
+            self.largest = size
         table = self.table
         table.insert(0, (name, value))
         self.size += size
@@ -101,8 +119,13 @@ class Decoder:
     def decode(self, data: bytes) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         append = out.append
-        fields, static = _FIELDS, STATIC
+        fields, static, table = _FIELDS, STATIC, self.table  # (the table list is changed in place only)
         pos, end = 0, len(data)
+        # References to the dynamic table, the only amplifier (a 1-byte reference to a 4 KB entry):
+        # while there are at most ref_cap of them, even all of the largest entry fit in max_list.
+        max_list = self.max_list
+        dynamic, ref_cap = 0, max_list // self.largest
+        size = sized = 0  # the exact size of out[:sized], once counted
         while pos < end:
             b = data[pos]
             if b & 0x80:  # indexed field
@@ -111,7 +134,22 @@ class Decoder:
                     index, pos = _integer(data, pos, 7)
                 else:
                     pos += 1
-                append(static[index - 1] if 0 < index <= STATIC_LEN else self._entry(index))
+                if 0 < index <= STATIC_LEN:
+                    append(static[index - 1])
+                    continue
+                if index > STATIC_LEN and index <= STATIC_LEN + len(table):
+                    field = table[index - STATIC_LEN - 1]
+                else:
+                    field = self._entry(index)  # (raises)
+                append(field)
+                dynamic += 1
+                if dynamic > ref_cap:  # perhaps too big: count what is new, so a bomb stops here
+                    size += _list_size(out, sized)
+                    sized = len(out)
+                    if size > max_list:
+                        raise HeaderListTooLarge(f"decoded header list over {max_list} bytes "
+                                                 "(SETTINGS_MAX_HEADER_LIST_SIZE)")
+                    ref_cap = dynamic + (max_list - size) // self.largest
                 continue
             if b & 0x40:  # literal with incremental indexing
                 prefix, indexing = 6, True
@@ -148,12 +186,19 @@ class Decoder:
                     if len(fields) >= FIELDS_CACHE_MAX:
                         fields.clear()
                     fields[key] = field
-            else:
+            else:  # the name is a dynamic table entry's
                 field, _ = self._literal(data, start, prefix)
+                dynamic += 1
             pos = p
             if indexing:
                 self._add(*field)
             append(field)
+        # The list's size is at most this (see _FIELD_BOUND); count it exactly only past the cap.
+        if len(out) * _FIELD_BOUND + 2 * end + dynamic * self.largest > max_list:
+            size += _list_size(out, sized)
+            if size > max_list:
+                raise HeaderListTooLarge(f"decoded header list of {size} bytes over {max_list} "
+                                         "(SETTINGS_MAX_HEADER_LIST_SIZE)")
         return out
 
     def _literal(self, data, pos: int, prefix: int) -> tuple[tuple[str, str], int]:
@@ -165,6 +210,11 @@ class Decoder:
             name, pos = self._string(data, pos)
         value, pos = self._string(data, pos)
         return (name, value), pos
+
+
+def _list_size(fields: list, start: int) -> int:
+    """RFC 9113 §6.5.2: name + value + 32 per field, of ``fields[start:]``."""
+    return sum(len(n) + len(v) + ENTRY_OVERHEAD for n, v in fields[start:])
 
 
 def _integer(data, pos: int, prefix: int) -> tuple[int, int]:

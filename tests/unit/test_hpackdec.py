@@ -101,3 +101,48 @@ def test_a_name_from_the_dynamic_table_is_read_anew_each_time():
     # A name spelled out (or static) means the same on every connection: cached, still right.
     other = Decoder()
     assert other.decode(b"\x00\x03x-c\x01w") == [("x-c", "w")] == ours.decode(b"\x00\x03x-c\x01w")
+
+
+# ---------------------------------------------------------------------------------- header list cap
+def test_an_hpack_bomb_stops_while_decoding():
+    import hpack
+
+    from chronoq.server.hpackdec import HeaderListTooLarge
+
+    encoder = hpack.Encoder()
+    bomb = encoder.encode([("x-big", "a" * 4000)] * 16_000)  # one entry, then 1-byte references
+    assert len(bomb) < 20_000
+    decoder = Decoder()
+    try:
+        decoder.decode(bomb)
+        raise AssertionError("the bomb decoded")
+    except HeaderListTooLarge as exc:
+        assert "65536" in str(exc)
+
+
+def test_the_header_list_cap_counts_32_bytes_per_field():
+    import hpack
+
+    from chronoq.server.hpackdec import HeaderListTooLarge
+
+    fields = [(f"x-{i:03d}", "v" * 95) for i in range(10)]  # 100 + 32 each: 1,320 bytes
+    for huffman in (True, False):
+        block = b"".join(hpack.Encoder().encode([f], huffman=huffman) for f in fields)
+        assert Decoder(max_list=1320).decode(block) == fields
+        try:
+            Decoder(max_list=1319).decode(block)
+            raise AssertionError("one byte over the cap decoded")
+        except HeaderListTooLarge:
+            pass
+    # references to the dynamic table, names and whole fields
+    encoder = hpack.Encoder()
+    first = encoder.encode(fields)
+    again = encoder.encode(fields)
+    decoder = Decoder(max_list=1320)
+    assert decoder.decode(first) == fields and decoder.decode(again) == fields
+    decoder = Decoder(max_list=1319)
+    try:
+        decoder.decode(first)
+        raise AssertionError("one byte over the cap decoded")
+    except HeaderListTooLarge:
+        pass

@@ -1,0 +1,153 @@
+"""The HTTP/2 front end's limits against hostile or broken clients (docs/security.md, "HTTP/2 limits").
+
+``chronoq.server.h2server`` parses frames itself, so it owes the defences that nghttp2, Go's
+net/http2, grpc-go and Netty added after each published HTTP/2 attack
+(``../shared/HTTP2-HARDENING.md``). The numbers live here, each with why it was chosen, and the
+bookkeeping is small pure classes with an injected clock (unit-tested without sockets): the
+connection calls into them only on the frames an attack is made of (RST_STREAM, PING, SETTINGS,
+empty frames, CONTINUATION), never per DATA frame or per call, so a well-behaved client pays an
+integer compare or two.
+
+What a connection does beyond a limit: GOAWAY with ENHANCE_YOUR_CALM (or the RFC's code) whose debug
+data names the limit, then close; a stream past the concurrency cap gets RST_STREAM REFUSED_STREAM.
+Each refusal is counted by reason in ``chronoq.refusals``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+# ------------------------------------------------------------------ transport caps (issue 20 §2)
+# Open connections, broker-wide. The official RocketMQ clients put every call of a process on one
+# connection, so this is roughly "client processes". Each connection may hold up to its window of
+# request bytes and answers, so the cap is what bounds the total; it also stays under the usual
+# 1,024-descriptor soft limit's neighbourhood (raise both together). Beyond it: SETTINGS, GOAWAY
+# ENHANCE_YOUR_CALM, close; existing connections are untouched.
+MAX_CONNECTIONS = 1000
+# Concurrent streams per connection, advertised in SETTINGS_MAX_CONCURRENT_STREAMS. A client
+# process multiplexes all its calls on one connection and each long-poll receive holds a stream for
+# up to ~30 s: a process with a few push consumers over topics of 8-16 queues keeps some dozens
+# open, plus its Telemetry streams and in-flight sends. 250 (Go's net/http2 default) leaves room
+# for that while bounding what one connection can pin; gRPC clients queue calls beyond the
+# advertised value themselves, so only a client that ignores SETTINGS sees REFUSED_STREAM.
+MAX_CONCURRENT_STREAMS = 250
+# The client preface and its first SETTINGS frame must arrive this soon after the connection is
+# accepted (after the TLS handshake, with TLS). A real client sends both in its first write; a
+# connection that sends half the preface used to be held forever.
+PREFACE_TIMEOUT_S = 10.0
+# A connection with no open stream for this long gets GOAWAY NO_ERROR and is closed (checked once
+# per interval: closed between 1x and 2x it). gRPC clients reconnect on their next call without
+# the application noticing; the official RocketMQ clients keep a Telemetry stream open, so their
+# connections are never idle.
+IDLE_TIMEOUT_S = 300.0
+
+# ------------------------------------------------------------------ attacks (issue 20 §3)
+# Rapid reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671): one token bucket per connection
+# counts the RST_STREAMs the client sends and those we send (a refused stream, a stream error the
+# client provoked). nghttp2 >= 1.57's numbers: a burst of 1,000, refilled at 33 per second. A gRPC
+# client cancels a call now and then; a thousand in a burst is an attack.
+RESET_BURST = 1000
+RESET_RATE = 33.0
+# CONTINUATION frames after one HEADERS (CVE-2024-27316 and kin): nghttp2 1.61 allows 8. Counting
+# frames catches zero-length ones, which no byte cap ever sees. Our own 1 MiB MAX_FRAME_SIZE means
+# a real client never needs more than one.
+MAX_CONTINUATIONS = 8
+# The decoded header list (HPACK bomb, CVE-2016-6581): name + value + 32 bytes per field (RFC 9113
+# §6.5.2), checked while decoding so a 16 kB block of references to one 4 KB table entry cannot
+# become 64 MB. 64 KiB as python-hyper's hpack (grpc-java: 8 KiB; a RocketMQ call sends < 2 KiB).
+MAX_HEADER_LIST = 64 << 10
+# PING and SETTINGS acks queued for a peer that does not read them (CVE-2019-9512, -9515):
+# counted while the transport is paused (its buffer over the high-water mark), reset when it
+# drains. nghttp2 allows 1,000 queued; at 17 bytes a PING ack that is ~17 KB past the mark.
+MAX_UNREAD_ACKS = 1000
+# Entries in one SETTINGS frame (nghttp2: 32). There are 6 settings; repeats only cost CPU.
+MAX_SETTINGS_ENTRIES = 32
+# Frames that carry nothing (CVE-2019-9518): DATA without payload or END_STREAM, empty header
+# fragments, PRIORITY (ignored here), unsolicited PING acks, unknown frame types. A real gRPC client
+# sends almost none; a budget of 1,000 refilled at 100 per second leaves any of them room.
+EMPTY_BURST = 1000
+EMPTY_RATE = 100.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One server's limits (``Server(limits=...)``); the defaults above unless configured."""
+
+    max_connections: int = MAX_CONNECTIONS
+    max_concurrent_streams: int = MAX_CONCURRENT_STREAMS
+    preface_timeout_s: float = PREFACE_TIMEOUT_S
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    max_header_list: int = MAX_HEADER_LIST
+    reset_burst: int = RESET_BURST
+    reset_rate: float = RESET_RATE
+    max_continuations: int = MAX_CONTINUATIONS
+    max_unread_acks: int = MAX_UNREAD_ACKS
+    max_settings_entries: int = MAX_SETTINGS_ENTRIES
+    empty_burst: int = EMPTY_BURST
+    empty_rate: float = EMPTY_RATE
+
+    @classmethod
+    def from_config(cls, cfg) -> "Limits":
+        """The operator's keys of ``BrokerConfig`` (``h2_*``); the rest stay at their defaults."""
+        return cls(max_connections=cfg.h2_max_connections,
+                   max_concurrent_streams=cfg.h2_max_concurrent_streams,
+                   preface_timeout_s=cfg.h2_preface_timeout_ms / 1000.0,
+                   idle_timeout_s=cfg.h2_idle_timeout_ms / 1000.0,
+                   max_header_list=cfg.h2_max_header_list_bytes)
+
+    def grpcio_options(self) -> list[tuple[str, int]]:
+        """The same limits for grpcio's server (``grpc_server = "grpcio"``), where it has them.
+        grpc core bounds rapid resets, CONTINUATION and empty-frame floods and unread acks by
+        its own fixed rules; docs/security.md says which limits this mode does not take."""
+        return [("grpc.max_concurrent_streams", self.max_concurrent_streams),
+                ("grpc.max_allowed_incoming_connections", self.max_connections),
+                ("grpc.server_handshake_timeout_ms", int(self.preface_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", int(self.idle_timeout_s * 1000)),
+                ("grpc.max_metadata_size", self.max_header_list),
+                ("grpc.absolute_max_metadata_size", self.max_header_list)]
+
+
+class TokenBucket:
+    """``burst`` tokens, refilled at ``rate`` per second of ``clock`` (seconds). ``take`` spends one
+    and says False when none is left: the caller then refuses. Reads the clock only when asked."""
+
+    __slots__ = ("tokens", "burst", "rate", "stamp", "clock")
+
+    def __init__(self, burst: int, rate: float, clock: Callable[[], float]) -> None:
+        self.tokens = float(burst)
+        self.burst = float(burst)
+        self.rate = rate
+        self.clock = clock
+        self.stamp = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        tokens = self.tokens + (now - self.stamp) * self.rate
+        self.stamp = now
+        if tokens > self.burst:
+            tokens = self.burst
+        if tokens < 1.0:
+            self.tokens = tokens
+            return False
+        self.tokens = tokens - 1.0
+        return True
+
+
+class IdleWatch:
+    """Says when a connection has had no open stream for a whole check interval, without any
+    work per call: the connection's stream ids only grow, so "no stream now, none at the last check,
+    and no new id since" means idle since the last check. ``check`` runs once per interval."""
+
+    __slots__ = ("last_id", "busy")
+
+    def __init__(self) -> None:
+        self.last_id = 0     # stream ids start at 1: a connection that never opens one is idle
+        self.busy = False
+
+    def check(self, open_streams: int, last_stream_id: int) -> bool:
+        """True when the connection should be closed as idle."""
+        idle = not open_streams and not self.busy and last_stream_id == self.last_id
+        self.last_id = last_stream_id
+        self.busy = bool(open_streams)
+        return idle
