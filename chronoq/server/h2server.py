@@ -88,6 +88,7 @@ OUR_MAX_FRAME = 1 << 20           # clients may send DATA frames this big (fewer
 # Concurrent streams, connections, timeouts and the attack budgets: chronoq.server.h2limits
 # (Server(limits=...)). The decoded header list's cap is advertised in SETTINGS_MAX_HEADER_LIST_SIZE.
 MAX_HEADER_BLOCK = 256 << 10      # HEADERS + CONTINUATION bytes, before decoding
+LINGER_S = 1.0                    # a failed connection drains the peer's frames this long (``_fail``)
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 READ_AHEAD_MESSAGES = 64          # a streaming call's unread requests before its window stops growing
 BUFFERED_MAX = 64 << 20           # unary request bytes a connection may hold before its window stops growing
@@ -504,6 +505,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         # What this read's calls answer (most answer within it, ``_launch_calls``), its SETTINGS
         # and PING acks and window updates leave in one send at the end: no loop pass to wait for.
+        if self.closed:  # failed, lingering until its close (``_fail``): what comes is dropped
+            return
         self._reading = True
         try:
             self._read(data)
@@ -937,10 +940,23 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, code: int, reason: str) -> None:
         log.debug("closing connection from %s: %s", self.peer, reason)
-        if self.transport is not None and not self.closed:
+        transport = self.transport
+        if transport is not None and not self.closed:
             self._write(_goaway_frame(self.last_stream, code, reason))
             self._flush_out()
-            self.transport.close()
+            if self.paused:
+                # The peer does not read: the GOAWAY will not reach it, and a close() would wait for
+                # the unread output forever, holding the connection (and a slot of the cap).
+                transport.abort()
+            elif transport.can_write_eof():
+                # A lingering close: the GOAWAY leaves with our FIN, and what the peer still sends is
+                # read and dropped (data_received) for LINGER_S. Closing at once with its frames
+                # unread makes the kernel answer with a reset, which can destroy the GOAWAY (and
+                # its reason) before the peer reads it.
+                transport.write_eof()
+                self.loop.call_later(LINGER_S, transport.abort)
+            else:  # TLS: no half-close
+                transport.close()
         self.closed = True
 
     def goaway(self) -> None:

@@ -102,7 +102,10 @@ class RawClient:
             self.sock.sendall(h2server.PREFACE + SettingsFrame(0).serialize())
 
     def send(self, *frames) -> None:
-        self.sock.sendall(b"".join(f.serialize() for f in frames))
+        try:
+            self.sock.sendall(b"".join(f.serialize() for f in frames))
+        except (BrokenPipeError, ConnectionResetError):  # the server closed: what it said is read next
+            pass
 
     def request_block(self, extra=()) -> bytes:
         return self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Unary"),
