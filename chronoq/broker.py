@@ -30,6 +30,7 @@ from chronoq.model import Message, MessageType, SendResult, TopicConfig
 from chronoq.msgid import new_message_id
 from chronoq.refusals import Refusals
 from chronoq.store import record
+from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions
 from chronoq.timer.levels import DELAY_TOPIC
@@ -100,12 +101,22 @@ class Broker:
         opened_ns = self.clock.monotonic_ns()
         self.data_dir = self.config.data_dir
         os.makedirs(self.data_dir, exist_ok=True)
+        # One process per data directory (chronoq.store.dirlock), before anything in it is read;
+        # held until ``close`` has written the last file, and given back if opening fails.
+        self.dir_lock = DirLock.acquire(self.data_dir)
+        try:
+            self._open(opened_ns, progress)
+        except BaseException:
+            self.dir_lock.release()
+            raise
+
+    def _open(self, opened_ns: int, progress) -> None:
         self.store = Store(self.data_dir, StoreOptions(
             segment_bytes=self.config.segment_bytes,
             cq_entries_per_file=self.config.cq_entries_per_file,
             verify_extra_segments=self.config.verify_extra_segments,
             quarantine=self.config.quarantine,
-        ), clock=self.clock, progress=progress)
+        ), clock=self.clock, progress=progress, dir_lock=self.dir_lock)
         self.recovery = self.store.report
         # Requests the front ends turn away, by reason (chronoq_requests_refused_total).
         self.refusals = Refusals(self.clock.monotonic_ns)
@@ -729,6 +740,7 @@ class Broker:
             self.store.close()
         self._save_offsets()
         self.closed = True
+        self.dir_lock.release()  # only after a clean close: a failed one keeps others out until we exit
 
     def __enter__(self) -> "Broker":
         return self

@@ -7,10 +7,13 @@ place (``chronoq.server.status``). Anything else escaping the core is a bug.
 - ``ClientError``: the request was wrong; retrying it unchanged will fail again.
 - ``NotFound``: the thing named does not exist (unknown topic, expired handle).
 - ``StorageError``: the disk refused (full, I/O error); the request may succeed later.
+  ``DataDirLocked``, one of them, is raised only when opening: another process holds the directory.
 - ``CorruptionError``: stored data failed validation; an operator has to look.
 """
 
 from __future__ import annotations
+
+import os
 
 
 class ChronoqError(Exception):
@@ -141,6 +144,24 @@ class StorageError(ChronoqError):
 
 class DiskFull(StorageError):
     kind = "disk_full"
+
+
+class DataDirLocked(StorageError):
+    """Another process (or another open ``Broker``/``Store`` in this one) holds the data directory's
+    lock (``chronoq.store.dirlock``). Raised at open, before anything in the directory was read."""
+
+    def __init__(self, data_dir: str, lock_path: str, holder_pid: int | None, in_this_process: bool = False):
+        if in_this_process:
+            who = f"is already open in this process (PID {os.getpid()}): close the other Broker first"
+        else:
+            pid = f"PID {holder_pid}" if holder_pid is not None else "PID unknown"
+            who = (f"is in use by another chronoq process ({pid}): stop it, or use another data directory "
+                   f"(one process per directory)")
+        super().__init__(f"data directory {data_dir} {who}; lock file {lock_path}")
+        self.data_dir = data_dir
+        self.lock_path = lock_path
+        self.holder_pid = holder_pid
+        self.in_this_process = in_this_process
 
 
 class CorruptionError(ChronoqError):

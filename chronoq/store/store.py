@@ -41,6 +41,7 @@ from chronoq.model import Message
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
+from chronoq.store.dirlock import DirLock
 from chronoq.store.recovery import RecoveryReport, iter_records, verify_log
 
 log = logging.getLogger("chronoq.store")
@@ -110,13 +111,28 @@ class Store:
     """
 
     def __init__(self, data_dir: str, options: StoreOptions | None = None, clock=None,
-                 progress: Callable[[str, int, int], None] | None = None):
+                 progress: Callable[[str, int, int], None] | None = None, dir_lock: DirLock | None = None):
         from chronoq.clock import SYSTEM_CLOCK
 
         self.options = options or StoreOptions()
         self.clock = clock or SYSTEM_CLOCK
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
+        # One process per data directory (chronoq.store.dirlock), locked before anything in it is
+        # read: ours, released by ``close``, unless the opener (the broker) holds it for us.
+        if dir_lock is not None and not (dir_lock.held and os.path.samefile(dir_lock.data_dir, data_dir)):
+            raise ValueError(f"{dir_lock!r} is not a held lock on {data_dir}")
+        self._owns_lock = dir_lock is None
+        self.dir_lock = DirLock.acquire(data_dir) if dir_lock is None else dir_lock
+        try:
+            self._open(progress)
+        except BaseException:
+            if self._owns_lock:
+                self.dir_lock.release()
+            raise
+
+    def _open(self, progress) -> None:
+        data_dir = self.data_dir
         self.log = CommitLog(os.path.join(data_dir, "commitlog"), self.options.segment_bytes,
                              self.clock.monotonic_ns)
         self.cq_dir = os.path.join(data_dir, "consumequeue")
@@ -776,4 +792,6 @@ class Store:
         self.log.close()
         for cq in self.queues.values():
             cq.close()
+        if self._owns_lock:
+            self.dir_lock.release()
 

@@ -51,6 +51,7 @@ class Node:
         for cq in store.queues.values():
             for fd in list(getattr(cq, "_fds", {}).values()):
                 _close_quiet(fd)
+        self.broker.dir_lock.release()  # the kernel drops a killed process's flock
         self.broker = self.pop = None
 
     def restart(self, clean: bool = False) -> "Node":

@@ -33,13 +33,15 @@ def crash(store: Store) -> None:
     """Stop using ``store`` as a killed process would: no dispatch, no checkpoint, no sealing.
 
     Only the file descriptors are closed (``CommitLog.close`` would cut the preallocated tail,
-    which a killed process does not do), so the active segment keeps its zero tail.
+    which a killed process does not do), so the active segment keeps its zero tail; the data
+    directory's lock is released, as the kernel drops it when the process dies.
     """
     for fd in store.log._fds.values():
         os.close(fd)
     store.log._fds.clear()
     for cq in store.queues.values():
         cq.close()
+    store.dir_lock.release()  # the kernel drops a killed process's flock
 
 
 def fill(store: Store, count: int, *, topics=("a", "b"), queues: int = 2, seed: int = 0, start: int = 0,

@@ -31,6 +31,7 @@ def crash(broker: Broker) -> None:
         cq.close()
     broker.timer.files.abandon()
     broker.closed = True
+    broker.dir_lock.release()  # the kernel drops a killed process's flock
 
 
 def drain(broker: Broker, max_ticks: int = 500) -> int:
