@@ -61,6 +61,13 @@ MAX_HEADER_LIST = 64 << 10
 # counted while the transport is paused (its buffer over the high-water mark), reset when it
 # drains. nghttp2 allows 1,000 queued; at 17 bytes a PING ack that is ~17 KB past the mark.
 MAX_UNREAD_ACKS = 1000
+# PING and SETTINGS frames the peer sends (each asks for an ack), read or not (CVE-2019-9512,
+# -9515): the unread-ack cap above only trips once the socket's buffers are full, and on loopback
+# they hold megabytes, so a flood cost a second of CPU first. Clients ping to measure bandwidth
+# (grpc core: at most one in flight, 100 ms apart or more) and for keepalive (minutes apart), and
+# send SETTINGS once or twice: a burst of 1,000 refilled at 100 per second leaves them room.
+CONTROL_BURST = 1000
+CONTROL_RATE = 100.0
 # Entries in one SETTINGS frame (nghttp2: 32). There are 6 settings; repeats only cost CPU.
 MAX_SETTINGS_ENTRIES = 32
 # Frames that carry nothing (CVE-2019-9518): DATA without payload or END_STREAM, empty header
@@ -84,6 +91,8 @@ class Limits:
     max_continuations: int = MAX_CONTINUATIONS
     max_unread_acks: int = MAX_UNREAD_ACKS
     max_settings_entries: int = MAX_SETTINGS_ENTRIES
+    control_burst: int = CONTROL_BURST
+    control_rate: float = CONTROL_RATE
     empty_burst: int = EMPTY_BURST
     empty_rate: float = EMPTY_RATE
 

@@ -372,6 +372,7 @@ class _Connection(asyncio.Protocol):
         # MadeYouReset), frames that carry nothing another; acks queued while the peer does not read.
         self.resets = TokenBucket(limits.reset_burst, limits.reset_rate, self.loop.time)
         self.empties = TokenBucket(limits.empty_burst, limits.empty_rate, self.loop.time)
+        self.controls = TokenBucket(limits.control_burst, limits.control_rate, self.loop.time)
         self.unread_acks = 0
         self.lingering = 0                       # handlers of reset streams not yet finished
         self.settings_seen = False               # the client's first SETTINGS (ends the preface deadline)
@@ -595,6 +596,7 @@ class _Connection(asyncio.Protocol):
             if sid or len(payload) != 8:
                 raise _ConnError(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "bad PING")
             if not flags & ACK:
+                self._control("PING")
                 if self.paused:  # the peer does not read what we send: count the acks piling up
                     self._unread_ack()
                 self._write(_frame(PING, ACK, 0, payload))
@@ -627,6 +629,12 @@ class _Connection(asyncio.Protocol):
             raise _ConnError(ENHANCE_YOUR_CALM, f"frames carrying nothing over the budget ({self.limits.empty_burst}, "
                              f"then {self.limits.empty_rate:g}/s; last: {what})", R.EMPTY_FRAMES)
 
+    def _control(self, what: str) -> None:
+        """A PING or SETTINGS frame, which we must acknowledge: within a budget."""
+        if not self.controls.take():
+            raise _ConnError(ENHANCE_YOUR_CALM, f"PING/SETTINGS frames over the budget ({self.limits.control_burst}, "
+                             f"then {self.limits.control_rate:g}/s; last: {what})", R.CONTROL_FLOOD)
+
     def _unread_ack(self) -> None:
         """One more PING or SETTINGS ack queued while the transport is paused (CVE-2019-9512/9515)."""
         self.unread_acks += 1
@@ -652,6 +660,7 @@ class _Connection(asyncio.Protocol):
         if len(payload) > 6 * self.limits.max_settings_entries:
             raise _ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_settings_entries} entries in "
                              "one SETTINGS frame", R.CONTROL_FLOOD)
+        self._control("SETTINGS")
         if not self.settings_seen:  # the preface is complete: from now on only idleness is timed
             self.settings_seen = True
             if self._timer is not None:

@@ -305,7 +305,25 @@ def test_ping_flood_from_a_peer_that_does_not_read():
                                   and b"acks queued unread" in goaway.additional_data)
         assert refused(refusals) == {R.CONTROL_FLOOD: 1}
 
-    run(test, max_unread_acks=100)
+    run(test, max_unread_acks=100, control_burst=10**9)  # this test is about the unread acks
+
+
+@pytest.mark.parametrize("kind", ["PING", "SETTINGS"])
+def test_ping_and_settings_frames_spend_a_budget_even_when_acks_are_read(kind):
+    # CVE-2019-9512/9515 from a peer that reads: every ack leaves, yet each frame costs work.
+    def script(c: RawClient):
+        for i in range(80):
+            c.send(PingFrame(0, opaque_data=b"%08d" % i) if kind == "PING"
+                   else SettingsFrame(0, settings={0x1: 4096}))
+            c.read(0.001)
+        c.read_until_closed()
+
+    async def test(endpoint, refusals, echo):
+        client = await attack(endpoint, script)
+        assert_goaway(client, ENHANCE_YOUR_CALM, "PING/SETTINGS frames over the budget")
+        assert refused(refusals) == {R.CONTROL_FLOOD: 1}
+
+    run(test, control_burst=50, control_rate=1.0)
 
 
 def test_settings_frame_with_too_many_entries():
