@@ -105,7 +105,7 @@ class BrokerConfig:
     # socket), per connection and broker-wide; beyond it receives answer TOO_MANY_REQUESTS (or a
     # smaller batch). An answer not taken within answer_send_timeout_ms ends its call and its
     # messages go back to the queue at once.
-    answer_budget_per_connection: int = 32 * 1024 * 1024
+    answer_budget_per_connection: int = 16 * 1024 * 1024
     answer_budget_total: int = 256 * 1024 * 1024
     answer_send_timeout_ms: int = 10_000
     # Push consumers (auto_renew receives; chronoq/pop/renew.py, docs/rocketmq.md): messages stay
