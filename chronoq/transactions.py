@@ -26,7 +26,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from chronoq import errors, fsutil, model
+from chronoq import errors, fsutil, model, validate
 from chronoq.broker import Broker, OutgoingMessage
 from chronoq.model import Message, MessageType, SendResult
 
@@ -117,7 +117,7 @@ class Transactions:
         if topic.message_type not in (MessageType.MIXED, MessageType.TRANSACTION):
             raise errors.MessageTypeMismatch(
                 f"topic {topic.name} accepts {topic.message_type.name} messages, not TRANSACTION")
-        props = model.validate_properties(msg.properties)
+        props = validate.properties(msg.properties)
         props[PROP_REAL_TOPIC] = topic.name
         return OutgoingMessage(HALF_TOPIC, msg.body, tag=msg.tag, keys=msg.keys, properties=props,
                                message_id=msg.message_id, born_ms=msg.born_ms)
