@@ -111,7 +111,9 @@ class Transactions:
     # ----------------------------------------------------------------- API
     def half_message(self, msg: OutgoingMessage) -> OutgoingMessage:
         """The system-topic record that stands for ``msg`` until it is resolved."""
-        topic = self.broker._send_topic(msg.topic, False)  # validates the real topic
+        # Validates the real topic; a new one is only planned (the commit's copy creates it), so
+        # a half refused for another field creates nothing.
+        topic = self.broker._send_topic(msg.topic, False, {})
         if msg.message_group:
             raise errors.MessageTypeMismatch("a transactional message cannot have a message group")
         if topic.message_type not in (MessageType.MIXED, MessageType.TRANSACTION):
