@@ -77,7 +77,7 @@ def _valid_record(topic: str, body: bytes, props: dict) -> bytes:
 
 
 # (the encoder asserts that no property holds a separator; the mutations below add any byte)
-_NO_SEPARATOR = st.characters(blacklist_characters="\x01\x02")
+_NO_SEPARATOR = st.characters(codec="utf-8", exclude_characters="\x01\x02")
 
 
 @st.composite
