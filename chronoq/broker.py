@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 import google_crc32c
 
-from chronoq import errors, fsutil, model
+from chronoq import errors, fsutil, model, validate
 from chronoq.clock import SYSTEM_CLOCK, Clock
 from chronoq.config import BrokerConfig
 from chronoq.jobs import Job, run_all_here
@@ -92,6 +92,12 @@ class ReadResult:
 def _is_int(value: object) -> bool:
     """An int that is not a bool (``True`` must not pass for queue 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _which(index: int, msg: object) -> str:
+    """Which message of a batch an error concerns: its place, and its id when the client chose one."""
+    mid = getattr(msg, "message_id", None)
+    return f"message {index} of the batch" + (f" (id {str(mid)[:80]!r})" if mid else "")
 
 
 class Broker:
@@ -183,7 +189,7 @@ class Broker:
     def create_topic(self, name: str, queues: int | None = None,
                      message_type: MessageType | str = MessageType.MIXED, *, system: bool = False) -> TopicConfig:
         """Create a topic, or update its queue count (only upwards) and type. Idempotent."""
-        name = model.validate_topic_name(name) if system else model.validate_user_topic(name)
+        name = validate.topic_name(name) if system else validate.user_topic(name)
         if isinstance(message_type, str):
             message_type = MessageType.parse(message_type)
         queues = self.config.default_queues if queues is None else queues
@@ -208,7 +214,7 @@ class Broker:
         cfg = self.topics.get(name)
         if cfg is not None:
             return cfg
-        model.validate_topic_name(name)
+        validate.topic_name(name)
         if create is None:
             create = self.config.auto_create_topics
         if not create or model.is_system_topic(name):
@@ -225,7 +231,7 @@ class Broker:
         cache = self._system_topics if system else self._user_topics
         cfg = cache.get(name) if type(name) is str else None  # (an unhashable name must not raise TypeError)
         if cfg is None or self.topics.get(name) is not cfg:  # type: ignore[arg-type]
-            topic_name = model.validate_topic_name(name) if system else model.validate_user_topic(name)
+            topic_name = validate.topic_name(name) if system else validate.user_topic(name)
             if new_topics is not None and topic_name not in self.topics:
                 planned = new_topics.get(topic_name)
                 if planned is None:
@@ -239,7 +245,7 @@ class Broker:
     def _tag_bytes(self, tag: object) -> bytes:
         raw = self._tags.get(tag) if type(tag) is str else None  # type: ignore[arg-type]
         if raw is None:
-            raw = model.validate_tag(tag).encode()
+            raw = validate.tag(tag).encode()
             if len(self._tags) > 4096:
                 self._tags.clear()
             self._tags[tag] = raw  # type: ignore[index]
@@ -252,41 +258,32 @@ class Broker:
         With ``new_topics`` an unknown topic is planned there instead of auto-created (``write``
         creates them once the whole batch is valid).
         """
+        # Every field through chronoq.validate, the rules every entry point shares.
         topic = self._send_topic(msg.topic, system, new_topics)
         body = msg.body
-        if type(body) is not bytes:
-            if isinstance(body, str):
-                body = body.encode()
-            elif isinstance(body, (bytearray, memoryview)):
-                body = bytes(body)
-            else:
-                raise errors.ClientError("message body must be bytes")
-        if not body:
-            raise errors.BodyEmpty("message body is empty")
-        if len(body) > self.config.max_body_bytes:
-            raise errors.BodyTooLarge(f"message body is {len(body)} bytes; the limit is {self.config.max_body_bytes}")
+        if type(body) is not bytes or not body or len(body) > self.config.max_body_bytes:
+            body = validate.body(body, self.config.max_body_bytes)
         tag = self._tag_bytes(msg.tag) if msg.tag else b""
-        keys = record.encode_keys(model.validate_keys(msg.keys)) if msg.keys else b""
-        props = model.validate_properties(msg.properties, allow_system=system) if msg.properties else None
+        keys = record.encode_keys(validate.keys(msg.keys)) if msg.keys else b""
+        props = validate.properties(msg.properties, allow_system=system) if msg.properties else None
+        group = msg.message_group  # (None or "": no group)
+        if group:
+            group = validate.message_group(group)
         delayed = msg.deliver_at_ms is not None or bool(msg.delay_level)
-        mtype = msg.message_type or (_FIFO if msg.message_group else
+        mtype = msg.message_type or (_FIFO if group else
                                      _DELAY if delayed else _NORMAL)
         if topic.message_type is not _MIXED and topic.message_type is not mtype:
             raise errors.MessageTypeMismatch(
                 f"topic {topic.name} accepts {topic.message_type.name} messages, not {mtype.name}")
-        if msg.message_group or mtype is not _NORMAL:
+        if group or mtype is not _NORMAL:
             props = props or {}
-            if msg.message_group:
-                group = msg.message_group
-                if not isinstance(group, str) or not group.strip() or len(group.encode()) >= model.MESSAGE_GROUP_BYTES_MAX:
-                    raise errors.ClientError(
-                        f"message group must be non-blank and under {model.MESSAGE_GROUP_BYTES_MAX} bytes")
+            if group:
                 props[PROP_MESSAGE_GROUP] = group
             if mtype is not _NORMAL:
                 props[PROP_MESSAGE_TYPE] = mtype.name
         if now is None:
             now = self.clock.wall_ms()
-        message_id = model.validate_message_id(msg.message_id) if msg.message_id else new_message_id(now)
+        message_id = validate.message_id(msg.message_id) if msg.message_id else new_message_id(now)
         queue_id = self._choose_queue(topic, msg)
         born = now if msg.born_ms is None else int(msg.born_ms)
         prepared = Prepared(topic.name, queue_id, record.FLAG_SYSTEM if system else 0, born, 0,
@@ -344,8 +341,11 @@ class Broker:
         client_ids = False
         duplicates = False
         now = self.clock.wall_ms()
-        for msg in messages:
-            p, mid = prepare(msg, system=system, now=now, new_topics=new_topics)
+        for i, msg in enumerate(messages):
+            try:
+                p, mid = prepare(msg, system=system, now=now, new_topics=new_topics)
+            except errors.ClientError as exc:  # say which message of the batch is refused
+                raise validate.naming(exc, _which(i, msg)) from None
             if msg.message_id:
                 client_ids = True
                 key = (p.topic, mid)
@@ -430,14 +430,7 @@ class Broker:
         if min(lengths) == 0 or max(lengths) > self.config.max_body_bytes \
                 or not all(type(b) is bytes for b in bodies):
             return None
-        # Ids as validate_message_id has them: printable ASCII (no control characters), not
-        # blank, at most MESSAGE_ID_CHARS_MAX. A space anywhere goes the slow way (blank or not).
-        if not all(type(m) is str for m in message_ids):
-            return None
-        joined = "".join(message_ids)
-        id_lengths = list(map(len, message_ids))
-        if not (joined.isascii() and joined.isprintable()) or " " in joined or min(id_lengths) == 0 \
-                or max(id_lengths) > model.MESSAGE_ID_CHARS_MAX:
+        if not validate.plain_message_ids(message_ids):
             return None
         # Duplicates (in the batch or the dedupe window) are answered with the original: slow way.
         keys = [(topic, m) for m in message_ids]
@@ -628,7 +621,7 @@ class Broker:
                         for g, ts in data.items()}
 
     def get_offset(self, group: str, topic: str, queue_id: int) -> int | None:
-        model.validate_group_name(group)
+        validate.group_name(group)
         return self.offsets.get(group, {}).get(topic, {}).get(queue_id)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
@@ -637,7 +630,7 @@ class Broker:
         Durable at the next checkpoint (``checkpoint_interval_ms``) or clean stop.
         """
         if group not in self._valid_groups:  # POP commits after every ack: validate a name once
-            model.validate_group_name(group)
+            validate.group_name(group)
             if len(self._valid_groups) > 10_000:
                 self._valid_groups.clear()
             self._valid_groups.add(group)

@@ -85,7 +85,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from chronoq import errors, fsutil, model
+from chronoq import errors, fsutil, model, validate
 from chronoq.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, Broker
 from chronoq.model import MessageType
 from chronoq.msgid import new_message_id, new_message_ids
@@ -405,65 +405,67 @@ class Staging:
 
     def _encode_rows(self, cfg: model.TopicConfig, rows: Rows, now: int) -> bytes:
         """ROW-encoded rows, validated as ``Broker.prepare`` validates a message (same errors)."""
-        broker = self.broker
-        max_body = broker.config.max_body_bytes
-        max_delay = broker.timer.opts.max_delay_ms
-        mixed, topic_type = cfg.message_type is MessageType.MIXED, cfg.message_type
         turn = self._turns.get(cfg.name)
         if turn is None:
             turn = self._turns[cfg.name] = itertools.count()
         sticky_queue = next(turn) % cfg.queues
-        tags, keys, props_list, groups = rows.tags, rows.keys, rows.properties, rows.groups
-        if tags is None and keys is None and props_list is None and groups is None:
+        if rows.tags is None and rows.keys is None and rows.properties is None and rows.groups is None:
             plain = self._encode_plain(cfg, rows, now, sticky_queue)
             if plain is not None:
                 return plain
-        deliver, delay = rows.deliver_at_ms, rows.delay_ms
-        tag_bytes, pack, delayed_flag = broker._tag_bytes, ROW.pack, record.FLAG_DELAYED
         parts: list[bytes] = []
         size = 0
         for i, body in enumerate(rows.bodies):
-            if not body:
-                raise errors.BodyEmpty(f"row {i}: message body is empty")
-            if len(body) > max_body:
-                raise errors.BodyTooLarge(f"row {i}: message body is {len(body)} bytes; the limit is {max_body}")
-            at = deliver[i] if deliver is not None else 0
-            wait = delay[i] if delay is not None else 0
-            if at or wait:
-                if at < 0 or wait < 0:
-                    raise errors.InvalidDeliveryTime(f"row {i}: deliver_at_ms and delay_ms may not be negative")
-                if at and wait:
-                    raise errors.InvalidDeliveryTime(f"row {i}: give deliver_at_ms or delay_ms, not both")
-                at = deliverytime.check_deliver_at(at or now + wait, now, max_delay)
-            group = groups[i] if groups is not None else ""
-            mtype = MessageType.FIFO if group else MessageType.DELAY if at else MessageType.NORMAL
-            if not mixed and topic_type is not mtype:
-                raise errors.MessageTypeMismatch(
-                    f"topic {cfg.name} accepts {topic_type.name} messages, not {mtype.name}")
-            tag = tag_bytes(tags[i]) if tags is not None and tags[i] else b""
-            key_raw = record.encode_keys(model.validate_keys(keys[i])) if keys is not None and keys[i] else b""
-            user = props_list[i] if props_list is not None else None
-            if user or group:
-                props = model.validate_properties(user) if user else {}
-                if group:
-                    if not group.strip() or len(group.encode()) >= model.MESSAGE_GROUP_BYTES_MAX:
-                        raise errors.ClientError(
-                            f"row {i}: message group must be non-blank and under {model.MESSAGE_GROUP_BYTES_MAX} bytes")
-                    props[PROP_MESSAGE_GROUP] = group
-                if mtype is not MessageType.NORMAL:
-                    props[PROP_MESSAGE_TYPE] = mtype.name
-                prop_raw = record.encode_properties(props)
-            else:
-                prop_raw = _TYPE_DELAY if at else b""
-            queue = zlib.crc32(group.encode()) % cfg.queues if group else sticky_queue
-            mid = new_message_id(now).encode()
-            flags = delayed_flag if at > now else 0
-            parts.append(pack(flags, queue, now, at, len(mid), len(tag), len(key_raw), len(prop_raw), len(body)))
-            parts.extend((mid, tag, key_raw, prop_raw, body))
-            size += ROW_SIZE + len(mid) + len(tag) + len(key_raw) + len(prop_raw) + len(body)
+            try:
+                row = self._encode_row(i, body, rows, cfg, now, sticky_queue)
+            except errors.ClientError as exc:  # say which row is refused
+                raise validate.naming(exc, f"row {i}") from None
+            parts.extend(row)
+            size += ROW_SIZE + sum(map(len, row[1:]))
             if size > CHUNK_BYTES_MAX:
                 raise errors.ClientError(f"a staged chunk may hold at most {CHUNK_BYTES_MAX} bytes; send fewer rows")
         return b"".join(parts)
+
+    def _encode_row(self, i: int, body: bytes, rows: Rows, cfg: model.TopicConfig, now: int,
+                    sticky_queue: int) -> tuple[bytes, ...]:
+        """Row ``i`` as its ROW header and fields, checked by ``chronoq.validate`` as
+        ``Broker.prepare`` checks a message (same rules, same errors)."""
+        broker = self.broker
+        body = validate.body(body, broker.config.max_body_bytes)
+        deliver, delay = rows.deliver_at_ms, rows.delay_ms
+        at = deliver[i] if deliver is not None else 0
+        wait = delay[i] if delay is not None else 0
+        if at or wait:
+            if at < 0 or wait < 0:
+                raise errors.InvalidDeliveryTime("deliver_at_ms and delay_ms may not be negative")
+            if at and wait:
+                raise errors.InvalidDeliveryTime("give deliver_at_ms or delay_ms, not both")
+            at = deliverytime.check_deliver_at(at or now + wait, now, broker.timer.opts.max_delay_ms)
+        group = rows.groups[i] if rows.groups is not None else ""
+        if group:
+            group = validate.message_group(group)
+        mtype = MessageType.FIFO if group else MessageType.DELAY if at else MessageType.NORMAL
+        if cfg.message_type is not MessageType.MIXED and cfg.message_type is not mtype:
+            raise errors.MessageTypeMismatch(
+                f"topic {cfg.name} accepts {cfg.message_type.name} messages, not {mtype.name}")
+        tags, keys = rows.tags, rows.keys
+        tag = broker._tag_bytes(tags[i]) if tags is not None and tags[i] else b""
+        key_raw = record.encode_keys(validate.keys(keys[i])) if keys is not None and keys[i] else b""
+        user = rows.properties[i] if rows.properties is not None else None
+        if user or group:
+            props = validate.properties(user) if user else {}
+            if group:
+                props[PROP_MESSAGE_GROUP] = group
+            if mtype is not MessageType.NORMAL:
+                props[PROP_MESSAGE_TYPE] = mtype.name
+            prop_raw = record.encode_properties(props)
+        else:
+            prop_raw = _TYPE_DELAY if at else b""
+        queue = zlib.crc32(group.encode()) % cfg.queues if group else sticky_queue
+        mid = new_message_id(now).encode()
+        flags = record.FLAG_DELAYED if at > now else 0
+        return (ROW.pack(flags, queue, now, at, len(mid), len(tag), len(key_raw), len(prop_raw), len(body)),
+                mid, tag, key_raw, prop_raw, body)
 
     def _encode_plain(self, cfg: model.TopicConfig, rows: Rows, now: int, queue: int) -> bytes | None:
         """``_encode_rows`` for the bulk case: bodies and delivery times only (no tag, keys,
@@ -471,8 +473,9 @@ class Staging:
         any row fails one (the caller's row-by-row loop then names the row and the error), so
         both paths accept and encode exactly the same rows (``tests/unit/test_staging.py``)."""
         bodies, n = rows.bodies, len(rows.bodies)
-        if not all(bodies) or max(map(len, bodies)) > self.broker.config.max_body_bytes:
-            return None
+        if not all(bodies) or max(map(len, bodies)) > self.broker.config.max_body_bytes \
+                or not set(map(type, bodies)) <= {bytes}:
+            return None  # (validate.body's rules, in bulk)
         deliver, delay = rows.deliver_at_ms, rows.delay_ms
         if deliver is not None and delay is not None:
             return None  # both columns: the row loop decides row by row

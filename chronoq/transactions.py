@@ -26,7 +26,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from chronoq import errors, fsutil, model
+from chronoq import errors, fsutil, model, validate
 from chronoq.broker import Broker, OutgoingMessage
 from chronoq.model import Message, MessageType, SendResult
 
@@ -111,13 +111,15 @@ class Transactions:
     # ----------------------------------------------------------------- API
     def half_message(self, msg: OutgoingMessage) -> OutgoingMessage:
         """The system-topic record that stands for ``msg`` until it is resolved."""
-        topic = self.broker._send_topic(msg.topic, False)  # validates the real topic
+        # Validates the real topic; a new one is only planned (the commit's copy creates it), so
+        # a half refused for another field creates nothing.
+        topic = self.broker._send_topic(msg.topic, False, {})
         if msg.message_group:
             raise errors.MessageTypeMismatch("a transactional message cannot have a message group")
         if topic.message_type not in (MessageType.MIXED, MessageType.TRANSACTION):
             raise errors.MessageTypeMismatch(
                 f"topic {topic.name} accepts {topic.message_type.name} messages, not TRANSACTION")
-        props = model.validate_properties(msg.properties)
+        props = validate.properties(msg.properties)
         props[PROP_REAL_TOPIC] = topic.name
         return OutgoingMessage(HALF_TOPIC, msg.body, tag=msg.tag, keys=msg.keys, properties=props,
                                message_id=msg.message_id, born_ms=msg.born_ms)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 
-from chronoq import errors, model
+from chronoq import errors, model, validate
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -162,7 +162,7 @@ def parse_tag_filter(expression: object) -> frozenset[str] | None:
             try:
                 if not tag:
                     raise errors.InvalidTag("empty tag")
-                model.validate_tag(tag)
+                validate.tag(tag)
             except errors.InvalidTag as exc:
                 raise errors.InvalidFilter(
                     f"tag filter {expression!r} is not '*' or 'TagA || TagB': {exc.message}") from None

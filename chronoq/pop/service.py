@@ -85,7 +85,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from chronoq import errors, fsutil, model
+from chronoq import errors, fsutil, model, validate
 from chronoq.broker import PROP_MESSAGE_GROUP, Broker, OutgoingMessage
 from chronoq.clock import Clock
 from chronoq.model import Message
@@ -202,14 +202,14 @@ class PopService:
         """The group's settings; an unknown (valid) group is created with the defaults."""
         cfg = self._groups.get(name)
         if cfg is None:
-            model.validate_group_name(name)
+            validate.group_name(name)
             cfg = self._groups[name] = self._new_group(name)
             self._save_groups()
         return cfg
 
     def set_group(self, name: str, *, fifo: bool | None = None, max_attempts: int | None = None) -> GroupConfig:
         """Change a group's settings (durable). Unnamed settings keep their value."""
-        model.validate_group_name(name)
+        validate.group_name(name)
         if fifo is not None and type(fifo) is not bool:
             raise errors.ClientError(f"fifo must be true or false, not {fifo!r}")
         if max_attempts is not None and (type(max_attempts) is not int
@@ -250,7 +250,7 @@ class PopService:
         tags = names.parse_tag_filter(tag_filter)
         attempt_id = names.check_attempt_id(attempt_id)
         if group not in self._groups:
-            model.validate_group_name(group)  # before the topic: a bad request creates nothing
+            validate.group_name(group)  # before the topic: a bad request creates nothing
         tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
         gcfg = self.group(group)
         # Timer copies due by now become visible here too, not only at the timer's next tick: a
@@ -466,9 +466,9 @@ class PopService:
     def _check_names(self, group: str, topic: str) -> None:
         self._check_open()
         if group not in self._groups:
-            model.validate_group_name(group)
+            validate.group_name(group)
         if topic not in self._topic_names:
-            model.validate_topic_name(topic)
+            validate.topic_name(topic)
             if len(self._topic_names) > _NAMES_CACHE_MAX:
                 self._topic_names.clear()
             self._topic_names.add(topic)
@@ -805,7 +805,7 @@ class PopService:
     # ----------------------------------------------------------------- reporting and lifecycle
     def lag(self, group: str, topic: str) -> int:
         """Messages of ``topic`` (and the group's retry copies) this group has not popped yet."""
-        model.validate_group_name(group)
+        validate.group_name(group)
         if topic not in self.broker.topics:
             raise errors.TopicNotFound(f"topic {topic!r} does not exist")
         total = 0

@@ -39,7 +39,7 @@ Choices:
 
 from __future__ import annotations
 
-from chronoq import errors, lookup, model
+from chronoq import errors, lookup, model, validate
 from chronoq.console import settings as console_settings
 from chronoq.metrics import BrokerMetrics
 from chronoq.trace import FLAG_DELAYED
@@ -99,7 +99,7 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         if not request.HasField("topic"):
             raise errors.ClientError("CreateTopic needs a topic")
         want = request.topic
-        name = model.validate_user_topic(want.name)
+        name = validate.user_topic(want.name)
         existing = self.broker.topics.get(name)
         if want.queues < 0:
             raise errors.InvalidQueue(f"queue count must be positive, not {want.queues}")
@@ -128,7 +128,7 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         if not request.HasField("group"):
             raise errors.ClientError("CreateGroup needs a group")
         want = request.group
-        name = model.validate_group_name(want.name)
+        name = validate.group_name(want.name)
         if want.fifo and not request.set_fifo:
             raise errors.ClientError("group.fifo is true but set_fifo is false; set both to change it")
         if want.max_attempts and not request.set_max_attempts:
@@ -149,7 +149,7 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             if name in groups:
                 continue
             try:
-                model.validate_group_name(name)
+                validate.group_name(name)
             except errors.ClientError:  # an internal consumer of the broker's own: not listed
                 continue
             groups[name] = apb.Group(name=name, fifo=False, max_attempts=DEFAULT_MAX_ATTEMPTS)
@@ -161,13 +161,13 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         self._check_open()
         groups = self._known_groups()
         if request.group:
-            name = model.validate_group_name(request.group)
+            name = validate.group_name(request.group)
             if name not in groups:
                 raise errors.GroupNotFound(f"consumer group {name!r} does not exist")
             groups = {name: groups[name]}
         only_topic = None
         if request.topic:
-            only_topic = model.validate_user_topic(request.topic)
+            only_topic = validate.user_topic(request.topic)
             if only_topic not in self.broker.topics:
                 raise errors.TopicNotFound(f"topic {only_topic!r} does not exist")
         inflight = self.pop.inflight_by_topic()

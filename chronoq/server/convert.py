@@ -21,7 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
-from chronoq import errors, model, wire
+from chronoq import errors, model, validate, wire
 from chronoq.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, OutgoingMessage
 from chronoq.model import MessageType
 from chronoq.timer.deliverytime import from_client_timestamp
@@ -93,7 +93,7 @@ def topic_name(resource) -> str:
     """The topic named by a ``Resource``; validated (ILLEGAL_TOPIC when malformed)."""
     name = resource.name
     if name not in _valid_topics:
-        model.validate_topic_name(name)
+        validate.topic_name(name)
         if len(_valid_topics) >= _NAMES_CACHE_MAX:
             _valid_topics.clear()
         _valid_topics.add(name)
@@ -104,7 +104,7 @@ def group_name(resource) -> str:
     """The consumer group named by a ``Resource``; validated (ILLEGAL_CONSUMER_GROUP)."""
     name = resource.name
     if name not in _valid_groups:
-        model.validate_group_name(name)
+        validate.group_name(name)
         if len(_valid_groups) >= _NAMES_CACHE_MAX:
             _valid_groups.clear()
         _valid_groups.add(name)
@@ -116,8 +116,10 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
                      max_delay_ms: int = 2 * 365 * 86_400_000) -> OutgoingMessage:
     """Decode one ``apache.rocketmq.v2.Message`` of a SendMessage request.
 
-    Checks what the protocol adds (message type, group, id present, encoding). The broker checks
-    the rest when it writes (topic, body size, tag, keys, properties), so it is not done twice.
+    Checks what the protocol adds (message type against the fields, id present, encoding). The
+    broker checks every field's bytes when it prepares the message (``chronoq.validate``: topic,
+    body, tag, keys, properties, group, id), so that is done once, by the rules every entry
+    point shares.
     Runs once per message sent: each field is read once, and enum values are module ints.
     """
     sp = msg.system_properties
@@ -173,10 +175,8 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
         if not has_group:
             raise errors.MessageTypeMismatch(f"message {message_id}: a FIFO message needs a message_group")
         group = sp.message_group
-        if not group.strip() or len(group.encode()) >= model.MESSAGE_GROUP_BYTES_MAX or _has_control(group):
-            raise errors.InvalidMessageGroup(
-                f"message {message_id}: message group {group[:80]!r} must be non-blank, printable and under "
-                f"{model.MESSAGE_GROUP_BYTES_MAX} bytes")
+        if not group:  # (its bytes are checked by chronoq.validate when the broker prepares it)
+            raise errors.InvalidMessageGroup(f"message {message_id}: a FIFO message needs a non-empty message_group")
     elif has_group:
         raise errors.MessageTypeMismatch(
             f"message {message_id}: a {mtype.name} message may not carry a message_group")
@@ -256,10 +256,6 @@ def stored_message_pb(msg, message_type: int, namespace: str = ""):
     return pb.Message(topic=pb.Resource(name=msg.properties.get("__TXN_TOPIC", msg.topic),
                                         resource_namespace=namespace),
                       user_properties=props, system_properties=sp, body=msg.body)
-
-
-def _has_control(text: str) -> bool:
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

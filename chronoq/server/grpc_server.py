@@ -48,7 +48,7 @@ import operator
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from chronoq import errors, model, refusals, wire
+from chronoq import errors, model, refusals, validate, wire
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
 from chronoq.server import admin, answers, auth, convert, h2limits, h2server, plainsend, status
@@ -953,7 +953,7 @@ def apply_group_config(pop, groups: dict) -> None:
     if not isinstance(groups, dict):
         raise errors.ClientError("[groups] in the config file must be a table of group tables")
     for name, values in groups.items():
-        model.validate_group_name(name)
+        validate.group_name(name)
         if not isinstance(values, dict):
             raise errors.ClientError(f"[groups.{name}] must be a table")
         kwargs = {}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 
-from chronoq import errors, model
+from chronoq import errors, model, validate
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import status
 from chronoq.staging import CHUNK_ROWS_MAX, Rows, Staging
@@ -272,7 +272,7 @@ class PipelineRpcs:
     # ------------------------------------------------------------------ reading
     def _topic(self, name: str) -> model.TopicConfig:
         self._check_open()  # type: ignore[attr-defined]
-        cfg = self.broker.topics.get(model.validate_topic_name(name))  # type: ignore[attr-defined]
+        cfg = self.broker.topics.get(validate.topic_name(name))  # type: ignore[attr-defined]
         if cfg is None:
             raise errors.TopicNotFound(f"topic {name!r} does not exist")
         return cfg

@@ -21,8 +21,9 @@ Layout (all integers little-endian; offsets in bytes from the start of the recor
      56     4  body_len       u32
      60        topic, message id, tag (UTF-8), keys, properties, body (in this order)
 
-Keys are UTF-8 joined by 0x01. Properties are ``key 0x01 value`` pairs joined by 0x02 (the
-validation in ``chronoq.model`` forbids both bytes inside keys and values).
+Keys are UTF-8 joined by 0x01. Properties are ``key 0x01 value`` pairs joined by 0x02
+(``chronoq.validate`` forbids both bytes inside keys, property names and values, and the message
+group, which is stored as a property; the encoders assert it).
 
 A record is valid iff: at least ``HEADER_SIZE`` bytes are present, magic and version match,
 ``HEADER_SIZE <= total_len <= RECORD_SIZE_MAX``, the six lengths add up to ``total_len``,
@@ -79,13 +80,22 @@ class RecordError(ValueError):
 
 
 def encode_keys(keys: tuple[str, ...] | list[str]) -> bytes:
-    return KEY_SEP.join(k.encode() for k in keys) if keys else b""
+    if not keys:
+        return b""
+    raw = KEY_SEP.join(k.encode() for k in keys)
+    # Fields arrive checked (chronoq.validate); a separator inside one would read back as
+    # another message. Two C-level counts make sure no path forgot.
+    assert raw.count(KEY_SEP) == len(keys) - 1, "a message key holds the key separator"
+    return raw
 
 
 def encode_properties(props: dict[str, str]) -> bytes:
     if not props:
         return b""
-    return PROP_SEP.join(k.encode() + PROP_PAIR_SEP + v.encode() for k, v in props.items())
+    raw = PROP_SEP.join(k.encode() + PROP_PAIR_SEP + v.encode() for k, v in props.items())
+    assert raw.count(PROP_SEP) == len(props) - 1 and raw.count(PROP_PAIR_SEP) == len(props), \
+        "a property holds a record separator"
+    return raw
 
 
 def decode_keys(raw: bytes) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ def fields(draw) -> dict:
         "stored_ms": draw(I64),
         "deliver_at_ms": draw(I64),
         "topic": draw(st.text(TOPIC_ALPHABET, min_size=1, max_size=127)),
-        # Message ids: printable ASCII, 1..128 characters (model.validate_message_id).
+        # Message ids: printable ASCII, 1..128 characters (validate.message_id).
         "message_id": draw(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E),
                                    min_size=1, max_size=128)),
         "tag": draw(st.text(max_size=40)),
