@@ -110,6 +110,7 @@ def _boundary(response_type, what: str):
             try:
                 return await fn(self, request, context)
             except Exception as exc:  # noqa: BLE001 - this is the boundary
+                self._count_refusal(exc, context, what)
                 return response_type(status=_status_of(exc, what))
 
         handler.__name__ = fn.__name__
@@ -472,7 +473,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(messages) > SEND_BATCH_MAX:
             raise errors.ClientError(f"SendMessage carries {len(messages)} messages; at most {SEND_BATCH_MAX}")
         if len(messages) == 1:  # the official clients' only shape
-            entry = await self._send_one(messages[0])
+            entry = await self._send_one(messages[0], context)
             return sv.SendMessageResponse(status=entry.status, entries=[entry])
         # The common batch (plain messages of one topic) is checked and stored in bulk
         # (Broker.write_plain); anything else, or any rule broken, takes _send_batch. Its columns
@@ -484,9 +485,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             offsets = await self.committer.send_plain(*plain)
             if offsets is not None:
                 return wire.send_response_ok_plain(plain[1], offsets)  # (serialize_answer)
-        return await self._send_batch(messages)
+        return await self._send_batch(messages, context)
 
-    async def _send_batch(self, messages):
+    async def _send_batch(self, messages, context):
         """A batch message by message (``outgoing_from_pb``, ``Broker.write``): every shape."""
         if any(m.system_properties.message_type == pb.TRANSACTION for m in messages):
             raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
@@ -497,7 +498,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):
             # The broker refuses a batch with one bad message as a whole. Send them one by one
             # instead, so each gets its own answer (the committer still groups the fsyncs).
-            entries = await asyncio.gather(*(self._send_one(m) for m in messages))
+            entries = await asyncio.gather(*(self._send_one(m, context) for m in messages))
         else:
             # All accepted: encoded by hand (chronoq.wire), a third of the cost of building
             # SendResultEntry objects, and answered as bytes (serialize_answer).
@@ -506,7 +507,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         top = next((e.status for e in entries if e.status.code != status.OK), self._ok)
         return sv.SendMessageResponse(status=top, entries=entries)
 
-    async def _send_one(self, msg):
+    async def _send_one(self, msg, context):
         """Exactly one ``SendResultEntry`` for one message, failures included."""
         try:
             outgoing = self._outgoing(msg)
@@ -514,10 +515,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 return await self._send_half(outgoing)
             r = (await self.committer.send([outgoing]))[0]
         except Exception as exc:  # noqa: BLE001 - the answer for this message
+            self._count_refusal(exc, context, "SendMessage")
             return sv.SendResultEntry(status=_status_of(exc, "SendMessage"),
                                       message_id=msg.system_properties.message_id)
         return sv.SendResultEntry(status=self._ok, message_id=r.message_id, offset=r.queue_offset,
                                   recall_handle=r.recall_handle)
+
+    def _count_refusal(self, exc: BaseException, context, what: str) -> None:
+        """Count a request refused for what it carried (a field that failed validation) or for a
+        full disk (chronoq.refusals); other failures (not found, a stale handle) are answers, not
+        refusals. Limits count where they refuse (parked polls, the answer budget)."""
+        if isinstance(exc, errors.DiskFull):
+            reason = refusals.DISK_FULL
+        elif isinstance(exc, errors.ClientError) and not isinstance(exc, errors.InvalidReceiptHandle):
+            reason = refusals.INVALID
+        else:
+            return
+        self.broker.refusals.refuse(reason, context.peer(), f"{what}: {exc}")
 
     def _outgoing(self, msg):
         return convert.outgoing_from_pb(msg, self.config.max_body_bytes, self.clock.wall_ms(),
@@ -579,6 +593,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
             if popped:
                 self._release(group, topic, popped)
+            self._count_refusal(exc, context, "ReceiveMessage")
             yield sv.ReceiveMessageResponse(status=_status_of(exc, "ReceiveMessage"))
             return
         if not responses:
@@ -661,6 +676,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
             if popped:
                 self._release(group, topic, popped)
+            self._count_refusal(exc, context, what)
             return [sv.ReceiveMessageResponse(status=_status_of(exc, what)).SerializeToString()], None
 
     def _hold(self, context, group: str, topic: str, popped, responses: list[bytes]):
@@ -748,8 +764,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if left <= 0 or self._stopping:
                 return group, topic, ()
             if waker.parked >= self.config.max_parked_polls:  # a bound on parked work (docs/security.md)
-                raise errors.TooManyRequests(f"{waker.parked} receives are already waiting for messages "
-                                             "(max_parked_polls); retry later")
+                refused = (f"{waker.parked} receives are already waiting for messages (max_parked_polls); "
+                           "retry later")
+                self.broker.refusals.refuse(refusals.PARKED_POLLS, peer, refused)
+                raise errors.TooManyRequests(refused)
             waker.parked += 1
             try:
                 await asyncio.wait_for(event.wait(), left)

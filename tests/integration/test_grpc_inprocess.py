@@ -10,6 +10,7 @@ import asyncio
 import types
 
 import grpc
+from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
@@ -22,8 +23,8 @@ from chronoq.server.grpc_server import GrpcFrontEnd
 from .conftest import free_port
 
 
-async def _front_end(tmp_path):
-    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port()).validate()
+async def _front_end(tmp_path, **settings):
+    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), **settings).validate()
     broker = Broker(config)
     committer = GroupCommitter(broker)
     committer.start()
@@ -89,6 +90,45 @@ def test_a_client_reply_to_our_command_gets_no_answer(tmp_path):
                 assert reply.HasField("settings") and reply.status.code == pb.OK
                 await call.done_writing()
                 assert await call.read() == grpc.aio.EOF
+        finally:
+            await _close(front)
+
+    asyncio.run(scenario())
+
+
+def test_invalid_sends_and_parked_poll_overflow_are_counted_as_refusals(tmp_path):
+    """chronoq_requests_refused_total: a message that fails validation (invalid_request) and a long
+    poll past max_parked_polls (parked_poll_limit); a receive that finds nothing is no refusal."""
+    async def scenario():
+        front = await _front_end(tmp_path, max_parked_polls=1)
+        try:
+            counts = front.runtime.broker.refusals.counts
+            front.runtime.broker.create_topic("orders", 1)
+            async with grpc.aio.insecure_channel(front.config.endpoint) as channel:
+                stub = service_pb2_grpc.MessagingServiceStub(channel)
+                sp = pb.SystemProperties(message_id="01AA", message_type=pb.FIFO, message_group="g\x02evil\x01yes",
+                                         body_encoding=pb.IDENTITY)
+                sent = await stub.SendMessage(sv.SendMessageRequest(messages=[pb.Message(
+                    topic=pb.Resource(name="orders"), body=b"x", system_properties=sp)]))
+                assert sent.status.code == pb.ILLEGAL_MESSAGE_GROUP
+                assert counts["invalid_request"] == 1
+
+                def receive(wait_s: int):
+                    request = sv.ReceiveMessageRequest(
+                        group=pb.Resource(name="billing"),
+                        message_queue=pb.MessageQueue(topic=pb.Resource(name="orders")), batch_size=1,
+                        invisible_duration=duration_pb2.Duration(seconds=30),
+                        long_polling_timeout=duration_pb2.Duration(seconds=wait_s))
+                    return stub.ReceiveMessage(request, timeout=wait_s + 5)
+
+                parked = receive(3)  # waits for a message that does not come
+                await asyncio.sleep(0.5)
+                refused = [r async for r in receive(3)]
+                assert refused[0].status.code == pb.TOO_MANY_REQUESTS
+                assert counts["parked_poll_limit"] == 1
+                answers = [r async for r in parked]
+                assert answers[0].status.code == pb.MESSAGE_NOT_FOUND
+                assert counts["invalid_request"] == 1 and counts["parked_poll_limit"] == 1
         finally:
             await _close(front)
 
