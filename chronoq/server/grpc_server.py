@@ -487,7 +487,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 return wire.send_response_ok_plain(plain[1], offsets)  # (serialize_answer)
         return await self._send_batch(messages, context)
 
-    async def _send_batch(self, messages, context):
+    async def _send_batch(self, messages, context=None):
         """A batch message by message (``outgoing_from_pb``, ``Broker.write``): every shape."""
         if any(m.system_properties.message_type == pb.TRANSACTION for m in messages):
             raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
@@ -507,7 +507,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         top = next((e.status for e in entries if e.status.code != status.OK), self._ok)
         return sv.SendMessageResponse(status=top, entries=entries)
 
-    async def _send_one(self, msg, context):
+    async def _send_one(self, msg, context=None):
         """Exactly one ``SendResultEntry`` for one message, failures included."""
         try:
             outgoing = self._outgoing(msg)
@@ -531,7 +531,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             reason = refusals.INVALID
         else:
             return
-        self.broker.refusals.refuse(reason, context.peer(), f"{what}: {exc}")
+        self.broker.refusals.refuse(reason, context.peer() if context is not None else "", f"{what}: {exc}")
 
     def _outgoing(self, msg):
         return convert.outgoing_from_pb(msg, self.config.max_body_bytes, self.clock.wall_ms(),

@@ -59,6 +59,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+
+async def start_front_end(data_dir: str, **settings):
+    """The gRPC front end in this process and event loop, on a broker of its own (with a group
+    committer, as ``chronoq serve`` runs it): for tests that need its objects, not just a port."""
+    import types
+
+    from chronoq.broker import Broker
+    from chronoq.committer import GroupCommitter
+    from chronoq.config import BrokerConfig
+    from chronoq.server.grpc_server import GrpcFrontEnd
+
+    config = BrokerConfig(data_dir=data_dir, port=free_port(), **settings).validate()
+    broker = Broker(config)
+    committer = GroupCommitter(broker)
+    committer.start()
+    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer))
+    await front.start()
+    return front
+
+
+async def stop_front_end(front) -> None:
+    await front.stop()
+    await front.runtime.committer.close()
+    front.runtime.broker.close()
+
 def groups_toml(groups: dict) -> str:
     lines = []
     for name, values in groups.items():

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import types
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -17,12 +16,8 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq import acl
-from chronoq.broker import Broker
-from chronoq.committer import GroupCommitter
-from chronoq.config import BrokerConfig
-from chronoq.server.grpc_server import GrpcFrontEnd
 
-from .conftest import free_port
+from .conftest import start_front_end, stop_front_end
 
 DATE = "20250101T000000Z"
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
@@ -39,19 +34,11 @@ def _md(ak: str, client_id: str) -> tuple:
 
 
 async def _front_end(tmp_path):
-    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), extra={"auth": AUTH}).validate()
-    broker = Broker(config)
-    committer = GroupCommitter(broker)
-    committer.start()
-    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer))
-    await front.start()
-    return front
+    return await start_front_end(str(tmp_path / "data"), extra={"auth": AUTH})
 
 
 async def _close(front) -> None:
-    await front.stop()
-    await front.runtime.committer.close()
-    front.runtime.broker.close()
+    await stop_front_end(front)
 
 
 def test_telemetry_settings_and_transaction_checks_respect_permissions(tmp_path):

@@ -7,7 +7,6 @@ per-client session registry keyed by ``x-mq-client-id``.
 from __future__ import annotations
 
 import asyncio
-import types
 
 import grpc
 from google.protobuf import duration_pb2
@@ -15,29 +14,16 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq.broker import Broker
-from chronoq.committer import GroupCommitter
-from chronoq.config import BrokerConfig
-from chronoq.server.grpc_server import GrpcFrontEnd
 
-from .conftest import free_port
+from .conftest import start_front_end, stop_front_end
 
 
 async def _front_end(tmp_path, **settings):
-    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), **settings).validate()
-    broker = Broker(config)
-    committer = GroupCommitter(broker)
-    committer.start()
-    runtime = types.SimpleNamespace(config=config, broker=broker, committer=committer)
-    front = GrpcFrontEnd(runtime)
-    await front.start()
-    return front
+    return await start_front_end(str(tmp_path / "data"), **settings)
 
 
 async def _close(front) -> None:
-    await front.stop()
-    await front.runtime.committer.close()
-    front.runtime.broker.close()
+    await stop_front_end(front)
 
 
 def test_push_reaches_the_clients_telemetry_stream(tmp_path):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import types
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -35,13 +34,11 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from chronoq import errors
 from chronoq.broker import Broker, OutgoingMessage
 from chronoq.clock import FakeClock
-from chronoq.committer import GroupCommitter
 from chronoq.config import BrokerConfig
-from chronoq.server.grpc_server import GrpcFrontEnd
 from chronoq.staging import Rows, Staging
 from chronoq.transactions import Transactions
 
-from .conftest import free_port
+from .conftest import start_front_end, stop_front_end
 
 BODY_MAX = 512
 EXAMPLES = settings(max_examples=150, deadline=None, database=None,
@@ -306,19 +303,11 @@ def _pb_message(spec: Spec, transactional: bool = False):
 
 
 async def _front_end(tmp_path):
-    config = BrokerConfig(data_dir=str(tmp_path / "grpc"), port=free_port(), max_body_bytes=BODY_MAX).validate()
-    broker = Broker(config)
-    committer = GroupCommitter(broker)
-    committer.start()
-    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer))
-    await front.start()
-    return front
+    return await start_front_end(str(tmp_path / "grpc"), max_body_bytes=BODY_MAX)
 
 
 async def _close(front) -> None:
-    await front.stop()
-    await front.runtime.committer.close()
-    front.runtime.broker.close()
+    await stop_front_end(front)
 
 
 def test_grpc_send_message(tmp_path):
