@@ -191,14 +191,20 @@ def continuation_flood(ctx: Ctx) -> dict:
     block = conn.block(h2raw.grpc_headers("QueryRoute", conn.authority))
     conn.send(h2raw.headers(1, block, end_headers=False))
     empty, one = h2raw.continuation(1, b""), h2raw.continuation(1, b"\x00")
-    chunk = (empty * 9 + one) * 500
-    total, done = ctx.n(2_000_000), 0
+    done = _until_refused(ctx, conn, (empty * 9 + one) * 500, 5000, ctx.n(2_000_000))
+    return {"continuation_frames": done, "continuation_bytes": done // 10}
+
+
+def _until_refused(ctx: Ctx, conn, chunk: bytes, frames_per_chunk: int, total: int) -> int:
+    """Send ``chunk`` until ``total`` frames are out, the time is up, or the broker closed or sent
+    GOAWAY (read between chunks); the frames sent."""
+    done = 0
     while done < total and not ctx.stopped() and not conn.closed and conn.goaway_code is None:
         if not conn.send(chunk):
             break
-        done += 5000
+        done += frames_per_chunk
         conn.poll(0)
-    return {"continuation_frames": done, "continuation_bytes": done // 10}
+    return done
 
 
 
@@ -255,13 +261,7 @@ def empty_frames(ctx: Ctx) -> dict:
     conn = ctx.connect(timeout=2.0)
     conn.start()
     sid = conn.call("QueryRoute", None, end_stream=False)
-    chunk = (h2raw.data(sid, b"") + h2raw.unknown(0x20, 0)) * 2500
-    total, done = ctx.n(3_000_000), 0
-    while done < total and not ctx.stopped() and not conn.closed and conn.goaway_code is None:
-        if not conn.send(chunk):
-            break
-        done += 5000
-        conn.poll(0)
+    done = _until_refused(ctx, conn, (h2raw.data(sid, b"") + h2raw.unknown(0x20, 0)) * 2500, 5000, ctx.n(3_000_000))
     return {"frames": done}
 
 

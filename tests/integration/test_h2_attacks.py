@@ -185,6 +185,17 @@ def assert_goaway(client: RawClient, code: int, names: str) -> None:
     assert client.closed
 
 
+def goaway_case(script, names: str, reason: str, **limits) -> None:
+    """Run ``script`` against a live server with ``limits``: the connection must end with GOAWAY
+    ENHANCE_YOUR_CALM naming ``names``, and exactly one refusal counted, for ``reason``."""
+    async def test(endpoint, refusals, echo):
+        client = await attack(endpoint, script)
+        assert_goaway(client, ENHANCE_YOUR_CALM, names)
+        assert refused(refusals) == {reason: 1}
+
+    run(test, **limits)
+
+
 # ---------------------------------------------------------------------------------- §3 attacks
 def test_rapid_reset_spends_a_budget_then_goaway():
     # CVE-2023-44487: open a stream, reset it, repeat.
@@ -194,12 +205,7 @@ def test_rapid_reset_spends_a_budget_then_goaway():
             c.send(RstStreamFrame(sid, error_code=CANCEL))
         c.read_until_closed()
 
-    async def test(endpoint, refusals, echo):
-        client = await attack(endpoint, script)
-        assert_goaway(client, ENHANCE_YOUR_CALM, "resets over the budget")
-        assert refused(refusals) == {R.RAPID_RESET: 1}
-
-    run(test, reset_burst=50, reset_rate=1.0)
+    goaway_case(script, "resets over the budget", R.RAPID_RESET, reset_burst=50, reset_rate=1.0)
 
 
 def test_handlers_of_reset_streams_count_against_the_stream_cap():
@@ -253,12 +259,7 @@ def test_continuation_flood_is_cut_at_eight_frames(payload_size):
         c.send(*(ContinuationFrame(1, b"\x00" * payload_size) for _ in range(50)))
         c.read_until_closed()
 
-    async def test(endpoint, refusals, echo):
-        client = await attack(endpoint, script)
-        assert_goaway(client, ENHANCE_YOUR_CALM, "more than 8 CONTINUATION")
-        assert refused(refusals) == {R.CONTINUATION_FLOOD: 1}
-
-    run(test)
+    goaway_case(script, "more than 8 CONTINUATION", R.CONTINUATION_FLOOD)
 
 
 def test_hpack_bomb_is_stopped_while_decoding():
@@ -274,12 +275,7 @@ def test_hpack_bomb_is_stopped_while_decoding():
                  for i, p in enumerate(parts[1:], 1)))
         c.read_until_closed()
 
-    async def test(endpoint, refusals, echo):
-        client = await attack(endpoint, script)
-        assert_goaway(client, ENHANCE_YOUR_CALM, "header list over 65536")
-        assert refused(refusals) == {R.HEADER_LIST: 1}
-
-    run(test)
+    goaway_case(script, "header list over 65536", R.HEADER_LIST)
 
 
 def test_ping_flood_from_a_peer_that_does_not_read():
@@ -318,12 +314,7 @@ def test_ping_and_settings_frames_spend_a_budget_even_when_acks_are_read(kind):
             c.read(0.001)
         c.read_until_closed()
 
-    async def test(endpoint, refusals, echo):
-        client = await attack(endpoint, script)
-        assert_goaway(client, ENHANCE_YOUR_CALM, "PING/SETTINGS frames over the budget")
-        assert refused(refusals) == {R.CONTROL_FLOOD: 1}
-
-    run(test, control_burst=50, control_rate=1.0)
+    goaway_case(script, "PING/SETTINGS frames over the budget", R.CONTROL_FLOOD, control_burst=50, control_rate=1.0)
 
 
 def test_settings_frame_with_too_many_entries():
@@ -332,12 +323,7 @@ def test_settings_frame_with_too_many_entries():
         c.send(SettingsFrame(0, settings={0x100 + i: 1 for i in range(40)}))  # unknown ids: legal, ignored
         c.read_until_closed()
 
-    async def test(endpoint, refusals, echo):
-        client = await attack(endpoint, script)
-        assert_goaway(client, ENHANCE_YOUR_CALM, "more than 32 entries")
-        assert refused(refusals) == {R.CONTROL_FLOOD: 1}
-
-    run(test)
+    goaway_case(script, "more than 32 entries", R.CONTROL_FLOOD)
 
 
 @pytest.mark.parametrize("kind", ["empty DATA", "unknown type", "empty HEADERS"])
@@ -355,12 +341,7 @@ def test_frames_carrying_nothing_spend_a_budget(kind):
                        ContinuationFrame(sid, c.request_block(), flags=["END_HEADERS"]))
         c.read_until_closed()
 
-    async def test(endpoint, refusals, echo):
-        client = await attack(endpoint, script)
-        assert_goaway(client, ENHANCE_YOUR_CALM, "frames carrying nothing over the budget")
-        assert refused(refusals) == {R.EMPTY_FRAMES: 1}
-
-    run(test, empty_burst=50, empty_rate=1.0)
+    goaway_case(script, "frames carrying nothing over the budget", R.EMPTY_FRAMES, empty_burst=50, empty_rate=1.0)
 
 
 def test_streams_past_the_advertised_cap_are_refused():
