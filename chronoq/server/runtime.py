@@ -17,6 +17,7 @@ from typing import Callable
 from chronoq.broker import Broker
 from chronoq.committer import GroupCommitter
 from chronoq.config import BrokerConfig
+from chronoq.server import sdnotify
 
 log = logging.getLogger("chronoq.runtime")
 
@@ -49,6 +50,7 @@ class Runtime:
         from chronoq.clock import SYSTEM_CLOCK
         from chronoq.server.progress import StartupProgress
 
+        sdnotify.notify(f"STATUS=opening {self.config.data_dir}: recovery")  # (systemctl status)
         # Verify and rebuild progress: INFO log lines every 2 s, and a bar when stderr is a terminal.
         progress = StartupProgress(SYSTEM_CLOCK.monotonic_ns)
         try:
@@ -204,9 +206,12 @@ class Runtime:
             # keep it out of every later full collection.
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-            self.say("chronoq is ready" + "".join(f"; {fe.describe()}" for fe in self.front_ends))
+            ready = "chronoq is ready" + "".join(f"; {fe.describe()}" for fe in self.front_ends)
+            self.say(ready)
             sys.stdout.flush()
+            sdnotify.notify("READY=1", f"STATUS={ready}")  # under systemd (Type=notify): started
             await self._stop.wait()
+            sdnotify.notify("STOPPING=1", "STATUS=stopping: flushing and writing a clean checkpoint")
             self.say("chronoq stopping: flushing and writing a clean checkpoint")
         finally:  # also when a front end fails to start: close what is open, cleanly
             for front_end in reversed(self.front_ends):

@@ -84,6 +84,7 @@ async def stop_front_end(front) -> None:
     await front.runtime.committer.close()
     front.runtime.broker.close()
 
+
 def groups_toml(groups: dict) -> str:
     lines = []
     for name, values in groups.items():
