@@ -192,3 +192,11 @@ def test_a_record_gone_inside_the_window_makes_the_entry_gone(tmp_path):
         assert b.retention(), "retention deleted the first segment"
         again = b.send("orders", b"x" * 1024, message_id="old-one")
         assert not again.duplicate and again.commit_offset > first.commit_offset
+
+
+def test_dedupe_max_entries_is_bounded_in_the_config(tmp_path):
+    with pytest.raises(errors.ClientError):
+        BrokerConfig(data_dir=str(tmp_path), dedupe_max_entries=-1).validate()
+    with pytest.raises(errors.ClientError):
+        BrokerConfig(data_dir=str(tmp_path), dedupe_max_entries=50_000_001).validate()
+    BrokerConfig(data_dir=str(tmp_path), dedupe_max_entries=0).validate()
