@@ -9,6 +9,9 @@ Under ``sync`` two modes run: ``inline`` (write, fsync, dispatch, one batch at a
 ``group_commit`` (several asyncio senders through chronoq.committer.GroupCommitter, as the server
 runs: encoding overlaps the fsync in a worker thread, one fsync acknowledges many batches).
     .venv/bin/python bench/append.py --batch 500 --messages 500000 --policy sync
+
+--ids gives every message a client-chosen id, as the official clients send (the broker then keeps
+each in its dedupe window); the batch is built anew for each send then, in both runs alike.
 """
 
 from __future__ import annotations
@@ -25,20 +28,33 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from chronoq.broker import Broker, OutgoingMessage  # noqa: E402
 from chronoq.config import BrokerConfig  # noqa: E402
+from chronoq.msgid import new_message_id  # noqa: E402
 
 
-def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int, queues: int, directory: str) -> None:
+def batches(body: bytes, batch: int, ids: bool):
+    """What each send sends: the same messages, or (``ids``) fresh ones with new client ids."""
+    same = [OutgoingMessage("bench", body, tag="t") for _ in range(batch)]
+    while True:
+        if ids:
+            now = int(time.time() * 1000)
+            yield [OutgoingMessage("bench", body, tag="t", message_id=new_message_id(now)) for _ in range(batch)]
+        else:
+            yield same
+
+
+def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int, queues: int, directory: str,
+        ids: bool = False) -> None:
     data_dir = tempfile.mkdtemp(prefix=f"append-{policy}-", dir=directory)
     cfg = BrokerConfig(data_dir=data_dir, flush_policy=policy, default_queues=queues)
     broker = Broker(cfg)
     body = os.urandom(body_bytes)
-    batch_msgs = [OutgoingMessage("bench", body, tag="t") for _ in range(batch)]
+    source = batches(body, batch, ids)
     sent = fsyncs = 0
     start = time.perf_counter()
     cpu0 = time.process_time()
     deadline = start + seconds
     while sent < messages and time.perf_counter() < deadline:
-        broker.write(batch_msgs)
+        broker.write(next(source))
         if policy == "sync":
             broker.flush()  # group commit: one fsync for the whole batch, then visible
             fsyncs += 1
@@ -53,7 +69,7 @@ def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int,
     cpu = time.process_time() - cpu0
     broker.close()
     shutil.rmtree(data_dir, ignore_errors=True)
-    ctx = {"policy": policy, "mode": "inline", "batch": batch, "body_bytes": body_bytes, "messages": sent,
+    ctx = {"policy": policy, "mode": "inline", "batch": batch, "body_bytes": body_bytes, "ids": ids, "messages": sent,
            "seconds": round(elapsed, 3), "cpu_seconds": round(cpu, 3)}
     print(json.dumps({"metric": "append_rate", "value": round(sent / elapsed), "unit": "msgs/s", **ctx}), flush=True)
     print(json.dumps({"metric": "append_bandwidth", "value": round(sent * body_bytes / elapsed / 1e6, 1),
@@ -63,7 +79,7 @@ def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int,
 
 
 def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int, queues: int, directory: str,
-                     senders: int) -> None:
+                     senders: int, ids: bool = False) -> None:
     """``senders`` concurrent asyncio producers through the GroupCommitter (as the server runs):
     encoding of new batches overlaps the fsync of earlier ones, and one fsync acks many batches."""
     import asyncio
@@ -73,7 +89,7 @@ def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int,
     data_dir = tempfile.mkdtemp(prefix="append-group-", dir=directory)
     broker = Broker(BrokerConfig(data_dir=data_dir, flush_policy="sync", default_queues=queues))
     body = os.urandom(body_bytes)
-    batch_msgs = [OutgoingMessage("bench", body, tag="t") for _ in range(batch)]
+    source = batches(body, batch, ids)
 
     async def go() -> tuple[int, float, int]:
         committer = GroupCommitter(broker)
@@ -86,7 +102,7 @@ def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int,
             nonlocal sent
             while sent < messages and time.perf_counter() < deadline:
                 sent += batch  # counted before the await so senders stop at the bound
-                await committer.send(batch_msgs)
+                await committer.send(next(source))
 
         await asyncio.gather(*(sender() for _ in range(senders)))
         elapsed = time.perf_counter() - start
@@ -100,6 +116,7 @@ def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int,
     broker.close()
     shutil.rmtree(data_dir, ignore_errors=True)
     ctx = {"policy": "sync", "mode": "group_commit", "senders": senders, "batch": batch, "body_bytes": body_bytes,
+           "ids": ids,
            "messages": sent, "seconds": round(elapsed, 3), "cpu_seconds": round(cpu, 3)}
     print(json.dumps({"metric": "append_rate", "value": round(sent / elapsed), "unit": "msgs/s", **ctx}), flush=True)
     print(json.dumps({"metric": "append_bandwidth", "value": round(sent * body_bytes / elapsed / 1e6, 1),
@@ -118,14 +135,16 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=4)
     ap.add_argument("--dir", default=None, help="where to put the temporary data directory")
     ap.add_argument("--senders", type=int, default=4, help="concurrent senders in group-commit mode")
+    ap.add_argument("--ids", action="store_true", help="every message with a client-chosen id")
     args = ap.parse_args()
     policies = ["sync", "async"] if args.policy == "both" else [args.policy]
     for policy in policies:
         for batch in args.batch or [100, 1000]:
-            run(policy, batch, args.messages, args.seconds, args.body_bytes, args.queues, args.dir or tempfile.gettempdir())
+            run(policy, batch, args.messages, args.seconds, args.body_bytes, args.queues, args.dir or tempfile.gettempdir(),
+                args.ids)
             if policy == "sync":
                 run_group_commit(batch, args.messages, args.seconds, args.body_bytes, args.queues,
-                                 args.dir or tempfile.gettempdir(), args.senders)
+                                 args.dir or tempfile.gettempdir(), args.senders, args.ids)
 
 
 if __name__ == "__main__":

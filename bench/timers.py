@@ -8,6 +8,7 @@ by a count and by --seconds.
     .venv/bin/python bench/timers.py --parts b --rates 2000,5000 --steady-seconds 60
     .venv/bin/python bench/timers.py --parts c --burst 200000
     .venv/bin/python bench/timers.py --parts de --big      # 10,000,000 timers in d and e
+    .venv/bin/python bench/timers.py --parts f --count 100000
 
 Parts (letters follow the timer benchmark plan):
 
@@ -38,13 +39,25 @@ d  memory: --count far-future timers (due 1 to 8 days ahead) are scheduled in a 
 e  restart: the time to open the broker with those timers pending, after the kill -9 above
    (replays the commit log after the timer's last checkpoint) and after a clean stop.
 
---big makes d and e use 10,000,000 timers (a keeps --count).
+f  memory per remembered message id and per pending timer: --count messages due 1 to 2 h ahead,
+   each with a client-chosen id (as the official clients send them), through the broker API in
+   batches, in a fresh child process; VmRSS of that live process before and after the load (each
+   after gc.collect()). A second child loads the same messages without ids (nothing for the dedupe
+   window to remember): its growth per message is the cost of a pending timer (an upper bound:
+   it holds every other per-message cost too), and the difference between the two, divided by the
+   entries the window holds at the end, the cost of a remembered id (the heap makes both children
+   vary by a few MB: compare runs). released_mb_dropping_window: RSS given back at once when the
+   window is dropped after the load (a lower bound). --f-tracemalloc N prints the N top
+   allocations by line of each child (slow: use a smaller --count).
+
+--big makes d and e use 10,000,000 timers (a keeps --count, f too).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -55,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,9 +77,11 @@ sys.path.insert(0, ROOT)
 from bench.machine import MachineLoad, python_speed  # noqa: E402
 from chronoq.broker import Broker, OutgoingMessage  # noqa: E402
 from chronoq.config import BrokerConfig  # noqa: E402
+from chronoq.msgid import new_message_id  # noqa: E402
 
 TOPIC = "bench-timers"
 DAY_MS = 86_400_000
+HOUR_MS = 3_600_000
 BIG_COUNT = 10_000_000
 SEND_BATCH_MAX = 1000       # messages per SendMessage request (the broker takes up to 1024)
 RECEIVE_BATCH = 32
@@ -89,12 +105,16 @@ def emit(metric: str, value, unit: str, **ctx) -> None:
                       "python_speed_mips": _SPEED[0] if _SPEED else None}), flush=True)
 
 
-def rss_mb() -> float:
+def rss_kb() -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+                return int(line.split()[1])
+    return 0
+
+
+def rss_mb() -> float:
+    return rss_kb() / 1024
 
 
 def config(data_dir: str) -> BrokerConfig:
@@ -102,8 +122,9 @@ def config(data_dir: str) -> BrokerConfig:
 
 
 def schedule(broker: Broker, count: int, batch: int, seconds: float, lo_ms: int, hi_ms: int,
-             body: bytes, seed: int) -> tuple[int, float, int]:
-    """Send up to ``count`` timers due ``lo_ms..hi_ms`` ahead. Returns (sent, seconds, batches)."""
+             body: bytes, seed: int, ids: bool = False) -> tuple[int, float, int]:
+    """Send up to ``count`` timers due ``lo_ms..hi_ms`` ahead (``ids``: each with a client-chosen
+    message id, as the official clients send). Returns (sent, seconds, batches)."""
     rng = random.Random(seed)
     sent = batches = 0
     start = time.perf_counter()
@@ -112,7 +133,8 @@ def schedule(broker: Broker, count: int, batch: int, seconds: float, lo_ms: int,
     while sent < count and time.perf_counter() < deadline:
         now_ms = broker.clock.wall_ms()
         n = min(batch, count - sent)
-        broker.send_batch([OutgoingMessage(TOPIC, body, deliver_at_ms=now_ms + rng.randrange(lo_ms, hi_ms))
+        broker.send_batch([OutgoingMessage(TOPIC, body, deliver_at_ms=now_ms + rng.randrange(lo_ms, hi_ms),
+                                           message_id=new_message_id(now_ms) if ids else None)
                            for _ in range(n)])
         sent += n
         batches += 1
@@ -512,10 +534,74 @@ def part_d_e(args, workdir: str, parts: str) -> None:
     shutil.rmtree(full, ignore_errors=True)
 
 
+# ----------------------------------------------------------------------------- f: memory per id and per timer
+def child_mem(args) -> None:
+    """Load --count messages due 1-2 h ahead into a fresh broker on --dir (--ids: each with a
+    client-chosen id) and print this live process's RSS growth, the dedupe window's entries and
+    the pending timers as one JSON object (the last line); --f-tracemalloc N: first the N top
+    allocations by line that the load left behind."""
+    if args.f_tracemalloc:
+        tracemalloc.start()
+    broker = Broker(config(args.dir))
+    body = os.urandom(args.body_bytes)
+    gc.collect()
+    before_kb = rss_kb()
+    snap0 = tracemalloc.take_snapshot() if args.f_tracemalloc else None
+    sent, elapsed, _ = schedule(broker, args.count, args.batch, args.seconds, HOUR_MS, 2 * HOUR_MS, body, 3,
+                                ids=args.ids)
+    gc.collect()
+    after_kb = rss_kb()
+    if snap0 is not None:
+        stats = tracemalloc.take_snapshot().compare_to(snap0, "lineno")
+        for st in stats[:args.f_tracemalloc]:
+            frame = st.traceback[0]
+            print(json.dumps({"where": f"{os.path.relpath(frame.filename, ROOT)}:{frame.lineno}",
+                              "bytes": st.size_diff, "blocks": st.count_diff,
+                              "bytes_per_message": round(st.size_diff / max(sent, 1), 1)}), flush=True)
+    pending = broker.timer.pending_by_horizon((3 * HOUR_MS,))[0]
+    entries = len(broker._dedupe)
+    # What dropping the window gives back to the system at once (a lower bound: memory the
+    # allocator keeps for reuse is not given back, so this misses most of a heap-built window).
+    gc.collect()
+    held_kb = rss_kb()  # (pending_by_horizon above reads the schedule files: counted apart)
+    broker._dedupe = type(broker._dedupe)(0, 0)
+    gc.collect()
+    released_kb = held_kb - rss_kb()
+    print(json.dumps({"sent": sent, "seconds": round(elapsed, 3), "rss_before_kb": before_kb,
+                      "rss_after_kb": after_kb, "dedupe_entries": entries, "released_kb": released_kb,
+                      "pending_timers": pending}), flush=True)
+    os._exit(0)  # no close: only the live figures matter
+
+
+def part_f(args, workdir: str) -> None:
+    common = ["--count", str(args.count), "--batch", str(args.batch), "--seconds", str(args.seconds),
+              "--body-bytes", str(args.body_bytes), "--f-tracemalloc", str(args.f_tracemalloc)]
+    runs = {}
+    for ids in (True, False):
+        data_dir = tempfile.mkdtemp(prefix="timers-f-", dir=workdir)
+        runs[ids] = run_child("--child", "mem", "--dir", data_dir, *(["--ids"] if ids else []), *common)
+        runs[ids]["growth_kb"] = runs[ids]["rss_after_kb"] - runs[ids]["rss_before_kb"]
+        shutil.rmtree(data_dir, ignore_errors=True)
+    with_ids, without = runs[True], runs[False]
+    ctx = {"part": "f", "messages": with_ids["sent"], "body_bytes": args.body_bytes, "spread": "1-2 h",
+           "batch": args.batch, "dedupe_entries": with_ids["dedupe_entries"],
+           "pending_timers": with_ids["pending_timers"], "load_s_with_ids": with_ids["seconds"],
+           "rss_growth_mb_with_ids": round(with_ids["growth_kb"] / 1024, 1),
+           "rss_growth_mb_without_ids": round(without["growth_kb"] / 1024, 1),
+           "released_mb_dropping_window": round(with_ids["released_kb"] / 1024, 1)}
+    emit("rss_per_message_with_ids", round(with_ids["growth_kb"] * 1024 / max(with_ids["sent"], 1), 1),
+         "bytes", **ctx)
+    emit("rss_per_pending_timer", round(without["growth_kb"] * 1024 / max(without["pending_timers"], 1), 1),
+         "bytes", **ctx)
+    emit("rss_per_remembered_id",
+         round((with_ids["growth_kb"] - without["growth_kb"]) * 1024 / max(with_ids["dedupe_entries"], 1), 1),
+         "bytes", **ctx)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="abcde", help="which parts to run (letters a to e)")
-    ap.add_argument("--count", type=int, default=1_000_000, help="timers in a, d and e")
+    ap.add_argument("--parts", default="abcdef", help="which parts to run (letters a to f)")
+    ap.add_argument("--count", type=int, default=1_000_000, help="timers in a, d, e and f")
     ap.add_argument("--big", action="store_true", help="10,000,000 timers in d and e")
     ap.add_argument("--rates", default="2000,5000", help="b: due timers per second, comma-separated")
     ap.add_argument("--steady-seconds", type=float, default=60.0, help="b: how long each rate runs")
@@ -535,7 +621,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=600.0, help="time bound of each enqueue loop")
     ap.add_argument("--body-bytes", type=int, default=100)
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
-    ap.add_argument("--child", choices=["fill", "open"], help=argparse.SUPPRESS)
+    ap.add_argument("--f-tracemalloc", type=int, default=0, metavar="N",
+                    help="f: print the N top allocations by line in each child (slow)")
+    ap.add_argument("--child", choices=["fill", "open", "mem"], help=argparse.SUPPRESS)
+    ap.add_argument("--ids", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--close", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     _SPEED.append(python_speed())
@@ -543,7 +632,10 @@ def main() -> None:
         return child_fill(args)
     if args.child == "open":
         return child_open(args)
+    if args.child == "mem":
+        return child_mem(args)
     workdir = tempfile.mkdtemp(prefix="chronoq-bench-timers-", dir=args.dir)
+    count = args.count
     try:
         if "a" in args.parts:
             part_a(args, workdir)
@@ -557,6 +649,9 @@ def main() -> None:
             if args.big:
                 args.count = BIG_COUNT
             part_d_e(args, workdir, args.parts)
+        if "f" in args.parts:
+            args.count = count  # (--big is for d and e only)
+            part_f(args, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -16,15 +16,13 @@ import itertools
 import logging
 import os
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
-
-import google_crc32c
 
 from chronoq import errors, fsutil, model, validate
 from chronoq.clock import SYSTEM_CLOCK, Clock
 from chronoq.config import BrokerConfig
+from chronoq.dedupe import DedupeWindow
 from chronoq.jobs import Job, run_all_here
 from chronoq.model import Message, MessageType, SendResult, TopicConfig
 from chronoq.msgid import new_message_id
@@ -39,9 +37,6 @@ from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcom
 from chronoq.trace import TRACE_TOPIC, TraceRecorder
 from chronoq.trace import bodies as trace_bodies
 
-# Fingerprint of a body for the dedupe window (a resend must carry the same body). CRC-32C is
-# computed in hardware: a quarter of zlib.crc32's cost per KiB.
-_body_crc = google_crc32c.value
 # Enum members as module globals: ``MessageType.NORMAL`` is a metaclass attribute lookup that costs
 # about a microsecond on Python 3.11, and prepare() compares types several times per message.
 _MIXED, _NORMAL, _FIFO, _DELAY = MessageType.MIXED, MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY
@@ -53,8 +48,9 @@ TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "offsets.json"
 PROP_MESSAGE_GROUP = "__GROUP"
 PROP_MESSAGE_TYPE = "__TYPE"
-# Dedupe entries expired per maintenance call at most (~1.5 ms on the 2-core VM; maintenance runs
-# every 200 ms, so 10,000 a second; above that rate ``dedupe_max_entries`` bounds the window).
+# Dedupe entries expired per maintenance call at most (maintenance runs every 200 ms, so 10,000 a
+# second; above that rate ``dedupe_max_entries`` bounds the window). Expiry only moves the
+# window's tail now (chronoq.dedupe), well under a ms for a step; the bound stays a bound.
 DEDUPE_EXPIRE_STEP = 2_000
 # Per maintenance pass (every <= 200 ms), time spent counting schedule files for the metrics
 # cache: a first scrape then finds them counted, and deliveries wait at most this long.
@@ -139,11 +135,10 @@ class Broker:
         self._user_topics: dict[str, TopicConfig] = {}
         self._system_topics: dict[str, TopicConfig] = {}
         self._tags: dict[str, bytes] = {}
-        # (topic, message id) -> (message id, queue id, queue offset, commit offset, recall handle,
-        # body CRC-32C, stored at ms): exact resends answer the original. Plain tuples of ints and
-        # strings on purpose: the cyclic GC stops tracking them, so a full window (200k entries)
-        # costs no collector time (SendResult objects in it doubled the cost of a send).
-        self._dedupe: OrderedDict[tuple[str, str], tuple[str, int, int, int, str, int, int]] = OrderedDict()
+        # Client message ids stored lately: a hash of (topic, id) and the record's commit offset
+        # (chronoq.dedupe, ~40 B an entry, no Python object per entry); an exact resend answers
+        # the original, rebuilt from its record (``_original``).
+        self._dedupe = DedupeWindow(self.config.dedupe_max_entries, self.config.dedupe_window_ms)
         self._last_checkpoint_ms = self.clock.wall_ms()
         self._arrival_listeners: list = []
         self._notified_upto = (self.store.dispatched, self.store.released)
@@ -308,19 +303,44 @@ class Broker:
 
     def check_duplicate(self, topic: str, message_id: str, body: bytes) -> SendResult | None:
         """The original result if (topic, id) was sent within the window with the same body."""
-        key = (topic, message_id)
-        hit = self._dedupe.get(key)
-        if hit is None:
-            return None
-        original_id, queue_id, queue_offset, commit_offset, recall_handle, crc, stored_ms = hit
-        if self.clock.wall_ms() - stored_ms > self.config.dedupe_window_ms:
-            del self._dedupe[key]
-            return None
-        if _body_crc(body) != crc:
-            raise errors.DuplicateMessageId(
-                f"message id {message_id} was already used in topic {topic} for a different body")
-        return SendResult(original_id, topic, queue_id, queue_offset, commit_offset, duplicate=True,
-                          recall_handle=recall_handle)
+        window = self._dedupe
+        return self._original(topic, message_id, body, window.hash_key(topic, message_id), self.clock.wall_ms())
+
+    def _original(self, topic: str, message_id: str, body: bytes, key_hash: int, now: int) -> SendResult | None:
+        """``check_duplicate`` with the key's hash known. The window keeps only a hash and a
+        commit offset: each candidate's record is read back and must carry this topic and id (a
+        hash collision is another message, not a duplicate); its body decides duplicate or
+        ``DuplicateMessageId``, and its fields rebuild the original answer."""
+        for commit_offset in self._dedupe.candidates(key_hash, now):
+            try:
+                stored = self.store.read_record_at(commit_offset)
+            except (errors.NotFound, errors.CorruptionError) as exc:
+                # The record is gone (retention deleted its segment inside the window) or damaged:
+                # there is no original to answer with, so the entry counts as gone and the resend
+                # is stored anew (at least once, as after the window).
+                if isinstance(exc, errors.CorruptionError):
+                    log.warning("dedupe: record at %d unreadable (%s); resend of %s stored anew",
+                                commit_offset, exc, message_id)
+                continue
+            if stored.topic != topic or stored.message_id != message_id:
+                continue
+            if stored.body != body:
+                raise errors.DuplicateMessageId(
+                    f"message id {message_id} was already used in topic {topic} for a different body")
+            return self._result_of(stored)
+        return None
+
+    def _result_of(self, m: Message) -> SendResult:
+        """The answer ``write`` gave when it stored ``m`` (read back from the log), as a duplicate."""
+        if not m.deliver_at_ms:
+            return SendResult(m.message_id, m.topic, m.queue_id, m.queue_offset, m.commit_offset, duplicate=True)
+        # A delayed send: the timer's answer (recall handle; the real topic of a delay-level copy).
+        props = record.encode_properties(m.properties) if m.properties else b""
+        p = Prepared(m.topic, m.queue_id, m.flags, m.born_ms, m.deliver_at_ms, m.message_id.encode(), b"", b"",
+                     props, b"")
+        result = self.timer.send_result(p, m.message_id, m.commit_offset, m.queue_offset)
+        result.duplicate = True
+        return result
 
     def write(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
         """Validate and append (page cache only). Durability and visibility come from ``flush``.
@@ -337,7 +357,7 @@ class Broker:
         # (topic, id) -> (its slot, its body): a resend inside the batch answers that slot.
         first_in_batch: dict[tuple[str, str], tuple[int, bytes]] = {}
         new_topics: dict[str, TopicConfig] = {}
-        dedupe = self._dedupe
+        window = self._dedupe
         client_ids = False
         duplicates = False
         now = self.clock.wall_ms()
@@ -357,12 +377,11 @@ class Broker:
                     answers.append(first[0])
                     duplicates = True
                     continue
-                if key in dedupe:
-                    dup = self.check_duplicate(p.topic, mid, p.body)
-                    if dup is not None:
-                        answers.append(dup)
-                        duplicates = True
-                        continue
+                dup = self._original(p.topic, mid, p.body, window.hash_key(p.topic, mid), now)
+                if dup is not None:
+                    answers.append(dup)
+                    duplicates = True
+                    continue
                 first_in_batch[key] = (len(answers), p.body)
             answers.append(None)
             prepared.append(p)
@@ -385,13 +404,9 @@ class Broker:
                  for p, mid, w in zip(prepared, ids, written)]
         if not client_ids:  # every message is new and has no id to remember
             return fresh
-        now = self.clock.wall_ms()
-        for p, r in zip(prepared, fresh):
-            dedupe[(p.topic, r.message_id)] = (r.message_id, r.queue_id, r.queue_offset, r.commit_offset,
-                                               r.recall_handle, _body_crc(p.body), now)
-        limit = self.config.dedupe_max_entries
-        while len(dedupe) > limit:
-            dedupe.popitem(last=False)
+        # Every message of a batch with client ids is remembered (generated ids too, as before).
+        window.add(window.hash_keys([p[0] for p in prepared], ids), [w.commit_offset for w in written],
+                   self.clock.wall_ms())
         if not duplicates:
             return fresh
         taken = iter(fresh)
@@ -433,9 +448,9 @@ class Broker:
         if not validate.plain_message_ids(message_ids):
             return None
         # Duplicates (in the batch or the dedupe window) are answered with the original: slow way.
-        keys = [(topic, m) for m in message_ids]
-        dedupe = self._dedupe
-        if len(set(message_ids)) != n or not dedupe.keys().isdisjoint(keys):
+        window = self._dedupe
+        key_hashes = window.hash_keys(itertools.repeat(topic, n), message_ids)
+        if len(set(message_ids)) != n or window.any_present(key_hashes):
             return None
         distinct_tags = set(tags)
         tag_bytes: dict[str, bytes] = {}
@@ -461,12 +476,7 @@ class Broker:
         sent[topic] = sent.get(topic, 0) + n
         if self.trace is not None:
             self.trace.stored_plain(topic, raw_ids, now)
-        now = self.clock.wall_ms()
-        dedupe.update(zip(keys, [(m, q, o, c, "", _body_crc(b), now)
-                                 for m, q, o, c, b in zip(message_ids, queue_ids, qoffs, commits, bodies)]))
-        limit = self.config.dedupe_max_entries
-        while len(dedupe) > limit:
-            dedupe.popitem(last=False)
+        window.add(key_hashes, commits, self.clock.wall_ms())
         return qoffs
 
     def flush(self) -> int:
@@ -704,18 +714,10 @@ class Broker:
         if self.trace is not None and self.trace.due(now):
             self.write_trace()
         self.timer.warm_horizon_cache(HORIZON_WARM_BUDGET_NS)
-        horizon = now - self.config.dedupe_window_ms
-        dedupe = self._dedupe
-        # At most DEDUPE_EXPIRE_STEP a call: after a burst of sends the whole burst expires at
-        # once, and popping 300,000 entries held the event loop (and every timer release) for
-        # tens of ms.
-        pop = dedupe.popitem
-        for _ in range(min(len(dedupe), DEDUPE_EXPIRE_STEP)):
-            key, entry = pop(last=False)
-            if entry[-1] >= horizon:  # stored at ms: still inside the window, so back to the front
-                dedupe[key] = entry
-                dedupe.move_to_end(key, last=False)
-                break
+        # At most DEDUPE_EXPIRE_STEP a call: a burst of sends expires all at once, and expiring
+        # 300,000 entries in one go (as the OrderedDict window did) held the event loop, and every
+        # timer release, for tens of ms.
+        self._dedupe.expire(now, DEDUPE_EXPIRE_STEP)
         return jobs
 
     def retention(self) -> list[str]:

@@ -18,6 +18,8 @@ from chronoq import errors
 ENV_PREFIX = "CHRONOQ_"
 # A held copy hides everything behind it in its queue until its due time: keep the lead short.
 TIMER_PREWRITE_MAX_MS = 1000
+# The dedupe window maps 44 bytes per entry up front (virtual memory; RSS as it fills).
+DEDUPE_MAX_ENTRIES_LIMIT = 50_000_000
 
 
 @dataclass
@@ -134,6 +136,9 @@ class BrokerConfig:
             raise errors.ClientError("max_body_bytes must be between 1 and 64 MiB")
         if self.segment_bytes < 64 * 1024:
             raise errors.ClientError("segment_bytes must be at least 64 KiB")
+        if not 0 <= self.dedupe_max_entries <= DEDUPE_MAX_ENTRIES_LIMIT:  # (44 bytes each: chronoq.dedupe)
+            raise errors.ClientError(f"dedupe_max_entries must be 0 to {DEDUPE_MAX_ENTRIES_LIMIT:,}, "
+                                     f"not {self.dedupe_max_entries}")
         if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0 or self.trace_flush_ms <= 0 \
                 or self.stage_ttl_ms <= 0:
             raise errors.ClientError("intervals must be positive")

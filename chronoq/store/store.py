@@ -703,6 +703,13 @@ class Store:
                        keys=f["keys"], properties=f["properties"], born_ms=f["born_ms"],
                        stored_ms=f["stored_ms"], deliver_at_ms=f["deliver_at_ms"], flags=f["flags"])
 
+    def read_record_at(self, commit_offset: int) -> Message:
+        """The record that starts at ``commit_offset``, its length taken from its header (for
+        callers that kept only the offset: the broker's dedupe window). ``errors.NotFound``
+        when that part of the log is gone (retention) or was never written."""
+        head = self.log.read(commit_offset, record.HEADER_SIZE)
+        return self.read_at(commit_offset, record.HEADER.unpack_from(head)[0])
+
     # ----------------------------------------------------------------- checkpoints & retention
     def checkpoint(self, clean: bool = False) -> None:
         """Make consume queues durable, then record how far they are complete."""
