@@ -9,6 +9,8 @@ Under ``sync`` two modes run: ``inline`` (write, fsync, dispatch, one batch at a
 ``group_commit`` (several asyncio senders through chronoq.committer.GroupCommitter, as the server
 runs: encoding overlaps the fsync in a worker thread, one fsync acknowledges many batches).
     .venv/bin/python bench/append.py --batch 500 --messages 500000 --policy sync
+    .venv/bin/python bench/append.py --policy sync --batch 100 --delayed   # delayed messages (the timer's path)
+    .venv/bin/python -m cProfile -s tottime bench/append.py --policy sync --batch 100 --delayed --messages 50000
 
 --ids gives every message a client-chosen id, as the official clients send (the broker then keeps
 each in its dedupe window); the batch is built anew for each send then, in both runs alike.
@@ -31,24 +33,31 @@ from chronoq.config import BrokerConfig  # noqa: E402
 from chronoq.msgid import new_message_id  # noqa: E402
 
 
-def batches(body: bytes, batch: int, ids: bool):
-    """What each send sends: the same messages, or (``ids``) fresh ones with new client ids."""
+def batches(body: bytes, batch: int, ids: bool, spread_ms: int = 0):
+    """What each send sends: the same messages, or (``ids``) fresh ones with new client ids, or
+    (``spread_ms``) delayed ones, due a minute on and spread over the next ``spread_ms``."""
     same = [OutgoingMessage("bench", body, tag="t") for _ in range(batch)]
+    sent = 0
     while True:
-        if ids:
-            now = int(time.time() * 1000)
+        now = int(time.time() * 1000)
+        if spread_ms:  # due times scattered over the window (a multiplicative walk, not in order)
+            first, sent = sent, sent + batch
+            yield [OutgoingMessage("bench-delayed", body, tag="t", deliver_at_ms=now + 60_000 + (k * 7919) % spread_ms,
+                                   message_id=new_message_id(now) if ids else None)
+                   for k in range(first, first + batch)]
+        elif ids:
             yield [OutgoingMessage("bench", body, tag="t", message_id=new_message_id(now)) for _ in range(batch)]
         else:
             yield same
 
 
 def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int, queues: int, directory: str,
-        ids: bool = False) -> None:
+        ids: bool = False, spread_ms: int = 0) -> None:
     data_dir = tempfile.mkdtemp(prefix=f"append-{policy}-", dir=directory)
     cfg = BrokerConfig(data_dir=data_dir, flush_policy=policy, default_queues=queues)
     broker = Broker(cfg)
     body = os.urandom(body_bytes)
-    source = batches(body, batch, ids)
+    source = batches(body, batch, ids, spread_ms)
     sent = fsyncs = 0
     start = time.perf_counter()
     cpu0 = time.process_time()
@@ -69,7 +78,8 @@ def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int,
     cpu = time.process_time() - cpu0
     broker.close()
     shutil.rmtree(data_dir, ignore_errors=True)
-    ctx = {"policy": policy, "mode": "inline", "batch": batch, "body_bytes": body_bytes, "ids": ids, "messages": sent,
+    ctx = {"policy": policy, "mode": "inline", "batch": batch, "body_bytes": body_bytes, "ids": ids,
+           "delay_spread_ms": spread_ms, "messages": sent,
            "seconds": round(elapsed, 3), "cpu_seconds": round(cpu, 3)}
     print(json.dumps({"metric": "append_rate", "value": round(sent / elapsed), "unit": "msgs/s", **ctx}), flush=True)
     print(json.dumps({"metric": "append_bandwidth", "value": round(sent * body_bytes / elapsed / 1e6, 1),
@@ -79,7 +89,7 @@ def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int,
 
 
 def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int, queues: int, directory: str,
-                     senders: int, ids: bool = False) -> None:
+                     senders: int, ids: bool = False, spread_ms: int = 0) -> None:
     """``senders`` concurrent asyncio producers through the GroupCommitter (as the server runs):
     encoding of new batches overlaps the fsync of earlier ones, and one fsync acks many batches."""
     import asyncio
@@ -89,7 +99,7 @@ def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int,
     data_dir = tempfile.mkdtemp(prefix="append-group-", dir=directory)
     broker = Broker(BrokerConfig(data_dir=data_dir, flush_policy="sync", default_queues=queues))
     body = os.urandom(body_bytes)
-    source = batches(body, batch, ids)
+    source = batches(body, batch, ids, spread_ms)
 
     async def go() -> tuple[int, float, int]:
         committer = GroupCommitter(broker)
@@ -116,7 +126,7 @@ def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int,
     broker.close()
     shutil.rmtree(data_dir, ignore_errors=True)
     ctx = {"policy": "sync", "mode": "group_commit", "senders": senders, "batch": batch, "body_bytes": body_bytes,
-           "ids": ids,
+           "ids": ids, "delay_spread_ms": spread_ms,
            "messages": sent, "seconds": round(elapsed, 3), "cpu_seconds": round(cpu, 3)}
     print(json.dumps({"metric": "append_rate", "value": round(sent / elapsed), "unit": "msgs/s", **ctx}), flush=True)
     print(json.dumps({"metric": "append_bandwidth", "value": round(sent * body_bytes / elapsed / 1e6, 1),
@@ -136,15 +146,18 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to put the temporary data directory")
     ap.add_argument("--senders", type=int, default=4, help="concurrent senders in group-commit mode")
     ap.add_argument("--ids", action="store_true", help="every message with a client-chosen id")
+    ap.add_argument("--delayed", action="store_true",
+                    help="every message delayed: due a minute on, spread over the next 10 minutes (the timer's path)")
     args = ap.parse_args()
     policies = ["sync", "async"] if args.policy == "both" else [args.policy]
+    spread_ms = 600_000 if args.delayed else 0
     for policy in policies:
         for batch in args.batch or [100, 1000]:
             run(policy, batch, args.messages, args.seconds, args.body_bytes, args.queues, args.dir or tempfile.gettempdir(),
-                args.ids)
+                args.ids, spread_ms)
             if policy == "sync":
                 run_group_commit(batch, args.messages, args.seconds, args.body_bytes, args.queues,
-                                 args.dir or tempfile.gettempdir(), args.senders, args.ids)
+                                 args.dir or tempfile.gettempdir(), args.senders, args.ids, spread_ms)
 
 
 if __name__ == "__main__":
