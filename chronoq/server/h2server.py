@@ -233,7 +233,10 @@ class Context:
         stream = self._stream
         conn = stream.conn
         if not (stream.ended and not stream.blocked) and not stream.cancelled and not conn.closed:
-            conn._reset(stream, code)
+            try:
+                conn._reset(stream, code)
+            except _ConnError as exc:  # our resets spend the connection's budget too: over it, the
+                conn._conn_error(exc)  # connection ends here (outside a read: nothing else catches it)
 
 
 class _Stream:
@@ -546,8 +549,7 @@ class _Connection(asyncio.Protocol):
             if pos:
                 del buf[:pos]
         except _ConnError as exc:
-            self.refuse(exc.reason, str(exc))
-            self._fail(exc.code, str(exc))
+            self._conn_error(exc)
         except HeaderListTooLarge as exc:  # an HPACK bomb, or far too much metadata
             self.refuse(R.HEADER_LIST, str(exc))
             self._fail(ENHANCE_YOUR_CALM, str(exc))
@@ -622,6 +624,11 @@ class _Connection(asyncio.Protocol):
             raise _ConnError(PROTOCOL_ERROR, "clients may not push")
         else:  # unknown frame types are ignored (RFC 9113 §4.1), within the empty-frame budget
             self._empty(f"frame type {kind}")
+
+    def _conn_error(self, exc: "_ConnError") -> None:
+        """A connection error: counted, then GOAWAY with its code and the connection closed."""
+        self.refuse(exc.reason, str(exc))
+        self._fail(exc.code, str(exc))
 
     def _empty(self, what: str) -> None:
         """A frame that carries nothing (CVE-2019-9518): within a budget."""

@@ -335,6 +335,9 @@ class _Transport:
     def close(self) -> None:
         pass
 
+    def can_write_eof(self) -> bool:  # (as TLS: a failed connection is closed at once)
+        return False
+
     def is_closing(self) -> bool:
         return False
 
@@ -419,5 +422,23 @@ def test_a_call_reset_before_its_task_first_runs_still_sees_its_cancellation():
         conn.data_received(_request(3, b"next"))  # the connection goes on
         conn._flush_out()
         assert _answers(transport.out)[3] == (b"next", True)
+
+    _in_process(test)
+
+
+def test_a_reset_from_outside_a_read_over_the_reset_budget_ends_the_connection_cleanly():
+    # Context.reset (the answer budget's timeout, from the POP ticker) spends the connection's
+    # reset budget; over it, the connection must end with GOAWAY, not raise into the caller.
+    async def test(server, conn, transport, echo):
+        conn.data_received(_request(1, b"sleep"))
+        stream = conn.streams[1]
+        while conn.resets.take():  # the budget spent by earlier resets
+            pass
+        h2server.Context(stream, (), None, conn.loop).reset()  # must not raise
+        assert conn.closed and stream.cancelled
+        goaways = [(payload[4:8], payload[8:]) for kind, _f, _s, payload in _frames(bytes(transport.out))
+                   if kind == h2server.GOAWAY]
+        assert goaways and goaways[0][0] == struct.pack(">I", h2server.ENHANCE_YOUR_CALM), goaways
+        assert b"reset by the server over the budget" in goaways[0][1]
 
     _in_process(test)
