@@ -6,7 +6,7 @@ stops after --messages messages or --seconds seconds, whichever comes first.
     .venv/bin/python bench/append.py                 # defaults: 200k messages, batches of 100 and 1000
 
 Under ``sync`` two modes run: ``inline`` (write, fsync, dispatch, one batch at a time) and
-``group_commit`` (several asyncio senders through chronoq.committer.GroupCommitter, as the server
+``group_commit`` (several asyncio senders through chronoq.broker.committer.GroupCommitter, as the server
 runs: encoding overlaps the fsync in a worker thread, one fsync acknowledges many batches).
     .venv/bin/python bench/append.py --batch 500 --messages 500000 --policy sync
     .venv/bin/python bench/append.py --policy sync --batch 100 --delayed   # delayed messages (the timer's path)
@@ -28,9 +28,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from chronoq.broker import Broker, OutgoingMessage  # noqa: E402
-from chronoq.config import BrokerConfig  # noqa: E402
-from chronoq.msgid import new_message_id  # noqa: E402
+from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
+from chronoq.core.config import BrokerConfig  # noqa: E402
+from chronoq.core.msgid import new_message_id  # noqa: E402
 
 
 def batches(body: bytes, batch: int, ids: bool, spread_ms: int = 0):
@@ -94,7 +94,7 @@ def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int,
     encoding of new batches overlaps the fsync of earlier ones, and one fsync acks many batches."""
     import asyncio
 
-    from chronoq.committer import GroupCommitter
+    from chronoq.broker.committer import GroupCommitter
 
     data_dir = tempfile.mkdtemp(prefix="append-group-", dir=directory)
     broker = Broker(BrokerConfig(data_dir=data_dir, flush_policy="sync", default_queues=queues))

@@ -3,7 +3,7 @@
 Starts ``chronoq serve`` as a subprocess on loopback, drives it with raw async gRPC stubs shaped
 like the official clients (one message per SendMessage, one entry per AckMessage, receives of up
 to 32; ``--batch N`` sends N messages per SendMessage and acks whole receives at once, as
-``chronoq.client`` can), and reads the server's CPU time (user + system, from /proc) before and after each phase.
+``chronoq.client.client`` can), and reads the server's CPU time (user + system, from /proc) before and after each phase.
 Prints one JSON object per line: {"metric", "value", "unit", ...context}.
 
     .venv/bin/python bench/grpc_shell.py                       # 20k messages of 1 KiB, 64 in flight

@@ -208,8 +208,8 @@ def _calls(buf: bytes, first: bool) -> tuple[list[bytes], bytes]:
 
 
 async def _replay(chunks, port: int) -> dict:
-    from chronoq.committer import GroupCommitter
-    from chronoq.config import BrokerConfig
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.core.config import BrokerConfig
     from chronoq.server import h2server
     from chronoq.server.grpc_server import GrpcFrontEnd
     from chronoq.server.runtime import GC_THRESHOLDS, SWITCH_INTERVAL_S, Runtime

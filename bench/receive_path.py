@@ -1,7 +1,7 @@
 """The broker's receive path in one process, no network: what (c) costs the broker per message
 before HTTP/2 and gRPC are counted.
 
-Writes N one-KiB messages (bulk path, as chronoq.client's batches arrive), then POP-receives
+Writes N one-KiB messages (bulk path, as chronoq.client.client's batches arrive), then POP-receives
 them 16 at a time, encodes each batch as chronoq's receive calls answer it
 (``convert.messages_bytes``), acks each batch (``PopService.ack_many``) and finally encodes the
 trace events the run recorded (``trace.bodies``). Prints one JSON line per stage (µs per
@@ -24,10 +24,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine import python_speed  # noqa: E402
-from chronoq import trace  # noqa: E402
-from chronoq.broker import Broker, OutgoingMessage  # noqa: E402
-from chronoq.clock import SystemClock  # noqa: E402
-from chronoq.config import BrokerConfig  # noqa: E402
+from chronoq.broker import trace  # noqa: E402
+from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
+from chronoq.core.clock import SystemClock  # noqa: E402
+from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.pop.service import PopService  # noqa: E402
 from chronoq.server import convert  # noqa: E402
 

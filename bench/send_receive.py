@@ -4,9 +4,9 @@ Starts ``chronoq serve`` (default durable flush) on loopback, then:
 
   (a) official Python client (rocketmq-python-client): N sends, then N receive+ack; the broker's
       CPU time per message for each way (read from /proc; the client is the bottleneck here);
-  (b) chronoq.client: P producer processes sending batches of B one-KiB messages: msgs/s;
-  (c) chronoq.client: C consumer processes receiving batches of R and acking each batch: msgs/s
-      (chronoq.client receives with chronoq's ReceiveBatch call: one answer per batch, no stream;
+  (b) chronoq.client.client: P producer processes sending batches of B one-KiB messages: msgs/s;
+  (c) chronoq.client.client: C consumer processes receiving batches of R and acking each batch: msgs/s
+      (chronoq.client.client receives with chronoq's ReceiveBatch call: one answer per batch, no stream;
       by default each batch is acked with the next receive, ``ack_and_receive``: one call per batch);
   (d) as (b), but every message is delayed: delivery times spread evenly over the next 10 minutes
       (``--delay-spread-s``), the timer's schedule log and wheel take them: msgs/s;
@@ -134,7 +134,7 @@ def _lanes() -> int:
 
 
 def _transport() -> str:
-    """chronoq.client's transport for the load processes (--client-transport; spawned children
+    """chronoq.client.client's transport for the load processes (--client-transport; spawned children
     inherit it through the environment)."""
     return os.environ.get("BENCH_CLIENT_TRANSPORT", "h2")
 
@@ -148,7 +148,7 @@ def _gather(q, procs, seconds: float) -> tuple[int, float]:
 # ----------------------------------------------------------------------------- (b) batched producers
 def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
                    start, spread_ms: int = 0) -> None:
-    from chronoq.client import Client, OutgoingMessage, run
+    from chronoq.client.client import Client, OutgoingMessage, run
 
     async def go() -> int:
         body = os.urandom(1024)
@@ -199,7 +199,7 @@ def phase_send(endpoint: str, pid: int, messages: int, producers: int, batch: in
 # ----------------------------------------------------------------------------- (c) batched consumers
 def _consumer_proc(endpoint: str, group: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
                    combined: bool, stream: bool, start) -> None:
-    from chronoq.client import Client, run
+    from chronoq.client.client import Client, run
 
     async def go() -> int:
         got = 0
@@ -272,7 +272,7 @@ def _raw_append_fsync_us(directory: str, count: int) -> float:
 
 
 def _lone_sends(endpoint: str, pid: int, count: int, seconds: float) -> dict:
-    from chronoq.client import Client, run
+    from chronoq.client.client import Client, run
 
     async def go() -> list[float]:
         topic, body, times = f"bench-lone-{uuid.uuid4().hex[:6]}", os.urandom(1024), []
@@ -329,7 +329,7 @@ def main() -> None:
     ap.add_argument("--ack", choices=["combined", "separate"], default="combined",
                     help="(c): ack each batch with the next receive (ack_and_receive), or in a call of its own")
     ap.add_argument("--client-transport", choices=["h2", "grpc"], default="h2",
-                    help="chronoq.client's transport in (b) and (c): its own HTTP/2 (default) or grpc.aio")
+                    help="chronoq.client.client's transport in (b) and (c): its own HTTP/2 (default) or grpc.aio")
     ap.add_argument("--lanes", type=int, default=4,
                     help="(b), (c): requests each load process keeps in flight")
     ap.add_argument("--stream", action="store_true",

@@ -16,7 +16,7 @@ a  enqueue: --count timers due over the next 10 minutes, sent through the broker
    (fsync per batch, flush policy sync); reports timers/s.
 b  steady lateness through the server: a fresh ``chronoq serve`` (default durable flush) per rate;
    timers fall due evenly at --rates per second for --steady-seconds. --b-mode preload (default)
-   sends them all first (one producer process, ``chronoq.client`` batches); live sends each
+   sends them all first (one producer process, ``chronoq.client.client`` batches); live sends each
    --lead-s before it is due, beside the deliveries. Two consumer processes receive and ack them
    (a lane that got a partial batch pauses --consumer-pause-ms, so receives carry more messages:
    on a small host consumers and broker share the CPUs). Store-stamp lateness = the delivered
@@ -75,9 +75,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.machine import MachineLoad, python_speed  # noqa: E402
-from chronoq.broker import Broker, OutgoingMessage  # noqa: E402
-from chronoq.config import BrokerConfig  # noqa: E402
-from chronoq.msgid import new_message_id  # noqa: E402
+from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
+from chronoq.core.config import BrokerConfig  # noqa: E402
+from chronoq.core.msgid import new_message_id  # noqa: E402
 
 TOPIC = "bench-timers"
 DAY_MS = 86_400_000
@@ -185,7 +185,7 @@ def _producer(endpoint: str, topic: str, rate: int, seconds: float, lead_s: floa
               preload: bool = False) -> None:
     """Send ``rate * seconds`` timers, message i due at t0 + lead_s + i/rate: each sent lead_s
     before it is due (live), or all of them at once, before the first is due (preload)."""
-    from chronoq.client import Client, OutgoingMessage, run
+    from chronoq.client.client import Client, OutgoingMessage, run
 
     total = int(rate * seconds)
     body = os.urandom(100)
@@ -232,7 +232,7 @@ def _consumer(endpoint: str, group: str, topic: str, expected: int, counter, giv
               pause_ms: int = 0) -> None:
     """Receive and ack until ``counter`` (shared by the consumers) reaches ``expected``. After a
     receive that was not full, a lane pauses ``pause_ms`` so the next one takes a bigger batch."""
-    from chronoq.client import Client, run
+    from chronoq.client.client import Client, run
 
     rows: list[tuple[str, int, int, int]] = []  # (message id, due ms, store ms, receive ms)
     receives = [0]
@@ -294,7 +294,7 @@ def _collect(out, procs: list, kinds: dict, timeout_s: float) -> dict:
 
 
 def _timer_stats(endpoint: str):
-    from chronoq.client import AdminClient, run
+    from chronoq.client.client import AdminClient, run
 
     async def go():
         async with AdminClient(endpoint) as admin:
@@ -404,7 +404,7 @@ def _server_cpu(pid: int) -> float:
 
 
 def part_c(args, workdir: str) -> None:
-    from chronoq.client import Client, OutgoingMessage, run
+    from chronoq.client.client import Client, OutgoingMessage, run
 
     proc, endpoint = _server(workdir, "c")
     try:
@@ -438,7 +438,7 @@ def part_c(args, workdir: str) -> None:
         cpu0 = _server_cpu(proc.pid)
         # Watch the broker deliver (one Admin connection, polled every 50 ms near the due second).
         async def watch() -> tuple[int, float | None]:
-            from chronoq.client import AdminClient
+            from chronoq.client.client import AdminClient
 
             delivered, done_at = 0, None
             hard = second_ms / 1000 + args.seconds

@@ -1,3 +1,3 @@
-from chronoq.cli import main
+from chronoq.cli.main import main
 
 main()

@@ -15,10 +15,10 @@
 
 Modules: ``access`` (who may do what), ``horizon``, ``lateness``, ``charts`` and ``settings`` are
 pure; ``views`` (handlers) and ``app`` (routes, templates, the sampler task) are the shell. The
-message lookup is ``chronoq.lookup`` and ``chronoq.lifeline``, shared with the Admin RPC
+message lookup is ``chronoq.features.lookup`` and ``chronoq.features.lifeline``, shared with the Admin RPC
 ``LookupMessage`` (``chronoq message show``).
 
-This package's ``__init__`` imports nothing heavy: ``chronoq.config`` validates ``[console]`` with
+This package's ``__init__`` imports nothing heavy: ``chronoq.core.config`` validates ``[console]`` with
 ``settings`` and the Admin service reads it, without loading aiohttp or jinja2.
 """
 

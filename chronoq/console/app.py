@@ -10,7 +10,7 @@ import importlib.resources
 import jinja2
 from aiohttp import web
 
-from chronoq import acl
+from chronoq.server import acl
 from chronoq.console import charts, settings, views
 from chronoq.console.lateness import LatenessRing
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from chronoq import errors
+from chronoq.core import errors
 
 
 @dataclass(frozen=True, slots=True)

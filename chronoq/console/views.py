@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import jinja2
 from aiohttp import web
 
-from chronoq import acl, errors, lookup
+from chronoq.server import acl
+from chronoq.core import errors
+from chronoq.features import lookup
 from chronoq.console import access, charts, horizon
 from chronoq.console.lateness import LatenessRing
 from chronoq.console.settings import ConsoleSettings
@@ -202,7 +204,7 @@ async def lookup_page(request: web.Request, console: Console) -> web.Response:
     if len(query) > lookup.QUERY_CHARS_MAX or not query.isprintable():
         context["error"] = f"a message id or key is at most {lookup.QUERY_CHARS_MAX} printable characters"
         return console.render(request, "lookup.html", status=400, **context)
-    # The same lookup as the Admin RPC LookupMessage (chronoq message show): chronoq.lookup.
+    # The same lookup as the Admin RPC LookupMessage (chronoq message show): chronoq.features.lookup.
     found = await lookup.lookup_message(console.broker, console.runtime.committer.barrier, query,
                                         console.settings.lookup_scan_mib << 20, console.settings.trace_scan_mib << 20)
     return console.render(request, "lookup.html", scan=found.scan, trace=found.trace, messages=found.messages,

@@ -1,4 +1,4 @@
-"""What POP consumption has done since the service started, for ``chronoq.metrics``. Pure.
+"""What POP consumption has done since the service started, for ``chronoq.server.metrics``. Pure.
 
 Plain ints in plain dicts (a ``collections.Counter`` update costs several times a dict's), counted
 per call: a receive adds its batch at once, ``ack_many`` its settled handles at once. Keys are

@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from chronoq import errors
+from chronoq.core import errors
 
 VERSION = 1
 _BODY = struct.Struct("<BQBHQ")

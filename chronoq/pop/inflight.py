@@ -40,7 +40,7 @@ import heapq
 from collections import OrderedDict
 from typing import Iterable, Protocol
 
-from chronoq import errors
+from chronoq.core import errors
 
 ENTRIES_MAX = 32  # entries per CK: the bitmap is a u32 on disk
 ATTEMPT_CACHE_MAX = 4096

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 
-from chronoq import errors, model, validate
+from chronoq.core import errors, model, validate
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"

@@ -80,7 +80,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from chronoq import errors, fsutil
+from chronoq.core import errors, fsutil
 
 log = logging.getLogger("chronoq.pop")
 

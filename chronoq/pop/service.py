@@ -85,10 +85,10 @@ import logging
 import os
 from dataclasses import dataclass
 
-from chronoq import errors, fsutil, model, validate
-from chronoq.broker import PROP_MESSAGE_GROUP, Broker, OutgoingMessage
-from chronoq.clock import Clock
-from chronoq.model import Message
+from chronoq.core import errors, fsutil, model, validate
+from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker, OutgoingMessage
+from chronoq.core.clock import Clock
+from chronoq.core.model import Message
 from chronoq.pop import handle as handles
 from chronoq.pop import names, poplog, renew
 from chronoq.pop.counters import PopCounters
@@ -150,7 +150,7 @@ class PopService:
         if not 0 <= auto_renew_max_ms <= renew.MAX_MS_LIMIT:
             raise errors.ClientError(f"auto_renew_max_ms must be 0 to {renew.MAX_MS_LIMIT}, not {auto_renew_max_ms}")
         self.renewals = renew.Renewals(push_invisible_ms, auto_renew_max_ms)
-        self.counters = PopCounters()  # for chronoq.metrics
+        self.counters = PopCounters()  # for chronoq.server.metrics
         self._pruned_ms = 0
         self.broker = broker
         self.retry_delays_ms = (broker.config.delay_levels_ms() if retry_delays_ms is None
@@ -284,7 +284,7 @@ class PopService:
         if auto_renew and out:
             self._renew_for(refs, client_id, now)
         self._after(now)
-        if self.broker.trace is not None and out:  # chronoq.trace: buffered, no I/O here
+        if self.broker.trace is not None and out:  # chronoq.broker.trace: buffered, no I/O here
             self.broker.trace.delivered(group, out, refs, now)
         return out
 
@@ -480,7 +480,7 @@ class PopService:
         acked, key = self.counters.acked, (group, topic)
         acked[key] = acked.get(key, 0) + 1
         now = self.clock.wall_ms()
-        if self.broker.trace is not None:  # chronoq.trace: buffered, no I/O here
+        if self.broker.trace is not None:  # chronoq.broker.trace: buffered, no I/O here
             self.broker.trace.acked(group, [(ck, index)], now)
         self._after(now)
 
@@ -509,7 +509,7 @@ class PopService:
                 settled_refs.append((ck, index))
                 out.append(None)
         finally:
-            if self.broker.trace is not None and settled_refs:  # chronoq.trace: buffered, no I/O here
+            if self.broker.trace is not None and settled_refs:  # chronoq.broker.trace: buffered, no I/O here
                 self.broker.trace.acked(group, settled_refs, now)
             self._after(now)
             settled = out.count(None)
@@ -595,7 +595,7 @@ class PopService:
         """Retry or dead-letter the unsettled entries of ``due`` (fsynced), then drop the CKs."""
         outgoing: list[OutgoingMessage] = []
         plan: list[tuple[Checkpoint, list[int], list[int]]] = []  # (ck, settle now, FIFO again)
-        tally: dict[str, list[int]] = {}  # group -> [revived, retried, dead-lettered] (chronoq.metrics)
+        tally: dict[str, list[int]] = {}  # group -> [revived, retried, dead-lettered] (chronoq.server.metrics)
         for ck in due:
             gcfg = self.group(ck.group)
             drop, again = [], []
@@ -727,7 +727,7 @@ class PopService:
         props[PROP_DLQ_ORIGIN_TOPIC] = view.topic
         props[PROP_DLQ_ORIGIN_MESSAGE_ID] = view.message_id
         cfg = self._system_topic(names.dlq_topic(ck.group), names.DLQ_QUEUES)
-        if self.broker.trace is not None:  # chronoq.trace (a retried write may record it twice)
+        if self.broker.trace is not None:  # chronoq.broker.trace (a retried write may record it twice)
             self.broker.trace.dead_lettered(ck.group, view.topic, view.message_id, self.clock.wall_ms())
         return OutgoingMessage(cfg.name, m.body, tag=m.tag, keys=m.keys, properties=props, queue_id=0,
                                born_ms=m.born_ms)

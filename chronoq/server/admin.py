@@ -20,7 +20,7 @@ Choices:
   included) and in-flight is ``PopService.inflight_by_topic``. Everything runs on the event loop
   like the rest of the broker API, so a report is a consistent snapshot.
 - ``Stats`` is the overview ``chronoq stats`` prints: the figures of the HTTP ``/metrics`` endpoint
-  (``chronoq.metrics``), read the same way, so both always agree and the CLI needs only the gRPC
+  (``chronoq.server.metrics``), read the same way, so both always agree and the CLI needs only the gRPC
   endpoint and credentials it already has.
 - ``TimerStats``, ``Recall`` and ``Reschedule`` serve delayed delivery (docs/timers.md). Recall and
   reschedule run on the event loop like every broker call, so an outcome is linearized against
@@ -28,7 +28,7 @@ Choices:
   an Admin RPC makes (they are rare operator actions). Definite outcomes, ``not_found``
   included, are answered with status OK and the outcome; only a malformed handle, a bad time
   or a storage error is a non-OK status.
-- ``LookupMessage`` (``chronoq message show``) is ``chronoq.lookup.lookup_message``, the console's
+- ``LookupMessage`` (``chronoq message show``) is ``chronoq.features.lookup.lookup_message``, the console's
   lookup: a bounded scan of the commit log's tail and of the trace. Its windows default to
   ``[console] lookup_scan_mib`` / ``trace_scan_mib``; a request may ask for others within the same
   limits. Nothing found is ``NOT_FOUND`` (a message older than the windows is not found either).
@@ -39,10 +39,11 @@ Choices:
 
 from __future__ import annotations
 
-from chronoq import errors, lookup, model, validate
+from chronoq.core import errors, model, validate
+from chronoq.features import lookup
 from chronoq.console import settings as console_settings
-from chronoq.metrics import BrokerMetrics
-from chronoq.trace import FLAG_DELAYED
+from chronoq.server.metrics import BrokerMetrics
+from chronoq.broker.trace import FLAG_DELAYED
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
 from chronoq.proto import chronoq_admin_pb2 as apb
@@ -57,7 +58,7 @@ TIMER_STATS_MINUTES_MAX = 10_080  # a week of one-minute buckets (the timer's ow
 def add_to_server(server, broker, pop) -> "AdminService":
     """Serve ``chronoq.v1.Admin`` on ``server`` (a ``grpc.aio.Server`` not yet started)."""
     service = AdminService(broker, pop)
-    service.start_pipeline()  # staged publish state (chronoq.staging): replayed at start
+    service.start_pipeline()  # staged publish state (chronoq.features.staging): replayed at start
     apb_grpc.add_AdminServicer_to_server(service, server)
     return service
 

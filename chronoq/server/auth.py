@@ -5,7 +5,7 @@ One ``grpc.aio`` server interceptor (``Gate``), so every service on the port pas
 the services themselves stay unaware of it. Per RPC, in this order:
 
 1. **Authentication** (when ``[auth] enabled``): the ``authorization`` and ``x-mq-date-time``
-   headers are checked (``chronoq.acl``) *before the request body is parsed*. Without valid
+   headers are checked (``chronoq.server.acl``) *before the request body is parsed*. Without valid
    credentials the call gets a handler that never parses the body and answers UNAUTHORIZED.
 2. **Parsing**: request bytes that are not a valid protobuf of the method's request type are
    answered BAD_REQUEST in the response body. (grpcio's own path would log a traceback and
@@ -45,9 +45,10 @@ import grpc
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from chronoq import acl, errors, refusals
-from chronoq.clock import SYSTEM_CLOCK
-from chronoq.refusals import Refusals
+from chronoq.server import acl
+from chronoq.core import errors, refusals
+from chronoq.core.clock import SYSTEM_CLOCK
+from chronoq.core.refusals import Refusals
 from chronoq.server import status
 
 log = logging.getLogger("chronoq.auth")
@@ -251,7 +252,7 @@ class Gate(grpc.aio.ServerInterceptor):
     def __init__(self, access: acl.AccessControl | None, *, max_streams_per_client: int, max_streams: int,
                  refusals: Refusals | None = None) -> None:
         self.access = access
-        # Every refusal is counted by reason and logged at a bounded rate (chronoq.refusals).
+        # Every refusal is counted by reason and logged at a bounded rate (chronoq.core.refusals).
         self.refusals = refusals if refusals is not None else Refusals(SYSTEM_CLOCK.monotonic_ns)
         self.max_streams_per_client = max_streams_per_client
         self.max_streams = max_streams

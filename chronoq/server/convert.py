@@ -2,7 +2,7 @@
 
 Pure functions, no I/O: the gRPC shell decodes with ``outgoing_from_pb`` and encodes with
 ``message_to_pb``, ``route_queues`` and friends. Everything the official clients may send is
-checked here or in the broker, and every rejection is a ``chronoq.errors`` exception so that
+checked here or in the broker, and every rejection is a ``chronoq.core.errors`` exception so that
 ``chronoq.server.status`` can turn it into the right code.
 
 Per-message work is on the hot path (target: well under 100 us per message each way), so the
@@ -21,9 +21,10 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
-from chronoq import errors, model, validate, wire
-from chronoq.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, OutgoingMessage
-from chronoq.model import MessageType
+from chronoq.core import errors, model, validate
+from chronoq.protocol import wire
+from chronoq.broker.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, OutgoingMessage
+from chronoq.core.model import MessageType
 from chronoq.timer.deliverytime import from_client_timestamp
 
 pb = definition_pb2
@@ -117,7 +118,7 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
     """Decode one ``apache.rocketmq.v2.Message`` of a SendMessage request.
 
     Checks what the protocol adds (message type against the fields, id present, encoding). The
-    broker checks every field's bytes when it prepares the message (``chronoq.validate``: topic,
+    broker checks every field's bytes when it prepares the message (``chronoq.core.validate``: topic,
     body, tag, keys, properties, group, id), so that is done once, by the rules every entry
     point shares.
     Runs once per message sent: each field is read once, and enum values are module ints.
@@ -175,7 +176,7 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
         if not has_group:
             raise errors.MessageTypeMismatch(f"message {message_id}: a FIFO message needs a message_group")
         group = sp.message_group
-        if not group:  # (its bytes are checked by chronoq.validate when the broker prepares it)
+        if not group:  # (its bytes are checked by chronoq.core.validate when the broker prepares it)
             raise errors.InvalidMessageGroup(f"message {message_id}: a FIFO message needs a non-empty message_group")
     elif has_group:
         raise errors.MessageTypeMismatch(
@@ -243,7 +244,7 @@ def _delay_level(text: str, message_id: str) -> int:
 
 
 def stored_message_pb(msg, message_type: int, namespace: str = ""):
-    """A stored ``chronoq.model.Message`` as an ``apache.rocketmq.v2.Message`` (transaction checks)."""
+    """A stored ``chronoq.core.model.Message`` as an ``apache.rocketmq.v2.Message`` (transaction checks)."""
     sp = pb.SystemProperties(
         message_id=msg.message_id, body_encoding=pb.IDENTITY,
         body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(msg.body).hexdigest().upper()),
@@ -355,7 +356,7 @@ assert (pb.DeadLetterQueue.DESCRIPTOR.fields_by_name["topic"].number,
 _K_DLQ_TOPIC, _K_DLQ_ID = _K(1, _LEN), _K(2, _LEN)
 # chronoq's own receive calls carry a CRC32 body digest (8 uppercase hex digits, as the Python
 # client checks it) where ReceiveMessage sends MD5: a quarter of the cost per message, and only
-# chronoq.client reads these answers.
+# chronoq.client.client reads these answers.
 _DIGEST_CRC32_HEAD = _K(1, _VARINT) + wire.varint(pb.CRC32) + _K(2, _LEN) + wire.varint(8)
 _DIGEST_CRC32 = _K_SP_DIGEST + wire.varint(len(_DIGEST_CRC32_HEAD) + 8) + _DIGEST_CRC32_HEAD
 # ReceiveMessage's MD5 digest: 32 uppercase hex digits (what message_fields writes).
@@ -372,7 +373,7 @@ def message_bytes(popped, requested_topic: str, namespace: str, store_host_field
 def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host_field: bytes, *,
                    md5: bool = False) -> list[bytes]:
     """``ReceiveMessageResponse(message=message_fields(...))`` serialized for each popped
-    message, encoded by hand (``chronoq.wire``): the receive hot path of every receive call.
+    message, encoded by hand (``chronoq.protocol.wire``): the receive hot path of every receive call.
     ``store_host_field`` is ``store_host_field(host)``.
 
     Equal to the generated encoding up to the order of map entries. The body digest is MD5 with

@@ -28,7 +28,7 @@ Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
   ``auto_renew_max_ms`` (``chronoq/pop/renew.py``). The receipt handles stay the same.
 - Receives serve every queue of the topic for the group, whatever queue id the client names.
 - ``chronoq.v1.Consume/ReceiveBatch`` (not RocketMQ): a ReceiveMessage answered in one unary
-  response instead of a stream, for ``chronoq.client``; a server's per-streamed-message cost
+  response instead of a stream, for ``chronoq.client.client``; a server's per-streamed-message cost
   is what it saves (``wire.receive_batch``). ``AckAndReceive`` acks the last batch and receives
   the next in one call.
 - A long poll answers by ``min(long_polling_timeout, deadline - POLL_MARGIN_S)``.
@@ -48,12 +48,13 @@ import operator
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from chronoq import errors, model, refusals, validate, wire
+from chronoq.core import errors, model, refusals, validate
+from chronoq.protocol import wire
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
 from chronoq.server import admin, answers, auth, convert, h2limits, h2server, plainsend, status
 from chronoq.timer import handle as recall_handles
-from chronoq.transactions import Transactions
+from chronoq.features.transactions import Transactions
 
 log = logging.getLogger("chronoq.grpc")
 
@@ -73,7 +74,7 @@ TXN_SCAN_S = 1.0                    # how often unresolved transactions are look
 STOP_GRACE_S = 1.0                  # in-flight RPCs get this long when the server stops
 
 CLIENT_ID_HEADER = "x-mq-client-id"
-# chronoq's own consume calls beside the RocketMQ service (chronoq.client uses them when offered).
+# chronoq's own consume calls beside the RocketMQ service (chronoq.client.client uses them when offered).
 MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
 CONSUME_SERVICE = "chronoq.v1.Consume"
 
@@ -162,7 +163,7 @@ class SendRequest:
 
 
 def serialize_answer(response) -> bytes:
-    """A response serializer that lets a handler answer bytes it encoded itself (``chronoq.wire``)."""
+    """A response serializer that lets a handler answer bytes it encoded itself (``chronoq.protocol.wire``)."""
     return response if type(response) is bytes else response.SerializeToString()
 
 
@@ -500,7 +501,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             # instead, so each gets its own answer (the committer still groups the fsyncs).
             entries = await asyncio.gather(*(self._send_one(m, context) for m in messages))
         else:
-            # All accepted: encoded by hand (chronoq.wire), a third of the cost of building
+            # All accepted: encoded by hand (chronoq.protocol.wire), a third of the cost of building
             # SendResultEntry objects, and answered as bytes (serialize_answer).
             return wire.send_response_ok([(r.message_id, r.queue_offset, r.recall_handle) for r in results])
         # Clients read the top-level status only: report the first failure there.
@@ -523,7 +524,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def _count_refusal(self, exc: BaseException, context, what: str) -> None:
         """Count a request refused for what it carried (a field that failed validation) or for a
-        full disk (chronoq.refusals); other failures (not found, a stale handle) are answers, not
+        full disk (chronoq.core.refusals); other failures (not found, a stale handle) are answers, not
         refusals. Limits count where they refuse (parked polls, the answer budget)."""
         if isinstance(exc, errors.DiskFull):
             reason = refusals.DISK_FULL
@@ -618,7 +619,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def ReceiveBatch(self, request, context):
         """``chronoq.v1.Consume/ReceiveBatch``: what ReceiveMessage streams, as one answer
-        (``wire.receive_batch``), for ``chronoq.client``. Same request, validation and statuses.
+        (``wire.receive_batch``), for ``chronoq.client.client``. Same request, validation and statuses.
 
         Streaming costs gRPC Python tens of microseconds of CPU per message; this answer costs
         about one unary call per batch. On the wire it is a unary answer; it is served as a
@@ -905,7 +906,7 @@ class GrpcFrontEnd:
             ])
         # SendMessage, AckMessage and ReceiveMessage first (generic handlers are asked in order):
         # their requests may keep their bytes and their answers may be bytes encoded by hand
-        # (chronoq.wire, convert.messages_bytes).
+        # (chronoq.protocol.wire, convert.messages_bytes).
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(MESSAGING_SERVICE, {
             "SendMessage": grpc.unary_unary_rpc_method_handler(
                 self.service.SendMessage, request_deserializer=SendRequest.parse,
@@ -919,7 +920,7 @@ class GrpcFrontEnd:
         }),))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CONSUME_SERVICE, {
-            # Both answer bytes (chronoq.wire); no .proto declares them. Unary on the wire, served
+            # Both answer bytes (chronoq.protocol.wire); no .proto declares them. Unary on the wire, served
             # as one-message streams so the answer budget sees when the answer left (ReceiveBatch).
             "ReceiveBatch": grpc.unary_stream_rpc_method_handler(
                 self.service.ReceiveBatch, request_deserializer=sv.ReceiveMessageRequest.FromString),

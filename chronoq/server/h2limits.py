@@ -10,7 +10,7 @@ integer compare or two.
 
 What a connection does beyond a limit: GOAWAY with ENHANCE_YOUR_CALM (or the RFC's code) whose debug
 data names the limit, then close; a stream past the concurrency cap gets RST_STREAM REFUSED_STREAM.
-Each refusal is counted by reason in ``chronoq.refusals``.
+Each refusal is counted by reason in ``chronoq.core.refusals``.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ block, the decoded header list (HPACK bomb, capped inside ``hpackdec``), PING/SE
 while the peer does not read, entries per SETTINGS frame, a budget of frames that carry nothing,
 and a gRPC length prefix checked before its bytes are held. Beyond a limit: GOAWAY
 (ENHANCE_YOUR_CALM unless the RFC names a code) whose debug data names it, or REFUSED_STREAM;
-each refusal is counted in ``Server(refusals=...)`` (``chronoq.refusals``). The checks run only on
+each refusal is counted in ``Server(refusals=...)`` (``chronoq.core.refusals``). The checks run only on
 the frames an attack is made of; a DATA frame or a call pays an integer compare or two.
 """
 
@@ -55,9 +55,9 @@ from urllib.parse import quote
 
 import grpc
 
-from chronoq import refusals as R
+from chronoq.core import refusals as R
 from chronoq.server.h2limits import IdleWatch, Limits, TokenBucket
-from chronoq.server.hpackdec import Decoder, HeaderListTooLarge, HpackError, literal, literal_block
+from chronoq.protocol.h2.hpackdec import Decoder, HeaderListTooLarge, HpackError, literal, literal_block
 
 log = logging.getLogger("chronoq.h2")
 
@@ -473,7 +473,7 @@ class _Connection(asyncio.Protocol):
             self._timer = self.loop.call_later(self.limits.idle_timeout_s, self._idle_check)
 
     def refuse(self, reason: str, detail: str) -> None:
-        """Count a refusal (chronoq.refusals) when the server was given a Refusals."""
+        """Count a refusal (chronoq.core.refusals) when the server was given a Refusals."""
         refusals = self.server.refusals
         if refusals is not None:
             refusals.refuse(reason, self.peer, detail)
@@ -1001,7 +1001,7 @@ class Server:
     def __init__(self, *, interceptors=(), max_receive_message_length: int = 4 << 20,
                  limits: Limits | None = None, refusals=None) -> None:
         """``limits``: connections, streams, timeouts and attack budgets (``h2limits.Limits``, its
-        defaults if None). ``refusals``: a ``chronoq.refusals.Refusals`` that counts what the
+        defaults if None). ``refusals``: a ``chronoq.core.refusals.Refusals`` that counts what the
         limits turn away (the broker's); None counts nothing."""
         self.limits = limits if limits is not None else Limits()
         self.refusals = refusals

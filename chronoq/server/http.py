@@ -7,7 +7,7 @@ as ``HTTP on http://HOST:PORT/`` (tests read it from there, see ``tests/integrat
 
 Routes owned here:
 
-- ``GET /metrics``: the broker's metrics in the Prometheus text format (``chronoq.metrics``,
+- ``GET /metrics``: the broker's metrics in the Prometheus text format (``chronoq.server.metrics``,
   docs/metrics.md).
 - ``GET /healthz``: ``ok`` while the broker is open.
 
@@ -17,13 +17,13 @@ files and middlewares. What the console may use from ``runtime`` (a ``chronoq.se
 all of it is read on the event loop thread, the same thread the gRPC front end runs on, so no locks:
 
 - ``runtime.config``: the ``BrokerConfig`` (``extra`` holds the config file's tables, e.g. ``[auth]``).
-- ``runtime.broker``: the ``chronoq.broker.Broker`` (topics: ``list_topics``, ``queue_bounds``,
+- ``runtime.broker``: the ``chronoq.broker.broker.Broker`` (topics: ``list_topics``, ``queue_bounds``,
   ``read``; consumer offsets: ``list_groups``, ``get_offset``; ``recovery``: the start-up report;
   ``store``: commit log; ``timer_stats()``).
 - ``runtime.broker.timer``: the ``chronoq.timer.service.TimerService`` (pending timers).
 - ``runtime.pop``: the ``chronoq.pop.service.PopService`` of the gRPC front end (groups, in-flight
   messages, retry/DLQ), or ``None`` when no gRPC front end is running.
-- ``runtime.metrics``: the ``chronoq.metrics.BrokerMetrics`` (``.registry`` is its own
+- ``runtime.metrics``: the ``chronoq.server.metrics.BrokerMetrics`` (``.registry`` is its own
   ``CollectorRegistry``; ``.snapshot()`` a dict of the figures ``chronoq stats`` shows).
 
 Nothing here may block the loop for long: a scrape reads counters the broker already keeps.
@@ -37,7 +37,7 @@ import logging
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from chronoq import errors
+from chronoq.core import errors
 
 log = logging.getLogger("chronoq.http")
 

@@ -10,7 +10,7 @@ groups). What they serve is in docs/spark.md; the message formats in chronoq_adm
   messages a read returns is decided from the consume-queue entry sizes before any record is
   read, so ``max_bytes`` bounds the work, not just the answer. For a delayed message's visible
   copy, ``stored_ms`` is looked up from the record the timer delivered it from (one 60-byte read).
-- ``Stage``/``Publish``/``Abort`` are ``chronoq.staging``. ``Stage`` and ``Publish`` answer once
+- ``Stage``/``Publish``/``Abort`` are ``chronoq.features.staging``. ``Stage`` and ``Publish`` answer once
   what they wrote is durable: the fsync runs in a worker thread (the event loop keeps serving),
   then the records are dispatched, exactly as the group committer does. ``Publish`` writes one
   chunk per event-loop pass, so a publish of a million rows does not stall other clients, and
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 
-from chronoq import errors, model, validate
+from chronoq.core import errors, model, validate
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import status
-from chronoq.staging import CHUNK_ROWS_MAX, Rows, Staging
+from chronoq.features.staging import CHUNK_ROWS_MAX, Rows, Staging
 from chronoq.store import record
 from chronoq.timer import copies
 from chronoq.timer.levels import DELAY_TOPIC

@@ -3,7 +3,7 @@
 Why: ``convert.plain_batch`` reads the same columns from the parsed request, but every attribute
 read of a upb message builds a Python object; for a batch of 100 one-KiB messages that was a
 quarter of the broker's time per message sent (about 6 us per message). Here the bytes are walked
-once. A batch's messages usually differ only in their id and body (chronoq.client writes them
+once. A batch's messages usually differ only in their id and body (chronoq.client.client writes them
 so; so do most batching producers), so after one message is read field by field the next ones are
 checked against its bytes around those two (``_Shape``) and cost a few comparisons each; a
 message that differs is read field by field and becomes the new shape.
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
-from chronoq.wire import _read_varint as _varint  # (ValueError when truncated or overlong)
-from chronoq.wire import varint as _VARINT_BYTES
+from chronoq.protocol.wire import _read_varint as _varint  # (ValueError when truncated or overlong)
+from chronoq.protocol.wire import varint as _VARINT_BYTES
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 

@@ -14,9 +14,9 @@ import signal
 import sys
 from typing import Callable
 
-from chronoq.broker import Broker
-from chronoq.committer import GroupCommitter
-from chronoq.config import BrokerConfig
+from chronoq.broker.broker import Broker
+from chronoq.broker.committer import GroupCommitter
+from chronoq.core.config import BrokerConfig
 from chronoq.server import sdnotify
 
 log = logging.getLogger("chronoq.runtime")
@@ -40,14 +40,14 @@ class Runtime:
         self.say = say
         self.broker: Broker | None = None
         self.committer: GroupCommitter | None = None
-        self.metrics = None  # chronoq.metrics.BrokerMetrics, once the broker is open
+        self.metrics = None  # chronoq.server.metrics.BrokerMetrics, once the broker is open
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
         self.front_ends: list = []
 
     def open_broker(self) -> Broker:
-        from chronoq.clock import SYSTEM_CLOCK
+        from chronoq.core.clock import SYSTEM_CLOCK
         from chronoq.server.progress import StartupProgress
 
         sdnotify.notify(f"STATUS=opening {self.config.data_dir}: recovery")  # (systemctl status)
@@ -59,7 +59,7 @@ class Runtime:
             progress.close()
         self.say(f"chronoq data directory: {self.config.data_dir}")
         self.say(f"recovery: {self.broker.recovery.summary()}")
-        from chronoq.metrics import BrokerMetrics
+        from chronoq.server.metrics import BrokerMetrics
 
         self.metrics = BrokerMetrics(self.broker, pop=lambda: self.pop)
         return self.broker
@@ -84,7 +84,7 @@ class Runtime:
                 pass
             try:
                 await self._write_trace_in_steps()
-                # Checkpoint fsyncs run on a worker thread (chronoq.jobs); one job at a time, and
+                # Checkpoint fsyncs run on a worker thread (chronoq.core.jobs); one job at a time, and
                 # the next maintenance only after all of them finished.
                 jobs = self.broker.maintenance_jobs()
                 try:
@@ -282,7 +282,7 @@ def _settle(fut, done, failed) -> None:
 
 
 async def _run_job(job) -> None:
-    """Run a ``chronoq.jobs.Job`` on a worker thread and finish it on the loop (logged on failure)."""
+    """Run a ``chronoq.core.jobs.Job`` on a worker thread and finish it on the loop (logged on failure)."""
     def failed(exc: BaseException) -> None:
         job.finish(exc)
         log.error("%s failed (retried later): %s", job.name, exc)

@@ -22,7 +22,7 @@ import logging
 
 from rocketmq.grpc_protocol import definition_pb2
 
-from chronoq import errors
+from chronoq.core import errors
 
 log = logging.getLogger("chronoq.server")
 
@@ -31,7 +31,7 @@ Code = definition_pb2.Code
 OK = Code.OK
 MESSAGE_NOT_FOUND = Code.MESSAGE_NOT_FOUND
 
-# errors.ChronoqError.kind -> Code. Every kind in chronoq.errors is listed (a test checks it).
+# errors.ChronoqError.kind -> Code. Every kind in chronoq.core.errors is listed (a test checks it).
 KIND_TO_CODE: dict[str, int] = {
     "bad_request": Code.BAD_REQUEST,
     "illegal_topic": Code.ILLEGAL_TOPIC,

@@ -1,6 +1,6 @@
 """The delivery audit: a PySpark job over the broker's message life trace (``chronoq audit``).
 
-Input: the system topic ``CHRONOQ_TRACE`` (``chronoq.trace``), read through the ``chronoq``
+Input: the system topic ``CHRONOQ_TRACE`` (``chronoq.broker.trace``), read through the ``chronoq``
 data source; each trace message holds up to 8192 events, decoded in bulk with NumPy inside
 ``mapInArrow``. The job first asks the broker to write out its trace buffer (``FlushTrace``).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from chronoq import trace as tr
+from chronoq.broker import trace as tr
 from chronoq.spark import rpc
 
 EVENT_DTYPE = np.dtype([("kind", "u1"), ("flags", "u1"), ("attempt", "<u2"), ("topic", "<u4"), ("mid", "<u4"),

@@ -22,14 +22,14 @@ import os
 import threading
 from dataclasses import dataclass
 
-from chronoq import errors, fsutil
+from chronoq.core import errors, fsutil
 from chronoq.store import record
 
 SEGMENT_SUFFIX = ".log"
 SEGMENT_NAME_DIGITS = 20
 LOST_FILE = "lost.json"
 PREALLOCATE_BYTES = 32 * 1024 * 1024
-# Upper bounds (ns, inclusive) of the fsync latency histogram (chronoq.metrics); one more bucket
+# Upper bounds (ns, inclusive) of the fsync latency histogram (chronoq.server.metrics); one more bucket
 # holds everything above. 100 µs (NVMe) to 10 s (a struggling disk).
 FSYNC_BOUNDS_NS = tuple(int(ms * 1_000_000) for ms in (
     0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000))
@@ -80,7 +80,7 @@ class CommitLog:
     def __init__(self, directory: str, segment_bytes: int, monotonic_ns=None):
         assert segment_bytes >= 4096, "segments smaller than 4 KiB make no sense"
         if monotonic_ns is None:
-            from chronoq.clock import SYSTEM_CLOCK
+            from chronoq.core.clock import SYSTEM_CLOCK
 
             monotonic_ns = SYSTEM_CLOCK.monotonic_ns
         self._monotonic_ns = monotonic_ns  # times fsyncs (``sync_times``)

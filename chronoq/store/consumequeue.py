@@ -30,7 +30,7 @@ import os
 import struct
 from collections import deque
 
-from chronoq import fsutil
+from chronoq.core import fsutil
 
 ENTRY = struct.Struct("<QIIq")
 ENTRY_SIZE = 24

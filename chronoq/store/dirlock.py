@@ -37,7 +37,7 @@ import fcntl
 import os
 import weakref
 
-from chronoq import errors
+from chronoq.core import errors
 
 LOCK_FILE = "LOCK"
 _PID_MAX_BYTES = 32

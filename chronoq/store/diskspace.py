@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Callable
 
-from chronoq import errors
+from chronoq.core import errors
 
 log = logging.getLogger("chronoq.store")
 

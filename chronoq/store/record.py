@@ -22,7 +22,7 @@ Layout (all integers little-endian; offsets in bytes from the start of the recor
      60        topic, message id, tag (UTF-8), keys, properties, body (in this order)
 
 Keys are UTF-8 joined by 0x01. Properties are ``key 0x01 value`` pairs joined by 0x02
-(``chronoq.validate`` forbids both bytes inside keys, property names and values, and the message
+(``chronoq.core.validate`` forbids both bytes inside keys, property names and values, and the message
 group, which is stored as a property; the encoders assert it).
 
 A record is valid iff: at least ``HEADER_SIZE`` bytes are present, magic and version match,
@@ -83,7 +83,7 @@ def encode_keys(keys: tuple[str, ...] | list[str]) -> bytes:
     if not keys:
         return b""
     raw = KEY_SEP.join(k.encode() for k in keys)
-    # Fields arrive checked (chronoq.validate); a separator inside one would read back as
+    # Fields arrive checked (chronoq.core.validate); a separator inside one would read back as
     # another message. Two C-level counts make sure no path forgot.
     assert raw.count(KEY_SEP) == len(keys) - 1, "a message key holds the key separator"
     return raw

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from chronoq import errors
+from chronoq.core import errors
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog, LostRange, Segment
 

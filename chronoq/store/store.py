@@ -35,9 +35,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
-from chronoq import errors, fsutil
-from chronoq.jobs import Job
-from chronoq.model import Message
+from chronoq.core import errors, fsutil
+from chronoq.core.jobs import Job
+from chronoq.core.model import Message
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
@@ -112,7 +112,7 @@ class Store:
 
     def __init__(self, data_dir: str, options: StoreOptions | None = None, clock=None,
                  progress: Callable[[str, int, int], None] | None = None, dir_lock: DirLock | None = None):
-        from chronoq.clock import SYSTEM_CLOCK
+        from chronoq.core.clock import SYSTEM_CLOCK
 
         self.options = options or StoreOptions()
         self.clock = clock or SYSTEM_CLOCK
@@ -717,7 +717,7 @@ class Store:
         self._write_checkpoint(clean)
 
     def checkpoint_job(self, clean: bool = False) -> Job:
-        """``checkpoint`` without blocking the writer's thread (see ``chronoq.jobs``).
+        """``checkpoint`` without blocking the writer's thread (see ``chronoq.core.jobs``).
 
         Here: take the consume-queue files written since the last checkpoint and the document
         to write, as of now. ``run`` (any thread): fsync those files by path, then write the

@@ -87,7 +87,7 @@ def stored_ms(raw) -> int:
 def add_prop(props: bytes, key: str, value: str) -> bytes:
     pair = key.encode() + _PAIR + value.encode()
     # The broker computes these (a reference, a topic name, a number): none may hold a separator,
-    # or the copy would read back with properties nobody sent (chronoq.validate's rule).
+    # or the copy would read back with properties nobody sent (chronoq.core.validate's rule).
     assert pair.count(_PAIR) == 1 and _SEP not in pair, pair
     return props + _SEP + pair if props else pair
 

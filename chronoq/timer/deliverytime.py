@@ -12,7 +12,7 @@ a message saying so and suggesting seconds, instead of the generic "too far ahea
 
 from __future__ import annotations
 
-from chronoq import errors
+from chronoq.core import errors
 
 MS_PER_DAY = 86_400_000
 MS_PER_YEAR = 365 * MS_PER_DAY

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import google_crc32c
 
-from chronoq import errors
+from chronoq.core import errors
 
 VERSION = "1"
 TIMER = 1

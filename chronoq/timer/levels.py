@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from chronoq import errors
+from chronoq.core import errors
 
 DELAY_TOPIC = "CHRONOQ_DELAY"
 DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

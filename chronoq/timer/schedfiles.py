@@ -15,7 +15,7 @@ import os
 import shutil
 from collections import OrderedDict
 
-from chronoq import fsutil
+from chronoq.core import fsutil
 from chronoq.timer import schedlog
 from chronoq.timer.schedlog import Damage
 

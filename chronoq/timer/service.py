@@ -55,9 +55,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from chronoq import errors, fsutil
-from chronoq.jobs import Job
-from chronoq.model import SendResult
+from chronoq.core import errors, fsutil
+from chronoq.core.jobs import Job
+from chronoq.core.model import SendResult
 from chronoq.store import record
 from chronoq.store.store import Prepared, Store
 from chronoq.timer import copies, deliverytime, schedlog
@@ -236,7 +236,7 @@ class TimerService:
         self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (buffer length, pending)
         self._warm_todo: list[int] | None = None  # buckets warm_horizon_cache has yet to count
         self._horizon_warm = False
-        # chronoq.trace hook: called once per tick with the deliveries made visible (or None).
+        # chronoq.broker.trace hook: called once per tick with the deliveries made visible (or None).
         self.on_visible: Callable[[list[Delivery], int], None] | None = None
         self.damage: list[Damage] = self.files.damage
         self.notes: list[str] = []

@@ -2,7 +2,7 @@
 
 Each round, on one data directory that every round continues:
 
-1. send ``N`` messages (``chronoq.client``, one SendMessage call) to a fresh topic;
+1. send ``N`` messages (``chronoq.client.client``, one SendMessage call) to a fresh topic;
 2. receive them all for a fresh group with a short invisible time (``INVISIBLE_S``);
 3. ack a seeded random subset in two parts: part A at once, then a seeded gap, then part B in
    small AckMessage calls;
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from chronoq.client import Client, ClientError, OutgoingMessage
+from chronoq.client.client import Client, ClientError, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
 
 SEED = int(os.environ.get("CHRONOQ_POP_CRASH_SEED", "20261121"))

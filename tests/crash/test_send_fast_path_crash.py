@@ -1,7 +1,7 @@
 """kill -9 crash test for the bulk SendMessage path (``Broker.write_plain``/``Store.write_plain``).
 
 Each round, on one data directory that every round continues: a real ``chronoq serve`` gets
-batches of plain messages from several ``chronoq.client`` lanes (the fast path: one topic, tags,
+batches of plain messages from several ``chronoq.client.client`` lanes (the fast path: one topic, tags,
 client ids) and is SIGKILLed at a seeded moment while batches are in flight; then it restarts on
 the same directory and everything is received with a fresh group. Checked:
 
@@ -21,7 +21,7 @@ import os
 import random
 import time
 
-from chronoq.client import Client, OutgoingMessage
+from chronoq.client.client import Client, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
 
 SEED = int(os.environ.get("CHRONOQ_SEND_CRASH_SEED", "20261122"))

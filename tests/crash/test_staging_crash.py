@@ -1,4 +1,4 @@
-"""kill -9 test for staged publish (chronoq.staging) through a real ``chronoq serve``.
+"""kill -9 test for staged publish (chronoq.features.staging) through a real ``chronoq serve``.
 
 Rows staged through the ``Stage`` RPC survive a SIGKILL and are published after the restart; a
 publish is answered only when durable, so after another SIGKILL the messages are all there and

@@ -33,7 +33,7 @@ import zlib
 import pytest
 import writer
 
-from chronoq.broker import Broker
+from chronoq.broker.broker import Broker
 from chronoq.store import record
 
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "writer.py")

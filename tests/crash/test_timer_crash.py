@@ -4,12 +4,12 @@ SIGKILLed again and again while it delivers them.
 Setup (config below, chosen so the whole run takes a couple of minutes): one-second schedule
 buckets and a level table of ``1s 2s ... 18s``.
 
-1. Through ``chronoq.client`` (SendMessage batches), send ``TIMERS`` timer messages due evenly
+1. Through ``chronoq.client.client`` (SendMessage batches), send ``TIMERS`` timer messages due evenly
    over ``SPREAD_S`` seconds (one bucket per second: far more than 30 buckets), then ``LEVELS``
    messages for every one of the 18 levels (the ``CHRONOQ_DELAY_LEVEL`` property), highest level
    first so every level still has messages waiting when the kills begin. Every send is answered
    before the kills start.
-2. Two consumer lanes receive and ack all the time (``chronoq.client``), reconnecting to each
+2. Two consumer lanes receive and ack all the time (``chronoq.client.client``), reconnecting to each
    new server process; a receive in flight at a kill just fails.
 3. SIGKILL the broker at seeded random moments (``KILL_GAP_S`` after it is ready) and restart
    it on the same data directory, at least ``KILLS`` times during delivery (some messages
@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from chronoq.broker import Broker
-from chronoq.client import Client, ClientError, OutgoingMessage
-from chronoq.config import load_config
+from chronoq.broker.broker import Broker
+from chronoq.client.client import Client, ClientError, OutgoingMessage
+from chronoq.core.config import load_config
 from chronoq.timer import copies
 from chronoq.timer.levels import DELAY_TOPIC
 from tests.integration.conftest import ChronoqProcess

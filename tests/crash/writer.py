@@ -26,8 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from chronoq.broker import Broker, OutgoingMessage  # noqa: E402
-from chronoq.config import BrokerConfig  # noqa: E402
+from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
+from chronoq.core.config import BrokerConfig  # noqa: E402
 
 TOPICS = ("orders", "payments", "audit")
 QUEUES = 3

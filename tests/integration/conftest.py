@@ -39,7 +39,7 @@ SHARED_GROUPS = {
 
 
 # The official Python client creates some grpc.aio calls from the calling thread, and grpc asks
-# asyncio for that thread's current loop. After any ``asyncio.run`` in this process (chronoq.client
+# asyncio for that thread's current loop. After any ``asyncio.run`` in this process (chronoq.client.client
 # tests) the main thread has none, and a client's Telemetry stream then failed to start now and
 # then ("There is no current event loop in thread 'MainThread'", then no settings within 10 s).
 # A fresh process has one: so does every test here.
@@ -65,9 +65,9 @@ async def start_front_end(data_dir: str, **settings):
     committer, as ``chronoq serve`` runs it): for tests that need its objects, not just a port."""
     import types
 
-    from chronoq.broker import Broker
-    from chronoq.committer import GroupCommitter
-    from chronoq.config import BrokerConfig
+    from chronoq.broker.broker import Broker
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.core.config import BrokerConfig
     from chronoq.server.grpc_server import GrpcFrontEnd
 
     config = BrokerConfig(data_dir=data_dir, port=free_port(), **settings).validate()

@@ -28,11 +28,12 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq import refusals, wire
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.clock import SystemClock
-from chronoq.committer import GroupCommitter
-from chronoq.config import BrokerConfig
+from chronoq.core import refusals
+from chronoq.protocol import wire
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.clock import SystemClock
+from chronoq.broker.committer import GroupCommitter
+from chronoq.core.config import BrokerConfig
 from chronoq.server.grpc_server import GrpcFrontEnd
 
 from .conftest import free_port

@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq import acl
+from chronoq.server import acl
 
 from .conftest import start_front_end, stop_front_end
 
@@ -84,7 +84,7 @@ def test_refused_calls_are_counted_by_reason_and_logged(tmp_path, caplog):
     not make and a malformed request each count under their reason; the log names the peer."""
     from prometheus_client import generate_latest
 
-    from chronoq.metrics import BrokerMetrics
+    from chronoq.server.metrics import BrokerMetrics
 
     async def scenario():
         front = await _front_end(tmp_path)

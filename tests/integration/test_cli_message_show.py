@@ -1,5 +1,5 @@
 """``chronoq message show`` (docs/cli.md) against a real ``chronoq serve``: the Admin RPC
-``LookupMessage`` and the lookup it shares with the console (chronoq.lookup).
+``LookupMessage`` and the lookup it shares with the console (chronoq.features.lookup).
 
 Traffic comes from the official RocketMQ Python client: one message received and acked, one
 received and never acked by a group with max_attempts = 1 (so the first end of its invisible

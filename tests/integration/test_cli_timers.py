@@ -1,5 +1,5 @@
 """``chronoq timers`` and ``chronoq message recall|reschedule`` as real subprocesses against
-``chronoq serve`` (the shared server), plus the delay-level property through ``chronoq.client``.
+``chronoq serve`` (the shared server), plus the delay-level property through ``chronoq.client.client``.
 
 No timing assertions: only outcomes, exit statuses, and never-early checks on broker-stamped
 times (a delivered copy's store time is at or after its due time). Waits are bounded.
@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from chronoq.client import Client, ClientError, OutgoingMessage
+from chronoq.client.client import Client, ClientError, OutgoingMessage
 
 from .conftest import ROOT
 

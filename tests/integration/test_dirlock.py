@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from chronoq import errors
-from chronoq.broker import Broker
-from chronoq.config import BrokerConfig
+from chronoq.core import errors
+from chronoq.broker.broker import Broker
+from chronoq.core.config import BrokerConfig
 
 from .conftest import ROOT, free_port
 from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique

@@ -27,7 +27,7 @@ import uuid
 import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 
-from chronoq.client import Client, ClientError, OutgoingMessage
+from chronoq.client.client import Client, ClientError, OutgoingMessage
 
 from .conftest import ChronoqProcess, wait_until
 

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import service_pb2  # noqa: F401 - registers the MessagingService descriptors
 
 import chronoq.proto.chronoq_admin_pb2  # noqa: F401 - registers the Admin descriptors
-from chronoq.client import Client, OutgoingMessage
+from chronoq.client.client import Client, OutgoingMessage
 
 from .conftest import ChronoqProcess
 

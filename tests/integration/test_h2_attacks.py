@@ -3,7 +3,7 @@
 Each test drives raw frames (built with ``hyperframe`` and ``hpack``) at a live
 ``chronoq.server.h2server.Server`` listening on 127.0.0.1, and checks three things: the attacking
 connection's reaction read off the socket (the GOAWAY code, or REFUSED_STREAM), the refusal
-counted by reason (``chronoq.refusals``), and that a normal gRPC client call on a new connection
+counted by reason (``chronoq.core.refusals``), and that a normal gRPC client call on a new connection
 still succeeds afterwards. Limits are injected small (``h2limits.Limits``) so no test waits long.
 ``test_serve_counts_refusals_and_takes_the_config_keys`` does the same against ``chronoq serve``.
 """
@@ -23,8 +23,8 @@ import pytest
 from hyperframe.frame import (ContinuationFrame, DataFrame, ExtensionFrame, Frame, GoAwayFrame, HeadersFrame,
                               PingFrame, RstStreamFrame, SettingsFrame, WindowUpdateFrame)
 
-from chronoq import refusals as R
-from chronoq.refusals import Refusals
+from chronoq.core import refusals as R
+from chronoq.core.refusals import Refusals
 from chronoq.server import h2server
 from chronoq.server.h2limits import Limits
 

@@ -1,5 +1,5 @@
 """``chronoq.v1.Consume/ReceiveBatch``: ReceiveMessage answered in one unary response, as
-``chronoq.client`` receives from chronoq; and the client's fallback to the ReceiveMessage stream
+``chronoq.client.client`` receives from chronoq; and the client's fallback to the ReceiveMessage stream
 for a server that does not offer it (a small real gRPC server that implements only the stream)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq import wire
-from chronoq.client import RECEIVE_BATCH_PATH, Client, ClientError, OutgoingMessage
+from chronoq.protocol import wire
+from chronoq.client.client import RECEIVE_BATCH_PATH, Client, ClientError, OutgoingMessage
 
 from .conftest import ChronoqProcess, free_port
 from .test_security import AUTH_TOML, USERS

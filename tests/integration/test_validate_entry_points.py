@@ -1,5 +1,5 @@
 """Every entry point stores a message byte-identical, field by field, or refuses it by name and
-stores nothing (issue 20 §4, chronoq.validate).
+stores nothing (issue 20 §4, chronoq.core.validate).
 
 Hypothesis draws messages whose topic, tag, keys, properties, message group and message id are
 clean or hostile: control characters, the record's separators 0x01/0x02, unicode, lone
@@ -8,7 +8,7 @@ surrogates (no UTF-8 form), empty and very long strings. Each goes in through on
 (one message, or a batch of two that takes the bulk path when plain), Stage then Publish, a
 transaction half then its commit, and a delayed send delivered by the timer's copy. Then either
 
-- it is refused with a ``chronoq.errors.ClientError`` subclass (a gRPC client error code) and
+- it is refused with a ``chronoq.core.errors.ClientError`` subclass (a gRPC client error code) and
   the commit log did not grow and no queue moved, or
 - it reads back (``Broker.read``) with every field equal to what was sent.
 
@@ -31,12 +31,12 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq import errors
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
-from chronoq.staging import Rows, Staging
-from chronoq.transactions import Transactions
+from chronoq.core import errors
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
+from chronoq.features.staging import Rows, Staging
+from chronoq.features.transactions import Transactions
 
 from .conftest import start_front_end, stop_front_end
 

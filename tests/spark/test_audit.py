@@ -17,7 +17,7 @@ GROUPS = '[groups."g-dlq"]\nmax_attempts = 1\n'
 async def _receive(endpoint: str, group: str, topic: str, want: int, ack: int, timeout_s: float,
                    invisible_s: float = 30) -> int:
     """Receive ``want`` messages (each once), ack the first ``ack`` of them."""
-    from chronoq.client import Client
+    from chronoq.client.client import Client
 
     got = []
     async with Client(endpoint) as client:
@@ -29,7 +29,7 @@ async def _receive(endpoint: str, group: str, topic: str, want: int, ack: int, t
 
 
 async def _send_delayed_and_recall(endpoint: str, topic: str) -> None:
-    from chronoq.client import Client
+    from chronoq.client.client import Client
 
     ahead_ms = int(time.time() * 1000) + 3_600_000
     async with Client(endpoint) as client:
@@ -55,7 +55,7 @@ def _by_topic(rows: list[dict]) -> dict[str, dict]:
 def test_audit_figures_match_what_was_sent_and_consumed(spark, broker, tmp_path):
     from pyspark.sql import functions as F
 
-    from chronoq.cli import main
+    from chronoq.cli.main import main
     from chronoq.spark import audit
 
     b = broker(GROUPS)
@@ -102,7 +102,7 @@ def test_audit_figures_match_what_was_sent_and_consumed(spark, broker, tmp_path)
 
 def test_audit_reports_early_and_lost_messages(spark):
     """The checks can fail: a trace with an early and a lost message is flagged."""
-    from chronoq import trace as tr
+    from chronoq.broker import trace as tr
     from chronoq.spark import audit
 
     now = 1_800_000_000_000

@@ -9,7 +9,7 @@ import pytest
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server.pipeline import rows_from_columns
 from chronoq.spark import rpc
-from chronoq import errors
+from chronoq.core import errors
 
 
 def test_write_columns_round_trip_with_nulls_slices_maps_and_microseconds():

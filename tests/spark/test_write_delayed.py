@@ -16,7 +16,7 @@ LATE_MAX_S = 5.0   # visible no later than this after its due time (when publish
 
 async def consume(endpoint: str, group: str, topic: str, want: int, deadline_s: float) -> dict[str, tuple]:
     """POP-receive and ack until ``want`` messages arrived: {body: (receive ms, deliver_at ms)}."""
-    from chronoq.client import Client
+    from chronoq.client.client import Client
 
     got: dict[str, tuple] = {}
     async with Client(endpoint) as client:

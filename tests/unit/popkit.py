@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from chronoq.broker import Broker
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
+from chronoq.broker.broker import Broker
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
 from chronoq.pop.service import PopService
 
 CHECKPOINT_INTERVAL_MS = 1_000

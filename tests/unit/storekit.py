@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 
-from chronoq.clock import FakeClock
+from chronoq.core.clock import FakeClock
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.store import Prepared, Store, StoreOptions

@@ -1,4 +1,4 @@
-"""Access control (``chronoq.acl``): the MQv2-HMAC-SHA1 check, permissions, and the [auth] table."""
+"""Access control (``chronoq.server.acl``): the MQv2-HMAC-SHA1 check, permissions, and the [auth] table."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import hmac
 
 import pytest
 
-from chronoq import acl, errors
-from chronoq.config import BrokerConfig
+from chronoq.server import acl
+from chronoq.core import errors
+from chronoq.core.config import BrokerConfig
 
 DATE = "20250102T030405Z"
 

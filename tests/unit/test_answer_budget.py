@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoq.clock import FakeClock
+from chronoq.core.clock import FakeClock
 from chronoq.server.answers import AnswerBudget
 
 MS = 1_000_000

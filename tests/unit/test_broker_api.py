@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from chronoq import errors, fsutil
-from chronoq.broker import TOPICS_FILE, Broker, OutgoingMessage
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig, load_config
-from chronoq.model import MessageType
-from chronoq.msgid import EPOCH_2021_S, parse_message_id
+from chronoq.core import errors, fsutil
+from chronoq.broker.broker import TOPICS_FILE, Broker, OutgoingMessage
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig, load_config
+from chronoq.core.model import MessageType
+from chronoq.core.msgid import EPOCH_2021_S, parse_message_id
 
 NOW_MS = 1_750_000_123_456
 
@@ -381,9 +381,9 @@ def test_config_unknown_override_and_bad_env_values(tmp_path):
 def test_booleans_are_not_queue_ids_or_offsets(tmp_path):
     import pytest
 
-    from chronoq import errors
-    from chronoq.broker import Broker
-    from chronoq.config import BrokerConfig
+    from chronoq.core import errors
+    from chronoq.broker.broker import Broker
+    from chronoq.core.config import BrokerConfig
 
     with Broker(BrokerConfig(data_dir=str(tmp_path))) as b:
         b.send("orders", b"x", queue_id=0)
@@ -398,8 +398,8 @@ def test_booleans_are_not_queue_ids_or_offsets(tmp_path):
 def test_dedupe_entries_expire_a_bounded_step_per_maintenance_call(tmp_path):
     # A burst of sends expires all at once; maintenance takes it in steps so the event loop is not
     # held for tens of ms (timer releases wait behind it).
-    from chronoq import broker as broker_module
-    from chronoq.broker import OutgoingMessage
+    from chronoq.broker import broker as broker_module
+    from chronoq.broker.broker import OutgoingMessage
 
     clock = FakeClock(NOW_MS)
     step = broker_module.DEDUPE_EXPIRE_STEP

@@ -1,5 +1,5 @@
-from chronoq.broker import Broker
-from chronoq.config import BrokerConfig
+from chronoq.broker.broker import Broker
+from chronoq.core.config import BrokerConfig
 
 
 def test_send_read_roundtrip(tmp_path):

@@ -8,7 +8,7 @@ import os
 import pytest
 from storekit import crash, fill, open_store
 
-from chronoq import errors, fsutil
+from chronoq.core import errors, fsutil
 from chronoq.store.store import CHECKPOINT_FILE, CHECKPOINT_VERSION
 
 OLD = {"version": 1, "dispatched": 123, "queues": {"a/0": 5}}

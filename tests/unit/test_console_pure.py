@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from chronoq import acl, errors
+from chronoq.server import acl
+from chronoq.core import errors
 from chronoq.console import access, charts, horizon, settings
 from chronoq.console.lateness import LatenessRing, interval
 from chronoq.timer.stats import LatenessHistogram
@@ -159,7 +160,7 @@ def test_console_settings():
 
 
 def test_console_settings_are_checked_when_the_config_is_loaded(tmp_path):
-    from chronoq.config import load_config
+    from chronoq.core.config import load_config
 
     path = tmp_path / "chronoq.toml"
     path.write_text("[console]\ntrace_scan_mib = 128\n")

@@ -1,4 +1,4 @@
-"""chronoq.dedupe: the compact dedupe window against a plain model (Hypothesis state machine), and
+"""chronoq.broker.dedupe: the compact dedupe window against a plain model (Hypothesis state machine), and
 the broker's rule that a hash collision is another message, never a duplicate."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from chronoq import errors
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
-from chronoq.dedupe import DedupeWindow
+from chronoq.core import errors
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
+from chronoq.broker.dedupe import DedupeWindow
 
 NOW_MS = 1_750_000_123_456
 TOPICS = ("t1", "t2")

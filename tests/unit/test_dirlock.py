@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from chronoq import errors, fsutil
-from chronoq.broker import Broker
-from chronoq.config import BrokerConfig
+from chronoq.core import errors, fsutil
+from chronoq.broker.broker import Broker
+from chronoq.core.config import BrokerConfig
 from chronoq.store.dirlock import LOCK_FILE, DirLock
 from chronoq.store.store import CHECKPOINT_FILE
 
@@ -86,8 +86,8 @@ def _holder_script(data_dir: str) -> str:
     return textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {ROOT!r})
-        from chronoq.broker import Broker
-        from chronoq.config import BrokerConfig
+        from chronoq.broker.broker import Broker
+        from chronoq.core.config import BrokerConfig
         b = Broker(BrokerConfig(data_dir={data_dir!r}))
         b.send("orders", b"held")
         b.store.dispatch(b.store.sync())

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 from storekit import body_for, fill, open_store, prep, read_all
 
-from chronoq import errors
-from chronoq.broker import Broker
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
+from chronoq.core import errors
+from chronoq.broker.broker import Broker
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
 from chronoq.pop.service import PopService
 from chronoq.store import consumequeue
 from chronoq.store.diskspace import DiskSpace
@@ -126,9 +126,9 @@ def test_a_failed_consume_queue_write_is_retried_not_dropped(tmp_path, monkeypat
 def test_the_flusher_survives_a_failed_dispatch_and_makes_the_send_visible_later(tmp_path, monkeypatch):
     import asyncio
 
-    from chronoq import committer as committer_mod
-    from chronoq.committer import GroupCommitter
-    from chronoq.broker import OutgoingMessage
+    from chronoq.broker import committer as committer_mod
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.broker.broker import OutgoingMessage
 
     monkeypatch.setattr(committer_mod, "DISPATCH_RETRY_S", 0.01)
 

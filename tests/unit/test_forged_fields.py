@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from chronoq import errors
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
-from chronoq.staging import Rows, Staging
-from chronoq.transactions import Transactions
+from chronoq.core import errors
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
+from chronoq.features.staging import Rows, Staging
+from chronoq.features.transactions import Transactions
 
 FORGED_GROUP = "g\x02evil\x01yes"
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chronoq import errors, fsutil
+from chronoq.core import errors, fsutil
 from chronoq.pop import handle as pop_handle
 from chronoq.pop import poplog
 from chronoq.store import record

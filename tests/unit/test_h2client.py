@@ -1,6 +1,6 @@
-"""chronoq.h2client against grpcio's own server: an HTTP/2 and gRPC implementation that is not ours.
+"""chronoq.client.h2channel against grpcio's own server: an HTTP/2 and gRPC implementation that is not ours.
 
-(chronoq's server is its other peer: every integration test that uses ``chronoq.client`` runs on it.)
+(chronoq's server is its other peer: every integration test that uses ``chronoq.client.client`` runs on it.)
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import grpc
 import pytest
 
-from chronoq import h2client
+from chronoq.client import h2channel as h2client
 
 
 async def _echo(request: bytes, context) -> bytes:

@@ -1,6 +1,6 @@
 """The HTTP/2 limits' bookkeeping (chronoq.server.h2limits), with a hand-turned clock."""
 
-from chronoq.config import BrokerConfig
+from chronoq.core.config import BrokerConfig
 from chronoq.server.h2limits import IdleWatch, Limits, TokenBucket
 
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoq.server.hpackdec import Decoder, HpackError, literal_block
+from chronoq.protocol.h2.hpackdec import Decoder, HpackError, literal_block
 
 names = st.sampled_from([":path", ":method", "content-type", "grpc-timeout", "x-mq-client-id",
                          "x-mq-request-id", "user-agent", "authorization", "x-custom"])
@@ -64,7 +64,7 @@ def _huffman(data: bytes) -> bytes:
 def test_huffman_decode_inverts_the_reference_encoder(data):
     from hpack.huffman_table import decode_huffman
 
-    from chronoq.server.hpackdec import huffman_decode
+    from chronoq.protocol.h2.hpackdec import huffman_decode
 
     coded = _huffman(data)
     assert huffman_decode(coded) == data == decode_huffman(coded)
@@ -76,14 +76,14 @@ def test_huffman_decode_inverts_the_reference_encoder(data):
     (b"\xff\xff\xff\xff", "EOS"),            # thirty 1-bits: the EOS symbol inside the string
 ])
 def test_huffman_decode_refuses_bad_padding_and_eos(coded, why):
-    from chronoq.server.hpackdec import huffman_decode
+    from chronoq.protocol.h2.hpackdec import huffman_decode
 
     with pytest.raises(HpackError, match=why):
         huffman_decode(coded)
 
 
 def test_huffman_decode_takes_padding_of_up_to_seven_one_bits():
-    from chronoq.server.hpackdec import huffman_decode
+    from chronoq.protocol.h2.hpackdec import huffman_decode
 
     assert huffman_decode(b"\x07") == b"0"   # 00000 111
     assert huffman_decode(_huffman(b"x-mq-request-id")) == b"x-mq-request-id"
@@ -107,7 +107,7 @@ def test_a_name_from_the_dynamic_table_is_read_anew_each_time():
 def test_an_hpack_bomb_stops_while_decoding():
     import hpack
 
-    from chronoq.server.hpackdec import HeaderListTooLarge
+    from chronoq.protocol.h2.hpackdec import HeaderListTooLarge
 
     encoder = hpack.Encoder()
     bomb = encoder.encode([("x-big", "a" * 4000)] * 16_000)  # one entry, then 1-byte references
@@ -123,7 +123,7 @@ def test_an_hpack_bomb_stops_while_decoding():
 def test_the_header_list_cap_counts_32_bytes_per_field():
     import hpack
 
-    from chronoq.server.hpackdec import HeaderListTooLarge
+    from chronoq.protocol.h2.hpackdec import HeaderListTooLarge
 
     fields = [(f"x-{i:03d}", "v" * 95) for i in range(10)]  # 100 + 32 each: 1,320 bytes
     for huffman in (True, False):

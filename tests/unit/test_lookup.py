@@ -1,4 +1,4 @@
-"""Message lookup (chronoq.lookup, chronoq.lifeline) on a real embedded broker with a fake clock.
+"""Message lookup (chronoq.features.lookup, chronoq.features.lifeline) on a real embedded broker with a fake clock.
 
 The traffic is real (broker, timer, POP service, trace recorder); the lookup's pieces are
 checked against it: the bounded commit-log scan by id and key, the recall handles it rebuilds
@@ -7,9 +7,9 @@ checked against it: the bounded commit-log scan by id and key, the recall handle
 
 from __future__ import annotations
 
-from chronoq import trace
-from chronoq import lifeline, lookup
-from chronoq.trace import TRACE_TOPIC
+from chronoq.broker import trace
+from chronoq.features import lifeline, lookup
+from chronoq.broker.trace import TRACE_TOPIC
 
 from popkit import Node
 

@@ -1,4 +1,4 @@
-"""chronoq.metrics against an in-process broker on a fake clock: every counter equals the traffic."""
+"""chronoq.server.metrics against an in-process broker on a fake clock: every counter equals the traffic."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.clock import FakeClock
-from chronoq import errors
-from chronoq.config import BrokerConfig, load_config
-from chronoq.metrics import BrokerMetrics
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.clock import FakeClock
+from chronoq.core import errors
+from chronoq.core.config import BrokerConfig, load_config
+from chronoq.server.metrics import BrokerMetrics
 from chronoq.pop.service import PopService
 
 from timerkit import crash

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
-from chronoq import wire
-from chronoq.client import Client, OutgoingMessage
+from chronoq.protocol import wire
+from chronoq.client.client import Client, OutgoingMessage
 from chronoq.server import convert, plainsend
 
 
@@ -34,7 +34,7 @@ def _message(mid: str, body: bytes, topic: str = "orders", **sp) -> pb.Message:
 
 
 def _client_request(messages: list[OutgoingMessage]) -> bytes:
-    """The SendMessageRequest bytes chronoq.client sends for ``messages`` (nothing is sent)."""
+    """The SendMessageRequest bytes chronoq.client.client sends for ``messages`` (nothing is sent)."""
     async def encode() -> bytes:
         async with Client("127.0.0.1:1") as client:
             return client._send_request_bytes(messages)

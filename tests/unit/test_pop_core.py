@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronoq import errors
+from chronoq.core import errors
 from chronoq.pop import handle, names
 from chronoq.pop.inflight import Inflight, QueueState
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from chronoq import errors
+from chronoq.core import errors
 from chronoq.pop import poplog
 from chronoq.pop.inflight import Inflight, QueueState
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from popkit import BUFFER_MS, FLUSH_INTERVAL_MS, Node
 
-from chronoq import errors
+from chronoq.core import errors
 from chronoq.pop import names
 from chronoq.pop.renew import CLIENT_SILENCE_MS, Renewals
 from chronoq.pop.service import PopService

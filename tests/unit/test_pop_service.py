@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from popkit import REDELIVERY_BOUND_MS, Node
 
-from chronoq import errors
-from chronoq.broker import OutgoingMessage
+from chronoq.core import errors
+from chronoq.broker.broker import OutgoingMessage
 from chronoq.pop import names
 from chronoq.pop.service import PopService
 
@@ -478,8 +478,8 @@ def test_closed_service_refuses_calls(tmp_path):
 
 
 def test_sync_flush_policy_and_default_clock(tmp_path):
-    from chronoq.broker import Broker
-    from chronoq.config import BrokerConfig
+    from chronoq.broker.broker import Broker
+    from chronoq.core.config import BrokerConfig
 
     broker = Broker(BrokerConfig(data_dir=str(tmp_path), flush_policy="sync"))
     pop = PopService(broker)  # the clock defaults to the broker's

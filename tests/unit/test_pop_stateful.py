@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from popkit import REDELIVERY_BOUND_MS, Node
 
-from chronoq import errors
+from chronoq.core import errors
 
 # tmpfs makes the many fsyncs of a long random run cheap; the semantics do not change.
 _FAST_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

@@ -18,7 +18,7 @@ SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples
 FEWER = settings(SETTINGS, max_examples=100)
 
 TOPIC_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_%|-"
-# The codec's separators may not appear inside keys or properties (chronoq.model forbids them).
+# The codec's separators may not appear inside keys or properties (chronoq.core.model forbids them).
 _SEP_FREE = st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",))
 
 U16 = st.integers(0, 0xFFFF)

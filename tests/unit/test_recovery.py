@@ -26,7 +26,7 @@ from storekit import (
     segments,
 )
 
-from chronoq import errors, fsutil
+from chronoq.core import errors, fsutil
 from chronoq.store import record
 from chronoq.store.commitlog import LostRange
 from chronoq.store.store import CHECKPOINT_FILE

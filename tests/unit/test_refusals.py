@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from chronoq import refusals
-from chronoq.clock import FakeClock
+from chronoq.core import refusals
+from chronoq.core.clock import FakeClock
 
 
 def _refusals(clock):

@@ -15,11 +15,11 @@ import os
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
-from chronoq import wire
-from chronoq.broker import Broker
-from chronoq.clock import FakeClock
-from chronoq.committer import GroupCommitter
-from chronoq.config import BrokerConfig
+from chronoq.protocol import wire
+from chronoq.broker.broker import Broker
+from chronoq.core.clock import FakeClock
+from chronoq.broker.committer import GroupCommitter
+from chronoq.core.config import BrokerConfig
 from chronoq.server import convert
 from chronoq.server.grpc_server import MessagingService, SendRequest, serialize_answer
 from chronoq.store import record

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from chronoq import errors
-from chronoq.model import Message, MessageType
+from chronoq.core import errors
+from chronoq.core.model import Message, MessageType
 from chronoq.server import convert, status
 
 Code = pb.Code
@@ -171,7 +171,7 @@ def test_endpoints_pb(endpoint, scheme, host, port):
 
 
 def test_route_queues_accept_types():
-    from chronoq.model import TopicConfig
+    from chronoq.core.model import TopicConfig
 
     broker = pb.Broker(name="b", id=0, endpoints=convert.endpoints_pb("127.0.0.1:1"))
     mixed = convert.route_queues(TopicConfig("t", 3), "", broker)

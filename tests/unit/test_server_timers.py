@@ -14,8 +14,8 @@ import pytest
 from popkit import Node
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from chronoq import errors
-from chronoq.model import MessageType
+from chronoq.core import errors
+from chronoq.core.model import MessageType
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import admin, convert
 from chronoq.server.status import Code

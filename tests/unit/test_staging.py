@@ -1,15 +1,15 @@
-"""Staged publish (chronoq.staging): invisible until published, published once per (sink, batch),
+"""Staged publish (chronoq.features.staging): invisible until published, published once per (sink, batch),
 abort, restart, interrupted publishes finished at start-up, TTL, and parity with Broker.prepare."""
 
 from __future__ import annotations
 
 import pytest
 
-from chronoq import errors
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
-from chronoq.staging import STAGE_TOPIC, Rows, Staging, parse_rows
+from chronoq.core import errors
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
+from chronoq.features.staging import STAGE_TOPIC, Rows, Staging, parse_rows
 
 
 def _open(tmp_path, clock=None, **cfg):

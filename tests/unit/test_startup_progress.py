@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import os
 
-from chronoq.broker import Broker
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
+from chronoq.broker.broker import Broker
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
 from chronoq.server.progress import StartupProgress
 from chronoq.store.store import CHECKPOINT_FILE
 

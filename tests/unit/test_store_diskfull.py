@@ -8,7 +8,7 @@ import os
 import pytest
 from storekit import body_for, crash, fill, open_store, prep, read_all
 
-from chronoq import errors
+from chronoq.core import errors
 from chronoq.store import commitlog, record
 
 

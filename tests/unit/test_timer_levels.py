@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chronoq import errors
-from chronoq.config import BrokerConfig, load_config
+from chronoq.core import errors
+from chronoq.core.config import BrokerConfig, load_config
 from chronoq.timer import deliverytime, handle
 from chronoq.timer.levels import DEFAULT_LEVELS, DelayLevels, format_duration, parse_duration
 

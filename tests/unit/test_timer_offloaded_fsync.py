@@ -2,7 +2,7 @@
 
 ``tick(durable=False)`` writes due copies without fsyncing them; ``durability_wanted`` asks for a
 commit-log fsync, which the runtime runs on a worker thread and hands to ``synced``. Checkpoints
-are ``chronoq.jobs.Job``s: begun here, run elsewhere, finished here. These tests play the worker
+are ``chronoq.core.jobs.Job``s: begun here, run elsewhere, finished here. These tests play the worker
 thread's part by hand, in the orders that matter: nothing is visible or counted delivered before
 its fsync, a failed fsync backs off and never writes a copy twice, a crash in between delivers
 each message once, and bucket files are left alone while a timer checkpoint syncs them.
@@ -15,9 +15,9 @@ import json
 import pytest
 from timerkit import T0, TOPIC, crash, drain, open_broker, visible
 
-from chronoq import errors
-from chronoq.clock import FakeClock
-from chronoq.jobs import Job, run_all_here
+from chronoq.core import errors
+from chronoq.core.clock import FakeClock
+from chronoq.core.jobs import Job, run_all_here
 
 
 @pytest.fixture

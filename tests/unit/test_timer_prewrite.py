@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from timerkit import T0, TOPIC, crash, open_broker, visible
 
-from chronoq import errors
-from chronoq.clock import FakeClock
+from chronoq.core import errors
+from chronoq.core.clock import FakeClock
 from chronoq.store import record
 from chronoq.timer.service import RecallOutcome
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from chronoq.clock import FakeClock
+from chronoq.core.clock import FakeClock
 from chronoq.timer.service import RecallOutcome, RescheduleOutcome
 from tests.unit.timerkit import T0, TOPIC, crash, drain, open_broker, visible
 

@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from chronoq import errors
-from chronoq.broker import OutgoingMessage
-from chronoq.clock import FakeClock
+from chronoq.core import errors
+from chronoq.broker.broker import OutgoingMessage
+from chronoq.core.clock import FakeClock
 from chronoq.store import record
 from chronoq.timer import handle as handles
 from chronoq.timer import schedlog

@@ -1,4 +1,4 @@
-"""The message life trace (chronoq.trace): the codec, and the hooks in send, timer, POP, recall."""
+"""The message life trace (chronoq.broker.trace): the codec, and the hooks in send, timer, POP, recall."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from popkit import Node
 
-from chronoq import trace
-from chronoq.trace import TRACE_TOPIC
+from chronoq.broker import trace
+from chronoq.broker.trace import TRACE_TOPIC
 
 
 def test_codec_round_trip_and_rejects_garbage():
@@ -77,8 +77,8 @@ def test_hooks_record_a_message_life(tmp_path):
 
 
 def test_trace_off_records_nothing(tmp_path):
-    from chronoq.broker import Broker
-    from chronoq.config import BrokerConfig
+    from chronoq.broker.broker import Broker
+    from chronoq.core.config import BrokerConfig
 
     broker = Broker(BrokerConfig(data_dir=str(tmp_path), trace_enabled=False))
     broker.send("orders", b"x")

@@ -1,11 +1,11 @@
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
-from chronoq.transactions import HALF_TOPIC, Transactions
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
+from chronoq.features.transactions import HALF_TOPIC, Transactions
 
 import pytest
 
-from chronoq import errors
+from chronoq.core import errors
 
 
 def _send_half(broker, txns, body=b"pay", msg_id=None):

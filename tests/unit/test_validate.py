@@ -1,4 +1,4 @@
-"""chronoq.validate: the rules per field (docs/security.md, "Validation").
+"""chronoq.core.validate: the rules per field (docs/security.md, "Validation").
 
 The forged message group on each embedded entry point: test_forged_fields.py; the gRPC entry
 point and the round trip of everything accepted: tests/integration/test_validate_entry_points.py.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from chronoq import errors, validate
+from chronoq.core import errors, validate
 from chronoq.store import record
 
 FORGED_GROUP = "g\x02evil\x01yes"  # would read back as group "g" plus a user property evil=yes

@@ -1,4 +1,4 @@
-"""chronoq.wire and the client's hand-encoded requests equal what the generated classes build."""
+"""chronoq.protocol.wire and the client's hand-encoded requests equal what the generated classes build."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
-from chronoq import wire
-from chronoq.client import DELAY_LEVEL_PROPERTY, Client, OutgoingMessage
+from chronoq.protocol import wire
+from chronoq.client.client import DELAY_LEVEL_PROPERTY, Client, OutgoingMessage
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 names = st.text("abcXYZ09_-%|é", min_size=1, max_size=10)

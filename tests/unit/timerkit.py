@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from chronoq.broker import Broker
-from chronoq.clock import FakeClock
-from chronoq.config import BrokerConfig
+from chronoq.broker.broker import Broker
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
 
 T0 = 1_700_000_000_000  # a bucket-aligned start is not assumed anywhere
 TOPIC = "t"

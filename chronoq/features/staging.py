@@ -85,15 +85,15 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from chronoq import errors, fsutil, model, validate
-from chronoq.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, Broker
-from chronoq.model import MessageType
-from chronoq.msgid import new_message_id, new_message_ids
+from chronoq.core import errors, fsutil, model, validate
+from chronoq.broker.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, Broker
+from chronoq.core.model import MessageType
+from chronoq.core.msgid import new_message_id, new_message_ids
 from chronoq.store import record
 from chronoq.store.store import Prepared
 from chronoq.timer import deliverytime
 
-log = logging.getLogger("chronoq.staging")
+log = logging.getLogger("chronoq.features.staging")
 
 STAGE_TOPIC = "CHRONOQ_STAGE"
 STATE_FILE = "staging.json"
@@ -428,7 +428,7 @@ class Staging:
 
     def _encode_row(self, i: int, body: bytes, rows: Rows, cfg: model.TopicConfig, now: int,
                     sticky_queue: int) -> tuple[bytes, ...]:
-        """Row ``i`` as its ROW header and fields, checked by ``chronoq.validate`` as
+        """Row ``i`` as its ROW header and fields, checked by ``chronoq.core.validate`` as
         ``Broker.prepare`` checks a message (same rules, same errors)."""
         broker = self.broker
         body = validate.body(body, broker.config.max_body_bytes)
@@ -579,7 +579,7 @@ class Staging:
             if begin is not None:
                 b.begun, begin = begin, None
             c.published = True
-            sent = broker.sent_by_topic  # chronoq.metrics: published rows are sends
+            sent = broker.sent_by_topic  # chronoq.server.metrics: published rows are sends
             sent[c.topic] = sent.get(c.topic, 0) + len(messages)
             if broker.trace is not None:
                 broker.trace.stored(messages, now)

@@ -1,14 +1,14 @@
-"""Value types shared by every layer (the rules for their fields: ``chronoq.validate``)."""
+"""Value types shared by every layer (the rules for their fields: ``chronoq.core.validate``)."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from chronoq import errors
-# The rules for names and message fields live in chronoq.validate (one module that every entry
+from chronoq.core import errors
+# The rules for names and message fields live in chronoq.core.validate (one module that every entry
 # point uses); the constants and the test other layers read are re-exported here.
-from chronoq.validate import (GROUP_NAME_MAX, MESSAGE_GROUP_BYTES_MAX, MESSAGE_ID_CHARS_MAX,  # noqa: F401
+from chronoq.core.validate import (GROUP_NAME_MAX, MESSAGE_GROUP_BYTES_MAX, MESSAGE_ID_CHARS_MAX,  # noqa: F401
                               PROPERTIES_BYTES_MAX, PROPERTIES_MAX, SYSTEM_GROUP_PREFIXES, SYSTEM_PROPERTY_PREFIX,
                               SYSTEM_TOPIC_PREFIXES, TOPIC_NAME_MAX, is_system_topic)
 

@@ -1,4 +1,4 @@
-"""``chronoq.client``: an asyncio client for chronoq (and any RocketMQ 5 gRPC proxy).
+"""``chronoq.client.client``: an asyncio client for chronoq (and any RocketMQ 5 gRPC proxy).
 
 What it adds over the official Python client: many messages per SendMessage call (the protocol
 allows it; the official client sends one), many receipts per AckMessage, and plain asyncio
@@ -37,8 +37,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq import __version__, h2client, wire
-from chronoq.msgid import new_message_id, new_message_ids
+from chronoq import __version__
+from chronoq.client import h2channel as h2client
+from chronoq.protocol import wire
+from chronoq.core.msgid import new_message_id, new_message_ids
 
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _MS = "/apache.rocketmq.v2.MessagingService/"
@@ -165,7 +167,7 @@ class Client:
         """``extensions``: use chronoq's ``chronoq.v1.Consume`` calls when the server offers them
         (False: only RocketMQ's calls, e.g. to compare).
 
-        ``transport``: ``"h2"`` (default) sends the unary calls over ``chronoq.h2client``, an
+        ``transport``: ``"h2"`` (default) sends the unary calls over ``chronoq.client.h2channel``, an
         HTTP/2 transport that runs on the event loop thread (a fraction of grpc.aio's CPU per
         call); ``"grpc"`` sends everything through grpc.aio. The streamed ReceiveMessage (used
         only against servers without chronoq's extensions) always goes through grpc.aio."""
@@ -194,7 +196,7 @@ class Client:
         self._change_invisible = unary.unary_unary(_MS + "ChangeInvisibleDuration",
                                                    spb.ChangeInvisibleDurationRequest.SerializeToString,
                                                    spb.ChangeInvisibleDurationResponse.FromString)
-        # The per-message calls take requests already encoded (chronoq.wire): no protobuf object
+        # The per-message calls take requests already encoded (chronoq.protocol.wire): no protobuf object
         # per message on this side. Answers are parsed by the generated classes as usual.
         self._send_raw = unary.unary_unary(_MS + "SendMessage", response_deserializer=spb.SendMessageResponse.FromString)
         self._ack_raw = unary.unary_unary(_MS + "AckMessage", response_deserializer=spb.AckMessageResponse.FromString)
@@ -308,7 +310,7 @@ class Client:
         return head, b"".join(sp), m.body
 
     def _send_request_bytes(self, messages: Iterable[OutgoingMessage]) -> bytes:
-        """The SendMessageRequest for ``messages``, encoded (chronoq.wire)."""
+        """The SendMessageRequest for ``messages``, encoded (chronoq.protocol.wire)."""
         now = int(time.time() * 1000)
         if type(messages) is not list:
             messages = list(messages)

@@ -3,7 +3,7 @@
 Every way a message reaches the log checks its fields here: the embedded ``Broker`` API
 (``Broker.prepare`` and the bulk ``Broker.write_plain``), gRPC SendMessage (whose protocol rules,
 message type against fields, stay in ``chronoq.server.convert``), Stage/Publish
-(``chronoq.staging``), transactions, and the retry and dead-letter copies (written through
+(``chronoq.features.staging``), transactions, and the retry and dead-letter copies (written through
 ``Broker.write``). Timer copies copy an already checked record and add only properties the
 broker computes (``chronoq.timer.copies.add_prop`` asserts they hold no separator). So no entry
 point can store what another refuses, and a rule changes in one place. Pure: no I/O, no state.
@@ -16,7 +16,7 @@ separator byte inside a field would read back as a different message (``message_
 not valid Unicode (a lone surrogate) cannot be encoded at all. docs/security.md ("Validation")
 lists the rules per field for users.
 
-Each failure is a ``chronoq.errors.ClientError`` subclass naming the field and what is wrong;
+Each failure is a ``chronoq.core.errors.ClientError`` subclass naming the field and what is wrong;
 ``naming`` prefixes which message (or row) it concerns. Per message the work is a few C-level
 passes (``str.isprintable``, one precompiled regex search) per field, never a Python loop over
 characters: this runs on every send.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from chronoq import errors
+from chronoq.core import errors
 
 TOPIC_NAME_MAX = 127          # record: topic_len is a u8 (the name is ASCII)
 GROUP_NAME_MAX = 120          # leaves room in %RETRY%{group}_{topic} style names

@@ -26,11 +26,11 @@ import os
 import struct
 from dataclasses import dataclass
 
-from chronoq import errors, fsutil, model, validate
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.model import Message, MessageType, SendResult
+from chronoq.core import errors, fsutil, model, validate
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.model import Message, MessageType, SendResult
 
-log = logging.getLogger("chronoq.transactions")
+log = logging.getLogger("chronoq.features.transactions")
 
 HALF_TOPIC = "CHRONOQ_TXN_HALF"
 OP_TOPIC = "CHRONOQ_TXN_OP"

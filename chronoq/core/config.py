@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from chronoq import errors
+from chronoq.core import errors
 
 ENV_PREFIX = "CHRONOQ_"
 # A held copy hides everything behind it in its queue until its due time: keep the lead short.
@@ -77,11 +77,11 @@ class BrokerConfig:
     timer_load_batch: int = 1000  # per tick: ~4 ms of parsing, so loading a big bucket ahead never holds due work long
     timer_checkpoint_interval_ms: int = 5000
     timer_recall_memory_ms: int = 7 * 86_400_000
-    # Message life trace for `chronoq audit` (chronoq.trace; docs/spark.md): buffered events are
+    # Message life trace for `chronoq audit` (chronoq.broker.trace; docs/spark.md): buffered events are
     # written to the system topic CHRONOQ_TRACE every trace_flush_ms.
     trace_enabled: bool = True
     trace_flush_ms: int = 1000
-    # Staged publish (chronoq.staging): rows staged but neither published nor aborted are
+    # Staged publish (chronoq.features.staging): rows staged but neither published nor aborted are
     # discarded after this long, so an abandoned Spark job does not pin the commit log.
     stage_ttl_ms: int = 86_400_000
     # Which gRPC server serves the port: "chronoq" (chronoq.server.h2server, on the event loop)
@@ -136,7 +136,7 @@ class BrokerConfig:
             raise errors.ClientError("max_body_bytes must be between 1 and 64 MiB")
         if self.segment_bytes < 64 * 1024:
             raise errors.ClientError("segment_bytes must be at least 64 KiB")
-        if not 0 <= self.dedupe_max_entries <= DEDUPE_MAX_ENTRIES_LIMIT:  # (44 bytes each: chronoq.dedupe)
+        if not 0 <= self.dedupe_max_entries <= DEDUPE_MAX_ENTRIES_LIMIT:  # (44 bytes each: chronoq.broker.dedupe)
             raise errors.ClientError(f"dedupe_max_entries must be 0 to {DEDUPE_MAX_ENTRIES_LIMIT:,}, "
                                      f"not {self.dedupe_max_entries}")
         if self.flush_interval_ms <= 0 or self.checkpoint_interval_ms <= 0 or self.trace_flush_ms <= 0 \
@@ -160,7 +160,7 @@ class BrokerConfig:
         return self
 
     def _validate_security(self) -> None:
-        from chronoq import acl
+        from chronoq.server import acl
 
         if self.grpc_server not in ("chronoq", "grpcio"):
             raise errors.ClientError(f"grpc_server must be 'chronoq' or 'grpcio', not {self.grpc_server!r}")

@@ -2,7 +2,7 @@
 
 Every place that turns a client away (credentials, permissions, a limit, an HTTP/2 defence) calls
 ``Refusals.refuse(reason, peer, detail)``. The count per reason becomes
-``chronoq_requests_refused_total{reason}`` when ``/metrics`` is scraped (``chronoq.metrics``); the
+``chronoq_requests_refused_total{reason}`` when ``/metrics`` is scraped (``chronoq.server.metrics``); the
 log gets at most one WARNING line per reason per ``LOG_INTERVAL_NS`` (the first refusal at once,
 later ones summed into the next line), so a flood of refusals cannot flood the log too; those in
 between go to the DEBUG level only (off by default).

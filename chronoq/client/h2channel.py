@@ -1,4 +1,4 @@
-"""An HTTP/2 transport for ``chronoq.client``'s unary gRPC calls.
+"""An HTTP/2 transport for ``chronoq.client.client``'s unary gRPC calls.
 
 Why: grpc.aio's client hands every call to a poller thread and back to the event loop. On a
 small VM a thread wake-up is tens of µs, and a unary call cost the client 0.5-0.9 ms of CPU:
@@ -15,7 +15,7 @@ and concurrent-stream limits applied), PING, WINDOW_UPDATE both ways, RST_STREAM
 the server never saw are retried once on a new connection, as grpc does), CONTINUATION, gzip or
 deflate answers. Deadlines travel as ``grpc-timeout`` and end the call here too (RST_STREAM CANCEL).
 Failures raise ``grpc.aio.AioRpcError``, as grpc's own channel does, so callers handle both alike.
-Not here: streaming calls (``chronoq.client`` keeps a grpc channel for those), request compression.
+Not here: streaming calls (``chronoq.client.client`` keeps a grpc channel for those), request compression.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from chronoq.server.h2server import (_HEAD, _MSG, _SETTING, _U32, ACK, CANCEL, C
                                      PREFACE, PRIORITY_FLAG, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM,
                                      S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE,
                                      S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE, SETTINGS, WINDOW_UPDATE, _frame)
-from chronoq.server.hpackdec import STATIC_LEN, Decoder, HpackError, _encode_integer, literal
+from chronoq.protocol.h2.hpackdec import STATIC_LEN, Decoder, HpackError, _encode_integer, literal
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection

@@ -245,7 +245,7 @@ def ack_response_ok(entries) -> bytes:
 
 
 # ------------------------------------------------------------------------------ batched receive
-# ``chronoq.v1.Consume/ReceiveBatch`` (chronoq.server.grpc_server, chronoq.client) answers what
+# ``chronoq.v1.Consume/ReceiveBatch`` (chronoq.server.grpc_server, chronoq.client.client) answers what
 # ReceiveMessage streams, in one unary response: the bytes of a message
 #
 #     message ReceiveBatch { repeated apache.rocketmq.v2.ReceiveMessageResponse responses = 1; }

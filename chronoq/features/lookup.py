@@ -2,7 +2,7 @@
 
 Shared by the console's lookup page (``chronoq.console.views``) and the Admin RPC
 ``LookupMessage`` (``chronoq.server.admin``, used by ``chronoq message show``), so both always
-show the same life. ``lookup_message`` is the entry point; ``chronoq.lifeline`` is the pure part.
+show the same life. ``lookup_message`` is the entry point; ``chronoq.features.lifeline`` is the pure part.
 
 Data sources and their bounds (docs/console.md, "Message lookup"):
 
@@ -31,12 +31,13 @@ import struct
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from chronoq import errors, lifeline, model
+from chronoq.core import errors, model
+from chronoq.features import lifeline
 from chronoq.store import record
 from chronoq.timer import copies
 from chronoq.timer import handle as handles
 from chronoq.timer.levels import DELAY_TOPIC
-from chronoq.trace import TRACE_TOPIC
+from chronoq.broker.trace import TRACE_TOPIC
 
 RECORDS_MAX = 200          # matching records listed (a key shared by many messages)
 TRACE_BATCH = 16           # trace records read per step (each up to ~400 KiB)

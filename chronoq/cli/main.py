@@ -1,7 +1,7 @@
 """The ``chronoq`` command line: ``serve`` runs the broker; the rest talk to one over gRPC.
 
 ``topic`` and ``group`` use chronoq's own ``chronoq.v1.Admin`` service; ``send`` and ``receive``
-use ``apache.rocketmq.v2.MessagingService`` through ``chronoq.client``. Every remote command takes
+use ``apache.rocketmq.v2.MessagingService`` through ``chronoq.client.client``. Every remote command takes
 ``--endpoint`` (env ``CHRONOQ_ENDPOINT``), ``--timeout`` and ``--json``, prints a table for people
 or one JSON document for scripts, and exits with a documented status (docs/cli.md):
 
@@ -30,8 +30,8 @@ import time
 
 import click
 
-from chronoq import errors
-from chronoq.config import load_config
+from chronoq.core import errors
+from chronoq.core.config import load_config
 
 DEFAULT_ENDPOINT = "127.0.0.1:8081"
 EXIT_REFUSED = 1
@@ -167,7 +167,7 @@ def _call(endpoint: str, timeout_s: float, work):
     """Run the coroutine ``work``; a failure becomes one line on stderr and an exit status."""
     import grpc
 
-    from chronoq.client import ClientError, run
+    from chronoq.client.client import ClientError, run
 
     try:
         return run(work)
@@ -222,7 +222,7 @@ def _progress(description: str, total: int | None, hidden: bool):
 
 def _admin(endpoint: str, timeout_s: float, method: str, *args, **kwargs):
     """Call one ``AdminClient`` method against ``endpoint``."""
-    from chronoq.client import AdminClient
+    from chronoq.client.client import AdminClient
 
     async def work():
         async with AdminClient(endpoint, request_timeout_s=timeout_s, **_connection()) as admin:
@@ -376,7 +376,7 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, count, 
     if message_group is not None and delay is not None:
         raise click.UsageError("--group (FIFO) and --delay cannot be combined: a message has one type")
     data = _read_body(body, file)
-    from chronoq.client import Client, OutgoingMessage
+    from chronoq.client.client import Client, OutgoingMessage
 
     receipts: list = []
 
@@ -466,7 +466,7 @@ def _body_preview(body: bytes) -> str:
 def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_ack,
             endpoint, timeout, as_json) -> None:
     """Receive (POP) messages of TOPIC for consumer GROUP, print and acknowledge them."""
-    from chronoq.client import Client
+    from chronoq.client.client import Client
 
     got: list[tuple[object, bool]] = []
 
@@ -790,7 +790,7 @@ def message_show(query, scan_mib, trace_mib, endpoint, timeout, as_json) -> None
     """
     from rocketmq.grpc_protocol.definition_pb2 import Code
 
-    from chronoq.client import AdminClient, ClientError
+    from chronoq.client.client import AdminClient, ClientError
 
     async def work():
         async with AdminClient(endpoint, request_timeout_s=timeout, **_connection()) as admin:

@@ -8,7 +8,7 @@ import os
 
 import google_crc32c
 
-from chronoq import errors
+from chronoq.core import errors
 
 
 def fsync_dir(path: str) -> None:

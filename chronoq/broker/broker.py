@@ -2,7 +2,7 @@
 
 This is the Python API every front end uses (tests, the CLI, the gRPC shell). It is synchronous
 and single-threaded by design: the asyncio shell calls it from the event loop and only moves the
-fsync to a worker thread (see ``chronoq.committer``).
+fsync to a worker thread (see ``chronoq.broker.committer``).
 
 Files it owns in the data directory (``fsutil.write_json`` documents)::
 
@@ -19,14 +19,14 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from chronoq import errors, fsutil, model, validate
-from chronoq.clock import SYSTEM_CLOCK, Clock
-from chronoq.config import BrokerConfig
-from chronoq.dedupe import DedupeWindow
-from chronoq.jobs import Job, run_all_here
-from chronoq.model import Message, MessageType, SendResult, TopicConfig
-from chronoq.msgid import new_message_id
-from chronoq.refusals import Refusals
+from chronoq.core import errors, fsutil, model, validate
+from chronoq.core.clock import SYSTEM_CLOCK, Clock
+from chronoq.core.config import BrokerConfig
+from chronoq.broker.dedupe import DedupeWindow
+from chronoq.core.jobs import Job, run_all_here
+from chronoq.core.model import Message, MessageType, SendResult, TopicConfig
+from chronoq.core.msgid import new_message_id
+from chronoq.core.refusals import Refusals
 from chronoq.store import record
 from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
@@ -34,15 +34,15 @@ from chronoq.store.store import Prepared, Store, StoreOptions
 from chronoq.timer.levels import DELAY_TOPIC
 from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
                                    TimerService)
-from chronoq.trace import TRACE_TOPIC, TraceRecorder
-from chronoq.trace import bodies as trace_bodies
+from chronoq.broker.trace import TRACE_TOPIC, TraceRecorder
+from chronoq.broker.trace import bodies as trace_bodies
 
 # Enum members as module globals: ``MessageType.NORMAL`` is a metaclass attribute lookup that costs
 # about a microsecond on Python 3.11, and prepare() compares types several times per message.
 _MIXED, _NORMAL, _FIFO, _DELAY = MessageType.MIXED, MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY
 assert Prepared._fields[0] == "topic"  # write() counts sends per p[0] (a tuple index: no attribute lookup)
 
-log = logging.getLogger("chronoq.broker")
+log = logging.getLogger("chronoq.broker.broker")
 
 TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "offsets.json"
@@ -50,7 +50,7 @@ PROP_MESSAGE_GROUP = "__GROUP"
 PROP_MESSAGE_TYPE = "__TYPE"
 # Dedupe entries expired per maintenance call at most (maintenance runs every 200 ms, so 10,000 a
 # second; above that rate ``dedupe_max_entries`` bounds the window). Expiry only moves the
-# window's tail now (chronoq.dedupe), well under a ms for a step; the bound stays a bound.
+# window's tail now (chronoq.broker.dedupe), well under a ms for a step; the bound stays a bound.
 DEDUPE_EXPIRE_STEP = 2_000
 # Per maintenance pass (every <= 200 ms), time spent counting schedule files for the metrics
 # cache: a first scrape then finds them counted, and deliveries wait at most this long.
@@ -136,7 +136,7 @@ class Broker:
         self._system_topics: dict[str, TopicConfig] = {}
         self._tags: dict[str, bytes] = {}
         # Client message ids stored lately: a hash of (topic, id) and the record's commit offset
-        # (chronoq.dedupe, ~40 B an entry, no Python object per entry); an exact resend answers
+        # (chronoq.broker.dedupe, ~40 B an entry, no Python object per entry); an exact resend answers
         # the original, rebuilt from its record (``_original``).
         self._dedupe = DedupeWindow(self.config.dedupe_max_entries, self.config.dedupe_window_ms)
         self._last_checkpoint_ms = self.clock.wall_ms()
@@ -147,14 +147,14 @@ class Broker:
         self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
                                   ensure_delay_topic=self._ensure_delay_topic)
         self.add_arrival_listener(self.timer.on_arrivals)
-        # Message life trace for the delivery audit (chronoq.trace): the hooks only append to a
+        # Message life trace for the delivery audit (chronoq.broker.trace): the hooks only append to a
         # buffer; ``maintenance`` writes it to TRACE_TOPIC every ``trace_flush_ms``.
         self.trace: TraceRecorder | None = None
         if self.config.trace_enabled:
             self.trace = TraceRecorder(self.config.trace_flush_ms, DELAY_TOPIC)
             self.create_topic(TRACE_TOPIC, 1, system=True)
             self.timer.on_visible = self.trace.visible
-        # For chronoq.metrics: messages accepted from producers per topic (duplicates and system
+        # For chronoq.server.metrics: messages accepted from producers per topic (duplicates and system
         # writes not counted), and how long opening took (recovery of the store and the timer).
         self.sent_by_topic: dict[str, int] = {}
         self.open_duration_ns = self.clock.monotonic_ns() - opened_ns
@@ -253,7 +253,7 @@ class Broker:
         With ``new_topics`` an unknown topic is planned there instead of auto-created (``write``
         creates them once the whole batch is valid).
         """
-        # Every field through chronoq.validate, the rules every entry point shares.
+        # Every field through chronoq.core.validate, the rules every entry point shares.
         topic = self._send_topic(msg.topic, system, new_topics)
         body = msg.body
         if type(body) is not bytes or not body or len(body) > self.config.max_body_bytes:
@@ -389,7 +389,7 @@ class Broker:
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.topic(name, create=True)
         written = self.store.write(prepared)
-        if prepared and not system:  # chronoq.metrics; a batch is nearly always of one topic
+        if prepared and not system:  # chronoq.server.metrics; a batch is nearly always of one topic
             sent, topic = self.sent_by_topic, prepared[0][0]
             if len(prepared) == 1 or all(p[0] == topic for p in prepared):
                 sent[topic] = sent.get(topic, 0) + len(prepared)
@@ -672,7 +672,7 @@ class Broker:
 
     def checkpoint_job(self) -> Job:
         """The store checkpoint and consumer offsets, with their fsyncs in ``run`` (any thread;
-        ``chronoq.jobs``). The offsets written are those of now."""
+        ``chronoq.core.jobs``). The offsets written are those of now."""
         store_job = self.store.checkpoint_job()
         offsets = self._offsets_doc() if self._offsets_dirty else None
         self._offsets_dirty = False
@@ -698,7 +698,7 @@ class Broker:
     def maintenance_jobs(self) -> list[Job]:
         """``maintenance`` for the asyncio shell: the cheap work is done here, the blocking parts
         (checkpoint fsyncs and files) are returned as jobs to run on a worker thread and finish
-        back on this one, in order (``chronoq.jobs``). Call again only once they all finished."""
+        back on this one, in order (``chronoq.core.jobs``). Call again only once they all finished."""
         now = self.clock.wall_ms()
         jobs = []
         try:

@@ -1,4 +1,4 @@
-"""A message's life from the trace (``chronoq.trace``) and the records of the log. Pure: bytes in,
+"""A message's life from the trace (``chronoq.broker.trace``) and the records of the log. Pure: bytes in,
 plain data out.
 
 ``TraceSearch`` is fed the bodies of CHRONOQ_TRACE records oldest first and keeps the events of
@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from chronoq import trace
+from chronoq.broker import trace
 from chronoq.pop import names
 from chronoq.store import record
 from chronoq.timer import copies
@@ -25,7 +25,7 @@ from chronoq.timer.levels import DELAY_TOPIC
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
-_MID_AT = 8          # EVENT field offsets (chronoq.trace documents the layout)
+_MID_AT = 8          # EVENT field offsets (chronoq.broker.trace documents the layout)
 _REF_OFFSET_AT = 40
 assert trace.EVENT_SIZE == 48 and trace.EVENT.size == 48
 IDS_MAX = 16  # message ids one lookup follows (a key shared by many messages: the first ones)
@@ -57,7 +57,7 @@ class TraceSearch:
         """One trace record body (records must come oldest first)."""
         self.records += 1
         table, raw, n = trace.decode(body)
-        # Every entry of a wanted id: a writer may repeat a string (chronoq.trace's format).
+        # Every entry of a wanted id: a writer may repeat a string (chronoq.broker.trace's format).
         wanted = [i for i, s in enumerate(table) if s in self.ids]
         hits: set[int] = set()
         for i in wanted:

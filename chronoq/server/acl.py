@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from chronoq import errors, model
+from chronoq.core import errors, model
 
 SCHEME = "MQv2-HMAC-SHA1"
 DATE_HEADER = "x-mq-date-time"

@@ -15,11 +15,11 @@ import asyncio
 import logging
 from typing import Iterable
 
-from chronoq import errors
-from chronoq.broker import Broker, OutgoingMessage
-from chronoq.model import SendResult
+from chronoq.core import errors
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.core.model import SendResult
 
-log = logging.getLogger("chronoq.committer")
+log = logging.getLogger("chronoq.broker.committer")
 
 DISPATCH_RETRY_S = 0.5  # after a failed dispatch, try again this soon
 
