@@ -1,0 +1,1 @@
+"""The ``chronoq`` command (``main.main``): serve, and the remote commands over gRPC."""

@@ -1,0 +1,1 @@
+"""HTTP/2, sans-IO: HPACK decoding (``hpackdec``) and what the client and server share."""
