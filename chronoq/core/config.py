@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from chronoq.core import errors
+from chronoq.core import acl, console_settings, errors
 
 ENV_PREFIX = "CHRONOQ_"
 # A held copy hides everything behind it in its queue until its due time: keep the lead short.
@@ -146,10 +146,8 @@ class BrokerConfig:
         self._validate_h2()
         self._validate_security()
         self._validate_answer_budget()
-        # [console] (chronoq.console.settings): checked here, at load, so a typo stops `chronoq
+        # [console] (chronoq.core.console_settings): checked here, at load, so a typo stops `chronoq
         # serve` before it opens anything, not later when the HTTP listener starts.
-        from chronoq.console import settings as console_settings
-
         console_settings.parse(self.extra.get("console"))
         if not 0 <= self.priority_boost <= 20:
             raise errors.ClientError(f"priority_boost must be 0 to 20 nice steps, not {self.priority_boost}")
@@ -160,8 +158,6 @@ class BrokerConfig:
         return self
 
     def _validate_security(self) -> None:
-        from chronoq.server import acl
-
         if self.grpc_server not in ("chronoq", "grpcio"):
             raise errors.ClientError(f"grpc_server must be 'chronoq' or 'grpcio', not {self.grpc_server!r}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
