@@ -6,7 +6,8 @@ the ``Broker`` API and owns two files: ``groups.json`` (``groups.py``: group set
 ``pop/<generation>.poplog`` (the durable CK/ACK log; when it is flushed and compacted:
 ``journal.py``). Its parts: ``reading.py`` (what a receive reads from one queue), ``copies.py``
 (retry and dead-letter copies, the consumer's view of one), ``reports.py`` (lag, in flight),
-``renew.py`` (auto-renew rules); this module receives, settles and revives.
+``revive.py`` (retry, dead-letter or redeliver what timed out), ``renew.py`` (auto-renew
+rules); this module receives, settles and ticks.
 
 How a message moves
 -------------------
@@ -84,7 +85,7 @@ import os
 from dataclasses import dataclass
 
 from chronoq.core import errors, model, validate
-from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker, OutgoingMessage
+from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker
 from chronoq.core.clock import Clock
 from chronoq.core.model import Message
 from chronoq.pop import copies, journal, names, poplog, reading, renew, reports
@@ -93,6 +94,7 @@ from chronoq.pop.counters import PopCounters
 from chronoq.pop.groups import GroupBook, GroupConfig
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
 from chronoq.pop.names import PROP_DLQ_ORIGIN_TOPIC, PROP_ORIGIN_TOPIC
+from chronoq.pop.revive import Reviver
 
 log = logging.getLogger("chronoq.pop")
 
@@ -100,7 +102,6 @@ BUFFER_MS = 2_000             # merge buffer: a CK younger than this is not writ
 FLUSH_INTERVAL_MS = 100       # unflushed POP-log records wait at most this long
 RETRY_SAMPLE_EVERY = 5        # every 5th receive reads the retry topic first
 TICK_CKS_MAX = 4_096          # CKs one tick revives (the rest next tick, at once)
-REVIVE_RETRY_MS = 1_000       # a revive that hit a storage error is retried this much later
 PUSH_INVISIBLE_MS = 60_000    # auto-renew receives without an invisible time: the renew slice
 AUTO_RENEW_MAX_MS = 3 * 3600 * 1000  # auto-renew stops this long after the receive (the proxy's 3 h)
 _NAMES_CACHE_MAX = 10_000
@@ -152,6 +153,7 @@ class PopService:
                                     journal.skips(self._inflight))
         self._inflight.sink = logf
         self._journal = journal.PopJournal(broker, self._inflight, logf, self.pop_dir, flush_interval_ms)
+        self._reviver = Reviver(broker, self.clock, self._groups, self._inflight, self.counters, self._journal)
         if restored or recovered.truncated_bytes:
             log.info("POP state recovered: %d checkpoints in flight, %d bytes of torn tail dropped",
                      len(restored), recovered.truncated_bytes)
@@ -439,7 +441,7 @@ class PopService:
         if due:
             due = self._renew(due, now)
         if due:
-            handled += self._revive(due, now)
+            handled += self._reviver.revive(due, now)
         if self._blocked:
             for qs in [qs for qs in self._blocked if qs.blocked_until <= now]:
                 qs.blocked_until = 0
@@ -465,79 +467,6 @@ class PopService:
             else:
                 self._inflight.extend(ck, deadline)
         return out
-
-    def _revive(self, due: list[Checkpoint], now: int) -> int:
-        """Retry or dead-letter the unsettled entries of ``due`` (fsynced), then drop the CKs."""
-        outgoing: list[OutgoingMessage] = []
-        plan: list[tuple[Checkpoint, list[int], list[int]]] = []  # (ck, settle now, FIFO again)
-        tally: dict[str, list[int]] = {}  # group -> [revived, retried, dead-lettered] (chronoq.server.metrics)
-        for ck in due:
-            gcfg = self._groups.get(ck.group)
-            drop, again = [], []
-            counts = tally.setdefault(ck.group, [0, 0, 0])
-            for i in ck.unsettled():
-                attempt = ck.attempts[i]
-                if ck.fifo and attempt < gcfg.max_attempts:
-                    again.append(i)
-                    continue
-                m = copies.read_one(self.broker, ck.queue.topic, ck.queue.queue_id, ck.offsets[i])
-                if m is None:
-                    log.warning("revive: %s/%d@%d is no longer in the store", ck.queue.topic,
-                                ck.queue.queue_id, ck.offsets[i])
-                elif attempt >= gcfg.max_attempts:
-                    outgoing.append(copies.dlq_message(self.broker, self.clock, ck, m))
-                    counts[2] += 1
-                else:
-                    outgoing.append(copies.retry_message(self.broker, ck, m, attempt, gcfg, now))
-                    counts[1] += 1
-                drop.append(i)
-            counts[0] += len(drop) + len(again)
-            plan.append((ck, drop, again))
-        if outgoing and not self._write_durably(outgoing):
-            for ck in due:
-                self._inflight.postpone(ck, now + REVIVE_RETRY_MS)
-            return 0
-        for group, (revived, retried, dead_lettered) in tally.items():
-            self.counters.revive_outcome(group, revived, retried, dead_lettered)
-        inflight = self._inflight
-        handled = 0
-        sealed = False
-        for ck, drop, again in plan:
-            handled += len(drop) + len(again)
-            if drop:
-                sealed = True
-                inflight.seal(ck)
-            if not ck.fifo:
-                inflight.finish(ck)
-                continue
-            for i in drop:
-                inflight.settle(ck, i)
-            if ck.live:
-                inflight.expire(ck)
-        if sealed:
-            # The copies are durable; make the DONE/ACK records durable too, at once, so a crash
-            # cannot revive these CKs a second time (only a crash between the two fsyncs can).
-            self._journal.flush(now, force=True)
-        return handled
-
-    def _write_durably(self, outgoing: list[OutgoingMessage]) -> bool:
-        """Write retry/DLQ copies and fsync. False on a storage error (retry later)."""
-        try:
-            try:
-                self.broker.write(outgoing, system=True)
-            except errors.ClientError:
-                # One message the broker now refuses (e.g. a lowered body limit) must not stall
-                # the others: write one by one and drop only the refused ones.
-                for msg in outgoing:
-                    try:
-                        self.broker.write([msg], system=True)
-                    except errors.ClientError as exc:
-                        log.error("revive: dropping a message to %s the broker refuses: %s", msg.topic, exc.message)
-            self.broker.flush()
-        except errors.ChronoqError as exc:
-            log.warning("revive postponed: %s", exc.message)
-            return False
-        return True
 
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has work: the earliest invisible-time end, merge-buffer or flush
