@@ -171,7 +171,7 @@ def _event_detail(e) -> str:
 
 def _record_place(r) -> str:
     """topic/queue@offset; a timer message's scheduled record sits in no queue yet (no offset)."""
-    from chronoq.timer.levels import DELAY_TOPIC
+    from chronoq.core.delay_levels import DELAY_TOPIC
 
     if r.kind == "scheduled" and r.topic != DELAY_TOPIC:
         return f"{r.topic}/{r.queue_id}"

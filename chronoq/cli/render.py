@@ -77,7 +77,7 @@ def bars(rows: list[tuple[str, int]]) -> None:
 
 
 def duration_text(ms: int) -> str:
-    from chronoq.timer.levels import format_duration
+    from chronoq.core.delay_levels import format_duration
 
     return format_duration(ms)
 

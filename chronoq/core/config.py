@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from chronoq.core import acl, console_settings, errors
+from chronoq.core.delay_levels import DelayLevels
 
 ENV_PREFIX = "CHRONOQ_"
 # A held copy hides everything behind it in its queue until its due time: keep the lead short.
@@ -186,8 +187,6 @@ class BrokerConfig:
                                      f"{self.h2_max_header_list_bytes}")
 
     def _validate_timer(self) -> None:
-        from chronoq.timer.levels import DelayLevels
-
         DelayLevels.parse(self.timer_delay_levels)
         if self.timer_deliver_mode not in ("sync", "async"):
             raise errors.ClientError(f"timer_deliver_mode must be 'sync' or 'async', not {self.timer_deliver_mode!r}")
@@ -213,8 +212,6 @@ class BrokerConfig:
     def delay_levels_ms(self) -> tuple[int, ...]:
         """``timer_delay_levels`` parsed: the delay of level 1, 2, ... in ms. The timer's delay
         levels and POP's retry back-off (``chronoq.pop.names``) both use this table."""
-        from chronoq.timer.levels import DelayLevels
-
         return DelayLevels.parse(self.timer_delay_levels).delays_ms
 
     @property
