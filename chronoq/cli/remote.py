@@ -15,7 +15,7 @@ EXIT_UNREACHABLE = 3
 EXIT_NOT_DONE = 4           # answered definitely, but nothing changed (already delivered, not found)
 
 
-def check_endpoint(ctx, param, value: str) -> str:
+def _check_endpoint(ctx, param, value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise click.BadParameter(f"{value!r} is not host:port (e.g. {DEFAULT_ENDPOINT})")
@@ -54,7 +54,7 @@ def remote_options(fn):
     fn = click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
                       help="Seconds to wait for each answer.")(fn)
     fn = click.option("--endpoint", envvar="CHRONOQ_ENDPOINT", default=DEFAULT_ENDPOINT, show_default=True,
-                      callback=check_endpoint, help="host:port of the broker (env CHRONOQ_ENDPOINT).")(fn)
+                      callback=_check_endpoint, help="host:port of the broker (env CHRONOQ_ENDPOINT).")(fn)
     return fn
 
 
@@ -63,13 +63,13 @@ def fail(message: str, exit_code: int):
     sys.exit(exit_code)
 
 
-def code_name(code: int) -> str:
+def _code_name(code: int) -> str:
     from rocketmq.grpc_protocol import definition_pb2
 
     return definition_pb2.Code.Name(code) if code in definition_pb2.Code.values() else str(code)
 
 
-def transport_message(endpoint: str, timeout_s: float, exc) -> str:
+def _transport_message(endpoint: str, timeout_s: float, exc) -> str:
     import grpc
 
     code, details = exc.code(), (exc.details() or "").strip()
@@ -93,9 +93,9 @@ def call(endpoint: str, timeout_s: float, work):
     try:
         return run(work)
     except ClientError as exc:
-        fail(f"{code_name(exc.code)}: {exc.status_message}", EXIT_REFUSED)
+        fail(f"{_code_name(exc.code)}: {exc.status_message}", EXIT_REFUSED)
     except grpc.aio.AioRpcError as exc:
-        fail(transport_message(endpoint, timeout_s, exc), EXIT_UNREACHABLE)
+        fail(_transport_message(endpoint, timeout_s, exc), EXIT_UNREACHABLE)
     except KeyboardInterrupt:
         fail("interrupted", 130)
 

@@ -38,9 +38,9 @@ def print_table(title: str | None, columns: list[str], rows: list[list], *, righ
 @contextlib.contextmanager
 def progress_bar(description: str, total: int | None, hidden: bool):
     """A rich progress bar for long work, shown only to a person: stdout is a terminal and not
-    ``hidden`` (--json, or work too short for one; scripts and pipes get nothing extra). Yields ``advance(n)``; ``total`` None: a
-    spinner with the elapsed time (work whose size is unknown). The bar is removed when done,
-    so the command's own output follows as usual."""
+    ``hidden`` (--json, or work too short for one; scripts and pipes get nothing extra). Yields
+    ``advance(n)``; ``total`` None: a spinner with the elapsed time (work whose size is unknown).
+    The bar is removed when done, so the command's own output follows as usual."""
     if hidden or not sys.stdout.isatty():
         yield lambda n=1: None
         return
@@ -80,7 +80,6 @@ def duration_text(ms: int) -> str:
     from chronoq.core.delay_levels import format_duration
 
     return format_duration(ms)
-
 
 
 def size_text(n: int) -> str:
