@@ -31,7 +31,7 @@ from chronoq.store import record
 from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
                                    TimerService)
 from chronoq.broker.trace import TRACE_TOPIC, TraceRecorder

@@ -24,7 +24,7 @@ import hmac
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from chronoq.server import acl
+from chronoq.core import acl
 
 REALM = "chronoq console"
 

@@ -10,8 +10,9 @@ import importlib.resources
 import jinja2
 from aiohttp import web
 
-from chronoq.server import acl
-from chronoq.console import charts, settings, views
+from chronoq.core import acl
+from chronoq.console import charts, views
+from chronoq.core import console_settings
 from chronoq.console.lateness import LatenessRing
 
 PREFIX = "/console"
@@ -39,7 +40,7 @@ def _templates() -> jinja2.Environment:
 def setup(app: web.Application, runtime) -> None:
     """Add the console's routes and its lateness sampler to ``app`` (before it is frozen)."""
     config = runtime.config
-    chosen = settings.parse(config.extra.get("console"))
+    chosen = console_settings.parse(config.extra.get("console"))
     console = views.Console(runtime=runtime, settings=chosen, access=acl.from_config(config.extra.get("auth")),
                             templates=_templates(), ring=LatenessRing(chosen.lateness_samples))
     app[views.CONSOLE_KEY] = console

@@ -1,9 +1,10 @@
 """The console's request handlers: gather figures from the running broker, render a template.
 
 Everything runs on the broker's event loop (the broker API is single-threaded), reads what the
-broker already keeps and reuses its reports: group lag and in-flight counts are the Admin
-service's ``ListGroups`` answer, pending timers are ``TimerService.pending_by_horizon`` (as
-for ``/metrics``) and ``stats``, lateness is the timer's histogram. The first view of the timer
+broker already keeps and reuses its reports: group lag and in-flight counts are
+``chronoq.features.catalog.group_lags`` (as for the Admin service's ``ListGroups``), pending
+timers are ``TimerService.pending_by_horizon`` (as for ``/metrics``) and ``stats``, lateness is
+the timer's histogram. The first view of the timer
 horizon after many timers arrived reads their schedule files once (about 1 s per 100k pending
 timers on the development machine); later views read only files that changed.
 """
@@ -18,15 +19,13 @@ from dataclasses import dataclass
 import jinja2
 from aiohttp import web
 
-from chronoq.server import acl
+from chronoq.core import acl
 from chronoq.core import errors
-from chronoq.features import lookup
+from chronoq.features import catalog, lookup
 from chronoq.console import access, charts, horizon
 from chronoq.console.lateness import LatenessRing
-from chronoq.console.settings import ConsoleSettings
+from chronoq.core.console_settings import ConsoleSettings
 from chronoq.pop import names
-from chronoq.proto import chronoq_admin_pb2 as apb
-from chronoq.server.admin import AdminService
 
 log = logging.getLogger("chronoq.console")
 
@@ -106,13 +105,12 @@ def dlq_count(broker, group: str) -> int:
 
 
 def group_rows(broker, pop) -> tuple[list[dict], list[dict]]:
-    """(per group, per group and topic), from the Admin service's ``ListGroups`` (one code path
-    for lag and in-flight counts: ``chronoq group list``, the gRPC Admin API and this page)."""
+    """(per group, per group and topic), from ``catalog.group_lags`` (one code path for lag and
+    in-flight counts: ``chronoq group list``, the gRPC Admin API and this page)."""
     if pop is None:
         return [], []
-    answer = AdminService(broker, pop).group_lags(apb.ListGroupsRequest())
     per_topic, per_group = [], {}
-    for row in answer.groups:
+    for row in catalog.group_lags(broker, pop):
         g = row.group
         entry = per_group.setdefault(g.name, {"name": g.name, "fifo": g.fifo, "max_attempts": g.max_attempts,
                                                "lag": 0, "inflight": 0, "topics": 0,
@@ -239,19 +237,19 @@ async def create_topic(request: web.Request, console: Console) -> web.Response:
     except ValueError:
         return console.render(request, "refused.html", status=400,
                               reason=f"queues must be a number, not {queues_text!r}")
-    if console.runtime.pop is None:  # the Admin service needs the gRPC front end's POP service
+    if console.runtime.pop is None:  # the catalog needs the gRPC front end's POP service
         return console.render(request, "refused.html", status=503, reason="the gRPC front end is not running")
     existed = name in console.broker.topics
-    # The Admin service's CreateTopic: the same validation and "0 / empty = keep" rules as
-    # ``chronoq topic create`` and the gRPC Admin API.
+    # The Admin service's CreateTopic (chronoq.features.catalog): the same validation and
+    # "0 / empty = keep" rules as ``chronoq topic create`` and the gRPC Admin API.
     try:
-        answer = AdminService(console.broker, console.runtime.pop).create_or_update_topic(apb.CreateTopicRequest(
-            topic=apb.Topic(name=name, queues=queues, message_type=str(form.get("type", "")))))
-    except (errors.ClientError, ValueError) as exc:  # ValueError: a queue count protobuf cannot hold
+        cfg = catalog.create_or_update_topic(console.broker, console.runtime.pop, name, queues,
+                                             str(form.get("type", "")))
+    except errors.ClientError as exc:
         return console.render(request, "refused.html", status=400, reason=f"topic not created: {exc}")
-    cfg = answer.topic
     log.info("console: %s created or updated topic %s", request.get("console_user") or "anonymous", cfg.name)
-    notice = f"topic {cfg.name} {'updated' if existed else 'created'}: {cfg.queues} queues, {cfg.message_type}"
+    notice = (f"topic {cfg.name} {'updated' if existed else 'created'}: {cfg.queues} queues, "
+              f"{cfg.message_type.name.lower()}")
     raise web.HTTPSeeOther(request.app.router["console-overview"].url_for().with_query(notice=notice))
 
 

@@ -13,7 +13,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from chronoq.core import errors
+from chronoq.core import acl, console_settings, errors
+from chronoq.core.delay_levels import DelayLevels
 
 ENV_PREFIX = "CHRONOQ_"
 # A held copy hides everything behind it in its queue until its due time: keep the lead short.
@@ -146,10 +147,8 @@ class BrokerConfig:
         self._validate_h2()
         self._validate_security()
         self._validate_answer_budget()
-        # [console] (chronoq.console.settings): checked here, at load, so a typo stops `chronoq
+        # [console] (chronoq.core.console_settings): checked here, at load, so a typo stops `chronoq
         # serve` before it opens anything, not later when the HTTP listener starts.
-        from chronoq.console import settings as console_settings
-
         console_settings.parse(self.extra.get("console"))
         if not 0 <= self.priority_boost <= 20:
             raise errors.ClientError(f"priority_boost must be 0 to 20 nice steps, not {self.priority_boost}")
@@ -160,8 +159,6 @@ class BrokerConfig:
         return self
 
     def _validate_security(self) -> None:
-        from chronoq.server import acl
-
         if self.grpc_server not in ("chronoq", "grpcio"):
             raise errors.ClientError(f"grpc_server must be 'chronoq' or 'grpcio', not {self.grpc_server!r}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
@@ -190,8 +187,6 @@ class BrokerConfig:
                                      f"{self.h2_max_header_list_bytes}")
 
     def _validate_timer(self) -> None:
-        from chronoq.timer.levels import DelayLevels
-
         DelayLevels.parse(self.timer_delay_levels)
         if self.timer_deliver_mode not in ("sync", "async"):
             raise errors.ClientError(f"timer_deliver_mode must be 'sync' or 'async', not {self.timer_deliver_mode!r}")
@@ -217,8 +212,6 @@ class BrokerConfig:
     def delay_levels_ms(self) -> tuple[int, ...]:
         """``timer_delay_levels`` parsed: the delay of level 1, 2, ... in ms. The timer's delay
         levels and POP's retry back-off (``chronoq.pop.names``) both use this table."""
-        from chronoq.timer.levels import DelayLevels
-
         return DelayLevels.parse(self.timer_delay_levels).delays_ms
 
     @property

@@ -21,7 +21,7 @@ from chronoq.broker import trace
 from chronoq.pop import names
 from chronoq.store import record
 from chronoq.timer import copies
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")

@@ -36,7 +36,7 @@ from chronoq.features import lifeline
 from chronoq.store import record
 from chronoq.timer import copies
 from chronoq.timer import handle as handles
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.broker.trace import TRACE_TOPIC
 
 RECORDS_MAX = 200          # matching records listed (a key shared by many messages)

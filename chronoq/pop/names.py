@@ -15,7 +15,7 @@ properties (keys start with ``__``, ``model.SYSTEM_PROPERTY_PREFIX``)::
                                __DLQ_ORIGIN_MSG_ID  its id there
 
 A receive hands out a retried or dead-lettered message under its origin topic and id, with these
-properties removed (``service._view``); ``queue_id``/``queue_offset`` say where it was read.
+properties removed (``copies.view``); ``queue_id``/``queue_offset`` say where it was read.
 
 Back-off: the broker's delay-level table (``BrokerConfig.timer_delay_levels``, default
 ``1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h``); ``PopService`` passes it in and

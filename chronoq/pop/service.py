@@ -1,14 +1,13 @@
 """POP consumption over the embedded broker: receive, ack, change-invisible-time, revive, DLQ.
 
-The shell around the pure core (``inflight.py`` books, ``handle.py`` receipt handles,
-``names.py`` rules, ``poplog.py`` durable format). It reads and writes messages through the
-``Broker`` API and owns two files:
-
-``groups.json`` in the data directory (``fsutil.write_json``)::
-
-    {"version": 1, "groups": {"<group>": {"fifo": <bool>, "max_attempts": <int>}}}
-
-``pop/<generation>.poplog``: the durable CK/ACK log (format in ``poplog.py``).
+The facade and shell around the pure core (``inflight.py`` books, ``handle.py`` receipt
+handles, ``names.py`` rules, ``poplog.py`` durable format). It reads and writes messages through
+the ``Broker`` API and owns two files: ``groups.json`` (``groups.py``: group settings) and
+``pop/<generation>.poplog`` (the durable CK/ACK log; when it is flushed and compacted:
+``journal.py``). Its parts: ``reading.py`` (what a receive reads from one queue), ``copies.py``
+(retry and dead-letter copies, the consumer's view of one), ``reports.py`` (lag, in flight),
+``revive.py`` (retry, dead-letter or redeliver what timed out), ``renew.py`` (auto-renew
+rules); this module receives, settles and ticks.
 
 How a message moves
 -------------------
@@ -85,32 +84,24 @@ import logging
 import os
 from dataclasses import dataclass
 
-from chronoq.core import errors, fsutil, model, validate
-from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker, OutgoingMessage
+from chronoq.core import errors, model, validate
+from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker
 from chronoq.core.clock import Clock
 from chronoq.core.model import Message
+from chronoq.pop import copies, journal, names, poplog, reading, renew, reports
 from chronoq.pop import handle as handles
-from chronoq.pop import names, poplog, renew
 from chronoq.pop.counters import PopCounters
+from chronoq.pop.groups import GroupBook, GroupConfig
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
-from chronoq.pop.names import (DEFAULT_MAX_ATTEMPTS, PROP_DLQ_ORIGIN_MESSAGE_ID,
-                               PROP_DLQ_ORIGIN_TOPIC, PROP_NOT_BEFORE_MS, PROP_ORIGIN_MESSAGE_ID,
-                               PROP_ORIGIN_TOPIC, PROP_RECONSUME_TIMES)
+from chronoq.pop.names import PROP_DLQ_ORIGIN_TOPIC, PROP_ORIGIN_TOPIC
+from chronoq.pop.revive import Reviver
 
 log = logging.getLogger("chronoq.pop")
 
-GROUPS_FILE = "groups.json"
-GROUPS_VERSION = 1
 BUFFER_MS = 2_000             # merge buffer: a CK younger than this is not written
 FLUSH_INTERVAL_MS = 100       # unflushed POP-log records wait at most this long
 RETRY_SAMPLE_EVERY = 5        # every 5th receive reads the retry topic first
-SCAN_MAX = 4_096              # messages one receive may pass over in one queue (filters)
-READ_CHUNK = 64               # read size when a filter or skip set may reject messages
 TICK_CKS_MAX = 4_096          # CKs one tick revives (the rest next tick, at once)
-REVIVE_RETRY_MS = 1_000       # a revive that hit a storage error is retried this much later
-COMPACT_MIN_BYTES = 16 << 20  # compact the POP log past this size ...
-COMPACT_RATIO = 4             # ... when it is this many times the live CKs' size
-CK_BYTES_ESTIMATE = 128
 PUSH_INVISIBLE_MS = 60_000    # auto-renew receives without an invisible time: the renew slice
 AUTO_RENEW_MAX_MS = 3 * 3600 * 1000  # auto-renew stops this long after the receive (the proxy's 3 h)
 _NAMES_CACHE_MAX = 10_000
@@ -126,18 +117,6 @@ class Popped:
 
 
 @dataclass
-class GroupConfig:
-    name: str
-    fifo: bool = False
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # deliveries before dead-lettering
-    # Back-off levels (names.backoff_level). PopService sets the broker's table; not saved in
-    # groups.json, so a restart with another timer_delay_levels follows it.
-    retry_delays_ms: tuple[int, ...] = ()
-
-    def to_json(self) -> dict:
-        return {"fifo": self.fifo, "max_attempts": self.max_attempts}
-
-
 class PopService:
     def __init__(self, broker: Broker, clock: Clock | None = None, *, buffer_ms: int = BUFFER_MS,
                  flush_interval_ms: int = FLUSH_INTERVAL_MS, push_invisible_ms: int = PUSH_INVISIBLE_MS,
@@ -160,11 +139,9 @@ class PopService:
         self.flush_interval_ms = flush_interval_ms
         self.data_dir = broker.data_dir
         self.pop_dir = os.path.join(self.data_dir, poplog.POP_DIR)
-        self._groups: dict[str, GroupConfig] = {}
-        self._load_groups()
+        self._groups = GroupBook(self.data_dir, self.retry_delays_ms)
         self._turns: dict[tuple[str, str], int] = {}
         self._blocked: set[QueueState] = set()   # retry queues whose head waits out a back-off
-        self._pending_since: int | None = None   # first unflushed POP-log record
         self._topic_names: set[str] = set()      # names validated by ack/change (not created)
         self.closed = False
         now = self.clock.wall_ms()
@@ -172,61 +149,26 @@ class PopService:
         self.recovery = recovered
         self._inflight = Inflight(None, generation=recovered.generation + 1, buffer_ms=buffer_ms)
         restored = self._restore(recovered)
-        self._log = poplog.PopLog.create(self.pop_dir, recovered.generation + 1, restored, now, self._skips())
-        self._inflight.sink = self._log
+        logf = poplog.PopLog.create(self.pop_dir, recovered.generation + 1, restored, now,
+                                    journal.skips(self._inflight))
+        self._inflight.sink = logf
+        self._journal = journal.PopJournal(broker, self._inflight, logf, self.pop_dir, flush_interval_ms)
+        self._reviver = Reviver(broker, self.clock, self._groups, self._inflight, self.counters, self._journal)
         if restored or recovered.truncated_bytes:
             log.info("POP state recovered: %d checkpoints in flight, %d bytes of torn tail dropped",
                      len(restored), recovered.truncated_bytes)
 
-    # ----------------------------------------------------------------- groups
-    def _load_groups(self) -> None:
-        path = os.path.join(self.data_dir, GROUPS_FILE)
-        try:
-            data = fsutil.read_json(path) or {}
-        except ValueError as exc:
-            raise errors.CorruptionError(path, 0, str(exc)) from None
-        for name, item in (data.get("groups") or {}).items():  # type: ignore[union-attr]
-            self._groups[name] = self._new_group(name, bool(item.get("fifo", False)),
-                                                 int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
-
-    def _new_group(self, name: str, fifo: bool = False, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> GroupConfig:
-        return GroupConfig(name, fifo, max_attempts, self.retry_delays_ms)
-
-    def _save_groups(self) -> None:
-        fsutil.write_json(os.path.join(self.data_dir, GROUPS_FILE), {
-            "version": GROUPS_VERSION,
-            "groups": {name: cfg.to_json() for name, cfg in sorted(self._groups.items())},
-        })
-
+    # ----------------------------------------------------------------- groups (groups.py)
     def group(self, name: str) -> GroupConfig:
         """The group's settings; an unknown (valid) group is created with the defaults."""
-        cfg = self._groups.get(name)
-        if cfg is None:
-            validate.group_name(name)
-            cfg = self._groups[name] = self._new_group(name)
-            self._save_groups()
-        return cfg
+        return self._groups.get(name)
 
     def set_group(self, name: str, *, fifo: bool | None = None, max_attempts: int | None = None) -> GroupConfig:
         """Change a group's settings (durable). Unnamed settings keep their value."""
-        validate.group_name(name)
-        if fifo is not None and type(fifo) is not bool:
-            raise errors.ClientError(f"fifo must be true or false, not {fifo!r}")
-        if max_attempts is not None and (type(max_attempts) is not int
-                                         or not 1 <= max_attempts <= names.MAX_ATTEMPTS_LIMIT):
-            raise errors.ClientError(f"max_attempts must be an integer from 1 to {names.MAX_ATTEMPTS_LIMIT}, "
-                                     f"not {max_attempts!r}")
-        cfg = self._groups.get(name) or self._new_group(name)
-        if fifo is not None:
-            cfg.fifo = fifo
-        if max_attempts is not None:
-            cfg.max_attempts = max_attempts
-        self._groups[name] = cfg
-        self._save_groups()
-        return cfg
+        return self._groups.set(name, fifo=fifo, max_attempts=max_attempts)
 
     def list_groups(self) -> list[GroupConfig]:
-        return [self._groups[name] for name in sorted(self._groups)]
+        return self._groups.list()
 
     # ----------------------------------------------------------------- receiving
     def receive(self, group: str, topic: str, *, max_messages: int, invisible_ms: int | None,
@@ -252,7 +194,7 @@ class PopService:
         if group not in self._groups:
             validate.group_name(group)  # before the topic: a bad request creates nothing
         tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
-        gcfg = self.group(group)
+        gcfg = self._groups.get(group)
         # Timer copies due by now become visible here too, not only at the timer's next tick: a
         # receive while the event loop is busy still sees everything due (never anything early).
         self.broker.release_due_timers()
@@ -283,7 +225,7 @@ class PopService:
             received[key] = received.get(key, 0) + len(out)
         if auto_renew and out:
             self._renew_for(refs, client_id, now)
-        self._after(now)
+        self._journal.after(now)
         if self.broker.trace is not None and out:  # chronoq.broker.trace: buffered, no I/O here
             self.broker.trace.delivered(group, out, refs, now)
         return out
@@ -333,9 +275,10 @@ class PopService:
         if qs.pop_offset >= hi and not qs.pending:
             return
         need = limit - len(out)
-        fresh, next_offset = self._read_fresh(qs, topic, popped, qid, hi, need, now, tags, retry)
+        fresh, next_offset = reading.read_fresh(self.broker, self._blocked, qs, topic, popped, qid, hi, need, now,
+                                                 tags, retry)
         if qs.pending:
-            chosen, next_offset = self._merge_pending(qs, fresh, next_offset, need)
+            chosen, next_offset = reading.merge_pending(qs, fresh, next_offset, need)
         else:
             chosen = fresh
         if qs.skip:
@@ -346,72 +289,6 @@ class PopService:
         if chosen:
             self._hand_out(gcfg, topic, qs, chosen, out, refs, now, invisible_ms)
 
-    def _read_fresh(self, qs: QueueState, topic: str, popped: str, qid: int, hi: int, need: int, now: int,
-                    tags: frozenset[str] | None, retry: bool) -> tuple[list, int]:
-        """Messages from the pop offset: [(message, attempt, None, -1)], and the next pop offset.
-
-        Skips messages the filter rejects, offsets recovered CKs cover, and retry copies of
-        another topic; stops (without passing it) at a retry message whose back-off has not ended.
-        """
-        taken: list = []
-        offset = qs.pop_offset
-        skip = qs.skip
-        scanned = 0
-        read = self.broker.read
-        while len(taken) < need and offset < hi and scanned < SCAN_MAX:
-            want = need - len(taken) if tags is None and not skip else min(READ_CHUNK, hi - offset)
-            res = read(popped, qid, offset, want)
-            if not res.messages:
-                if res.next_offset <= offset:
-                    break
-                offset = res.next_offset
-                continue
-            for m in res.messages:
-                off = m.queue_offset
-                scanned += 1
-                if skip and off in skip:
-                    offset = off + 1
-                    continue
-                attempt = 1
-                if retry:
-                    props = m.properties
-                    if props.get(PROP_ORIGIN_TOPIC) != topic:
-                        offset = off + 1
-                        continue
-                    not_before = _int(props.get(PROP_NOT_BEFORE_MS), 0)
-                    if not_before > now:
-                        qs.blocked_until = not_before
-                        self._blocked.add(qs)
-                        return taken, offset
-                    attempt = _int(props.get(PROP_RECONSUME_TIMES), 0) + 1
-                elif tags is not None and m.tag not in tags:
-                    offset = off + 1
-                    continue
-                taken.append((m, attempt, None, -1))
-                offset = off + 1
-                if len(taken) >= need:
-                    return taken, offset
-            offset = max(offset, res.next_offset)
-        return taken, offset
-
-    def _merge_pending(self, qs: QueueState, fresh: list, next_offset: int, need: int) -> tuple[list, int]:
-        """FIFO in-place redelivery: pending entries and fresh messages, in queue order."""
-        items = []
-        pending_offsets = set()
-        for ck in qs.pending:
-            for i in ck.unsettled():
-                off = ck.offsets[i]
-                pending_offsets.add(off)
-                items.append((off, None, ck.attempts[i] + 1, ck, i))
-        items.extend((m.queue_offset, m, attempt, None, -1) for m, attempt, _, _ in fresh
-                     if m.queue_offset not in pending_offsets)
-        items.sort(key=lambda item: item[0])
-        chosen, rest = items[:need], items[need:]
-        cut = [item[0] for item in rest if item[3] is None]
-        if cut:  # fresh messages that did not fit are read again next time
-            next_offset = min(cut)
-        return [(m, attempt, ck, i) for _, m, attempt, ck, i in chosen], next_offset
-
     def _hand_out(self, gcfg: GroupConfig, topic: str, qs: QueueState, chosen: list, out: list[Popped],
                   refs: list, now: int, invisible_ms: int) -> None:
         inflight = self._inflight
@@ -420,7 +297,7 @@ class PopService:
         log_now = False
         for m, attempt, src, index in chosen:
             if src is not None:  # an expired FIFO entry: read it again, settle it once handed on
-                m = self._read_one(qs.topic, qs.queue_id, src.offsets[index])
+                m = copies.read_one(self.broker, qs.topic, qs.queue_id, src.offsets[index])
                 if m is None:
                     inflight.settle(src, index)
                     continue
@@ -440,7 +317,7 @@ class PopService:
         ck_id, qid, deadline = ck.ck_id, qs.queue_id, ck.deadline_ms
         for i, m in enumerate(messages):
             props = m.properties
-            view = _view(m) if props and (PROP_ORIGIN_TOPIC in props or PROP_DLQ_ORIGIN_TOPIC in props) else m
+            view = copies.view(m) if props and (PROP_ORIGIN_TOPIC in props or PROP_DLQ_ORIGIN_TOPIC in props) else m
             out.append(Popped(view, encode(ck_id, i, qid, m.queue_offset), attempts[i], deadline,
                               view.properties.get(PROP_MESSAGE_GROUP) if props else None))
             refs.append((ck, i))
@@ -482,7 +359,7 @@ class PopService:
         now = self.clock.wall_ms()
         if self.broker.trace is not None:  # chronoq.broker.trace: buffered, no I/O here
             self.broker.trace.acked(group, [(ck, index)], now)
-        self._after(now)
+        self._journal.after(now)
 
     def ack_many(self, group: str, topic: str, receipt_handles) -> list[Exception | None]:
         """``ack`` each handle, in order, with the bookkeeping after them (consume offsets) done
@@ -511,7 +388,7 @@ class PopService:
         finally:
             if self.broker.trace is not None and settled_refs:  # chronoq.broker.trace: buffered, no I/O here
                 self.broker.trace.acked(group, settled_refs, now)
-            self._after(now)
+            self._journal.after(now)
             settled = out.count(None)
             if settled:
                 acked, key = self.counters.acked, (group, topic)
@@ -529,15 +406,15 @@ class PopService:
         new = self._inflight.change(ck, index, now, invisible_ms)
         nacked, key = self.counters.nacked, (group, topic)
         nacked[key] = nacked.get(key, 0) + 1
-        self._after(now)
+        self._journal.after(now)
         return handles.encode(new.ck_id, 0, new.queue.queue_id, new.offsets[0])
 
     def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         """The client gives up (FIFO): copy the message to ``%DLQ%{group}`` durably and settle it."""
         ck, index = self._locate(group, topic, receipt_handle)
-        m = self._read_one(ck.queue.topic, ck.queue.queue_id, ck.offsets[index])
+        m = copies.read_one(self.broker, ck.queue.topic, ck.queue.queue_id, ck.offsets[index])
         if m is not None:
-            self.broker.write([self._dlq_message(ck, m)], system=True)
+            self.broker.write([copies.dlq_message(self.broker, self.clock, ck, m)], system=True)
             self.broker.flush()
             self.counters.revive_outcome(group, 0, 0, 1)  # forwarded by the client, not revived
         else:
@@ -546,8 +423,8 @@ class PopService:
         now = self.clock.wall_ms()
         self._inflight.seal(ck)
         self._inflight.settle(ck, index)
-        self._flush(now, force=True)  # as in revive: the DLQ copy and its settlement, both durable
-        self._after(now)
+        self._journal.flush(now, force=True)  # as in revive: the DLQ copy and its settlement, both durable
+        self._journal.after(now)
 
     # ----------------------------------------------------------------- time
     def tick(self) -> int:
@@ -564,16 +441,16 @@ class PopService:
         if due:
             due = self._renew(due, now)
         if due:
-            handled += self._revive(due, now)
+            handled += self._reviver.revive(due, now)
         if self._blocked:
             for qs in [qs for qs in self._blocked if qs.blocked_until <= now]:
                 qs.blocked_until = 0
                 self._blocked.discard(qs)
                 handled += 1
         inflight.age(now)
-        self._flush(now, force=False)
-        self._commit()
-        self._maybe_compact(now)
+        self._journal.flush(now, force=False)
+        self._journal.commit()
+        self._journal.maybe_compact(now)
         return handled
 
     def _renew(self, due: list[Checkpoint], now: int) -> list[Checkpoint]:
@@ -591,204 +468,19 @@ class PopService:
                 self._inflight.extend(ck, deadline)
         return out
 
-    def _revive(self, due: list[Checkpoint], now: int) -> int:
-        """Retry or dead-letter the unsettled entries of ``due`` (fsynced), then drop the CKs."""
-        outgoing: list[OutgoingMessage] = []
-        plan: list[tuple[Checkpoint, list[int], list[int]]] = []  # (ck, settle now, FIFO again)
-        tally: dict[str, list[int]] = {}  # group -> [revived, retried, dead-lettered] (chronoq.server.metrics)
-        for ck in due:
-            gcfg = self.group(ck.group)
-            drop, again = [], []
-            counts = tally.setdefault(ck.group, [0, 0, 0])
-            for i in ck.unsettled():
-                attempt = ck.attempts[i]
-                if ck.fifo and attempt < gcfg.max_attempts:
-                    again.append(i)
-                    continue
-                m = self._read_one(ck.queue.topic, ck.queue.queue_id, ck.offsets[i])
-                if m is None:
-                    log.warning("revive: %s/%d@%d is no longer in the store", ck.queue.topic,
-                                ck.queue.queue_id, ck.offsets[i])
-                elif attempt >= gcfg.max_attempts:
-                    outgoing.append(self._dlq_message(ck, m))
-                    counts[2] += 1
-                else:
-                    outgoing.append(self._retry_message(ck, m, attempt, gcfg, now))
-                    counts[1] += 1
-                drop.append(i)
-            counts[0] += len(drop) + len(again)
-            plan.append((ck, drop, again))
-        if outgoing and not self._write_durably(outgoing):
-            for ck in due:
-                self._inflight.postpone(ck, now + REVIVE_RETRY_MS)
-            return 0
-        for group, (revived, retried, dead_lettered) in tally.items():
-            self.counters.revive_outcome(group, revived, retried, dead_lettered)
-        inflight = self._inflight
-        handled = 0
-        sealed = False
-        for ck, drop, again in plan:
-            handled += len(drop) + len(again)
-            if drop:
-                sealed = True
-                inflight.seal(ck)
-            if not ck.fifo:
-                inflight.finish(ck)
-                continue
-            for i in drop:
-                inflight.settle(ck, i)
-            if ck.live:
-                inflight.expire(ck)
-        if sealed:
-            # The copies are durable; make the DONE/ACK records durable too, at once, so a crash
-            # cannot revive these CKs a second time (only a crash between the two fsyncs can).
-            self._flush(now, force=True)
-        return handled
-
-    def _write_durably(self, outgoing: list[OutgoingMessage]) -> bool:
-        """Write retry/DLQ copies and fsync. False on a storage error (retry later)."""
-        try:
-            try:
-                self.broker.write(outgoing, system=True)
-            except errors.ClientError:
-                # One message the broker now refuses (e.g. a lowered body limit) must not stall
-                # the others: write one by one and drop only the refused ones.
-                for msg in outgoing:
-                    try:
-                        self.broker.write([msg], system=True)
-                    except errors.ClientError as exc:
-                        log.error("revive: dropping a message to %s the broker refuses: %s", msg.topic, exc.message)
-            self.broker.flush()
-        except errors.ChronoqError as exc:
-            log.warning("revive postponed: %s", exc.message)
-            return False
-        return True
-
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has work: the earliest invisible-time end, merge-buffer or flush
         deadline, or retry back-off end. None when nothing waits."""
         best = self._inflight.next_deadline()
-        if self._log.pending and self._pending_since is not None:
-            flush_at = self._pending_since + self.flush_interval_ms
+        flush_at = self._journal.flush_deadline()
+        if flush_at is not None:
             best = flush_at if best is None else min(best, flush_at)
         for qs in self._blocked:
             if best is None or qs.blocked_until < best:
                 best = qs.blocked_until
         return best
 
-    # ----------------------------------------------------------------- messages
-    def _read_one(self, topic: str, qid: int, offset: int) -> Message | None:
-        try:
-            res = self.broker.read(topic, qid, offset, 1)
-        except errors.NotFound:
-            return None
-        if res.messages and res.messages[0].queue_offset == offset:
-            return res.messages[0]
-        return None
-
-    def _system_topic(self, name: str, queues: int) -> model.TopicConfig:
-        """The system topic ``name``, created with ``queues`` queues (capped by ``max_queues``),
-        or grown to that many if it has fewer."""
-        cfg = self.broker.topics.get(name)
-        want = min(queues, self.broker.config.max_queues)
-        if cfg is None or cfg.queues < want:
-            # A retry topic made for a shorter back-off table (e.g. 19 queues, then a restart with
-            # 24 levels) grows rather than clamping levels into its last queue: a queue holding
-            # several levels' delays makes a short-delay copy wait behind a long-delay head (late,
-            # for up to the difference of the delays, for as long as the table stays). Growing
-            # only adds empty queues: copies already waiting keep their queue and their absolute
-            # __NOT_BEFORE_MS, and receives read every queue the topic has, so nothing is lost
-            # or handed out early either way. A shorter table never shrinks the topic (counts
-            # only grow); its upper queues just drain.
-            kind = cfg.message_type if cfg is not None else model.MessageType.MIXED
-            cfg = self.broker.create_topic(name, want, kind, system=True)
-        return cfg
-
-    def _retry_message(self, ck: Checkpoint, m: Message, attempt: int, gcfg: GroupConfig, now: int) -> OutgoingMessage:
-        props = dict(m.properties)
-        origin_id = props.get(PROP_ORIGIN_MESSAGE_ID) or props.get(PROP_DLQ_ORIGIN_MESSAGE_ID) or m.message_id
-        props[PROP_ORIGIN_TOPIC] = ck.topic
-        props[PROP_ORIGIN_MESSAGE_ID] = origin_id
-        props[PROP_RECONSUME_TIMES] = str(attempt)
-        not_before = names.not_before_ms(attempt, ck.delivered_ms, now, gcfg.retry_delays_ms)
-        if not_before > now:
-            props[PROP_NOT_BEFORE_MS] = str(not_before)
-        else:
-            props.pop(PROP_NOT_BEFORE_MS, None)
-        delays = gcfg.retry_delays_ms
-        cfg = self._system_topic(names.retry_topic(ck.group, ck.topic), names.retry_queues(delays))
-        return OutgoingMessage(cfg.name, m.body, tag=m.tag, keys=m.keys, properties=props,
-                               queue_id=names.retry_queue(attempt, not_before, now, cfg.queues, delays),
-                               born_ms=m.born_ms)
-
-    def _dlq_message(self, ck: Checkpoint, m: Message) -> OutgoingMessage:
-        view = _view(m)
-        props = view.properties if view is not m else dict(m.properties)
-        props[PROP_DLQ_ORIGIN_TOPIC] = view.topic
-        props[PROP_DLQ_ORIGIN_MESSAGE_ID] = view.message_id
-        cfg = self._system_topic(names.dlq_topic(ck.group), names.DLQ_QUEUES)
-        if self.broker.trace is not None:  # chronoq.broker.trace (a retried write may record it twice)
-            self.broker.trace.dead_lettered(ck.group, view.topic, view.message_id, self.clock.wall_ms())
-        return OutgoingMessage(cfg.name, m.body, tag=m.tag, keys=m.keys, properties=props, queue_id=0,
-                               born_ms=m.born_ms)
-
-    # ----------------------------------------------------------------- durability
-    def _after(self, now: int) -> None:
-        if self._pending_since is None and self._log.pending:
-            self._pending_since = now
-        if self._inflight.dirty:
-            self._commit()
-
-    def _flush(self, now: int, *, force: bool) -> None:
-        logf = self._log
-        if not logf.pending:
-            self._pending_since = None
-            return
-        if self._pending_since is None:
-            self._pending_since = now
-        if not force and now < self._pending_since + self.flush_interval_ms:
-            return
-        try:
-            cks = logf.flush()
-        except errors.StorageError as exc:
-            log.warning("POP log flush failed (will retry): %s", exc.message)
-            self._pending_since = now  # back off one interval
-            return
-        self._pending_since = None
-        self._inflight.mark_durable(cks)
-
-    def _commit(self) -> None:
-        """Hand every moved consume offset to the broker (durable at its next checkpoint)."""
-        dirty = self._inflight.dirty
-        commit = self.broker.commit_offset
-        for qs in dirty:
-            offset = qs.consume_offset()
-            if offset > qs.committed:
-                commit(qs.group, qs.topic, qs.queue_id, offset)
-                qs.committed = offset
-        dirty.clear()
-
-    def _maybe_compact(self, now: int) -> None:
-        logf = self._log
-        if logf.size < COMPACT_MIN_BYTES:
-            return
-        live = [ck for ck in self._inflight.cks.values() if ck.logged]
-        if logf.size < COMPACT_RATIO * (poplog.HEADER_SIZE + CK_BYTES_ESTIMATE * len(live)):
-            return
-        self._flush(now, force=True)
-        if logf.pending:
-            return
-        new = poplog.PopLog.create(self.pop_dir, logf.generation + 1, live, now, self._skips())
-        logf.close()
-        self._log = self._inflight.sink = new
-        self._inflight.set_generation(new.generation)
-        log.info("POP log compacted to generation %d (%d checkpoints)", new.generation, len(live))
-
-    def _skips(self) -> list[tuple[str, str, int, set[int]]]:
-        """The restart skip sets, carried into every snapshot (finished recovered CKs are not
-        in it, but their offsets must still not be read again)."""
-        return [(qs.group, qs.topic, qs.queue_id, qs.skip) for qs in self._inflight.queues.values() if qs.skip]
-
+    # ----------------------------------------------------------------- recovery
     def _restore(self, recovered: poplog.Recovered) -> list[Checkpoint]:
         """Rebuild the in-flight table from the log; returns the CKs for the new snapshot."""
         inflight = self._inflight
@@ -805,60 +497,23 @@ class PopService:
     # ----------------------------------------------------------------- reporting and lifecycle
     def lag(self, group: str, topic: str) -> int:
         """Messages of ``topic`` (and the group's retry copies) this group has not popped yet."""
-        validate.group_name(group)
-        if topic not in self.broker.topics:
-            raise errors.TopicNotFound(f"topic {topic!r} does not exist")
-        total = 0
-        for name in (topic, names.retry_topic(group, topic)):
-            cfg = self.broker.topics.get(name)
-            if cfg is None:
-                continue
-            for qid in range(cfg.queues):
-                lo, hi = self.broker.queue_bounds(name, qid)
-                qs = self._inflight.queues.get((group, name, qid))
-                if qs is not None:
-                    start = qs.pop_offset
-                else:
-                    committed = self.broker.get_offset(group, name, qid)
-                    start = lo if committed is None else committed
-                total += max(0, hi - max(start, lo))
-        return total
+        return reports.lag(self.broker, self._inflight, group, topic)
 
     def inflight_count(self) -> int:
         """Deliveries handed out and not yet settled (for metrics and tests)."""
-        return sum(len(ck.unsettled()) for ck in self._inflight.cks.values() if not ck.expired)
+        return reports.inflight_count(self._inflight)
 
     def inflight_by_topic(self) -> dict[tuple[str, str], int]:
-        """Deliveries handed out and not yet settled per (group, topic the consumer asked for).
-
-        Every (group, user topic) with POP state in memory is a key, 0 when nothing is in flight;
-        retried deliveries count under their origin topic. For admin reports (``group list``).
-        """
-        out: dict[tuple[str, str], int] = {}
-        for (group, topic, _qid) in self._inflight.queues:
-            if not model.is_system_topic(topic):
-                out.setdefault((group, topic), 0)
-        for ck in self._inflight.cks.values():
-            if not ck.expired:
-                key = (ck.group, ck.topic)
-                out[key] = out.get(key, 0) + len(ck.unsettled())
-        return out
+        """Deliveries handed out and not yet settled per (group, topic the consumer asked for);
+        ``reports.inflight_by_topic``."""
+        return reports.inflight_by_topic(self._inflight)
 
     def consumed_topics(self, inflight: dict[tuple[str, str], int] | None = None) -> dict[str, set[str]]:
         """group -> the existing user topics it consumes: POP state in memory (``inflight_by_topic``,
         passed in when the caller has it) or a committed offset. ``group list`` and the lag gauge."""
         if inflight is None:
             inflight = self.inflight_by_topic()
-        topics = self.broker.topics
-        consumed: dict[str, set[str]] = {}
-        for (group, topic) in inflight:
-            if topic in topics:
-                consumed.setdefault(group, set()).add(topic)
-        for group, offsets in self.broker.offsets.items():
-            mine = {t for t in offsets if t in topics and not model.is_system_topic(t)}
-            if mine:
-                consumed.setdefault(group, set()).update(mine)
-        return consumed
+        return reports.consumed_topics(self.broker, inflight)
 
     def check(self) -> None:
         """Verify the in-flight invariants (``inflight.py``); for tests."""
@@ -874,40 +529,12 @@ class PopService:
             return
         now = self.clock.wall_ms()
         self._inflight.age(now, everything=True)  # in-flight CKs stay invisible across a restart
-        self._flush(now, force=True)
-        self._commit()
-        self._log.close()
+        self._journal.flush(now, force=True)
+        self._journal.commit()
+        self._journal.log.close()
         self.closed = True
 
     def abandon(self) -> None:
         """Stop without persisting anything more (what ``kill -9`` leaves; for crash tests)."""
-        self._log.abandon()
+        self._journal.log.abandon()
         self.closed = True
-
-
-def _int(text: str | None, default: int) -> int:
-    if not text:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        return default
-
-
-def _view(m: Message) -> Message:
-    """The message as its consumer knows it: origin topic and id, POP properties removed."""
-    props = dict(m.properties)
-    topic, message_id = m.topic, m.message_id
-    origin = props.pop(PROP_ORIGIN_TOPIC, None)
-    if origin is not None:
-        topic = origin
-        message_id = props.pop(PROP_ORIGIN_MESSAGE_ID, None) or message_id
-        props.pop(PROP_RECONSUME_TIMES, None)
-        props.pop(PROP_NOT_BEFORE_MS, None)
-    origin = props.pop(PROP_DLQ_ORIGIN_TOPIC, None)
-    if origin is not None:
-        topic = origin
-        message_id = props.pop(PROP_DLQ_ORIGIN_MESSAGE_ID, None) or message_id
-    return Message(topic=topic, queue_id=m.queue_id, queue_offset=m.queue_offset, commit_offset=m.commit_offset,
-                   message_id=message_id, body=m.body, tag=m.tag, keys=m.keys, properties=props,
-                   born_ms=m.born_ms, stored_ms=m.stored_ms, deliver_at_ms=m.deliver_at_ms, flags=m.flags)

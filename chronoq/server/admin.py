@@ -8,17 +8,11 @@ MessagingService answers for the same mistake (``ILLEGAL_TOPIC``, ``CONSUMER_GRO
 
 Choices:
 
-- ``CreateTopic`` is idempotent. ``queues = 0`` and ``message_type = ""`` mean "the default" for a
-  new topic (``default_queues``; ``mixed``, which accepts every message type) and "keep" for an
-  existing one, so re-running a create never fails on a topic that grew meanwhile.
+- ``CreateTopic`` and ``ListGroups`` are ``chronoq.features.catalog`` (its rules: "0 / empty = the
+  default or keep", which groups and topics a lag report lists), the code the web console calls
+  too, so both follow the same rules and show the same lag.
 - ``CreateGroup`` creates or updates; settings whose ``set_*`` flag is false are kept. A value
   given without its flag is refused rather than silently ignored.
-- ``ListGroups`` reports the groups ``PopService`` knows (created, configured, or having
-  received) and groups that only hold consume offsets (pull by offset), each with default
-  settings if it was never configured. Rows are per (group, topic): the topics the group has
-  POP state or consume offsets for; lag is ``PopService.lag`` (not yet received, retry copies
-  included) and in-flight is ``PopService.inflight_by_topic``. Everything runs on the event loop
-  like the rest of the broker API, so a report is a consistent snapshot.
 - ``Stats`` is the overview ``chronoq stats`` prints: the figures of the HTTP ``/metrics`` endpoint
   (``chronoq.server.metrics``), read the same way, so both always agree and the CLI needs only the gRPC
   endpoint and credentials it already has.
@@ -33,19 +27,15 @@ Choices:
   ``[console] lookup_scan_mib`` / ``trace_scan_mib``; a request may ask for others within the same
   limits. Nothing found is ``NOT_FOUND`` (a message older than the windows is not found either).
   Admins only (``chronoq.server.auth``: it shows keys and ids of every topic).
-- ``create_or_update_topic`` and ``group_lags`` are also called by the web console, so a topic
-  created there and the lag it shows follow the same rules as the RPCs.
 """
 
 from __future__ import annotations
 
-from chronoq.core import errors, model, validate
-from chronoq.features import lookup
-from chronoq.console import settings as console_settings
+from chronoq.core import console_settings, errors, model, validate
+from chronoq.features import catalog, lookup
 from chronoq.server.metrics import BrokerMetrics
 from chronoq.broker.trace import FLAG_DELAYED
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
-from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
 from chronoq.server import status
@@ -87,29 +77,18 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         self.pop = pop
 
     def _check_open(self) -> None:
-        if self.broker.closed or self.pop.closed:
-            raise errors.ClosedError("the broker is stopping")
+        catalog.check_open(self.broker, self.pop)
 
     # ------------------------------------------------------------------ topics
     async def CreateTopic(self, request, context):
-        return _answer(apb.CreateTopicResponse, "CreateTopic", self.create_or_update_topic, request)
+        return _answer(apb.CreateTopicResponse, "CreateTopic", self._create_topic, request)
 
-    def create_or_update_topic(self, request) -> apb.CreateTopicResponse:
-        """``CreateTopic`` without the RPC: also the console's "create topic" form (the same rules)."""
+    def _create_topic(self, request) -> apb.CreateTopicResponse:
         self._check_open()
         if not request.HasField("topic"):
             raise errors.ClientError("CreateTopic needs a topic")
         want = request.topic
-        name = validate.user_topic(want.name)
-        existing = self.broker.topics.get(name)
-        if want.queues < 0:
-            raise errors.InvalidQueue(f"queue count must be positive, not {want.queues}")
-        queues = want.queues or (existing.queues if existing is not None else None)
-        if want.message_type:
-            message_type = model.MessageType.parse(want.message_type)
-        else:
-            message_type = existing.message_type if existing is not None else model.MessageType.MIXED
-        cfg = self.broker.create_topic(name, queues, message_type)
+        cfg = catalog.create_or_update_topic(self.broker, self.pop, want.name, want.queues, want.message_type)
         return apb.CreateTopicResponse(status=_ok(), topic=_topic_pb(cfg))
 
     async def ListTopics(self, request, context):
@@ -141,47 +120,14 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             name=cfg.name, fifo=cfg.fifo, max_attempts=cfg.max_attempts))
 
     async def ListGroups(self, request, context):
-        return _answer(apb.ListGroupsResponse, "ListGroups", self.group_lags, request)
+        return _answer(apb.ListGroupsResponse, "ListGroups", self._list_groups, request)
 
-    def _known_groups(self) -> dict[str, apb.Group]:
-        groups = {g.name: apb.Group(name=g.name, fifo=g.fifo, max_attempts=g.max_attempts)
-                  for g in self.pop.list_groups()}
-        for name in self.broker.list_groups():  # groups that only hold consume offsets
-            if name in groups:
-                continue
-            try:
-                validate.group_name(name)
-            except errors.ClientError:  # an internal consumer of the broker's own: not listed
-                continue
-            groups[name] = apb.Group(name=name, fifo=False, max_attempts=DEFAULT_MAX_ATTEMPTS)
-        return groups
-
-    def group_lags(self, request) -> apb.ListGroupsResponse:
-        """``ListGroups`` without the RPC: lag and in-flight per (group, topic); also the console's
-        overview, so both always agree."""
+    def _list_groups(self, request) -> apb.ListGroupsResponse:
         self._check_open()
-        groups = self._known_groups()
-        if request.group:
-            name = validate.group_name(request.group)
-            if name not in groups:
-                raise errors.GroupNotFound(f"consumer group {name!r} does not exist")
-            groups = {name: groups[name]}
-        only_topic = None
-        if request.topic:
-            only_topic = validate.user_topic(request.topic)
-            if only_topic not in self.broker.topics:
-                raise errors.TopicNotFound(f"topic {only_topic!r} does not exist")
-        inflight = self.pop.inflight_by_topic()
-        consumed = self.pop.consumed_topics(inflight)
-        rows = []
-        for name in sorted(groups):
-            topics = [only_topic] if only_topic is not None else sorted(consumed.get(name, ()))
-            for topic in topics:
-                rows.append(apb.GroupLag(group=groups[name], topic=topic, lag=self.pop.lag(name, topic),
-                                         inflight=inflight.get((name, topic), 0)))
-            if not topics:
-                rows.append(apb.GroupLag(group=groups[name], topic="", lag=0, inflight=0))
-        return apb.ListGroupsResponse(status=_ok(), groups=rows)
+        rows = catalog.group_lags(self.broker, self.pop, request.group, request.topic)
+        return apb.ListGroupsResponse(status=_ok(), groups=[
+            apb.GroupLag(group=apb.Group(name=r.group.name, fifo=r.group.fifo, max_attempts=r.group.max_attempts),
+                         topic=r.topic, lag=r.lag, inflight=r.inflight) for r in rows])
 
     # ------------------------------------------------------------------ message lookup
     async def LookupMessage(self, request, context):

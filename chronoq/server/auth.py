@@ -5,7 +5,7 @@ One ``grpc.aio`` server interceptor (``Gate``), so every service on the port pas
 the services themselves stay unaware of it. Per RPC, in this order:
 
 1. **Authentication** (when ``[auth] enabled``): the ``authorization`` and ``x-mq-date-time``
-   headers are checked (``chronoq.server.acl``) *before the request body is parsed*. Without valid
+   headers are checked (``chronoq.core.acl``) *before the request body is parsed*. Without valid
    credentials the call gets a handler that never parses the body and answers UNAUTHORIZED.
 2. **Parsing**: request bytes that are not a valid protobuf of the method's request type are
    answered BAD_REQUEST in the response body. (grpcio's own path would log a traceback and
@@ -45,7 +45,7 @@ import grpc
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from chronoq.server import acl
+from chronoq.core import acl
 from chronoq.core import errors, refusals
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.core.refusals import Refusals

@@ -30,7 +30,7 @@ from chronoq.server import status
 from chronoq.features.staging import CHUNK_ROWS_MAX, Rows, Staging
 from chronoq.store import record
 from chronoq.timer import copies
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 
 READ_MAX_MESSAGES = 10_000
 READ_DEFAULT_MESSAGES = 1000

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from chronoq.store import record
 from chronoq.store.store import Prepared
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 
 CONTROL_TOPIC = "CHRONOQ_TIMER_CTL"
 PROP_TIMER_REF = "__TIMER_REF"

@@ -64,7 +64,7 @@ from chronoq.timer import copies, deliverytime, schedlog
 from chronoq.timer import handle as handles
 from chronoq.timer.buckets import LOADED, LOADING, UNLOADED, Bucket, count_pending, lookup
 from chronoq.timer.lanes import CLAIMED, SKIP, WRITTEN, Delivery, Lane
-from chronoq.timer.levels import DELAY_TOPIC, DelayLevels
+from chronoq.core.delay_levels import DELAY_TOPIC, DelayLevels
 from chronoq.timer.schedfiles import BucketReader, ScheduleFiles
 from chronoq.timer.schedlog import CANCELLED, DISPATCHED, MESSAGE, MOVED, Damage
 from chronoq.timer.stats import LatenessHistogram

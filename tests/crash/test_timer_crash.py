@@ -51,7 +51,7 @@ from chronoq.broker.broker import Broker
 from chronoq.client.client import Client, ClientError, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.timer import copies
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 from tests.integration.conftest import ChronoqProcess
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_CRASH_SEED", "20261122"))

@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq.server import acl
+from chronoq.core import acl
 
 from .conftest import start_front_end, stop_front_end
 

@@ -1,4 +1,4 @@
-"""Access control (``chronoq.server.acl``): the MQv2-HMAC-SHA1 check, permissions, and the [auth] table."""
+"""Access control (``chronoq.core.acl``): the MQv2-HMAC-SHA1 check, permissions, and the [auth] table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from chronoq.server import acl
+from chronoq.core import acl
 from chronoq.core import errors
 from chronoq.core.config import BrokerConfig
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from chronoq.server import acl
+from chronoq.core import acl
 from chronoq.core import errors
-from chronoq.console import access, charts, horizon, settings
+from chronoq.console import access, charts, horizon
+from chronoq.core import console_settings as settings
 from chronoq.console.lateness import LatenessRing, interval
 from chronoq.timer.stats import LatenessHistogram
 

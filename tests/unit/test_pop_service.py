@@ -450,7 +450,7 @@ def test_torn_pop_log_tail_is_truncated(node, tmp_path):
     send(node, 2)
     got = node.pop.receive(G, T, max_messages=32, invisible_ms=30_000)
     node.advance(3_000)
-    path = node.pop._log.path
+    path = node.pop._journal.log.path
     node.crash()
     with open(path, "ab") as fh:
         fh.write(b"\xde\xad\xbe\xef" * 5)

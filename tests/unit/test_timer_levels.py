@@ -7,7 +7,7 @@ import pytest
 from chronoq.core import errors
 from chronoq.core.config import BrokerConfig, load_config
 from chronoq.timer import deliverytime, handle
-from chronoq.timer.levels import DEFAULT_LEVELS, DelayLevels, format_duration, parse_duration
+from chronoq.core.delay_levels import DEFAULT_LEVELS, DelayLevels, format_duration, parse_duration
 
 NOW = 1_700_000_000_000
 TWO_YEARS = 730 * 86_400_000

@@ -19,7 +19,7 @@ from chronoq.store import record
 from chronoq.timer import handle as handles
 from chronoq.timer import schedlog
 from chronoq.timer.buckets import UNLOADED
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer.service import RecallOutcome, RescheduleOutcome
 from tests.unit.timerkit import T0, TOPIC, bodies, crash, drain, open_broker, visible
 

@@ -36,6 +36,9 @@ clock window would reject correct clients on any host not set to UTC. (The price
 header can be replayed. Use TLS on untrusted networks; see docs/security.md.)
 
 Secrets never appear in a ``repr``, an exception message or a log line.
+
+In core because three rooms read it: ``core.config`` checks the ``[auth]`` table at load, the gRPC
+gate (``chronoq.server.auth``) and the web console (``chronoq.console.access``) enforce it.
 """
 
 from __future__ import annotations

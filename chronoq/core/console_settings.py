@@ -1,4 +1,6 @@
-"""The ``[console]`` table of the config file. Pure.
+"""The ``[console]`` table of the config file (the web console, ``chronoq.console``, and the Admin
+lookup, ``chronoq.server.admin``, read it). Pure; here in core so ``core.config`` can check it at
+load without importing upward.
 
 ::
 

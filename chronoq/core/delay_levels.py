@@ -10,6 +10,9 @@ written to the system topic ``DELAY_TOPIC``, queue *k − 1*, with its real topi
 reserved properties. All messages of one level wait the same time, so within a queue arrival
 order is due order and the level's lane only ever looks at the queue's head. Level 0 means "no
 delay" (RocketMQ's convention).
+
+In core because the config loader checks ``timer_delay_levels`` at load (``core.config``), and
+both the timer's levels and POP's retry back-off use the table.
 """
 
 from __future__ import annotations

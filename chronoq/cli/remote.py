@@ -1,0 +1,113 @@
+"""Talking to a broker from the command line: the options every remote command takes (endpoint,
+timeout, --json, credentials, TLS), running one call, and turning a failure into one line on stderr
+and the documented exit status (see ``chronoq.cli.main``)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+DEFAULT_ENDPOINT = "127.0.0.1:8081"
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_NOT_DONE = 4           # answered definitely, but nothing changed (already delivered, not found)
+
+
+def _check_endpoint(ctx, param, value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{value!r} is not host:port (e.g. {DEFAULT_ENDPOINT})")
+    return value
+
+
+def _keep_connection_option(ctx, param, value):
+    """Connection settings (credentials, TLS) go to ``ctx.meta``, not to every command's arguments."""
+    ctx.meta[f"chronoq.{param.name}"] = value
+    return value
+
+
+def connection() -> dict:
+    """Keyword arguments for ``Client``/``AdminClient``: credentials and TLS of this invocation."""
+    meta = click.get_current_context().meta
+    return {"access_key": meta.get("chronoq.access_key") or "", "secret_key": meta.get("chronoq.secret_key") or "",
+            "tls": bool(meta.get("chronoq.tls")), "tls_ca_file": meta.get("chronoq.tls_ca_file") or ""}
+
+
+def remote_options(fn):
+    """The options every command that talks to a broker takes."""
+    fn = click.option("--tls-ca-file", envvar="CHRONOQ_TLS_CA_FILE", type=click.Path(dir_okay=False, exists=True),
+                      default=None, expose_value=False, callback=_keep_connection_option,
+                      help="PEM certificates to trust for TLS (implies --tls; env CHRONOQ_TLS_CA_FILE). "
+                           "Default: the system's roots.")(fn)
+    fn = click.option("--tls", is_flag=True, envvar="CHRONOQ_TLS", default=False, expose_value=False,
+                      callback=_keep_connection_option, help="Connect over TLS (env CHRONOQ_TLS=1).")(fn)
+    fn = click.option("--secret-key", envvar="CHRONOQ_SECRET_KEY", default=None, expose_value=False,
+                      callback=_keep_connection_option,
+                      help="Secret key to sign requests with (prefer the env CHRONOQ_SECRET_KEY: a flag "
+                           "shows in the process list).")(fn)
+    fn = click.option("--access-key", envvar="CHRONOQ_ACCESS_KEY", default=None, expose_value=False,
+                      callback=_keep_connection_option,
+                      help="Access key, when the broker has access control on (env CHRONOQ_ACCESS_KEY).")(fn)
+    fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts).")(fn)
+    fn = click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+                      help="Seconds to wait for each answer.")(fn)
+    fn = click.option("--endpoint", envvar="CHRONOQ_ENDPOINT", default=DEFAULT_ENDPOINT, show_default=True,
+                      callback=_check_endpoint, help="host:port of the broker (env CHRONOQ_ENDPOINT).")(fn)
+    return fn
+
+
+def fail(message: str, exit_code: int):
+    click.echo(f"chronoq: error: {message}", err=True)
+    sys.exit(exit_code)
+
+
+def _code_name(code: int) -> str:
+    from rocketmq.grpc_protocol import definition_pb2
+
+    return definition_pb2.Code.Name(code) if code in definition_pb2.Code.values() else str(code)
+
+
+def _transport_message(endpoint: str, timeout_s: float, exc) -> str:
+    import grpc
+
+    code, details = exc.code(), (exc.details() or "").strip()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return (f"cannot reach a broker at {endpoint} ({details}). Is `chronoq serve` running there? "
+                "Set --endpoint or CHRONOQ_ENDPOINT.")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer from {endpoint} within {timeout_s:g} s (raise --timeout if the broker is busy)"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return (f"the server at {endpoint} does not offer this call ({details}); is it chronoq? "
+                "(a RocketMQ proxy has no chronoq.v1.Admin service)")
+    return f"{code.name} from {endpoint}: {details}"
+
+
+def call(endpoint: str, timeout_s: float, work):
+    """Run the coroutine ``work``; a failure becomes one line on stderr and an exit status."""
+    import grpc
+
+    from chronoq.client.client import ClientError, run
+
+    try:
+        return run(work)
+    except ClientError as exc:
+        fail(f"{_code_name(exc.code)}: {exc.status_message}", EXIT_REFUSED)
+    except grpc.aio.AioRpcError as exc:
+        fail(_transport_message(endpoint, timeout_s, exc), EXIT_UNREACHABLE)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+
+def admin_call(endpoint: str, timeout_s: float, method: str, *args, **kwargs):
+    """Call one ``AdminClient`` method against ``endpoint``."""
+    from chronoq.client.client import AdminClient
+
+    async def work():
+        async with AdminClient(endpoint, request_timeout_s=timeout_s, **connection()) as admin:
+            return await getattr(admin, method)(*args, **kwargs)
+
+    return call(endpoint, timeout_s, work())
+

@@ -1,0 +1,210 @@
+"""``chronoq send`` and ``chronoq receive``: produce messages and POP-consume them through
+``chronoq.client.client``."""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import time
+
+import click
+
+from chronoq.cli.remote import call, connection, remote_options
+from chronoq.cli.render import print_json, print_table, progress_bar
+
+RECEIVE_MAX_MESSAGES = 32   # per request (the protocol's batch limit)
+LONG_POLL_MAX_S = 60.0      # the broker parks a receive at most this long
+SEND_BATCH_DEFAULT = 100
+SEND_BATCH_MAX = 1024       # messages per SendMessage request the broker accepts
+BODY_PREVIEW_CHARS = 60     # body column of the receive table
+
+
+def _parse_properties(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--property")
+        out[key] = value
+    return out
+
+
+def _read_body(body: str | None, file) -> bytes:
+    if body is not None and file is not None:
+        raise click.UsageError("give the body either as BODY or with --file, not both")
+    if body is not None:
+        return os.fsencode(body)  # the bytes given on the command line, also when not UTF-8
+    if file is not None:
+        return file.read()
+    if sys.stdin.isatty():
+        raise click.UsageError("no body: give BODY, --file FILE, or pipe it on stdin")
+    return sys.stdin.buffer.read()
+
+
+@click.command()
+@click.argument("topic")
+@click.argument("body", required=False)
+@click.option("--file", "file", type=click.File("rb"), default=None,
+              help="Read the body from FILE ('-': stdin). Default: BODY, else stdin.")
+@click.option("--tag", default="", help="Message tag (consumers can filter on it).")
+@click.option("--key", "keys", multiple=True, help="Message key, for lookups; repeat for several.")
+@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+              help="User property; repeat for several.")
+@click.option("--group", "message_group", default=None,
+              help="Message group: sends a FIFO message (ordered within the group).")
+@click.option("--delay", type=click.FloatRange(min=0), default=None,
+              help="Deliver this many seconds from now (a delay message; its recall handle is printed).")
+@click.option("--count", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Send the body this many times (bulk), in batches.")
+@click.option("--batch-size", type=click.IntRange(1, SEND_BATCH_MAX), default=SEND_BATCH_DEFAULT,
+              show_default=True, help="Messages per SendMessage request with --count.")
+@remote_options
+def send(topic, body, file, tag, keys, properties, message_group, delay, count, batch_size,
+         endpoint, timeout, as_json) -> None:
+    """Send a message to TOPIC. The body is BODY, --file FILE, or stdin."""
+    props = _parse_properties(properties)
+    if message_group is not None and delay is not None:
+        raise click.UsageError("--group (FIFO) and --delay cannot be combined: a message has one type")
+    data = _read_body(body, file)
+    from chronoq.client.client import Client, OutgoingMessage
+
+    receipts: list = []
+
+    async def work(advance):
+        async with Client(endpoint, request_timeout_s=timeout, **connection()) as client:
+            left = count
+            while left:
+                n = min(left, batch_size)
+                deliver_at_ms = None if delay is None else int(time.time() * 1000 + delay * 1000)
+                batch = [OutgoingMessage(topic, data, tag=tag, keys=keys, properties=props,
+                                         message_group=message_group, deliver_at_ms=deliver_at_ms)
+                         for _ in range(n)]
+                receipts.extend(await client.send_batch(batch))
+                advance(n)
+                left -= n
+
+    started = time.monotonic()
+    try:
+        # A bar only for bulk sends of more than one request (one request is over at once).
+        with progress_bar(f"sending to {topic}", count, as_json or count <= batch_size) as advance:
+            call(endpoint, timeout, work(advance))
+    finally:
+        if receipts and len(receipts) < count:  # a later batch failed: say what is stored
+            click.echo(f"chronoq: {len(receipts)} of {count} messages were sent before the error", err=True)
+    elapsed_s = time.monotonic() - started
+    if as_json:
+        print_json({"topic": topic, "sent": len(receipts), "elapsed_s": round(elapsed_s, 3), "messages": [
+            {"message_id": r.message_id, "offset": r.offset, "recall_handle": r.recall_handle or None}
+            for r in receipts]})
+        return
+    if count == 1:
+        r = receipts[0]
+        columns, row = ["TOPIC", "MESSAGE ID", "OFFSET"], [topic, r.message_id, r.offset]
+        if r.recall_handle:
+            columns.append("RECALL HANDLE")
+            row.append(r.recall_handle)
+        print_table(None, columns, [row], right=("OFFSET",))
+    else:
+        rate = len(receipts) / elapsed_s if elapsed_s > 0 else float("inf")
+        click.echo(f"sent {len(receipts)} messages to {topic} in {elapsed_s:.2f} s ({rate:,.0f} msg/s)")
+
+
+# ----------------------------------------------------------------------------- receive
+def _body_text(body: bytes) -> str | None:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _message_json(m, acked: bool) -> dict:
+    return {
+        "topic": m.topic, "message_id": m.message_id, "body": _body_text(m.body),
+        "body_base64": base64.b64encode(m.body).decode("ascii"), "tag": m.tag or None, "keys": m.keys,
+        "properties": m.properties, "message_group": m.message_group or None, "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset, "delivery_attempt": m.delivery_attempt, "born_ms": m.born_ms,
+        "store_ms": m.store_ms, "deliver_at_ms": m.deliver_at_ms or None, "receipt_handle": m.receipt_handle,
+        "acked": acked,
+    }
+
+
+def _body_preview(body: bytes) -> str:
+    text = _body_text(body)
+    if text is None:
+        return f"<{len(body)} bytes, not UTF-8>"
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= BODY_PREVIEW_CHARS else text[:BODY_PREVIEW_CHARS - 1] + "…"
+
+
+@click.command()
+@click.argument("group")
+@click.argument("topic")
+@click.option("--max", "max_messages", type=click.IntRange(1, RECEIVE_MAX_MESSAGES), default=16,
+              show_default=True, help="Messages per receive request.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Keep receiving until this many messages arrived, or a receive waited --wait "
+                   "seconds for nothing. Default: one receive request.")
+@click.option("--invisible", type=float, default=30.0, show_default=True,
+              help="Seconds a received message stays invisible to other consumers (at least 1).")
+@click.option("--wait", type=click.FloatRange(0, LONG_POLL_MAX_S), default=5.0, show_default=True,
+              help="Seconds to wait (long poll) when no message is ready.")
+@click.option("--tag", "tag_filter", default="*", show_default=True,
+              help="Tag filter: '*', a tag, or tags joined by '||'.")
+@click.option("--no-ack", is_flag=True,
+              help="Do not acknowledge: the messages come back after --invisible seconds.")
+@remote_options
+def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_ack,
+            endpoint, timeout, as_json) -> None:
+    """Receive (POP) messages of TOPIC for consumer GROUP, print and acknowledge them."""
+    from chronoq.client.client import Client
+
+    got: list[tuple[object, bool]] = []
+
+    async def work(advance):
+        async with Client(endpoint, request_timeout_s=timeout, **connection()) as client:
+            want = count or max_messages
+            while len(got) < want:
+                batch = await client.receive(group, topic, max_messages=min(max_messages, want - len(got)),
+                                             invisible_s=invisible, wait_s=wait, tag=tag_filter)
+                if not batch:
+                    return
+                if not no_ack:
+                    try:
+                        await client.ack(group, topic, batch)
+                    except BaseException:
+                        got.extend((m, False) for m in batch)
+                        raise
+                got.extend((m, not no_ack) for m in batch)
+                advance(len(batch))
+                if count is None:
+                    return
+
+    try:
+        # A bar only with --count (several requests until that many arrived).
+        with progress_bar(f"receiving {topic} for {group}", count, as_json or count is None) as advance:
+            call(endpoint, timeout, work(advance))
+    except SystemExit:  # a later request failed: still show what arrived (and whether it was acked)
+        if got:
+            _print_received(got, group, topic, invisible, wait, as_json)
+        raise
+    _print_received(got, group, topic, invisible, wait, as_json)
+
+
+def _print_received(got: list, group: str, topic: str, invisible: float, wait: float, as_json: bool) -> None:
+    if as_json:
+        print_json([_message_json(m, acked) for m, acked in got])
+        return
+    if not got:
+        click.echo(f"no messages for {group} on {topic} (waited {wait:g} s)")
+        return
+    print_table(None, ["MESSAGE ID", "QUEUE", "OFFSET", "ATTEMPT", "TAG", "KEYS", "BODY"],
+                 [[m.message_id, m.queue_id, m.queue_offset, m.delivery_attempt, m.tag, " ".join(m.keys),
+                   _body_preview(m.body)] for m, _ in got], right=("QUEUE", "OFFSET", "ATTEMPT"),
+                 wrap=("TAG", "KEYS", "BODY"))
+    acked = sum(1 for _, a in got if a)
+    if acked == len(got):
+        click.echo(f"received and acknowledged {len(got)} messages")
+    else:
+        click.echo(f"received {len(got)} messages, acknowledged {acked}; the others become visible again "
+                   f"{invisible:g} s after they were received")

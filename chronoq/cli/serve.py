@@ -1,0 +1,54 @@
+"""``chronoq serve``: run the broker in this process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from chronoq.core import errors
+from chronoq.core.config import load_config
+
+
+@click.command()
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Where data lives. Default ./chronoq-data (env CHRONOQ_DATA_DIR).")
+@click.option("--port", type=int, default=None, help="gRPC port. Default 8081 (env CHRONOQ_PORT).")
+@click.option("--host", default=None, help="Address to bind. Default 127.0.0.1 (env CHRONOQ_HOST).")
+@click.option("--http-port", default=None,
+              help="HTTP port (/metrics, console). Default 8082; 0: any free port; off: none "
+                   "(env CHRONOQ_HTTP_PORT).")
+@click.option("--http-host", default=None, help="Address the HTTP listener binds. Default 127.0.0.1 "
+                                                "(env CHRONOQ_HTTP_HOST).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML config file (see docs/configuration.md).")
+@click.option("--flush-policy", type=click.Choice(["sync", "async"]), default=None,
+              help="sync (default): fsync before acknowledging; async: fsync every flush_interval_ms.")
+@click.option("--quarantine", is_flag=True, default=None,
+              help="On corruption in a sealed segment or mid-log, copy the damaged bytes to "
+                   "quarantine/, mark them lost and start anyway (default: refuse to start).")
+@click.option("--log-level", default=None, help="debug, info (default), warning, error.")
+def serve(data_dir, port, host, http_port, http_host, config_file, flush_policy, quarantine, log_level) -> None:
+    """Run the broker until SIGTERM or SIGINT."""
+    try:
+        cfg = load_config(config_file, overrides={
+            "data_dir": data_dir, "port": port, "host": host, "http_port": http_port, "http_host": http_host,
+            "flush_policy": flush_policy,
+            "quarantine": quarantine, "log_level": log_level,
+        })
+    except errors.ChronoqError as exc:
+        raise click.UsageError(exc.message) from None
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from chronoq.server.runtime import run
+
+    try:
+        run(cfg)
+    except errors.CorruptionError as exc:
+        click.echo(f"chronoq: cannot start: {exc.message}", err=True)
+        sys.exit(2)
+    except errors.ChronoqError as exc:
+        click.echo(f"chronoq: cannot start: {exc.message}", err=True)
+        sys.exit(1)
+
+

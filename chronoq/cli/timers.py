@@ -1,0 +1,105 @@
+"""``chronoq timers``: delayed delivery seen from the broker (lateness, what fires per minute,
+backlog per delay level)."""
+
+from __future__ import annotations
+
+import click
+
+from chronoq.cli.remote import admin_call, remote_options
+from chronoq.cli.render import bars, duration_text, iso_ms, print_json, print_table
+
+TIMERS_MINUTES_MAX = 10_080  # a week (the broker's limit)
+
+
+def _lane_json(lane) -> dict:
+    return {"pending": lane.pending, "pending_max": lane.pending_max, "failures": lane.failures,
+            "blocked": lane.blocked, "retry_at_ms": lane.retry_at_ms or None, "last_error": lane.last_error or None,
+            "delivered": lane.delivered, "skipped": lane.skipped}
+
+
+def _lane_state(lane) -> str:
+    if lane.blocked:
+        return f"BLOCKED ({lane.failures} failures: {lane.last_error})"
+    if lane.failures:
+        return f"retrying ({lane.failures} failures: {lane.last_error})"
+    return "ok"
+
+
+def _by_minute(buckets) -> list[dict]:
+    """Pending per minute of due time (buckets narrower than a minute are added up; wider ones
+    count in the minute they start)."""
+    minutes: dict[int, int] = {}
+    for b in buckets:
+        start = b.start_ms - b.start_ms % 60_000
+        minutes[start] = minutes.get(start, 0) + b.pending
+    return [{"start_ms": start, "pending": minutes[start]} for start in sorted(minutes)]
+
+
+def _timers_json(st) -> dict:
+    h = st.lateness
+    return {
+        "now_ms": st.now_ms, "bucket_ms": st.bucket_ms, "cursor": st.cursor, "wheel_entries": st.wheel_entries,
+        "buckets_on_disk": st.buckets_on_disk, "overdue_pending": st.overdue_pending, "lost": st.lost,
+        "notes": list(st.notes),
+        "lateness": {"count": h.count, "sum_ms": h.sum_ms, "max_ms": h.max_ms, "early": h.early,
+                     "p50_ms": h.p50_ms if h.count else None, "p99_ms": h.p99_ms if h.count else None,
+                     "p999_ms": h.p999_ms if h.count else None,
+                     "buckets": [{"le_ms": None if b.le_ms < 0 else b.le_ms, "count": b.count} for b in h.buckets]},
+        "timer_lane": _lane_json(st.timer_lane),
+        "levels": [{"level": lv.level, "delay_ms": lv.delay_ms, "backlog": lv.backlog,
+                    "head_due_ms": lv.head_due_ms or None, "lane": _lane_json(lv.lane)} for lv in st.levels],
+        "due_by_bucket": [{"start_ms": b.start_ms, "end_ms": b.end_ms, "pending": b.pending}
+                          for b in st.due_by_bucket],
+        "due_by_minute": _by_minute(st.due_by_bucket),
+    }
+
+
+def _print_timers(st, minutes: int) -> None:
+    h = st.lateness
+    click.echo(f"timer clock {iso_ms(st.now_ms)}; buckets of {duration_text(st.bucket_ms)}; "
+               f"{st.wheel_entries:,} timers in memory, {st.buckets_on_disk:,} buckets waiting on disk; "
+               f"cursor {st.cursor:,}")
+    lane = st.timer_lane
+    print_table(None, ["LANE", "DELIVERED", "IN FLIGHT", "BACKLOG", "NEXT DUE", "STATE"],
+                 [["timer (deliver_at)", lane.delivered, lane.pending, sum(b.pending for b in st.due_by_bucket)
+                   + st.overdue_pending, None, _lane_state(lane)]] +
+                 [[f"level {lv.level} ({duration_text(lv.delay_ms)})", lv.lane.delivered, lv.lane.pending,
+                   lv.backlog, iso_ms(lv.head_due_ms) if lv.backlog else None, _lane_state(lv.lane)]
+                  for lv in st.levels],
+                 right=("DELIVERED", "IN FLIGHT", "BACKLOG"), wrap=("STATE",))
+    click.echo("(timer backlog: within the next %d minutes, plus %d overdue)" % (minutes, st.overdue_pending))
+    click.echo("")
+    if h.count:
+        click.echo(f"lateness (visible - due) of {h.count:,} deliveries: p50 <= {h.p50_ms} ms, p99 <= {h.p99_ms} ms, "
+                   f"p99.9 <= {h.p999_ms} ms, max {h.max_ms} ms, early {h.early}")
+        rows = []
+        prev = None
+        for b in h.buckets:
+            label = f"> {prev} ms" if b.le_ms < 0 else ("0 ms" if b.le_ms == 0 else f"<= {b.le_ms} ms")
+            rows.append((label, b.count))
+            prev = b.le_ms
+        while rows and rows[-1][1] == 0:  # no empty tail rows
+            rows.pop()
+        bars(rows)
+    else:
+        click.echo("lateness: nothing delivered since the broker started")
+    click.echo("")
+    per_minute = _by_minute(st.due_by_bucket)
+    click.echo(f"timer messages due per minute, next {minutes} minutes "
+               f"({sum(m['pending'] for m in per_minute):,} pending; overdue now: {st.overdue_pending:,}):")
+    bars([(iso_ms(m["start_ms"])[11:16] + "Z", m["pending"]) for m in per_minute])
+    for note in st.notes:
+        click.echo(f"note: {note}")
+
+
+@click.command()
+@click.option("--minutes", type=click.IntRange(1, TIMERS_MINUTES_MAX), default=10, show_default=True,
+              help="How far ahead to count pending timer messages per minute.")
+@remote_options
+def timers(minutes, endpoint, timeout, as_json) -> None:
+    """Delayed delivery: lateness histogram, what fires per minute, backlog per delay level."""
+    st = admin_call(endpoint, timeout, "timer_stats", minutes)
+    if as_json:
+        print_json(_timers_json(st))
+    else:
+        _print_timers(st, minutes)

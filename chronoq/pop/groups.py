@@ -1,0 +1,98 @@
+"""Consumer-group settings and the file that keeps them.
+
+``groups.json`` in the data directory (written whole by ``fsutil.write_json``: temp file, fsync,
+rename)::
+
+    {"version": 1, "groups": {"<group>": {"fifo": <bool>, "max_attempts": <int>}}}
+
+A group is created with the defaults the first time it receives (or when configured); the
+retry back-off table is not saved: every group takes the broker's ``timer_delay_levels`` at
+start, so a restart with another table follows it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from chronoq.core import errors, fsutil, validate
+from chronoq.pop import names
+from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
+
+GROUPS_FILE = "groups.json"
+GROUPS_VERSION = 1
+
+
+@dataclass
+class GroupConfig:
+    name: str
+    fifo: bool = False
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # deliveries before dead-lettering
+    # Back-off levels (names.backoff_level). PopService sets the broker's table; not saved in
+    # groups.json, so a restart with another timer_delay_levels follows it.
+    retry_delays_ms: tuple[int, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"fifo": self.fifo, "max_attempts": self.max_attempts}
+
+
+class GroupBook:
+    """The groups' settings, loaded from and saved to ``groups.json`` at every change."""
+
+    def __init__(self, data_dir: str, retry_delays_ms: tuple[int, ...]) -> None:
+        self.data_dir = data_dir
+        self.retry_delays_ms = retry_delays_ms
+        self._groups: dict[str, GroupConfig] = {}
+        self._load()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._groups
+
+    def _load(self) -> None:
+        path = os.path.join(self.data_dir, GROUPS_FILE)
+        try:
+            data = fsutil.read_json(path) or {}
+        except ValueError as exc:
+            raise errors.CorruptionError(path, 0, str(exc)) from None
+        for name, item in (data.get("groups") or {}).items():  # type: ignore[union-attr]
+            self._groups[name] = self._new(name, bool(item.get("fifo", False)),
+                                           int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
+
+    def _new(self, name: str, fifo: bool = False, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> GroupConfig:
+        return GroupConfig(name, fifo, max_attempts, self.retry_delays_ms)
+
+    def _save(self) -> None:
+        fsutil.write_json(os.path.join(self.data_dir, GROUPS_FILE), {
+            "version": GROUPS_VERSION,
+            "groups": {name: cfg.to_json() for name, cfg in sorted(self._groups.items())},
+        })
+
+    def get(self, name: str) -> GroupConfig:
+        """The group's settings; an unknown (valid) group is created with the defaults."""
+        cfg = self._groups.get(name)
+        if cfg is None:
+            validate.group_name(name)
+            cfg = self._groups[name] = self._new(name)
+            self._save()
+        return cfg
+
+    def set(self, name: str, *, fifo: bool | None = None, max_attempts: int | None = None) -> GroupConfig:
+        """Change a group's settings (durable). Unnamed settings keep their value."""
+        validate.group_name(name)
+        if fifo is not None and type(fifo) is not bool:
+            raise errors.ClientError(f"fifo must be true or false, not {fifo!r}")
+        if max_attempts is not None and (type(max_attempts) is not int
+                                         or not 1 <= max_attempts <= names.MAX_ATTEMPTS_LIMIT):
+            raise errors.ClientError(f"max_attempts must be an integer from 1 to {names.MAX_ATTEMPTS_LIMIT}, "
+                                     f"not {max_attempts!r}")
+        cfg = self._groups.get(name) or self._new(name)
+        if fifo is not None:
+            cfg.fifo = fifo
+        if max_attempts is not None:
+            cfg.max_attempts = max_attempts
+        self._groups[name] = cfg
+        self._save()
+        return cfg
+
+    def list(self) -> list[GroupConfig]:
+        return [self._groups[name] for name in sorted(self._groups)]
