@@ -26,8 +26,10 @@ def group_offsets(broker) -> dict[tuple[str, str, int], int]:
 
 
 def derived_digest(broker, pop=None) -> dict:
-    """``{"queues", "timers", "offsets", "topics"[, "inflight", "groups"]}`` (see the modules)."""
+    """``{"log", "queues", "timers", "offsets", "topics"[, "inflight", "groups"]}`` (see the modules)."""
     out = {
+        # The log's extent: opening a directory must not have written anything to it.
+        "log": (broker.store.log.min_offset, broker.store.log.written),
         "queues": queue_digest(broker.store),
         "timers": pending_timers(broker.timer),
         "offsets": group_offsets(broker),

@@ -33,6 +33,7 @@ from chronoq.broker.digest import derived_digest
 from chronoq.core.clock import FakeClock
 from chronoq.core.config import BrokerConfig
 from chronoq.core.model import MessageType
+from chronoq.features.staging import Rows, Staging
 from chronoq.features.transactions import Transactions
 from chronoq.pop.service import PopService
 from chronoq.timer.service import RecallOutcome, RescheduleOutcome
@@ -62,10 +63,20 @@ class Node:
         self.broker = Broker(cfg, clock=clock)
         self.pop = PopService(self.broker, clock, buffer_ms=2000, flush_interval_ms=100)
         self.txns = Transactions(self.broker)
+        self.staging = Staging(self.broker)
 
     def digest(self) -> dict:
         out = derived_digest(self.broker, self.pop)
         out["txn_pending"] = sorted((h.offset, h.topic, h.message_id) for h in self.txns.pending.values())
+        st = self.staging
+        # What a publish decides on: which batch ids are published (however ``below`` folds them)
+        # and what each unpublished batch has staged, begun and published chunk by chunk.
+        out["staged"] = sorted((key, b.first_ms, tuple(b.begun or ()),
+                                tuple(sorted((stage, seq, c.queue_offset, c.rows, c.published)
+                                             for stage, chunks in b.stages.items() for seq, c in chunks.items())))
+                               for key, b in st.batches.items())
+        out["published"] = sorted((sink, batch) for sink, state in st.sinks.items()
+                                  for batch in range(max(state.published | {state.below}) + 1) if state.has(batch))
         return out
 
     def advance(self, ms: int) -> None:
@@ -77,10 +88,12 @@ class Node:
             self.broker.maintenance()
             if self.clock.wall_ms() % 1000 == 0:  # the server's is on the broker's checkpoint interval
                 self.txns.checkpoint()
+                self.staging.checkpoint()  # itself at most every CHECKPOINT_EVERY_MS
 
     def close(self) -> None:
         self.pop.close()
         self.txns.checkpoint()
+        self.staging.checkpoint(force=True)
         self.broker.close()
 
 
@@ -99,6 +112,7 @@ class Load:
         b.create_topic("fifo-t", 2, MessageType.FIFO)
         b.create_topic("later", 2)
         b.create_topic("txn-t", 2, MessageType.TRANSACTION)
+        b.create_topic("staged", 2)
         pop.set_group("g-conc", max_attempts=4)
         pop.set_group("g-fifo", fifo=True)
         # A transaction left open for good (its producer never answers): the transaction state's
@@ -132,6 +146,20 @@ class Load:
         if len(self.txids) > 2:
             topic, mid, txid = self.txids.pop(0)
             n.txns.end(topic, mid, txid, commit=rng.random() < 0.6)
+        if r % 3 == 0:  # Spark-style staged publishes: published, left staged, aborted
+            batch, stage = r // 3, f"st{r}"
+            for seq in range(2):
+                n.staging.stage("sink-1", batch, stage, seq, "staged",
+                                Rows([f"s{r}.{seq}.{i}".encode() for i in range(3)],
+                                     deliver_at_ms=[0, now + 2_000, 0]))
+            b.flush()
+            if batch % 4 != 3:
+                for _ in n.staging.publish("sink-1", batch, [(stage, 2, 6)]).steps(n.staging):
+                    pass
+                b.flush()
+            elif batch % 8 == 7:
+                n.staging.abort("sink-1", batch)
+                b.flush()
         for group, topic in (("g-conc", "orders"), ("g-fifo", "fifo-t"), ("g-conc", "later")):
             got = pop.receive(group, topic, max_messages=rng.randint(1, 8), invisible_ms=rng.choice((1_000, 3_000)))
             for p in got:
@@ -196,6 +224,7 @@ def _check_load_was_mixed(d: dict) -> None:
     assert any(e.attempt > 1 for e in d["inflight"])
     assert ("pull-g", "orders", 0) in d["offsets"] or ("pull-g", "orders", 1) in d["offsets"]
     assert d["txn_pending"]
+    assert d["staged"] and d["published"]
 
 
 def _check_held(d: dict) -> None:
