@@ -210,8 +210,10 @@ def _assert_same(a_state: dict, b_state: dict, names: tuple[str, str] = ("live",
             assert a == b, f"{key} differ: only {first} {only_a[:5]}, only {second} {only_b[:5]}"
 
 
-def _check_load_was_mixed(d: dict) -> None:
-    """The load reached every structure the comparison is about (else equality proves little)."""
+def _check_load_was_mixed(d: dict, killed: bool = False) -> None:
+    """The load reached every structure the comparison is about (else equality proves little).
+    ``killed``: which in-flight deliveries survive depends on where the kill lands (the POP merge
+    buffer holds a CK back for ``buffer_ms``), so only some must."""
     queues = d["queues"]
     assert any(k.startswith("%RETRY%") for k in queues), sorted(queues)
     assert any(k.startswith("%DLQ%") for k in queues), sorted(queues)
@@ -220,8 +222,10 @@ def _check_load_was_mixed(d: dict) -> None:
     lanes = {t.lane for t in d["timers"]}
     assert "timer" in lanes and any(lane.startswith("level-") for lane in lanes), lanes
     assert len({t.due_ms for t in d["timers"]}) > 10
-    assert {e.group for e in d["inflight"]} == {"g-conc", "g-fifo"}
-    assert any(e.attempt > 1 for e in d["inflight"])
+    assert d["inflight"]
+    if not killed:
+        assert {e.group for e in d["inflight"]} == {"g-conc", "g-fifo"}
+        assert any(e.attempt > 1 for e in d["inflight"])
     assert ("pull-g", "orders", 0) in d["offsets"] or ("pull-g", "orders", 1) in d["offsets"]
     assert d["txn_pending"]
     assert d["staged"] and d["published"]
@@ -323,7 +327,7 @@ def test_kill9_recovered_equals_rebuilt(tmp_path, seed):
         stderr.close()
     assert now is not None, f"the load process died before its first step:\n{child_err}"
     recovered, rebuilt = _recovered_and_rebuilt(tmp_path, data, int(now))
-    _check_load_was_mixed(recovered)
+    _check_load_was_mixed(recovered, killed=True)
     _assert_same(recovered, rebuilt, ("recovered", "rebuilt"))
 
 
