@@ -21,6 +21,8 @@ from chronoq.timer import copies, schedlog
 from chronoq.timer.levels import DELAY_TOPIC
 from chronoq.timer.schedlog import ENTRY_HEAD_SIZE, MESSAGE
 
+_LEVEL_READ = 512  # delay-queue entries read per call
+
 
 class PendingTimer(NamedTuple):
     due_ms: int
@@ -43,12 +45,16 @@ def pending_timers(timer) -> list[PendingTimer]:
     store = timer.store
     for lane in timer.level_lanes:
         lo, hi = store.bounds(DELAY_TOPIC, lane.queue_id)
-        for qoff in range(max(lane.offset, lo), hi):
-            if qoff in lane.cancelled:
-                continue
-            (phys, size, _tag, _time), = store.entries(DELAY_TOPIC, lane.queue_id, qoff, 1)
-            raw = store.log.read_record(phys, size)
-            out.append(_pending(raw, copies.header_fields(raw)[2], f"level-{lane.level}", qoff))
+        qoff = max(lane.offset, lo)
+        while qoff < hi:
+            entries = store.entries(DELAY_TOPIC, lane.queue_id, qoff, min(_LEVEL_READ, hi - qoff))
+            assert entries, f"delay level {lane.level}: no entry at {qoff} below {hi}"
+            for i, (phys, size, _tag, _time) in enumerate(entries, qoff):
+                # A hole or a record retention took: the timer skips it as lost (``_level_record``).
+                if i not in lane.cancelled and size and phys >= store.log.min_offset:
+                    raw = store.log.read_record(phys, size)
+                    out.append(_pending(raw, copies.header_fields(raw)[2], f"level-{lane.level}", i))
+            qoff += len(entries)
     out.sort()
     return out
 
