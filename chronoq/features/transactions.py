@@ -15,8 +15,11 @@ lose a committed message. Unresolved halves are checked with a producer of their
 ``txn_max_checks`` checks.
 
 State file ``transactions.json`` (``fsutil.write_json``): ``{"half_floor": n, "op_read": m}``:
-every half below ``half_floor`` is resolved and every op below ``op_read`` was applied, so
-start-up replays only the tails of the two queues.
+every half below ``half_floor`` is resolved, and ``op_read`` is the first op written after the
+half at ``half_floor`` (an op follows its half in the log, so every op that resolves a half at
+or above the floor is at or after it; ops before it may resolve such halves too, which is why
+it is not simply the op queue's end). Start-up replays only those tails of the two queues. It
+is derived data (docs/storage.md): without the file both queues are replayed whole.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ class Transactions:
             log.warning("transaction state unreadable (%s); replaying both queues", exc)
             state = {}
         half_floor = int(state.get("half_floor", 0))
-        op_read = int(state.get("op_read", 0))
+        # min: files written before op_read meant "after the floor half" named the op queue's end.
+        op_read = min(int(state.get("op_read", 0)), self._op_floor(half_floor))
         resolved: set[int] = set()
         for msg in self._read_all(OP_TOPIC, op_read):
             _, half_offset = _OP.unpack(msg.body)
@@ -98,8 +102,24 @@ class Transactions:
 
     def checkpoint(self) -> None:
         floor = min(self.pending, default=self.broker.queue_bounds(HALF_TOPIC, 0)[1])
-        fsutil.write_json(self._path, {"half_floor": floor,
-                                       "op_read": self.broker.queue_bounds(OP_TOPIC, 0)[1]})
+        fsutil.write_json(self._path, {"half_floor": floor, "op_read": self._op_floor(floor)})
+
+    def _op_floor(self, half_floor: int) -> int:
+        """The first op written after the half at ``half_floor`` (the op queue's end when there
+        is none): a binary search of the op queue by commit offset."""
+        store = self.broker.store
+        lo, hi = store.bounds(OP_TOPIC, 0)
+        half = store.entries(HALF_TOPIC, 0, half_floor, 1)
+        if not half:
+            return hi
+        written = half[0][0]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if store.entries(OP_TOPIC, 0, mid, 1)[0][0] > written:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _retention_floor(self) -> int | None:
         if not self.pending:

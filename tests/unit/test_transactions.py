@@ -76,3 +76,23 @@ def test_checks_are_scheduled_and_expire_after_max(tmp_path):
     txns.expire(expired[0])
     assert txns.pending == {} and _visible(broker) == []
     broker.close()
+
+
+def test_halves_resolved_above_an_open_one_stay_resolved_after_restart(tmp_path):
+    """The replay floor stays at the oldest open half; halves after it resolved before the state
+    was saved must not come back as pending (their producer would be asked again, a committed
+    message published twice)."""
+    cfg = BrokerConfig(data_dir=str(tmp_path))
+    broker = Broker(cfg)
+    txns = Transactions(broker)
+    _open, open_txid = _send_half(broker, txns, b"open")
+    for i in range(3):
+        result, txid = _send_half(broker, txns, f"done{i}".encode())
+        txns.end("orders", result.message_id, txid, commit=i % 2 == 0)
+    txns.checkpoint()
+    late, late_txid = _send_half(broker, txns, b"late")
+    txns.checkpoint()
+    broker.close()
+    broker = Broker(cfg)
+    assert sorted(Transactions(broker).pending) == sorted([int(open_txid, 16), int(late_txid, 16)])
+    broker.close()
