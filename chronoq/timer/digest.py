@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from chronoq.store import record
 from chronoq.timer import copies, schedlog
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer.schedlog import ENTRY_HEAD_SIZE, MESSAGE
 
 _LEVEL_READ = 512  # delay-queue entries read per call
