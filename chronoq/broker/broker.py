@@ -40,7 +40,8 @@ from chronoq.broker.trace import bodies as trace_bodies
 # Enum members as module globals: ``MessageType.NORMAL`` is a metaclass attribute lookup that costs
 # about a microsecond on Python 3.11, and prepare() compares types several times per message.
 _MIXED, _NORMAL, _FIFO, _DELAY = MessageType.MIXED, MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY
-assert Prepared._fields[0] == "topic"  # write() counts sends per p[0] (a tuple index: no attribute lookup)
+_FLAG_DELAYED = record.FLAG_DELAYED
+assert Prepared._fields[0] == "topic" and Prepared._fields[4] == "deliver_at_ms"  # write() reads p[0], p[4]
 
 log = logging.getLogger("chronoq.broker.broker")
 
@@ -48,6 +49,9 @@ TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "offsets.json"
 PROP_MESSAGE_GROUP = "__GROUP"
 PROP_MESSAGE_TYPE = "__TYPE"
+# The properties of a message with none of its own but its type (``PROP_MESSAGE_TYPE``), as bytes.
+_TYPE_PROPS = {t: record.encode_properties({PROP_MESSAGE_TYPE: t.name}) if t is not _NORMAL else b""
+               for t in MessageType}
 # Dedupe entries expired per maintenance call at most (maintenance runs every 200 ms, so 10,000 a
 # second; above that rate ``dedupe_max_entries`` bounds the window). Expiry only moves the
 # window's tail now (chronoq.broker.dedupe), well under a ms for a step; the bound stays a bound.
@@ -142,8 +146,9 @@ class Broker:
         self._last_checkpoint_ms = self.clock.wall_ms()
         self._arrival_listeners: list = []
         self._notified_upto = (self.store.dispatched, self.store.released)
-        # Delayed delivery: the timer absorbs FLAG_DELAYED records (store.delayed_sink), catches up
-        # from its cursor here, and delivers what falls due when ``timer_tick`` runs.
+        # Delayed delivery: the timer absorbs FLAG_DELAYED records (it drains store.delayed_dispatched
+        # after each dispatch: ``on_arrivals``), catches up from its cursor here, and delivers what
+        # falls due when ``timer_tick`` runs.
         self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
                                   ensure_delay_topic=self._ensure_delay_topic)
         self.add_arrival_listener(self.timer.on_arrivals)
@@ -270,23 +275,34 @@ class Broker:
         if topic.message_type is not _MIXED and topic.message_type is not mtype:
             raise errors.MessageTypeMismatch(
                 f"topic {topic.name} accepts {topic.message_type.name} messages, not {mtype.name}")
-        if group or mtype is not _NORMAL:
-            props = props or {}
-            if group:
-                props[PROP_MESSAGE_GROUP] = group
-            if mtype is not _NORMAL:
-                props[PROP_MESSAGE_TYPE] = mtype.name
+        if props is None and not group:
+            # The common case (no properties of its own): the type property's bytes, encoded once.
+            raw_props = _TYPE_PROPS[mtype]
+        else:
+            if group or mtype is not _NORMAL:
+                props = props or {}
+                if group:
+                    props[PROP_MESSAGE_GROUP] = group
+                if mtype is not _NORMAL:
+                    props[PROP_MESSAGE_TYPE] = mtype.name
+            raw_props = record.encode_properties(props) if props else b""
         if now is None:
             now = self.clock.wall_ms()
         message_id = validate.message_id(msg.message_id) if msg.message_id else new_message_id(now)
         queue_id = self._choose_queue(topic, msg)
         born = now if msg.born_ms is None else int(msg.born_ms)
-        prepared = Prepared(topic.name, queue_id, record.FLAG_SYSTEM if system else 0, born, 0,
-                            message_id.encode(), tag, keys,
-                            record.encode_properties(props) if props else b"", body)
+        flags = record.FLAG_SYSTEM if system else 0
+        due = 0
         if delayed:
-            prepared = self.timer.prepare_delayed(prepared, msg.deliver_at_ms, msg.delay_level, now)
-        return prepared, message_id
+            if msg.delay_level:  # a level record (rare): the timer rewrites the destination
+                prepared = Prepared(topic.name, queue_id, flags, born, 0, message_id.encode(), tag, keys, raw_props,
+                                    body)
+                return self.timer.prepare_delayed(prepared, msg.deliver_at_ms, msg.delay_level, now), message_id
+            due = self.timer.due_ms(msg.deliver_at_ms, now)
+            if due > now:  # (due already: an ordinary record with its due time, visible at once)
+                flags |= _FLAG_DELAYED
+        return Prepared(topic.name, queue_id, flags, born, due, message_id.encode(), tag, keys, raw_props,
+                        body), message_id
 
     def _choose_queue(self, topic: TopicConfig, msg: OutgoingMessage) -> int:
         if msg.queue_id is not None:
@@ -360,6 +376,7 @@ class Broker:
         window = self._dedupe
         client_ids = False
         duplicates = False
+        timed = False  # a message with a due time (deliver_at_ms) in the batch
         now = self.clock.wall_ms()
         for i, msg in enumerate(messages):
             try:
@@ -386,6 +403,8 @@ class Broker:
             answers.append(None)
             prepared.append(p)
             ids.append(mid)
+            if p[4]:
+                timed = True
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.topic(name, create=True)
         written = self.store.write(prepared)
@@ -398,10 +417,11 @@ class Broker:
                     sent[p[0]] = sent.get(p[0], 0) + 1
         if self.trace is not None and prepared:
             self.trace.stored(prepared, now)
-        timer = self.timer
-        fresh = [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset) if not p.deliver_at_ms
-                 else timer.send_result(p, mid, w.commit_offset, w.queue_offset)
-                 for p, mid, w in zip(prepared, ids, written)]
+        if timed:  # delayed sends answer with recall handles, made for the batch at once
+            fresh = self.timer.send_results(prepared, ids, written)
+        else:
+            fresh = [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
+                     for p, mid, w in zip(prepared, ids, written)]
         if not client_ids:  # every message is new and has no id to remember
             return fresh
         # Every message of a batch with client ids is remembered (generated ids too, as before).

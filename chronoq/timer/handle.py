@@ -66,6 +66,32 @@ _crc = google_crc32c.value
 _b64 = base64.urlsafe_b64encode
 
 
+def encode_many(kind: int, positions, dues, topics, message_ids) -> list[str]:
+    """``encode(kind, 0, positions[i], dues[i], topics[i], message_ids[i])`` for a whole batch
+    (the delayed send path): each topic's bytes made once, and the texts finished (padding cut,
+    version put in front, decoded) in one pass over the batch instead of once per handle.
+    ``message_ids`` are ASCII bytes (the record's field) or str."""
+    assert kind in (TIMER, IMMEDIATE), "a LEVEL handle carries its level: use encode"
+    prefixes: dict[str, bytes] = {}
+    raws: list[bytes] = []
+    add, pack, pack_crc, crc, lens, b64 = raws.append, _HEAD.pack, _CRC.pack, _crc, _LEN, _b64
+    for position, due_ms, topic, mid in zip(positions, dues, topics, message_ids):
+        prefix = prefixes.get(topic)
+        if prefix is None:
+            t = topic.encode()
+            assert len(t) < 256
+            prefix = prefixes[topic] = lens[len(t)] + t
+        if type(mid) is not bytes:
+            mid = mid.encode()
+        body = pack(kind, 0, position, due_ms) + prefix + lens[len(mid)] + mid
+        add(b64(body + pack_crc(crc(body))))
+    if not raws:
+        return []
+    # URL-safe base64 has no "=" but padding, and no newline: cut and split the whole batch at once.
+    version = VERSION.encode()
+    return (version + (b"\n" + version).join(raws)).replace(b"=", b"").decode().split("\n")
+
+
 def decode(text: object) -> RecallHandle:
     """Parse a handle; ``ClientError`` (kind bad_request) when it is not one chronoq issued."""
     if not isinstance(text, str) or not text:
