@@ -25,6 +25,8 @@ positional and idempotent.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import os
 import struct
@@ -335,6 +337,8 @@ class Store:
         add_piece = pieces.append
         meta = []
         add_meta = meta.append
+        sizes: list[int] = []
+        add_size = sizes.append
         holds = False
         for m in messages:
             # One unpack instead of a named-field lookup per use: this loop runs per message.
@@ -346,21 +350,22 @@ class Store:
                 holds = True
             if flags & delayed:
                 # Not in any consume queue yet: the timer re-puts a copy when it falls due.
-                key, qoff = None, 0
+                key, qoff, tag_hash, time_ms = None, 0, 0, deliver_at_ms
             else:
                 key = (topic, queue_id)
                 qoff = next_qoff.get(key)
                 if qoff is None:
                     qoff = self._queue(*key).next_offset
                 next_qoff[key] = qoff + 1
+                tag_hash = tag_hashes.get(tag)
+                if tag_hash is None:
+                    if len(tag_hashes) > 4096:
+                        tag_hashes.clear()
+                    tag_hash = tag_hashes[tag] = zlib.crc32(tag)
+                time_ms = stamp
             tb = topic_bytes.get(topic)
             if tb is None:
                 tb = topic_bytes[topic] = topic.encode()
-            tag_hash = tag_hashes.get(tag)
-            if tag_hash is None:
-                if len(tag_hashes) > 4096:
-                    tag_hashes.clear()
-                tag_hash = tag_hashes[tag] = zlib.crc32(tag)
             # record.encode_parts, inlined (a call per message costs as much as its body); the
             # record-equivalence tests hold both to the same bytes.
             head = pack_tail(flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
@@ -371,9 +376,11 @@ class Store:
             add_piece(pack_prefix(size, magic, version, extend(crc(head), body)))
             add_piece(head)
             add_piece(body)
-            add_meta((key, qoff, size, tag_hash, deliver_at_ms if flags & delayed else stamp))
+            add_meta((key, qoff, size, tag_hash, time_ms))
+            add_size(size)
         if not meta:
             return []
+        ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
         out: list[Written] = []
         add_out, new_tuple = out.append, tuple.__new__
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
@@ -382,11 +389,9 @@ class Store:
         pos = 0
         try:
             while i < len(meta):
-                j, room, size = i, self.log.room(), 0
-                # Fill what fits in the active segment; a roll happens between chunks only.
-                while j < len(meta) and (size + meta[j][2] <= room or j == i):
-                    size += meta[j][2]
-                    j += 1
+                # Fill what fits in the active segment (at least one record); a roll happens
+                # between chunks only.
+                j = max(i + 1, bisect.bisect_right(ends, (ends[i - 1] if i else 0) + self.log.room(), i))
                 pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
                 if holds:  # before dispatch can put their entries: never visible unreleased
                     self._hold_written(meta, i, j, now)

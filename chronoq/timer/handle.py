@@ -74,7 +74,7 @@ def encode_many(kind: int, positions, dues, topics, message_ids) -> list[str]:
     assert kind in (TIMER, IMMEDIATE), "a LEVEL handle carries its level: use encode"
     prefixes: dict[str, bytes] = {}
     raws: list[bytes] = []
-    add, pack, pack_crc, crc, lens, b64 = raws.append, _HEAD.pack, _CRC.pack, _crc, _LEN, _b64
+    add, pack, pack_crc, crc, lens, b64 = raws.append, _HEAD.pack, _CRC.pack, _crc, _LEN, binascii.b2a_base64
     for position, due_ms, topic, mid in zip(positions, dues, topics, message_ids):
         prefix = prefixes.get(topic)
         if prefix is None:
@@ -84,12 +84,17 @@ def encode_many(kind: int, positions, dues, topics, message_ids) -> list[str]:
         if type(mid) is not bytes:
             mid = mid.encode()
         body = pack(kind, 0, position, due_ms) + prefix + lens[len(mid)] + mid
-        add(b64(body + pack_crc(crc(body))))
+        add(b64(body + pack_crc(crc(body)), newline=False))
     if not raws:
         return []
-    # URL-safe base64 has no "=" but padding, and no newline: cut and split the whole batch at once.
+    # Standard base64 made URL-safe, its padding cut (base64 has no "=" but padding, and no
+    # newline) and split: one pass each over the whole batch.
     version = VERSION.encode()
-    return (version + (b"\n" + version).join(raws)).replace(b"=", b"").decode().split("\n")
+    joined = (version + (b"\n" + version).join(raws)).translate(_URL_SAFE).replace(b"=", b"")
+    return joined.decode().split("\n")
+
+
+_URL_SAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def decode(text: object) -> RecallHandle:
