@@ -273,40 +273,32 @@ class TraceRecorder:
         topics, _qids, flags, _born, dues, message_ids, _tags, _keys, props, _bodies = zip(*rows)
         marked = record.FLAG_DELAYED | system  # (a system record here is a delay-level record)
         delayed_head = STORED | FLAG_DELAYED << 8
-        ev = self.events
-        start, n = len(ev), len(rows)
-        ev.head.extend([delayed_head if f & marked else STORED for f in flags])
         if any(f & system for f in flags):
-            ev.topic += [record.decode_properties(pr).get("__DELAY_TOPIC", t) if f & system else t
-                         for t, f, pr in zip(topics, flags, props)]
-        else:
-            ev.topic += topics
-        ev.message_id += message_ids
-        nones = [None] * n
-        ev.group += nones
-        ev.ref_topic += nones
-        ev.ref_queue += array("I", (0,)) * n
-        ev.ts += array("q", (now_ms,)) * n
-        ev.due.extend(dues)
-        ev.ref_offset += array("q", (0,)) * n
-        self._trim(start, now_ms)
+            topics = [record.decode_properties(pr).get("__DELAY_TOPIC", t) if f & system else t
+                      for t, f, pr in zip(topics, flags, props)]
+        self._add_stored(array("I", [delayed_head if f & marked else STORED for f in flags]), topics, message_ids,
+                         array("q", dues), now_ms)
 
     def stored_plain(self, topic: str, message_ids: list[bytes], now_ms: int) -> None:
         """``stored`` for a batch of plain (not delayed, not system) messages of one topic: the
         same events, a few column extends per batch (Store.write_plain's callers)."""
+        n = len(message_ids)
+        self._add_stored(array("I", (STORED,)) * n, [topic] * n, message_ids, array("q", (0,)) * n, now_ms)
+
+    def _add_stored(self, heads: array, topics, message_ids, dues: array, now_ms: int) -> None:
+        """STORED events from their columns (the rest: no group, no reference, ``now_ms``)."""
         ev = self.events
-        start, n = len(ev), len(message_ids)
-        ev.head += array("I", (STORED,)) * n
-        ev.topic += [topic] * n
+        start, n = len(ev), len(heads)
+        ev.head += heads
+        ev.topic += topics
         ev.message_id += message_ids
         nones = [None] * n
         ev.group += nones
         ev.ref_topic += nones
         ev.ref_queue += array("I", (0,)) * n
         ev.ts += array("q", (now_ms,)) * n
-        zeros = array("q", (0,)) * n
-        ev.due += zeros
-        ev.ref_offset += zeros
+        ev.due += dues
+        ev.ref_offset += array("q", (0,)) * n
         self._trim(start, now_ms)
 
     def visible(self, deliveries: list, visible_ms: int) -> None:

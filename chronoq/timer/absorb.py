@@ -160,25 +160,27 @@ class SendSide:
         self._append(start, schedlog.encode_entry(MESSAGE, offset, deliver_at, 0, raw))
 
     def _apply_control(self, offset: int, raw: bytes, due_ms: int) -> None:
-        props = record.decode_properties(copies.split(raw).properties)
-        ref = props.get(copies.PROP_TIMER_CANCEL)
-        if ref is not None:
-            start, ident = copies.parse_ref(ref)
-            self._append(start, schedlog.encode_entry(CANCELLED, ident, due_ms, offset))
-        ref = props.get(copies.PROP_DELAY_CANCEL)
-        if ref is not None:
-            level, qoff, due = copies.parse_ref(ref, 3)
-            if 1 <= level <= len(self.level_lanes):
-                self.level_lanes[level - 1].cancelled[qoff] = (CANCELLED, due)
+        """A recall's control record: its target is CANCELLED (the due time is the record's)."""
+        self._file_refs(offset, raw, CANCELLED, copies.PROP_TIMER_CANCEL, copies.PROP_DELAY_CANCEL, due_ms)
 
     def _apply_move(self, offset: int, raw: bytes) -> None:
+        """A rescheduled record: its old entry is MOVED (the old due time rides in the reference)."""
+        self._file_refs(offset, raw, MOVED, copies.PROP_TIMER_MOVED_FROM, copies.PROP_DELAY_MOVED_FROM, None)
+
+    def _file_refs(self, offset: int, raw: bytes, kind: int, timer_prop: str, level_prop: str,
+                   due_ms: int | None) -> None:
+        """File ``kind`` for the timer entry (``start.ident[.due]``) and the level message
+        (``level.qoff.due``) that ``raw``'s properties name."""
         props = record.decode_properties(copies.split(raw).properties)
-        ref = props.get(copies.PROP_TIMER_MOVED_FROM)
+        ref = props.get(timer_prop)
         if ref is not None:
-            start, ident, due = copies.parse_ref(ref, 3)
-            self._append(start, schedlog.encode_entry(MOVED, ident, due, offset))
-        ref = props.get(copies.PROP_DELAY_MOVED_FROM)
+            if due_ms is None:
+                start, ident, due = copies.parse_ref(ref, 3)
+            else:
+                (start, ident), due = copies.parse_ref(ref), due_ms
+            self._append(start, schedlog.encode_entry(kind, ident, due, offset))
+        ref = props.get(level_prop)
         if ref is not None:
             level, qoff, due = copies.parse_ref(ref, 3)
             if 1 <= level <= len(self.level_lanes):
-                self.level_lanes[level - 1].cancelled[qoff] = (MOVED, due)
+                self.level_lanes[level - 1].cancelled[qoff] = (kind, due)
