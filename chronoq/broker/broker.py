@@ -268,8 +268,9 @@ class Broker:
         creates them once the whole batch is valid).
 
         One loop per batch with what every message needs looked up once: the common fields
-        (a cached topic, a cached tag, a body, a client id, a delivery time) cost no call, the
-        others go through ``chronoq.core.validate``, the rules every entry point shares.
+        (a cached topic, a cached tag, a body, client ids checked in bulk, a round-robin queue)
+        cost no call; the others go through ``chronoq.core.validate``, the rules every entry
+        point shares, and a delivery time through the timer's (``due_ms``).
         """
         msgs = messages if type(messages) is list else list(messages)
         if now is None:
