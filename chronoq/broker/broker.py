@@ -40,7 +40,8 @@ from chronoq.broker.trace import bodies as trace_bodies
 # Enum members as module globals: ``MessageType.NORMAL`` is a metaclass attribute lookup that costs
 # about a microsecond on Python 3.11, and prepare() compares types several times per message.
 _MIXED, _NORMAL, _FIFO, _DELAY = MessageType.MIXED, MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY
-assert Prepared._fields[0] == "topic"  # write() counts sends per p[0] (a tuple index: no attribute lookup)
+_FLAG_DELAYED = record.FLAG_DELAYED
+assert Prepared._fields[0] == "topic" and Prepared._fields[4] == "deliver_at_ms"  # write() reads p[0], p[4]
 
 log = logging.getLogger("chronoq.broker.broker")
 
@@ -48,6 +49,9 @@ TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "offsets.json"
 PROP_MESSAGE_GROUP = "__GROUP"
 PROP_MESSAGE_TYPE = "__TYPE"
+# The properties of a message with none of its own but its type (``PROP_MESSAGE_TYPE``), as bytes.
+_TYPE_PROPS = {t: record.encode_properties({PROP_MESSAGE_TYPE: t.name}) if t is not _NORMAL else b""
+               for t in MessageType}
 # Dedupe entries expired per maintenance call at most (maintenance runs every 200 ms, so 10,000 a
 # second; above that rate ``dedupe_max_entries`` bounds the window). Expiry only moves the
 # window's tail now (chronoq.broker.dedupe), well under a ms for a step; the bound stays a bound.
@@ -142,8 +146,9 @@ class Broker:
         self._last_checkpoint_ms = self.clock.wall_ms()
         self._arrival_listeners: list = []
         self._notified_upto = (self.store.dispatched, self.store.released)
-        # Delayed delivery: the timer absorbs FLAG_DELAYED records (store.delayed_sink), catches up
-        # from its cursor here, and delivers what falls due when ``timer_tick`` runs.
+        # Delayed delivery: the timer absorbs FLAG_DELAYED records (it drains store.delayed_dispatched
+        # after each dispatch: ``on_arrivals``), catches up from its cursor here, and delivers what
+        # falls due when ``timer_tick`` runs.
         self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
                                   ensure_delay_topic=self._ensure_delay_topic)
         self.add_arrival_listener(self.timer.on_arrivals)
@@ -248,45 +253,112 @@ class Broker:
 
     def prepare(self, msg: OutgoingMessage, *, system: bool = False, now: int | None = None,
                 new_topics: dict[str, TopicConfig] | None = None) -> tuple[Prepared, str]:
-        """Validate one message and choose its queue. Returns the store record and its id.
+        """``prepare_batch`` for one message: its store record and its id."""
+        (prepared,), (message_id,), _chosen = self.prepare_batch([msg], system=system, now=now, new_topics=new_topics)
+        return prepared, message_id
+
+    def prepare_batch(self, messages: Iterable[OutgoingMessage], *, system: bool = False, now: int | None = None,
+                      new_topics: dict[str, TopicConfig] | None = None
+                      ) -> tuple[list[Prepared], list[str], list[bool]]:
+        """Validate a batch and choose each message's queue. Returns the store records, the
+        message ids, and whether the client chose each id. The first message that breaks a rule
+        raises its error, naming its place in the batch (``_which``).
 
         With ``new_topics`` an unknown topic is planned there instead of auto-created (``write``
         creates them once the whole batch is valid).
+
+        One loop per batch with what every message needs looked up once: the common fields
+        (a cached topic, a cached tag, a body, client ids checked in bulk, a round-robin queue)
+        cost no call; the others go through ``chronoq.core.validate``, the rules every entry
+        point shares, and a delivery time through the timer's (``due_ms``).
         """
-        # Every field through chronoq.core.validate, the rules every entry point shares.
-        topic = self._send_topic(msg.topic, system, new_topics)
-        body = msg.body
-        if type(body) is not bytes or not body or len(body) > self.config.max_body_bytes:
-            body = validate.body(body, self.config.max_body_bytes)
-        tag = self._tag_bytes(msg.tag) if msg.tag else b""
-        keys = record.encode_keys(validate.keys(msg.keys)) if msg.keys else b""
-        props = validate.properties(msg.properties, allow_system=system) if msg.properties else None
-        group = msg.message_group  # (None or "": no group)
-        if group:
-            group = validate.message_group(group)
-        delayed = msg.deliver_at_ms is not None or bool(msg.delay_level)
-        mtype = msg.message_type or (_FIFO if group else
-                                     _DELAY if delayed else _NORMAL)
-        if topic.message_type is not _MIXED and topic.message_type is not mtype:
-            raise errors.MessageTypeMismatch(
-                f"topic {topic.name} accepts {topic.message_type.name} messages, not {mtype.name}")
-        if group or mtype is not _NORMAL:
-            props = props or {}
-            if group:
-                props[PROP_MESSAGE_GROUP] = group
-            if mtype is not _NORMAL:
-                props[PROP_MESSAGE_TYPE] = mtype.name
+        msgs = messages if type(messages) is list else list(messages)
         if now is None:
             now = self.clock.wall_ms()
-        message_id = validate.message_id(msg.message_id) if msg.message_id else new_message_id(now)
-        queue_id = self._choose_queue(topic, msg)
-        born = now if msg.born_ms is None else int(msg.born_ms)
-        prepared = Prepared(topic.name, queue_id, record.FLAG_SYSTEM if system else 0, born, 0,
-                            message_id.encode(), tag, keys,
-                            record.encode_properties(props) if props else b"", body)
-        if delayed:
-            prepared = self.timer.prepare_delayed(prepared, msg.deliver_at_ms, msg.delay_level, now)
-        return prepared, message_id
+        # Client ids in bulk (a few C passes): when all surely pass, none is checked one by one.
+        client_ids = [m.message_id for m in msgs if m.message_id]
+        ids_checked = not client_ids or validate.plain_message_ids(client_ids)
+        prepared: list[Prepared] = []
+        ids: list[str] = []
+        chosen: list[bool] = []
+        add_prepared, add_id, add_chosen = prepared.append, ids.append, chosen.append
+        cache = self._system_topics if system else self._user_topics
+        topics, tags, round_robin, timer = self.topics, self._tags, self._round_robin, self.timer
+        body_max = self.config.max_body_bytes
+        base_flags = record.FLAG_SYSTEM if system else 0
+        new = tuple.__new__  # a NamedTuple's own __new__ is a Python-level call, per message
+        i, msg = 0, None
+        try:
+            for i, msg in enumerate(msgs):
+                name = msg.topic
+                topic = cache.get(name) if type(name) is str else None  # (an unhashable name must not raise)
+                if topic is None or topics.get(name) is not topic:
+                    topic = self._send_topic(name, system, new_topics)
+                body = msg.body
+                if type(body) is not bytes or not body or len(body) > body_max:
+                    body = validate.body(body, body_max)
+                tag = msg.tag
+                if tag:
+                    raw_tag = tags.get(tag) if type(tag) is str else None
+                    if raw_tag is None:
+                        raw_tag = self._tag_bytes(tag)
+                else:
+                    raw_tag = b""
+                keys = record.encode_keys(validate.keys(msg.keys)) if msg.keys else b""
+                props = validate.properties(msg.properties, allow_system=system) if msg.properties else None
+                group = msg.message_group  # (None or "": no group)
+                if group:
+                    group = validate.message_group(group)
+                deliver_at, level = msg.deliver_at_ms, msg.delay_level
+                delayed = deliver_at is not None or bool(level)
+                mtype = msg.message_type or (_FIFO if group else _DELAY if delayed else _NORMAL)
+                if topic.message_type is not _MIXED and topic.message_type is not mtype:
+                    raise errors.MessageTypeMismatch(
+                        f"topic {topic.name} accepts {topic.message_type.name} messages, not {mtype.name}")
+                if props is None and not group:
+                    # The common case (no properties of its own): the type property's bytes, encoded once.
+                    raw_props = _TYPE_PROPS[mtype]
+                else:
+                    if group or mtype is not _NORMAL:
+                        props = props or {}
+                        if group:
+                            props[PROP_MESSAGE_GROUP] = group
+                        if mtype is not _NORMAL:
+                            props[PROP_MESSAGE_TYPE] = mtype.name
+                    raw_props = record.encode_properties(props) if props else b""
+                message_id = msg.message_id
+                if message_id:
+                    if not ids_checked:
+                        message_id = validate.message_id(message_id)
+                    add_chosen(True)
+                else:
+                    message_id = new_message_id(now)
+                    add_chosen(False)
+                if msg.queue_id is None and not msg.message_group:  # round robin
+                    counter = round_robin.get(topic.name)
+                    if counter is None:
+                        counter = round_robin[topic.name] = itertools.count()
+                    queue_id = next(counter) % topic.queues
+                else:
+                    queue_id = self._choose_queue(topic, msg)
+                born = now if msg.born_ms is None else int(msg.born_ms)
+                flags, due = base_flags, 0
+                if delayed:
+                    if level:  # a level record (rare): the timer rewrites the destination
+                        p = new(Prepared, (topic.name, queue_id, flags, born, 0, message_id.encode(), raw_tag, keys,
+                                           raw_props, body))
+                        add_prepared(timer.prepare_delayed(p, deliver_at, level, now))
+                        add_id(message_id)
+                        continue
+                    due = timer.due_ms(deliver_at, now)
+                    if due > now:  # (due already: an ordinary record with its due time, visible at once)
+                        flags |= _FLAG_DELAYED
+                add_prepared(new(Prepared, (topic.name, queue_id, flags, born, due, message_id.encode(), raw_tag, keys,
+                                            raw_props, body)))
+                add_id(message_id)
+        except errors.ClientError as exc:  # say which message of the batch is refused
+            raise validate.naming(exc, _which(i, msg)) from None
+        return prepared, ids, chosen
 
     def _choose_queue(self, topic: TopicConfig, msg: OutgoingMessage) -> int:
         if msg.queue_id is not None:
@@ -349,43 +421,21 @@ class Broker:
         and stores nothing. A message id the client chose is deduplicated: an exact resend within
         ``dedupe_window_ms`` (also inside one batch) answers the original result, ``duplicate=True``.
         """
-        prepare = self.prepare
-        prepared: list[Prepared] = []
-        ids: list[str] = []
-        # Slot i of the answer: None = new (next written record), else the duplicate's result.
-        answers: list[SendResult | int | None] = []
-        # (topic, id) -> (its slot, its body): a resend inside the batch answers that slot.
-        first_in_batch: dict[tuple[str, str], tuple[int, bytes]] = {}
         new_topics: dict[str, TopicConfig] = {}
-        window = self._dedupe
-        client_ids = False
-        duplicates = False
         now = self.clock.wall_ms()
-        for i, msg in enumerate(messages):
-            try:
-                p, mid = prepare(msg, system=system, now=now, new_topics=new_topics)
-            except errors.ClientError as exc:  # say which message of the batch is refused
-                raise validate.naming(exc, _which(i, msg)) from None
-            if msg.message_id:
-                client_ids = True
-                key = (p.topic, mid)
-                first = first_in_batch.get(key)
-                if first is not None:
-                    if first[1] != p.body:  # same rule as check_duplicate, inside a batch
-                        raise errors.DuplicateMessageId(
-                            f"message id {mid} is used twice in this batch for different bodies")
-                    answers.append(first[0])
-                    duplicates = True
-                    continue
-                dup = self._original(p.topic, mid, p.body, window.hash_key(p.topic, mid), now)
-                if dup is not None:
-                    answers.append(dup)
-                    duplicates = True
-                    continue
-                first_in_batch[key] = (len(answers), p.body)
-            answers.append(None)
-            prepared.append(p)
-            ids.append(mid)
+        prepared, ids, chosen = self.prepare_batch(messages, system=system, now=now, new_topics=new_topics)
+        timed = any(p[4] for p in prepared)  # a message with a due time: answered with a recall handle
+        window = self._dedupe
+        client_ids = any(chosen)
+        key_hashes: list[int] = []
+        answers: list[SendResult | int | None] | None = None  # None: every message is new
+        if client_ids:
+            key_hashes = window.hash_keys([p[0] for p in prepared], ids)
+            keys = [(p[0], mid) for p, mid, c in zip(prepared, ids, chosen) if c]
+            # Duplicates (in the batch or the window) are rare: one bulk test for the batch, and
+            # only a batch that may hold one is answered message by message.
+            if len(set(keys)) != len(keys) or window.any_present(list(itertools.compress(key_hashes, chosen))):
+                answers, prepared, ids, key_hashes = self._deduplicated(prepared, ids, chosen, key_hashes, now)
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.topic(name, create=True)
         written = self.store.write(prepared)
@@ -398,16 +448,16 @@ class Broker:
                     sent[p[0]] = sent.get(p[0], 0) + 1
         if self.trace is not None and prepared:
             self.trace.stored(prepared, now)
-        timer = self.timer
-        fresh = [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset) if not p.deliver_at_ms
-                 else timer.send_result(p, mid, w.commit_offset, w.queue_offset)
-                 for p, mid, w in zip(prepared, ids, written)]
+        if timed:  # delayed sends answer with recall handles, made for the batch at once
+            fresh = self.timer.send_results(prepared, ids, written)
+        else:
+            fresh = [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
+                     for p, mid, w in zip(prepared, ids, written)]
         if not client_ids:  # every message is new and has no id to remember
             return fresh
         # Every message of a batch with client ids is remembered (generated ids too, as before).
-        window.add(window.hash_keys([p[0] for p in prepared], ids), [w.commit_offset for w in written],
-                   self.clock.wall_ms())
-        if not duplicates:
+        window.add(key_hashes, [w.commit_offset for w in written], self.clock.wall_ms())
+        if answers is None:
             return fresh
         taken = iter(fresh)
         out: list[SendResult] = []
@@ -422,6 +472,39 @@ class Broker:
                 result = answer
             out.append(result)
         return out
+
+    def _deduplicated(self, prepared: list[Prepared], ids: list[str], chosen: list[bool], key_hashes: list[int],
+                      now: int) -> tuple[list, list[Prepared], list[str], list[int]]:
+        """``write``'s batch that may hold a duplicate, message by message: (the answer slots,
+        and the prepared records, ids and key hashes of the new messages). Slot i of the answer:
+        None = new (the next written record), an int = the slot whose resend it is (inside the
+        batch), else the original's result (from the window)."""
+        answers: list[SendResult | int | None] = []
+        new_prepared: list[Prepared] = []
+        new_ids: list[str] = []
+        new_hashes: list[int] = []
+        # (topic, id) -> (its slot, its body): a resend inside the batch answers that slot.
+        first_in_batch: dict[tuple[str, str], tuple[int, bytes]] = {}
+        for p, mid, c, h in zip(prepared, ids, chosen, key_hashes):
+            if c:
+                key = (p.topic, mid)
+                first = first_in_batch.get(key)
+                if first is not None:
+                    if first[1] != p.body:  # same rule as check_duplicate, inside a batch
+                        raise errors.DuplicateMessageId(
+                            f"message id {mid} is used twice in this batch for different bodies")
+                    answers.append(first[0])
+                    continue
+                dup = self._original(p.topic, mid, p.body, h, now)
+                if dup is not None:
+                    answers.append(dup)
+                    continue
+                first_in_batch[key] = (len(answers), p.body)
+            answers.append(None)
+            new_prepared.append(p)
+            new_ids.append(mid)
+            new_hashes.append(h)
+        return answers, new_prepared, new_ids, new_hashes
 
     def write_plain(self, topic: str, message_ids: list[str], tags: list[str], bodies: list[bytes],
                     born_ms: list[int | None]) -> list[int] | None:

@@ -262,39 +262,43 @@ class TraceRecorder:
 
     # ------------------------------------------------------------------ hooks
     def stored(self, prepared: Iterable, now_ms: int) -> None:
-        """Messages just written to the log (``store.Prepared``; system records are skipped)."""
-        add = self.events.add
-        start = len(self.events)
-        delay_topic = self._delay_topic
-        system, delayed = record.FLAG_SYSTEM, record.FLAG_DELAYED
-        # Positional unpacking (Prepared field order): attribute access costs more, per message.
-        for topic, _qid, pflags, _born, deliver_at_ms, message_id, _tag, _keys, props, _body in prepared:
-            if pflags & system:
-                if topic != delay_topic:
-                    continue
-                topic = record.decode_properties(props).get("__DELAY_TOPIC", topic)
-                flags = FLAG_DELAYED
-            else:
-                flags = FLAG_DELAYED if pflags & delayed else 0
-            add(STORED, flags, 0, topic, message_id, None, None, 0, now_ms, deliver_at_ms, 0)
-        self._trim(start, now_ms)
+        """Messages just written to the log (``store.Prepared``; system records are skipped but
+        for delay-level records, traced under their real topic). Column extends per batch: the
+        batch is transposed once (``zip``) and no event tuple is made."""
+        system, delay_topic = record.FLAG_SYSTEM, self._delay_topic
+        rows = [p for p in prepared if not p[2] & system or p[0] == delay_topic]
+        if not rows:
+            return
+        # Prepared field order: topic, queue id, flags, born, deliver_at_ms, message id, ...
+        topics, _qids, flags, _born, dues, message_ids, _tags, _keys, props, _bodies = zip(*rows)
+        marked = record.FLAG_DELAYED | system  # (a system record here is a delay-level record)
+        delayed_head = STORED | FLAG_DELAYED << 8
+        if any(f & system for f in flags):
+            topics = [record.decode_properties(pr).get("__DELAY_TOPIC", t) if f & system else t
+                      for t, f, pr in zip(topics, flags, props)]
+        self._add_stored(array("I", [delayed_head if f & marked else STORED for f in flags]), topics, message_ids,
+                         array("q", dues), now_ms)
 
     def stored_plain(self, topic: str, message_ids: list[bytes], now_ms: int) -> None:
         """``stored`` for a batch of plain (not delayed, not system) messages of one topic: the
         same events, a few column extends per batch (Store.write_plain's callers)."""
+        n = len(message_ids)
+        self._add_stored(array("I", (STORED,)) * n, [topic] * n, message_ids, array("q", (0,)) * n, now_ms)
+
+    def _add_stored(self, heads: array, topics, message_ids, dues: array, now_ms: int) -> None:
+        """STORED events from their columns (the rest: no group, no reference, ``now_ms``)."""
         ev = self.events
-        start, n = len(ev), len(message_ids)
-        ev.head += array("I", (STORED,)) * n
-        ev.topic += [topic] * n
+        start, n = len(ev), len(heads)
+        ev.head += heads
+        ev.topic += topics
         ev.message_id += message_ids
         nones = [None] * n
         ev.group += nones
         ev.ref_topic += nones
         ev.ref_queue += array("I", (0,)) * n
         ev.ts += array("q", (now_ms,)) * n
-        zeros = array("q", (0,)) * n
-        ev.due += zeros
-        ev.ref_offset += zeros
+        ev.due += dues
+        ev.ref_offset += array("q", (0,)) * n
         self._trim(start, now_ms)
 
     def visible(self, deliveries: list, visible_ms: int) -> None:

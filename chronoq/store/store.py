@@ -25,6 +25,8 @@ positional and idempotent.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import os
 import struct
@@ -144,9 +146,10 @@ class Store:
         self._pending: deque[tuple[int, dict]] = deque()
         self.dispatched = 0
         self._guards: list[Callable[[], int | None]] = []
-        # Receives [(commit offset, size, deliver_at_ms)] for FLAG_DELAYED records once they are
-        # dispatched; such records get no consume-queue entry (the timer owns them).
-        self.delayed_sink: Callable[[list[tuple[int, int, int]]], None] | None = None
+        # (commit offset, size, deliver_at_ms) of each FLAG_DELAYED record once it is dispatched,
+        # in log order: such records get no consume-queue entry. The timer drains this queue
+        # (chronoq.timer.absorb); the store never calls up into it.
+        self.delayed_dispatched: deque[tuple[int, int, int]] = deque()
         # Queues with held entries; ``released`` counts releases (readers' wake-ups key on it).
         self._held: dict[tuple[str, int], ConsumeQueue] = {}
         self.released = 0
@@ -326,12 +329,16 @@ class Store:
         next_qoff = self._next_qoff
         topic_bytes = self._topic_bytes
         tag_hashes = self._tag_hashes
-        encode_parts = record.encode_parts
+        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
+        magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
         delayed = record.FLAG_DELAYED
         held_flag = record.FLAG_HELD
         pieces: list[bytes] = []
+        add_piece = pieces.append
         meta = []
         add_meta = meta.append
+        sizes: list[int] = []
+        add_size = sizes.append
         holds = False
         for m in messages:
             # One unpack instead of a named-field lookup per use: this loop runs per message.
@@ -343,26 +350,37 @@ class Store:
                 holds = True
             if flags & delayed:
                 # Not in any consume queue yet: the timer re-puts a copy when it falls due.
-                key, qoff = None, 0
+                key, qoff, tag_hash, time_ms = None, 0, 0, deliver_at_ms
             else:
                 key = (topic, queue_id)
                 qoff = next_qoff.get(key)
                 if qoff is None:
                     qoff = self._queue(*key).next_offset
                 next_qoff[key] = qoff + 1
+                tag_hash = tag_hashes.get(tag)
+                if tag_hash is None:
+                    if len(tag_hashes) > 4096:
+                        tag_hashes.clear()
+                    tag_hash = tag_hashes[tag] = zlib.crc32(tag)
+                time_ms = stamp
             tb = topic_bytes.get(topic)
             if tb is None:
                 tb = topic_bytes[topic] = topic.encode()
-            tag_hash = tag_hashes.get(tag)
-            if tag_hash is None:
-                if len(tag_hashes) > 4096:
-                    tag_hashes.clear()
-                tag_hash = tag_hashes[tag] = zlib.crc32(tag)
-            size = encode_parts(pieces, flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb,
-                                message_id, tag, keys, props, body)
-            add_meta((key, qoff, size, tag_hash, deliver_at_ms if flags & delayed else stamp))
+            # record.encode_parts, inlined (a call per message costs as much as its body); the
+            # record-equivalence tests hold both to the same bytes.
+            head = pack_tail(flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
+                             len(tag), len(keys), len(props), len(body)) + tb + message_id + tag + keys + props
+            size = crc_start + len(head) + len(body)
+            if size > size_max:
+                raise ValueError(f"record of {size} bytes exceeds {size_max}")
+            add_piece(pack_prefix(size, magic, version, extend(crc(head), body)))
+            add_piece(head)
+            add_piece(body)
+            add_meta((key, qoff, size, tag_hash, time_ms))
+            add_size(size)
         if not meta:
             return []
+        ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
         out: list[Written] = []
         add_out, new_tuple = out.append, tuple.__new__
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
@@ -371,11 +389,9 @@ class Store:
         pos = 0
         try:
             while i < len(meta):
-                j, room, size = i, self.log.room(), 0
-                # Fill what fits in the active segment; a roll happens between chunks only.
-                while j < len(meta) and (size + meta[j][2] <= room or j == i):
-                    size += meta[j][2]
-                    j += 1
+                # Fill what fits in the active segment (at least one record); a roll happens
+                # between chunks only.
+                j = max(i + 1, bisect.bisect_right(ends, (ends[i - 1] if i else 0) + self.log.room(), i))
                 pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
                 if holds:  # before dispatch can put their entries: never visible unreleased
                     self._hold_written(meta, i, j, now)
@@ -571,14 +587,13 @@ class Store:
             end, batch, delayed_records = pending[0]
             # A batch leaves the pending list only once it is fully dispatched: if a consume-queue
             # write fails (a full disk), the next call retries it. Entries are positional, so
-            # writing them again is harmless; the delayed records are handed over only once.
+            # writing them again is harmless; the delayed records are queued only once.
             if batch:
                 self._put_entries(batch)
                 pending[0] = (end, None, delayed_records)
             pending.popleft()
             if delayed_records:
-                assert self.delayed_sink is not None, "delayed records need a timer attached"
-                self.delayed_sink(delayed_records)
+                self.delayed_dispatched.extend(delayed_records)
             self.dispatched = end
         return self.dispatched
 

@@ -66,6 +66,37 @@ _crc = google_crc32c.value
 _b64 = base64.urlsafe_b64encode
 
 
+def encode_many(kind: int, positions, dues, topics, message_ids) -> list[str]:
+    """``encode(kind, 0, positions[i], dues[i], topics[i], message_ids[i])`` for a whole batch
+    (the delayed send path): each topic's bytes made once, and the texts finished (padding cut,
+    version put in front, decoded) in one pass over the batch instead of once per handle.
+    ``message_ids`` are ASCII bytes (the record's field) or str."""
+    assert kind in (TIMER, IMMEDIATE), "a LEVEL handle carries its level: use encode"
+    prefixes: dict[str, bytes] = {}
+    raws: list[bytes] = []
+    add, pack, pack_crc, crc, lens, b64 = raws.append, _HEAD.pack, _CRC.pack, _crc, _LEN, binascii.b2a_base64
+    for position, due_ms, topic, mid in zip(positions, dues, topics, message_ids):
+        prefix = prefixes.get(topic)
+        if prefix is None:
+            t = topic.encode()
+            assert len(t) < 256
+            prefix = prefixes[topic] = lens[len(t)] + t
+        if type(mid) is not bytes:
+            mid = mid.encode()
+        body = pack(kind, 0, position, due_ms) + prefix + lens[len(mid)] + mid
+        add(b64(body + pack_crc(crc(body)), newline=False))
+    if not raws:
+        return []
+    # Standard base64 made URL-safe, its padding cut (base64 has no "=" but padding, and no
+    # newline) and split: one pass each over the whole batch.
+    version = VERSION.encode()
+    joined = (version + (b"\n" + version).join(raws)).translate(_URL_SAFE).replace(b"=", b"")
+    return joined.decode().split("\n")
+
+
+_URL_SAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def decode(text: object) -> RecallHandle:
     """Parse a handle; ``ClientError`` (kind bad_request) when it is not one chronoq issued."""
     if not isinstance(text, str) or not text:

@@ -9,8 +9,9 @@ the store and owns the one thread of control: every method is called from the br
 Data flow of a timer message (``deliver_at_ms``)::
 
     send --> commit log (FLAG_DELAYED record, no consume-queue entry) --fsync, dispatch-->
-    store.delayed_sink --> absorb: a MESSAGE entry (full record copy) in the bucket of its due
-    minute; if that bucket is in the near window, also in the timing wheel
+    store.delayed_dispatched --> absorb (chronoq.timer.absorb; the timer pulls): a MESSAGE entry
+    (full record copy) in the bucket of its due minute; if that bucket is in the near window,
+    also in the timing wheel
     tick --> wheel.expire --> timer lane --> copy written to the real topic/queue, fsynced,
     dispatched (visible) --> DISPATCHED entry in the bucket; a bucket with nothing left is deleted
 
@@ -57,11 +58,11 @@ from typing import Callable
 
 from chronoq.core import errors, fsutil
 from chronoq.core.jobs import Job
-from chronoq.core.model import SendResult
 from chronoq.store import record
 from chronoq.store.store import Prepared, Store
 from chronoq.timer import copies, deliverytime, schedlog
 from chronoq.timer import handle as handles
+from chronoq.timer.absorb import SendSide
 from chronoq.timer.buckets import LOADED, LOADING, UNLOADED, Bucket, count_pending, lookup
 from chronoq.timer.lanes import CLAIMED, SKIP, WRITTEN, Delivery, Lane
 from chronoq.core.delay_levels import DELAY_TOPIC, DelayLevels
@@ -95,9 +96,7 @@ LOAD_READ_BYTES = 4 * 1024 * 1024
 CATCH_UP_RUN = 4096  # delayed records absorbed together at start-up
 WHEEL_FILL_PER_TICK = 4000  # loaded messages put into the wheel per tick (a few ms)
 STATS_BUCKETS_MAX = 10_080  # a week of one-minute buckets
-_CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
 _DELAY_TOPIC = DELAY_TOPIC.encode()
-_MOVED_MARKERS = (copies.PROP_TIMER_MOVED_FROM.encode(), copies.PROP_DELAY_MOVED_FROM.encode())
 
 
 class RecallOutcome(str, enum.Enum):
@@ -177,7 +176,7 @@ class LevelLane(Lane):
         self.cancelled: dict[int, tuple[int, int]] = {}
 
 
-class TimerService:
+class TimerService(SendSide):
     def __init__(self, store: Store, options: TimerOptions, clock, data_dir: str,
                  ensure_delay_topic: Callable[[int], None] | None = None):
         self.store = store
@@ -214,7 +213,8 @@ class TimerService:
         self._ckpt_pending: set[int] = set()
         self._ckpt_syncing = False  # a checkpoint job's run() may be syncing the schedule files
         self._buffered = 0
-        self._unabsorbed: deque[tuple[int, int, int]] = deque()
+        # Delayed records dispatched by the store, not yet absorbed (chronoq.timer.absorb).
+        self._unabsorbed: deque[tuple[int, int, int]] = store.delayed_dispatched
         self._absorb_retry_at_ms = 0  # after a failed fsync for them (no busy loop on a bad disk)
         self._hwm_ms = 0
         self.cursor = 0
@@ -250,7 +250,6 @@ class TimerService:
         self._read_checkpoint()
         self._scan_dir()
         self._catch_up()
-        store.delayed_sink = self._absorb_batch
         store.add_retention_guard(self.retention_floor)
         # No checkpoint here: what the replay absorbed is written out incrementally by the first
         # ``maintenance`` calls (the journal's records stay the rollback points until then), so a
@@ -348,123 +347,6 @@ class TimerService:
                 lane.offset = max(lane.offset, qoff + 1)
             return 1
         return 0
-
-    # ================================================================= sending (called by the broker)
-    def prepare_delayed(self, p: Prepared, deliver_at_ms: int | None, delay_level: int | None,
-                        now_ms: int) -> Prepared:
-        """Turn a validated message into the record a delayed send writes."""
-        if deliver_at_ms is not None and delay_level:
-            raise errors.InvalidDeliveryTime("give either deliver_at_ms or delay_level, not both")
-        if delay_level:
-            level = self.levels.check(delay_level)
-            if not self._delay_topic_ready:
-                if self._ensure_delay_topic is not None:
-                    self._ensure_delay_topic(len(self.levels))
-                self._delay_topic_ready = True
-            return copies.level_record(p, level, now_ms + self.levels.delay_ms(level))
-        due = deliverytime.check_deliver_at(deliver_at_ms, now_ms, self.opts.max_delay_ms)
-        if due <= now_ms:  # due already: an ordinary record, visible at once
-            return p._replace(deliver_at_ms=due)
-        return p._replace(flags=p.flags | record.FLAG_DELAYED, deliver_at_ms=due)
-
-    def send_result(self, p: Prepared, message_id: str, commit_offset: int, queue_offset: int) -> SendResult:
-        """The answer to a delayed send (``p.deliver_at_ms`` is set), with its recall handle."""
-        if p.flags & record.FLAG_DELAYED:
-            text = handles.encode(handles.TIMER, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
-            return SendResult(message_id, p.topic, p.queue_id, -1, commit_offset, recall_handle=text)
-        if p.topic == DELAY_TOPIC:
-            props = record.decode_properties(p.properties)
-            topic, qid = props[copies.PROP_DELAY_TOPIC], int(props[copies.PROP_DELAY_QID])
-            text = handles.encode(handles.LEVEL, p.queue_id + 1, queue_offset, p.deliver_at_ms, topic, message_id)
-            return SendResult(message_id, topic, qid, -1, commit_offset, recall_handle=text)
-        text = handles.encode(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
-        return SendResult(message_id, p.topic, p.queue_id, queue_offset, commit_offset, recall_handle=text)
-
-    # ================================================================= absorbing delayed records
-    def _absorb_batch(self, records: list[tuple[int, int, int]]) -> None:
-        """``store.delayed_sink``: records are dispatched. Never raises (it runs inside dispatch)."""
-        self._unabsorbed.extend(records)
-        try:
-            self._absorb_durable()
-        except Exception:  # a bug or an unreadable log: keep the records, retry from tick
-            log.exception("absorbing delayed records failed; will retry")
-
-    def _absorb_durable(self) -> None:
-        """Absorb dispatched records that are also fsynced (under the async flush policy dispatch
-        runs ahead of fsync; absorbing a record that a power loss could take back would let its
-        commit offset, the entry's identity, be reused)."""
-        queue = self._unabsorbed
-        if not queue:
-            return
-        upto = self.store.log.synced
-        while queue and queue[0][0] + queue[0][1] <= upto:
-            first = queue[0][0]
-            count, end = 0, first
-            # One read per run of adjacent records (a run never crosses a segment boundary).
-            limit = min(upto, self.store.log.segment_for(first).end)
-            while (count < len(queue) and count < 4096 and queue[count][0] == end
-                   and end + queue[count][1] <= limit):
-                end += queue[count][1]
-                count += 1
-            blob = self.store.log.read(first, end - first)
-            self._absorb_run(blob, list(itertools.islice(queue, count)))
-            # Only now: a failure above leaves the run queued (absorbing again is idempotent), so
-            # the cursor never passes a record that was not absorbed.
-            for _ in range(count):
-                queue.popleft()
-
-    def _absorb_run(self, blob: bytes, records: list[tuple[int, int, int]]) -> None:
-        """Absorb ``records`` (``(offset, size, due)``), held back to back in ``blob``.
-
-        Plain timer messages, the bulk of a delayed publish, are encoded together and appended
-        with one call per bucket (``schedlog.encode_messages``). A run that may hold a recall or a
-        move (their markers appear somewhere in it) goes one record at a time, in order.
-        """
-        if _CONTROL_TOPIC in blob or _MOVED_MARKERS[0] in blob or _MOVED_MARKERS[1] in blob:
-            pos = 0
-            for offset, size, _due in records:
-                self._absorb_record(offset, blob[pos:pos + size])
-                pos += size
-            return
-        for start, entries in schedlog.encode_messages(blob, records, self.width).items():
-            self._append(start, b"".join(entries))
-
-    def _absorb_record(self, offset: int, raw: bytes) -> None:
-        flags, _qid, deliver_at, topic, _mid = copies.header_fields(raw)
-        if topic == _CONTROL_TOPIC:
-            self._apply_control(offset, raw, deliver_at)
-            return
-        if _MOVED_MARKERS[0] in raw or _MOVED_MARKERS[1] in raw:
-            self._apply_move(offset, raw)
-        # The bucket must be the same every time the record is absorbed (a replay after a crash
-        # included), because recall records name it: the due time's bucket, or for a record that
-        # was already due when stored (a reschedule into the past), the bucket of its store time.
-        start = schedlog.bucket_of_record(copies.stored_ms(raw), deliver_at, self.width)
-        self._append(start, schedlog.encode_entry(MESSAGE, offset, deliver_at, 0, raw))
-
-    def _apply_control(self, offset: int, raw: bytes, due_ms: int) -> None:
-        props = record.decode_properties(copies.split(raw).properties)
-        ref = props.get(copies.PROP_TIMER_CANCEL)
-        if ref is not None:
-            start, ident = copies.parse_ref(ref)
-            self._append(start, schedlog.encode_entry(CANCELLED, ident, due_ms, offset))
-        ref = props.get(copies.PROP_DELAY_CANCEL)
-        if ref is not None:
-            level, qoff, due = copies.parse_ref(ref, 3)
-            if 1 <= level <= len(self.level_lanes):
-                self.level_lanes[level - 1].cancelled[qoff] = (CANCELLED, due)
-
-    def _apply_move(self, offset: int, raw: bytes) -> None:
-        props = record.decode_properties(copies.split(raw).properties)
-        ref = props.get(copies.PROP_TIMER_MOVED_FROM)
-        if ref is not None:
-            start, ident, due = copies.parse_ref(ref, 3)
-            self._append(start, schedlog.encode_entry(MOVED, ident, due, offset))
-        ref = props.get(copies.PROP_DELAY_MOVED_FROM)
-        if ref is not None:
-            level, qoff, due = copies.parse_ref(ref, 3)
-            if 1 <= level <= len(self.level_lanes):
-                self.level_lanes[level - 1].cancelled[qoff] = (MOVED, due)
 
     # ================================================================= buckets
     def _path(self, start: int, suffix: str = schedlog.PENDING_SUFFIX) -> str:
@@ -1076,7 +958,9 @@ class TimerService:
             fn()
 
     def on_arrivals(self) -> None:
-        """Broker arrival hook: a level message may have made an idle lane's deadline earlier."""
+        """Broker arrival hook (after every dispatch): absorb the delayed records dispatched; a
+        level message may have made an idle lane's deadline earlier."""
+        self.absorb_dispatched()
         if not self._wakeups:
             return
         for lane in self.level_lanes:
@@ -1176,6 +1060,7 @@ class TimerService:
         """Write one timer record, fsync it and apply it (dispatch runs the sink). Returns its offset."""
         written = self.store.write([p])
         self.store.dispatch(self.store.sync())
+        self._absorb_durable()
         assert not self._unabsorbed or self._unabsorbed[0][0] > written[0].commit_offset
         return written[0].commit_offset
 

@@ -19,7 +19,6 @@ def _enospc(*_args):
 @pytest.mark.parametrize("fault", ["fallocate", "pwrite"])
 def test_disk_full_refuses_the_batch_and_keeps_the_store_whole(tmp_path, monkeypatch, fault):
     store = open_store(tmp_path, segment_bytes=64 * 1024)
-    store.delayed_sink = lambda records: None
     sent = fill(store, 30, seed=31)
     before = (store.log.written, {k: store.bounds(*k) for k in store.queues}, read_all(store))
     batch = [prep("a", 0, body_for("F0", 3000), "F0"),
@@ -53,7 +52,6 @@ def test_a_failed_segment_roll_keeps_the_log_whole_and_rolls_later(tmp_path, mon
     durable, the old segment cannot be sealed) refuses that batch and leaves every written byte as
     it was; the next batch rolls, and a restart finds everything."""
     store = open_store(tmp_path, segment_bytes=64 * 1024)
-    store.delayed_sink = lambda records: None
     sent = fill(store, 15, seed=7)
     while store.log.room() > 4000:  # up to the roll
         sent += fill(store, 1, seed=len(sent))

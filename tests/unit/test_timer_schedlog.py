@@ -188,9 +188,8 @@ def test_bulk_message_encoding_equals_one_entry_at_a_time():
         start = schedlog.bucket_start(max(due, stored), WIDTH)
         assert start == schedlog.bucket_of_record(stored, due, WIDTH)
         want.setdefault(start, []).append(schedlog.encode_entry(MESSAGE, ident, due, 0, r))
-    assert got == want
+    assert got == {start: b"".join(entries) for start, entries in want.items()}
     assert sorted(got) == [START, START + WIDTH, START + 2 * WIDTH]  # the past one went to its store time
-    for entries in got.values():
-        data = b"".join(entries)
+    for start, data in got.items():
         assert [f[2] for f in schedlog.scan("x", START, schedlog.encode_header(START, WIDTH) + data)] == \
-            [MESSAGE] * len(entries)
+            [MESSAGE] * len(want[start])

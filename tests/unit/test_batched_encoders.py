@@ -1,0 +1,117 @@
+"""The write pipeline's per-batch encoders give exactly what the per-message ones give, and the
+store hands dispatched delayed records to the timer without calling it (issue 21)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from storekit import open_store
+
+from chronoq.broker import trace
+from chronoq.core.clock import FakeClock
+from chronoq.store import record
+from chronoq.store.store import Prepared
+from chronoq.timer import handle
+
+NOW = 1_700_000_000_000
+_ASCII_ID = st.binary(min_size=1, max_size=128).map(lambda b: bytes(0x21 + x % 94 for x in b))
+_TOPIC = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x2FF), min_size=1, max_size=60)
+_I64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300)
+@given(st.sampled_from([handle.TIMER, handle.IMMEDIATE]),
+       st.lists(st.tuples(_I64, _I64, _TOPIC, _ASCII_ID, st.booleans()), max_size=30))
+def test_handles_of_a_batch_are_the_handles_one_at_a_time(kind, rows):
+    """encode_many (the delayed send path) == encode per message, for any position, due time,
+    topic (non-ASCII too) and id (bytes or str), whatever base64 padding each needs."""
+    ids = [mid if as_bytes else mid.decode() for _p, _d, _t, mid, as_bytes in rows]
+    got = handle.encode_many(kind, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], ids)
+    assert got == [handle.encode(kind, 0, p, d, t, mid.decode()) for p, d, t, mid, _b in rows]
+    for text, (p, d, t, mid, _b) in zip(got, rows):
+        assert handle.decode(text) == handle.RecallHandle(kind, 0, p, d, t, mid.decode())
+
+
+_PREPARED = st.builds(
+    lambda topic, qid, flags, born, due, mid, tag, keys, props, body: Prepared(
+        topic, qid, flags, born, due if flags & record.FLAG_DELAYED else 0, mid, tag.encode(),
+        record.encode_keys(keys), record.encode_properties(props), body),
+    st.sampled_from(["a", "b", "ü-topic"]), st.integers(0, 3),
+    st.sampled_from([0, record.FLAG_DELAYED, record.FLAG_SYSTEM]), st.integers(0, 2**62),
+    st.integers(NOW + 1, NOW + 10**9), _ASCII_ID, st.sampled_from(["", "red", "ß"]),
+    st.lists(st.text(st.characters(min_codepoint=0x30, max_codepoint=0x7A), min_size=1, max_size=5), max_size=3),
+    st.dictionaries(st.text(st.characters(min_codepoint=0x41, max_codepoint=0x5A), min_size=1, max_size=4),
+                    st.text(st.characters(min_codepoint=0x30, max_codepoint=0x39), max_size=4), max_size=3),
+    st.binary(min_size=1, max_size=300))
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=40)
+@given(st.lists(st.lists(_PREPARED, min_size=1, max_size=12), min_size=1, max_size=4))
+def test_store_write_lays_down_the_records_the_codec_encodes(tmp_path_factory, batches):
+    """Store.write encodes a batch in its own loop (the record encoder inlined): every record is
+    byte for byte ``record.encode`` of its fields, with its queue offset and store time, back to
+    back from where the batch begins."""
+    store = open_store(tmp_path_factory.mktemp("s"), clock=FakeClock(NOW), segment_bytes=4096)
+    try:
+        next_qoff: dict[tuple[str, int], int] = {}
+        for batch in batches:
+            written = store.write(batch)
+            for p, w in zip(batch, written):
+                delayed = p.flags & record.FLAG_DELAYED
+                qoff = 0 if delayed else next_qoff.get((p.topic, p.queue_id), 0)
+                if not delayed:
+                    next_qoff[(p.topic, p.queue_id)] = qoff + 1
+                want = record.encode(p.flags, p.queue_id, qoff, p.born_ms, NOW, p.deliver_at_ms, p.topic.encode(),
+                                     p.message_id, p.tag, p.keys, p.properties, p.body)
+                assert (w.queue_offset, w.size) == (qoff, len(want))
+                assert store.log.read(w.commit_offset, w.size) == want
+            store.dispatch(store.sync())
+    finally:
+        store.close()
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(st.lists(_PREPARED, max_size=20), st.booleans())
+def test_stored_events_of_a_batch_are_the_events_one_at_a_time(rows, level_records):
+    """TraceRecorder.stored (columns per batch) adds the events the per-message rule gives: a
+    system record skipped unless it is a delay-level record (traced under its real topic,
+    delayed), a FLAG_DELAYED one flagged delayed, with its due time."""
+    delay_topic = "%DELAY%"
+    if level_records:  # some system records become delay-level records
+        rows = [p._replace(topic=delay_topic, properties=record.encode_properties({"__DELAY_TOPIC": "real"}))
+                if p.flags & record.FLAG_SYSTEM and i % 2 else p for i, p in enumerate(rows)]
+    recorder = trace.TraceRecorder(1000, delay_topic)
+    recorder.stored(rows, NOW)
+    want = []
+    for p in rows:  # the rule, one message at a time
+        if p.flags & record.FLAG_SYSTEM:
+            if p.topic != delay_topic:
+                continue
+            topic, flags = record.decode_properties(p.properties).get("__DELAY_TOPIC", p.topic), trace.FLAG_DELAYED
+        else:
+            topic, flags = p.topic, trace.FLAG_DELAYED if p.flags & record.FLAG_DELAYED else 0
+        want.append((trace.STORED, flags, 0, topic, p.message_id, None, None, 0, NOW, p.deliver_at_ms, 0))
+    assert recorder.events.tuples() == want
+    assert recorder.events.consistent()
+
+
+def test_the_store_queues_dispatched_delayed_records_for_the_timer_to_take(tmp_path):
+    """A store with no timer attached dispatches delayed records onto ``delayed_dispatched``
+    (the store calls nothing above it), in log order, once each, only once they are dispatched."""
+    store = open_store(tmp_path, clock=FakeClock(NOW))
+    try:
+        rows = [Prepared("t", 0, record.FLAG_DELAYED, NOW, NOW + 60_000 + i, b"D%d" % i, b"", b"", b"", b"x")
+                for i in range(3)]
+        plain = Prepared("t", 0, 0, NOW, 0, b"P", b"", b"", b"", b"y")
+        written = store.write([rows[0], plain, rows[1]])
+        assert not store.delayed_dispatched  # written, not yet dispatched
+        store.dispatch(store.sync())
+        written += store.write([rows[2]])
+        store.dispatch(store.sync())
+        store.dispatch(store.sync())  # nothing new: nothing queued twice
+        delayed = [w for w, p in zip(written, [rows[0], plain, rows[1], rows[2]]) if p.flags]
+        assert list(store.delayed_dispatched) == [(w.commit_offset, w.size, NOW + 60_000 + i)
+                                                  for i, w in enumerate(delayed)]
+        assert store.bounds("t", 0) == (0, 1)  # only the plain record has a consume-queue entry
+    finally:
+        store.close()
