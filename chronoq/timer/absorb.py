@@ -26,7 +26,7 @@ from chronoq.store import record
 from chronoq.store.store import Prepared, Written
 from chronoq.timer import copies, deliverytime, schedlog
 from chronoq.timer import handle as handles
-from chronoq.timer.levels import DELAY_TOPIC
+from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer.schedlog import CANCELLED, MESSAGE, MOVED
 
 log = logging.getLogger("chronoq.timer")
