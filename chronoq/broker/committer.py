@@ -10,9 +10,11 @@ binary semaphore: one futex wake, not an executor round trip). While one fsync r
 arrives joins the next one (group commit): at most one fsync runs and at most one waits, each a
 *generation* with a single future shared by all its waiters. The thread reports each fsync back with
 one ``call_soon_threadsafe``; on the loop the committer then dispatches in commit-log order and
-resolves the generation. Measured on a lone 1 KiB send (bench/send_receive.py --phase e): an
-executor round trip per fsync (the previous flusher task) cost about 280 µs of CPU beyond the
-fsync's own 50-85 µs; the bell and one completion callback cost a few tens.
+resolves the generation. Measured on a lone 1 KiB send (bench/send_receive.py --phase e), the
+thread's round trip (two wake-ups and a task for the waiting call) still costs about 100-150 µs of
+broker CPU beyond the fsync's own 50-100 µs. An fsync on the loop thread for a lone writer on a
+quiet loop saves most of that when the disk is idle, but was measured slower and erratic (loop
+stalls of 1-5 ms) when other processes share the disk, so every fsync stays on this thread.
 
 Under the ``async`` flush policy sends are answered once written and dispatched; the thread fsyncs
 every ``flush_interval_ms`` (or sooner when someone asks: the timer's copies, a barrier).
@@ -36,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from typing import Callable, Iterable
 
 from chronoq.core import errors
@@ -46,9 +47,6 @@ from chronoq.core.model import SendResult
 log = logging.getLogger("chronoq.broker.committer")
 
 DISPATCH_RETRY_S = 0.5  # after a failed dispatch, try again this soon
-# A lone writer fsyncs on the loop thread only while the disk's last fsync took at most this long
-# (``GroupCommitter._alone``); an SSD answers in 0.05-0.3 ms, a busy or rotating disk in several ms.
-INLINE_FSYNC_MAX_NS = 1_000_000
 
 
 class _Generation:
@@ -64,9 +62,8 @@ class _Generation:
 
 
 class GroupCommitter:
-    def __init__(self, broker: Broker, *, inline_fsync_max_ns: int = INLINE_FSYNC_MAX_NS):
+    def __init__(self, broker: Broker):
         self.broker = broker
-        self._inline_fsync_max_ns = inline_fsync_max_ns
         self.store = broker.store
         self.sync_policy = broker.config.flush_policy == "sync"
         self._interval_s = broker.config.flush_interval_ms / 1000
@@ -81,9 +78,6 @@ class GroupCommitter:
         self.fsyncs = 0
         self._dispatch_failures = 0
         self._dispatch_retry: asyncio.TimerHandle | None = None
-        self._quiet = True  # see ``_alone``
-        self._settling = 0
-        self._last_fsync_ns = 0  # how long the last fsync took (written by the thread too)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -137,36 +131,10 @@ class GroupCommitter:
         store = self.store
         if store.log.synced >= ticket and store.dispatched >= ticket:
             return
-        if self._alone():
-            self._sync_here()
-            return
         gen = self._generation_for(ticket)
         if gen.future is None:
             gen.future = self._loop.create_future()
         await gen.future
-
-    def _alone(self) -> bool:
-        """True when this writer may fsync on the loop thread itself: nobody else waits for an
-        fsync (none runs or is asked for), no writer came during the last one (``_quiet``: two
-        loop passes since it ended, see ``_settle``), and the disk's last fsync was quick.
-
-        Why: handing a lone fsync to the flusher thread and back costs two thread wake-ups, a
-        task for the waiting call and a loop pass: measured here ~130 µs of CPU and ~250 µs of
-        latency on top of the fsync (bench/send_receive.py --phase e), more than the fsync itself.
-        Only a lone writer on an idle loop takes this turn, and only while the disk answers within
-        ``inline_fsync_max_ns``: the loop then stalls no longer than that reply would have waited
-        anyway. Writers queued behind it (``_quiet`` is False) and every writer while an fsync runs
-        go to the thread, so group commit under load is unchanged. A disk that turns slow holds
-        the loop for that one fsync; from then on the thread takes them until one is quick again.
-        """
-        return (self._quiet and self._running is None and self._waiting is None and self.sync_policy
-                and self._last_fsync_ns <= self._inline_fsync_max_ns and self._thread is not None)
-
-    def _sync_here(self) -> None:
-        began = time.monotonic_ns()
-        synced = self.store.sync()  # a failure is this writer's: nobody else waits
-        self._last_fsync_ns = time.monotonic_ns() - began
-        self._synced(synced, None)
 
     def after_durable(self, callback: Callable[[int, BaseException | None], None]) -> None:
         """Ask for an fsync of everything written now; ``callback(synced, None)`` runs on the loop
@@ -209,12 +177,10 @@ class GroupCommitter:
                 return
             if store.log.written <= store.log.synced and self._running is None:
                 continue  # a periodic wake-up with nothing to do
-            began = time.monotonic_ns()
             try:
                 synced, exc = store.sync(), None
             except Exception as failure:  # noqa: BLE001 - reported to the waiters on the loop
                 synced, exc = -1, failure
-            self._last_fsync_ns = time.monotonic_ns() - began
             try:
                 loop.call_soon_threadsafe(self._synced, synced, exc)
             except RuntimeError:  # the loop is closed: nobody waits any more
@@ -227,9 +193,7 @@ class GroupCommitter:
             self._fail_all(exc)
             return
         self.fsyncs += 1
-        self._settle()
-        if self.sync_policy:
-            self._dispatch(synced)
+        self._dispatch(synced)  # (under ``async`` sends dispatched already; other writers had not)
         running = self._running
         if running is None or running.target > synced:
             return  # a periodic fsync (async), or one begun before the running one's target
@@ -238,22 +202,6 @@ class GroupCommitter:
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
             self._ask(waiting)
-
-    def _settle(self) -> None:
-        """Not quiet until two loop passes after this fsync: a writer that arrived while it ran is
-        handled in the pass after it (asyncio runs the callbacks of one pass, then polls; uvloop
-        runs them before its poll), and must join the next group, not fsync alone."""
-        self._quiet = False
-        self._settling += 1
-        self._loop.call_soon(self._settle_pass, self._settling, 2)
-
-    def _settle_pass(self, settling: int, passes: int) -> None:
-        if settling != self._settling:
-            return  # a later fsync restarted the count
-        if passes > 1:
-            self._loop.call_soon(self._settle_pass, settling, passes - 1)
-        else:
-            self._quiet = True
 
     def _dispatch(self, synced: int) -> None:
         """Make durable records visible, in log order. A failure (a consume-queue write on a full

@@ -12,14 +12,10 @@ from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
 
 
-# Lone writers may fsync on the loop whatever this machine's disk does (the rule is under test).
-ANY_DISK_NS = 60 * 10**9
-
-
 def _run(tmp_path, scenario, **settings):
     async def main():
         broker = Broker(BrokerConfig(data_dir=str(tmp_path), segment_bytes=1 << 20, **settings).validate())
-        committer = GroupCommitter(broker, inline_fsync_max_ns=ANY_DISK_NS)
+        committer = GroupCommitter(broker)
         committer.start()
         try:
             return await asyncio.wait_for(scenario(broker, committer), 20)
@@ -56,9 +52,9 @@ def test_concurrent_senders_share_fsyncs(tmp_path):
     assert 1 <= fsyncs <= 10, fsyncs
 
 
-def test_writers_queued_behind_a_lone_fsync_join_the_next_group(tmp_path):
-    """After an fsync, writers handled in the next loop pass (they came while it ran) must go to
-    the flusher thread together, not fsync one by one on the loop."""
+def test_writers_after_a_lone_send_join_one_group(tmp_path):
+    """After a lone writer's fsync, the writers that come next together share fsyncs: a lone
+    writer's turn must not leave the committer fsyncing one writer at a time."""
     async def scenario(broker, committer):
         await committer.send([OutgoingMessage("orders", b"first")])  # a lone writer
         before = committer.fsyncs
