@@ -8,7 +8,7 @@ position and everything below it is dispatched (visible in its consume queue, ab
 One long-lived flusher thread does every fsync of the commit log, woken by a bell (a lock used as a
 binary semaphore: one futex wake, not an executor round trip). While one fsync runs, every write that
 arrives joins the next one (group commit): at most one fsync runs and at most one waits, each a
-*generation* with a single future shared by all its waiters. The thread reports each fsync back with
+*generation* with the futures of all its waiters. The thread reports each fsync back with
 one ``call_soon_threadsafe``; on the loop the committer then dispatches in commit-log order and
 resolves the generation. Measured on a lone 1 KiB send (bench/send_receive.py --phase e), the
 thread's round trip (two wake-ups and a task for the waiting call) still costs about 100-150 µs of
@@ -50,14 +50,19 @@ DISPATCH_RETRY_S = 0.5  # after a failed dispatch, try again this soon
 
 
 class _Generation:
-    """One fsync: the position it must reach, the shared future of everyone awaiting it (made on
-    first wait) and the callbacks to run once it is done (``after_durable``)."""
+    """One fsync: the position it must reach, the futures of the calls awaiting it and the
+    callbacks to run once it is done (``after_durable``).
 
-    __slots__ = ("target", "future", "callbacks")
+    A future per waiter, not one shared: the HTTP/2 server runs a call's first step outside any
+    task and hands what it awaits to a task later (``h2server._Resumed``); two calls read in one
+    go would hand the same future to two tasks after both awaited it, and the second task's step
+    fails ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
+
+    __slots__ = ("target", "waiters", "callbacks")
 
     def __init__(self) -> None:
         self.target = -1  # set when the fsync is asked for
-        self.future: asyncio.Future | None = None
+        self.waiters: list[asyncio.Future] = []
         self.callbacks: list[Callable[[int, BaseException | None], None]] = []
 
 
@@ -131,10 +136,9 @@ class GroupCommitter:
         store = self.store
         if store.log.synced >= ticket and store.dispatched >= ticket:
             return
-        gen = self._generation_for(ticket)
-        if gen.future is None:
-            gen.future = self._loop.create_future()
-        await gen.future
+        fut = self._loop.create_future()
+        self._generation_for(ticket).waiters.append(fut)
+        await fut
 
     def after_durable(self, callback: Callable[[int, BaseException | None], None]) -> None:
         """Ask for an fsync of everything written now; ``callback(synced, None)`` runs on the loop
@@ -231,8 +235,9 @@ class GroupCommitter:
                 callback(synced, exc)
             except Exception:  # noqa: BLE001 - one listener must not keep the others waiting
                 log.exception("a durability callback failed")
-        fut = gen.future
-        if fut is not None and not fut.done():
+        for fut in gen.waiters:
+            if fut.done():  # its caller was cancelled (a client that went away)
+                continue
             if exc is None:
                 fut.set_result(None)
             else:
