@@ -49,7 +49,7 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq.broker.broker import Broker
-from chronoq.client.client import Client, ClientError, OutgoingMessage
+from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.store.store import Store
 from tests.integration.conftest import ChronoqProcess, groups_toml
@@ -94,10 +94,10 @@ class State:
         return self.proc.endpoint
 
 
-async def _lane(state: State, step) -> None:
-    """Run ``step(client)`` until sending stops; a failure (a kill) drops the client: reconnect."""
+async def _lane(state: State, step, running=lambda state: state.sending) -> None:
+    """Run ``step(client)`` while ``running(state)``; a failure (a kill) drops the client: reconnect."""
     client = None
-    while state.sending:
+    while running(state):
         if client is None:
             client = Client(state.endpoint, request_timeout_s=REQUEST_TIMEOUT_S)
         try:
@@ -197,35 +197,31 @@ async def _transactions(state: State, seq) -> None:
         await channel.close()
 
 
-async def _consume(state: State, group: str, topic: str) -> None:
-    client = None
-    while state.consuming:
-        if client is None:
-            client = Client(state.endpoint, request_timeout_s=REQUEST_TIMEOUT_S)
-        try:
-            got = await client.receive(group, topic, max_messages=32, invisible_s=INVISIBLE_S, wait_s=0.5)
-            got_ms = int(time.time() * 1000)
-            for m in got:
-                state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
-                if m.deliver_at_ms and (m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms):
-                    state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
-            if got:
+def _consume(state: State, group: str, topic: str):
+    async def step(client: Client) -> None:
+        got = await client.receive(group, topic, max_messages=32, invisible_s=INVISIBLE_S, wait_s=0.5)
+        got_ms = int(time.time() * 1000)
+        for m in got:
+            state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
+            if m.deliver_at_ms and (m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms):
+                state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
+        if got:
+            try:
                 await client.ack(group, topic, got)
-        except Exception:  # noqa: BLE001 - a kill: reconnect
-            state.errors += 1
-            await client.close()
-            client = None
-            await asyncio.sleep(0.05)
-    if client is not None:
-        await client.close()
+            except ClientError:  # a receive from the broker before a kill: its handles are stale
+                state.errors += 1
+    return step
 
 
 def _consumers(state: State) -> list[asyncio.Task]:
-    return [asyncio.create_task(_consume(state, GROUP, t)) for t in (PLAIN, DELAY, TXN)] + \
-        [asyncio.create_task(_consume(state, FIFO_GROUP, FIFO))]
+    pairs = [(GROUP, PLAIN), (GROUP, DELAY), (GROUP, TXN), (FIFO_GROUP, FIFO)]
+    return [asyncio.create_task(_lane(state, _consume(state, g, t), lambda state: state.consuming)) for g, t in pairs]
 
 
 async def _run(state: State) -> dict:
+    async with AdminClient(state.endpoint) as admin:  # before the consumers ask for them
+        for topic in (PLAIN, DELAY, FIFO, TXN):
+            await admin.create_topic(topic)
     seqs = [iter(range(k * 10**7, (k + 1) * 10**7)) for k in range(5)]
     senders = [asyncio.create_task(_lane(state, _plain(state, seqs[0]))),
                asyncio.create_task(_lane(state, _plain(state, seqs[0]))),
