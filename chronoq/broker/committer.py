@@ -132,7 +132,9 @@ class GroupCommitter:
 
     async def durable(self, ticket: int) -> None:
         """Return once the commit log is fsynced to at least ``ticket`` and dispatched below it
-        (under either policy: a caller that needs its record on disk says so with its ticket)."""
+        (under either policy: a caller that needs its record on disk says so with its ticket).
+        A dispatch that failed (a consume-queue write on a full disk) is retried later: the
+        records are durable, so the caller is answered without waiting for it."""
         store = self.store
         if store.log.synced >= ticket and store.dispatched >= ticket:
             return
@@ -253,7 +255,6 @@ class GroupCommitter:
 
     # ------------------------------------------------------------------ shutdown
     async def close(self) -> None:
-
         """Stop the thread (after the fsync it may be running), then flush what is left."""
         self._stopping = True
         self._ring()
