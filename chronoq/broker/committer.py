@@ -28,9 +28,13 @@ replay does (``Store._replay``), so its derived data is a function of the positi
 Dispatch here already runs only after the fsync and only in log order, so "durable and dispatched
 up to P" means the same thing on both sides.
 
-Callers: client sends of every type (``send``, ``send_plain``), transaction halves and ends, recall
-and reschedule (``durable`` after their write), the timer's delivered copies (``after_durable``),
-and ``barrier`` for anything else that must be durable and visible before it answers.
+Callers: client sends of every type (``send``, ``send_plain``), transaction halves and ends
+(``barrier``), staged publishes and trace flushes (``durable`` with the log's end as ticket), the
+timer's delivered copies (``after_durable``, from the runtime's timer loop). Not yet: recall and
+reschedule (the timer writes and fsyncs its tombstone in place, on the loop: answering before the
+tombstone is applied needs the timer to stop claiming the message first), POP's retry and DLQ
+copies (``Broker.flush`` from ``PopService.tick``), the POP log's own file, and the embedded
+one-call paths (``Broker.send_batch``/``flush``, ``TimerService.tick(durable=True)``).
 """
 
 from __future__ import annotations
