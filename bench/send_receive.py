@@ -295,19 +295,26 @@ def _lone_sends(endpoint: str, pid: int, count: int, seconds: float) -> dict:
 
 
 def phase_lone(data_dir: str, count: int, seconds: float) -> None:
-    raw_us = _raw_append_fsync_us(data_dir, 500)
-    figures = {}
+    figures, raws = {}, []
     for policy in ("sync", "async"):
+        # The disk's own figure beside each policy's run: on a shared machine it drifts with the
+        # neighbours' I/O, and the target is against the disk as it was.
+        raws.append(_raw_append_fsync_us(data_dir, 300))
         proc, endpoint = start_server(os.path.join(data_dir, f"lone-{policy}"), policy)
         try:
             figures[policy] = _lone_sends(endpoint, proc.pid, count, seconds)
         finally:
             proc.terminate()
             proc.wait(30)
+    raw_us = sum(raws) / len(raws)
     for policy, f in figures.items():
-        emit(f"lone_send_{policy}_p50", f.pop("p50_ms"), "ms", policy=policy, raw_append_fsync_p50_ms=round(raw_us / 1e3, 3),
-             **f)
+        emit(f"lone_send_{policy}_p50", f["p50_ms"], "ms", policy=policy, raw_append_fsync_p50_ms=round(raw_us / 1e3, 3),
+             **{k: v for k, v in f.items() if k != "p50_ms"})
     sync, asyn = figures["sync"], figures["async"]
+    # The issue's targets: a lone durable send costs at most the disk's fsync and 0.1 ms more than an
+    # async one, and at most 1.2x its broker CPU (chronoq/broker/committer.py, GroupCommitter._alone).
+    emit("lone_send_sync_p50_over_target", round(sync["p50_ms"] - (asyn["p50_ms"] + raw_us / 1e3 + 0.1), 3), "ms",
+         target_ms=round(asyn["p50_ms"] + raw_us / 1e3 + 0.1, 3))
     emit("lone_send_sync_cpu_ratio", round(sync["server_cpu_us_per_msg"] / max(asyn["server_cpu_us_per_msg"], 1e-9), 2),
          "x", target=1.2)
 

@@ -45,9 +45,9 @@ TIMER_STATS_MINUTES_DEFAULT = 10
 TIMER_STATS_MINUTES_MAX = 10_080  # a week of one-minute buckets (the timer's own cap)
 
 
-def add_to_server(server, broker, pop) -> "AdminService":
+def add_to_server(server, broker, pop, committer=None) -> "AdminService":
     """Serve ``chronoq.v1.Admin`` on ``server`` (a ``grpc.aio.Server`` not yet started)."""
-    service = AdminService(broker, pop)
+    service = AdminService(broker, pop, committer)
     service.start_pipeline()  # staged publish state (chronoq.features.staging): replayed at start
     apb_grpc.add_AdminServicer_to_server(service, server)
     return service
@@ -72,9 +72,10 @@ def _topic_pb(cfg: model.TopicConfig) -> apb.Topic:
 
 class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
     # PipelineRpcs: QueueOffsets, ReadMessages, Stage, Publish, Abort, FlushTrace (docs/spark.md).
-    def __init__(self, broker, pop) -> None:
+    def __init__(self, broker, pop, committer=None) -> None:
         self.broker = broker
         self.pop = pop
+        self.committer = committer  # chronoq.broker.committer (None: embedded, fsyncs in place)
 
     def _check_open(self) -> None:
         catalog.check_open(self.broker, self.pop)

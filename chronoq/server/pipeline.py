@@ -11,8 +11,8 @@ groups). What they serve is in docs/spark.md; the message formats in chronoq_adm
   read, so ``max_bytes`` bounds the work, not just the answer. For a delayed message's visible
   copy, ``stored_ms`` is looked up from the record the timer delivered it from (one 60-byte read).
 - ``Stage``/``Publish``/``Abort`` are ``chronoq.features.staging``. ``Stage`` and ``Publish`` answer once
-  what they wrote is durable: the fsync runs in a worker thread (the event loop keeps serving),
-  then the records are dispatched, exactly as the group committer does. ``Publish`` writes one
+  what they wrote is durable: they await the committer's ticket for the log's end (its flusher thread fsyncs, then
+  the records are dispatched in log order). ``Publish`` writes one
   chunk per event-loop pass, so a publish of a million rows does not stall other clients, and
   publishes of one (sink, batch) are serialized.
 - ``FlushTrace`` writes the trace buffer and makes it durable and readable.
@@ -247,6 +247,7 @@ class PipelineRpcs:
     """Mixin for ``AdminService`` (needs ``self.broker`` and ``self._check_open``)."""
 
     broker: object
+    committer: object = None
     _staging: Staging | None = None
     _publishing: dict | None = None
 
@@ -262,12 +263,14 @@ class PipelineRpcs:
         return self._staging  # type: ignore[return-value]
 
     async def _durable(self) -> None:
-        """fsync in a worker thread, then dispatch: what was written is durable and visible."""
+        """What was written is durable and visible (under either flush policy): the committer's
+        ticket for the log's end, or, embedded without one, ``Broker.flush`` in place."""
         broker = self.broker
-        store = broker.store  # type: ignore[attr-defined]
-        synced = await asyncio.get_running_loop().run_in_executor(None, store.sync)
-        store.dispatch(synced)
-        broker.notify_arrivals()  # type: ignore[attr-defined]
+        committer = self.committer
+        if committer is None:
+            broker.flush()  # type: ignore[attr-defined]
+            return
+        await committer.durable(broker.store.log.written)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ reading
     def _topic(self, name: str) -> model.TopicConfig:

@@ -123,60 +123,55 @@ class Runtime:
         """Deliver due timers: sleep until the timer's next deadline or an earlier wake-up.
 
         Writing due copies never waits for an fsync: the copies are written (page cache) at their
-        due time, here, and a separate flusher task fsyncs the commit log on a worker thread and
-        then publishes and completes them. Copies that fall due while an fsync runs are written
-        on time and join the next one (group commit), so a slow fsync delays when they become
+        due time, here, and the committer fsyncs them on its thread with everything else written
+        meanwhile, then (on this loop, in log order) publishes them and completes the timer's
+        deliveries (``timer_synced``). Copies that fall due while an fsync runs are written on
+        time and join the next one (group commit), so a slow fsync delays when they become
         visible, never when they are written, and the tick after it is not a backlog.
         """
-        assert self.broker is not None
-        broker = self.broker
+        assert self.broker is not None and self.committer is not None
+        broker, committer = self.broker, self.committer
         wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         broker.timer.add_wakeup_listener(lambda: loop.call_soon_threadsafe(wake.set))
-        flusher: asyncio.Task | None = None
-        failures = 0
-        try:
-            while not self._stop.is_set():
-                wake.clear()  # before the tick: a deadline added during it ends the next wait at once
-                try:
-                    broker.timer_tick(durable=False)
-                    if (flusher is None or flusher.done()) and broker.timer.durability_wanted():
-                        flusher = loop.create_task(self._timer_flush(wake), name="chronoq-timer-fsync")
-                    deadline_ms = broker.timer_next_deadline_ms()
-                    failures = 0
-                except Exception:  # retry with back-off; the timer itself blocks a failing lane
-                    if failures % 100 == 0:
-                        log.exception("timer tick failed (%d in a row)", failures + 1)
-                    failures += 1
-                    deadline_ms = broker.clock.wall_ms() + min(1000, 10 * failures)
-                delay = TIMER_IDLE_S if deadline_ms is None else (deadline_ms - broker.clock.wall_ms()) / 1000
-                if delay <= 0:
-                    await asyncio.sleep(0)  # more is due now: yield to the other tasks, then go on
-                    continue
-                try:
-                    await asyncio.wait_for(wake.wait(), min(delay, TIMER_IDLE_S))
-                except asyncio.TimeoutError:
-                    pass
-        finally:  # the broker closes next: no fsync thread may still be running
-            if flusher is not None and not flusher.done():
-                flusher.cancel()
-                await asyncio.gather(flusher, return_exceptions=True)
+        asked = False  # an fsync for the timer's copies is asked for and not yet reported
 
-    async def _timer_flush(self, wake: asyncio.Event) -> None:
-        """fsync the commit log for the timer's written copies until none waits, completing them
-        after each fsync (``timer_synced``); wakes the timer loop after each, since completions
-        free room in full lanes (a full lane offers no deadline: it waits for this)."""
-        broker = self.broker
-        assert broker is not None
-        try:
-            while broker.timer.durability_wanted():
-                await _run_in_thread(broker.store.sync, broker.timer_synced, broker.timer_sync_failed)
-                wake.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - logged; the timer loop starts a new flusher at its next tick
-            log.exception("completing timer deliveries after an fsync failed")
+        def synced(upto: int, exc: BaseException | None) -> None:
+            # Completions free room in full lanes (a full lane offers no deadline: it waits for this).
+            nonlocal asked
+            asked = False
             wake.set()
+            if exc is not None:
+                broker.timer_sync_failed(exc)
+                return
+            try:
+                broker.timer_synced(upto)
+            except Exception:  # noqa: BLE001 - logged; the next tick asks again
+                log.exception("completing timer deliveries after an fsync failed")
+
+        failures = 0
+        while not self._stop.is_set():
+            wake.clear()  # before the tick: a deadline added during it ends the next wait at once
+            try:
+                broker.timer_tick(durable=False)
+                if not asked and broker.timer.durability_wanted():
+                    asked = True
+                    committer.after_durable(synced)
+                deadline_ms = broker.timer_next_deadline_ms()
+                failures = 0
+            except Exception:  # retry with back-off; the timer itself blocks a failing lane
+                if failures % 100 == 0:
+                    log.exception("timer tick failed (%d in a row)", failures + 1)
+                failures += 1
+                deadline_ms = broker.clock.wall_ms() + min(1000, 10 * failures)
+            delay = TIMER_IDLE_S if deadline_ms is None else (deadline_ms - broker.clock.wall_ms()) / 1000
+            if delay <= 0:
+                await asyncio.sleep(0)  # more is due now: yield to the other tasks, then go on
+                continue
+            try:
+                await asyncio.wait_for(wake.wait(), min(delay, TIMER_IDLE_S))
+            except asyncio.TimeoutError:
+                pass
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -1,0 +1,118 @@
+"""The committer (chronoq/broker/committer.py): tickets, group commit, durability callbacks.
+
+A real broker on a temporary directory and a real flusher thread; the loop is asyncio's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.broker.committer import GroupCommitter
+from chronoq.core.config import BrokerConfig
+
+
+def _run(tmp_path, scenario, **settings):
+    async def main():
+        broker = Broker(BrokerConfig(data_dir=str(tmp_path), segment_bytes=1 << 20, **settings).validate())
+        committer = GroupCommitter(broker)
+        committer.start()
+        try:
+            return await asyncio.wait_for(scenario(broker, committer), 20)
+        finally:
+            await committer.close()
+            broker.close()
+
+    return asyncio.run(main())
+
+
+def test_a_send_is_answered_only_once_durable_and_visible(tmp_path):
+    async def scenario(broker, committer):
+        for i in range(20):
+            (r,) = await committer.send([OutgoingMessage("orders", f"m{i}".encode())])
+            end = broker.store.log.written
+            assert broker.store.log.synced >= end and broker.store.dispatched >= end
+            assert broker.read("orders", r.queue_id, r.queue_offset).messages[0].body == f"m{i}".encode()
+
+    _run(tmp_path, scenario)
+
+
+def test_concurrent_senders_share_fsyncs(tmp_path):
+    """Group commit: writers that come while an fsync runs (or queued behind a lone one) join one
+    group. 200 senders at once need a handful of fsyncs, not 200."""
+    async def scenario(broker, committer):
+        before = committer.fsyncs
+        results = await asyncio.gather(*(committer.send([OutgoingMessage("orders", f"m{i}".encode())])
+                                         for i in range(200)))
+        assert len(results) == 200
+        assert broker.store.log.synced == broker.store.log.written
+        return committer.fsyncs - before
+
+    fsyncs = _run(tmp_path, scenario)
+    assert 1 <= fsyncs <= 10, fsyncs
+
+
+def test_writers_after_a_lone_send_join_one_group(tmp_path):
+    """After a lone writer's fsync, the writers that come next together share fsyncs: a lone
+    writer's turn must not leave the committer fsyncing one writer at a time."""
+    async def scenario(broker, committer):
+        await committer.send([OutgoingMessage("orders", b"first")])  # a lone writer
+        before = committer.fsyncs
+
+        async def one(i):
+            await committer.send([OutgoingMessage("orders", f"q{i}".encode())])
+
+        await asyncio.gather(*(one(i) for i in range(50)))
+        return committer.fsyncs - before
+
+    assert _run(tmp_path, scenario) <= 5
+
+
+def test_durable_waits_for_a_ticket_written_outside_a_send(tmp_path):
+    """A writer that appended by itself (a recall's tombstone, a transaction's records) holds the
+    log position its records end at and awaits it."""
+    async def scenario(broker, committer):
+        broker.write([OutgoingMessage("orders", b"x")])
+        ticket = broker.store.log.written
+        assert broker.store.log.synced < ticket
+        await committer.durable(ticket)
+        assert broker.store.log.synced >= ticket and broker.store.dispatched >= ticket
+        assert broker.read("orders", 0, 0).messages or broker.read("orders", 1, 0).messages
+
+    _run(tmp_path, scenario, default_queues=2)
+
+
+def test_after_durable_runs_once_an_fsync_covers_what_was_written(tmp_path):
+    async def scenario(broker, committer):
+        heard = []
+        done = asyncio.Event()
+        broker.write([OutgoingMessage("orders", b"x")])
+        written = broker.store.log.written
+
+        def callback(synced, exc):
+            heard.append((synced, exc))
+            done.set()
+
+        committer.after_durable(callback)
+        await done.wait()
+        assert len(heard) == 1 and heard[0][1] is None and heard[0][0] >= written
+        assert broker.store.log.synced >= written and broker.store.dispatched >= written
+
+    _run(tmp_path, scenario)
+
+
+def test_async_policy_fsyncs_on_its_interval_and_on_request(tmp_path):
+    async def scenario(broker, committer):
+        await committer.send([OutgoingMessage("orders", b"x")])  # answered once written
+        written = broker.store.log.written
+        for _ in range(200):  # the flusher's interval (10 ms here) fsyncs it
+            if broker.store.log.synced >= written:
+                break
+            await asyncio.sleep(0.01)
+        assert broker.store.log.synced >= written
+        broker.write([OutgoingMessage("orders", b"y")])
+        ticket = broker.store.log.written
+        await committer.durable(ticket)  # asked for: no wait for the interval
+        assert broker.store.log.synced >= ticket
+
+    _run(tmp_path, scenario, flush_policy="async", flush_interval_ms=10)
