@@ -33,9 +33,9 @@ from chronoq import __version__
 from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY,
                                  HEADERS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE,
                                  PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, S_ENABLE_PUSH, S_HEADER_TABLE_SIZE,
-                                 S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE, SETTINGS, SETTINGS_ACK,
-                                 U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder, UnsupportedEncoding,
-                                 data_frames, decompress, frame, goaway_frame, header_fragment, literal,
+                                 S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE, SETTINGS,
+                                 SETTINGS_ACK, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
+                                 UnsupportedEncoding, data_frames, decompress, frame, goaway_frame, header_fragment, literal,
                                  message_prefix, parse_goaway, parse_settings, rst_stream_frame, settings_frame,
                                  split_frames, timeout_text, unpad, window_increment, window_update_frame)
 

@@ -12,12 +12,12 @@ from types import ModuleType as _ModuleType
 
 from chronoq.protocol.h2.frames import (ACK, CANCEL, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS,
                                         END_STREAM, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_HEAD,
-                                        FRAME_SIZE_ERROR, GOAWAY, HEADERS, INTERNAL_ERROR, MAX_FRAME_LENGTH,
-                                        NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR,
-                                        PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, U32, WINDOW_UPDATE,
-                                        FrameError, data_frames, frame, goaway_frame, header_fragment,
-                                        headers_frame, parse_goaway, rst_stream_frame, split_frames, unpad,
-                                        window_increment, window_update_frame)
+                                        FRAME_SIZE_ERROR, GOAWAY, GOAWAY_DEBUG_MAX, HEADERS, INTERNAL_ERROR,
+                                        MAX_FRAME_LENGTH, NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PRIORITY_FLAG,
+                                        PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, U32,
+                                        WINDOW_UPDATE, FrameError, data_frames, frame, goaway_frame,
+                                        header_fragment, headers_frame, parse_goaway, rst_stream_frame,
+                                        split_frames, unpad, window_increment, window_update_frame)
 from chronoq.protocol.h2.grpcmsg import (MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages,
                                          decompress, message_prefix, timeout_s, timeout_text, trailers)
 from chronoq.protocol.h2.hpackdec import STATIC_LEN, Decoder, HeaderListTooLarge, HpackError
