@@ -18,8 +18,8 @@ import logging
 import grpc
 
 from chronoq.protocol.h2 import CANCEL, timeout_s
-from chronoq.server.h2server import _ConnError
-from chronoq.server.h2streams import _CallError, _Closed, _Stream, status_code
+from chronoq.server.h2server import ConnError
+from chronoq.server.h2streams import CallError, Stream, StreamClosed, status_code
 
 log = logging.getLogger("chronoq.h2")
 
@@ -50,7 +50,7 @@ class Context:
 
     __slots__ = ("_stream", "_metadata", "_deadline", "code", "details", "trailing_metadata", "_loop")
 
-    def __init__(self, stream: "_Stream", metadata: tuple, deadline: float | None, loop) -> None:
+    def __init__(self, stream: "Stream", metadata: tuple, deadline: float | None, loop) -> None:
         self._stream = stream
         self._metadata = metadata
         self._deadline = deadline
@@ -111,7 +111,7 @@ class Context:
         if not (stream.ended and not stream.blocked) and not stream.cancelled and not conn.closed:
             try:
                 conn._reset(stream, code)
-            except _ConnError as exc:  # our resets spend the connection's budget too: over it, the
+            except ConnError as exc:  # our resets spend the connection's budget too: over it, the
                 conn._conn_error(exc)  # connection ends here (outside a read: nothing else catches it)
 
 
@@ -120,7 +120,7 @@ class Calls:
     ``_calls`` and ``max_receive``; the connection calls ``_start_call``, ``_launch`` and
     ``_unary_ready``)."""
 
-    def _start_call(self, stream: _Stream, fields: list, end_stream: bool) -> None:
+    def _start_call(self, stream: Stream, fields: list, end_stream: bool) -> None:
         path = ""
         metadata = []
         add = metadata.append
@@ -164,7 +164,7 @@ class Calls:
             stream.half_closed = True
         stream.conn._starting.append((stream, path, context))  # run when the read is parsed
 
-    def _launch(self, stream: _Stream, path: str, context: Context) -> None:
+    def _launch(self, stream: Stream, path: str, context: Context) -> None:
         """Run a call's handler now, up to its first wait; only a call that waits gets a task.
 
         Most calls (an ack, a send under the async flush policy, a receive that finds messages)
@@ -184,17 +184,17 @@ class Calls:
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    def _unary_ready(self, stream: _Stream) -> None:
+    def _unary_ready(self, stream: Stream) -> None:
         waiter = stream.ready
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def _run(self, stream: _Stream, path: str, context: Context) -> None:
+    async def _run(self, stream: Stream, path: str, context: Context) -> None:
         conn = stream.conn
         try:
             handler = await self._handler(CallDetails(path, context._metadata))
             if handler is None:
-                raise _CallError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+                raise CallError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             stream.deserializer = handler.request_deserializer
             stream.serializer = handler.response_serializer
             if handler.request_streaming:
@@ -221,9 +221,9 @@ class Calls:
             stream.finish(code, context.details, context.trailing_metadata)
         except Abort:
             stream.finish(context.code or 2, context.details, context.trailing_metadata)
-        except _CallError as exc:
+        except CallError as exc:
             stream.finish(exc.code, exc.details)
-        except _Closed:
+        except StreamClosed:
             pass
         except asyncio.CancelledError:
             if not stream.cancelled and not conn.closed:
@@ -236,7 +236,7 @@ class Calls:
             if not stream.ended and not stream.cancelled and not conn.closed:
                 stream.finish(2, "the call ended without a status")
 
-    async def _unary_request(self, stream: _Stream):
+    async def _unary_request(self, stream: Stream):
         if not stream.half_closed:
             waiter = stream.conn.loop.create_future()
             stream.ready = waiter
@@ -244,7 +244,7 @@ class Calls:
         messages = stream.messages()
         stream.conn.release(stream)
         if len(messages) != 1 or stream.buf:
-            raise _CallError(grpc.StatusCode.INTERNAL if messages or stream.buf else grpc.StatusCode.UNIMPLEMENTED,
+            raise CallError(grpc.StatusCode.INTERNAL if messages or stream.buf else grpc.StatusCode.UNIMPLEMENTED,
                              "a unary call takes exactly one request message")
         data = messages[0]
         deserialize = stream.deserializer
@@ -253,15 +253,15 @@ class Calls:
         try:
             return deserialize(data)
         except Exception as exc:  # noqa: BLE001 - a malformed request is the client's error
-            raise _CallError(grpc.StatusCode.INTERNAL, f"Exception deserializing request: {exc}") from None
+            raise CallError(grpc.StatusCode.INTERNAL, f"Exception deserializing request: {exc}") from None
 
-    async def _answer(self, stream: _Stream, result) -> None:
+    async def _answer(self, stream: Stream, result) -> None:
         if result is None:
-            raise _CallError(grpc.StatusCode.UNKNOWN, "the handler returned no response")
+            raise CallError(grpc.StatusCode.UNKNOWN, "the handler returned no response")
         serialize = stream.serializer
         await stream.send_message(serialize(result) if serialize is not None else result)
 
-    async def _stream_out(self, produced, stream: _Stream):
+    async def _stream_out(self, produced, stream: Stream):
         if hasattr(produced, "__aiter__"):
             serialize = stream.serializer
             try:
@@ -277,7 +277,7 @@ class Calls:
 
 class _Resumed:
     """A coroutine that a task goes on with after its first step ran outside any task
-    (``Server._launch``): the task's first step gets what the coroutine waits on (a future, or
+    (``Calls._launch``): the task's first step gets what the coroutine waits on (a future, or
     None for a bare yield), each later step goes to the coroutine. Throws (a cancellation) go to
     the coroutine at any time, before the task's first step too, so its clean-up always runs."""
 

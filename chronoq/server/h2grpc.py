@@ -19,7 +19,7 @@ import tempfile
 
 from chronoq.server.h2calls import CallDetails, Calls
 from chronoq.server.h2limits import Limits
-from chronoq.server.h2server import _Connection
+from chronoq.server.h2server import Connection
 
 
 class Server(Calls):
@@ -37,7 +37,7 @@ class Server(Calls):
         self._registered: dict[str, object] = {}  # full method path -> RpcMethodHandler
         self._binds: list[tuple] = []  # (address, port, ssl context or None, listening socket)
         self._servers: list[asyncio.AbstractServer] = []
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
         self._calls: set[asyncio.Task] = set()
         self._stopping = False
         self._stopped: asyncio.Event | None = None
@@ -81,7 +81,7 @@ class Server(Calls):
         loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         for _address, _port, context, sock in self._binds:
-            server = await loop.create_server(lambda: _Connection(self), sock=sock, ssl=context,
+            server = await loop.create_server(lambda: Connection(self), sock=sock, ssl=context,
                                               backlog=1024)
             self._servers.append(server)
 

@@ -7,12 +7,14 @@ nothing (``bench/grpc_floor.py``: ~14 context switches per call). This server pa
 the loop's ``data_received`` and runs each call there, once the read's frames are parsed, up to
 its first wait; only a call that waits gets a task. A call costs a few dozen us.
 
-The server is three modules and a sans-IO protocol package under them:
+The server is four modules, each importing only those below it, over a sans-IO protocol package:
 ``chronoq.server.h2grpc`` (``Server``: the part of ``grpc.aio.server`` chronoq uses, listening
 sockets, TLS), ``chronoq.server.h2calls`` (the handler's ``Context`` and how a call runs, the
-eager first step included), and this one: one ``_Connection`` (an ``asyncio.Protocol``) per
-client, its ``_Stream``s, flow control, the defences. Frames, SETTINGS, HPACK and gRPC's message
-framing are ``chronoq.protocol.h2``'s, shared with the client (``chronoq.client.h2channel``).
+eager first step included), this one (one ``Connection``, an ``asyncio.Protocol``, per client:
+frames in, streams opened and ended, windows granted, the defences) and
+``chronoq.server.h2streams`` (a call's ``Stream``, and answers out within the peer's windows).
+Frames, SETTINGS, HPACK and gRPC's message framing are ``chronoq.protocol.h2``'s, shared with the
+client (``chronoq.client.h2channel``).
 
 What HTTP/2 it implements: SETTINGS (both ways, acknowledged), PING, WINDOW_UPDATE and flow
 control both ways (answers wait for the peer's windows; we grant windows as we read, and stop
@@ -57,7 +59,7 @@ from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEF
                                  rst_stream_frame, settings_frame, split_frames, unpad, window_increment,
                                  window_update_frame)
 from chronoq.server.h2limits import IdleWatch, TokenBucket
-from chronoq.server.h2streams import Answers, _CallError, _Closed, _Stream, status_code
+from chronoq.server.h2streams import Answers, CallError, Stream, StreamClosed, status_code
 
 log = logging.getLogger("chronoq.h2")
 
@@ -72,7 +74,7 @@ READ_AHEAD_MESSAGES = 64          # a streaming call's unread requests before it
 BUFFERED_MAX = 64 << 20           # unary request bytes a connection may hold before its window stops growing
 
 
-class _Connection(Answers, asyncio.Protocol):
+class Connection(Answers, asyncio.Protocol):
     """One HTTP/2 connection: frame parsing, streams, flow control (answers: ``Answers``), defences."""
 
     def __init__(self, server) -> None:
@@ -96,10 +98,10 @@ class _Connection(Answers, asyncio.Protocol):
         self.settings_seen = False               # the client's first SETTINGS (ends the preface deadline)
         self._timer: asyncio.TimerHandle | None = None  # the preface deadline, then the idle check
         self._idle = IdleWatch()
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         # Streams with answer bytes waiting for window, oldest first: a connection WINDOW_UPDATE
         # (clients send one every few KiB) looks at these, not at every open stream.
-        self.waiting: dict[int, _Stream] = {}
+        self.waiting: dict[int, Stream] = {}
         self.last_stream = 0
         self.closed = False
         self.goaway_sent = False
@@ -205,10 +207,10 @@ class _Connection(Answers, asyncio.Protocol):
             if not self.preface_seen:
                 if len(buf) < len(PREFACE):
                     if not PREFACE.startswith(bytes(buf)):
-                        raise _ConnError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                        raise ConnError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                     return
                 if buf[:len(PREFACE)] != PREFACE:
-                    raise _ConnError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    raise ConnError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[:len(PREFACE)]
                 self.preface_seen = True
             frames, end, too_long = split_frames(buf, OUR_MAX_FRAME)
@@ -220,10 +222,10 @@ class _Connection(Answers, asyncio.Protocol):
             if end:
                 del buf[:end]
             if too_long and not self.closed:  # refused on its header, before its bytes are held
-                raise _ConnError(FRAME_SIZE_ERROR, f"frame of {too_long} bytes")
+                raise ConnError(FRAME_SIZE_ERROR, f"frame of {too_long} bytes")
         except FrameError as exc:
-            self._conn_error(_ConnError(exc.code, str(exc)))
-        except _ConnError as exc:
+            self._conn_error(ConnError(exc.code, str(exc)))
+        except ConnError as exc:
             self._conn_error(exc)
         except HeaderListTooLarge as exc:  # an HPACK bomb, or far too much metadata
             self.refuse(R.HEADER_LIST, str(exc))
@@ -238,7 +240,7 @@ class _Connection(Answers, asyncio.Protocol):
     def _launch_calls(self) -> None:
         """Run the calls that began in this read, now that all of its frames are in: a unary
         call's request (HEADERS and DATA usually come in one read) is complete, so the call can
-        run to its end at once (``Server._launch``)."""
+        run to its end at once (``h2calls.Calls._launch``)."""
         starting, self._starting = self._starting, []
         if self.closed:
             return
@@ -250,17 +252,17 @@ class _Connection(Answers, asyncio.Protocol):
     # ------------------------------------------------------------------ frames
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         if self._header_stream and kind != CONTINUATION:
-            raise _ConnError(PROTOCOL_ERROR, "a header block was interrupted")
+            raise ConnError(PROTOCOL_ERROR, "a header block was interrupted")
         if kind == DATA:
             self._data(flags, sid, payload)
         elif kind == HEADERS:
             self._headers(flags, sid, payload)
         elif kind == CONTINUATION:
             if sid != self._header_stream or not sid:
-                raise _ConnError(PROTOCOL_ERROR, "CONTINUATION without a header block")
+                raise ConnError(PROTOCOL_ERROR, "CONTINUATION without a header block")
             self._continuations += 1  # frames, not bytes: zero-length ones count too
             if self._continuations > self.limits.max_continuations:
-                raise _ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_continuations} CONTINUATION "
+                raise ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_continuations} CONTINUATION "
                                  "frames in one header block", R.CONTINUATION_FLOOD)
             if not payload and not flags & END_HEADERS:
                 self._empty("an empty CONTINUATION")
@@ -271,7 +273,7 @@ class _Connection(Answers, asyncio.Protocol):
             self._settings(flags, sid, payload)
         elif kind == PING:
             if sid or len(payload) != 8:
-                raise _ConnError(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "bad PING")
+                raise ConnError(PROTOCOL_ERROR if sid else FRAME_SIZE_ERROR, "bad PING")
             if not flags & ACK:
                 self._control("PING")
                 if self.paused:  # the peer does not read what we send: count the acks piling up
@@ -281,9 +283,9 @@ class _Connection(Answers, asyncio.Protocol):
                 self._empty("an unsolicited PING ack")
         elif kind == RST_STREAM:
             if not sid or len(payload) != 4:
-                raise _ConnError(PROTOCOL_ERROR, "bad RST_STREAM")
+                raise ConnError(PROTOCOL_ERROR, "bad RST_STREAM")
             if not self.resets.take():  # rapid reset (CVE-2023-44487)
-                raise _ConnError(ENHANCE_YOUR_CALM, f"stream resets over the budget ({self.limits.reset_burst}, "
+                raise ConnError(ENHANCE_YOUR_CALM, f"stream resets over the budget ({self.limits.reset_burst}, "
                                  f"then {self.limits.reset_rate:g}/s)", R.RAPID_RESET)
             stream = self.streams.pop(sid, None)
             if stream is not None:
@@ -293,14 +295,14 @@ class _Connection(Answers, asyncio.Protocol):
             pass
         elif kind == PRIORITY:
             if not sid:
-                raise _ConnError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+                raise ConnError(PROTOCOL_ERROR, "PRIORITY on stream 0")
             self._empty("PRIORITY")  # priorities are ignored here: the frame carries nothing
         elif kind == PUSH_PROMISE:
-            raise _ConnError(PROTOCOL_ERROR, "clients may not push")
+            raise ConnError(PROTOCOL_ERROR, "clients may not push")
         else:  # unknown frame types are ignored (RFC 9113 §4.1), within the empty-frame budget
             self._empty(f"frame type {kind}")
 
-    def _conn_error(self, exc: "_ConnError") -> None:
+    def _conn_error(self, exc: "ConnError") -> None:
         """A connection error: counted, then GOAWAY with its code and the connection closed."""
         self.refuse(exc.reason, str(exc))
         self._fail(exc.code, str(exc))
@@ -308,39 +310,39 @@ class _Connection(Answers, asyncio.Protocol):
     def _empty(self, what: str) -> None:
         """A frame that carries nothing (CVE-2019-9518): within a budget."""
         if not self.empties.take():
-            raise _ConnError(ENHANCE_YOUR_CALM, f"frames carrying nothing over the budget ({self.limits.empty_burst}, "
+            raise ConnError(ENHANCE_YOUR_CALM, f"frames carrying nothing over the budget ({self.limits.empty_burst}, "
                              f"then {self.limits.empty_rate:g}/s; last: {what})", R.EMPTY_FRAMES)
 
     def _control(self, what: str) -> None:
         """A PING or SETTINGS frame, which we must acknowledge: within a budget."""
         if not self.controls.take():
-            raise _ConnError(ENHANCE_YOUR_CALM, f"PING/SETTINGS frames over the budget ({self.limits.control_burst}, "
+            raise ConnError(ENHANCE_YOUR_CALM, f"PING/SETTINGS frames over the budget ({self.limits.control_burst}, "
                              f"then {self.limits.control_rate:g}/s; last: {what})", R.CONTROL_FLOOD)
 
     def _unread_ack(self) -> None:
         """One more PING or SETTINGS ack queued while the transport is paused (CVE-2019-9512/9515)."""
         self.unread_acks += 1
         if self.unread_acks > self.limits.max_unread_acks:
-            raise _ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_unread_acks} PING/SETTINGS acks "
+            raise ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_unread_acks} PING/SETTINGS acks "
                              "queued unread", R.CONTROL_FLOOD)
 
     def _server_reset(self, sid: int, code: int) -> None:
         """RST_STREAM from us: it spends the same budget as the client's (MadeYouReset, CVE-2025-8671)."""
         if not self.resets.take():
-            raise _ConnError(ENHANCE_YOUR_CALM, f"streams reset by the server over the budget "
+            raise ConnError(ENHANCE_YOUR_CALM, f"streams reset by the server over the budget "
                              f"({self.limits.reset_burst}, then {self.limits.reset_rate:g}/s)", R.SERVER_RESETS)
         self._write(rst_stream_frame(sid, code))
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid:
-            raise _ConnError(PROTOCOL_ERROR, "SETTINGS on a stream")
+            raise ConnError(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
             self._empty("a SETTINGS ack")  # one per SETTINGS we send (once): more carry nothing
             return
         if len(payload) % 6:
-            raise _ConnError(FRAME_SIZE_ERROR, "SETTINGS length")
+            raise ConnError(FRAME_SIZE_ERROR, "SETTINGS length")
         if len(payload) > 6 * self.limits.max_settings_entries:
-            raise _ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_settings_entries} entries in "
+            raise ConnError(ENHANCE_YOUR_CALM, f"more than {self.limits.max_settings_entries} entries in "
                              "one SETTINGS frame", R.CONTROL_FLOOD)
         self._control("SETTINGS")
         if not self.settings_seen:  # the preface is complete: from now on only idleness is timed
@@ -369,10 +371,10 @@ class _Connection(Answers, asyncio.Protocol):
         increment = window_increment(payload)
         if not sid:
             if not increment:
-                raise _ConnError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+                raise ConnError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self.peer_window += increment
             if self.peer_window > MAX_WINDOW:
-                raise _ConnError(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
+                raise ConnError(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
             self._unblock_all()
             return
         stream = self.streams.get(sid)
@@ -390,7 +392,7 @@ class _Connection(Answers, asyncio.Protocol):
 
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if not sid or not sid & 1:
-            raise _ConnError(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
+            raise ConnError(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
         fragment = header_fragment(flags, payload)  # (FrameError on bad padding)
         self._header_stream = sid
         self._header_flags = flags
@@ -404,7 +406,7 @@ class _Connection(Answers, asyncio.Protocol):
     def _header_part(self, part: bytes, flags: int) -> None:
         self._header_size += len(part)
         if self._header_size > MAX_HEADER_BLOCK:
-            raise _ConnError(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes", R.HEADER_LIST)
+            raise ConnError(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes", R.HEADER_LIST)
         self._header_parts.append(part)
         if not flags & END_HEADERS:
             return
@@ -418,7 +420,7 @@ class _Connection(Answers, asyncio.Protocol):
                 self._half_close(stream)
             return
         if sid <= self.last_stream:
-            raise _ConnError(PROTOCOL_ERROR, f"stream {sid} reused or out of order")
+            raise ConnError(PROTOCOL_ERROR, f"stream {sid} reused or out of order")
         self.last_stream = sid
         if self.goaway_sent or self.server._stopping:
             self._server_reset(sid, REFUSED_STREAM)
@@ -429,13 +431,13 @@ class _Connection(Answers, asyncio.Protocol):
             self.refuse(R.STREAMS, f"stream {sid} over {self.limits.max_concurrent_streams} concurrent")
             self._server_reset(sid, REFUSED_STREAM)
             return
-        stream = _Stream(self, sid, self.peer_initial_window)
+        stream = Stream(self, sid, self.peer_initial_window)
         self.streams[sid] = stream
         self.server._start_call(stream, fields, bool(first_flags & END_STREAM))
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         if not sid:
-            raise _ConnError(PROTOCOL_ERROR, "DATA on stream 0")
+            raise ConnError(PROTOCOL_ERROR, "DATA on stream 0")
         if not payload and not flags & END_STREAM:
             self._empty("an empty DATA")
         self.recv_unacked += len(payload)
@@ -451,7 +453,7 @@ class _Connection(Answers, asyncio.Protocol):
         stream = self.streams.get(sid)
         if stream is None or stream.half_closed:
             if sid > self.last_stream:
-                raise _ConnError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+                raise ConnError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream we reset or finished: the data is dropped (window already counted)
         stream.buf += payload
         if stream.queue is None:  # unary: held until END_STREAM and the handler takes it
@@ -468,15 +470,15 @@ class _Connection(Answers, asyncio.Protocol):
                 held, limit = len(stream.buf), self.server.max_receive
                 if held > limit + 5:
                     self.refuse(R.MESSAGE_TOO_LARGE, f"a request of more than {held - 5} bytes")
-                    raise _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                      f"Received message larger than max ({held - 5} vs. {limit})")
                 if held - len(payload) < 5 <= held:  # this frame completed the length prefix:
                     announced = MESSAGE_PREFIX.unpack_from(stream.buf)[1]  # refused before its bytes come
                     if announced > limit:
                         self.refuse(R.MESSAGE_TOO_LARGE, f"a message of {announced} bytes announced")
-                        raise _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                          f"Received message larger than max ({announced} vs. {limit})")
-        except _CallError as exc:
+        except CallError as exc:
             self._fail_call(stream, exc.code, exc.details)
             return
         if flags & END_STREAM:
@@ -490,14 +492,14 @@ class _Connection(Answers, asyncio.Protocol):
             self._write(window_update_frame(0, self.recv_unacked))
             self.recv_unacked = 0
 
-    def release(self, stream: _Stream) -> None:
+    def release(self, stream: Stream) -> None:
         """The stream's held request bytes are taken (or dropped): count them off the cap."""
         if stream.counted:
             self.buffered -= stream.counted
             stream.counted = 0
             self._credit_connection()
 
-    def credit(self, stream: _Stream) -> None:
+    def credit(self, stream: Stream) -> None:
         """Grant the stream more window once half of it is used, unless its handler is behind:
         a streaming call whose handler does not read stops its client after one window."""
         if (stream.recv_unacked >= OUR_STREAM_WINDOW // 2 and not stream.half_closed and not self.closed
@@ -505,7 +507,7 @@ class _Connection(Answers, asyncio.Protocol):
             self._write(window_update_frame(stream.id, stream.recv_unacked))
             stream.recv_unacked = 0
 
-    def _half_close(self, stream: _Stream) -> None:
+    def _half_close(self, stream: Stream) -> None:
         stream.half_closed = True
         if stream.queue is not None:
             if stream.buf:
@@ -515,7 +517,7 @@ class _Connection(Answers, asyncio.Protocol):
         else:
             self.server._unary_ready(stream)
 
-    def _fail_call(self, stream: _Stream, code: int, details: str) -> None:
+    def _fail_call(self, stream: Stream, code: int, details: str) -> None:
         """End one call with a status (the client gets it; its task, if any, is cancelled)."""
         stream.finish(code, details)
         if stream.task is not None and not stream.task.done():
@@ -526,12 +528,12 @@ class _Connection(Answers, asyncio.Protocol):
             self._server_reset(stream.id, NO_ERROR)
 
     # ------------------------------------------------------------------ ending
-    def _reset(self, stream: _Stream, code: int) -> None:
+    def _reset(self, stream: Stream, code: int) -> None:
         self.streams.pop(stream.id, None)
         self._cancel(stream)
         self._server_reset(stream.id, code)
 
-    def _cancel(self, stream: _Stream) -> None:
+    def _cancel(self, stream: Stream) -> None:
         self.release(stream)
         self.waiting.pop(stream.id, None)
         stream.cancelled = True
@@ -541,7 +543,7 @@ class _Connection(Answers, asyncio.Protocol):
             self.lingering += 1
             stream.task.add_done_callback(self._handler_done)
         if stream.queue is not None:
-            stream.queue.put_nowait(_Closed("the call was cancelled"))
+            stream.queue.put_nowait(StreamClosed("the call was cancelled"))
         if stream.window_open is not None:
             stream.window_open.set()
 
@@ -580,7 +582,7 @@ class _Connection(Answers, asyncio.Protocol):
             self.transport.close()
 
 
-class _ConnError(Exception):
+class ConnError(Exception):
     """A connection error: GOAWAY with ``code``, the message as its debug data, ``reason`` counted."""
 
     def __init__(self, code: int, message: str, reason: str = R.PROTOCOL) -> None:

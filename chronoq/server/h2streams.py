@@ -1,8 +1,8 @@
 """The streams of chronoq's HTTP/2 server (``chronoq.server.h2server``) and how their answers leave.
 
-``_Stream`` is one call on a connection: its request bytes in (cut into gRPC messages), its
+``Stream`` is one call on a connection: its request bytes in (cut into gRPC messages), its
 answer out (HEADERS once, then DATA, then trailers). ``Answers`` is the connection's output
-side (a mixin of ``h2server._Connection``): frames are buffered and leave once per event-loop
+side (a mixin of ``h2server.Connection``): frames are buffered and leave once per event-loop
 pass, and answer bytes wait, per stream and oldest first, for the peer's flow-control windows
 (stream and connection) without holding up any other stream.
 """
@@ -31,11 +31,11 @@ def status_code(code) -> int:
     return int(code)
 
 
-class _Closed(Exception):
+class StreamClosed(Exception):
     """The stream or connection went away while a handler wrote."""
 
 
-class _Stream:
+class Stream:
     """One call: request bytes in, answer frames out, and the task running the handler."""
 
     __slots__ = ("conn", "id", "buf", "queue", "half_closed", "cancelled", "ended", "headers_sent",
@@ -70,12 +70,12 @@ class _Stream:
             return cut_messages(self.buf, limit, self.encoding)
         except MessageTooLarge as exc:  # refused on its length prefix, before its bytes are held
             self.conn.refuse(R.MESSAGE_TOO_LARGE, str(exc))
-            raise _CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"Received message larger than max ({exc.length} vs. {limit})") from None
         except UnsupportedEncoding as exc:
-            raise _CallError(grpc.StatusCode.UNIMPLEMENTED, str(exc)) from None
+            raise CallError(grpc.StatusCode.UNIMPLEMENTED, str(exc)) from None
         except zlib.error as exc:
-            raise _CallError(grpc.StatusCode.INTERNAL, f"cannot decompress the request: {exc}") from None
+            raise CallError(grpc.StatusCode.INTERNAL, f"cannot decompress the request: {exc}") from None
 
     async def read_message(self):
         item = await self.queue.get()
@@ -104,7 +104,7 @@ class _Stream:
 
     async def send_message(self, data: bytes) -> None:
         if self.ended or self.cancelled:
-            raise _Closed("the call has ended")
+            raise StreamClosed("the call has ended")
         self.conn.send_data(self, self._head(), message_prefix(data) + data)
         if self.blocked:
             await self._drain()
@@ -118,7 +118,7 @@ class _Stream:
             self.window_open.clear()
             await self.window_open.wait()
         if self.cancelled or self.conn.closed:
-            raise _Closed("the call has ended")
+            raise StreamClosed("the call has ended")
 
     def finish(self, code: int, details: str | None, metadata=()) -> None:
         """Trailers: the call's last frame."""
@@ -129,7 +129,7 @@ class _Stream:
         self.conn.send_trailers(self, self._head(), headers_frame(self.id, block, True))
 
 
-class _CallError(Exception):
+class CallError(Exception):
     def __init__(self, code, details: str) -> None:
         super().__init__(details)
         self.code = status_code(code)
@@ -137,7 +137,7 @@ class _CallError(Exception):
 
 
 class Answers:
-    """The connection's output (a mixin of ``h2server._Connection``, which holds the state it uses:
+    """The connection's output (a mixin of ``h2server.Connection``, which holds the state it uses:
     ``_out``, ``_out_bytes``, ``_reading``, ``paused``, ``_resumed``, the peer's windows and frame
     size, ``streams`` and ``waiting``)."""
 
@@ -177,7 +177,7 @@ class Answers:
             await self._resumed.wait()
 
     # ------------------------------------------------------------------ answers
-    def send_data(self, stream: _Stream, head: bytes, message: bytes) -> None:
+    def send_data(self, stream: Stream, head: bytes, message: bytes) -> None:
         """Queue one framed gRPC message for ``stream``; sends as much as the windows allow."""
         if head:
             self._write(head)
@@ -190,7 +190,7 @@ class Answers:
         self.waiting[stream.id] = stream
         self._flush_stream(stream)
 
-    def send_trailers(self, stream: _Stream, head: bytes, block: bytes) -> None:
+    def send_trailers(self, stream: Stream, head: bytes, block: bytes) -> None:
         if stream.blocked:  # trailers wait behind the data
             if head:
                 self._write(head)
@@ -202,7 +202,7 @@ class Answers:
         self._write(head + block if head else block)
         self.streams.pop(stream.id, None)
 
-    def _flush_stream(self, stream: _Stream) -> None:
+    def _flush_stream(self, stream: Stream) -> None:
         write, max_frame = self._write, self.peer_max_frame
         blocked = stream.blocked
         while blocked:

@@ -2,7 +2,9 @@
 ``hyperframe``, HPACK encoding against ``hpack``, gRPC's message framing against zlib and gRPC's
 own rules. No sockets, no event loop."""
 
+import ast
 import gzip
+import pathlib
 import zlib
 from urllib.parse import unquote
 
@@ -253,3 +255,34 @@ def test_grpc_timeouts_read_back(seconds):
                                            ("S", None), ("123456789m", None), ("1x", None), ("-1S", None)])
 def test_grpc_timeout_text(text, seconds):
     assert h2.timeout_s(text) == (seconds if seconds is None else pytest.approx(seconds))
+
+
+# ----------------------------------------------------------------------------- the package's shape
+_PROTOCOL_DIR = pathlib.Path(h2.__file__).parent
+_IO_MODULES = {"asyncio", "socket", "ssl", "selectors", "threading", "time", "grpc", "os"}
+
+
+def _imports(path: pathlib.Path) -> list[tuple[str, list[str]]]:
+    """(module, names) for every import in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", [alias.name for alias in node.names]))
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(_PROTOCOL_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_the_protocol_package_is_sans_io_and_knows_no_server(path):
+    for module, _names in _imports(path):
+        assert module.split(".")[0] not in _IO_MODULES, f"{path.name} imports {module}"
+        assert not module.startswith(("chronoq.server", "chronoq.client")), f"{path.name} imports {module}"
+
+
+def test_the_client_transport_takes_only_public_protocol_names():
+    client = pathlib.Path(h2.__file__).parents[2] / "client" / "h2channel.py"
+    for module, names in _imports(client):
+        assert not module.startswith("chronoq.server"), f"h2channel imports {module}"
+        if module.startswith("chronoq.protocol"):
+            assert module == "chronoq.protocol.h2" and not [n for n in names if n.startswith("_")], (module, names)

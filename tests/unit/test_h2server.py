@@ -370,7 +370,7 @@ def _in_process(test):
         echo, gate = Echo(), Tagging()
         server = h2grpc.Server(interceptors=[gate])
         server.add_generic_rpc_handlers((echo.handlers(),))
-        conn = h2server._Connection(server)
+        conn = h2server.Connection(server)
         transport = _Transport()
         conn.connection_made(transport)
         conn.data_received(h2.PREFACE + _frame(h2.SETTINGS, 0, 0))
