@@ -130,6 +130,8 @@ class Stream:
 
 
 class CallError(Exception):
+    """The call ends with this gRPC status (its trailers); the connection and other calls go on."""
+
     def __init__(self, code, details: str) -> None:
         super().__init__(details)
         self.code = status_code(code)
