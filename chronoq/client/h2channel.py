@@ -31,13 +31,13 @@ import grpc
 from chronoq import __version__
 # HTTP/2, HPACK and gRPC's framing are chronoq.protocol.h2's, shared with the server.
 from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY,
-                                 HEADERS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE,
-                                 PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, S_ENABLE_PUSH, S_HEADER_TABLE_SIZE,
-                                 S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE, SETTINGS,
-                                 SETTINGS_ACK, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
-                                 UnsupportedEncoding, data_frames, decompress, frame, goaway_frame, header_fragment, literal,
-                                 message_prefix, parse_goaway, parse_settings, rst_stream_frame, settings_frame,
-                                 split_frames, timeout_text, unpad, window_increment, window_update_frame)
+                                 HEADERS, HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
+                                 PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
+                                 S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
+                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
+                                 UnsupportedEncoding, data_frames, decompress, frame, goaway_frame, header_fragment,
+                                 literal, parse_goaway, parse_settings, rst_stream_frame, settings_frame, split_frames,
+                                 timeout_text, unpad, window_increment, window_update_frame)
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
@@ -137,7 +137,9 @@ class _Connection(asyncio.Protocol):
         if kind == DATA:
             self._data(flags, sid, payload)
         elif kind == HEADERS:
-            self._header_call, self._header_flags, self._header_parts = sid, flags, [header_fragment(flags, payload)]
+            if flags & HEADERS_EXTRAS:
+                payload = header_fragment(flags, payload)
+            self._header_call, self._header_flags, self._header_parts = sid, flags, [payload]
             if flags & END_HEADERS:
                 self._end_headers()
         elif kind == CONTINUATION:
@@ -329,7 +331,7 @@ class _Connection(asyncio.Protocol):
         call = _Call(sid, future, self.peer_initial_window)
         self.calls[sid] = call
         # HEADERS, then the message; all of it now when the windows allow (the usual case).
-        call.pending = message_prefix(message) + message
+        call.pending = MESSAGE_PREFIX.pack(0, len(message)) + message
         head = frame(HEADERS, END_HEADERS, sid, b"".join(fields))
         self.transport.write(head + self._take(call))
         # The deadline as a timer on the loop, not wait_for: no task per call.

@@ -51,10 +51,10 @@ import grpc
 from chronoq.core import refusals as R
 from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM,
                                  ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY, HEADERS,
-                                 INTERNAL_ERROR, MAX_WINDOW, MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE, PRIORITY,
-                                 PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, S_ENABLE_PUSH,
-                                 S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE,
-                                 S_MAX_HEADER_LIST_SIZE, SETTINGS, SETTINGS_ACK, WINDOW_UPDATE, Decoder, FrameError,
+                                 HEADERS_EXTRAS, INTERNAL_ERROR, MAX_WINDOW, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
+                                 PREFACE, PRIORITY, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS,
+                                 SETTINGS_ACK, S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
+                                 S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, Decoder, FrameError,
                                  HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment, parse_settings,
                                  rst_stream_frame, settings_frame, split_frames, unpad, window_increment,
                                  window_update_frame)
@@ -393,7 +393,7 @@ class Connection(Answers, asyncio.Protocol):
     def _headers(self, flags: int, sid: int, payload: bytes) -> None:
         if not sid or not sid & 1:
             raise ConnError(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
-        fragment = header_fragment(flags, payload)  # (FrameError on bad padding)
+        fragment = header_fragment(flags, payload) if flags & HEADERS_EXTRAS else payload  # (FrameError)
         self._header_stream = sid
         self._header_flags = flags
         self._header_parts = []

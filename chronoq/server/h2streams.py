@@ -15,8 +15,8 @@ import zlib
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.protocol.h2 import (DATA, MessageTooLarge, UnsupportedEncoding, cut_messages, data_frames, frame,
-                                 headers_frame, literal_block, message_prefix, trailers)
+from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, data_frames,
+                                 frame, headers_frame, literal_block, trailers)
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 
@@ -105,7 +105,7 @@ class Stream:
     async def send_message(self, data: bytes) -> None:
         if self.ended or self.cancelled:
             raise StreamClosed("the call has ended")
-        self.conn.send_data(self, self._head(), message_prefix(data) + data)
+        self.conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
         if self.blocked:
             await self._drain()
         elif self.conn.paused:

@@ -123,7 +123,7 @@ def test_split_frames_reads_hyperframe_frames_however_the_bytes_arrive(specs, cu
         if kind == h2.DATA:
             assert (h2.unpad(payload) if flags & h2.PADDED else payload) == frame.data
         elif kind == h2.HEADERS:
-            assert h2.header_fragment(flags, payload) == frame.data
+            assert flags & h2.HEADERS_EXTRAS and h2.header_fragment(flags, payload) == frame.data
         elif kind == h2.WINDOW_UPDATE:
             assert h2.window_increment(payload) == frame.window_increment
         elif kind == h2.SETTINGS:
@@ -217,8 +217,8 @@ def test_messages_are_cut_whole_however_the_bytes_arrive(messages, encoding, cut
 
 
 def test_a_length_prefix_over_the_cap_is_refused_before_its_bytes_and_leaves_the_buffer():
-    assert h2.cut_messages(bytearray(h2.message_prefix(b"y" * 1000) + b"y" * 1000), 1000, "identity") == [b"y" * 1000]
-    buf = bytearray(h2.message_prefix(b"ok") + b"ok" + b"\0" + (1001).to_bytes(4, "big") + b"x")
+    assert h2.cut_messages(bytearray(h2.MESSAGE_PREFIX.pack(0, 1000) + b"y" * 1000), 1000, "identity") == [b"y" * 1000]
+    buf = bytearray(h2.MESSAGE_PREFIX.pack(0, 2) + b"ok" + b"\0" + (1001).to_bytes(4, "big") + b"x")
     with pytest.raises(h2.MessageTooLarge) as caught:
         h2.cut_messages(buf, 1000, "identity")
     assert caught.value.length == 1001 and len(buf) == 13

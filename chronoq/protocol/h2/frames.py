@@ -38,6 +38,7 @@ assert FRAME_HEAD.size == FRAME_HEAD_SIZE and U32.size == 4
 STREAM_ID_MASK = 0x7FFFFFFF
 MAX_FRAME_LENGTH = (1 << 24) - 1       # what the 24-bit length can say
 PRIORITY_FIELDS = 5                     # HEADERS with PRIORITY_FLAG: dependency (4) and weight (1)
+HEADERS_EXTRAS = PADDED | PRIORITY_FLAG  # a HEADERS frame whose payload is more than its fragment
 GOAWAY_DEBUG_MAX = 256                  # bytes of debug data we send in a GOAWAY
 
 
@@ -120,7 +121,8 @@ def unpad(payload: bytes) -> bytes:
 
 
 def header_fragment(flags: int, payload: bytes) -> bytes:
-    """A HEADERS frame's header block fragment: padding and priority fields off."""
+    """A HEADERS frame's header block fragment: padding and priority fields off. (Callers skip the
+    call when ``flags & HEADERS_EXTRAS`` is 0, as for every HEADERS a gRPC client sends.)"""
     pos, end = 0, len(payload)
     if flags & PADDED:
         if not payload:
@@ -131,7 +133,7 @@ def header_fragment(flags: int, payload: bytes) -> bytes:
         pos += PRIORITY_FIELDS
     if pos > end:
         raise FrameError(PROTOCOL_ERROR, "padding longer than the frame")
-    return payload[pos:end] if pos or end != len(payload) else payload
+    return payload[pos:end]
 
 
 def window_increment(payload: bytes) -> int:

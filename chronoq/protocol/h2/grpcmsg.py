@@ -5,9 +5,11 @@ A message in a stream's DATA is a 5-byte prefix and the message::
     offset 0  compressed  8 bits: 1 when the message is compressed with the call's grpc-encoding
     offset 1  length     32 bits, big-endian: the message's bytes (after compression)
 
-``cut_messages`` reads them off a buffer (checking each length prefix against a cap *before*
-holding its bytes), ``decompress`` undoes ``gzip`` or ``deflate``; ``trailers`` encodes a status,
-``timeout_s``/``timeout_text`` read and write ``grpc-timeout``.
+``MESSAGE_PREFIX.pack(0, len(message))`` writes an uncompressed message's prefix (inline at the
+callers: a call per message costs more than the pack), ``cut_messages`` reads messages off a
+buffer (checking each length prefix against a cap *before* holding its bytes), ``decompress``
+undoes ``gzip`` or ``deflate``; ``trailers`` encodes a status, ``timeout_s``/``timeout_text``
+read and write ``grpc-timeout``.
 """
 
 from __future__ import annotations
@@ -40,11 +42,6 @@ class MessageTooLarge(ValueError):
 
 class UnsupportedEncoding(ValueError):
     """A compressed message in an encoding we do not read."""
-
-
-def message_prefix(data: bytes) -> bytes:
-    """The prefix of an uncompressed message (the message follows it)."""
-    return MESSAGE_PREFIX.pack(0, len(data))
 
 
 def cut_messages(buf: bytearray, limit: int, encoding: str) -> list[bytes]:
