@@ -36,7 +36,7 @@ from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, DEFAULT_WINDOW
                                  S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
                                  S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
                                  UnsupportedEncoding, data_frames, decompress, frame, goaway_frame, header_fragment,
-                                 literal, parse_goaway, parse_settings, rst_stream_frame, settings_frame, split_frames,
+                                 literal, parse_goaway, parse_settings, read_frames, rst_stream_frame, settings_frame,
                                  timeout_text, unpad, window_increment, window_update_frame)
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
@@ -117,21 +117,21 @@ class _Connection(asyncio.Protocol):
         self._close(self.error or f"connection lost{f': {exc}' if exc else ''}")
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:  # (what still comes is dropped)
+            return
         buf = self.buf
         buf += data
-        frames, end, _too_long = split_frames(buf, MAX_FRAME_IN)  # (never too long: we take the most there is)
-        try:
-            for kind, flags, sid, payload in frames:
-                if self.closed:
-                    break
-                self._frame(kind, flags, sid, payload)
+        end = 0
+        try:  # (no frame is too long: we take the most the protocol allows)
+            end, _too_long = read_frames(buf, MAX_FRAME_IN, self._frame)
         except (HpackError, ValueError) as exc:  # the server broke the protocol (FrameError too): give up
             self._abort(f"HTTP/2 protocol error from the server: {exc}")
         if end and not self.closed:
             del buf[:end]
 
     # ----------------------------------------------------------------- frames in
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> bool:
+        """One frame from the server; True when the connection has ended (``read_frames`` stops)."""
         if self._header_call and kind != CONTINUATION:
             raise ValueError("a header block was interrupted")
         if kind == DATA:
@@ -186,6 +186,7 @@ class _Connection(asyncio.Protocol):
             if not self.calls:
                 self._abort("")
         # PRIORITY, PUSH_PROMISE (disabled by our SETTINGS) and unknown types are ignored
+        return self.closed
 
     def _settings(self, payload: bytes) -> None:
         for key, value in parse_settings(payload):  # (FrameError, a ValueError, on a value out of range)

@@ -56,7 +56,7 @@ from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEF
                                  SETTINGS_ACK, S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
                                  S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, Decoder, FrameError,
                                  HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment, parse_settings,
-                                 rst_stream_frame, settings_frame, split_frames, unpad, window_increment,
+                                 read_frames, rst_stream_frame, settings_frame, unpad, window_increment,
                                  window_update_frame)
 from chronoq.server.h2limits import IdleWatch, TokenBucket
 from chronoq.server.h2streams import Answers, CallError, Stream, StreamClosed, status_code
@@ -213,12 +213,7 @@ class Connection(Answers, asyncio.Protocol):
                     raise ConnError(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[:len(PREFACE)]
                 self.preface_seen = True
-            frames, end, too_long = split_frames(buf, OUR_MAX_FRAME)
-            handle = self._frame
-            for kind, flags, sid, payload in frames:
-                if self.closed:
-                    return
-                handle(kind, flags, sid, payload)
+            end, too_long = read_frames(buf, OUR_MAX_FRAME, self._frame)
             if end:
                 del buf[:end]
             if too_long and not self.closed:  # refused on its header, before its bytes are held
@@ -250,7 +245,8 @@ class Connection(Answers, asyncio.Protocol):
                 launch(stream, path, context)
 
     # ------------------------------------------------------------------ frames
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> bool:
+        """One frame from the client; True when the connection has ended (``read_frames`` stops)."""
         if self._header_stream and kind != CONTINUATION:
             raise ConnError(PROTOCOL_ERROR, "a header block was interrupted")
         if kind == DATA:
@@ -301,6 +297,7 @@ class Connection(Answers, asyncio.Protocol):
             raise ConnError(PROTOCOL_ERROR, "clients may not push")
         else:  # unknown frame types are ignored (RFC 9113 §4.1), within the empty-frame budget
             self._empty(f"frame type {kind}")
+        return self.closed
 
     def _conn_error(self, exc: "ConnError") -> None:
         """A connection error: counted, then GOAWAY with its code and the connection closed."""
@@ -443,8 +440,9 @@ class Connection(Answers, asyncio.Protocol):
         self.recv_unacked += len(payload)
         try:
             self._stream_data(flags, sid, payload)
-        finally:  # after the frame's bytes are counted as held (or not)
-            self._credit_connection()
+        finally:  # after the frame's bytes are counted as held (or not); the test first: no call per frame
+            if self.recv_unacked >= OUR_CONN_WINDOW // 2:
+                self._credit_connection()
 
     def _stream_data(self, flags: int, sid: int, payload: bytes) -> None:
         length = len(payload)

@@ -32,7 +32,7 @@ def _parse(data: bytes) -> Frame:
 
 
 def _as_ours(theirs: Frame) -> tuple[int, int, int, bytes]:
-    """A hyperframe frame as split_frames returns it: (type, flags, stream id, payload)."""
+    """A hyperframe frame as read_frames hands it over: (type, flags, stream id, payload)."""
     data = theirs.serialize()
     return data[3], data[4], theirs.stream_id, data[9:]
 
@@ -107,15 +107,14 @@ frame_specs = st.lists(st.tuples(st.sampled_from(["data", "headers", "ping", "rs
 
 @settings(max_examples=200, deadline=None)
 @given(frame_specs, st.lists(st.integers(min_value=0, max_value=4000), max_size=6))
-def test_split_frames_reads_hyperframe_frames_however_the_bytes_arrive(specs, cuts):
+def test_read_frames_reads_hyperframe_frames_however_the_bytes_arrive(specs, cuts):
     theirs = [_theirs(*spec) for spec in specs]
     wire = b"".join(f.serialize() for f in theirs)
     buf, got = bytearray(), []
     for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(wire)]):
         buf += wire[start:end]  # (cuts past the end, or out of order, add nothing)
-        frames, used, too_long = h2.split_frames(buf, h2.MAX_FRAME_LENGTH)
+        used, too_long = h2.read_frames(buf, h2.MAX_FRAME_LENGTH, _collect(got))
         assert too_long == 0
-        got += frames
         del buf[:used]
     assert not buf
     assert got == [_as_ours(f) for f in theirs]
@@ -132,18 +131,37 @@ def test_split_frames_reads_hyperframe_frames_however_the_bytes_arrive(specs, cu
             assert h2.parse_goaway(payload) == (frame.last_stream_id, frame.error_code, frame.additional_data)
 
 
+def _collect(into: list, stop_after: int = -1):
+    """A read_frames handler that keeps the frames (and says stop after ``stop_after`` of them)."""
+    def handle(*frame):
+        into.append(frame)
+        return len(into) == stop_after
+    return handle
+
+
 def test_a_frame_over_the_limit_is_refused_on_its_header_after_the_frames_before_it():
     first = PingFrame(0, opaque_data=b"12345678").serialize()
     big = DataFrame(1, data=b"x" * 100).serialize()
-    frames, used, too_long = h2.split_frames(first + big[:20], 99)  # its bytes need not have come
-    assert frames == [_as_ours(PingFrame(0, opaque_data=b"12345678"))] and used == len(first) and too_long == 100
-    assert h2.split_frames(big, 100) == ([_as_ours(DataFrame(1, data=b"x" * 100))], len(big), 0)  # at the limit
+    got = []
+    used, too_long = h2.read_frames(first + big[:20], 99, _collect(got))  # its bytes need not have come
+    assert got == [_as_ours(PingFrame(0, opaque_data=b"12345678"))] and used == len(first) and too_long == 100
+    got = []
+    assert h2.read_frames(big, 100, _collect(got)) == (len(big), 0)  # at the limit
+    assert got == [_as_ours(DataFrame(1, data=b"x" * 100))]
+
+
+def test_reading_stops_when_the_handler_says_the_connection_ended():
+    wire = b"".join(h2.frame(h2.PING, 0, 0, bytes([i]) * 8) for i in range(3))
+    got = []
+    assert h2.read_frames(wire, 100, _collect(got, stop_after=2)) == (34, 0) and len(got) == 2
 
 
 def test_the_reserved_bit_of_a_stream_id_is_ignored():
     raw = bytearray(h2.frame(h2.DATA, 0, 5, b"ab"))
     raw[5] |= 0x80
-    assert h2.split_frames(raw, 100)[0] == [(h2.DATA, 0, 5, b"ab")]
+    got = []
+    h2.read_frames(raw, 100, _collect(got))
+    assert got == [(h2.DATA, 0, 5, b"ab")]
 
 
 @pytest.mark.parametrize("call, payload, code", [

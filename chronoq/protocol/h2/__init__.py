@@ -16,7 +16,7 @@ from chronoq.protocol.h2.frames import (ACK, CANCEL, COMPRESSION_ERROR, CONTINUA
                                         NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR,
                                         PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, U32, WINDOW_UPDATE,
                                         FrameError, data_frames, frame, goaway_frame, header_fragment, headers_frame,
-                                        parse_goaway, rst_stream_frame, split_frames, unpad, window_increment,
+                                        parse_goaway, read_frames, rst_stream_frame, unpad, window_increment,
                                         window_update_frame)
 from chronoq.protocol.h2.grpcmsg import (MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, decompress,
                                          timeout_s, timeout_text, trailers)

@@ -91,25 +91,27 @@ def data_frames(stream_id: int, data: bytes, room: int, max_frame: int, end_flag
 
 
 # ---------------------------------------------------------------------- from bytes
-def split_frames(buf, max_length: int) -> tuple[list[tuple[int, int, int, bytes]], int, int]:
-    """The complete frames at the start of ``buf``: ``([(type, flags, stream id, payload)], end,
-    too_long)``. ``end`` is the offset just past the last of them; ``too_long`` is the length the
-    next frame's header announces when it is over ``max_length`` (0 otherwise): the caller handles
-    the frames before it, then fails the connection (FRAME_SIZE_ERROR) without waiting for its bytes."""
-    frames = []
-    append = frames.append
+def read_frames(buf, max_length: int, handle) -> tuple[int, int]:
+    """Hand the complete frames at the start of ``buf``, in order, to ``handle(type, flags, stream
+    id, payload)`` until it returns True (the connection ended: the rest is not read). Returns
+    ``(end, too_long)``: ``end`` is the offset just past the last frame handled; ``too_long`` is the
+    length the next frame's header announces when it is over ``max_length`` (0 otherwise), for the
+    caller to fail the connection (FRAME_SIZE_ERROR) without waiting for its bytes. (A callback,
+    not a list of frames: this runs for every frame a connection reads.)"""
     unpack = FRAME_HEAD.unpack_from
     pos, n = 0, len(buf)
     while n - pos >= 9:
         hi, lo, kind, flags, stream_id = unpack(buf, pos)
         length = hi << 8 | lo
         if length > max_length:
-            return frames, pos, length
+            return pos, length
         if n - pos - 9 < length:
             break
-        append((kind, flags, stream_id & STREAM_ID_MASK, bytes(buf[pos + 9:pos + 9 + length])))
+        payload = bytes(buf[pos + 9:pos + 9 + length])
         pos += 9 + length
-    return frames, pos, 0
+        if handle(kind, flags, stream_id & STREAM_ID_MASK, payload):
+            break
+    return pos, 0
 
 
 def unpad(payload: bytes) -> bytes:
