@@ -205,7 +205,8 @@ class _Connection(asyncio.Protocol):
 
     def _end_headers(self) -> None:
         sid, flags = self._header_call, self._header_flags
-        block = b"".join(self._header_parts)
+        parts = self._header_parts
+        block = parts[0] if len(parts) == 1 else b"".join(parts)
         self._header_call, self._header_parts = 0, []
         fields = self.decoder.decode(block)  # always: it keeps the decoder's table in step
         call = self.calls.get(sid)

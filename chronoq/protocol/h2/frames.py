@@ -80,8 +80,11 @@ def data_frames(stream_id: int, data: bytes, room: int, max_frame: int, end_flag
     """DATA frames for as much of ``data`` as ``room`` (the smaller of the stream's and the
     connection's send windows) allows, none longer than ``max_frame``: (frames, bytes taken).
     ``end_flags`` (END_STREAM) goes on the frame that takes the last byte of ``data``."""
+    n = len(data)
+    if n <= room and n <= max_frame:  # all of it in one frame: a gRPC call's request or answer, as a rule
+        return [frame(DATA, end_flags, stream_id, data)] if n else [], n
     frames = []
-    taken, n = 0, len(data)
+    taken = 0
     while taken < n and room > 0:
         size = min(room, max_frame, n - taken)
         end = taken + size
