@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import grpc  # noqa: E402
 
-from bench.official_replay import _calls  # noqa: E402
+from bench.official_replay import _calls, _Transport  # noqa: E402
 from chronoq.client import h2channel  # noqa: E402
 from chronoq.server.h2grpc import Server  # noqa: E402
 from chronoq.server.h2server import Connection  # noqa: E402
@@ -54,26 +54,18 @@ class _EveryMethod(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(_answer)
 
 
-class _Pipe:
-    """A transport that counts what is written and, when given a peer, hands it over on the next loop pass."""
+class _Pipe(_Transport):
+    """The replay's transport (it counts what is written); given a peer, it also hands that over
+    on the next loop pass."""
 
     def __init__(self, deliver=None) -> None:
+        super().__init__()
         self.deliver = deliver
-        self.written = 0
 
     def write(self, data: bytes) -> None:
-        self.written += len(data)
+        super().write(data)
         if self.deliver is not None:
             asyncio.get_running_loop().call_soon(self.deliver, data)
-
-    def get_extra_info(self, name: str, default=None):
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def close(self) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
 
 
 def _server() -> Server:
