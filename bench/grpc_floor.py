@@ -119,9 +119,9 @@ def serve(kind: str, port: int, threads: int) -> None:
 
     async def main() -> None:
         if kind == "chronoq":
-            from chronoq.server import h2server
+            from chronoq.server import h2grpc
 
-            server = h2server.Server()
+            server = h2grpc.Server()
         else:
             server = grpc.aio.server()
         service_pb2_grpc.add_MessagingServiceServicer_to_server(AsyncServicer(), server)

@@ -229,7 +229,7 @@ async def _replay(chunks, port: int) -> dict:
     gc.set_threshold(*GC_THRESHOLDS)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     spent: dict[str, list[float]] = {}  # phase -> [pieces, user s, system s]
-    connections: dict[int, h2server._Connection] = {}
+    connections: dict[int, h2server.Connection] = {}
     carry: dict[int, bytes] = {}
     started = time.monotonic()
     try:
@@ -238,7 +238,7 @@ async def _replay(chunks, port: int) -> dict:
                 raise RuntimeError("the replay ran past its time limit")
             first = index not in connections
             if first:
-                connections[index] = h2server._Connection(front_end.server)
+                connections[index] = h2server.Connection(front_end.server)
                 connections[index].connection_made(_Transport())
                 carry[index] = b""
             pieces, carry[index] = _calls(carry[index] + data, first)

@@ -8,7 +8,7 @@ there: no thread, one write per call, one read per answer.
 
 What it speaks: one connection per ``Channel`` (TCP, or TLS with ALPN ``h2``), opened on first use
 and again after it is lost. A call is one stream: HEADERS (HPACK: the fields that never change
-are indexed once and then sent as one-byte references, the rest as literals; ``_HeaderEncoder``),
+are indexed once and then sent as one-byte references, the rest as literals; ``RequestEncoder``),
 the request as one gRPC message in DATA frames within the peer's windows and frame size, then the
 answer's HEADERS, DATA and trailers. SETTINGS (acknowledged; initial window, frame size
 and concurrent-stream limits applied), PING, WINDOW_UPDATE both ways, RST_STREAM, GOAWAY (calls
@@ -29,17 +29,19 @@ from urllib.parse import unquote
 import grpc
 
 from chronoq import __version__
-# The frame layer's constants are the server's (chronoq/server/h2server.py): one definition of HTTP/2 here.
-from chronoq.server.h2server import (_HEAD, _MSG, _SETTING, _U32, ACK, CANCEL, CONTINUATION, DATA, DEFAULT_WINDOW,
-                                     END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, NO_ERROR, PADDED, PING,
-                                     PREFACE, PRIORITY_FLAG, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM,
-                                     S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE,
-                                     S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE, SETTINGS, WINDOW_UPDATE, _frame)
-from chronoq.protocol.h2.hpackdec import STATIC_LEN, Decoder, HpackError, _encode_integer, literal
+# HTTP/2, HPACK and gRPC's framing are chronoq.protocol.h2's, shared with the server.
+from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY,
+                                 HEADERS, HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
+                                 PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
+                                 S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
+                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
+                                 UnsupportedEncoding, data_frames, decompress, frame, goaway_frame, header_fragment,
+                                 literal, parse_goaway, parse_settings, read_frames, rst_stream_frame, settings_frame,
+                                 timeout_text, unpad, window_increment, window_update_frame)
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
-MAX_FRAME_IN = (1 << 24) - 1   # the largest frame we accept: the protocol's limit
+MAX_FRAME_IN = MAX_FRAME_LENGTH  # the largest frame we accept: the protocol's limit
 MAX_HEADER_BLOCK = 1 << 20     # an answer's header block, before decoding
 
 # HTTP status -> gRPC code for answers that are not gRPC (gRPC's "HTTP to gRPC status code mapping").
@@ -54,79 +56,12 @@ def _error(code: grpc.StatusCode, details: str, initial=(), trailing=()) -> grpc
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(*initial), grpc.aio.Metadata(*trailing), details)
 
 
-def _timeout_text(seconds: float) -> str:
-    """``grpc-timeout``: at most 8 digits and a unit."""
-    ms = max(1, int(seconds * 1000))
-    return f"{ms}m" if ms < 100_000_000 else f"{min(int(seconds), 99_999_999)}S"
-
-
 # Header fields that stay the same call after call: sent once with incremental indexing, then as a
 # one-byte reference into the server's table. Per-call values (request id, date, deadline) stay
 # literals that touch no table.
 STABLE_NAMES = frozenset((":path", ":authority", "content-type", "te", "grpc-accept-encoding", "user-agent",
                           "x-mq-client-id", "x-mq-language", "x-mq-protocol", "x-mq-client-version",
                           "x-mq-namespace"))
-DEFAULT_TABLE = 4096   # the server's HPACK table until its SETTINGS say otherwise (RFC 7541 default)
-
-
-class _HeaderEncoder:
-    """HPACK for requests (RFC 7541), with the server's dynamic table mirrored just enough.
-
-    Stable fields are inserted (``0x40`` literal with incremental indexing) only while they fit
-    without evicting anything, so an entry's index is simply 62 + the number of entries inserted
-    after it. Everything else is a literal without indexing. A smaller table announced by the
-    server empties ours and stops indexing (a size update of 0 opens the next block)."""
-
-    __slots__ = ("authority", "scheme", "inserted", "size", "limit", "order", "pending_update", "_blocks")
-
-    def __init__(self, authority: str, scheme: str) -> None:
-        self.authority, self.scheme = authority, scheme
-        self.order: dict[tuple[str, str], int] = {}   # field -> its insertion number
-        self.inserted = 0
-        self.size = 0
-        self.limit = DEFAULT_TABLE
-        self.pending_update = False
-        self._blocks: dict[str, tuple[int, bytes]] = {}
-
-    def table_size(self, value: int) -> None:
-        if value < self.limit:
-            self.limit = 0
-            self.order.clear()
-            self._blocks.clear()
-            self.pending_update = True
-
-    def field(self, name: str, value) -> bytes:
-        if name not in STABLE_NAMES or type(value) is not str:
-            return literal(name, value)
-        key = (name, value)
-        number = self.order.get(key)
-        if number is not None:
-            return _encode_integer(STATIC_LEN + self.inserted - number, 7, 0x80)
-        n, v = name.encode("latin-1"), value.encode("latin-1")
-        cost = 32 + len(n) + len(v)
-        if self.size + cost > self.limit:
-            return literal(name, value)
-        self.order[key] = self.inserted
-        self.inserted += 1
-        self.size += cost
-        return b"\x40" + _encode_integer(len(n), 7) + n + _encode_integer(len(v), 7) + v
-
-    def request(self, path: str) -> bytes:
-        """The fixed part of a call's header block: method, scheme, path, authority and the rest."""
-        cached = self._blocks.get(path)
-        if cached is not None and cached[0] == self.inserted:
-            return cached[1]
-        head = b"\x20" if self.pending_update else b""  # dynamic table size update: 0
-        self.pending_update = False
-        before = self.inserted
-        block = head + b"\x83" + (b"\x87" if self.scheme == "https" else b"\x86") + b"".join(
-            self.field(k, v) for k, v in (
-                (":path", path), (":authority", self.authority), ("content-type", "application/grpc"),
-                ("te", "trailers"), ("grpc-accept-encoding", "identity,deflate,gzip"),
-                ("user-agent", f"chronoq-python/{__version__}")))
-        if not head and self.inserted == before:  # references only: valid until the next insertion
-            self._blocks[path] = (before, block)
-        return block
 
 
 class _Call:
@@ -153,7 +88,7 @@ class _Connection(asyncio.Protocol):
         self.calls: dict[int, _Call] = {}
         self.next_id = 1
         self.decoder = Decoder()
-        self.headers = _HeaderEncoder(authority, scheme)
+        self.headers = RequestEncoder(authority, scheme, f"chronoq-python/{__version__}", STABLE_NAMES)
         self.peer_max_frame = 16_384
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_window = DEFAULT_WINDOW
@@ -174,46 +109,36 @@ class _Connection(asyncio.Protocol):
     # ----------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
-        settings = b"".join(_SETTING.pack(k, v) for k, v in (
+        transport.write(PREFACE + settings_frame((
             (S_ENABLE_PUSH, 0), (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW), (S_MAX_FRAME_SIZE, MAX_FRAME_IN)))
-        transport.write(PREFACE + _frame(SETTINGS, 0, 0, settings)
-                        + _frame(WINDOW_UPDATE, 0, 0, _U32.pack(OUR_CONN_WINDOW - DEFAULT_WINDOW)))
+                        + window_update_frame(0, OUR_CONN_WINDOW - DEFAULT_WINDOW))
 
     def connection_lost(self, exc) -> None:
         self._close(self.error or f"connection lost{f': {exc}' if exc else ''}")
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:  # (what still comes is dropped)
+            return
         buf = self.buf
         buf += data
-        pos, n = 0, len(buf)
-        unpack = _HEAD.unpack_from
-        try:
-            while n - pos >= 9 and not self.closed:
-                hi, lo, kind, flags, stream_id = unpack(buf, pos)
-                length = hi << 8 | lo
-                if n - pos - 9 < length:
-                    break
-                payload = bytes(buf[pos + 9:pos + 9 + length])
-                pos += 9 + length
-                self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload)
-        except (HpackError, ValueError) as exc:  # the server broke the protocol: give up this connection
+        end = 0
+        try:  # (no frame is too long: we take the most the protocol allows)
+            end, _too_long = read_frames(buf, MAX_FRAME_IN, self._frame)
+        except (HpackError, ValueError) as exc:  # the server broke the protocol (FrameError too): give up
             self._abort(f"HTTP/2 protocol error from the server: {exc}")
-        if pos and not self.closed:
-            del buf[:pos]
+        if end and not self.closed:
+            del buf[:end]
 
     # ----------------------------------------------------------------- frames in
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> bool:
+        """One frame from the server; True when the connection has ended (``read_frames`` stops)."""
         if self._header_call and kind != CONTINUATION:
             raise ValueError("a header block was interrupted")
         if kind == DATA:
             self._data(flags, sid, payload)
         elif kind == HEADERS:
-            if flags & PADDED:
-                if not payload or payload[0] >= len(payload):
-                    raise ValueError("bad HEADERS padding")
-                payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY_FLAG:
-                payload = payload[5:]
+            if flags & HEADERS_EXTRAS:
+                payload = header_fragment(flags, payload)
             self._header_call, self._header_flags, self._header_parts = sid, flags, [payload]
             if flags & END_HEADERS:
                 self._end_headers()
@@ -229,9 +154,7 @@ class _Connection(asyncio.Protocol):
             if not flags & ACK:
                 self._settings(payload)
         elif kind == WINDOW_UPDATE:
-            if len(payload) != 4:
-                raise ValueError("WINDOW_UPDATE length")
-            increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+            increment = window_increment(payload)
             if sid == 0:
                 self.peer_window += increment
                 self._send_pending()
@@ -242,11 +165,11 @@ class _Connection(asyncio.Protocol):
                     self._send_pending()
         elif kind == PING:
             if not flags & ACK:
-                self.transport.write(_frame(PING, ACK, 0, payload))
+                self.transport.write(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
             call = self.calls.pop(sid, None)
             if call is not None:
-                code = _U32.unpack(payload)[0] if len(payload) == 4 else PROTOCOL_ERROR
+                code = U32.unpack(payload)[0] if len(payload) == 4 else PROTOCOL_ERROR
                 self._freed()
                 if code == REFUSED_STREAM:  # never processed: the caller may retry it
                     self._fail(call, _Refused())
@@ -254,42 +177,36 @@ class _Connection(asyncio.Protocol):
                     self._fail(call, _error(grpc.StatusCode.CANCELLED if code == CANCEL else grpc.StatusCode.INTERNAL,
                                             f"the server reset the stream (HTTP/2 error {code})"))
         elif kind == GOAWAY:
-            last = _U32.unpack_from(payload, 0)[0] & 0x7FFFFFFF if len(payload) >= 8 else 0
-            code = _U32.unpack_from(payload, 4)[0] if len(payload) >= 8 else PROTOCOL_ERROR
+            last, code, debug = parse_goaway(payload)
             self.goaway_last = last
             reason = f"the server closed the connection (GOAWAY, HTTP/2 error {code}: " \
-                     f"{payload[8:200].decode('utf-8', 'replace') or 'no detail'})"
+                     f"{debug[:192].decode('utf-8', 'replace') or 'no detail'})"
             for call_id in [i for i in self.calls if i > last]:
                 self._fail(self.calls.pop(call_id), _Refused(reason))
             if not self.calls:
                 self._abort("")
         # PRIORITY, PUSH_PROMISE (disabled by our SETTINGS) and unknown types are ignored
+        return self.closed
 
     def _settings(self, payload: bytes) -> None:
-        if len(payload) % 6:
-            raise ValueError("SETTINGS length")
-        for pos in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, pos)
+        for key, value in parse_settings(payload):  # (FrameError, a ValueError, on a value out of range)
             if key == S_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ValueError("initial window over 2^31-1")
                 delta, self.peer_initial_window = value - self.peer_initial_window, value
                 for call in self.calls.values():
                     call.send_window += delta
             elif key == S_MAX_FRAME_SIZE:
-                if not 16_384 <= value <= MAX_FRAME_IN:
-                    raise ValueError("MAX_FRAME_SIZE out of range")
                 self.peer_max_frame = value
             elif key == S_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
             elif key == S_HEADER_TABLE_SIZE:
                 self.headers.table_size(value)
-        self.transport.write(_frame(SETTINGS, ACK, 0))
+        self.transport.write(SETTINGS_ACK)
         self._send_pending()
 
     def _end_headers(self) -> None:
         sid, flags = self._header_call, self._header_flags
-        block = b"".join(self._header_parts)
+        parts = self._header_parts
+        block = parts[0] if len(parts) == 1 else b"".join(parts)
         self._header_call, self._header_parts = 0, []
         fields = self.decoder.decode(block)  # always: it keeps the decoder's table in step
         call = self.calls.get(sid)
@@ -315,20 +232,18 @@ class _Connection(asyncio.Protocol):
         self.recv_unacked += length
         out = []
         if self.recv_unacked >= OUR_CONN_WINDOW // 2:
-            out.append(_frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
+            out.append(window_update_frame(0, self.recv_unacked))
             self.recv_unacked = 0
         call = self.calls.get(sid)
         if call is not None:
             if flags & PADDED:
-                if not payload or payload[0] >= length:
-                    raise ValueError("bad DATA padding")
-                payload = payload[1:length - payload[0]]
+                payload = unpad(payload)
             call.data += payload
             call.recv_unacked += length
             if flags & END_STREAM:
                 self._finish(call, _error(grpc.StatusCode.INTERNAL, "the answer ended without trailers"))
             elif call.recv_unacked >= OUR_STREAM_WINDOW // 2:
-                out.append(_frame(WINDOW_UPDATE, 0, sid, _U32.pack(call.recv_unacked)))
+                out.append(window_update_frame(sid, call.recv_unacked))
                 call.recv_unacked = 0
         if out:
             self.transport.write(b"".join(out))
@@ -355,7 +270,7 @@ class _Connection(asyncio.Protocol):
         if len(data) < 5:
             self._finish(call, _error(grpc.StatusCode.INTERNAL, "the answer holds no message"))
             return
-        compressed, size = _MSG.unpack_from(data, 0)
+        compressed, size = MESSAGE_PREFIX.unpack_from(data, 0)
         if 5 + size != len(data):
             self._finish(call, _error(grpc.StatusCode.INTERNAL, "a unary answer must hold exactly one message"))
             return
@@ -363,8 +278,8 @@ class _Connection(asyncio.Protocol):
         if compressed:
             encoding = next((v for k, v in call.headers or () if k == "grpc-encoding"), "identity")
             try:
-                body = zlib.decompress(body, {"gzip": 31, "deflate": 15}[encoding])
-            except (KeyError, zlib.error) as exc:
+                body = decompress(body, encoding)
+            except (UnsupportedEncoding, zlib.error) as exc:
                 self._finish(call, _error(grpc.StatusCode.INTERNAL, f"cannot decompress the answer ({encoding}): {exc}"))
                 return
         self._finish(call, body)
@@ -400,7 +315,7 @@ class _Connection(asyncio.Protocol):
         try:
             fields = [self.headers.request(path)]
             if timeout is not None:
-                fields.append(literal("grpc-timeout", _timeout_text(timeout)))
+                fields.append(literal("grpc-timeout", timeout_text(timeout)))
             field = self.headers.field
             for key, value in metadata or ():
                 if key.endswith("-bin"):
@@ -418,8 +333,8 @@ class _Connection(asyncio.Protocol):
         call = _Call(sid, future, self.peer_initial_window)
         self.calls[sid] = call
         # HEADERS, then the message; all of it now when the windows allow (the usual case).
-        call.pending = _MSG.pack(0, len(message)) + message
-        head = _frame(HEADERS, END_HEADERS, sid, b"".join(fields))
+        call.pending = MESSAGE_PREFIX.pack(0, len(message)) + message
+        head = frame(HEADERS, END_HEADERS, sid, b"".join(fields))
         self.transport.write(head + self._take(call))
         # The deadline as a timer on the loop, not wait_for: no task per call.
         expiry = None if timeout is None else loop.call_later(timeout, self._expire, call)
@@ -439,17 +354,12 @@ class _Connection(asyncio.Protocol):
 
     def _take(self, call: _Call) -> bytes:
         """DATA frames for as much of ``call.pending`` as the windows allow; END_STREAM on the last."""
-        frames = []
         pending = call.pending
-        while pending:
-            room = min(call.send_window, self.peer_window, self.peer_max_frame)
-            if room <= 0:
-                break
-            chunk, pending = pending[:room], pending[room:]
-            call.send_window -= len(chunk)
-            self.peer_window -= len(chunk)
-            frames.append(_frame(DATA, 0 if pending else END_STREAM, call.id, chunk))
-        call.pending = pending
+        frames, taken = data_frames(call.id, pending, min(call.send_window, self.peer_window), self.peer_max_frame,
+                                    END_STREAM)
+        call.send_window -= taken
+        self.peer_window -= taken
+        call.pending = pending[taken:] if taken < len(pending) else b""
         return b"".join(frames)
 
     def _send_pending(self) -> None:
@@ -460,7 +370,7 @@ class _Connection(asyncio.Protocol):
     def _give_up(self, call: _Call) -> None:
         """The caller stopped waiting (deadline, cancel): reset the stream; its answer is dropped."""
         if self.calls.pop(call.id, None) is not None and not self.closed:
-            self.transport.write(_frame(RST_STREAM, 0, call.id, _U32.pack(CANCEL)))
+            self.transport.write(rst_stream_frame(call.id, CANCEL))
             self._freed()
 
     # ----------------------------------------------------------------- closing
@@ -468,7 +378,7 @@ class _Connection(asyncio.Protocol):
         self.error = reason
         if self.transport is not None and not self.closed:
             if reason:
-                self.transport.write(_frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(PROTOCOL_ERROR)))
+                self.transport.write(goaway_frame(0, PROTOCOL_ERROR))
             self.transport.close()
         self._close(reason or "connection closed")
 
@@ -481,7 +391,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
-            self.transport.write(_frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(NO_ERROR)))
+            self.transport.write(goaway_frame(0, NO_ERROR))
             self.transport.close()
         self.closed = True
         calls, self.calls = list(self.calls.values()), {}

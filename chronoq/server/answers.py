@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from chronoq.server import h2server
+from chronoq.server import h2calls
 
 SIZES_MAX = 10_000  # topics whose size per message is remembered
 
@@ -177,7 +177,7 @@ def end_call(held: Held) -> bool:
     once and cancels its handler. grpcio: nothing drops the message its core holds (module
     docstring): False."""
     context = held.context
-    if not isinstance(context, h2server.Context):
+    if not isinstance(context, h2calls.Context):
         return False
     context.reset()
     return True

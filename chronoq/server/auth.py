@@ -486,7 +486,7 @@ def server_credentials(config):
         if b"-----BEGIN " not in pem[key]:
             raise errors.ClientError(f"{key} {path} is not a PEM file")
     if config.grpc_server == "chronoq":
-        from chronoq.server.h2server import server_ssl_context
+        from chronoq.server.h2grpc import server_ssl_context
 
         try:
             return server_ssl_context(pem["tls_cert_file"], pem["tls_key_file"])

@@ -19,7 +19,7 @@ What the shell owns besides the RPCs:
 
 Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
 
-- The port is served by ``h2server.Server`` (chronoq's own HTTP/2 gRPC server on this event
+- The port is served by ``h2grpc.Server`` (chronoq's own HTTP/2 gRPC server on this event
   loop) unless ``grpc_server = "grpcio"``; both take the same handlers and the access gate.
 
 - Push consumers receive with ``auto_renew=true`` and no invisible duration: the messages stay
@@ -52,7 +52,7 @@ from chronoq.core import errors, model, refusals, validate
 from chronoq.protocol import wire
 from chronoq.pop import names as pop_names
 from chronoq.pop.service import PopService
-from chronoq.server import admin, answers, auth, convert, h2limits, h2server, plainsend, status
+from chronoq.server import admin, answers, auth, convert, h2grpc, h2limits, plainsend, status
 from chronoq.timer import handle as recall_handles
 from chronoq.features.transactions import Transactions
 
@@ -895,8 +895,8 @@ class GrpcFrontEnd:
         receive_limit = 2 * cfg.max_body_bytes + (4 << 20)
         limits = h2limits.Limits.from_config(cfg)  # HTTP/2 caps and defences (docs/security.md)
         if cfg.grpc_server == "chronoq":
-            server = h2server.Server(interceptors=[gate], max_receive_message_length=receive_limit,
-                                     limits=limits, refusals=broker.refusals)
+            server = h2grpc.Server(interceptors=[gate], max_receive_message_length=receive_limit,
+                                   limits=limits, refusals=broker.refusals)
         else:
             server = grpc.aio.server(interceptors=[gate], options=[
                 ("grpc.max_receive_message_length", receive_limit),

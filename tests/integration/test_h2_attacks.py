@@ -1,7 +1,7 @@
 """The HTTP/2 front end against the known attacks (issue 20 §3) and its transport caps (§2).
 
 Each test drives raw frames (built with ``hyperframe`` and ``hpack``) at a live
-``chronoq.server.h2server.Server`` listening on 127.0.0.1, and checks three things: the attacking
+``chronoq.server.h2grpc.Server`` listening on 127.0.0.1, and checks three things: the attacking
 connection's reaction read off the socket (the GOAWAY code, or REFUSED_STREAM), the refusal
 counted by reason (``chronoq.core.refusals``), and that a normal gRPC client call on a new connection
 still succeeds afterwards. Limits are injected small (``h2limits.Limits``) so no test waits long.
@@ -25,7 +25,8 @@ from hyperframe.frame import (ContinuationFrame, DataFrame, ExtensionFrame, Fram
 
 from chronoq.core import refusals as R
 from chronoq.core.refusals import Refusals
-from chronoq.server import h2server
+from chronoq.protocol import h2
+from chronoq.server import h2grpc
 from chronoq.server.h2limits import Limits
 
 SERVICE = "test.Echo"
@@ -63,7 +64,7 @@ def run(test, **limits):
     async def main():
         echo = Echo()
         refusals = Refusals(time.monotonic_ns)
-        server = h2server.Server(limits=Limits(**limits), refusals=refusals)
+        server = h2grpc.Server(limits=Limits(**limits), refusals=refusals)
         server.add_generic_rpc_handlers((echo.handlers(),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -99,7 +100,7 @@ class RawClient:
         self.frames: list = []
         self.closed = False
         if preface:
-            self.sock.sendall(h2server.PREFACE + SettingsFrame(0).serialize())
+            self.sock.sendall(h2.PREFACE + SettingsFrame(0).serialize())
 
     def send(self, *frames) -> None:
         try:
@@ -415,7 +416,7 @@ def test_connections_past_the_cap_are_turned_away_and_the_others_go_on():
 def test_half_a_preface_is_not_held_past_its_deadline():
     async def test(endpoint, refusals, echo):
         def script(c: RawClient):
-            c.sock.sendall(h2server.PREFACE[:10])
+            c.sock.sendall(h2.PREFACE[:10])
             c.read_until_closed()
 
         client = await attack(endpoint, script, preface=False)

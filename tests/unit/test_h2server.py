@@ -12,7 +12,8 @@ import struct
 import grpc
 import pytest
 
-from chronoq.server import h2server
+from chronoq.protocol import h2
+from chronoq.server import h2calls, h2grpc, h2server
 
 SERVICE = "test.Echo"  # bytes in, bytes out: no protobuf needed to test the transport
 
@@ -88,7 +89,7 @@ class Tagging(grpc.aio.ServerInterceptor):
 def run(coro_fn, **server_kw):
     async def main():
         echo, gate = Echo(), Tagging()
-        server = h2server.Server(interceptors=[gate], **server_kw)
+        server = h2grpc.Server(interceptors=[gate], **server_kw)
         server.add_generic_rpc_handlers((echo.handlers(),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -239,17 +240,17 @@ def _frame(kind, flags, sid, payload=b""):
 
 
 @pytest.mark.parametrize("payload, error_code", [
-    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", h2server.PROTOCOL_ERROR),                     # not HTTP/2
-    (h2server.PREFACE + _frame(h2server.HEADERS, 0x4, 1, b"\xbf\xff\xff\xff\x0f"), h2server.COMPRESSION_ERROR),
-    (h2server.PREFACE + _frame(h2server.DATA, 0x1, 0, b"x"), h2server.PROTOCOL_ERROR),   # DATA on stream 0
-    (h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0, b"\x00\x04\xff\xff\xff\xff"), h2server.FLOW_CONTROL_ERROR),
-    (h2server.PREFACE + _frame(h2server.HEADERS, 0x0, 1, b"\x82") + _frame(h2server.PING, 0, 0, b"\0" * 8),
-     h2server.PROTOCOL_ERROR),                                                          # interrupted block
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", h2.PROTOCOL_ERROR),                     # not HTTP/2
+    (h2.PREFACE + _frame(h2.HEADERS, 0x4, 1, b"\xbf\xff\xff\xff\x0f"), h2.COMPRESSION_ERROR),
+    (h2.PREFACE + _frame(h2.DATA, 0x1, 0, b"x"), h2.PROTOCOL_ERROR),   # DATA on stream 0
+    (h2.PREFACE + _frame(h2.SETTINGS, 0, 0, b"\x00\x04\xff\xff\xff\xff"), h2.FLOW_CONTROL_ERROR),
+    (h2.PREFACE + _frame(h2.HEADERS, 0x0, 1, b"\x82") + _frame(h2.PING, 0, 0, b"\0" * 8),
+     h2.PROTOCOL_ERROR),                                                          # interrupted block
 ])
 def test_protocol_errors_close_the_connection_with_goaway(payload, error_code):
     async def go(endpoint, echo, gate):
         out = await asyncio.to_thread(_raw, endpoint, payload)
-        goaways = [p for kind, _f, _s, p in _frames(out) if kind == h2server.GOAWAY]
+        goaways = [p for kind, _f, _s, p in _frames(out) if kind == h2.GOAWAY]
         assert goaways and struct.unpack(">I", goaways[0][4:8])[0] == error_code
         async with grpc.aio.insecure_channel(endpoint) as ch:  # the server itself is unharmed
             assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"ok", timeout=5) == b"ok"
@@ -259,10 +260,10 @@ def test_protocol_errors_close_the_connection_with_goaway(payload, error_code):
 
 def test_settings_and_ping_are_acknowledged():
     async def go(endpoint, echo, gate):
-        payload = h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0) + _frame(h2server.PING, 0, 0, b"12345678")
+        payload = h2.PREFACE + _frame(h2.SETTINGS, 0, 0) + _frame(h2.PING, 0, 0, b"12345678")
         frames = list(_frames(await asyncio.to_thread(_raw, endpoint, payload, 0.5)))
-        assert (h2server.SETTINGS, 0x1, 0, b"") in frames
-        assert (h2server.PING, 0x1, 0, b"12345678") in frames
+        assert (h2.SETTINGS, 0x1, 0, b"") in frames
+        assert (h2.PING, 0x1, 0, b"12345678") in frames
 
     run(go)
 
@@ -274,7 +275,7 @@ def test_held_unary_requests_stop_the_connection_window_until_taken(monkeypatch)
     monkeypatch.setattr(h2server, "OUR_CONN_WINDOW", 1 << 20)
     monkeypatch.setattr(h2server, "BUFFERED_MAX", 1 << 20)
     chunk = 256 << 10
-    block = h2server.literal_block([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Unary"),
+    block = h2.literal_block([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Unary"),
                                     (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
     body = struct.pack(">BI", 0, chunk - 5) + b"x" * (chunk - 5)  # one gRPC message of `chunk` bytes
 
@@ -285,15 +286,15 @@ def test_held_unary_requests_stop_the_connection_window_until_taken(monkeypatch)
                 return list(_frames(_read_until_quiet(s, seconds)))
 
             def open_streams(sids):  # END_STREAM held back: the requests wait in the server
-                s.sendall(b"".join(_frame(h2server.HEADERS, 0x4, sid, block) + _frame(h2server.DATA, 0, sid, body)
+                s.sendall(b"".join(_frame(h2.HEADERS, 0x4, sid, block) + _frame(h2.DATA, 0, sid, body)
                                    for sid in sids))
 
-            s.sendall(h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0))
+            s.sendall(h2.PREFACE + _frame(h2.SETTINGS, 0, 0))
             open_streams([1, 3, 5, 7])      # 1 MiB: the whole initial window
             first = read_for(0.7)
             open_streams([9, 11])           # 512 KiB more: the credit the first half earned
             second = read_for(0.7)
-            s.sendall(b"".join(_frame(h2server.DATA, 0x1, sid) for sid in (1, 3, 5, 7, 9, 11)))
+            s.sendall(b"".join(_frame(h2.DATA, 0x1, sid) for sid in (1, 3, 5, 7, 9, 11)))
             third = read_for(1.0)
         return first, second, third
 
@@ -302,16 +303,16 @@ def test_held_unary_requests_stop_the_connection_window_until_taken(monkeypatch)
 
         def conn_credit(frames):
             return sum(struct.unpack(">I", p)[0] for kind, _f, sid, p in frames
-                       if kind == h2server.WINDOW_UPDATE and sid == 0)
+                       if kind == h2.WINDOW_UPDATE and sid == 0)
 
         # Start-up grants the window; 512 KiB received while less than the cap was held earns
         # 512 KiB; with 1 MiB and more held nothing more is granted...
-        assert conn_credit(first) == (1 << 20) - h2server.DEFAULT_WINDOW + (512 << 10)
+        assert conn_credit(first) == (1 << 20) - h2.DEFAULT_WINDOW + (512 << 10)
         assert conn_credit(second) == 0
         # ...until the calls took their requests: the window comes back and every call answers (its
         # headers: the echoed bodies wait for this raw client's windows, which it never opens).
         assert conn_credit(third) >= 1 << 20
-        answered = {sid for kind, _flags, sid, _p in third if kind == h2server.HEADERS}
+        answered = {sid for kind, _flags, sid, _p in third if kind == h2.HEADERS}
         assert answered == {1, 3, 5, 7, 9, 11}
 
     run(go)
@@ -342,14 +343,14 @@ class _Transport:
         return False
 
 
-_UNARY_BLOCK = h2server.literal_block([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Unary"),
+_UNARY_BLOCK = h2.literal_block([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Unary"),
                                        (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
 
 
 def _request(sid: int, body: bytes, *, split: bool = False):
     """A unary call's frames: one piece, or (HEADERS, DATA) when ``split``."""
-    head = _frame(h2server.HEADERS, 0x4, sid, _UNARY_BLOCK)
-    data = _frame(h2server.DATA, 0x1, sid, struct.pack(">BI", 0, len(body)) + body)
+    head = _frame(h2.HEADERS, 0x4, sid, _UNARY_BLOCK)
+    data = _frame(h2.DATA, 0x1, sid, struct.pack(">BI", 0, len(body)) + body)
     return (head, data) if split else head + data
 
 
@@ -357,9 +358,9 @@ def _answers(out: bytes) -> dict:
     """stream id -> (answer messages' bytes, ended with trailers)"""
     got: dict = {}
     for kind, flags, sid, payload in _frames(bytes(out)):
-        if kind == h2server.DATA:
+        if kind == h2.DATA:
             got.setdefault(sid, [b"", False])[0] += payload[5:]
-        elif kind == h2server.HEADERS and flags & 0x1:
+        elif kind == h2.HEADERS and flags & 0x1:
             got.setdefault(sid, [b"", False])[1] = True
     return {sid: tuple(v) for sid, v in got.items()}
 
@@ -367,12 +368,12 @@ def _answers(out: bytes) -> dict:
 def _in_process(test):
     async def main():
         echo, gate = Echo(), Tagging()
-        server = h2server.Server(interceptors=[gate])
+        server = h2grpc.Server(interceptors=[gate])
         server.add_generic_rpc_handlers((echo.handlers(),))
-        conn = h2server._Connection(server)
+        conn = h2server.Connection(server)
         transport = _Transport()
         conn.connection_made(transport)
-        conn.data_received(h2server.PREFACE + _frame(h2server.SETTINGS, 0, 0))
+        conn.data_received(h2.PREFACE + _frame(h2.SETTINGS, 0, 0))
         transport.out.clear()  # our SETTINGS and their acknowledgement
         transport.writes = 0
         await test(server, conn, transport, echo)
@@ -413,7 +414,7 @@ def test_a_call_reset_before_its_task_first_runs_still_sees_its_cancellation():
     async def test(server, conn, transport, echo):
         conn.data_received(_request(1, b"sleep"))
         (task,) = server._calls
-        conn.data_received(_frame(h2server.RST_STREAM, 0, 1, struct.pack(">I", h2server.CANCEL)))
+        conn.data_received(_frame(h2.RST_STREAM, 0, 1, struct.pack(">I", h2.CANCEL)))
         for _ in range(5):
             await asyncio.sleep(0)
         assert task.cancelled() and echo.cancelled.is_set()
@@ -434,11 +435,11 @@ def test_a_reset_from_outside_a_read_over_the_reset_budget_ends_the_connection_c
         stream = conn.streams[1]
         while conn.resets.take():  # the budget spent by earlier resets
             pass
-        h2server.Context(stream, (), None, conn.loop).reset()  # must not raise
+        h2calls.Context(stream, (), None, conn.loop).reset()  # must not raise
         assert conn.closed and stream.cancelled
         goaways = [(payload[4:8], payload[8:]) for kind, _f, _s, payload in _frames(bytes(transport.out))
-                   if kind == h2server.GOAWAY]
-        assert goaways and goaways[0][0] == struct.pack(">I", h2server.ENHANCE_YOUR_CALM), goaways
+                   if kind == h2.GOAWAY]
+        assert goaways and goaways[0][0] == struct.pack(">I", h2.ENHANCE_YOUR_CALM), goaways
         assert b"reset by the server over the budget" in goaways[0][1]
 
     _in_process(test)

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronoq.protocol.h2.hpackdec import Decoder, HpackError, literal_block
+from chronoq.protocol.h2.hpackdec import Decoder, HpackError
+from chronoq.protocol.h2.hpackenc import literal_block
 
 names = st.sampled_from([":path", ":method", "content-type", "grpc-timeout", "x-mq-client-id",
                          "x-mq-request-id", "user-agent", "authorization", "x-custom"])

@@ -1,4 +1,4 @@
-"""HPACK (RFC 7541) for the HTTP/2 front end: a decoder with a fast path, and constant header blocks.
+"""HPACK (RFC 7541) decoding for both ends of chronoq's HTTP/2: a decoder with a fast path. Sans-IO.
 
 Requests from gRPC clients repeat almost every header. grpcio's client (the official Python
 client's transport) does not index its own metadata: every call carries its eight ``x-mq-*`` and
@@ -14,9 +14,7 @@ client's transport) does not index its own metadata: every call carries its eigh
   the ``hpack`` package, as does the static table; the walk and the table are ours;
 - the dynamic table is a plain list, and the answer is a list of ``(name, value)`` pairs.
 
-Answers are encoded without touching any table ("literal header field without indexing", no
-Huffman), so chronoq keeps no encoder state and a client's SETTINGS_HEADER_TABLE_SIZE cannot
-matter: the few header blocks it sends are built once as constants (``literal_block``).
+Encoding is ``chronoq.protocol.h2.hpackenc``'s.
 """
 
 from __future__ import annotations
@@ -240,7 +238,7 @@ def _integer(data, pos: int, prefix: int) -> tuple[int, int]:
 
 
 # Literal fields by their bytes (name spelled out or static): shared by every connection's
-# decoder, all on one event loop; a race between threads (h2client) could only cost a miss.
+# decoder, all on one event loop; a race between threads (clients on several loops) could only cost a miss.
 _FIELDS: dict[bytes, tuple[str, str]] = {}
 
 
@@ -301,34 +299,3 @@ def huffman_decode(raw: bytes) -> bytes:
     if not _MAY_END[state]:
         raise HpackError("the padding is not a prefix of EOS or is a byte or longer")
     return b"".join(parts)
-
-
-def _encode_integer(value: int, prefix: int, first: int = 0) -> bytes:
-    limit = (1 << prefix) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def literal(name: str, value: str | bytes) -> bytes:
-    """One field as "literal header field without indexing, new name", no Huffman."""
-    n = name.encode("latin-1")
-    v = value if isinstance(value, bytes) else value.encode("latin-1")
-    return b"\x00" + _encode_integer(len(n), 7) + n + _encode_integer(len(v), 7) + v
-
-
-def literal_block(fields) -> bytes:
-    """A header block of ``(name, value)`` pairs; ``:status 200`` uses its static index."""
-    out = []
-    for name, value in fields:
-        if name == ":status" and value == "200":
-            out.append(b"\x88")
-        else:
-            out.append(literal(name, value))
-    return b"".join(out)

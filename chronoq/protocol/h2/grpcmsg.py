@@ -1,0 +1,102 @@
+"""gRPC over HTTP/2 (gRPC's PROTOCOL-HTTP2.md): messages in DATA, status in trailers. Sans-IO.
+
+A message in a stream's DATA is a 5-byte prefix and the message::
+
+    offset 0  compressed  8 bits: 1 when the message is compressed with the call's grpc-encoding
+    offset 1  length     32 bits, big-endian: the message's bytes (after compression)
+
+``MESSAGE_PREFIX.pack(0, len(message))`` writes an uncompressed message's prefix (inline at the
+callers: a call per message costs more than the pack), ``cut_messages`` reads messages off a
+buffer (checking each length prefix against a cap *before* holding its bytes), ``decompress``
+undoes ``gzip`` or ``deflate``; ``trailers`` encodes a status, ``timeout_s``/``timeout_text``
+read and write ``grpc-timeout``.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import zlib
+from urllib.parse import quote
+
+from chronoq.protocol.h2.hpackenc import literal
+
+MESSAGE_PREFIX = struct.Struct(">BI")   # compressed flag, length
+assert MESSAGE_PREFIX.size == 5
+
+# zlib's wbits for each grpc-encoding we read: gzip's header and trailer, or zlib's (deflate).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# gRPC's percent-encoding of grpc-message: printable ASCII but '%' stays, everything else %XX of UTF-8.
+_MESSAGE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+TIMEOUT_DIGITS_MAX = 8
+
+
+class MessageTooLarge(ValueError):
+    """A length prefix over the cap: refused before its bytes are held."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"a message of {length} bytes")
+        self.length = length
+
+
+class UnsupportedEncoding(ValueError):
+    """A compressed message in an encoding we do not read."""
+
+
+def cut_messages(buf: bytearray, limit: int, encoding: str) -> list[bytes]:
+    """Cut the complete messages off the front of ``buf`` (decompressed with ``encoding``); an
+    incomplete one stays. ``MessageTooLarge`` on a length prefix over ``limit`` (``buf`` is then
+    left as it was), ``UnsupportedEncoding`` or ``zlib.error`` from ``decompress``."""
+    out = []
+    pos, n = 0, len(buf)
+    while n - pos >= 5:
+        flag, length = MESSAGE_PREFIX.unpack_from(buf, pos)
+        if length > limit:
+            raise MessageTooLarge(length)
+        if n - pos - 5 < length:
+            break
+        data = bytes(buf[pos + 5:pos + 5 + length])
+        pos += 5 + length
+        if flag:
+            data = decompress(data, encoding)
+        out.append(data)
+    if pos:
+        del buf[:pos]
+    return out
+
+
+def decompress(data: bytes, encoding: str) -> bytes:
+    """A compressed message's bytes (``zlib.error`` when they are not what ``encoding`` says)."""
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise UnsupportedEncoding(f"message compressed with unsupported encoding {encoding!r}")
+    return zlib.decompress(data, wbits)
+
+
+def trailers(code: int, details: str | None, metadata=()) -> bytes:
+    """The header block that ends a call: ``grpc-status``, ``grpc-message``, trailing metadata
+    (``-bin`` values base64 without padding), as literals that touch no HPACK table."""
+    fields = [literal("grpc-status", str(code))]
+    if details:
+        fields.append(literal("grpc-message", quote(details, safe=_MESSAGE_SAFE)))
+    for key, value in metadata:
+        fields.append(literal(key, base64.b64encode(value).rstrip(b"=") if key.endswith("-bin") else value))
+    return b"".join(fields)
+
+
+def timeout_s(text: str) -> float | None:
+    """``grpc-timeout`` (at most 8 digits and a unit) in seconds; None when absent or malformed."""
+    if not text or len(text) < 2:
+        return None
+    unit = _TIMEOUT_UNITS.get(text[-1])
+    digits = text[:-1]
+    if unit is None or not digits.isdigit() or len(digits) > TIMEOUT_DIGITS_MAX:
+        return None
+    return int(digits) * unit
+
+
+def timeout_text(seconds: float) -> str:
+    """``grpc-timeout`` for ``seconds``: milliseconds, or whole seconds past 8 digits of them."""
+    ms = max(1, int(seconds * 1000))
+    return f"{ms}m" if ms < 100_000_000 else f"{min(int(seconds), 99_999_999)}S"

@@ -1,0 +1,156 @@
+"""chronoq's gRPC server on the asyncio event loop: the part of ``grpc.aio.server`` chronoq uses.
+
+Why chronoq has its own, and what HTTP/2 it speaks: ``chronoq.server.h2server`` (the transport).
+This module is the API: ``Server`` takes generic and registered method handlers
+(``grpc.*_rpc_method_handler``) and ``grpc.aio.ServerInterceptor``s, listens on plaintext ports
+(prior knowledge, as gRPC clients speak it) and TLS ports with ALPN ``h2``
+(``server_ssl_context``), and stops with a grace as ``grpc.aio`` does. How a call runs (the
+handler's ``Context``, the eager first step) is ``chronoq.server.h2calls``. Every client that
+speaks gRPC over HTTP/2 works with it (grpcio, grpc-js, grpc-java).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import tempfile
+
+from chronoq.server.h2calls import CallDetails, Calls
+from chronoq.server.h2limits import Limits
+from chronoq.server.h2server import Connection
+
+
+class Server(Calls):
+    """The subset of ``grpc.aio.Server`` chronoq uses, served on this event loop."""
+
+    def __init__(self, *, interceptors=(), max_receive_message_length: int = 4 << 20,
+                 limits: Limits | None = None, refusals=None) -> None:
+        """``limits``: connections, streams, timeouts and attack budgets (``h2limits.Limits``, its
+        defaults if None). ``refusals``: a ``chronoq.core.refusals.Refusals`` that counts what the
+        limits turn away (the broker's); None counts nothing."""
+        self.limits = limits if limits is not None else Limits()
+        self.refusals = refusals
+        self._interceptors = list(interceptors)
+        self._generic: list = []
+        self._registered: dict[str, object] = {}  # full method path -> RpcMethodHandler
+        self._binds: list[tuple] = []  # (address, port, ssl context or None, listening socket)
+        self._servers: list[asyncio.AbstractServer] = []
+        self._connections: set[Connection] = set()
+        self._calls: set[asyncio.Task] = set()
+        self._stopping = False
+        self._stopped: asyncio.Event | None = None
+        self.max_receive = max_receive_message_length
+
+    # ------------------------------------------------------------------ grpc.aio.Server's API
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: dict) -> None:
+        for name, handler in method_handlers.items():
+            self._registered[f"/{service_name}/{name}"] = handler
+
+    def add_insecure_port(self, address: str) -> int:
+        return self._bind(address, None)
+
+    def add_secure_port(self, address: str, context: ssl.SSLContext) -> int:
+        if not isinstance(context, ssl.SSLContext):
+            raise TypeError("add_secure_port takes an ssl.SSLContext (see server_ssl_context)")
+        return self._bind(address, context)
+
+    def _bind(self, address: str, context) -> int:
+        host, _, port = address.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        port_n = int(port)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host or "0.0.0.0", port_n))
+            sock.listen(1024)
+        except OSError as exc:
+            sock.close()
+            raise RuntimeError(f"cannot bind {address}: {exc.strerror or exc}") from None
+        sock.setblocking(False)
+        bound = sock.getsockname()[1]
+        self._binds.append((address, bound, context, sock))
+        return bound
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        for _address, _port, context, sock in self._binds:
+            server = await loop.create_server(lambda: Connection(self), sock=sock, ssl=context,
+                                              backlog=1024)
+            self._servers.append(server)
+
+    async def stop(self, grace: float | None) -> None:
+        self._stopping = True
+        for server in self._servers:
+            server.close()
+        for conn in list(self._connections):
+            conn.goaway()
+        if grace and self._calls:
+            await asyncio.wait(list(self._calls), timeout=grace)
+        for task in list(self._calls):
+            task.cancel()
+        if self._calls:
+            await asyncio.wait(list(self._calls), timeout=1.0)
+        for conn in list(self._connections):
+            conn.close()
+        for server in self._servers:
+            try:
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+                pass
+        if self._stopped is not None:
+            self._stopped.set()
+
+    async def wait_for_termination(self, timeout: float | None = None) -> bool:
+        if self._stopped is None:
+            return True
+        try:
+            await asyncio.wait_for(self._stopped.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # ------------------------------------------------------------------ handlers (for Calls._run)
+    async def _lookup(self, details: CallDetails):
+        handler = self._registered.get(details.method)
+        if handler is not None:
+            return handler
+        for generic in self._generic:
+            handler = generic.service(details)
+            if handler is not None:
+                return handler
+        return None
+
+    async def _handler(self, details: CallDetails):
+        if not self._interceptors:
+            return await self._lookup(details)
+        if len(self._interceptors) == 1:  # chronoq's one (the access gate): no chain to build
+            return await self._interceptors[0].intercept_service(self._lookup, details)
+
+        async def chain(index: int, d: CallDetails):
+            if index == len(self._interceptors):
+                return await self._lookup(d)
+            return await self._interceptors[index].intercept_service(lambda dd: chain(index + 1, dd), d)
+
+        return await chain(0, details)
+
+def server_ssl_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    """A TLS context for gRPC: TLS 1.2+, ALPN ``h2`` (gRPC clients require it)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["h2"])
+    # load_cert_chain reads files only: write the PEMs to a private temporary file for the call.
+    fd, path = tempfile.mkstemp(prefix="chronoq-tls-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key_pem + b"\n" + cert_pem)
+        context.load_cert_chain(path)
+    finally:
+        os.unlink(path)
+    return context

@@ -1,0 +1,241 @@
+"""The streams of chronoq's HTTP/2 server (``chronoq.server.h2server``) and how their answers leave.
+
+``Stream`` is one call on a connection: its request bytes in (cut into gRPC messages), its
+answer out (HEADERS once, then DATA, then trailers). ``Answers`` is the connection's output
+side (a mixin of ``h2server.Connection``): frames are buffered and leave once per event-loop
+pass, and answer bytes wait, per stream and oldest first, for the peer's flow-control windows
+(stream and connection) without holding up any other stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+import grpc
+
+from chronoq.core import refusals as R
+from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, data_frames,
+                                 frame, headers_frame, literal_block, trailers)
+
+FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
+
+_ANSWER_HEADERS = literal_block([(":status", "200"), ("content-type", "application/grpc")])
+_OK_TRAILERS = trailers(0, None)
+
+
+def status_code(code) -> int:
+    """A ``grpc.StatusCode`` (or an int) as the int ``grpc-status`` carries."""
+    if isinstance(code, grpc.StatusCode):
+        return code.value[0]
+    return int(code)
+
+
+class StreamClosed(Exception):
+    """The stream or connection went away while a handler wrote."""
+
+
+class Stream:
+    """One call: request bytes in, answer frames out, and the task running the handler."""
+
+    __slots__ = ("conn", "id", "buf", "queue", "half_closed", "cancelled", "ended", "headers_sent",
+                 "send_window", "blocked", "window_open", "task", "deserializer", "serializer", "recv_unacked",
+                 "encoding", "ready", "counted")
+
+    def __init__(self, conn, stream_id: int, send_window: int) -> None:
+        self.conn = conn
+        self.id = stream_id
+        self.buf = bytearray()          # request bytes not yet cut into messages
+        self.queue: asyncio.Queue | None = None  # parsed request messages for streaming handlers
+        self.half_closed = False        # the client sent END_STREAM
+        self.cancelled = False
+        self.ended = False              # we sent END_STREAM (or RST_STREAM)
+        self.headers_sent = False
+        self.send_window = send_window
+        self.blocked: list[bytes] = []  # answer bytes waiting for flow-control window
+        self.window_open: asyncio.Event | None = None
+        self.task: asyncio.Task | None = None
+        self.deserializer = None
+        self.serializer = None
+        self.recv_unacked = 0           # request bytes read since our last WINDOW_UPDATE for the stream
+        self.encoding = "identity"
+        self.ready: asyncio.Future | None = None  # a unary call's task waits here for END_STREAM
+        self.counted = 0                # request bytes held for a unary call (the connection's cap)
+
+    # ------------------------------------------------------------------ requests
+    def messages(self) -> list[bytes]:
+        """Cut complete gRPC messages off the buffer (decompressed)."""
+        limit = self.conn.server.max_receive
+        try:
+            return cut_messages(self.buf, limit, self.encoding)
+        except MessageTooLarge as exc:  # refused on its length prefix, before its bytes are held
+            self.conn.refuse(R.MESSAGE_TOO_LARGE, str(exc))
+            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"Received message larger than max ({exc.length} vs. {limit})") from None
+        except UnsupportedEncoding as exc:
+            raise CallError(grpc.StatusCode.UNIMPLEMENTED, str(exc)) from None
+        except zlib.error as exc:
+            raise CallError(grpc.StatusCode.INTERNAL, f"cannot decompress the request: {exc}") from None
+
+    async def read_message(self):
+        item = await self.queue.get()
+        if self.recv_unacked:
+            self.conn.credit(self)
+        if item is None:
+            return grpc.aio.EOF
+        if isinstance(item, BaseException):
+            raise item
+        return self.deserializer(item) if self.deserializer is not None else item
+
+    async def request_iterator(self):
+        while True:
+            item = await self.read_message()
+            if item is grpc.aio.EOF:
+                return
+            yield item
+
+    # ------------------------------------------------------------------ answers
+    def _head(self) -> bytes:
+        if self.headers_sent:
+            return b""
+        self.headers_sent = True
+        # Our blocks are small (a few hundred bytes at most): one HEADERS frame, no CONTINUATION.
+        return headers_frame(self.id, _ANSWER_HEADERS, False)
+
+    async def send_message(self, data: bytes) -> None:
+        if self.ended or self.cancelled:
+            raise StreamClosed("the call has ended")
+        self.conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
+        if self.blocked:
+            await self._drain()
+        elif self.conn.paused:
+            await self.conn.drain()
+
+    async def _drain(self) -> None:
+        while self.blocked and not (self.cancelled or self.conn.closed):
+            if self.window_open is None:
+                self.window_open = asyncio.Event()
+            self.window_open.clear()
+            await self.window_open.wait()
+        if self.cancelled or self.conn.closed:
+            raise StreamClosed("the call has ended")
+
+    def finish(self, code: int, details: str | None, metadata=()) -> None:
+        """Trailers: the call's last frame."""
+        self.conn.release(self)
+        if self.ended or self.cancelled:
+            return
+        block = _OK_TRAILERS if code == 0 and not details and not metadata else trailers(code, details, metadata)
+        self.conn.send_trailers(self, self._head(), headers_frame(self.id, block, True))
+
+
+class CallError(Exception):
+    """The call ends with this gRPC status (its trailers); the connection and other calls go on."""
+
+    def __init__(self, code, details: str) -> None:
+        super().__init__(details)
+        self.code = status_code(code)
+        self.details = details
+
+
+class Answers:
+    """The connection's output (a mixin of ``h2server.Connection``, which holds the state it uses:
+    ``_out``, ``_out_bytes``, ``_reading``, ``paused``, ``_resumed``, the peer's windows and frame
+    size, ``streams`` and ``waiting``)."""
+
+    def _write(self, data: bytes) -> None:
+        """Frames leave once per event-loop pass: the answers of every call that finished in this
+        pass (headers, data, trailers) go out in one send, not three sends per call."""
+        out = self._out
+        out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= FLUSH_BYTES:  # big answers go out now: the transport's buffer
+            self._flush_out()                # limits (pause_writing) must see them
+        elif len(out) == 1 and not self._reading:  # (data_received flushes when it is done)
+            self.loop.call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        out = self._out
+        if out and not self.closed:
+            data = b"".join(out) if len(out) > 1 else out[0]
+            out.clear()
+            self._out_bytes = 0
+            self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.unread_acks = 0  # the peer reads again: what it was sent has left
+        if self._resumed is not None:
+            self._resumed.set()
+
+    async def drain(self) -> None:
+        while self.paused and not self.closed:
+            if self._resumed is None:
+                self._resumed = asyncio.Event()
+            self._resumed.clear()
+            await self._resumed.wait()
+
+    # ------------------------------------------------------------------ answers
+    def send_data(self, stream: Stream, head: bytes, message: bytes) -> None:
+        """Queue one framed gRPC message for ``stream``; sends as much as the windows allow."""
+        if head:
+            self._write(head)
+        if not stream.blocked and len(message) <= min(stream.send_window, self.peer_window, self.peer_max_frame):
+            stream.send_window -= len(message)
+            self.peer_window -= len(message)
+            self._write(frame(DATA, 0, stream.id, message))
+            return
+        stream.blocked.append(message)
+        self.waiting[stream.id] = stream
+        self._flush_stream(stream)
+
+    def send_trailers(self, stream: Stream, head: bytes, block: bytes) -> None:
+        if stream.blocked:  # trailers wait behind the data
+            if head:
+                self._write(head)
+            stream.blocked.append(block)
+            stream.ended = True  # no more writes; the frames leave when the windows open
+            self._flush_stream(stream)
+            return
+        stream.ended = True
+        self._write(head + block if head else block)
+        self.streams.pop(stream.id, None)
+
+    def _flush_stream(self, stream: Stream) -> None:
+        write, max_frame = self._write, self.peer_max_frame
+        blocked = stream.blocked
+        while blocked:
+            item = blocked[0]
+            if stream.ended and len(blocked) == 1:  # only the trailers (a HEADERS frame) remain
+                write(item)
+                blocked.clear()
+                self.streams.pop(stream.id, None)
+                break
+            room = min(stream.send_window, self.peer_window)
+            if room <= 0:  # a WINDOW_UPDATE (stream or connection) or SETTINGS resumes it
+                break
+            frames, taken = data_frames(stream.id, item, room, max_frame)
+            stream.send_window -= taken
+            self.peer_window -= taken
+            for data in frames:
+                write(data)
+            if taken < len(item):  # the windows are spent
+                blocked[0] = item[taken:]
+                break
+            blocked.pop(0)
+        if not blocked:
+            self.waiting.pop(stream.id, None)
+            if stream.window_open is not None:
+                stream.window_open.set()
+
+    def _unblock_all(self) -> None:
+        """More connection window (or a larger initial window): oldest waiting streams first."""
+        waiting, streams = self.waiting, self.streams
+        for sid, stream in list(waiting.items()):
+            if stream.blocked and streams.get(sid) is stream:
+                self._flush_stream(stream)
+            else:  # reset or cancelled meanwhile: its bytes will never leave
+                waiting.pop(sid, None)
