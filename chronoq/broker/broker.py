@@ -26,6 +26,7 @@ from chronoq.broker.dedupe import DedupeWindow
 from chronoq.core.jobs import Job, run_all_here
 from chronoq.core.model import Message, MessageType, SendResult, TopicConfig
 from chronoq.core.msgid import new_message_id
+from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE  # (pop and staging import them from here)
 from chronoq.core.refusals import Refusals
 from chronoq.store import record
 from chronoq.store.dirlock import DirLock
@@ -46,8 +47,6 @@ log = logging.getLogger("chronoq.broker.broker")
 
 TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "offsets.json"
-PROP_MESSAGE_GROUP = "__GROUP"
-PROP_MESSAGE_TYPE = "__TYPE"
 # Dedupe entries expired per maintenance call at most (maintenance runs every 200 ms, so 10,000 a
 # second; above that rate ``dedupe_max_entries`` bounds the window). Expiry only moves the
 # window's tail now (chronoq.broker.dedupe), well under a ms for a step; the bound stays a bound.

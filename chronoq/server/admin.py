@@ -48,7 +48,7 @@ from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
-from chronoq.server import status
+from chronoq.protocol.rocketmq import status
 from chronoq.server.pipeline import PipelineRpcs
 
 TIMER_STATS_MINUTES_DEFAULT = 10

@@ -49,7 +49,7 @@ from chronoq.server import acl
 from chronoq.core import errors, refusals
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.core.refusals import Refusals
-from chronoq.server import status
+from chronoq.protocol.rocketmq import status
 
 log = logging.getLogger("chronoq.auth")
 

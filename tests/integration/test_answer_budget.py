@@ -29,7 +29,7 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq.core import refusals
-from chronoq.protocol import wire
+from chronoq.protocol.rocketmq.receive import split_receive_batch
 from chronoq.broker.broker import Broker, OutgoingMessage
 from chronoq.core.clock import SystemClock
 from chronoq.broker.committer import GroupCommitter
@@ -169,7 +169,7 @@ def receive_request(group: str, topic: str, batch: int, poll_ms: int = 0) -> sv.
 def answer_responses(path: str, messages: list[bytes]) -> list[sv.ReceiveMessageResponse]:
     if path == RECEIVE_BATCH:
         assert len(messages) <= 1
-        messages = [bytes(m) for m in wire.split_receive_batch(messages[0])] if messages else []
+        messages = [bytes(m) for m in split_receive_batch(messages[0])] if messages else []
     return [sv.ReceiveMessageResponse.FromString(m) for m in messages]
 
 
