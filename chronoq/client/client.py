@@ -48,7 +48,7 @@ from chronoq.core.msgid import new_message_id, new_message_ids
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _MS = "/apache.rocketmq.v2.MessagingService/"
 _NOT_FOUND = pb.Code.MESSAGE_NOT_FOUND
-RECEIVE_BATCH_PATH = "/chronoq.v1.Consume/ReceiveBatch"  # chronoq only (chronoq.server.grpc_server)
+RECEIVE_BATCH_PATH = "/chronoq.v1.Consume/ReceiveBatch"  # chronoq only (chronoq.server.messaging.receive)
 ACK_AND_RECEIVE_PATH = "/chronoq.v1.Consume/AckAndReceive"
 # How chronoq's gate refuses calls whose answer has no status field (chronoq.server.auth).
 _REFUSALS = {grpc.StatusCode.PERMISSION_DENIED: pb.Code.FORBIDDEN,
