@@ -2,8 +2,9 @@
 ``Consume`` calls and ``chronoq.v1.Admin`` on the broker's port, behind the access gate.
 
 The port is served by ``h2server.Server`` (chronoq's own HTTP/2 gRPC server on this event loop)
-unless ``grpc_server = "grpcio"``; both take the same handlers and the access gate. The front end
-owns the ``PopService`` (created in ``start``, closed in ``stop``).
+unless ``grpc_server = "grpcio"``; both take the same handlers and the access gate. The POP service
+and the transactions' book are the runtime's (``chronoq.server.consumers``): the front end drives
+them and leaves them open when it stops.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import grpc
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq.core import errors, validate
-from chronoq.pop.service import PopService
+from chronoq.core import errors
 from chronoq.server import admin, auth, h2limits, h2server
 from chronoq.server.messaging.calls import AckAndReceiveRequest, SendRequest, serialize_answer
 from chronoq.server.messaging.service import MessagingService
@@ -36,22 +36,15 @@ class GrpcFrontEnd:
         self.config = runtime.config
         self.server: grpc.aio.Server | None = None
         self.service: MessagingService | None = None
-        self.pop = None
         self.bound = ""
 
     async def start(self) -> None:
         cfg = self.config
         broker = self.runtime.broker
-        assert broker is not None and self.runtime.committer is not None, "open the broker first"
+        pop, txns = self.runtime.pop, self.runtime.txns  # the broker's consumer state (server/consumers.py)
+        assert broker is not None and self.runtime.committer is not None and pop is not None, "open the broker first"
         gate, tls = auth.build_gate(cfg, broker.refusals), auth.server_credentials(cfg)  # access control, limits, TLS
-        self.pop = PopService(broker, push_invisible_ms=cfg.push_invisible_ms,
-                              auto_renew_max_ms=cfg.auto_renew_max_ms)
-        try:
-            apply_group_config(self.pop, cfg.extra.get("groups", {}))
-        except Exception:
-            self.pop.close()
-            raise
-        self.service = MessagingService(cfg, broker, self.runtime.committer, self.pop)
+        self.service = MessagingService(cfg, broker, self.runtime.committer, pop, txns)
         # Big enough that an oversized body reaches us and gets MESSAGE_BODY_TOO_LARGE instead
         # of a transport error.
         receive_limit = 2 * cfg.max_body_bytes + (4 << 20)
@@ -89,7 +82,7 @@ class GrpcFrontEnd:
             "AckAndReceive": grpc.unary_stream_rpc_method_handler(
                 self.service.AckAndReceive, request_deserializer=AckAndReceiveRequest.parse),
         }),))
-        admin.add_to_server(server, broker, self.pop)
+        admin.add_to_server(server, broker, pop)
         host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
         self.bound = f"{host}:{cfg.port}"
         try:
@@ -98,7 +91,6 @@ class GrpcFrontEnd:
             port = 0
             log.debug("bind failed: %s", exc)
         if not port:
-            self.pop.close()
             raise errors.ClientError(f"cannot listen on {self.bound}: the address is in use or not local")
         await server.start()
         self.server = server
@@ -115,36 +107,7 @@ class GrpcFrontEnd:
             self.server = None
         if self.service is not None:
             await self.service.close()
-        if self.pop is not None:
-            pop, self.pop = self.pop, None
-            try:
-                pop.close()
-            except Exception:  # the broker must still close cleanly after this
-                log.exception("closing the POP service failed")
 
     def describe(self) -> str:
         return f"RocketMQ gRPC on {self.bound} (clients are told {self.config.endpoint})"
-
-
-_GROUP_KEYS = {"fifo": bool, "max_attempts": int}
-
-
-def apply_group_config(pop, groups: dict) -> None:
-    """Apply ``[groups.<name>]`` tables of the config file (``fifo``, ``max_attempts``)."""
-    if not isinstance(groups, dict):
-        raise errors.ClientError("[groups] in the config file must be a table of group tables")
-    for name, values in groups.items():
-        validate.group_name(name)
-        if not isinstance(values, dict):
-            raise errors.ClientError(f"[groups.{name}] must be a table")
-        kwargs = {}
-        for key, value in values.items():
-            kind = _GROUP_KEYS.get(key)
-            if kind is None:
-                raise errors.ClientError(f"unknown setting {key!r} in [groups.{name}]; known: "
-                                         + ", ".join(sorted(_GROUP_KEYS)))
-            if type(value) is not kind:
-                raise errors.ClientError(f"[groups.{name}] {key} must be {kind.__name__}, not {value!r}")
-            kwargs[key] = value
-        pop.set_group(name, **kwargs)
 

@@ -34,6 +34,7 @@ from chronoq.broker.broker import Broker, OutgoingMessage
 from chronoq.core.clock import SystemClock
 from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
+from chronoq.server.consumers import close_consumers, open_consumers
 from chronoq.server.grpc_server import GrpcFrontEnd
 
 from .conftest import free_port
@@ -181,13 +182,16 @@ async def start(tmp_path, mode: str):
     broker = Broker(config, clock=clock)
     committer = GroupCommitter(broker)
     committer.start()
-    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer))
+    pop, txns = open_consumers(broker, config)
+    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer, pop=pop,
+                                               txns=txns))
     await front.start()
     return front, clock
 
 
 async def stop(front) -> None:
     await front.stop()
+    close_consumers(front.runtime.pop, front.runtime.txns)
     await front.runtime.committer.close()
     front.runtime.broker.close()
 

@@ -20,6 +20,7 @@ from chronoq.broker.broker import Broker
 from chronoq.core.clock import FakeClock
 from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
+from chronoq.features.transactions import Transactions
 from chronoq.server import convert
 from chronoq.server.messaging.calls import SendRequest, serialize_answer
 from chronoq.server.messaging.service import MessagingService
@@ -59,7 +60,7 @@ class _Side:
         self.broker = Broker(self.config, clock=clock)
         self.committer = GroupCommitter(self.broker)
         self.committer.start()
-        self.service = MessagingService(self.config, self.broker, self.committer, None)
+        self.service = MessagingService(self.config, self.broker, self.committer, None, Transactions(self.broker))
 
     async def fast(self, messages) -> bytes:
         """The fast path only; it must take the batch."""

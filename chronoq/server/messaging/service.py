@@ -57,12 +57,12 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
     """``apache.rocketmq.v2.MessagingService`` and ``chronoq.v1.Consume``: the state the RPCs share
     and its life; the RPCs themselves are grouped by job in the mixins."""
 
-    def __init__(self, config, broker, committer, pop, txns: Transactions | None = None) -> None:
+    def __init__(self, config, broker, committer, pop, txns: Transactions) -> None:
         self.config = config
         self.broker = broker
         self.committer = committer
         self.pop = pop
-        self.txns = txns if txns is not None else Transactions(broker)
+        self.txns = txns
         self._txn_task: asyncio.Task | None = None
         self.clock = broker.clock
         self.sessions: dict[str, TelemetrySession] = {}
@@ -99,11 +99,7 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        self._ticker = self._txn_task = None
-        try:
-            self.txns.checkpoint()
-        except errors.StorageError as exc:  # e.g. a full disk: the broker must still close; start-up replays more
-            log.error("could not save the transaction state at stop: %s", exc.message)
+        self._ticker = self._txn_task = None  # (the runtime saves the transaction state: server/consumers.py)
 
     def expire_answers(self) -> int:
         """End the receives whose answers waited on their peers longer than answer_send_timeout_ms:
