@@ -33,13 +33,8 @@ def ack_response(message_ids, handles, failures=None, *, status: tuple[int, str]
     (message id, receipt handle), in order, OK (message "OK") unless ``failures[i]`` is a ``(code,
     message)``. The top status is ``status`` when given (the request failed as a whole: give no
     entries), else the first failure's (clients read only that), else OK."""
-    if status is None:
-        first = next(filter(None, failures), None) if failures else None
-        top = _OK_TOP if first is None else f.field(f.K_ACK_RESULT_STATUS, f.status(*first))
-    else:
-        assert not message_ids, "a failed request carries no entries"
-        top = f.field(f.K_ACK_RESULT_STATUS, f.status(*status))
-    pieces = [top]
+    assert status is None or not message_ids, "a failed request carries no entries"
+    pieces = [f.top_status(f.K_ACK_RESULT_STATUS, _OK_TOP, failures, status)]
     add = pieces.append
     text, ok = f.string_field, _OK_RESULT_STATUS
     for message_id, handle, failure in zip(message_ids, handles, failures or repeat(None)):

@@ -163,6 +163,14 @@ def status(code: int, message: str) -> bytes:
 OK_STATUS = status(pb.OK, "OK")
 
 
+def top_status(k: bytes, ok: bytes, failures, refused: tuple[int, str] | None) -> bytes:
+    """A response's top ``status`` field (key ``k``): ``refused`` when the request failed as a whole,
+    else the first failure of ``failures`` (``(code, message)`` or None per entry; clients read only
+    the top status), else ``ok``, the OK field ready made."""
+    first = refused if refused is not None else next(filter(None, failures), None) if failures else None
+    return ok if first is None else field(k, status(*first))
+
+
 def resource(name: str, namespace: str = "") -> bytes:
     """The bytes of a ``Resource`` (not wrapped in a field)."""
     out = string_field(K_RESOURCE_NAMESPACE, namespace) if namespace else b""

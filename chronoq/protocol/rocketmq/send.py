@@ -75,13 +75,8 @@ def send_response(message_ids, offsets, recall_handles=None, transaction_ids=Non
 
     Columns, not a tuple per message: the plain batch path answers 100 entries a call.
     """
-    if status is None:
-        first = next(filter(None, failures), None) if failures else None
-        top = _OK_TOP if first is None else f.field(f.K_SEND_STATUS, f.status(*first))
-    else:
-        assert not message_ids, "a failed request carries no entries"
-        top = f.field(f.K_SEND_STATUS, f.status(*status))
-    pieces = [top]
+    assert status is None or not message_ids, "a failed request carries no entries"
+    pieces = [f.top_status(f.K_SEND_STATUS, _OK_TOP, failures, status)]
     add = pieces.append
     small, head, k_id, k_offset, ok = _SMALL, f.K_SEND_ENTRIES, f.K_ENTRY_MESSAGE_ID, f.K_ENTRY_OFFSET, _OK_ENTRY_STATUS
     for message_id, offset, recall, txid, failure in zip(

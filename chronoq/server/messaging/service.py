@@ -53,6 +53,17 @@ log = logging.getLogger("chronoq.grpc")
 TICK_MAX_S = 0.5                    # the POP ticker runs at least this often
 
 
+def _not_offered(response_type, what: str, error, text: str):
+    """A unary RPC chronoq does not offer: it answers ``error(text)`` as its status."""
+
+    @boundary(status_only(response_type), what)
+    async def rpc(self, request, context):
+        raise error(text)
+
+    rpc.__name__ = what
+    return rpc
+
+
 class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_grpc.MessagingServiceServicer):
     """``apache.rocketmq.v2.MessagingService`` and ``chronoq.v1.Consume``: the state the RPCs share
     and its life; the RPCs themselves are grouped by job in the mixins."""
@@ -155,26 +166,17 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
             return
         self.broker.refusals.refuse(reason, context.peer() if context is not None else "", f"{what}: {exc}")
 
-
     # ------------------------------------------------------------------ not offered (yet)
     async def PullMessage(self, request, context):
         # Server-streaming: a one-item stream carrying the status.
         yield sv.PullMessageResponse(status=status_of(
             errors.NotYetImplemented("PullMessage is not implemented; use ReceiveMessage"), "PullMessage"))
 
-    @boundary(status_only(sv.UpdateOffsetResponse), "UpdateOffset")
-    async def UpdateOffset(self, request, context):
-        raise errors.NotYetImplemented("UpdateOffset is not implemented in this chronoq build")
-
-    @boundary(status_only(sv.GetOffsetResponse), "GetOffset")
-    async def GetOffset(self, request, context):
-        raise errors.NotYetImplemented("GetOffset is not implemented in this chronoq build")
-
-    @boundary(status_only(sv.QueryOffsetResponse), "QueryOffset")
-    async def QueryOffset(self, request, context):
-        raise errors.NotYetImplemented("QueryOffset is not implemented in this chronoq build")
-
-    @boundary(status_only(sv.SyncLiteSubscriptionResponse), "SyncLiteSubscription")
-    async def SyncLiteSubscription(self, request, context):
-        raise errors.Unsupported("lite topics are not supported by chronoq")
-
+    UpdateOffset = _not_offered(sv.UpdateOffsetResponse, "UpdateOffset", errors.NotYetImplemented,
+                                "UpdateOffset is not implemented in this chronoq build")
+    GetOffset = _not_offered(sv.GetOffsetResponse, "GetOffset", errors.NotYetImplemented,
+                             "GetOffset is not implemented in this chronoq build")
+    QueryOffset = _not_offered(sv.QueryOffsetResponse, "QueryOffset", errors.NotYetImplemented,
+                               "QueryOffset is not implemented in this chronoq build")
+    SyncLiteSubscription = _not_offered(sv.SyncLiteSubscriptionResponse, "SyncLiteSubscription", errors.Unsupported,
+                                        "lite topics are not supported by chronoq")
