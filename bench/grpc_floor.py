@@ -44,16 +44,16 @@ MESSAGE = sv.ReceiveMessageResponse(message=pb.Message(
     system_properties=pb.SystemProperties(message_id="01" * 17, receipt_handle="ab" * 24, queue_offset=1,
                                           body_digest=pb.Digest(type=pb.MD5, checksum="0" * 32))))
 SEND_ANSWERS: dict[int, sv.SendMessageResponse] = {}
-# A ReceiveBatch-shaped answer (chronoq.protocol.wire.receive_batch): the stream's items in one message.
+# A ReceiveBatch-shaped answer (chronoq.protocol.rocketmq.receive.receive_batch): the stream's items in one message.
 _MESSAGE_BYTES = MESSAGE.SerializeToString()
 _STATUS_BYTES = sv.ReceiveMessageResponse(status=OK).SerializeToString()
 UNARY_PATH = "/chronoq.v1.Consume/ReceiveBatch"
 
 
 def _unary_answer(n: int) -> bytes:
-    from chronoq.protocol import wire
+    from chronoq.protocol.rocketmq.receive import receive_batch
 
-    return wire.receive_batch([_STATUS_BYTES] + [_MESSAGE_BYTES] * n)
+    return receive_batch([_STATUS_BYTES] + [_MESSAGE_BYTES] * n)
 
 
 async def _unary_receive(request, context) -> bytes:

@@ -226,6 +226,7 @@ async def _replay(chunks, port: int) -> dict:
     broker = runtime.open_broker()
     runtime.committer = GroupCommitter(broker)
     runtime.committer.start()
+    runtime.open_consumers()
     front_end = GrpcFrontEnd(runtime)
     await front_end.start()
     # As the broker runs once started (runtime.serve): start-up objects frozen, its GC thresholds.
@@ -268,7 +269,7 @@ async def _replay(chunks, port: int) -> dict:
             if phase == "setup":  # (the consumer's start-up: let its settings settle)
                 await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
-        counters = front_end.pop.counters
+        counters = runtime.pop.counters
         acked = counters.acked.get((GROUP, TOPIC), 0)
         received = counters.received.get((GROUP, TOPIC), 0)
         fsyncs = runtime.committer.fsyncs
@@ -277,6 +278,7 @@ async def _replay(chunks, port: int) -> dict:
         gc.unfreeze()
         sys.setswitchinterval(switch)
         await front_end.stop()
+        runtime.close_consumers()
         await runtime.committer.close()
         broker.close()
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -3,7 +3,7 @@ before HTTP/2 and gRPC are counted.
 
 Writes N one-KiB messages (bulk path, as chronoq.client.client's batches arrive), then POP-receives
 them 16 at a time, encodes each batch as chronoq's receive calls answer it
-(``convert.messages_bytes``), acks each batch (``PopService.ack_many``) and finally encodes the
+(``chronoq.protocol.rocketmq.receive.messages_bytes``), acks each batch (``PopService.ack_many``) and finally encodes the
 trace events the run recorded (``trace.bodies``). Prints one JSON line per stage (µs per
 message, best of ``--repeat`` runs, each on a fresh data directory) and their sum:
 
@@ -29,7 +29,7 @@ from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
 from chronoq.core.clock import SystemClock  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.pop.service import PopService  # noqa: E402
-from chronoq.server import convert  # noqa: E402
+from chronoq.protocol.rocketmq import receive  # noqa: E402
 
 TOPIC, GROUP, BATCH, SEND_BATCH = "bench", "bench-g", 16, 100
 TIME_LIMIT_S = 120  # per run: the loop stops by itself
@@ -52,7 +52,7 @@ def one_run(messages: int) -> dict[str, float]:
                 raise RuntimeError("the bulk send path declined the batch")
         broker.store.dispatch()
         pop.group(GROUP)
-        host = convert.store_host_field("127.0.0.1:8081")
+        host = receive.store_host_field("127.0.0.1:8081")
         spent = {"receive": 0.0, "encode": 0.0, "ack": 0.0}
         got = 0
         started = time.monotonic()
@@ -62,7 +62,7 @@ def one_run(messages: int) -> dict[str, float]:
             t1 = time.perf_counter()
             if not popped:
                 break
-            convert.messages_bytes(popped, TOPIC, "", host)
+            receive.messages_bytes(popped, TOPIC, "", host)
             t2 = time.perf_counter()
             failures = pop.ack_many(GROUP, TOPIC, [p.receipt_handle for p in popped])
             t3 = time.perf_counter()

@@ -26,6 +26,7 @@ from chronoq.broker.dedupe import DedupeWindow
 from chronoq.core.jobs import Job, run_all_here
 from chronoq.core.model import Message, MessageType, SendResult, TopicConfig
 from chronoq.core.msgid import new_message_id
+from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE  # (pop and staging import them from here)
 from chronoq.core.refusals import Refusals
 from chronoq.store import record
 from chronoq.store.dirlock import DirLock
@@ -47,8 +48,6 @@ log = logging.getLogger("chronoq.broker.broker")
 
 TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "offsets.json"
-PROP_MESSAGE_GROUP = "__GROUP"
-PROP_MESSAGE_TYPE = "__TYPE"
 # The properties of a message with none of its own but its type (``PROP_MESSAGE_TYPE``), as bytes.
 _TYPE_PROPS = {t: record.encode_properties({PROP_MESSAGE_TYPE: t.name}) if t is not _NORMAL else b""
                for t in MessageType}

@@ -39,13 +39,16 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq import __version__
 from chronoq.client import h2channel as h2client
-from chronoq.protocol import wire
+from chronoq.protocol.rocketmq import fields
+from chronoq.protocol.rocketmq.ack import ack_and_receive_request, ack_request, split_ack_and_receive_response
+from chronoq.protocol.rocketmq.receive import split_receive_batch
+from chronoq.protocol.rocketmq.send import send_request
 from chronoq.core.msgid import new_message_id, new_message_ids
 
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _MS = "/apache.rocketmq.v2.MessagingService/"
 _NOT_FOUND = pb.Code.MESSAGE_NOT_FOUND
-RECEIVE_BATCH_PATH = "/chronoq.v1.Consume/ReceiveBatch"  # chronoq only (chronoq.server.grpc_server)
+RECEIVE_BATCH_PATH = "/chronoq.v1.Consume/ReceiveBatch"  # chronoq only (chronoq.server.messaging.receive)
 ACK_AND_RECEIVE_PATH = "/chronoq.v1.Consume/AckAndReceive"
 # How chronoq's gate refuses calls whose answer has no status field (chronoq.server.auth).
 _REFUSALS = {grpc.StatusCode.PERMISSION_DENIED: pb.Code.FORBIDDEN,
@@ -196,11 +199,11 @@ class Client:
         self._change_invisible = unary.unary_unary(_MS + "ChangeInvisibleDuration",
                                                    spb.ChangeInvisibleDurationRequest.SerializeToString,
                                                    spb.ChangeInvisibleDurationResponse.FromString)
-        # The per-message calls take requests already encoded (chronoq.protocol.wire): no protobuf object
+        # The per-message calls take requests already encoded (chronoq.protocol.rocketmq): no protobuf object
         # per message on this side. Answers are parsed by the generated classes as usual.
         self._send_raw = unary.unary_unary(_MS + "SendMessage", response_deserializer=spb.SendMessageResponse.FromString)
         self._ack_raw = unary.unary_unary(_MS + "AckMessage", response_deserializer=spb.AckMessageResponse.FromString)
-        # chronoq's ReceiveMessage in one answer (wire.receive_batch); a RocketMQ proxy answers
+        # chronoq's ReceiveMessage in one answer (receive.receive_batch); a RocketMQ proxy answers
         # UNIMPLEMENTED and the client streams from then on.
         self._receive_batch = unary.unary_unary(
             RECEIVE_BATCH_PATH, request_serializer=spb.ReceiveMessageRequest.SerializeToString)
@@ -216,7 +219,7 @@ class Client:
         self._request_prefix = uuid.uuid4().hex[:16]
         self._request_seq = itertools.count()
         self._topic_fields: dict[str, bytes] = {}
-        self._born_host = wire.string_field(wire.K_SP_BORN_HOST, self._host)
+        self._born_host = fields.string_field(fields.K_SP_BORN_HOST, self._host)
         self._receive_requests: dict[tuple, spb.ReceiveMessageRequest] = {}
         self._ack_heads: dict[tuple[str, str], tuple[bytes, bytes]] = {}
 
@@ -272,7 +275,7 @@ class Client:
         if head is None:
             if len(self._topic_fields) > 1024:
                 self._topic_fields.clear()
-            head = self._topic_fields[topic] = wire.field(wire.K_MESSAGE_TOPIC, wire.resource(topic, self.namespace))
+            head = self._topic_fields[topic] = fields.field(fields.K_MESSAGE_TOPIC, fields.resource(topic, self.namespace))
         return head
 
     def _encode_parts(self, m: OutgoingMessage, born_ms: int, tail: dict) -> tuple[bytes, bytes, bytes]:
@@ -286,31 +289,31 @@ class Client:
         if m.delay_level:
             props = dict(props, **{DELAY_LEVEL_PROPERTY: str(int(m.delay_level))})
         if props:
-            head += wire.properties(props)
+            head += fields.properties(props)
         message_id = (m.message_id or new_message_id(born_ms)).encode()
         mtype = pb.FIFO if m.message_group else pb.DELAY if m.deliver_at_ms is not None else pb.NORMAL
         if m.delay_level:
             mtype = pb.DELAY
         common = tail.get(mtype)
         if common is None:
-            common = tail[mtype] = (wire.K_SP_BODY_ENCODING + wire.varint(pb.IDENTITY) + wire.K_SP_MESSAGE_TYPE
-                                    + wire.varint(mtype) + wire.field(wire.K_SP_BORN_TIMESTAMP, wire.timestamp(born_ms))
+            common = tail[mtype] = (fields.K_SP_BODY_ENCODING + fields.varint(pb.IDENTITY) + fields.K_SP_MESSAGE_TYPE
+                                    + fields.varint(mtype) + fields.field(fields.K_SP_BORN_TIMESTAMP, fields.timestamp(born_ms))
                                     + self._born_host)
-        sp = [wire.K_SP_MESSAGE_ID, wire.varint(len(message_id)), message_id, common]
+        sp = [fields.K_SP_MESSAGE_ID, fields.varint(len(message_id)), message_id, common]
         if m.tag:
-            sp.insert(0, wire.string_field(wire.K_SP_TAG, m.tag))
+            sp.insert(0, fields.string_field(fields.K_SP_TAG, m.tag))
             if m.keys:
-                sp.insert(1, b"".join(wire.string_field(wire.K_SP_KEYS, k) for k in m.keys))
+                sp.insert(1, b"".join(fields.string_field(fields.K_SP_KEYS, k) for k in m.keys))
         elif m.keys:
-            sp.insert(0, b"".join(wire.string_field(wire.K_SP_KEYS, k) for k in m.keys))
+            sp.insert(0, b"".join(fields.string_field(fields.K_SP_KEYS, k) for k in m.keys))
         if m.message_group:
-            sp.append(wire.string_field(wire.K_SP_MESSAGE_GROUP, m.message_group))
+            sp.append(fields.string_field(fields.K_SP_MESSAGE_GROUP, m.message_group))
         elif m.deliver_at_ms is not None:
-            sp.append(wire.field(wire.K_SP_DELIVERY_TIMESTAMP, wire.timestamp(int(m.deliver_at_ms))))
+            sp.append(fields.field(fields.K_SP_DELIVERY_TIMESTAMP, fields.timestamp(int(m.deliver_at_ms))))
         return head, b"".join(sp), m.body
 
     def _send_request_bytes(self, messages: Iterable[OutgoingMessage]) -> bytes:
-        """The SendMessageRequest for ``messages``, encoded (chronoq.protocol.wire)."""
+        """The SendMessageRequest for ``messages``, encoded (chronoq.protocol.rocketmq)."""
         now = int(time.time() * 1000)
         if type(messages) is not list:
             messages = list(messages)
@@ -319,7 +322,7 @@ class Client:
             return plain
         tail: dict = {}
         encode = self._encode_parts
-        return wire.send_request([encode(m, now, tail) for m in messages])
+        return send_request([encode(m, now, tail) for m in messages])
 
     def _plain_request(self, messages: list[OutgoingMessage], now: int) -> bytes | None:
         """The request for a batch of plain messages (one topic, a body, nothing else set), or
@@ -334,20 +337,20 @@ class Client:
         head = self._topic_head(messages[0].topic)
         ids = new_message_ids(now, len(messages))
         # system properties: message id, then encoding, type, born time and host
-        sp_tail = (wire.K_SP_BODY_ENCODING + wire.varint(pb.IDENTITY) + wire.K_SP_MESSAGE_TYPE
-                   + wire.varint(pb.NORMAL) + wire.field(wire.K_SP_BORN_TIMESTAMP, wire.timestamp(now))
+        sp_tail = (fields.K_SP_BODY_ENCODING + fields.varint(pb.IDENTITY) + fields.K_SP_MESSAGE_TYPE
+                   + fields.varint(pb.NORMAL) + fields.field(fields.K_SP_BORN_TIMESTAMP, fields.timestamp(now))
                    + self._born_host)
         id_len = len(ids[0])
         assert all(len(i) == id_len for i in ids), "generated message ids have one length"
-        sp_len = 1 + len(wire.varint(id_len)) + id_len + len(sp_tail)
-        sp_head = head + wire.K_MESSAGE_SP + wire.varint(sp_len) + wire.K_SP_MESSAGE_ID + wire.varint(id_len)
-        middle = sp_tail + wire.K_MESSAGE_BODY
+        sp_len = 1 + len(fields.varint(id_len)) + id_len + len(sp_tail)
+        sp_head = head + fields.K_MESSAGE_SP + fields.varint(sp_len) + fields.K_SP_MESSAGE_ID + fields.varint(id_len)
+        middle = sp_tail + fields.K_MESSAGE_BODY
         prefixes: dict[int, bytes] = {}
         for n in set(map(len, bodies)):
-            body_len = wire.varint(n)
+            body_len = fields.varint(n)
             size = len(sp_head) + id_len + len(middle) + len(body_len) + n
-            prefixes[n] = wire.K_SEND_MESSAGES + wire.varint(size) + sp_head
-        suffixes = {n: middle + wire.varint(n) for n in prefixes}
+            prefixes[n] = fields.K_SEND_MESSAGES + fields.varint(size) + sp_head
+        suffixes = {n: middle + fields.varint(n) for n in prefixes}
         lengths = list(map(len, bodies))
         return b"".join(itertools.chain.from_iterable(zip(
             map(prefixes.__getitem__, lengths), ids, map(suffixes.__getitem__, lengths), bodies)))
@@ -403,7 +406,7 @@ class Client:
         if self._batch_offered:
             blob = await self._chronoq_call(self._receive_batch, req, timeout)
             if blob is not None:
-                return self._received(wire.split_receive_batch(blob))
+                return self._received(split_receive_batch(blob))
         stream = self._stub.ReceiveMessage(req, metadata=self._metadata(), timeout=timeout)
         return self._messages_of([resp async for resp in stream])
 
@@ -417,17 +420,10 @@ class Client:
                                       wait_s=wait_s, tag=tag)
         req = await self._receive_request(group, topic, max_messages, invisible_s, wait_s, tag)
         if self._batch_offered:
-            both = wire.ack_and_receive_request(self._ack_request(group, topic, acked), req.SerializeToString())
+            both = ack_and_receive_request(self._ack_request(group, topic, acked), req.SerializeToString())
             blob = await self._chronoq_call(self._ack_and_receive, both, wait_s + self.timeout)
             if blob is not None:
-                items, ack = [], None
-                for number, value in wire.length_fields(blob):
-                    if number == 1:
-                        items.append(value)
-                    elif number == 2:
-                        ack = value
-                if ack is None:
-                    raise ValueError("AckAndReceive answered no ack result")
+                items, ack = split_ack_and_receive_response(blob)
                 self._check_ack(spb.AckMessageResponse.FromString(ack))
                 return self._received(items)
         await self.ack(group, topic, acked)
@@ -470,9 +466,9 @@ class Client:
         if heads is None:
             if len(self._ack_heads) > 256:
                 self._ack_heads.clear()
-            heads = self._ack_heads[(group, topic)] = (wire.resource(group, self.namespace),
-                                                       wire.resource(topic, self.namespace))
-        return wire.ack_request(heads[0], heads[1], [(m.message_id, m.receipt_handle) for m in messages])
+            heads = self._ack_heads[(group, topic)] = (fields.resource(group, self.namespace),
+                                                       fields.resource(topic, self.namespace))
+        return ack_request(heads[0], heads[1], [(m.message_id, m.receipt_handle) for m in messages])
 
     def _check_ack(self, resp: spb.AckMessageResponse) -> None:
         self._check(resp.status)

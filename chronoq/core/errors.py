@@ -2,7 +2,7 @@
 
 Every failure chronoq raises on purpose is a ``ChronoqError`` with a stable ``kind``. Core modules
 raise these types only; the protocol shell converts them to RocketMQ status codes in exactly one
-place (``chronoq.server.status``). Anything else escaping the core is a bug.
+place (``chronoq.protocol.rocketmq.status``). Anything else escaping the core is a bug.
 
 - ``ClientError``: the request was wrong; retrying it unchanged will fail again.
 - ``NotFound``: the thing named does not exist (unknown topic, expired handle).

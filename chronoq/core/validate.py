@@ -43,6 +43,10 @@ SYSTEM_GROUP_PREFIXES = ("CHRONOQ_", "%SYS%")
 # Property names starting with this are written by the broker (message group, delivery attempt,
 # origin topic of a retry, ...). Users may not set them.
 SYSTEM_PROPERTY_PREFIX = "__"
+# The broker's properties every reader interprets: a message's FIFO group (when its record has
+# none of its own) and the message type it was sent as (chronoq.broker.broker writes them).
+PROP_MESSAGE_GROUP = "__GROUP"
+PROP_MESSAGE_TYPE = "__TYPE"
 # The record's separators inside the keys and properties fields (chronoq.store.record).
 SEPARATORS = ("\x01", "\x02")
 

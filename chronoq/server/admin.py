@@ -1,9 +1,9 @@
 """``chronoq.v1.Admin``: topics and consumer groups, beside ``MessagingService`` on the same port.
 
-A thin shell over the ``Broker`` and the ``PopService``, like ``grpc_server``: each RPC checks
-the request, calls them, and encodes the answer. Errors never leave as gRPC errors: one boundary
-per RPC (``_answer``) turns any exception into the response's ``Status`` through
-``chronoq.server.status``, so the codes are the ``apache.rocketmq.v2.Code`` values the
+A thin shell over the ``Broker`` and the ``PopService``, like ``chronoq.server.messaging``: each RPC
+checks the request, calls them, and encodes the answer. Errors never leave as gRPC errors: one
+boundary per RPC (``_answer``) turns any exception into the response's ``Status`` through
+``chronoq.protocol.rocketmq.status``, so the codes are the ``apache.rocketmq.v2.Code`` values the
 MessagingService answers for the same mistake (``ILLEGAL_TOPIC``, ``CONSUMER_GROUP_NOT_FOUND``, ...).
 
 Choices:
@@ -38,7 +38,7 @@ from chronoq.broker.trace import FLAG_DELAYED
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
-from chronoq.server import status
+from chronoq.protocol.rocketmq import status
 from chronoq.server.pipeline import PipelineRpcs
 
 TIMER_STATS_MINUTES_DEFAULT = 10

@@ -49,7 +49,7 @@ from chronoq.core import acl
 from chronoq.core import errors, refusals
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.core.refusals import Refusals
-from chronoq.server import status
+from chronoq.protocol.rocketmq import status
 
 log = logging.getLogger("chronoq.auth")
 
@@ -96,7 +96,7 @@ RULES: dict[str, Rule] = {
     MS + "UpdateOffset": _topic_and_group(lambda r: r.message_queue.topic, lambda r: r.group),
     MS + "GetOffset": _topic_and_group(lambda r: r.message_queue.topic, lambda r: r.group),
     MS + "QueryOffset": lambda r: [(acl.SUBSCRIBE, r.message_queue.topic.name)],
-    # chronoq's ReceiveMessage in one answer (chronoq.server.grpc_server.ReceiveBatch).
+    # chronoq's ReceiveMessage in one answer (chronoq.server.messaging.receive: ReceiveBatch).
     "/chronoq.v1.Consume/ReceiveBatch": _topic_and_group(lambda r: r.message_queue.topic, lambda r: r.group),
     "/chronoq.v1.Consume/AckAndReceive": lambda r: [
         (acl.SUBSCRIBE, r.ack.topic.name), (acl.GROUP, r.ack.group.name),

@@ -1,17 +1,18 @@
 """Protobuf (``apache.rocketmq.v2``) <-> chronoq model conversions, with request validation.
 
-Pure functions, no I/O: the gRPC shell decodes with ``outgoing_from_pb`` and encodes with
-``message_to_pb``, ``route_queues`` and friends. Everything the official clients may send is
-checked here or in the broker, and every rejection is a ``chronoq.core.errors`` exception so that
-``chronoq.server.status`` can turn it into the right code.
+Pure functions, no I/O: the gRPC shell decodes a sent message with ``outgoing_from_pb`` (or a
+plain batch's columns with ``plain_batch``) and builds routes, assignments and transaction checks
+with ``route_queues`` and friends; the per-message answers are encoded by hand in
+``chronoq.protocol.rocketmq`` (received messages: ``receive.messages_bytes``). Everything the
+official clients may send is checked here or in the broker, and every rejection is a
+``chronoq.core.errors`` exception so that ``chronoq.protocol.rocketmq.status`` can turn it into the
+right code.
 
-Per-message work is on the hot path (target: well under 100 us per message each way), so the
-encoders build protobufs with keyword constructors and cache what repeats.
+Decoding runs once per message sent: each field is read once, enum values are module ints.
 """
 
 from __future__ import annotations
 
-import binascii
 import dataclasses
 import hashlib
 import operator
@@ -19,19 +20,18 @@ import zlib
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2
 
 from chronoq.core import errors, model, validate
-from chronoq.protocol import wire
-from chronoq.broker.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, OutgoingMessage
+from chronoq.broker.broker import OutgoingMessage
 from chronoq.core.model import MessageType
 from chronoq.timer.deliverytime import from_client_timestamp
 
 pb = definition_pb2
 PbType = pb.MessageType
 # Plain ints for the per-message paths: ``PbType.NORMAL`` is a Python-level __getattr__ call.
-_UNSPECIFIED, _NORMAL, _FIFO, _DELAY, _TRANSACTION, _LITE, _PRIORITY = (
-    pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.LITE, pb.PRIORITY)
+_UNSPECIFIED, _NORMAL, _FIFO, _DELAY, _LITE, _PRIORITY = (
+    pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY, pb.LITE, pb.PRIORITY)
 _GZIP, _IDENTITY, _ENCODING_UNSPECIFIED = pb.GZIP, pb.IDENTITY, pb.ENCODING_UNSPECIFIED
 # (and chronoq's enum members: ``MessageType.DELAY`` is a slow metaclass lookup on Python 3.11)
 _MT_DELAY, _MT_FIFO = MessageType.DELAY, MessageType.FIFO
@@ -40,9 +40,6 @@ _OUTGOING_FIELDS = ("topic", "body", "tag", "keys", "properties", "message_id", 
 assert tuple(f.name for f in dataclasses.fields(OutgoingMessage)) == _OUTGOING_FIELDS  # outgoing_from_pb's order
 
 MILLIS_12H = 12 * 3600 * 1000
-# Properties whose key starts with this are the broker's own (origin of a retry, group, type ...).
-_SYSTEM_PREFIX = model.SYSTEM_PROPERTY_PREFIX
-_DLQ_PREFIX = "%DLQ%"
 # User property asking for a delay level (1..N of timer_delay_levels; "0": none). RocketMQ 5's
 # protocol has no delay-level field; RocketMQ 4 clients used the property "DELAY". chronoq takes a
 # name of its own so no existing user property changes meaning (docs/timers.md).
@@ -61,8 +58,6 @@ _NEVER = {
     PbType.LITE: "lite topics are not supported by chronoq",
     PbType.PRIORITY: "priority messages are not supported by chronoq",
 }
-_TYPE_BY_NAME = {"NORMAL": PbType.NORMAL, "FIFO": PbType.FIFO, "DELAY": PbType.DELAY,
-                 "TRANSACTION": PbType.TRANSACTION}
 
 
 # ------------------------------------------------------------------------------------ time
@@ -268,214 +263,6 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     if len(out) > limit:
         raise errors.BodyTooLarge(f"the decompressed body exceeds {limit} bytes")
     return out
-
-
-# ------------------------------------------------------------------------------------ receiving
-def message_fields(popped, *, requested_topic: str, namespace: str, store_host: str) -> dict:
-    """One popped message as the keyword form of ``apache.rocketmq.v2.Message`` (contract §2.3).
-
-    ``popped`` is a ``chronoq.pop.service.Popped``. Retried messages carry their original topic
-    and id; a message read from a DLQ topic also says where it came from (``dead_letter_queue``).
-    Every receive call answers with ``messages_bytes`` (encoded by hand); this form, built by
-    the generated classes, is the reference the tests hold that encoder to.
-    """
-    m = popped.message
-    props = m.properties
-    ptype = _NORMAL
-    sp = {
-        "message_id": m.message_id,
-        "body_digest": {"type": pb.MD5, "checksum": hashlib.md5(m.body).hexdigest().upper()},
-        "body_encoding": pb.IDENTITY,
-        "born_timestamp": _ts(m.born_ms or m.stored_ms),
-        "store_timestamp": _ts(m.stored_ms),
-        "store_host": store_host,
-        "receipt_handle": popped.receipt_handle,
-        "queue_id": m.queue_id,
-        "queue_offset": m.queue_offset,
-        "delivery_attempt": max(1, popped.delivery_attempt),
-    }
-    fields = {"topic": {"name": m.topic, "resource_namespace": namespace}, "system_properties": sp,
-              "body": m.body}
-    if props:
-        fields["user_properties"] = {k: v for k, v in props.items() if not k.startswith(_SYSTEM_PREFIX)}
-        tname = props.get(PROP_MESSAGE_TYPE)
-        if tname is not None:
-            ptype = _TYPE_BY_NAME.get(tname, _NORMAL)
-    group = popped.message_group
-    if group is None and props:
-        group = props.get(PROP_MESSAGE_GROUP)
-    if group:
-        sp["message_group"] = group
-        if ptype == _NORMAL:
-            ptype = _FIFO
-    sp["message_type"] = ptype
-    if m.tag:
-        sp["tag"] = m.tag
-    if m.keys:
-        sp["keys"] = m.keys
-    if m.deliver_at_ms:
-        sp["delivery_timestamp"] = _ts(m.deliver_at_ms)
-        if ptype == _NORMAL:  # a delivered timer copy: clients expect DELAY (contract §5.3)
-            sp["message_type"] = _DELAY
-    if requested_topic.startswith(_DLQ_PREFIX):
-        # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
-        sp["dead_letter_queue"] = {"topic": m.topic, "message_id": m.message_id}
-        fields["topic"]["name"] = requested_topic
-    return fields
-
-
-def message_to_pb(popped, *, requested_topic: str, namespace: str, store_host: str):
-    """``message_fields`` as an ``apache.rocketmq.v2.Message``."""
-    return pb.Message(**message_fields(popped, requested_topic=requested_topic, namespace=namespace,
-                                       store_host=store_host))
-
-
-def _ts(ms: int) -> dict:
-    return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
-
-
-# Keys of the fields ``message_bytes`` writes (numbers checked against the descriptors below).
-_K = wire.key
-_LEN, _VARINT = wire.LEN, wire.VARINT
-_K_RESPONSE_MESSAGE = _K(2, _LEN)
-_K_SP_TAG, _K_SP_KEYS, _K_SP_ID, _K_SP_DIGEST = _K(1, _LEN), _K(2, _LEN), _K(3, _LEN), _K(4, _LEN)
-_SP_ENCODING_IDENTITY = _K(5, _VARINT) + wire.varint(pb.IDENTITY)
-_K_SP_TYPE, _K_SP_BORN, _K_SP_STORED, _K_SP_HOST = _K(6, _VARINT), _K(7, _LEN), _K(9, _LEN), _K(10, _LEN)
-_K_SP_DELIVERY, _K_SP_HANDLE, _K_SP_QUEUE, _K_SP_OFFSET = _K(11, _LEN), _K(12, _LEN), _K(13, _VARINT), _K(14, _VARINT)
-_K_SP_ATTEMPT, _K_SP_GROUP, _K_SP_DLQ = _K(16, _VARINT), _K(17, _LEN), _K(20, _LEN)
-for _name, _number in (("tag", 1), ("keys", 2), ("message_id", 3), ("body_digest", 4), ("body_encoding", 5),
-                       ("message_type", 6), ("born_timestamp", 7), ("store_timestamp", 9), ("store_host", 10),
-                       ("delivery_timestamp", 11), ("receipt_handle", 12), ("queue_id", 13), ("queue_offset", 14),
-                       ("delivery_attempt", 16), ("message_group", 17), ("dead_letter_queue", 20)):
-    assert pb.SystemProperties.DESCRIPTOR.fields_by_name[_name].number == _number, _name
-assert (pb.Digest.DESCRIPTOR.fields_by_name["type"].number, pb.Digest.DESCRIPTOR.fields_by_name["checksum"].number) \
-    == (1, 2)
-assert service_pb2.ReceiveMessageResponse.DESCRIPTOR.fields_by_name["message"].number == 2
-assert (pb.DeadLetterQueue.DESCRIPTOR.fields_by_name["topic"].number,
-        pb.DeadLetterQueue.DESCRIPTOR.fields_by_name["message_id"].number) == (1, 2)
-_K_DLQ_TOPIC, _K_DLQ_ID = _K(1, _LEN), _K(2, _LEN)
-# chronoq's own receive calls carry a CRC32 body digest (8 uppercase hex digits, as the Python
-# client checks it) where ReceiveMessage sends MD5: a quarter of the cost per message, and only
-# chronoq.client.client reads these answers.
-_DIGEST_CRC32_HEAD = _K(1, _VARINT) + wire.varint(pb.CRC32) + _K(2, _LEN) + wire.varint(8)
-_DIGEST_CRC32 = _K_SP_DIGEST + wire.varint(len(_DIGEST_CRC32_HEAD) + 8) + _DIGEST_CRC32_HEAD
-# ReceiveMessage's MD5 digest: 32 uppercase hex digits (what message_fields writes).
-_DIGEST_MD5_HEAD = _K(1, _VARINT) + wire.varint(pb.MD5) + _K(2, _LEN) + wire.varint(32)
-_DIGEST_MD5 = _K_SP_DIGEST + wire.varint(len(_DIGEST_MD5_HEAD) + 32) + _DIGEST_MD5_HEAD
-
-
-def message_bytes(popped, requested_topic: str, namespace: str, store_host_field: bytes, *,
-                  md5: bool = False) -> bytes:
-    """``messages_bytes`` for one message."""
-    return messages_bytes((popped,), requested_topic, namespace, store_host_field, md5=md5)[0]
-
-
-def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host_field: bytes, *,
-                   md5: bool = False) -> list[bytes]:
-    """``ReceiveMessageResponse(message=message_fields(...))`` serialized for each popped
-    message, encoded by hand (``chronoq.protocol.wire``): the receive hot path of every receive call.
-    ``store_host_field`` is ``store_host_field(host)``.
-
-    Equal to the generated encoding up to the order of map entries. The body digest is MD5 with
-    ``md5`` (ReceiveMessage: what the official clients get, as ``message_fields`` has it), else
-    CRC32 (``zlib.crc32`` as 8 uppercase hex digits; chronoq's own ReceiveBatch and
-    AckAndReceive, a quarter of the cost) (tests/unit/test_server_status_convert.py).
-    """
-    varint, text, small, timestamp, crc32, join = wire.varint, wire.string_field, _SMALL, wire.timestamp, \
-        zlib.crc32, b"".join
-    type_fields = _TYPE_FIELDS
-    k_sp, k_body = wire.K_MESSAGE_SP, wire.K_MESSAGE_BODY
-    dlq = requested_topic.startswith(_DLQ_PREFIX)
-    digest_field, md5_of, hexlify = (_DIGEST_MD5 if md5 else _DIGEST_CRC32), hashlib.md5, binascii.b2a_hex
-    out = []
-    last_topic, head = None, b""
-    last_born_ms = last_stored_ms = None  # messages sent together share their times: encode once
-    for popped in popped_list:
-        m = popped.message
-        props = m.properties
-        ptype = _NORMAL
-        user = b""
-        group = popped.message_group
-        if props:
-            user = join(wire.field(wire.K_MESSAGE_PROPS, text(wire.K_MAP_KEY, k) + text(wire.K_MAP_VALUE, v))
-                        for k, v in props.items() if not k.startswith(_SYSTEM_PREFIX))
-            tname = props.get(PROP_MESSAGE_TYPE)
-            if tname is not None:
-                ptype = _TYPE_BY_NAME.get(tname, _NORMAL)
-            if group is None:
-                group = props.get(PROP_MESSAGE_GROUP)
-        deliver_at_ms = m.deliver_at_ms
-        if ptype == _NORMAL:
-            if group:
-                ptype = _FIFO
-            elif deliver_at_ms:  # a delivered timer copy: clients expect DELAY (contract §5.3)
-                ptype = _DELAY
-        tag = m.tag
-        sp = text(_K_SP_TAG, tag) if tag else b""
-        if m.keys:
-            sp += join(text(_K_SP_KEYS, k) for k in m.keys)
-        mid = m.message_id.encode()
-        stored_ms = m.stored_ms
-        born_ms = m.born_ms or stored_ms
-        if born_ms != last_born_ms:
-            born = timestamp(born_ms)  # (a Timestamp is at most 22 bytes)
-            born_field = _K_SP_BORN + small[len(born)] + born
-            last_born_ms = born_ms
-        if stored_ms != last_stored_ms:
-            stored = timestamp(stored_ms)
-            stored_field = _K_SP_STORED + small[len(stored)] + stored + store_host_field
-            last_stored_ms = stored_ms
-        handle = popped.receipt_handle.encode()
-        attempt = popped.delivery_attempt
-        body = m.body
-        sp = join((
-            sp,
-            _K_SP_ID + (small[len(mid)] if len(mid) < 128 else varint(len(mid))) + mid if mid else b"",
-            digest_field, hexlify(md5_of(body).digest()).upper() if md5 else b"%08X" % crc32(body),
-            _SP_ENCODING_IDENTITY,
-            type_fields[ptype],
-            born_field, stored_field,
-            wire.field(_K_SP_DELIVERY, timestamp(deliver_at_ms)) if deliver_at_ms else b"",
-            _K_SP_HANDLE, small[len(handle)] if len(handle) < 128 else varint(len(handle)), handle,
-            _K_SP_QUEUE + varint(m.queue_id) if m.queue_id else b"",
-            _K_SP_OFFSET, varint(m.queue_offset),
-            _K_SP_ATTEMPT, small[attempt] if 0 < attempt < 128 else varint(max(1, attempt)),
-            text(_K_SP_GROUP, group) if group else b"",
-        ))
-        if dlq:
-            # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
-            sp += wire.field(_K_SP_DLQ, (text(_K_DLQ_TOPIC, m.topic) if m.topic else b"") +
-                             (text(_K_DLQ_ID, m.message_id) if m.message_id else b""))
-            topic = requested_topic
-        else:
-            topic = m.topic
-        if topic is not last_topic:  # a batch is nearly always of one topic
-            head = _topic_field(topic, namespace)
-            last_topic = topic
-        message = join((head, user, k_sp, varint(len(sp)), sp, k_body + varint(len(body)) if body else b"", body))
-        out.append(_K_RESPONSE_MESSAGE + varint(len(message)) + message)
-    return out
-
-
-def _topic_field(topic: str, namespace: str) -> bytes:
-    key = (topic, namespace)
-    head = _topic_fields.get(key)
-    if head is None:  # receives name the same few topics over and over
-        if len(_topic_fields) >= _NAMES_CACHE_MAX:
-            _topic_fields.clear()
-        head = _topic_fields[key] = wire.field(wire.K_MESSAGE_TOPIC, wire.resource(topic, namespace))
-    return head
-
-
-_SMALL = [bytes((i,)) for i in range(128)]  # varints below 128 are one byte: the value
-_TYPE_FIELDS = {t: (_K_SP_TYPE + wire.varint(t) if t else b"") for t in (_UNSPECIFIED, _NORMAL, _FIFO, _DELAY,
-                                                                        _TRANSACTION, _LITE, _PRIORITY)}
-_topic_fields: dict[tuple[str, str], bytes] = {}
-
-
-def store_host_field(store_host: str) -> bytes:
-    """The ``store_host`` field bytes for ``message_bytes`` (empty for an empty host)."""
-    return wire.string_field(_K_SP_HOST, store_host) if store_host else b""
 
 
 # ------------------------------------------------------------------------------------ routes

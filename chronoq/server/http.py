@@ -21,8 +21,8 @@ all of it is read on the event loop thread, the same thread the gRPC front end r
   ``read``; consumer offsets: ``list_groups``, ``get_offset``; ``recovery``: the start-up report;
   ``store``: commit log; ``timer_stats()``).
 - ``runtime.broker.timer``: the ``chronoq.timer.service.TimerService`` (pending timers).
-- ``runtime.pop``: the ``chronoq.pop.service.PopService`` of the gRPC front end (groups, in-flight
-  messages, retry/DLQ), or ``None`` when no gRPC front end is running.
+- ``runtime.pop``: the ``chronoq.pop.service.PopService`` (groups, in-flight messages, retry/DLQ;
+  ``chronoq.server.consumers``), or ``None`` before the runtime opened it.
 - ``runtime.metrics``: the ``chronoq.server.metrics.BrokerMetrics`` (``.registry`` is its own
   ``CollectorRegistry``; ``.snapshot()`` a dict of the figures ``chronoq stats`` shows).
 

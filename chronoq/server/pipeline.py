@@ -26,7 +26,7 @@ import asyncio
 
 from chronoq.core import errors, model, validate
 from chronoq.proto import chronoq_admin_pb2 as apb
-from chronoq.server import status
+from chronoq.protocol.rocketmq import status
 from chronoq.features.staging import CHUNK_ROWS_MAX, Rows, Staging
 from chronoq.store import record
 from chronoq.timer import copies

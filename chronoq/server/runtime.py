@@ -41,6 +41,9 @@ class Runtime:
         self.broker: Broker | None = None
         self.committer: GroupCommitter | None = None
         self.metrics = None  # chronoq.server.metrics.BrokerMetrics, once the broker is open
+        # The broker's consumer state (chronoq.server.consumers), opened before the front ends.
+        self.pop = None   # chronoq.pop.service.PopService
+        self.txns = None  # chronoq.features.transactions.Transactions
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
@@ -64,14 +67,16 @@ class Runtime:
         self.metrics = BrokerMetrics(self.broker, pop=lambda: self.pop)
         return self.broker
 
-    @property
-    def pop(self):
-        """The gRPC front end's ``PopService`` (None before it started or when there is none)."""
-        for front_end in self.front_ends:
-            pop = getattr(front_end, "pop", None)
-            if pop is not None:
-                return pop
-        return None
+    def open_consumers(self) -> None:
+        from chronoq.server.consumers import open_consumers
+
+        self.pop, self.txns = open_consumers(self.broker, self.config)
+
+    def close_consumers(self) -> None:
+        from chronoq.server.consumers import close_consumers
+
+        pop, txns, self.pop, self.txns = self.pop, self.txns, None, None
+        close_consumers(pop, txns)
 
     async def _periodic(self) -> None:
         assert self.broker is not None
@@ -194,6 +199,7 @@ class Runtime:
         # must not wait the default 5 ms for the GIL behind them (timer releases are due to the ms).
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
+            self.open_consumers()
             for front_end in front_ends.build(self):
                 await front_end.start()
                 self.front_ends.append(front_end)
@@ -211,6 +217,7 @@ class Runtime:
         finally:  # also when a front end fails to start: close what is open, cleanly
             for front_end in reversed(self.front_ends):
                 await front_end.stop()
+            self.close_consumers()
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -6,7 +6,7 @@ hangs), checking that it stopped cleanly. ``chronoq_endpoint`` is one shared ser
 session ("127.0.0.1:port"); tests isolate themselves with their own topic and group names.
 
 Consumer groups are configured through the config file's ``[groups.<name>]`` tables (see
-``chronoq.server.grpc_server.apply_group_config``). ``SHARED_GROUPS`` lists those of the shared
+``chronoq.server.consumers.apply_group_config``). ``SHARED_GROUPS`` lists those of the shared
 server.
 """
 
@@ -68,19 +68,25 @@ async def start_front_end(data_dir: str, **settings):
     from chronoq.broker.broker import Broker
     from chronoq.broker.committer import GroupCommitter
     from chronoq.core.config import BrokerConfig
+    from chronoq.server.consumers import open_consumers
     from chronoq.server.grpc_server import GrpcFrontEnd
 
     config = BrokerConfig(data_dir=data_dir, port=free_port(), **settings).validate()
     broker = Broker(config)
     committer = GroupCommitter(broker)
     committer.start()
-    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer))
+    pop, txns = open_consumers(broker, config)
+    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer, pop=pop,
+                                               txns=txns))
     await front.start()
     return front
 
 
 async def stop_front_end(front) -> None:
+    from chronoq.server.consumers import close_consumers
+
     await front.stop()
+    close_consumers(front.runtime.pop, front.runtime.txns)
     await front.runtime.committer.close()
     front.runtime.broker.close()
 

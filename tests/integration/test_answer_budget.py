@@ -29,11 +29,12 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq.core import refusals
-from chronoq.protocol import wire
+from chronoq.protocol.rocketmq.receive import split_receive_batch
 from chronoq.broker.broker import Broker, OutgoingMessage
 from chronoq.core.clock import SystemClock
 from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
+from chronoq.server.consumers import close_consumers, open_consumers
 from chronoq.server.grpc_server import GrpcFrontEnd
 
 from .conftest import free_port
@@ -169,7 +170,7 @@ def receive_request(group: str, topic: str, batch: int, poll_ms: int = 0) -> sv.
 def answer_responses(path: str, messages: list[bytes]) -> list[sv.ReceiveMessageResponse]:
     if path == RECEIVE_BATCH:
         assert len(messages) <= 1
-        messages = [bytes(m) for m in wire.split_receive_batch(messages[0])] if messages else []
+        messages = [bytes(m) for m in split_receive_batch(messages[0])] if messages else []
     return [sv.ReceiveMessageResponse.FromString(m) for m in messages]
 
 
@@ -181,13 +182,16 @@ async def start(tmp_path, mode: str):
     broker = Broker(config, clock=clock)
     committer = GroupCommitter(broker)
     committer.start()
-    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer))
+    pop, txns = open_consumers(broker, config)
+    front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer, pop=pop,
+                                               txns=txns))
     await front.start()
     return front, clock
 
 
 async def stop(front) -> None:
     await front.stop()
+    close_consumers(front.runtime.pop, front.runtime.txns)
     await front.runtime.committer.close()
     front.runtime.broker.close()
 

@@ -13,7 +13,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq.protocol import wire
+from chronoq.protocol.rocketmq import ack, fields
+from chronoq.protocol.rocketmq.receive import split_receive_batch
 from chronoq.client.client import RECEIVE_BATCH_PATH, Client, ClientError, OutgoingMessage
 
 from .conftest import ChronoqProcess, free_port
@@ -84,7 +85,7 @@ def test_batch_receive_answers_statuses(chronoq_endpoint):
                                            batch_size=4)
             raw = client._channel.unary_unary(RECEIVE_BATCH_PATH,
                                               request_serializer=sv.ReceiveMessageRequest.SerializeToString)
-            items = [sv.ReceiveMessageResponse.FromString(b) for b in wire.split_receive_batch(await raw(req))]
+            items = [sv.ReceiveMessageResponse.FromString(b) for b in split_receive_batch(await raw(req))]
             return bad_group.value, bad_batch.value, items
 
     bad_group, bad_batch, items = asyncio.run(scenario())
@@ -113,7 +114,7 @@ def test_batch_receive_is_guarded_like_receive_message(tmp_path):
                 await client.receive(unique("fraud"), topic, wait_s=0)
             # The ack's group is allowed, the receive's is not: the whole call is refused.
             receive = await client._receive_request(unique("fraud"), topic, 16, 30, 0, "*")
-            both = wire.ack_and_receive_request(client._ack_request(group, topic, got), receive.SerializeToString())
+            both = ack.ack_and_receive_request(client._ack_request(group, topic, got), receive.SerializeToString())
             with pytest.raises(ClientError) as no_group_either:
                 await client._chronoq_call(client._ack_and_receive, both, 5)
             acked_next = await client.ack_and_receive(group, topic, got, wait_s=0)
@@ -160,12 +161,12 @@ def test_ack_and_receive_answers_a_status_alone_when_every_entry_was_acked(chron
             await client.send_batch([OutgoingMessage(topic, b"m%d" % i) for i in range(4)])
             got = await client.receive(group, topic, max_messages=4, wait_s=1)
             receive = await client._receive_request(group, topic, 4, 30, 0, "*")
-            both = wire.ack_and_receive_request(client._ack_request(group, topic, got), receive.SerializeToString())
+            both = ack.ack_and_receive_request(client._ack_request(group, topic, got), receive.SerializeToString())
             return got, await client._chronoq_call(client._ack_and_receive, both, 5)
 
     got, blob = asyncio.run(scenario())
     assert len(got) == 4
-    acks = [value for number, value in wire.length_fields(blob) if number == 2]
+    acks = [value for number, value in fields.length_fields(blob) if number == 2]
     answer = sv.AckMessageResponse.FromString(acks[0])
     assert answer.status.code == pb.Code.OK and not answer.entries
 
@@ -175,7 +176,7 @@ def test_ack_and_receive_request_must_hold_both_parts(chronoq_endpoint):
         async with grpc.aio.insecure_channel(chronoq_endpoint) as channel:
             call = channel.unary_unary("/chronoq.v1.Consume/AckAndReceive")
             with pytest.raises(grpc.aio.AioRpcError) as only_ack:
-                await call(wire.field(wire.K_ACK_AND_RECEIVE_ACK, b""), timeout=5)
+                await call(fields.field(ack.K_ACK_AND_RECEIVE_ACK, b""), timeout=5)
             with pytest.raises(grpc.aio.AioRpcError) as garbage:
                 await call(b"\xff\xff\xff", timeout=5)
             return only_ack.value, garbage.value

@@ -1,4 +1,4 @@
-"""plainsend.columns (a SendMessage batch's columns read from its bytes) against
+"""send.plain_columns (a SendMessage batch's columns read from its bytes) against
 convert.plain_batch (the same read from the parsed request), which it stands in for."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
-from chronoq.protocol import wire
+from chronoq.protocol.rocketmq import fields, send
 from chronoq.client.client import Client, OutgoingMessage
-from chronoq.server import convert, plainsend
+from chronoq.server import convert
 
 
 def _truth(raw: bytes):
@@ -21,8 +21,8 @@ def _truth(raw: bytes):
 
 
 def _agrees(raw: bytes):
-    """columns answers what plain_batch answers, or None (then the caller asks plain_batch)."""
-    got = plainsend.columns(raw)
+    """plain_columns answers what plain_batch answers, or None (then the caller asks plain_batch)."""
+    got = send.plain_columns(raw)
     if got is not None:
         assert got == _truth(raw)
     return got
@@ -70,31 +70,32 @@ def test_what_is_not_plain_is_declined():
                   pb.Message(topic=pb.Resource(name="orders"), body=b"3", user_properties={"k": "v"},
                              system_properties=pb.SystemProperties(message_id="c"))):
         raw = sv.SendMessageRequest(messages=base + [extra]).SerializeToString()
-        assert plainsend.columns(raw) is None
+        assert send.plain_columns(raw) is None
         assert _truth(raw) is None
 
 
 def test_bytes_protobuf_merges_are_left_to_protobuf():
     one = _message("a", b"1").SerializeToString()
     # A second system-properties field: protobuf merges it (the id changes); columns gives up.
-    twice = one + wire.field(wire.K_MESSAGE_SP, wire.string_field(wire.K_SP_MESSAGE_ID, "z"))
-    raw = wire.field(wire.K_SEND_MESSAGES, twice) * 2
-    assert plainsend.columns(raw) is None
+    twice = one + fields.field(fields.K_MESSAGE_SP, fields.string_field(fields.K_SP_MESSAGE_ID, "z"))
+    raw = fields.field(fields.K_SEND_MESSAGES, twice) * 2
+    assert send.plain_columns(raw) is None
     assert _truth(raw)[1] == ["z", "z"]
     # The body given twice: the last wins, in both readers.
-    body_twice = one + wire.field(wire.K_MESSAGE_BODY, b"second")
-    raw = wire.field(wire.K_SEND_MESSAGES, body_twice) * 3
+    body_twice = one + fields.field(fields.K_MESSAGE_BODY, b"second")
+    raw = fields.field(fields.K_SEND_MESSAGES, body_twice) * 3
     assert _agrees(raw)[3] == [b"second"] * 3
     # An unknown message field after the body: the shape does not hold, each message is read whole.
-    tail = one + wire.key(9, wire.VARINT) + wire.varint(7)
-    raw = wire.field(wire.K_SEND_MESSAGES, tail) * 3
+    tail = one + fields.key(9, fields.VARINT) + fields.varint(7)
+    raw = fields.field(fields.K_SEND_MESSAGES, tail) * 3
     assert _agrees(raw) is not None
     # Unknown fixed-width fields (64 and 32 bits) are skipped, as protobuf keeps them aside.
-    fixed = one + wire.key(10, 1) + bytes(8) + wire.key(11, 5) + bytes(4)
-    raw = wire.field(wire.K_SEND_MESSAGES, fixed) * 2
+    fixed = one + fields.key(10, 1) + bytes(8) + fields.key(11, 5) + bytes(4)
+    raw = fields.field(fields.K_SEND_MESSAGES, fixed) * 2
     assert _agrees(raw) is not None
     # A group (wire type 3) is not read: columns gives up.
-    assert plainsend.columns(wire.field(wire.K_SEND_MESSAGES, one + wire.key(12, 3) + wire.key(12, 4)) * 2) is None
+    group = fields.key(12, 3) + fields.key(12, 4)
+    assert send.plain_columns(fields.field(fields.K_SEND_MESSAGES, one + group) * 2) is None
 
 
 _ids = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=0, max_size=40)

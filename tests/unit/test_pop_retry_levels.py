@@ -13,7 +13,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from chronoq.pop import names
 from chronoq.pop.service import PopService
-from chronoq.server.grpc_server import MessagingService, _TelemetrySession
+from chronoq.features.transactions import Transactions
+from chronoq.server.messaging.clients import TelemetrySession
+from chronoq.server.messaging.service import MessagingService
 
 G = "grp"
 T = "orders"
@@ -207,8 +209,8 @@ def test_consumer_settings_announce_the_configured_table(tmp_path, nodes):
     """The gRPC glue tells consumers the same back-off (customized_backoff, contract §3.3)."""
     node = open_node(tmp_path, timer_delay_levels="2s 4s 500ms")
     nodes.append(node)
-    service = MessagingService(node.broker.config, node.broker, None, node.pop)
+    service = MessagingService(node.broker.config, node.broker, None, node.pop, Transactions(node.broker))
     settings = pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription(group=pb.Resource(name=G)))
-    out = service._merged_settings(settings, _TelemetrySession("client-1", None))
+    out = service._merged_settings(settings, TelemetrySession("client-1", None))
     assert out.backoff_policy.WhichOneof("strategy") == "customized_backoff"
     assert [d.ToMilliseconds() for d in out.backoff_policy.customized_backoff.next] == [2_000, 4_000, 500]

@@ -1,5 +1,5 @@
 """The SendMessage fast path (convert.plain_batch -> Broker.write_plain -> Store.write_plain ->
-wire.send_response_ok_plain) against the message-by-message path it stands in for.
+send_response) against the message-by-message path it stands in for.
 
 Two brokers on the same fake clock get the same requests, one through each path: the answers,
 the commit log (byte for byte), the consume queues, the dedupe window, the metrics and the trace
@@ -15,13 +15,15 @@ import os
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
-from chronoq.protocol import wire
+from chronoq.protocol.rocketmq.send import send_response
 from chronoq.broker.broker import Broker
 from chronoq.core.clock import FakeClock
 from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
+from chronoq.features.transactions import Transactions
 from chronoq.server import convert
-from chronoq.server.grpc_server import MessagingService, SendRequest, serialize_answer
+from chronoq.server.messaging.calls import SendRequest, serialize_answer
+from chronoq.server.messaging.service import MessagingService
 from chronoq.store import record
 
 from storekit import SMALL_SEGMENT, body_for, log_bytes, open_store, prep, queue_snapshot, read_all
@@ -58,7 +60,7 @@ class _Side:
         self.broker = Broker(self.config, clock=clock)
         self.committer = GroupCommitter(self.broker)
         self.committer.start()
-        self.service = MessagingService(self.config, self.broker, self.committer, None)
+        self.service = MessagingService(self.config, self.broker, self.committer, None, Transactions(self.broker))
 
     async def fast(self, messages) -> bytes:
         """The fast path only; it must take the batch."""
@@ -66,10 +68,10 @@ class _Side:
         assert plain is not None
         offsets = await self.committer.send_plain(*plain)
         assert offsets is not None
-        return sv.SendMessageResponse.FromString(wire.send_response_ok_plain(plain[1], offsets)).SerializeToString()
+        return sv.SendMessageResponse.FromString(send_response(plain[1], offsets)).SerializeToString()
 
     async def via_send_message(self, messages) -> bytes:
-        """As the server calls it: the request keeps its bytes (plainsend reads them)."""
+        """As the server calls it: the request keeps its bytes (send.plain_columns reads them)."""
         request = SendRequest(sv.SendMessageRequest(messages=messages).SerializeToString())
         return serialize_answer(await self.service.SendMessage(request, None))
 

@@ -12,7 +12,7 @@ from popkit import Node
 
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import admin
-from chronoq.server.status import Code
+from chronoq.protocol.rocketmq.status import Code
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The gRPC shell's pure parts: error -> status mapping and protobuf <-> model conversion."""
+"""The gRPC shell's pure parts: error -> status mapping, protobuf <-> model conversion, and the hand
+encoder of received messages held to the generated classes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from chronoq.core import errors
 from chronoq.core.model import Message, MessageType
-from chronoq.server import convert, status
+from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, SYSTEM_PROPERTY_PREFIX
+from chronoq.protocol.rocketmq import receive, status
+from chronoq.server import convert
 
 Code = pb.Code
 
@@ -45,10 +48,9 @@ def test_chronoq_errors_keep_their_message(exc, code):
 
 
 def test_unexpected_exceptions_are_internal_errors_without_details(caplog):
-    st = pb.Status()
-    status.fill(st, KeyError("secret-internal-detail"), "SendMessage")
-    assert st.code == Code.INTERNAL_ERROR
-    assert "SendMessage" in st.message and "secret-internal-detail" not in st.message
+    code, message = status.code_and_message(KeyError("secret-internal-detail"), "SendMessage")
+    assert code == Code.INTERNAL_ERROR
+    assert "SendMessage" in message and "secret-internal-detail" not in message
     assert "chronoq bug" in caplog.text
 
 
@@ -132,9 +134,73 @@ def _stored(**kw) -> Message:
     return Message(**base)
 
 
+# ----------------------------------------------------------------------------- the reference encoding
+def message_fields(popped, *, requested_topic: str, namespace: str, store_host: str) -> dict:
+    """One popped message as the keyword form of ``apache.rocketmq.v2.Message`` (contract §2.3):
+    the reference ``receive.messages_bytes`` is held to, built by the generated classes.
+
+    Retried messages carry their original topic and id; a message read from a DLQ topic also says
+    where it came from (``dead_letter_queue``).
+    """
+    m = popped.message
+    props = m.properties
+    ptype = pb.NORMAL
+    sp = {
+        "message_id": m.message_id,
+        "body_digest": {"type": pb.MD5, "checksum": hashlib.md5(m.body).hexdigest().upper()},
+        "body_encoding": pb.IDENTITY,
+        "born_timestamp": _ts(m.born_ms or m.stored_ms),
+        "store_timestamp": _ts(m.stored_ms),
+        "store_host": store_host,
+        "receipt_handle": popped.receipt_handle,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "delivery_attempt": max(1, popped.delivery_attempt),
+    }
+    fields = {"topic": {"name": m.topic, "resource_namespace": namespace}, "system_properties": sp,
+              "body": m.body}
+    if props:
+        fields["user_properties"] = {k: v for k, v in props.items() if not k.startswith(SYSTEM_PROPERTY_PREFIX)}
+        tname = props.get(PROP_MESSAGE_TYPE)
+        if tname is not None:
+            ptype = {"NORMAL": pb.NORMAL, "FIFO": pb.FIFO, "DELAY": pb.DELAY,
+                     "TRANSACTION": pb.TRANSACTION}.get(tname, pb.NORMAL)
+    group = popped.message_group
+    if group is None and props:
+        group = props.get(PROP_MESSAGE_GROUP)
+    if group:
+        sp["message_group"] = group
+        if ptype == pb.NORMAL:
+            ptype = pb.FIFO
+    sp["message_type"] = ptype
+    if m.tag:
+        sp["tag"] = m.tag
+    if m.keys:
+        sp["keys"] = m.keys
+    if m.deliver_at_ms:
+        sp["delivery_timestamp"] = _ts(m.deliver_at_ms)
+        if ptype == pb.NORMAL:  # a delivered timer copy: clients expect DELAY (contract §5.3)
+            sp["message_type"] = pb.DELAY
+    if requested_topic.startswith("%DLQ%"):
+        # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
+        sp["dead_letter_queue"] = {"topic": m.topic, "message_id": m.message_id}
+        fields["topic"]["name"] = requested_topic
+    return fields
+
+
+def message_to_pb(popped, *, requested_topic: str, namespace: str, store_host: str):
+    """``message_fields`` as an ``apache.rocketmq.v2.Message``."""
+    return pb.Message(**message_fields(popped, requested_topic=requested_topic, namespace=namespace,
+                                       store_host=store_host))
+
+
+def _ts(ms: int) -> dict:
+    return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
+
+
 def test_message_to_pb_sets_every_field_the_clients_need():
     p = FakePopped(_stored(), "handle-1", 3, 0, None)
-    m = convert.message_to_pb(p, requested_topic="orders", namespace="ns", store_host="127.0.0.1:8081")
+    m = message_to_pb(p, requested_topic="orders", namespace="ns", store_host="127.0.0.1:8081")
     sp = m.system_properties
     assert m.topic.name == "orders" and m.topic.resource_namespace == "ns"
     assert dict(m.user_properties) == {"color": "red"}  # '__' properties stay inside the broker
@@ -150,11 +216,11 @@ def test_message_to_pb_sets_every_field_the_clients_need():
 
 def test_message_to_pb_fifo_and_dlq():
     p = FakePopped(_stored(properties={"__GROUP": "g1", "__TYPE": "FIFO"}), "h", 1, 0, "g1")
-    m = convert.message_to_pb(p, requested_topic="orders", namespace="", store_host="h:1")
+    m = message_to_pb(p, requested_topic="orders", namespace="", store_host="h:1")
     assert m.system_properties.message_type == pb.FIFO and m.system_properties.message_group == "g1"
     assert not m.user_properties
-    dlq = convert.message_to_pb(FakePopped(_stored(), "h", 1, 0, None), requested_topic="%DLQ%grp",
-                                namespace="", store_host="h:1")
+    dlq = message_to_pb(FakePopped(_stored(), "h", 1, 0, None), requested_topic="%DLQ%grp",
+                        namespace="", store_host="h:1")
     assert dlq.topic.name == "%DLQ%grp"
     assert (dlq.system_properties.dead_letter_queue.topic, dlq.system_properties.dead_letter_queue.message_id) == (
         "orders", "01ID")
@@ -203,14 +269,14 @@ def test_message_bytes_equal_the_generated_encoding(shape, requested, namespace,
 
     for group, attempt in ((None, 1), ("given", 3), (None, 0)):
         p = FakePopped(_stored(**_SHAPES[shape]), "0123abcd" * 6, attempt, 0, group)
-        mine = convert.message_bytes(p, requested, namespace, convert.store_host_field(host))
-        reference = sv.ReceiveMessageResponse(message=convert.message_fields(
+        mine = receive.message_bytes(p, requested, namespace, receive.store_host_field(host))
+        reference = sv.ReceiveMessageResponse(message=message_fields(
             p, requested_topic=requested, namespace=namespace, store_host=host))
         # chronoq's own receive calls carry a CRC32 digest (8 uppercase hex digits, what the Python
         # client checks), ReceiveMessage an MD5 one; everything else is the same.
         assert reference.message.system_properties.body_digest.type == pb.MD5
         # ReceiveMessage's form: the MD5 digest, as message_fields has it.
-        with_md5 = convert.message_bytes(p, requested, namespace, convert.store_host_field(host), md5=True)
+        with_md5 = receive.message_bytes(p, requested, namespace, receive.store_host_field(host), md5=True)
         assert sv.ReceiveMessageResponse.FromString(with_md5) == reference
         if len(reference.message.user_properties) <= 1:  # map order aside, the very same bytes
             assert with_md5 == reference.SerializeToString()
@@ -232,8 +298,8 @@ def test_messages_bytes_of_a_mixed_batch_equal_each_alone(requested):
         extra.setdefault("stored_ms", 1_700_000_000_500 + (i // 2) * 7)
         extra.setdefault("topic", "orders" if i % 4 else "other")
         batch.append(FakePopped(_stored(**extra), f"{i:02d}" * 24, 1 + i % 3, 0, "g" if i % 5 == 0 else None))
-    host = convert.store_host_field("127.0.0.1:8081")
-    assert convert.messages_bytes(batch, requested, "ns", host) == [
-        convert.message_bytes(p, requested, "ns", host) for p in batch]
-    assert convert.messages_bytes(batch, requested, "ns", host, md5=True) == [
-        convert.message_bytes(p, requested, "ns", host, md5=True) for p in batch]
+    host = receive.store_host_field("127.0.0.1:8081")
+    assert receive.messages_bytes(batch, requested, "ns", host) == [
+        receive.message_bytes(p, requested, "ns", host) for p in batch]
+    assert receive.messages_bytes(batch, requested, "ns", host, md5=True) == [
+        receive.message_bytes(p, requested, "ns", host, md5=True) for p in batch]

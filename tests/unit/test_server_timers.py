@@ -18,7 +18,7 @@ from chronoq.core import errors
 from chronoq.core.model import MessageType
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import admin, convert
-from chronoq.server.status import Code
+from chronoq.protocol.rocketmq.status import Code
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
 
 LEVEL = convert.DELAY_LEVEL_PROPERTY

@@ -1,4 +1,5 @@
-"""chronoq.protocol.wire and the client's hand-encoded requests equal what the generated classes build."""
+"""chronoq.protocol.rocketmq's hand encoders and the client's hand-encoded requests equal what the
+generated classes build, byte for byte."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
-from chronoq.protocol import wire
+from chronoq.protocol.rocketmq import ack, fields, receive, send
 from chronoq.client.client import DELAY_LEVEL_PROPERTY, Client, OutgoingMessage
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
@@ -18,7 +19,7 @@ def _client(namespace: str, host: str = "host-1") -> Client:
     client = Client.__new__(Client)  # no channel: only the encoders are used
     client.namespace = namespace
     client._topic_fields = {}
-    client._born_host = wire.string_field(wire.K_SP_BORN_HOST, host)
+    client._born_host = fields.string_field(fields.K_SP_BORN_HOST, host)
     return client
 
 
@@ -57,12 +58,12 @@ def test_send_request_equals_the_generated_encoding(messages, namespace, born_ms
     client = _client(namespace)
     tail: dict = {}
     parts = [client._encode_parts(m, born_ms, tail) for m in messages]
-    got = sv.SendMessageRequest.FromString(wire.send_request(parts))
+    got = sv.SendMessageRequest.FromString(send.send_request(parts))
     want = sv.SendMessageRequest(messages=[_reference(m, born_ms, namespace, "host-1") for m in messages])
     assert got == want
     # Maps aside, the bytes are exactly the generated serialization (same field order).
     if not any(m.properties or m.delay_level for m in messages):
-        assert wire.send_request(parts) == want.SerializeToString()
+        assert send.send_request(parts) == want.SerializeToString()
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,13 +108,13 @@ def test_a_message_without_an_id_gets_a_fresh_one():
 @given(st.integers(-2**63, 2**63 - 1).filter(bool))
 def test_varint_matches_protobuf(n):
     # offset is an int64: negative values are ten bytes of two's complement.
-    assert wire.key(4, wire.VARINT) + wire.varint(n) == sv.SendResultEntry(offset=n).SerializeToString()
+    assert fields.key(4, fields.VARINT) + fields.varint(n) == sv.SendResultEntry(offset=n).SerializeToString()
 
 
 @settings(max_examples=200, deadline=None)
 @given(names, names, st.sampled_from(["", "ns"]), st.lists(st.tuples(text, text), max_size=5))
 def test_ack_request_equals_the_generated_encoding(group, topic, namespace, entries):
-    raw = wire.ack_request(wire.resource(group, namespace), wire.resource(topic, namespace), entries)
+    raw = ack.ack_request(fields.resource(group, namespace), fields.resource(topic, namespace), entries)
     want = sv.AckMessageRequest(group=pb.Resource(name=group, resource_namespace=namespace),
                                 topic=pb.Resource(name=topic, resource_namespace=namespace),
                                 entries=[sv.AckMessageEntry(message_id=m, receipt_handle=h) for m, h in entries])
@@ -121,55 +122,107 @@ def test_ack_request_equals_the_generated_encoding(group, topic, namespace, entr
     assert raw == want.SerializeToString()
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(text, st.integers(-2**63, 2**63 - 1), text), max_size=5))
-def test_send_response_equals_the_generated_encoding(results):
+statuses = st.none() | st.tuples(st.sampled_from([pb.BAD_REQUEST, pb.ILLEGAL_TOPIC, pb.INTERNAL_ERROR, pb.OK]),
+                                 text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(text, st.integers(-2**63, 2**63 - 1), text, text, statuses), max_size=5),
+       st.sampled_from(["all", "ids and offsets", "failures"]))
+def test_send_response_equals_the_generated_encoding(results, columns):
     ok = pb.Status(code=pb.OK, message="OK")
-    want = sv.SendMessageResponse(status=ok, entries=[
-        sv.SendResultEntry(status=ok, message_id=m, offset=o, recall_handle=r) for m, o, r in results])
-    raw = wire.send_response_ok(results)
+    if columns == "ids and offsets":  # the plain batch's answer
+        results = [(m, o, "", "", None) for m, o, *_ in results]
+    elif columns == "failures":  # a failed message: its id, nothing else
+        results = [(m, 0, "", "", st) if st else (m, o, r, t, None) for m, o, r, t, st in results]
+    entries = [sv.SendResultEntry(status=pb.Status(code=st[0], message=st[1]) if st else ok, message_id=m,
+                                  offset=o, recall_handle=r, transaction_id=t) for m, o, r, t, st in results]
+    top = next((e.status for e, r in zip(entries, results) if r[4]), ok)
+    want = sv.SendMessageResponse(status=top, entries=entries)
+    ids, offsets = [r[0] for r in results], [r[1] for r in results]
+    if columns == "ids and offsets":
+        raw = send.send_response(ids, offsets)
+    else:
+        raw = send.send_response(*zip(*results)) if results else send.send_response((), ())
     assert raw == want.SerializeToString()
     assert sv.SendMessageResponse.FromString(raw) == want
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(text, text), max_size=5))
-def test_ack_response_equals_the_generated_encoding(entries):
+@given(st.sampled_from([pb.BAD_REQUEST, pb.INTERNAL_ERROR, pb.TOO_MANY_REQUESTS]), text)
+def test_a_refused_request_answers_the_status_alone(code, message):
+    want = pb.Status(code=code, message=message)
+    assert send.send_response((), (), status=(code, message)) == \
+        sv.SendMessageResponse(status=want).SerializeToString()
+    assert ack.ack_response((), (), status=(code, message)) == sv.AckMessageResponse(status=want).SerializeToString()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(text, text, statuses), max_size=5), st.booleans())
+def test_ack_response_equals_the_generated_encoding(entries, with_failures):
     ok = pb.Status(code=pb.OK, message="OK")
-    want = sv.AckMessageResponse(status=ok, entries=[
-        sv.AckMessageResultEntry(message_id=m, receipt_handle=h, status=ok) for m, h in entries])
-    raw = wire.ack_response_ok(entries)
+    if not with_failures:
+        entries = [(m, h, None) for m, h, _ in entries]
+    results = [sv.AckMessageResultEntry(message_id=m, receipt_handle=h,
+                                        status=pb.Status(code=st[0], message=st[1]) if st else ok)
+               for m, h, st in entries]
+    top = next((r.status for r, e in zip(results, entries) if e[2]), ok)
+    want = sv.AckMessageResponse(status=top, entries=results)
+    ids, handles, failures = [e[0] for e in entries], [e[1] for e in entries], [e[2] for e in entries]
+    raw = ack.ack_response(ids, handles, failures if with_failures else None)
     assert raw == want.SerializeToString()
     assert sv.AckMessageResponse.FromString(raw) == want
+
+
+@given(st.sampled_from([pb.OK, pb.MESSAGE_NOT_FOUND, pb.BAD_REQUEST]), text, st.integers(0, 2**42))
+def test_receive_status_and_delivery_equal_the_generated_encoding(code, message, now_ms):
+    assert receive.receive_status(code, message) == \
+        sv.ReceiveMessageResponse(status=pb.Status(code=code, message=message)).SerializeToString()
+    want = sv.ReceiveMessageResponse()
+    want.delivery_timestamp.FromMilliseconds(now_ms)
+    assert receive.receive_delivery(now_ms) == want.SerializeToString()
+
+
+def test_the_field_table_names_real_fields_of_the_generated_classes():
+    # (fields.py checks every number at import; this says what an edit of the table must keep)
+    assert len({(cls, name) for cls, name, _, _ in fields.FIELDS}) == len(fields.FIELDS)
+    for cls, name, number, wire_type in fields.FIELDS:
+        descriptor = cls.DESCRIPTOR.fields_by_name[name]
+        assert descriptor.number == number
+        assert wire_type == (fields.LEN if descriptor.type in (descriptor.TYPE_STRING, descriptor.TYPE_BYTES,
+                                                               descriptor.TYPE_MESSAGE) else fields.VARINT)
 
 
 # ------------------------------------------------------------------------------ batched receive
 @given(st.lists(st.binary(max_size=300), max_size=20))
 def test_receive_batch_splits_back_into_its_items(items):
-    blob = wire.receive_batch(items)
-    assert [bytes(v) for v in wire.split_receive_batch(blob)] == items
+    blob = receive.receive_batch(items)
+    assert [bytes(v) for v in receive.split_receive_batch(blob)] == items
 
 
 def test_receive_batch_is_repeated_field_one():
     """The bytes of `repeated M responses = 1`: a generated class of that shape
     (SendMessageRequest's `repeated Message messages = 1`) reads the same items."""
     items = [pb.Message(body=b"x" * n).SerializeToString() for n in (0, 5, 300)]
-    parsed = sv.SendMessageRequest.FromString(wire.receive_batch(items))
+    parsed = sv.SendMessageRequest.FromString(receive.receive_batch(items))
     assert [m.SerializeToString() for m in parsed.messages] == items
 
 
 @given(st.binary(max_size=64), st.binary(max_size=64))
-def test_ack_and_receive_request_and_response_split_into_their_parts(ack, receive):
-    assert [(n, bytes(v)) for n, v in wire.length_fields(wire.ack_and_receive_request(ack, receive))] == [
-        (1, ack), (2, receive)]
-    response = wire.ack_and_receive_response(ack, [receive, receive])
-    assert [(n, bytes(v)) for n, v in wire.length_fields(response)] == [(1, receive), (1, receive), (2, ack)]
+def test_ack_and_receive_request_and_response_split_into_their_parts(ack_bytes, receive_bytes):
+    request = ack.ack_and_receive_request(ack_bytes, receive_bytes)
+    assert [(n, bytes(v)) for n, v in fields.length_fields(request)] == [(1, ack_bytes), (2, receive_bytes)]
+    assert tuple(map(bytes, ack.split_ack_and_receive_request(request))) == (ack_bytes, receive_bytes)
+    response = ack.ack_and_receive_response(ack_bytes, [receive_bytes, receive_bytes])
+    assert [(n, bytes(v)) for n, v in fields.length_fields(response)] == [
+        (1, receive_bytes), (1, receive_bytes), (2, ack_bytes)]
+    items, acked = ack.split_ack_and_receive_response(response)
+    assert ([bytes(i) for i in items], bytes(acked)) == ([receive_bytes, receive_bytes], ack_bytes)
 
 
 @given(st.binary(max_size=200))
 def test_length_fields_accepts_or_raises_value_error(blob):
     try:
-        fields = wire.length_fields(blob)
+        got = fields.length_fields(blob)
     except ValueError:
         return
-    assert sum(len(v) for _, v in fields) <= len(blob)
+    assert sum(len(v) for _, v in got) <= len(blob)

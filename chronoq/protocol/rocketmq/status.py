@@ -1,7 +1,7 @@
 """The one place where chronoq errors become ``apache.rocketmq.v2`` status codes.
 
-Every RPC of the gRPC shell catches exceptions at a single boundary and calls ``fill`` (or
-``code_and_message``). A ``ChronoqError`` maps by its ``kind``; anything else is a bug in chronoq:
+Every RPC of the gRPC shell (and of the admin service) catches exceptions at a single boundary
+and calls ``code_and_message``. A ``ChronoqError`` maps by its ``kind``; anything else is a bug in chronoq:
 it is logged with its traceback and answered ``INTERNAL_ERROR`` without leaking details.
 
 Why these codes (see ``shared/protocol/rocketmq-v2-contract.md`` §6.3):
@@ -24,7 +24,7 @@ from rocketmq.grpc_protocol import definition_pb2
 
 from chronoq.core import errors
 
-log = logging.getLogger("chronoq.server")
+log = logging.getLogger("chronoq.server")  # (the name operators filter on)
 
 Code = definition_pb2.Code
 
@@ -83,13 +83,3 @@ def code_and_message(exc: BaseException, what: str = "request") -> tuple[int, st
     log.error("%s failed with an unexpected error (a chronoq bug)", what, exc_info=exc)
     return Code.INTERNAL_ERROR, (f"internal error in chronoq while serving {what}: "
                                  f"{type(exc).__name__}; see the broker log")
-
-
-def fill(status, exc: BaseException, what: str = "request") -> None:
-    """Set ``status`` (an ``apache.rocketmq.v2.Status``) from ``exc``."""
-    status.code, status.message = code_and_message(exc, what)
-
-
-def ok(status, message: str = "OK") -> None:
-    status.code = OK
-    status.message = message

@@ -1,54 +1,119 @@
-"""The columns of a plain SendMessage batch, read straight from the request's wire bytes.
+"""SendMessage by hand: the request's encoder (chronoq.client.client), the columns of a plain batch
+read straight from the request's bytes (the broker), and the one ``SendMessageResponse`` encoder.
 
-Why: ``convert.plain_batch`` reads the same columns from the parsed request, but every attribute
-read of a upb message builds a Python object; for a batch of 100 one-KiB messages that was a
-quarter of the broker's time per message sent (about 6 us per message). Here the bytes are walked
-once. A batch's messages usually differ only in their id and body (chronoq.client.client writes them
-so; so do most batching producers), so after one message is read field by field the next ones are
-checked against its bytes around those two (``_Shape``) and cost a few comparisons each; a
-message that differs is read field by field and becomes the new shape.
+Why the columns are read from the bytes: reading them from the parsed request costs an object
+per attribute read of a upb message; for a batch of 100 one-KiB messages that was a quarter of the
+broker's time per message sent (about 6 us per message). Here the bytes are walked once. A batch's
+messages usually differ only in their id and body (chronoq.client.client writes them so; so do
+most batching producers), so after one message is read field by field the next ones are checked
+against its bytes around those two (the shape) and cost a few comparisons each; a message that
+differs is read field by field and becomes the new shape.
 
-``columns(raw)`` answers exactly what ``convert.plain_batch(SendMessageRequest.FromString(raw)
-.messages)`` answers, or None in more cases (then the caller asks ``plain_batch``): it gives up
-on anything unusual (a nested field given twice, which protobuf merges; groups; a truncated field),
-never guesses. ``tests/unit/test_plainsend.py`` holds it to ``plain_batch`` on generated batches.
-The bytes must have parsed as a ``SendMessageRequest`` first (valid UTF-8 strings, well formed).
-
-Wire format read here (``apache.rocketmq.v2``): SendMessageRequest ``messages`` = 1; Message
-``topic`` = 1 (Resource: ``resource_namespace`` = 1, ``name`` = 2), ``user_properties`` = 2,
-``system_properties`` = 3, ``body`` = 4; SystemProperties ``tag`` = 1, ``keys`` = 2,
-``message_id`` = 3, ``body_encoding`` = 5, ``message_type`` = 6, ``born_timestamp`` = 7
-(Timestamp: ``seconds`` = 1, ``nanos`` = 2), ``delivery_timestamp`` = 11, ``message_group`` = 17,
-``lite_topic`` = 21, ``priority`` = 22; other fields are skipped, as ``plain_batch`` ignores them.
+``plain_columns(raw)`` answers exactly what ``chronoq.server.convert.plain_batch(
+SendMessageRequest.FromString(raw).messages)`` answers, or None in more cases (then the caller asks
+``plain_batch``): it gives up on anything unusual (a nested field given twice, which protobuf
+merges; groups; a truncated field), never guesses. ``tests/unit/test_plainsend.py`` holds it to
+``plain_batch`` on generated batches. The bytes must have parsed as a ``SendMessageRequest`` first
+(valid UTF-8 strings, well formed). Fields it does not name (chronoq.protocol.rocketmq.fields) are
+skipped, as ``plain_batch`` ignores them.
 """
 
 from __future__ import annotations
 
-from google.protobuf import timestamp_pb2
+from itertools import repeat
 
-from chronoq.protocol.wire import _read_varint as _varint  # (ValueError when truncated or overlong)
-from chronoq.protocol.wire import varint as _VARINT_BYTES
 from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as sv
 
-# Field numbers, checked against the generated descriptors: a changed .proto fails at import.
-for _cls, _name, _number in [
-        (sv.SendMessageRequest, "messages", 1), (pb.Message, "topic", 1), (pb.Message, "user_properties", 2),
-        (pb.Message, "system_properties", 3), (pb.Message, "body", 4), (pb.Resource, "name", 2),
-        (pb.SystemProperties, "tag", 1), (pb.SystemProperties, "keys", 2), (pb.SystemProperties, "message_id", 3),
-        (pb.SystemProperties, "body_encoding", 5), (pb.SystemProperties, "message_type", 6),
-        (pb.SystemProperties, "born_timestamp", 7), (pb.SystemProperties, "delivery_timestamp", 11),
-        (pb.SystemProperties, "message_group", 17), (pb.SystemProperties, "lite_topic", 21),
-        (pb.SystemProperties, "priority", 22), (timestamp_pb2.Timestamp, "seconds", 1),
-        (timestamp_pb2.Timestamp, "nanos", 2)]:
-    assert _cls.DESCRIPTOR.fields_by_name[_name].number == _number, (_cls.DESCRIPTOR.full_name, _name)
+from chronoq.protocol.rocketmq import fields as f
+from chronoq.protocol.rocketmq.fields import read_varint as _varint  # (ValueError when truncated or overlong)
+from chronoq.protocol.rocketmq.fields import varint
 
+_SMALL = f.SMALL
+
+
+# ------------------------------------------------------------------------------ request
+def send_request(messages) -> bytes:
+    """A ``SendMessageRequest`` from ``(message field bytes, system properties bytes, body)``.
+
+    ``message field bytes`` are the topic and user-property fields, ready made; the bodies are
+    copied once, into the answer.
+    """
+    pieces: list[bytes] = []
+    add = pieces.append
+    k_message, k_sp, k_body = f.K_SEND_MESSAGES, f.K_MESSAGE_SP, f.K_MESSAGE_BODY
+    for head, sp, body in messages:
+        sp_len = varint(len(sp))
+        size = len(head) + 1 + len(sp_len) + len(sp)
+        if body:  # (proto3 leaves an empty body out)
+            body_len = varint(len(body))
+            size += 1 + len(body_len) + len(body)
+        add(k_message)
+        add(varint(size))
+        add(head)
+        add(k_sp)
+        add(sp_len)
+        add(sp)
+        if body:
+            add(k_body)
+            add(body_len)
+            add(body)
+    return b"".join(pieces)
+
+
+# ------------------------------------------------------------------------------ response
+_OK_ENTRY_STATUS = f.field(f.K_ENTRY_STATUS, f.OK_STATUS)
+_OK_TOP = f.field(f.K_SEND_STATUS, f.OK_STATUS)
+
+
+def send_response(message_ids, offsets, recall_handles=None, transaction_ids=None, failures=None, *,
+                  status: tuple[int, str] | None = None) -> bytes:
+    """The ``SendMessageResponse`` of every SendMessage answer: one ``SendResultEntry`` per message
+    id, in order, with its queue offset (0: none) and, when those columns are given, its recall
+    handle, transaction id and failure (``(code, message)``, None when accepted). An accepted entry's
+    status is OK with message "OK". The top status is ``status`` when given (the request failed as
+    a whole: give no entries), else the first failure's (clients read only that), else OK.
+
+    Columns, not a tuple per message: the plain batch path answers 100 entries a call.
+    """
+    assert status is None or not message_ids, "a failed request carries no entries"
+    # (all accepted, the usual answer: no call to work the top status out)
+    top = _OK_TOP if failures is None and status is None else f.top_status(f.K_SEND_STATUS, _OK_TOP, failures, status)
+    pieces = [top]
+    add = pieces.append
+    small, head, k_id, k_offset, ok = _SMALL, f.K_SEND_ENTRIES, f.K_ENTRY_MESSAGE_ID, f.K_ENTRY_OFFSET, _OK_ENTRY_STATUS
+    for message_id, offset, recall, txid, failure in zip(
+            message_ids, offsets, recall_handles or repeat(""), transaction_ids or repeat(""),
+            failures or repeat(None)):
+        mid = message_id.encode()
+        entry = ok if failure is None else f.field(f.K_ENTRY_STATUS, f.status(*failure))
+        if mid:
+            entry += k_id + (small[len(mid)] if len(mid) < 128 else varint(len(mid))) + mid
+        if txid:
+            entry += f.string_field(f.K_ENTRY_TRANSACTION_ID, txid)
+        if offset:
+            entry += k_offset + (small[offset] if 0 < offset < 128 else varint(offset))
+        if recall:
+            entry += f.string_field(f.K_ENTRY_RECALL_HANDLE, recall)
+        add(head)
+        add(small[len(entry)] if len(entry) < 128 else varint(len(entry)))
+        add(entry)
+    return b"".join(pieces)
+
+
+# ------------------------------------------------------------------------------ plain batch columns
 _PLAIN_TYPES = frozenset((pb.NORMAL, pb.MESSAGE_TYPE_UNSPECIFIED))
 _PLAIN_ENCODINGS = frozenset((pb.IDENTITY, pb.ENCODING_UNSPECIFIED))
 # SystemProperties fields whose presence makes a message not plain: keys, delivery_timestamp,
 # message_group, lite_topic, priority (proto3 ``optional``: present even at the default).
-_NOT_PLAIN_SP = frozenset((2, 11, 17, 21, 22))
-_MESSAGE_KEY = 0x0A  # field 1, length-delimited
+_NOT_PLAIN_SP = frozenset((f.N_SP_KEYS, f.N_SP_DELIVERY_TIMESTAMP, f.N_SP_MESSAGE_GROUP, f.N_SP_LITE_TOPIC,
+                           f.N_SP_PRIORITY))
+_MESSAGE_KEY = f.K_SEND_MESSAGES[0]
+assert len(f.K_SEND_MESSAGES) == 1
+_TOPIC, _PROPS, _SP, _BODY, _NAME = f.N_MESSAGE_TOPIC, f.N_MESSAGE_PROPS, f.N_MESSAGE_SP, f.N_MESSAGE_BODY, \
+    f.N_RESOURCE_NAME
+_TAG, _ID, _ENCODING, _TYPE, _BORN = f.N_SP_TAG, f.N_SP_MESSAGE_ID, f.N_SP_BODY_ENCODING, f.N_SP_MESSAGE_TYPE, \
+    f.N_SP_BORN_TIMESTAMP
+_SECONDS, _NANOS = f.N_TS_SECONDS, f.N_TS_NANOS
 
 
 class _GiveUp(Exception):
@@ -101,20 +166,20 @@ def _read_message(raw: bytes, start: int, end: int):
     sp = body = None
     body_at = -1
     for number, wire_type, a, b in _fields(raw, start, end):
-        if number == 1:
+        if number == _TOPIC:
             if wire_type != 2 or topic_name is not None:
                 raise _GiveUp  # a second Resource would be merged into the first
             topic_name = ""
             for n, w, x, y in _fields(raw, a, b):
-                if n == 2 and w == 2:
+                if n == _NAME and w == 2:
                     topic_name = raw[x:y].decode()
-        elif number == 2:
+        elif number == _PROPS:
             raise _GiveUp  # user properties
-        elif number == 3:
+        elif number == _SP:
             if wire_type != 2 or sp is not None:
                 raise _GiveUp
             sp = (a, b)
-        elif number == 4:
+        elif number == _BODY:
             if wire_type != 2:
                 raise _GiveUp
             body, body_at = raw[a:b], a
@@ -127,43 +192,43 @@ def _read_message(raw: bytes, start: int, end: int):
         for number, wire_type, a, b in _fields(raw, sp[0], sp[1]):
             if number in _NOT_PLAIN_SP:
                 raise _GiveUp
-            if number == 1 and wire_type == 2:
+            if number == _TAG and wire_type == 2:
                 tag = raw[a:b].decode()
-            elif number == 3 and wire_type == 2:
+            elif number == _ID and wire_type == 2:
                 message_id, id_at, id_end = raw[a:b], a, b
-            elif number == 5 and wire_type == 0:
+            elif number == _ENCODING and wire_type == 0:
                 if _int32(a) not in _PLAIN_ENCODINGS:
                     raise _GiveUp
-            elif number == 6 and wire_type == 0:
+            elif number == _TYPE and wire_type == 0:
                 if _int32(a) not in _PLAIN_TYPES:
                     raise _GiveUp
-            elif number == 7 and wire_type == 2:
+            elif number == _BORN and wire_type == 2:
                 if born_seen:
                     raise _GiveUp
                 born_seen = True
                 seconds = nanos = 0
                 for n, w, x, _ in _fields(raw, a, b):
-                    if n == 1 and w == 0:
+                    if n == _SECONDS and w == 0:
                         seconds = _int64(x)
-                    elif n == 2 and w == 0:
+                    elif n == _NANOS and w == 0:
                         nanos = _int32(x)
                 ms = seconds * 1000 + nanos // 1_000_000
                 born = ms if ms > 0 else None
-            elif wire_type not in (0, 2) and number in (1, 3, 5, 6, 7):
+            elif wire_type not in (0, 2) and number in (_TAG, _ID, _ENCODING, _TYPE, _BORN):
                 raise _GiveUp  # a known field with a foreign wire type: let upb's reading decide
     if body is None:
         body = b""
     # The shape: the id lies in the system properties, the body is the message's last field and
     # comes after the id, and its length is written in the fewest bytes right before it.
     shape = None
-    length = _VARINT_BYTES(len(body))
+    length = varint(len(body))
     if 0 <= id_at and id_end <= body_at - len(length) and body_at + len(body) == end \
             and raw.startswith(length, body_at - len(length)):
         shape = (raw[start:id_at], id_end - id_at, raw[id_end:body_at - len(length)])
     return topic_name, message_id, tag, body, born, shape
 
 
-def columns(raw: bytes):
+def plain_columns(raw: bytes):
     """(topic, ids, tags, bodies, born ms or None) of a SendMessageRequest whose messages are all
     plain and of one topic; None otherwise, or when unsure (ask ``convert.plain_batch``)."""
     try:

@@ -1,0 +1,217 @@
+"""The clients as the broker knows them: routes and assignments, heartbeats, Telemetry sessions
+(settings, server-initiated commands) keyed by the ``x-mq-client-id`` header, and the transaction
+checks pushed to producers over those sessions.
+
+Settings replies send ``metric{on:false}``. The Python PushConsumer 5.1.2 then stops reading its
+Telemetry stream after the first reply (a client bug, contract §3.3); consumption is unaffected.
+The workaround (``metric.on`` with an OTLP endpoint) makes every push consumer export metrics to
+that endpoint every minute and at exit, so it is not used. The namespace is echoed back but not
+used to separate resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as sv
+
+from chronoq.core import errors
+from chronoq.server import convert
+from chronoq.server.messaging.calls import CLIENT_ID_HEADER, boundary, header, status_of, status_only
+from chronoq.server.messaging.receive import LONG_POLL_DEFAULT_S
+
+log = logging.getLogger("chronoq.grpc")
+
+RECEIVE_BATCH_SIZE = 32             # what settings tell push consumers (Node uses it)
+TXN_SCAN_S = 1.0                    # how often unresolved transactions are looked at
+_PRODUCER_BACKOFF = pb.RetryPolicy(
+    max_attempts=3,
+    exponential_backoff=pb.ExponentialBackoff(initial=convert.duration_pb(10), max=convert.duration_pb(1000),
+                                              multiplier=2.0),
+)
+_CONSUMER_TYPES = frozenset({pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSUMER,
+                             pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER})
+
+
+class TelemetrySession:
+    """One client's Telemetry stream. Writes are serialised: gRPC allows one at a time.
+
+    ``topics`` are a producer's publishing topics as of its last settings (the clients re-send
+    settings every 5 minutes only, so a topic first used after start-up may be missing).
+    """
+
+    __slots__ = ("client_id", "context", "lock", "client_type", "group", "topics")
+
+    def __init__(self, client_id: str, context) -> None:
+        self.client_id = client_id
+        self.context = context
+        self.lock = asyncio.Lock()
+        self.client_type = pb.CLIENT_TYPE_UNSPECIFIED
+        self.group = ""
+        self.topics: frozenset[str] = frozenset()
+
+    async def write(self, command) -> None:
+        async with self.lock:
+            await self.context.write(command)
+
+
+
+class ClientRpcs:
+    """Routes, client sessions and transaction checks of ``MessagingService`` (which holds
+    ``config``, ``broker``, ``pop``, ``txns``, ``clock``, ``sessions``, ``_routes``, ``_broker_pb``,
+    ``_stopping`` and the cached OK answers)."""
+
+    async def _txn_loop(self) -> None:
+        """Check unresolved half messages with a producer of their topic; expire the hopeless."""
+        txns = self.txns
+        saved = None
+        storage_fault = None  # the storage error last reported: a full disk is said once, not per pass
+        while not self._stopping:
+            await asyncio.sleep(TXN_SCAN_S)
+            try:
+                checks, expired = txns.due_checks(self.clock.wall_ms())
+                for half, message in checks:
+                    await self._check_transaction(half, message)
+                for half in expired:
+                    txns.expire(half)
+                state = (len(txns.pending), min(txns.pending, default=-1))
+                if state != saved:  # persist the replay floor only when it moved
+                    txns.checkpoint()
+                    saved = state
+                if storage_fault is not None:
+                    log.warning("transaction checks work again (storage recovered)")
+                    storage_fault = None
+            except (errors.StorageError, OSError) as exc:  # e.g. disk full: retried each pass, said once
+                if str(exc) != storage_fault:
+                    log.warning("transaction check pass failed, retrying every %.0f s: %s", TXN_SCAN_S, exc)
+                    storage_fault = str(exc)
+            except Exception:  # noqa: BLE001 - keep checking; the next pass retries
+                log.exception("transaction check pass failed")
+
+    async def _check_transaction(self, half, message) -> None:
+        command = sv.TelemetryCommand(recover_orphaned_transaction_command=sv.RecoverOrphanedTransactionCommand(
+            message=convert.stored_message_pb(message, pb.TRANSACTION), transaction_id=format(half.offset, "x")))
+        # Producers that declared the topic first, then any producer: the clients only declare
+        # the topics given at start-up (contract §6.2.13).
+        candidates = sorted(self.sessions.values(), key=lambda s: half.topic not in s.topics)
+        for session in candidates:
+            if session.client_type == pb.PRODUCER and await self.push(session.client_id, command):
+                return
+        log.debug("no producer connected to check transaction %x of topic %s", half.offset, half.topic)
+
+    # ------------------------------------------------------------------ routes
+    @boundary(status_only(sv.QueryRouteResponse), "QueryRoute")
+    async def QueryRoute(self, request, context):
+        name = convert.topic_name(request.topic)
+        cfg = self.broker.topic(name)
+        namespace = request.topic.resource_namespace
+        key = (name, namespace)
+        shape = (cfg.queues, cfg.message_type)
+        cached = self._routes.get(key)
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        response = sv.QueryRouteResponse(status=self._ok,
+                                         message_queues=convert.route_queues(cfg, namespace, self._broker_pb))
+        if len(self._routes) > 10_000:
+            self._routes.clear()
+        self._routes[key] = (shape, response)
+        return response
+
+    @boundary(status_only(sv.QueryAssignmentResponse), "QueryAssignment")
+    async def QueryAssignment(self, request, context):
+        name = convert.topic_name(request.topic)
+        group = convert.group_name(request.group)
+        cfg = self.broker.topic(name)
+        namespace = request.topic.resource_namespace
+        # FIFO groups get one assignment per queue (the proxy's "orderly" answer); others one
+        # broker-wide assignment with id -1. Receives serve the whole topic either way.
+        ids = None if self.pop.group(group).fifo else (-1,)
+        queues = convert.route_queues(cfg, namespace, self._broker_pb, ids)
+        return sv.QueryAssignmentResponse(status=self._ok,
+                                          assignments=[pb.Assignment(message_queue=q) for q in queues])
+
+    # ------------------------------------------------------------------ client sessions
+    @boundary(status_only(sv.HeartbeatResponse), "Heartbeat")
+    async def Heartbeat(self, request, context):
+        self.pop.client_seen(header(context, CLIENT_ID_HEADER))  # keeps its auto-renewals going
+        return self._ok_heartbeat
+
+    @boundary(status_only(sv.NotifyClientTerminationResponse), "NotifyClientTermination")
+    async def NotifyClientTermination(self, request, context):
+        self.pop.client_gone(header(context, CLIENT_ID_HEADER))  # its messages are renewed no more
+        return self._ok_termination
+
+    async def Telemetry(self, request_iterator, context):
+        client_id = header(context, CLIENT_ID_HEADER)
+        session = TelemetrySession(client_id, context)
+        self.sessions[client_id] = session
+        try:
+            async for command in request_iterator:
+                reply = self._telemetry_reply(command, session)
+                if reply is not None:
+                    await session.write(reply)
+        except Exception as exc:  # noqa: BLE001 - a broken stream ends this session only
+            log.debug("telemetry stream of %r ended: %r", client_id, exc)
+        finally:
+            if self.sessions.get(client_id) is session:
+                del self.sessions[client_id]
+
+    async def push(self, client_id: str, command) -> bool:
+        """Write a server-initiated command (e.g. a transaction check) to a client's stream.
+
+        False when the client has no open stream or the write fails.
+        """
+        session = self.sessions.get(client_id)
+        if session is None:
+            return False
+        try:
+            await session.write(command)
+        except Exception as exc:  # noqa: BLE001 - a dead stream: the caller tries another client
+            log.debug("push to %r failed: %r", client_id, exc)
+            return False
+        return True
+
+    def _telemetry_reply(self, command, session: TelemetrySession):
+        which = command.WhichOneof("command")
+        if which != "settings":
+            # Replies to our own commands (thread stack traces, verify results): nothing to answer.
+            return None
+        try:
+            settings = self._merged_settings(command.settings, session)
+            return sv.TelemetryCommand(status=self._ok, settings=settings)
+        except Exception as exc:  # noqa: BLE001 - the boundary for one settings command
+            return sv.TelemetryCommand(status=status_of(exc, "Telemetry settings"), settings=command.settings)
+
+    def _merged_settings(self, client, session: TelemetrySession):
+        """The client's settings with the server's values merged in (contract §3.3)."""
+        out = pb.Settings()
+        out.CopyFrom(client)
+        session.client_type = client.client_type
+        if client.client_type == pb.PRODUCER or (client.HasField("publishing")
+                                                  and not client.HasField("subscription")):
+            session.topics = frozenset(t.name for t in client.publishing.topics)
+            out.publishing.max_body_size = self.config.max_body_bytes
+            out.publishing.validate_message_type = True
+            out.backoff_policy.CopyFrom(_PRODUCER_BACKOFF)
+        elif client.client_type in _CONSUMER_TYPES or client.HasField("subscription"):
+            group = convert.group_name(client.subscription.group)
+            session.group = group
+            gc = self.pop.group(group)  # an unknown group is created with the defaults
+            sub = out.subscription
+            if convert.duration_ms(sub.long_polling_timeout) <= 0:
+                sub.long_polling_timeout.CopyFrom(convert.duration_pb(int(LONG_POLL_DEFAULT_S * 1000)))
+            sub.fifo = bool(gc.fifo)
+            sub.receive_batch_size = RECEIVE_BATCH_SIZE
+            # Customized back-off is what the Python client reads (contract §3.3).
+            out.backoff_policy.CopyFrom(pb.RetryPolicy(
+                max_attempts=gc.max_attempts,
+                customized_backoff=pb.CustomizedBackoff(next=[convert.duration_pb(ms) for ms in gc.retry_delays_ms]),
+            ))
+        else:
+            raise errors.ClientError("settings carry neither publishing nor subscription")
+        out.metric.Clear()
+        out.metric.on = False
+        return out
+

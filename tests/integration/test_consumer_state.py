@@ -1,0 +1,55 @@
+"""The POP and transaction state belong to the broker's runtime, not to the gRPC front end: the
+runtime opens them before any front end, every front end drives the same objects, and they stay
+open (and are saved) until the runtime closes them, after the front ends stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chronoq.core import errors
+from chronoq.core.config import BrokerConfig
+from chronoq.broker.committer import GroupCommitter
+from chronoq.server.grpc_server import GrpcFrontEnd
+from chronoq.server.runtime import Runtime
+
+from .conftest import free_port
+
+
+def test_the_front_end_drives_the_runtimes_pop_and_transactions(tmp_path):
+    async def scenario():
+        runtime = Runtime(BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1,
+                                       extra={"groups": {"g-fifo": {"fifo": True}}}).validate(), say=lambda _: None)
+        broker = runtime.open_broker()
+        runtime.committer = GroupCommitter(broker)
+        runtime.committer.start()
+        try:
+            runtime.open_consumers()
+            pop, txns = runtime.pop, runtime.txns
+            assert pop is not None and txns is not None and pop.group("g-fifo").fifo  # [groups] applied
+            front = GrpcFrontEnd(runtime)
+            await front.start()
+            assert front.service.pop is pop and front.service.txns is txns
+            await front.stop()
+            assert not pop.closed  # the front end leaves the broker's state to the runtime
+            runtime.close_consumers()
+            assert pop.closed and runtime.pop is None and runtime.txns is None
+        finally:
+            runtime.close_consumers()
+            await runtime.committer.close()
+            broker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_groups_table_opens_nothing(tmp_path):
+    runtime = Runtime(BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1,
+                                   extra={"groups": {"g": {"colour": "red"}}}).validate(), say=lambda _: None)
+    broker = runtime.open_broker()
+    try:
+        with pytest.raises(errors.ClientError, match="unknown setting 'colour'"):
+            runtime.open_consumers()
+        assert runtime.pop is None and runtime.txns is None
+    finally:
+        broker.close()
