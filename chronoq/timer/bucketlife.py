@@ -196,7 +196,6 @@ class BucketLife:
             if b.state == UNLOADED and start not in self._readers:  # far future: keep nothing in memory
                 del self.buckets[start]
 
-
     def _finish_buckets(self, now: int) -> None:
         while self._loaded:
             b = self.buckets[self._loaded[0]]

@@ -85,7 +85,6 @@ class Checkpoints:
             for start in pending:
                 self.files.validate(start)
 
-
     # ================================================================= checkpoints, retention
     def retention_floor(self) -> int:
         """Lowest commit offset the timer still needs: its cursor and every level lane's head."""

@@ -1,6 +1,6 @@
 """Delivering due messages: claim them into their lane, write their copies as one group, complete
 the durable ones (DISPATCHED entries, level offsets), count them visible, release held copies
-(``Delivery``-side of ``TimerService``: the ``Deliver`` mixin, and ``LevelLane``).
+(``Deliver``, a part of ``TimerService``, and ``LevelLane``, the lane of one delay level).
 
 One delivery, in order: *claimed* (timer messages from the wheel ``prewrite_ms`` ahead, as held
 copies; level messages from their queue once due) -> *written* (``_write_group``: one
@@ -188,7 +188,6 @@ class Deliver:
         for (lane, d), w in zip(items, written):
             lane.written(d, w.commit_offset, w.commit_offset + w.size, w.queue_offset)
         return True
-
 
     def _complete(self) -> int:
         """Finish durable deliveries in lane order: DISPATCHED entries, level offsets; then count

@@ -146,7 +146,6 @@ class Recall:
                 return True
         return False
 
-
     def recall(self, text: str) -> RecallResult:
         """Cancel a pending delayed message. Durable before it returns CANCELLED."""
         h = handles.decode(text)

@@ -179,14 +179,12 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         # ``maintenance`` calls (the journal's records stay the rollback points until then), so a
         # restart costs the replay, not thousands of file writes.
 
-
     # ================================================================= ticking and fsyncs
     def _now(self, now_ms: int | None = None) -> int:
         now = self.clock.wall_ms() if now_ms is None else now_ms
         if now > self._hwm_ms:
             self._hwm_ms = now
         return self._hwm_ms
-
 
     def tick(self, now_ms: int | None = None, *, durable: bool = True) -> int:
         """Do the timer's due work: load ahead, claim due messages, deliver, retire buckets.
@@ -290,7 +288,6 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
             return
         self._absorb_durable()
 
-
     def _make_durable(self, now: int) -> bool:
         try:
             synced = self.store.sync()
@@ -306,7 +303,6 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
                 lane.succeeded()
         return True
 
-
     def _write_durably(self, p: Prepared) -> int:
         """Write one timer record, fsync it and apply it (dispatch runs the sink). Returns its offset."""
         written = self.store.write([p])
@@ -314,7 +310,6 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self._absorb_durable()
         assert not self._unabsorbed or self._unabsorbed[0][0] > written[0].commit_offset
         return written[0].commit_offset
-
 
     # ================================================================= close
     def close(self) -> None:
