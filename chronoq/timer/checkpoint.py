@@ -35,6 +35,29 @@ CHECKPOINT_VERSION = 1
 FLUSH_FILES_PER_MAINTENANCE = 512
 
 
+def read_document(path: str, notes: list[str]) -> dict | None:
+    """The checkpoint at ``path``, or None (none, unreadable or of another version: the caller
+    replays the whole commit log; the reason goes to ``notes``)."""
+    try:
+        cp = fsutil.read_json(path)
+    except ValueError as exc:
+        notes.append(f"timer checkpoint unreadable ({exc}); replaying the whole commit log")
+        return None
+    if cp is not None and (not isinstance(cp, dict) or cp.get("version") != CHECKPOINT_VERSION):
+        notes.append("timer checkpoint has an unknown version; replaying the whole commit log")
+        return None
+    return cp
+
+
+def document(cursor: int, bucket_ms: int, clean: bool, generation: int, level_lanes) -> dict:
+    """The checkpoint naming ``cursor`` and each level lane's offset and remembered recalls."""
+    levels = {str(lane.level): {"offset": lane.offset,
+                                "cancelled": {str(q): [k, d] for q, (k, d) in lane.cancelled.items()}}
+              for lane in level_lanes}
+    return {"version": CHECKPOINT_VERSION, "cursor": cursor, "bucket_ms": bucket_ms, "clean": clean,
+            "generation": generation, "levels": levels}
+
+
 class Checkpoints:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``dir``, ``files``, ``sched_dir``,
     ``width``, ``level_lanes``, ``_unabsorbed``, ``_done``, ``_buffered_starts``, ``notes``,
@@ -43,15 +66,7 @@ class Checkpoints:
 
     # ================================================================= start-up: read the checkpoint
     def _read_checkpoint(self) -> None:
-        path = os.path.join(self.dir, CHECKPOINT_FILE)
-        try:
-            cp = fsutil.read_json(path)
-        except ValueError as exc:
-            self.notes.append(f"timer checkpoint unreadable ({exc}); replaying the whole commit log")
-            cp = None
-        if cp is not None and (not isinstance(cp, dict) or cp.get("version") != CHECKPOINT_VERSION):
-            self.notes.append("timer checkpoint has an unknown version; replaying the whole commit log")
-            cp = None
+        cp = read_document(os.path.join(self.dir, CHECKPOINT_FILE), self.notes)
         pending, _done = schedlog.list_dir(self.sched_dir)
         if cp is not None and cp.get("bucket_ms") != self.width and pending:
             raise errors.ClientError(
@@ -146,7 +161,7 @@ class Checkpoints:
         self._ckpt_syncing = True
         cursor = max(self.cursor, target)
         generation = self.files.generation + 1
-        doc = self._checkpoint_doc(cursor, clean, generation)
+        doc = document(cursor, self.width, clean, generation, self.level_lanes)
         path = os.path.join(self.dir, CHECKPOINT_FILE)
 
         def run() -> None:
@@ -164,13 +179,6 @@ class Checkpoints:
             self._last_checkpoint_ms = self._now()
 
         return Job("timer checkpoint", run, finish)
-
-    def _checkpoint_doc(self, cursor: int, clean: bool, generation: int) -> dict:
-        levels = {str(lane.level): {"offset": lane.offset,
-                                    "cancelled": {str(q): [k, d] for q, (k, d) in lane.cancelled.items()}}
-                  for lane in self.level_lanes}
-        return {"version": CHECKPOINT_VERSION, "cursor": cursor, "bucket_ms": self.width, "clean": clean,
-                "generation": generation, "levels": levels}
 
     def maintenance(self, now_ms: int | None = None) -> None:
         """Periodic work (the broker's ``maintenance``): checkpoint when due, forget old recalls."""
