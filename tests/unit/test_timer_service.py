@@ -532,9 +532,9 @@ def test_stats_report_lateness_due_buckets_and_level_backlog(tmp_path, clock):
 
 
 def test_an_incremental_checkpoint_interrupted_by_a_crash_loses_nothing(tmp_path, clock, monkeypatch):
-    from chronoq.timer import service
+    from chronoq.timer import checkpoint
 
-    monkeypatch.setattr(service, "FLUSH_FILES_PER_MAINTENANCE", 2)
+    monkeypatch.setattr(checkpoint, "FLUSH_FILES_PER_MAINTENANCE", 2)
     b = open_broker(tmp_path, clock, timer_checkpoint_interval_ms=1_000)
     dues = [T0 + DAY + i * 60_000 for i in range(9)]  # nine far buckets
     for i, due in enumerate(dues):
@@ -588,9 +588,9 @@ def test_a_bucket_file_is_read_over_several_ticks_and_entries_arriving_meanwhile
     """Loading ahead reads a big bucket file a few MB per tick (here a few hundred bytes). While
     it is read, new entries for it are flushed to the same file and a recall looks it up; all of
     that is in the bucket once loaded, and nothing is delivered before the whole file is read."""
-    from chronoq.timer import service
+    from chronoq.timer import bucketlife
 
-    monkeypatch.setattr(service, "LOAD_READ_BYTES", 700)
+    monkeypatch.setattr(bucketlife, "LOAD_READ_BYTES", 700)
     b = open_broker(tmp_path, clock)
     first = [b.send(TOPIC, f"a{i}".encode(), deliver_at_ms=T0 + 3 * DAY + i) for i in range(30)]
     b.timer.checkpoint()  # the bucket is a file on disk, nothing of it in memory

@@ -1,0 +1,277 @@
+"""Delivering due messages: claim them into their lane, write their copies as one group, complete
+the durable ones (DISPATCHED entries, level offsets), count them visible, release held copies
+(``Deliver``, a part of ``TimerService``, and ``LevelLane``, the lane of one delay level).
+
+One delivery, in order: *claimed* (timer messages from the wheel ``prewrite_ms`` ahead, as held
+copies; level messages from their queue once due) -> *written* (``_write_group``: one
+``store.write`` for every lane) -> durable (an fsync: ``TimerService._make_durable``, or the
+caller's, handed to ``TimerService.synced``) -> *completed* (``_complete``, in lane order) ->
+*visible* (at once, or when ``_release`` passes its hold), counted in the lateness histogram.
+
+A mixin, like ``chronoq.timer.absorb``: the lanes, the wheel's index and the buckets a claim and
+a completion change are the same objects the rest of the timer reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from chronoq.core import errors
+from chronoq.core.delay_levels import DELAY_TOPIC, DelayLevels
+from chronoq.store import record
+from chronoq.timer import copies, schedlog
+from chronoq.timer.lanes import Delivery, Lane
+from chronoq.timer.options import TimerOptions
+from chronoq.timer.schedlog import DISPATCHED
+
+log = logging.getLogger("chronoq.timer")
+
+LEVEL_READ_MAX = 512
+CLAIM_PER_TICK = 2000  # timer messages claimed (and their copies written) per tick at most
+# A window of ``burst_lead_ms`` holding timers due faster than this (per second) is a burst and is
+# written ahead by the burst lead (``_lead``): four times the 5,000/s the lateness target is set at,
+# so steady traffic keeps the short lead.
+BURST_DUE_PER_S = 20_000
+
+
+class LevelLane(Lane):
+    """The lane of one delay level, reading ``DELAY_TOPIC`` queue level-1 from ``offset``."""
+
+    def __init__(self, level: int, delay_ms: int, opts: TimerOptions):
+        super().__init__(f"level-{level}", opts.pending_max, opts.retry_backoff_ms,
+                         opts.retry_backoff_max_ms, opts.block_after_failures)
+        self.level = level
+        self.queue_id = DelayLevels.queue_id(level)
+        self.cq_key = (DELAY_TOPIC, self.queue_id)  # its consume queue in store.queues
+        self.delay_ms = delay_ms
+        self.offset = 0  # every queue offset below this is delivered (durable) or skipped
+        self.scan_offset = 0  # next queue offset to claim
+        self.head_due: int | None = None  # due time of the entry at scan_offset, when known
+        # queue offset -> (CANCELLED or MOVED, due_ms): recalled messages, kept for the recall memory.
+        self.cancelled: dict[int, tuple[int, int]] = {}
+
+
+
+class Deliver:
+    """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``wheel``, ``_index``, ``buckets``,
+    ``timer_lane``, ``level_lanes``, ``_all_lanes``, ``_awaiting``, ``histogram``, ``on_visible``,
+    the burst settings, ``_now``, ``_durable_upto``, ``_make_durable`` and ``_append``; counts
+    ``lost`` and ``burst_claims``."""
+
+    def _claim_timers(self, now: int) -> None:
+        lane = self.timer_lane
+        # At most CLAIM_PER_TICK a tick (a few tens of ms of copying), however big the lane: with
+        # room for more, the next tick writes the next group while this one's fsync runs.
+        room = min(lane.room(now), CLAIM_PER_TICK)
+        nxt = self.wheel.next_deadline()
+        if not room or nxt is None:
+            return
+        lead, ahead = self._lead(nxt)
+        if nxt > now + ahead:
+            return
+        if lead != self.opts.prewrite_ms:
+            self.burst_claims += 1
+        horizon = now + lead
+        # The burst path (200k due at once): locals, one call per step.
+        index_pop, claim, copy_of, ref_key = self._index.pop, lane.claim, copies.delivered_copy, copies.PROP_TIMER_REF
+        held = record.FLAG_HELD
+        for ident, due in self.wheel.expire(horizon, room):
+            b = index_pop(ident)
+            start = b.start
+            claim((start, ident), due, copy_of(b.claim(ident), ref_key, f"{start}.{ident}", held if due > now else 0))
+
+    def _lead(self, first_due: int) -> tuple[int, int]:
+        """(how far ahead of now copies are claimed, how close the earliest must be to start),
+        for a wheel whose earliest deadline is ``first_due``: ``prewrite_ms`` and half of it, or
+        in a burst (at least ``burst_due_min`` due within the burst lead of ``first_due``) the
+        burst lead for both. Measured from the earliest deadline, not from now, so the tick that
+        a deadline of ``first_due - ahead`` brings finds the same answer and claims."""
+        burst = self._burst_lead_ms
+        if burst and self.wheel.count_due_by(first_due + burst) >= self.burst_due_min:
+            return burst, burst
+        return self.opts.prewrite_ms, self._claim_ahead_ms
+
+    def _claim_level(self, lane: LevelLane, now: int) -> None:
+        if self._level_idle(lane):
+            return
+        room = lane.room(now)
+        if not room or (lane.head_due is not None and lane.head_due > now):
+            return
+        lo, hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+        if lane.scan_offset < lo and not lane.pending:
+            lane.offset = lane.scan_offset = lo
+        scan = lane.scan_offset
+        if scan >= hi:
+            lane.head_due = None
+            return
+        entries = self.store.entries(DELAY_TOPIC, lane.queue_id, scan, min(room, hi - scan, LEVEL_READ_MAX))
+        lane.head_due = None
+        taken = 0
+        for phys, size, _tag_hash, stored_ms in entries:
+            qoff = scan + taken
+            if stored_ms + lane.delay_ms > now and qoff not in lane.cancelled:
+                lane.head_due = stored_ms + lane.delay_ms  # an estimate >= the record's due time
+                break
+            raw = self._level_record(phys, size)
+            if raw is None:
+                lane.claim(qoff, 0, None)
+                taken += 1
+                continue
+            due = copies.header_fields(raw)[2]
+            if due > now:
+                lane.head_due = due
+                break
+            if qoff in lane.cancelled:
+                lane.claim(qoff, due, None)
+            else:
+                lane.claim(qoff, due, copies.delivered_copy(raw, copies.PROP_DELAY_REF, f"{lane.level}.{qoff}"))
+            taken += 1
+        lane.scan_offset = scan + taken
+
+    def _level_record(self, phys: int, size: int) -> bytes | None:
+        """The record behind a delay-queue entry, or None when it is gone (skipped, counted)."""
+        if size == 0 or phys < self.store.log.min_offset:
+            self.lost += 1
+            log.error("delay-level record at %d is gone (retention or quarantine); skipping it", phys)
+            return None
+        try:
+            return self.store.log.read_record(phys, size)
+        except errors.CorruptionError as exc:
+            self.lost += 1
+            log.error("delay-level record unreadable, skipping it: %s", exc)
+            return None
+
+    def _lanes(self) -> list[Lane]:
+        return self._all_lanes
+
+    def _level_idle(self, lane: LevelLane) -> bool:
+        """Nothing to do for this level now or later: it holds nothing, knows no head, and its
+        queue has no entry past its scan. (Ticks run hundreds of times a second at steady
+        rates; most levels are idle, and this keeps them out of every tick's cost.)"""
+        if lane.pending or lane.head_due is not None:
+            return False
+        cq = self.store.queues.get(lane.cq_key)
+        return cq is None or cq.next_offset <= lane.scan_offset
+
+    def _deliver(self, now: int, durable: bool = True) -> None:
+        """Write claimed copies (one group, one fsync; or one at a time in ``sync`` mode).
+
+        Not ``durable``: write only; the caller fsyncs (see ``tick``)."""
+        items = [(lane, d) for lane in self._all_lanes if lane.pending for d in lane.to_write(now)]
+        if self.opts.deliver_mode == "sync":
+            for item in items:
+                if not self._write_group([item], now) or not self._make_durable(now):
+                    break
+        elif items and self._write_group(items, now) and durable:
+            self._make_durable(now)
+        if durable and any(lane.pending and lane.needs_durability(self._durable_upto(), now)
+                           for lane in self._all_lanes):
+            self._make_durable(now)
+
+    def _write_group(self, items: list[tuple[Lane, Delivery]], now: int) -> bool:
+        before = self.store.log.written
+        try:
+            written = self.store.write([d.prepared for _, d in items])
+        except errors.StorageError as exc:
+            # A batch that spans a segment roll can fail after its first part was appended: those
+            # copies exist (and will be dispatched) so they must not be written again.
+            appended = [(off, hdr.length, hdr.queue_offset) for off, hdr, _raw in self.store.scan(before)] \
+                if self.store.log.written > before else []
+            for (lane, d), (off, length, qoff) in zip(items, appended):
+                lane.written(d, off, off + length, qoff)
+            for lane in {id(lane): lane for lane, _ in items[len(appended):]}.values():
+                delay = lane.failed(now, str(exc))
+                log.warning("timer lane %s: delivery failed (%s); retry in %d ms%s", lane.name, exc, delay,
+                            " (lane blocked)" if lane.blocked else "")
+            return False
+        for (lane, d), w in zip(items, written):
+            lane.written(d, w.commit_offset, w.commit_offset + w.size, w.queue_offset)
+        return True
+
+    def _complete(self) -> int:
+        """Finish durable deliveries in lane order: DISPATCHED entries, level offsets; then count
+        the visible ones (lateness, trace). Returns how many became visible."""
+        upto = self._durable_upto()
+        visible_ms = self._now()
+        marks: dict[int, tuple[list[bytes], list[int]]] = {}
+        encode_entry = schedlog.encode_entry
+        completed = self.timer_lane.complete(upto)
+        for d in completed:
+            start, ident = d.ref
+            marked = marks.get(start)
+            if marked is None:
+                marked = marks[start] = ([], [])
+            marked[0].append(encode_entry(DISPATCHED, ident, d.due_ms, d.commit_offset))
+            marked[1].append(ident)
+        for start, (entries, idents) in marks.items():
+            b = self.buckets.get(start)
+            blob = b"".join(entries)
+            if b is not None and b.append_dispatched(blob, idents):
+                self._buffered += len(blob)
+                self._buffered_starts.add(start)
+            else:
+                for entry in entries:
+                    self._append(start, entry)
+        for lane in self.level_lanes:
+            if not lane.pending:
+                continue
+            for d in lane.complete(upto):
+                lane.offset = d.ref + 1
+                if d.prepared is not None:
+                    completed.append(d)
+        return self._count_visible(completed, visible_ms) if completed else 0
+
+    def _count_visible(self, completed: list[Delivery], visible_ms: int) -> int:
+        """Record lateness (and tell the trace) for completed copies readers can see now; park the
+        ones behind a hold in ``_awaiting`` until ``_release``."""
+        queues, awaiting = self.store.queues, self._awaiting
+        if not awaiting and not self.store.holding:  # nothing is hidden: all are visible (a burst)
+            self.histogram.record_many(visible_ms, [d.due_ms for d in completed])
+            if self.on_visible is not None:
+                self.on_visible(completed, visible_ms)
+            return len(completed)
+        record_lateness = self.histogram.record
+        seen: list[Delivery] = []
+        for d in completed:
+            p = d.prepared
+            key = (p.topic, p.queue_id)
+            waiting = awaiting.get(key)
+            if waiting is None and d.queue_offset < queues[key].visible_next:
+                record_lateness(visible_ms - d.due_ms)
+                seen.append(d)
+            elif waiting is None:
+                awaiting[key] = deque((d,))
+            else:
+                waiting.append(d)
+        if seen and self.on_visible is not None:
+            self.on_visible(seen, visible_ms)
+        return len(seen)
+
+    def release_due(self, now_ms: int | None = None) -> int:
+        """Release held copies due by now, as a tick does first; nothing else (readers call it)."""
+        if self.closed:
+            raise errors.ClosedError("the timer is closed")
+        return self._release(self._now(now_ms))
+
+    def _release(self, now: int) -> int:
+        """Release held copies due by ``now`` (the store's holds); count the completed ones that
+        became visible. Returns that count."""
+        self.store.release_held(now)
+        if not self._awaiting:
+            return 0
+        queues = self.store.queues
+        seen: list[Delivery] = []
+        for key, waiting in list(self._awaiting.items()):
+            limit = queues[key].visible_next
+            while waiting and waiting[0].queue_offset < limit:
+                d = waiting.popleft()
+                assert d.due_ms <= now, "a copy became visible before its due time"
+                seen.append(d)
+            if not waiting:
+                del self._awaiting[key]
+        if seen:
+            self.histogram.record_many(now, [d.due_ms for d in seen])
+            if self.on_visible is not None:
+                self.on_visible(seen, now)
+        return len(seen)

@@ -1,0 +1,185 @@
+"""Recall and reschedule: find where a handle's message stands, then cancel or move it with one
+durable record (``Recall``, a part of ``TimerService``; the results and outcomes it answers).
+
+Linearization against delivery is in ``chronoq.timer.service``'s docstring: one ``now`` per call
+on the one thread; a message due by then is ALREADY_DELIVERED (and so is one whose held copy is
+already written), a pending one gets its control or moved record durable and applied before the
+call returns (``TimerService._write_durably``).
+
+A mixin, like ``chronoq.timer.absorb``: finding a message reads the wheel's index, the buckets
+(finishing a load if one is half done), the level lanes and the store's holds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from chronoq.core.delay_levels import DELAY_TOPIC
+from chronoq.timer import copies, deliverytime, schedlog
+from chronoq.timer import handle as handles
+from chronoq.timer.buckets import LOADED, LOADING, lookup
+from chronoq.timer.schedlog import CANCELLED, DISPATCHED, MESSAGE, MOVED
+
+
+class RecallOutcome(str, enum.Enum):
+    CANCELLED = "cancelled"
+    ALREADY_DELIVERED = "already_delivered"
+    NOT_FOUND = "not_found"
+
+
+class RescheduleOutcome(str, enum.Enum):
+    RESCHEDULED = "rescheduled"
+    ALREADY_DELIVERED = "already_delivered"
+    CANCELLED = "cancelled"
+    NOT_FOUND = "not_found"
+
+
+@dataclass(slots=True)
+class RecallResult:
+    outcome: RecallOutcome
+    topic: str
+    message_id: str
+    deliver_at_ms: int
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class RescheduleResult:
+    outcome: RescheduleOutcome
+    recall_handle: str
+    topic: str
+    message_id: str
+    deliver_at_ms: int
+    detail: str = ""
+
+
+
+
+class Recall:
+    """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``, ``_index``,
+    ``_done``, ``level_lanes``, ``_now``, ``_path``, ``_finish_loading``, ``_level_record`` and
+    ``_write_durably``."""
+
+    def _locate_timer(self, h: handles.RecallHandle) -> tuple[int | None, int, bytes | None]:
+        """(state, bucket start, record bytes if pending) of a timer message's entry."""
+        ident = h.position
+        b = self._index.get(ident)
+        if b is not None:
+            return MESSAGE, b.start, b.record_of(ident)
+        start = schedlog.bucket_start(h.due_ms, self.width)
+        b = self.buckets.get(start)
+        if b is not None and b.state == LOADING:
+            self._finish_loading(b)
+        if b is not None and b.state == LOADED:
+            return b.state_of(ident), start, b.record_of(ident)
+        file_data = schedlog.read_file(self._path(start))
+        extra = bytes(b.buffer) if b is not None else b""
+        if file_data or extra:
+            state, raw = lookup(self._path(start), start, file_data, extra, ident)
+            if state is not None:
+                return state, start, raw
+        done_path = self._path(start, schedlog.DONE_SUFFIX)
+        if start in self._done:
+            state, _raw = lookup(done_path, start, schedlog.read_file(done_path), b"", ident)
+            return state, start, None
+        return None, start, None
+
+    def _locate_level(self, h: handles.RecallHandle) -> tuple[int | None, bytes | None]:
+        if not 1 <= h.level <= len(self.level_lanes):
+            return None, None
+        lane = self.level_lanes[h.level - 1]
+        hit = lane.cancelled.get(h.position)
+        if hit is not None:
+            return hit[0], None
+        if h.position < lane.offset:
+            return DISPATCHED, None
+        entry = self.store.entries(DELAY_TOPIC, lane.queue_id, h.position, 1)
+        if not entry:
+            return None, None
+        raw = self._level_record(entry[0][0], entry[0][1])
+        return (MESSAGE, raw) if raw is not None else (None, None)
+
+    def _matches(self, raw: bytes | None, h: handles.RecallHandle) -> bool:
+        if raw is None:
+            return False
+        parts = copies.split(raw)
+        topic, _qid = copies.real_destination(parts)
+        return parts.message_id.decode() == h.message_id and topic == h.topic and parts.deliver_at_ms == h.due_ms
+
+    def _state(self, h: handles.RecallHandle, now: int) -> tuple[str, int, bytes | None, str]:
+        """Classify a handle: ('pending' | 'delivered' | 'cancelled' | 'missing', bucket, raw, why)."""
+        if h.kind == handles.IMMEDIATE:
+            return "delivered", 0, None, "it was due when sent"
+        if h.due_ms + self.opts.recall_memory_ms < now:
+            return "missing", 0, None, "the handle is older than timer_recall_memory_ms"
+        if h.kind == handles.TIMER:
+            state, start, raw = self._locate_timer(h)
+        else:
+            state, raw = self._locate_level(h)
+            start = 0
+        if state == CANCELLED:
+            return "cancelled", start, None, "it was recalled earlier"
+        if state == MOVED:
+            return "missing", start, None, "it was rescheduled; use the handle the reschedule returned"
+        if now >= h.due_ms:
+            # Due: delivered, or durable and made visible by the next tick (linearization point).
+            return "delivered", start, None, "its delivery time has passed"
+        if h.kind == handles.TIMER and (self._claimed(start, h.position) if state == MESSAGE else self._held(h)):
+            # Written ahead as a held copy (``prewrite_ms``): it will be visible at its due time,
+            # across a crash too, so this answer never has to be taken back.
+            return "delivered", start, None, "its copy is already written and becomes visible at its delivery time"
+        if state == MESSAGE and self._matches(raw, h):
+            return "pending", start, raw, ""
+        return "missing", start, None, "no pending message matches the handle"
+
+    def _claimed(self, start: int, ident: int) -> bool:
+        b = self.buckets.get(start)
+        return b is not None and ident in b.claimed
+
+    def _held(self, h: handles.RecallHandle) -> bool:
+        """A held copy of the handle's message is in its queue (completed ahead of its due time;
+        loaded buckets forget DISPATCHED entries, and a restart knows holds from the store only)."""
+        for raw in self.store.held_records(h.topic, h.due_ms):
+            parts = copies.split(raw)
+            if parts.message_id.decode() == h.message_id and parts.deliver_at_ms == h.due_ms:
+                return True
+        return False
+
+    def recall(self, text: str) -> RecallResult:
+        """Cancel a pending delayed message. Durable before it returns CANCELLED."""
+        h = handles.decode(text)
+        now = self._now()
+        state, start, raw, why = self._state(h, now)
+        if state == "pending":
+            if h.kind == handles.TIMER:
+                p = copies.control(copies.PROP_TIMER_CANCEL, f"{start}.{h.position}", h.message_id.encode(),
+                                   h.due_ms, now)
+            else:
+                p = copies.control(copies.PROP_DELAY_CANCEL, f"{h.level}.{h.position}.{h.due_ms}",
+                                   h.message_id.encode(), h.due_ms, now)
+            self._write_durably(p)
+            return RecallResult(RecallOutcome.CANCELLED, h.topic, h.message_id, h.due_ms, "recalled")
+        outcome = {"delivered": RecallOutcome.ALREADY_DELIVERED, "cancelled": RecallOutcome.CANCELLED,
+                   "missing": RecallOutcome.NOT_FOUND}[state]
+        return RecallResult(outcome, h.topic, h.message_id, h.due_ms, why)
+
+    def reschedule(self, text: str, deliver_at_ms: int) -> RescheduleResult:
+        """Move a pending delayed message to ``deliver_at_ms``; returns a new recall handle."""
+        h = handles.decode(text)
+        now = self._now()
+        new_due = deliverytime.check_deliver_at(deliver_at_ms, now, self.opts.max_delay_ms)
+        state, start, raw, why = self._state(h, now)
+        if state != "pending":
+            outcome = {"delivered": RescheduleOutcome.ALREADY_DELIVERED, "cancelled": RescheduleOutcome.CANCELLED,
+                       "missing": RescheduleOutcome.NOT_FOUND}[state]
+            return RescheduleResult(outcome, "", h.topic, h.message_id, h.due_ms, why)
+        assert raw is not None
+        if h.kind == handles.TIMER:
+            moved = (copies.PROP_TIMER_MOVED_FROM, f"{start}.{h.position}.{h.due_ms}")
+        else:
+            moved = (copies.PROP_DELAY_MOVED_FROM, f"{h.level}.{h.position}.{h.due_ms}")
+        p = copies.rescheduled(raw, new_due, *moved)
+        offset = self._write_durably(p)
+        new = handles.RecallHandle(handles.TIMER, 0, offset, new_due, h.topic, h.message_id).encode()
+        return RescheduleResult(RescheduleOutcome.RESCHEDULED, new, h.topic, h.message_id, new_due, "moved")

@@ -1,0 +1,74 @@
+"""The timer's start-up replay: find the bucket files, then replay the commit log after the
+cursor (``Replay``, a part of ``TimerService``; the checkpoint that names the cursor is read by
+``chronoq.timer.checkpoint``).
+
+Replaying absorbs every delayed record after the cursor again (entries are set facts, so twice is
+harmless) and re-marks what was delivered from the copies found there (``__TIMER_REF`` /
+``__DELAY_REF``): the dispatch-once rule of ``chronoq.timer.service``.
+
+A mixin, like ``chronoq.timer.absorb``: the replay fills the very buckets, lanes and cursor the
+other parts work on, so it runs on the facade's state rather than on a copy handed to it.
+"""
+
+from __future__ import annotations
+
+from chronoq.core.delay_levels import DELAY_TOPIC
+from chronoq.store import record
+from chronoq.timer import copies, schedlog
+from chronoq.timer.schedlog import DISPATCHED
+
+CATCH_UP_RUN = 4096  # delayed records absorbed together at start-up
+
+
+class Replay:
+    """Mixed into ``TimerService``: uses its ``store``, ``cursor``, ``sched_dir``, ``level_lanes``,
+    ``_push``, ``_append`` and ``_absorb_run``; sets ``_done`` and ``caught_up``."""
+
+    def _scan_dir(self) -> None:
+        pending, done = schedlog.list_dir(self.sched_dir)
+        for start in pending:
+            self._push(start)
+        self._done = sorted(done)
+
+    def _catch_up(self) -> None:
+        """Replay the commit log after the cursor: absorb delayed records, re-mark delivered copies."""
+        count = 0
+        # Runs of delayed records go through the bulk path (``_absorb_run``), a run ending at
+        # each delivered copy so entries keep commit-log order (a restart replays ~10 s of sends).
+        raws: list[bytes] = []
+        records: list[tuple[int, int, int]] = []
+        for offset, header, raw in self.store.scan(self.cursor):
+            if header.flags & record.FLAG_DELAYED:
+                raws.append(raw)
+                records.append((offset, len(raw), 0))
+                count += 1
+                if len(records) >= CATCH_UP_RUN:
+                    self._absorb_run(b"".join(raws), records)
+                    raws, records = [], []
+            elif (copies.REF_MARKERS[0] in raw or copies.REF_MARKERS[1] in raw) and header.topic != DELAY_TOPIC:
+                if records:
+                    self._absorb_run(b"".join(raws), records)
+                    raws, records = [], []
+                count += self._apply_ref(offset, raw)
+        if records:
+            self._absorb_run(b"".join(raws), records)
+        self.caught_up = count
+        for lane in self.level_lanes:
+            lane.scan_offset = lane.offset
+
+    def _apply_ref(self, offset: int, raw: bytes) -> int:
+        props = record.decode_properties(copies.split(raw).properties)
+        ref = props.get(copies.PROP_TIMER_REF)
+        if ref is not None:
+            start, ident = copies.parse_ref(ref)
+            due = copies.header_fields(raw)[2]
+            self._append(start, schedlog.encode_entry(DISPATCHED, ident, due, offset))
+            return 1
+        ref = props.get(copies.PROP_DELAY_REF)
+        if ref is not None:
+            level, qoff = copies.parse_ref(ref)
+            if 1 <= level <= len(self.level_lanes):
+                lane = self.level_lanes[level - 1]
+                lane.offset = max(lane.offset, qoff + 1)
+            return 1
+        return 0
