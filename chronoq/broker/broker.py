@@ -34,7 +34,7 @@ from chronoq.core.refusals import Refusals
 from chronoq.store import record
 from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
-from chronoq.store.store import Prepared, Store, StoreOptions
+from chronoq.store.store import Prepared, Store, StoreOptions, Written
 from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
                                    TimerService)
 
@@ -314,6 +314,53 @@ class Broker:
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min offset, next offset) of a queue: readable offsets are min <= n < next."""
         return self.store.bounds(topic, queue_id)
+
+    # ----------------------------------------------------------------- records (for chronoq.features)
+    # The named operations features build on, so they need not reach into the store or the timer.
+    def write_records(self, records: list[Prepared]) -> list[Written]:
+        """Append records prepared by a feature as they are (system records: no validation, no
+        dedupe, no metrics); page cache only, durable and visible with the next ``flush``."""
+        return self.store.write(records)
+
+    def read_record(self, commit_offset: int, size: int) -> Message:
+        """The record of ``size`` bytes at ``commit_offset`` (``errors.NotFound`` when retention
+        deleted it, ``errors.CorruptionError`` when it fails its checks)."""
+        return self.store.read_at(commit_offset, size)
+
+    def record_properties(self, commit_offset: int) -> dict[str, str]:
+        """The properties of the record at ``commit_offset``, its body not read."""
+        return self.store.read_properties(commit_offset)
+
+    def queue_entries(self, topic: str, queue_id: int, offset: int,
+                      max_entries: int) -> list[tuple[int, int, int, int]]:
+        """Raw consume-queue entries (commit offset, size, tag hash, time ms) from ``offset``, those
+        whose record is gone included (see ``log_min_offset``); no checks on the arguments."""
+        return self.store.entries(topic, queue_id, offset, max_entries)
+
+    def entry_commit_offset(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """The commit offset the consume-queue entry ``offset`` names (None: no such entry)."""
+        entries = self.store.entries(topic, queue_id, offset, 1)
+        return entries[0][0] if entries else None
+
+    def entry_record(self, topic: str, queue_id: int, offset: int) -> Message | None:
+        """The record the consume-queue entry ``offset`` names (None: no such entry; errors as
+        ``read_record``)."""
+        entries = self.store.entries(topic, queue_id, offset, 1)
+        return self.store.read_at(entries[0][0], entries[0][1]) if entries else None
+
+    @property
+    def log_min_offset(self) -> int:
+        """The first commit offset still in the log (below it, retention deleted the records)."""
+        return self.store.log.min_offset
+
+    def add_retention_guard(self, guard) -> None:
+        """Register ``guard() -> lowest commit offset still needed`` (None: needs nothing)."""
+        self.store.add_retention_guard(guard)
+
+    @property
+    def max_delay_ms(self) -> int:
+        """How far ahead a delivery time may be (``timer_max_delay_ms``, as the timer applies it)."""
+        return self.timer.opts.max_delay_ms
 
     # ----------------------------------------------------------------- consumer offsets (chronoq.broker.offsets)
     @property

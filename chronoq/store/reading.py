@@ -118,3 +118,11 @@ def read_record_at(log: CommitLog, commit_offset: int) -> Message:
     when that part of the log is gone (retention) or was never written."""
     head = log.read(commit_offset, record.HEADER_SIZE)
     return read_at(log, commit_offset, record.HEADER.unpack_from(head)[0])
+
+
+def read_properties(log: CommitLog, commit_offset: int) -> dict[str, str]:
+    """The properties of the record at ``commit_offset``, without reading its (possibly large) body."""
+    head = log.read(commit_offset, record.HEADER_SIZE)
+    (_t, _m, _v, _c, _f, _q, _o, _b, _s, _d, tlen, mlen, taglen, klen, plen, _bl) = record.HEADER.unpack(head)
+    start = commit_offset + record.HEADER_SIZE + tlen + mlen + taglen + klen
+    return record.decode_properties(log.read(start, plen)) if plen else {}

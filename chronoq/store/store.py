@@ -377,6 +377,10 @@ class Store(StoreWriter):
     def read_at(self, commit_offset: int, size: int) -> Message:
         return reading.read_at(self.log, commit_offset, size)
 
+    def read_properties(self, commit_offset: int) -> dict[str, str]:
+        """The properties of the record at ``commit_offset``, its body not read."""
+        return reading.read_properties(self.log, commit_offset)
+
     def read_record_at(self, commit_offset: int) -> Message:
         """The record that starts at ``commit_offset``, its length taken from its header
         (``chronoq.store.reading.read_record_at``)."""
