@@ -154,7 +154,6 @@ class Broker:
         (prepared,), (message_id,), _chosen = self.prepare_batch([msg], system=system, now=now, new_topics=new_topics)
         return prepared, message_id
 
-
     def prepare_batch(self, messages: Iterable[OutgoingMessage], *, system: bool = False, now: int | None = None,
                       new_topics: dict[str, TopicConfig] | None = None
                       ) -> tuple[list[Prepared], list[str], list[bool]]:

@@ -229,6 +229,7 @@ class Store(StoreWriter):
         for cq in self.queues.values():
             cq.sync()
 
+    # ----------------------------------------------------------------- holds (timer copies written ahead)
     def _hold_written(self, meta: list, i: int, j: int, now: int) -> None:
         for key, qoff, _size, _tag_hash, time_ms in meta[i:j]:
             if key is not None and time_ms > now:  # only held copies are stamped ahead of now
@@ -308,6 +309,7 @@ class Store(StoreWriter):
             if cq.held:
                 self._held[key] = cq
 
+    # ----------------------------------------------------------------- durability and visibility
     def sync(self) -> int:
         """fsync the log; return the durable offset. May run in a worker thread."""
         return self.log.sync()
