@@ -110,9 +110,6 @@ PUBLISHED_KEEP = 100_000
 CHECKPOINT_EVERY_MS = 5_000   # the state file is rewritten at most this often
 SINK_FORGET_MS = 30 * 86_400_000
 
-_HEADER = record.HEADER
-_HEADER_SIZE = record.HEADER_SIZE
-
 
 @dataclass(slots=True)
 class Chunk:
@@ -245,7 +242,7 @@ class Staging:
         self._checkpoint_ms = 0
         self._path = os.path.join(broker.data_dir, STATE_FILE)
         self._load()
-        broker.store.add_retention_guard(self._retention_floor)
+        broker.add_retention_guard(self._retention_floor)
         self._resume()
 
     # ----------------------------------------------------------------- records
@@ -256,11 +253,7 @@ class Staging:
 
     def _props_at(self, commit_offset: int, size: int) -> dict[str, str]:
         """A stage-topic record's properties, without reading its (possibly large) body."""
-        log_ = self.broker.store.log
-        head = log_.read(commit_offset, _HEADER_SIZE)
-        (_t, _m, _v, _c, _f, _q, _o, _b, _s, _d, tlen, mlen, taglen, klen, plen, _bl) = _HEADER.unpack(head)
-        start = commit_offset + _HEADER_SIZE + tlen + mlen + taglen + klen
-        return record.decode_properties(log_.read(start, plen)) if plen else {}
+        return self.broker.record_properties(commit_offset)
 
     # ----------------------------------------------------------------- state
     def _load(self) -> None:
@@ -272,15 +265,15 @@ class Staging:
         for name, s in state.get("sinks", {}).items():
             self.sinks[name] = Sink(int(s.get("below", 0)), {int(b) for b in s.get("published", [])},
                                     int(s.get("used_ms", 0)))
-        store = self.broker.store
-        lo, hi = store.bounds(STAGE_TOPIC, 0)
+        broker = self.broker
+        lo, hi = broker.queue_bounds(STAGE_TOPIC, 0)
         offset = max(int(state.get("floor", 0)), lo)
         while offset < hi:
-            entries = store.entries(STAGE_TOPIC, 0, offset, min(4096, hi - offset))
+            entries = broker.queue_entries(STAGE_TOPIC, 0, offset, min(4096, hi - offset))
             if not entries:
                 break
             for i, (phys, size, _tag_hash, stored_ms) in enumerate(entries):
-                if size == 0 or phys < store.log.min_offset:
+                if size == 0 or phys < broker.log_min_offset:
                     continue
                 try:
                     props = self._props_at(phys, size)
@@ -335,7 +328,7 @@ class Staging:
         for name in [n for n, s in self.sinks.items() if now - s.used_ms > SINK_FORGET_MS]:
             del self.sinks[name]
         floor = min((c.queue_offset for b in self.batches.values() for st in b.stages.values() for c in st.values()),
-                    default=self.broker.store.bounds(STAGE_TOPIC, 0)[1])
+                    default=self.broker.queue_bounds(STAGE_TOPIC, 0)[1])
         fsutil.write_json(self._path, {
             "version": STATE_VERSION, "floor": floor,
             "sinks": {n: {"below": s.below, "published": sorted(s.published), "used_ms": s.used_ms}
@@ -397,7 +390,7 @@ class Staging:
             self.broker.topic(name, create=True)
         rec = self._op(OP_STAGE, sink_id, batch_id, now, body, **{
             PROP_STAGE: stage_id, PROP_SEQ: str(seq), PROP_ROWS: str(n), PROP_TOPIC: cfg.name})
-        w = self.broker.store.write([rec])[0]
+        w = self.broker.write_records([rec])[0]
         if b is None:
             b = self.batches[key] = Batch(now)
         b.stages.setdefault(stage_id, {})[seq] = Chunk(w.queue_offset, w.commit_offset, w.size, n, cfg.name)
@@ -440,7 +433,7 @@ class Staging:
                 raise errors.InvalidDeliveryTime("deliver_at_ms and delay_ms may not be negative")
             if at and wait:
                 raise errors.InvalidDeliveryTime("give deliver_at_ms or delay_ms, not both")
-            at = deliverytime.check_deliver_at(at or now + wait, now, broker.timer.opts.max_delay_ms)
+            at = deliverytime.check_deliver_at(at or now + wait, now, broker.max_delay_ms)
         group = rows.groups[i] if rows.groups is not None else ""
         if group:
             group = validate.message_group(group)
@@ -484,7 +477,7 @@ class Staging:
             if not set(map(type, times)) <= {int} or min(times) < 0:
                 return None
             ahead_max = max(times) - (now if times is deliver else 0)
-            if ahead_max > self.broker.timer.opts.max_delay_ms:
+            if ahead_max > self.broker.max_delay_ms:
                 return None
             if times is delay:  # deliver this long after staging
                 times = [now + t if t else 0 for t in times]
@@ -557,7 +550,7 @@ class Staging:
         total = job.messages
         if not job._todo:
             now = broker.clock.wall_ms()
-            broker.store.write([self._op(OP_PUBLISHED, sink, batch, now, **{PROP_ROWS: str(total)})])
+            broker.write_records([self._op(OP_PUBLISHED, sink, batch, now, **{PROP_ROWS: str(total)})])
             self._mark_published(sink, batch, now)
             return
         begin = job._begin
@@ -568,14 +561,14 @@ class Staging:
             recs: list[Prepared] = []
             if begin is not None:
                 recs.append(self._op(OP_BEGIN, sink, batch, now, **{PROP_STAGES: ",".join(begin)}))
-            stored = broker.store.read_at(c.commit_offset, c.size)
+            stored = broker.read_record(c.commit_offset, c.size)
             messages = parse_rows(c.topic, stored.body)
             recs.extend(messages)
             recs.append(self._op(OP_CHUNK, sink, batch, now, **{PROP_STAGE: stage_id, PROP_SEQ: str(seq)}))
             last = i == len(job._todo) - 1
             if last:
                 recs.append(self._op(OP_PUBLISHED, sink, batch, now, **{PROP_ROWS: str(total)}))
-            broker.store.write(recs)
+            broker.write_records(recs)
             if begin is not None:
                 b.begun, begin = begin, None
             c.published = True
@@ -600,5 +593,5 @@ class Staging:
         for key in keys:
             b = self.batches.pop(key)
             rows += sum(c.rows for st in b.stages.values() for c in st.values())
-            self.broker.store.write([self._op(OP_ABORTED, sink_id, key[1], now)])
+            self.broker.write_records([self._op(OP_ABORTED, sink_id, key[1], now)])
         return rows

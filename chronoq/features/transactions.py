@@ -64,7 +64,7 @@ class Transactions:
         self.pending: dict[int, Half] = {}
         self._path = os.path.join(broker.data_dir, STATE_FILE)
         self._load()
-        broker.store.add_retention_guard(self._retention_floor)
+        broker.add_retention_guard(self._retention_floor)
 
     # ----------------------------------------------------------------- state
     def _load(self) -> None:
@@ -107,15 +107,14 @@ class Transactions:
     def _op_floor(self, half_floor: int) -> int:
         """The first op written after the half at ``half_floor`` (the op queue's end when there
         is none): a binary search of the op queue by commit offset."""
-        store = self.broker.store
-        lo, hi = store.bounds(OP_TOPIC, 0)
-        half = store.entries(HALF_TOPIC, 0, half_floor, 1)
-        if not half:
+        broker = self.broker
+        lo, hi = broker.queue_bounds(OP_TOPIC, 0)
+        written = broker.entry_commit_offset(HALF_TOPIC, 0, half_floor)
+        if written is None:
             return hi
-        written = half[0][0]
         while lo < hi:
             mid = (lo + hi) // 2
-            if store.entries(OP_TOPIC, 0, mid, 1)[0][0] > written:
+            if broker.queue_entries(OP_TOPIC, 0, mid, 1)[0][0] > written:
                 hi = mid
             else:
                 lo = mid + 1
@@ -125,8 +124,7 @@ class Transactions:
         if not self.pending:
             return None
         first = min(self.pending)
-        entries = self.broker.store.entries(HALF_TOPIC, 0, first, 1)
-        return entries[0][0] if entries else None
+        return self.broker.entry_commit_offset(HALF_TOPIC, 0, first)
 
     # ----------------------------------------------------------------- API
     def half_message(self, msg: OutgoingMessage) -> OutgoingMessage:
@@ -177,10 +175,9 @@ class Transactions:
         out: list[OutgoingMessage] = []
         system: list[bool] = []
         if commit:
-            entries = self.broker.store.entries(HALF_TOPIC, 0, half.offset, 1)
-            if not entries:
+            stored = self.broker.entry_record(HALF_TOPIC, 0, half.offset)
+            if stored is None:
                 raise errors.InvalidTransaction(f"half message of transaction {transaction_id} is gone")
-            stored = self.broker.store.read_at(entries[0][0], entries[0][1])
             props = {k: v for k, v in stored.properties.items() if not k.startswith(model.SYSTEM_PROPERTY_PREFIX)}
             out.append(OutgoingMessage(half.topic, stored.body, tag=stored.tag, keys=stored.keys,
                                        properties=props, message_id=stored.message_id, born_ms=stored.born_ms,
@@ -212,13 +209,13 @@ class Transactions:
             if half.checks >= self.max_checks:
                 expired.append(half)
                 continue
-            entries = self.broker.store.entries(HALF_TOPIC, 0, half.offset, 1)
+            entries = self.broker.queue_entries(HALF_TOPIC, 0, half.offset, 1)
             if not entries:
                 expired.append(half)
                 continue
             half.checks += 1
             half.next_check_ms = now_ms + self.check_interval_ms
-            to_check.append((half, self.broker.store.read_at(entries[0][0], entries[0][1])))
+            to_check.append((half, self.broker.read_record(entries[0][0], entries[0][1])))
         return to_check, expired
 
     def expire(self, half: Half) -> None:

@@ -22,7 +22,7 @@ check (found by searching for the magic/version bytes and validating each candid
 
 Which records are verified: on an unclean start, every record from the dispatch checkpoint's
 offset to the end (the checkpoint only names fsynced records, so nothing below it can be torn by a
-crash), or from further back with ``verify_extra_segments`` (Store._verify_start). Older records
+crash), or from further back with ``verify_extra_segments`` (``verify_start``). Older records
 are verified when read (``CommitLog.read_record``) and fail with the same named error.
 """
 
@@ -185,3 +185,42 @@ def verify_log(
         verify_segment(log, seg, start, i == last, quarantine, report)
         if progress is not None:
             progress(seg.end)
+
+
+def verify_start(log: CommitLog, dispatched: int, extra: int) -> int:
+    """Where the start-up CRC scan begins after an unclean stop.
+
+    The checkpoint's ``dispatched`` is a record boundary below which everything was fsynced
+    before the checkpoint was written, so a crash cannot have torn it: by default the scan
+    starts there (what lies below is checked when read). ``verify_extra_segments`` (``extra``) = N > 0
+    starts it at the beginning of the segment holding that offset (N = 1) or N - 1 segments
+    earlier. A checkpoint past the log end (R10) scans the whole log: it is rebuilt anyway.
+    """
+    segs = log.segments
+    if not segs or dispatched > segs[-1].end:
+        return 0
+    if extra <= 0:
+        return dispatched
+    idx = len(segs) - 1
+    for i, seg in enumerate(segs):
+        if seg.base <= dispatched < seg.end:
+            idx = i
+            break
+    return segs[max(0, idx - (extra - 1))].base
+
+
+def queues_short(queues: dict, expected: dict, expected_mins: dict) -> bool:
+    """Row R8: a queue lost entries the checkpoint counted (a missing, cut or lost file)."""
+    for key, count in expected.items():
+        topic, _, qid = key.rpartition("/")
+        cq = queues.get((topic, int(qid)))
+        if cq is None:
+            if int(count) > 0:
+                return True
+            continue  # a queue that never got an entry has no files (nothing was lost)
+        if cq.next_offset < int(count):
+            return True
+        # Only retention moves a queue's start up, and it writes a checkpoint when it does.
+        if cq.min_offset > int(expected_mins.get(key, cq.min_offset)):
+            return True
+    return not all(cq.is_whole() for cq in queues.values())

@@ -2,91 +2,50 @@
 
 Write path (one thread): ``write`` encodes a batch, assigns each message its queue offset and
 appends it to the page cache (``write_plain``: the same for plain records of one topic, given as
-columns); ``sync`` fsyncs (any thread); ``dispatch`` publishes consume-queue
-entries for records up to an offset. The flush policy decides when ``dispatch`` follows ``sync``:
-under ``sync`` nothing is visible or acknowledged before it is on disk.
+columns; both in ``chronoq.store.writing``); ``sync`` fsyncs (any thread); ``dispatch`` publishes
+consume-queue entries for records up to an offset. The flush policy decides when ``dispatch``
+follows ``sync``: under ``sync`` nothing is visible or acknowledged before it is on disk.
 
-Checkpoint file ``checkpoint.json`` (``fsutil.write_json``)::
-
-    {"version": 1, "dispatched": <log offset>, "log_end": <log offset>, "clean": <bool>,
-     "queues": {"<topic>/<queue id>": <next logical offset>, ...},
-     "queue_mins": {"<topic>/<queue id>": <first logical offset>, ...}}
-
-``queue_mins`` may be absent (older checkpoints); then a queue's start is not checked.
+``Store`` is the facade over its parts: ``chronoq.store.writing`` (encode and append),
+``chronoq.store.reading`` (messages and records back), ``chronoq.store.checkpoint`` (the file
+``checkpoint.json``, its format at the top of that module), ``chronoq.store.recovery`` (the
+decision table run on open). Here: opening, the consume queues, dispatch, holds, retention.
 
 Held records (``record.FLAG_HELD``, timer copies written ahead of their due time) are stamped
 with their due time and held in their consume queue until ``release_held`` passes it; holds
 live in memory and are rebuilt on open from the queue tails (``_restore_holds``).
-
-Every consume-queue file is fsynced before a checkpoint naming its entries is written, so after
-a crash the queues hold at least what the checkpoint says, and replay from ``dispatched`` is
-positional and idempotent.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 import os
-import struct
 import time
 import zlib
 from collections import deque
-import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable
 
-from chronoq.core import errors, fsutil
+from chronoq.core import errors
 from chronoq.core.jobs import Job
 from chronoq.core.model import Message
-from chronoq.store import record
+from chronoq.store import checkpoint as checkpoint_file
+from chronoq.store import reading, record
+from chronoq.store.checkpoint import CHECKPOINT_FILE, CHECKPOINT_VERSION
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from chronoq.store.dirlock import DirLock
-from chronoq.store.recovery import RecoveryReport, iter_records, verify_log
+from chronoq.store.recovery import RecoveryReport, iter_records, queues_short, verify_log, verify_start
+from chronoq.store.writing import Prepared, StoreWriter, Written
+
+# Names other modules import from here.
+__all__ = ["Store", "StoreOptions", "Prepared", "Written", "CHECKPOINT_FILE", "CHECKPOINT_VERSION"]
 
 log = logging.getLogger("chronoq.store")
 
-CHECKPOINT_FILE = "checkpoint.json"
-CHECKPOINT_VERSION = 1
-# Reads: records at most READ_GAP_MAX bytes apart share one pread, of at most READ_SPAN_MAX bytes.
-READ_GAP_MAX = 32 * 1024
-READ_SPAN_MAX = 256 * 1024
 # A replay gap longer than this (entries) is left unfilled; real gaps are a few quarantined records.
 _HOLE_FILL_MAX = 1 << 16
 _pack_entry = ENTRY.pack
-_encode = record.encode
-
-
-class Prepared(NamedTuple):
-    """A message validated and encoded by the broker, waiting for its queue offset."""
-
-    topic: str
-    queue_id: int
-    flags: int
-    born_ms: int
-    deliver_at_ms: int
-    message_id: bytes
-    tag: bytes
-    keys: bytes
-    properties: bytes
-    body: bytes
-
-
-# Store.read builds Messages positionally, in this order.
-assert tuple(f.name for f in dataclasses.fields(Message)) == (
-    "topic", "queue_id", "queue_offset", "commit_offset", "message_id", "body", "tag", "keys", "properties",
-    "born_ms", "stored_ms", "deliver_at_ms", "flags")
-# Store.write unpacks a Prepared positionally (faster than one named lookup per field).
-assert Prepared._fields == ("topic", "queue_id", "flags", "born_ms", "deliver_at_ms", "message_id", "tag", "keys",
-                            "properties", "body")
-
-
-class Written(NamedTuple):
-    commit_offset: int
-    queue_offset: int
-    size: int
 
 
 @dataclass
@@ -104,7 +63,7 @@ class StoreOptions:
 _NEVER = 1 << 63  # an offset no record reaches
 
 
-class Store:
+class Store(StoreWriter):
     """Ensures after ``__init__``: recovery ran (``report``), every record up to the log end is
     dispatched. ``progress(phase, done, total)``, if given, hears of the long parts of recovery:
     phase "verify" (bytes of segments checked) and "replay" (bytes of log re-dispatched into the
@@ -162,7 +121,7 @@ class Store:
     # ----------------------------------------------------------------- recovery
     def _recover(self, progress) -> RecoveryReport:
         report = RecoveryReport()
-        cp = self._read_checkpoint(report)
+        cp = checkpoint_file.read(self.data_dir, bool(self.log.segments), report)
         self._open_queues()
         log_len = self.log.segments[-1].end if self.log.segments else 0
         clean = bool(cp and cp.get("clean") and cp.get("log_end") == log_len) or (cp is None and log_len == 0)
@@ -171,7 +130,7 @@ class Store:
         expected = dict(cp.get("queues", {})) if cp else {}
         expected_mins = dict(cp.get("queue_mins", {})) if cp else {}
         if not clean:
-            verify_from = self._verify_start(dispatched)
+            verify_from = verify_start(self.log, dispatched, self.options.verify_extra_segments)
             verify_log(self.log, verify_from, self.options.quarantine, report,
                        None if progress is None else
                        (lambda off: progress("verify", off - verify_from, log_len - verify_from)))
@@ -183,7 +142,7 @@ class Store:
         elif dispatched > log_end:  # R10
             report.notes.append(f"checkpoint offset {dispatched} is past the log end {log_end}; rebuilding queues")
             replay_from = self.log.min_offset
-        elif self._queues_short(expected, expected_mins):  # R8
+        elif queues_short(self.queues, expected, expected_mins):  # R8
             report.notes.append("a consume queue is missing or short; rebuilding queues from the log")
             replay_from = self.log.min_offset
         report.rebuilt_queues = replay_from != dispatched or cp is None
@@ -193,42 +152,6 @@ class Store:
         self._sync_queues()
         return report
 
-    def _read_checkpoint(self, report: RecoveryReport) -> dict | None:
-        path = os.path.join(self.data_dir, CHECKPOINT_FILE)
-        try:
-            cp = fsutil.read_json(path)
-        except ValueError as exc:  # R7
-            report.notes.append(f"checkpoint unreadable ({exc}); rebuilding queues from the log")
-            return None
-        if cp is not None and (not isinstance(cp, dict) or cp.get("version") != CHECKPOINT_VERSION):
-            report.notes.append("checkpoint has an unknown version; rebuilding queues from the log")
-            return None
-        if cp is None and self.log.segments:
-            report.notes.append("no checkpoint; rebuilding queues from the log")
-        return cp
-
-    def _verify_start(self, dispatched: int) -> int:
-        """Where the start-up CRC scan begins after an unclean stop.
-
-        The checkpoint's ``dispatched`` is a record boundary below which everything was fsynced
-        before the checkpoint was written, so a crash cannot have torn it: by default the scan
-        starts there (what lies below is checked when read). ``verify_extra_segments`` = N > 0
-        starts it at the beginning of the segment holding that offset (N = 1) or N - 1 segments
-        earlier. A checkpoint past the log end (R10) scans the whole log: it is rebuilt anyway.
-        """
-        segs = self.log.segments
-        if not segs or dispatched > segs[-1].end:
-            return 0
-        extra = self.options.verify_extra_segments
-        if extra <= 0:
-            return dispatched
-        idx = len(segs) - 1
-        for i, seg in enumerate(segs):
-            if seg.base <= dispatched < seg.end:
-                idx = i
-                break
-        return segs[max(0, idx - (extra - 1))].base
-
     def _open_queues(self) -> None:
         if not os.path.isdir(self.cq_dir):
             return
@@ -237,22 +160,6 @@ class Store:
             for qid in os.listdir(tdir):
                 if qid.isdigit():
                     self._queue(topic, int(qid))
-
-    def _queues_short(self, expected: dict, expected_mins: dict) -> bool:
-        """Row R8: a queue lost entries the checkpoint counted (a missing, cut or lost file)."""
-        for key, count in expected.items():
-            topic, _, qid = key.rpartition("/")
-            cq = self.queues.get((topic, int(qid)))
-            if cq is None:
-                if int(count) > 0:
-                    return True
-                continue  # a queue that never got an entry has no files (nothing was lost)
-            if cq.next_offset < int(count):
-                return True
-            # Only retention moves a queue's start up, and it writes a checkpoint when it does.
-            if cq.min_offset > int(expected_mins.get(key, cq.min_offset)):
-                return True
-        return not all(cq.is_whole() for cq in self.queues.values())
 
     def _replay(self, start: int, progress, log_end: int) -> int:
         """Re-dispatch records from ``start``; then cut queue entries the log no longer backs.
@@ -322,180 +229,7 @@ class Store:
         for cq in self.queues.values():
             cq.sync()
 
-    # ----------------------------------------------------------------- writing
-    def write(self, messages: Iterable[Prepared]) -> list[Written]:
-        """Append a batch to the log (page cache). Not durable or visible until sync/dispatch."""
-        now = self.clock.wall_ms()
-        next_qoff = self._next_qoff
-        topic_bytes = self._topic_bytes
-        tag_hashes = self._tag_hashes
-        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
-        magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
-        delayed = record.FLAG_DELAYED
-        held_flag = record.FLAG_HELD
-        pieces: list[bytes] = []
-        add_piece = pieces.append
-        meta = []
-        add_meta = meta.append
-        sizes: list[int] = []
-        add_size = sizes.append
-        holds = False
-        for m in messages:
-            # One unpack instead of a named-field lookup per use: this loop runs per message.
-            topic, queue_id, flags, born_ms, deliver_at_ms, message_id, tag, keys, props, body = m
-            stamp = now
-            if flags & held_flag:
-                assert deliver_at_ms > 0 and not flags & delayed, "a held copy is a visible copy with a due time"
-                stamp = deliver_at_ms
-                holds = True
-            if flags & delayed:
-                # Not in any consume queue yet: the timer re-puts a copy when it falls due.
-                key, qoff, tag_hash, time_ms = None, 0, 0, deliver_at_ms
-            else:
-                key = (topic, queue_id)
-                qoff = next_qoff.get(key)
-                if qoff is None:
-                    qoff = self._queue(*key).next_offset
-                next_qoff[key] = qoff + 1
-                tag_hash = tag_hashes.get(tag)
-                if tag_hash is None:
-                    if len(tag_hashes) > 4096:
-                        tag_hashes.clear()
-                    tag_hash = tag_hashes[tag] = zlib.crc32(tag)
-                time_ms = stamp
-            tb = topic_bytes.get(topic)
-            if tb is None:
-                tb = topic_bytes[topic] = topic.encode()
-            # record.encode_parts, inlined (a call per message costs as much as its body); the
-            # record-equivalence tests hold both to the same bytes.
-            head = pack_tail(flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
-                             len(tag), len(keys), len(props), len(body)) + tb + message_id + tag + keys + props
-            size = crc_start + len(head) + len(body)
-            if size > size_max:
-                raise ValueError(f"record of {size} bytes exceeds {size_max}")
-            add_piece(pack_prefix(size, magic, version, extend(crc(head), body)))
-            add_piece(head)
-            add_piece(body)
-            add_meta((key, qoff, size, tag_hash, time_ms))
-            add_size(size)
-        if not meta:
-            return []
-        ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
-        out: list[Written] = []
-        add_out, new_tuple = out.append, tuple.__new__
-        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-        delayed_records: list[tuple[int, int, int]] = []
-        i = 0
-        pos = 0
-        try:
-            while i < len(meta):
-                # Fill what fits in the active segment (at least one record); a roll happens
-                # between chunks only.
-                j = max(i + 1, bisect.bisect_right(ends, (ends[i - 1] if i else 0) + self.log.room(), i))
-                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
-                if holds:  # before dispatch can put their entries: never visible unreleased
-                    self._hold_written(meta, i, j, now)
-                for k in range(i, j):
-                    key, qoff, length, tag_hash, time_ms = meta[k]
-                    # tuple.__new__: a NamedTuple's own __new__ is a Python-level call, per message.
-                    add_out(new_tuple(Written, (pos, qoff, length)))
-                    if key is None:
-                        delayed_records.append((pos, length, time_ms))
-                        pos += length
-                        continue
-                    run = batch.get(key)
-                    entry = _pack_entry(pos, length, tag_hash, time_ms)
-                    if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:
-                        run[1].extend(entry)
-                    else:
-                        self._add_entry(batch, key, qoff, entry)
-                    pos += length
-                i = j
-        except errors.StorageError:
-            for key, qoff, *_ in meta[i:]:  # give back the offsets of what was not written
-                if key is not None:  # (delayed records took no queue offset)
-                    next_qoff[key] = min(next_qoff[key], qoff)
-            if out:
-                self._pending.append((pos, batch, delayed_records))
-            raise
-        self._pending.append((pos, batch, delayed_records))
-        return out
-
-    def write_plain(self, topic: str, queue_ids: list[int], born_ms: list[int], message_ids: list[bytes],
-                    tags: list[bytes], bodies: list[bytes]) -> tuple[list[int], list[int]]:
-        """``write`` for plain records of one topic (flags 0; no keys, properties or delay), from
-        columns instead of ``Prepared`` tuples: the same records byte for byte, the same queue
-        offsets and pending dispatch, without a tuple per message in or out (the SendMessage
-        fast path, chronoq.server.grpc_server). Returns (commit offsets, queue offsets).
-        """
-        n = len(bodies)
-        assert len(queue_ids) == len(born_ms) == len(message_ids) == len(tags) == n
-        if not n:
-            return [], []
-        now = self.clock.wall_ms()
-        tb = self._topic_bytes.get(topic)
-        if tb is None:
-            tb = self._topic_bytes[topic] = topic.encode()
-        tlen = len(tb)
-        next_qoff = self._next_qoff
-        nxt: dict[int, int] = {}
-        for qid in set(queue_ids):
-            qoff = next_qoff.get((topic, qid))
-            nxt[qid] = self._queue(topic, qid).next_offset if qoff is None else qoff
-        first = dict(nxt)
-        tag_hash = {t: zlib.crc32(t) for t in set(tags)}
-        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
-        magic, version, size_max = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX
-        pieces: list[bytes] = []
-        add = pieces.append
-        sizes: list[int] = []
-        add_size = sizes.append
-        qoffs: list[int] = []
-        add_qoff = qoffs.append
-        # The loop of record.encode_parts, inlined: a call per message costs as much as its body.
-        for qid, born, mid, tag, body in zip(queue_ids, born_ms, message_ids, tags, bodies):
-            qoff = nxt[qid]
-            nxt[qid] = qoff + 1
-            head = pack_tail(0, qid, qoff, born, now, 0, tlen, len(mid), len(tag), 0, 0, len(body)) + tb + mid + tag
-            total = record.CRC_START + len(head) + len(body)
-            if total > size_max:
-                raise ValueError(f"record of {total} bytes exceeds {size_max}")
-            add(pack_prefix(total, magic, version, extend(crc(head), body)))
-            add(head)
-            add(body)
-            add_size(total)
-            add_qoff(qoff)
-        commits: list[int] = []
-        add_commit = commits.append
-        runs: dict[int, bytearray] = {qid: bytearray() for qid in nxt}
-        pack_entry = _pack_entry
-        i = pos = 0
-        try:
-            while i < n:
-                j, room, size = i, self.log.room(), 0
-                # Fill what fits in the active segment; a roll happens between chunks only.
-                while j < n and (size + sizes[j] <= room or j == i):
-                    size += sizes[j]
-                    j += 1
-                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
-                for k in range(i, j):
-                    length = sizes[k]
-                    add_commit(pos)
-                    runs[queue_ids[k]] += pack_entry(pos, length, tag_hash[tags[k]], now)
-                    pos += length
-                i = j
-        finally:
-            # Queue offsets of records not written (a storage error) are given back; what was
-            # written waits for dispatch like any batch.
-            batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-            for qid, run in runs.items():
-                next_qoff[(topic, qid)] = first[qid] + len(run) // ENTRY_SIZE
-                if run:
-                    self._add_entry(batch, (topic, qid), first[qid], run)
-            if commits:
-                self._pending.append((pos, batch, []))
-        return commits, qoffs
-
+    # ----------------------------------------------------------------- holds (timer copies written ahead)
     def _hold_written(self, meta: list, i: int, j: int, now: int) -> None:
         for key, qoff, _size, _tag_hash, time_ms in meta[i:j]:
             if key is not None and time_ms > now:  # only held copies are stamped ahead of now
@@ -575,6 +309,7 @@ class Store:
             if cq.held:
                 self._held[key] = cq
 
+    # ----------------------------------------------------------------- durability and visibility
     def sync(self) -> int:
         """fsync the log; return the durable offset. May run in a worker thread."""
         return self.log.sync()
@@ -633,97 +368,25 @@ class Store:
         return list(ENTRY.iter_unpack(raw))
 
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int) -> tuple[list[Message], int]:
-        """Messages from logical ``offset``; returns them and the offset to read next.
-
-        Entries whose record was deleted by retention or quarantined are skipped.
-        """
-        cq = self.queues.get((topic, queue_id))
-        if cq is None or max_messages <= 0:
-            return [], offset
-        offset = max(offset, cq.min_offset)
-        raw = cq.get(offset, max_messages)
-        entries = list(ENTRY.iter_unpack(raw))
-        out: list[Message] = []
-        add = out.append
-        min_phys = self.log.min_offset
-        check_decode = record.check_decode
-        for i, j, blob, phys, seg in self._spans(entries, min_phys):
-            for k in range(i, j):
-                pos = entries[k][0] - phys
-                try:
-                    (flags, r_queue_id, r_offset, born_ms, stored_ms, deliver_at_ms, r_topic, message_id, tag, keys,
-                     props, body) = check_decode(blob, pos, pos + entries[k][1])
-                except record.RecordError as exc:
-                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
-                if r_offset != offset + k or r_topic != topic or r_queue_id != queue_id:
-                    # A damaged consume queue must not hand out another queue's message.
-                    raise errors.CorruptionError(
-                        cq.directory, (offset + k) * ENTRY_SIZE,
-                        f"consume-queue entry {offset + k} of {topic}/{queue_id} points at message "
-                        f"{r_offset} of {r_topic}/{r_queue_id}; the consume queue is "
-                        "damaged (it is derived data: delete its directory while the broker is stopped to rebuild it)")
-                # Positional, in _MESSAGE_FIELDS order: this runs for every message read.
-                add(Message(r_topic, r_queue_id, r_offset, entries[k][0], message_id, body, tag, keys, props,
-                            born_ms, stored_ms, deliver_at_ms, flags))
-        return out, offset + len(entries)
+        """Messages from logical ``offset``; returns them and the offset to read next
+        (``chronoq.store.reading.read``: entries whose record is gone are skipped)."""
+        return reading.read(self.log, self.queues.get((topic, queue_id)), topic, queue_id, offset, max_messages)
 
     def read_runs(self, entries, min_phys: int):
         """Yield (index, bytes, position of the record in them), each record checked, none copied."""
-        check = record.check
-        for i, j, blob, phys, seg in self._spans(entries, min_phys):
-            for k in range(i, j):
-                pos = entries[k][0] - phys
-                try:
-                    check(blob, pos, pos + entries[k][1])
-                except record.RecordError as exc:
-                    raise errors.CorruptionError(seg.path, entries[k][0] - seg.base, exc.reason) from None
-                yield k, blob, pos
-
-    def _spans(self, entries, min_phys: int):
-        """Yield (i, j, bytes, their log offset, segment): entries[i:j] read with one pread.
-
-        Records near each other in the log are read together, gaps included: a queue's
-        messages are interleaved with other queues' (round robin), so they are rarely adjacent,
-        and one pread of the span costs less than a pread per record while gaps are small.
-        Entries that are holes, retained away or lost are left out. Nothing is checked here.
-        """
-        i = 0
-        n = len(entries)
-        log = self.log
-        while i < n:
-            phys, size = entries[i][0], entries[i][1]
-            # size 0 is a hole (never a real entry): the record was quarantined before a rebuild.
-            if size == 0 or phys < min_phys or log.lost and log.is_lost(phys):
-                i += 1
-                continue
-            j = i + 1
-            end = phys + size
-            seg = log.segment_for(phys)
-            limit = min(seg.end, phys + READ_SPAN_MAX)
-            while j < n:
-                next_phys, next_size = entries[j][0], entries[j][1]
-                if not (end <= next_phys <= end + READ_GAP_MAX and next_size and next_phys + next_size <= limit) or (
-                        log.lost and log.is_lost(next_phys)):
-                    break
-                end = next_phys + next_size
-                j += 1
-            yield i, j, log.read(phys, end - phys), phys, seg
-            i = j
+        return reading.read_runs(self.log, entries, min_phys)
 
     def read_at(self, commit_offset: int, size: int) -> Message:
-        data = self.log.read_record(commit_offset, size)
-        f = record.decode(data)
-        return Message(topic=f["topic"], queue_id=f["queue_id"], queue_offset=f["queue_offset"],
-                       commit_offset=commit_offset, message_id=f["message_id"], body=f["body"], tag=f["tag"],
-                       keys=f["keys"], properties=f["properties"], born_ms=f["born_ms"],
-                       stored_ms=f["stored_ms"], deliver_at_ms=f["deliver_at_ms"], flags=f["flags"])
+        return reading.read_at(self.log, commit_offset, size)
+
+    def read_properties(self, commit_offset: int) -> dict[str, str]:
+        """The properties of the record at ``commit_offset``, its body not read."""
+        return reading.read_properties(self.log, commit_offset)
 
     def read_record_at(self, commit_offset: int) -> Message:
-        """The record that starts at ``commit_offset``, its length taken from its header (for
-        callers that kept only the offset: the broker's dedupe window). ``errors.NotFound``
-        when that part of the log is gone (retention) or was never written."""
-        head = self.log.read(commit_offset, record.HEADER_SIZE)
-        return self.read_at(commit_offset, record.HEADER.unpack_from(head)[0])
+        """The record that starts at ``commit_offset``, its length taken from its header
+        (``chronoq.store.reading.read_record_at``)."""
+        return reading.read_record_at(self.log, commit_offset)
 
     # ----------------------------------------------------------------- checkpoints & retention
     def checkpoint(self, clean: bool = False) -> None:
@@ -732,48 +395,16 @@ class Store:
         self._write_checkpoint(clean)
 
     def checkpoint_job(self, clean: bool = False) -> Job:
-        """``checkpoint`` without blocking the writer's thread (see ``chronoq.core.jobs``).
-
-        Here: take the consume-queue files written since the last checkpoint and the document
-        to write, as of now. ``run`` (any thread): fsync those files by path, then write the
-        document. Every entry the document claims was written before ``run`` starts, so the
-        fsync covers it; entries written meanwhile may be synced along, which is harmless.
-        ``finish`` with an error marks the files dirty again for the next checkpoint.
-        """
-        taken = [(cq, cq.take_dirty()) for cq in self.queues.values()]
-        paths = [path for _cq, files in taken for _index, path in files]
-        doc = self._checkpoint_doc(clean)
-        target = os.path.join(self.data_dir, CHECKPOINT_FILE)
-
-        def run() -> None:
-            for path in paths:
-                fsutil.fsync_path(path)
-            fsutil.write_json(target, doc)
-
-        def finish(exc: BaseException | None) -> None:
-            if exc is not None:
-                for cq, files in taken:
-                    cq.mark_dirty(index for index, _path in files)
-
-        return Job("store checkpoint", run, finish)
+        """``checkpoint`` without blocking the writer's thread: the consume-queue fsyncs and the
+        file in the job's ``run`` (``chronoq.store.checkpoint.job``)."""
+        return checkpoint_file.job(self.data_dir, self.queues, lambda: self._checkpoint_doc(clean))
 
     def _write_checkpoint(self, clean: bool) -> None:
-        fsutil.write_json(os.path.join(self.data_dir, CHECKPOINT_FILE), self._checkpoint_doc(clean))
+        checkpoint_file.write(self.data_dir, self._checkpoint_doc(clean))
 
     def _checkpoint_doc(self, clean: bool) -> dict:
-        dispatched = min(self.dispatched, self.log.synced)
-        if dispatched < self.dispatched:
-            # Async policy: queues may be ahead of the durable log. Only claim what is synced,
-            # with the queue sizes as of ``dispatched`` unknown, so record the lower safe bound.
-            queues = {}
-        else:
-            queues = {f"{t}/{q}": cq.next_offset for (t, q), cq in self.queues.items()}
-        # Queue starts too, so a lost first consume-queue file is detected (row R8).
-        queue_mins = {f"{t}/{q}": cq.min_offset for (t, q), cq in self.queues.items()} if queues else {}
-        return {
-            "version": CHECKPOINT_VERSION, "dispatched": dispatched, "log_end": self.log.written,
-            "clean": clean, "queues": queues, "queue_mins": queue_mins, "written_at_ms": self.clock.wall_ms(),
-        }
+        return checkpoint_file.document(self.dispatched, self.log.synced, self.log.written, self.queues, clean,
+                                   self.clock.wall_ms())
 
     def add_retention_guard(self, guard: Callable[[], int | None]) -> None:
         """Register ``guard() -> lowest commit offset still needed`` (None: needs nothing)."""
