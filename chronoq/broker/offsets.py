@@ -38,11 +38,7 @@ class ConsumerOffsets:
         self._valid_groups: set[str] = set()  # group names ``commit`` has validated
 
     def load(self) -> None:
-        try:
-            data = fsutil.read_json(self.path) or {}
-        except ValueError as exc:
-            log.warning("consumer offsets unreadable (%s); groups restart from their last durable state", exc)
-            data = {}
+        data = fsutil.read_state(self.path, log, "consumer offsets", "groups restart from their last durable state")
         self.offsets = {g: {t: {int(q): int(o) for q, o in qs.items()} for t, qs in ts.items()}
                         for g, ts in data.items()}
 

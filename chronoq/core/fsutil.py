@@ -97,3 +97,14 @@ def read_json(path: str) -> object | None:
     if google_crc32c.value(body) != expected:
         raise ValueError(f"{path}: checksum mismatch (truncated or edited)")
     return json.loads(body)
+
+
+def read_state(path: str, log, what: str, fallback: str) -> dict:
+    """A state file's document, ``{}`` when it does not exist or is damaged. A damaged one is
+    logged as a warning naming ``what`` it held and the ``fallback`` its owner takes (a replay
+    from the log's start, or the last durable state held elsewhere)."""
+    try:
+        return read_json(path) or {}
+    except ValueError as exc:
+        log.warning("%s unreadable (%s); %s", what, exc, fallback)
+        return {}

@@ -257,11 +257,7 @@ class Staging:
 
     # ----------------------------------------------------------------- state
     def _load(self) -> None:
-        try:
-            state = fsutil.read_json(self._path) or {}
-        except ValueError as exc:
-            log.warning("staging state unreadable (%s); replaying the whole stage topic", exc)
-            state = {}
+        state = fsutil.read_state(self._path, log, "staging state", "replaying the whole stage topic")
         for name, s in state.get("sinks", {}).items():
             self.sinks[name] = Sink(int(s.get("below", 0)), {int(b) for b in s.get("published", [])},
                                     int(s.get("used_ms", 0)))

@@ -68,11 +68,7 @@ class Transactions:
 
     # ----------------------------------------------------------------- state
     def _load(self) -> None:
-        try:
-            state = fsutil.read_json(self._path) or {}
-        except ValueError as exc:
-            log.warning("transaction state unreadable (%s); replaying both queues", exc)
-            state = {}
+        state = fsutil.read_state(self._path, log, "transaction state", "replaying both queues")
         half_floor = int(state.get("half_floor", 0))
         # min: files written before op_read meant "after the floor half" named the op queue's end.
         op_read = min(int(state.get("op_read", 0)), self._op_floor(half_floor))
