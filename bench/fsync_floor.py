@@ -1,0 +1,142 @@
+"""What one fsync adds to a lone request/answer, with no broker at all: the floor under
+``bench/send_receive.py --phase e``.
+
+A trivial loopback server (uvloop, one connection, one 1 KiB request at a time, an 8-byte answer)
+appends each request to a file and answers it in one of three ways:
+
+  none    answer at once (the ``async`` flush policy's shape: no fsync on the request's path)
+  inline  ``os.fsync`` on the event loop thread, then answer
+  thread  ring a flusher thread (a lock as bell, as ``chronoq.broker.committer`` does), which
+          fsyncs and reports back with ``call_soon_threadsafe``; answer when it has
+
+For each: the request's round trip (p50, p99, from a client in another process) and the server's
+CPU per request (user + system, all threads). The difference between ``inline`` and ``none`` is
+what the fsync itself costs this process in kernel time; ``thread`` adds the hand-off. Issue 21
+asks chronoq's ``sync`` send to cost at most 1.2x the CPU of its ``async`` one: this bench shows
+how much of that budget the fsync alone takes on a given disk.
+
+Prints one JSON object per line: {"metric", "value", "unit", ...context}. Bounded in count.
+
+    .venv/bin/python bench/fsync_floor.py                  # 3000 requests per way, 3 rounds
+    .venv/bin/python bench/fsync_floor.py --requests 1000 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import socket
+import tempfile
+import threading
+import time
+
+import uvloop
+
+ANSWER = b"ok......"
+REQUEST_BYTES = 1024
+
+
+def _client(port: int, count: int, go, out) -> None:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    go.wait(30)  # the server starts its CPU count first
+    body, times = os.urandom(REQUEST_BYTES), []
+    for _ in range(count):
+        start = time.perf_counter()
+        sock.sendall(body)
+        got = 0
+        while got < len(ANSWER):
+            got += len(sock.recv(64))
+        times.append(time.perf_counter() - start)
+    sock.close()
+    times.sort()
+    out.put((times[len(times) // 2] * 1e3, times[int(len(times) * 0.99)] * 1e3))
+
+
+async def _serve(way: str, count: int, data_dir: str) -> dict:
+    fd = os.open(os.path.join(data_dir, f"log-{way}"), os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    loop = asyncio.get_running_loop()
+    bell, waiting, end = threading.Lock(), [], [0]
+    bell.acquire()
+    stop = False
+
+    def flusher() -> None:
+        while True:
+            bell.acquire()
+            if stop:
+                return
+            os.fsync(fd)
+            loop.call_soon_threadsafe(done)
+
+    def done() -> None:
+        waiting.pop().set_result(None)
+
+    thread = threading.Thread(target=flusher, daemon=True)
+    thread.start()
+
+    async def handle(reader, writer) -> None:
+        try:
+            while True:
+                data = await reader.readexactly(REQUEST_BYTES)
+                os.pwrite(fd, data, end[0])
+                end[0] += len(data)
+                if way == "thread":
+                    fut = loop.create_future()
+                    waiting.append(fut)
+                    bell.release()
+                    await fut
+                elif way == "inline":
+                    os.fsync(fd)
+                writer.write(ANSWER)
+        except asyncio.IncompleteReadError:  # the client is done
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_client, args=(port, count, go, out))
+    proc.start()
+    await asyncio.sleep(0.5)  # the client's interpreter start-up is not timed
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    go.set()
+    while proc.is_alive():
+        await asyncio.sleep(0.02)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    p50, p99 = out.get()
+    server.close()
+    stop = True
+    bell.release()
+    thread.join()
+    os.close(fd)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    system = after.ru_stime - before.ru_stime
+    return {"p50_ms": p50, "p99_ms": p99, "cpu_us": cpu / count * 1e6, "sys_us": system / count * 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where the log files go (default: a temp dir here)")
+    args = ap.parse_args()
+    data_dir = tempfile.mkdtemp(prefix="fsync-floor-", dir=args.dir or os.getcwd())
+    try:
+        for round_no in range(args.rounds):
+            for way in ("none", "inline", "thread"):
+                f = uvloop.run(_serve(way, args.requests, data_dir))
+                for metric, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("cpu_us", "us"), ("sys_us", "us")):
+                    print(json.dumps({"metric": f"fsync_floor_{way}_{metric[:-3]}",
+                                      "value": round(f[metric], 3), "unit": unit, "way": way, "round": round_no,
+                                      "requests": args.requests, "per": "request"}), flush=True)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
