@@ -285,3 +285,26 @@ def test_maintenance_warms_the_horizon_cache_a_bucket_at_a_time(tmp_path):
         assert warmed[-1] == sum(range(1, 13))
     finally:
         broker.close()
+
+
+def test_a_delay_level_send_counts_under_its_own_topic(tmp_path):
+    """A send with a delay level is stored in the system topic CHRONOQ_DELAY; the producer sent it
+    to its own topic, and that is where ``chronoq_messages_sent_total`` counts it (single sends,
+    batches mixing levels, times and plain messages, and topics the batch mixes)."""
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock)
+    metrics = BrokerMetrics(broker)
+    try:
+        broker.send("orders", b"in 5 s", delay_level=2)
+        broker.send_batch([OutgoingMessage("orders", b"lvl", delay_level=1),
+                           OutgoingMessage("orders", b"timed", deliver_at_ms=T0 + 60_000),
+                           OutgoingMessage("orders", b"now")])
+        broker.send_batch([OutgoingMessage("bills", b"lvl", delay_level=3) for _ in range(2)])
+        broker.send_batch([OutgoingMessage("bills", b"lvl", delay_level=1), OutgoingMessage("orders", b"now")])
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_messages_sent_total", topic="orders") == 5
+        assert value(samples, "chronoq_messages_sent_total", topic="bills") == 3
+        assert not [labels for name, labels in samples
+                    if name == "chronoq_messages_sent_total" and ("topic", "CHRONOQ_DELAY") in labels]
+    finally:
+        broker.close()
