@@ -117,9 +117,10 @@ class BrokerConfig:
     push_invisible_ms: int = 60_000
     auto_renew_max_ms: int = 3 * 3600 * 1000
     # `chronoq serve` lowers its nice value by this much at start, when the OS allows it (root or
-    # CAP_SYS_NICE): timers are due to the ms, and on a host whose CPUs are shared with clients
-    # the scheduler can otherwise make a woken loop wait behind them (docs/timers.md). 0: unchanged.
-    priority_boost: int = 5
+    # CAP_SYS_NICE). 0 (default): unchanged, the service manager's (systemd's Nice=) stays in force;
+    # a process that renices itself surprises the operators who set it. On a host whose CPUs are
+    # shared with busy clients a boost trims timer lateness's tail a little (docs/timers.md).
+    priority_boost: int = 0
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)
 
