@@ -64,7 +64,7 @@ class Runtime:
         self.say(f"recovery: {self.broker.recovery.summary()}")
         from chronoq.server.metrics import BrokerMetrics
 
-        self.metrics = BrokerMetrics(self.broker, pop=lambda: self.pop)
+        self.metrics = BrokerMetrics(self.broker, pop=lambda: self.pop, source=self)
         return self.broker
 
     def open_consumers(self) -> None:
