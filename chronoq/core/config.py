@@ -52,6 +52,9 @@ class BrokerConfig:
     verify_extra_segments: int = 0
     quarantine: bool = False
     log_level: str = "info"
+    # "text" (a line: ISO 8601 UTC time, level, logger, message) or "json" (one object a line, for
+    # log shippers): chronoq.server.logsetup.
+    log_format: str = "text"
     # Transactions: an unresolved half message is checked with its producer after this long,
     # then every txn_check_interval_ms, at most txn_max_checks times; then it is rolled back.
     txn_check_after_ms: int = 6_000
@@ -151,6 +154,10 @@ class BrokerConfig:
         # [console] (chronoq.core.console_settings): checked here, at load, so a typo stops `chronoq
         # serve` before it opens anything, not later when the HTTP listener starts.
         console_settings.parse(self.extra.get("console"))
+        if self.log_format not in ("text", "json"):
+            raise errors.ClientError(f"log_format must be 'text' or 'json', not {self.log_format!r}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise errors.ClientError(f"log_level must be debug, info, warning or error, not {self.log_level!r}")
         if not 0 <= self.priority_boost <= 20:
             raise errors.ClientError(f"priority_boost must be 0 to 20 nice steps, not {self.priority_boost}")
         if not 1000 <= self.push_invisible_ms <= 12 * 3600 * 1000:
