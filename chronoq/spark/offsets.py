@@ -20,6 +20,7 @@ at its latest.
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 EARLIEST = -2
 LATEST = -1
@@ -165,3 +166,21 @@ def parse_option_many(text: str | None, default: str, bounds: dict[str, Bounds],
         for q, off in parse_option(topic, topic_text, default, bounds[topic], what).items():
             out[(topic, q)] = off
     return out
+
+
+def first_at_or_after(lo: int, hi: int, time_at: Callable[[int], int], at_ms: int) -> int:
+    """The first offset in [lo, hi) whose message entered its queue at or after ``at_ms``, or
+    ``hi`` when none did (``startingTimestamp``). Binary search: a queue's messages enter it in
+    offset order, so their times do not decrease. ``time_at(offset)`` reads one message's time;
+    about log2(hi - lo) reads."""
+    assert lo <= hi
+    steps = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if time_at(mid) >= at_ms:
+            hi = mid
+        else:
+            lo = mid + 1
+        steps += 1
+        assert steps <= 64, "a binary search over int64 offsets ends within 64 steps"
+    return lo

@@ -41,9 +41,10 @@ STAGE_ROWS = 16_384                # rows per Stage call ...
 STAGE_BYTES = 4 * 1024 * 1024      # ... and about this many body bytes (the broker's limits are higher)
 TIMEOUT_S = 120.0
 # The read options, as written in docs/spark.md (Spark hands them back lowercased). Kafka source
-# names that mean the same are aliases: maxOffsetsPerTrigger, subscribe, subscribePattern.
+# names that mean the same are aliases: maxOffsetsPerTrigger, subscribe, subscribePattern,
+# startingTimestamp.
 READ_OPTIONS = ("endpoints", "endpoint", "topic", "subscribe", "subscribePattern", "startingOffsets",
-                "endingOffsets", "maxRecordsPerTrigger", "maxOffsetsPerTrigger", "maxRecordsPerPartition",
+                "startingTimestamp", "endingOffsets", "maxRecordsPerTrigger", "maxOffsetsPerTrigger", "maxRecordsPerPartition",
                 "failOnDataLoss", "timeoutSeconds", "accessKey", "secretKey", "tls", "tlsCaFile")
 _READ_OPTIONS_LOWER = {name.lower() for name in READ_OPTIONS}
 
@@ -109,6 +110,21 @@ def _max_per_trigger(options) -> int | None:
     return ours if ours is not None else kafka
 
 
+def _starting_ms(options) -> int | None:
+    text = options.get("startingTimestamp")
+    if text is None:
+        return None
+    if options.get("startingOffsets") is not None:
+        raise ValueError("give startingOffsets or startingTimestamp, not both")
+    try:
+        ms = int(text)
+    except ValueError:
+        ms = -1
+    if ms < 0:
+        raise ValueError(f"option startingTimestamp must be epoch milliseconds (as Kafka's), not {text!r}")
+    return ms
+
+
 @dataclass(frozen=True)
 class Settings:
     """The parsed options: plain values, pickled to every worker."""
@@ -131,6 +147,7 @@ class Settings:
     tls_ca_file: str = ""
     topics: tuple[str, ...] = ()     # reading: the topics named (topic, or subscribe's list) ...
     pattern: str | None = None       # ... or the subscribePattern regex, matched at each planning
+    starting_ms: int | None = None   # startingTimestamp: epoch ms (instead of startingOffsets)
 
     @classmethod
     def parse(cls, options, reading: bool = False) -> "Settings":
@@ -154,7 +171,7 @@ class Settings:
                    options.get("sinkId"), options.get("jobId"), options.get("checkpointLocation"),
                    _flag(options, "atomic", False), options.get("accessKey") or "",
                    options.get("secretKey") or "", _flag(options, "tls", False), options.get("tlsCaFile") or "",
-                   topics, pattern)
+                   topics, pattern, _starting_ms(options) if reading else None)
 
     def client(self) -> rpc.AdminRpc:
         return rpc.AdminRpc(list(self.endpoints), self.timeout_s, access_key=self.access_key,
@@ -254,6 +271,22 @@ def _bounds(settings: Settings) -> dict[str, offs.Bounds]:
         return {topic: client.queue_offsets(topic) for topic in topics}
 
 
+def _start(settings: Settings, bounds: dict[str, offs.Bounds], default: str) -> dict[offs.Key, int]:
+    """Where a query begins: ``startingOffsets`` (or ``default``), or per queue the first message
+    that entered it at or after ``startingTimestamp`` (the queue's end when none did yet)."""
+    if settings.starting_ms is None:
+        return offs.parse_option_many(settings.starting, default, bounds, "startingOffsets")
+    out = {}
+    with settings.client() as client:
+        for topic, queues in bounds.items():
+            for q, (lo, hi) in queues.items():
+                def visible_ms(offset: int, topic=topic, q=q) -> int:
+                    res = client.read(topic, q, offset, 1, 1)
+                    return res.messages.visible_ms[0] if res.messages.count else 1 << 62
+                out[(topic, q)] = offs.first_at_or_after(lo, hi, visible_ms, settings.starting_ms)
+    return out
+
+
 def _named(settings: Settings) -> frozenset[str] | None:
     """The topics a checkpoint may hold: those named, or any (a pattern)."""
     return None if settings.pattern is not None else frozenset(settings.topics)
@@ -270,7 +303,7 @@ class ChronoqBatchReader(DataSourceReader):
     def partitions(self):
         s = self.settings
         bounds = _bounds(s)
-        start = offs.parse_option_many(s.starting, "earliest", bounds, "startingOffsets")
+        start = _start(s, bounds, "earliest")
         end = offs.parse_option_many(s.ending, "latest", bounds, "endingOffsets")
         return _ranges(start, end, s.per_partition) or [QueueRange(s.topic, 0, 0, 0)]
 
@@ -288,7 +321,7 @@ class ChronoqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         s = self.settings
-        return offs.canonical_many(offs.parse_option_many(s.starting, "latest", _bounds(s), "startingOffsets"))
+        return offs.canonical_many(_start(s, _bounds(s), "latest"))
 
     def getDefaultReadLimit(self):
         n = self.settings.max_per_trigger

@@ -66,3 +66,19 @@ def test_an_unknown_read_option_is_an_error_naming_the_known_ones(spark, broker)
     text = str(info.value)
     assert "does not know the read option(s) startingoffset" in text
     assert "startingOffsets" in text and "subscribePattern" in text and "maxOffsetsPerTrigger" in text
+
+
+def test_starting_timestamp_begins_at_the_first_message_at_or_after_it(spark, broker):
+    import time
+
+    from tests.spark.conftest import wait_until
+
+    b = broker()
+    write_rows(_bodies(spark, 40, "early"), b.endpoint, "k-times")
+    between_ms = int(time.time() * 1000) + 1  # every early message entered its queue before this
+    wait_until(lambda: time.time() * 1000 > between_ms, 5, 0.001, "the clock to pass the mark")
+    write_rows(_bodies(spark, 25, "late"), b.endpoint, "k-times")
+    rows = _reader(spark, b.endpoint, topic="k-times", startingTimestamp=str(between_ms)).collect()
+    assert sorted(bytes(r.body).decode() for r in rows) == [f"late-{i:03d}" for i in range(25)]
+    future = _reader(spark, b.endpoint, topic="k-times", startingTimestamp=str(between_ms + 3_600_000)).collect()
+    assert future == []  # nothing at or after it yet: every queue starts at its end

@@ -98,3 +98,32 @@ def test_read_options_kafka_aliases_and_unknown_options():
     assert all(name in str(info.value) for name in READ_OPTIONS)
     # The sink's options are not the source's: a write keeps its own checks.
     assert Settings.parse({**base, "topic": "t", "checkpointlocation": "/x"}).topic == "t"
+
+
+def test_first_offset_at_or_after_a_time():
+    times = [10, 10, 20, 20, 20, 30, 45]  # offsets 3.. of a queue whose first three were deleted
+    reads = []
+
+    def time_at(offset: int) -> int:
+        reads.append(offset)
+        return times[offset - 3]
+
+    for at_ms, want in ((0, 3), (10, 3), (11, 5), (20, 5), (21, 8), (45, 9), (46, 10)):
+        reads.clear()
+        assert offs.first_at_or_after(3, 10, time_at, at_ms) == want, at_ms
+        assert len(reads) <= 3  # log2(7) reads, not a scan
+    assert offs.first_at_or_after(4, 4, time_at, 0) == 4  # an empty queue: its end
+
+
+def test_starting_timestamp_option():
+    pytest.importorskip("pyspark")
+    from chronoq.spark.source import Settings
+
+    base = {"endpoints": "127.0.0.1:1", "topic": "t"}
+    assert Settings.parse({**base, "startingTimestamp": "1700000000000"}, reading=True).starting_ms == 1700000000000
+    assert Settings.parse(base, reading=True).starting_ms is None
+    with pytest.raises(ValueError, match="not both"):
+        Settings.parse({**base, "startingTimestamp": "1", "startingOffsets": "earliest"}, reading=True)
+    for bad in ("soon", "-5", "1.5"):
+        with pytest.raises(ValueError, match="epoch milliseconds"):
+            Settings.parse({**base, "startingTimestamp": bad}, reading=True)
