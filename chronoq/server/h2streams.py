@@ -15,9 +15,9 @@ import zlib
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.server.callstats import UNKNOWN_METHOD
 from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, data_frames,
                                  frame, headers_frame, literal_block, trailers)
+from chronoq.server.callstats import UNKNOWN_METHOD
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 
@@ -132,7 +132,6 @@ class Stream:
             return
         block = _OK_TRAILERS if code == 0 and not details and not metadata else trailers(code, details, metadata)
         self.conn.send_trailers(self, self._head(), headers_frame(self.id, block, True))
-
 
     def count_end(self, code: int) -> None:
         """Count the call once, with the status it ended with (chronoq.server.callstats)."""
