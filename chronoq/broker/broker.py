@@ -116,6 +116,8 @@ class Broker:
         # For chronoq.server.metrics: messages accepted from producers per topic (duplicates and system
         # writes not counted), and how long opening took (recovery of the store and the timer).
         self.sent_by_topic: dict[str, int] = self.sender.sent_by_topic
+        # ("recall" | "reschedule", outcome) -> requests answered so (chronoq.server.service_metrics).
+        self.recall_outcomes: dict[tuple[str, str], int] = {}
         self.open_duration_ns = self.clock.monotonic_ns() - opened_ns
         self.closed = False
 
@@ -227,6 +229,7 @@ class Broker:
         A malformed handle raises ``ClientError``.
         """
         result = self.timer.recall(handle)
+        self._count_recall("recall", result.outcome.value)
         self.notify_arrivals()
         if self.trace is not None and result.outcome is RecallOutcome.CANCELLED:
             self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
@@ -235,10 +238,15 @@ class Broker:
     def reschedule(self, handle: str, deliver_at_ms: int) -> RescheduleResult:
         """Move a pending delayed message to ``deliver_at_ms``; the result carries a new handle."""
         result = self.timer.reschedule(handle, deliver_at_ms)
+        self._count_recall("reschedule", result.outcome.value)
         self.notify_arrivals()
         if self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
             self.trace.rescheduled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         return result
+
+    def _count_recall(self, kind: str, outcome: str) -> None:
+        key = (kind, outcome)
+        self.recall_outcomes[key] = self.recall_outcomes.get(key, 0) + 1
 
     def timer_tick(self, now_ms: int | None = None, *, durable: bool = True) -> int:
         """Deliver what is due (bounded work); the runtime calls it at ``timer_next_deadline_ms``.

@@ -285,13 +285,6 @@ class Sender:
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.registry.get(name, create=True)
         written = self.store.write(prepared)
-        if prepared and not system:  # chronoq.server.metrics; a batch is nearly always of one topic
-            sent, topic = self.sent_by_topic, prepared[0][0]
-            if len(prepared) == 1 or all(p[0] == topic for p in prepared):
-                sent[topic] = sent.get(topic, 0) + len(prepared)
-            else:
-                for p in prepared:
-                    sent[p[0]] = sent.get(p[0], 0) + 1
         if self.trace is not None and prepared:
             self.trace.stored(prepared, now)
         if timed:  # delayed sends answer with recall handles, made for the batch at once
@@ -299,6 +292,8 @@ class Sender:
         else:
             fresh = [SendResult(mid, p.topic, p.queue_id, w.queue_offset, w.commit_offset)
                      for p, mid, w in zip(prepared, ids, written)]
+        if prepared and not system:
+            self._count_sent(fresh if timed else prepared)
         if not client_ids:  # every message is new and has no id to remember
             return fresh
         # Every message of a batch with client ids is remembered (generated ids too, as before).
@@ -318,6 +313,18 @@ class Sender:
                 result = answer
             out.append(result)
         return out
+
+    def _count_sent(self, rows: list) -> None:
+        """Count accepted messages per topic (chronoq.server.metrics). ``rows``: records or results
+        whose ``.topic`` is the producer's topic: a delay-level record is stored in the system
+        topic CHRONOQ_DELAY, so a timed batch is counted from its answers (the real topic)."""
+        sent = self.sent_by_topic
+        topic = rows[0].topic
+        if len(rows) == 1 or all(r.topic == topic for r in rows):  # a batch is nearly always of one topic
+            sent[topic] = sent.get(topic, 0) + len(rows)
+        else:
+            for r in rows:
+                sent[r.topic] = sent.get(r.topic, 0) + 1
 
     def _deduplicated(self, prepared: list[Prepared], ids: list[str], chosen: list[bool], key_hashes: list[int],
                       now: int) -> tuple[list, list[Prepared], list[str], list[int]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
@@ -28,19 +27,25 @@ from chronoq.core.config import load_config
 @click.option("--quarantine", is_flag=True, default=None,
               help="On corruption in a sealed segment or mid-log, copy the damaged bytes to "
                    "quarantine/, mark them lost and start anyway (default: refuse to start).")
-@click.option("--log-level", default=None, help="debug, info (default), warning, error.")
-def serve(data_dir, port, host, http_port, http_host, config_file, flush_policy, quarantine, log_level) -> None:
+@click.option("--log-level", default=None, help="debug, info (default), warning, error (env CHRONOQ_LOG_LEVEL).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="text (default): time, level, logger, message; json: one object a line, for log shippers "
+                   "(env CHRONOQ_LOG_FORMAT).")
+def serve(data_dir, port, host, http_port, http_host, config_file, flush_policy, quarantine, log_level,
+          log_format) -> None:
     """Run the broker until SIGTERM or SIGINT."""
     try:
         cfg = load_config(config_file, overrides={
             "data_dir": data_dir, "port": port, "host": host, "http_port": http_port, "http_host": http_host,
             "flush_policy": flush_policy,
-            "quarantine": quarantine, "log_level": log_level,
+            "quarantine": quarantine, "log_level": log_level, "log_format": log_format,
         })
     except errors.ChronoqError as exc:
         raise click.UsageError(exc.message) from None
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from chronoq.server import logsetup
     from chronoq.server.runtime import run
+
+    logsetup.configure(cfg.log_level, cfg.log_format)
 
     try:
         run(cfg)

@@ -45,8 +45,9 @@ class Console:
     @property
     def broker(self):
         broker = self.runtime.broker
-        if broker is None or broker.closed:
-            raise web.HTTPServiceUnavailable(text="the broker is stopping\n")
+        if broker is None or broker.closed:  # None: still recovering (the HTTP listener starts first)
+            state = getattr(self.runtime, "state", "closed")
+            raise web.HTTPServiceUnavailable(text=f"the broker is not ready: {state}\n")
         return broker
 
     def now_ms(self) -> int:
@@ -183,7 +184,9 @@ async def sample_lateness(console: Console) -> None:
     while True:
         await asyncio.sleep(console.settings.lateness_interval_s)
         broker = console.runtime.broker
-        if broker is None or broker.closed:
+        if broker is None:  # recovering: nothing to sample yet
+            continue
+        if broker.closed:
             return
         try:
             console.ring.observe(broker.timer.histogram.snapshot(), broker.clock.wall_ms())

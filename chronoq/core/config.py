@@ -52,6 +52,9 @@ class BrokerConfig:
     verify_extra_segments: int = 0
     quarantine: bool = False
     log_level: str = "info"
+    # "text" (a line: ISO 8601 UTC time, level, logger, message) or "json" (one object a line, for
+    # log shippers): chronoq.server.logsetup.
+    log_format: str = "text"
     # Transactions: an unresolved half message is checked with its producer after this long,
     # then every txn_check_interval_ms, at most txn_max_checks times; then it is rolled back.
     txn_check_after_ms: int = 6_000
@@ -117,9 +120,10 @@ class BrokerConfig:
     push_invisible_ms: int = 60_000
     auto_renew_max_ms: int = 3 * 3600 * 1000
     # `chronoq serve` lowers its nice value by this much at start, when the OS allows it (root or
-    # CAP_SYS_NICE): timers are due to the ms, and on a host whose CPUs are shared with clients
-    # the scheduler can otherwise make a woken loop wait behind them (docs/timers.md). 0: unchanged.
-    priority_boost: int = 5
+    # CAP_SYS_NICE). 0 (default): unchanged, the service manager's (systemd's Nice=) stays in force;
+    # a process that renices itself surprises the operators who set it. On a host whose CPUs are
+    # shared with busy clients a boost trims timer lateness's tail a little (docs/timers.md).
+    priority_boost: int = 0
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -150,6 +154,10 @@ class BrokerConfig:
         # [console] (chronoq.core.console_settings): checked here, at load, so a typo stops `chronoq
         # serve` before it opens anything, not later when the HTTP listener starts.
         console_settings.parse(self.extra.get("console"))
+        if self.log_format not in ("text", "json"):
+            raise errors.ClientError(f"log_format must be 'text' or 'json', not {self.log_format!r}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise errors.ClientError(f"log_level must be debug, info, warning or error, not {self.log_level!r}")
         if not 0 <= self.priority_boost <= 20:
             raise errors.ClientError(f"priority_boost must be 0 to 20 nice steps, not {self.priority_boost}")
         if not 1000 <= self.push_invisible_ms <= 12 * 3600 * 1000:

@@ -108,6 +108,16 @@ class GrpcFrontEnd:
         if self.service is not None:
             await self.service.close()
 
+    def transport_figures(self) -> tuple:
+        """For /metrics (chronoq.server.service_metrics): (``CallStats`` or None, open connections,
+        open streams, parked long polls); None for what this server cannot tell (grpcio's)."""
+        server, service = self.server, self.service
+        parked = service._waker.parked if service is not None else None
+        if not isinstance(server, h2grpc.Server):
+            return None, None, None, parked
+        conns = server._connections
+        return server.stats, len(conns), sum(len(c.streams) for c in conns), parked
+
     def describe(self) -> str:
         return f"RocketMQ gRPC on {self.bound} (clients are told {self.config.endpoint})"
 

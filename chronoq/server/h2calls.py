@@ -195,6 +195,7 @@ class Calls:
             handler = await self._handler(CallDetails(path, context._metadata))
             if handler is None:
                 raise CallError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            stream.method = path  # a label of the call metrics: the broker's methods only
             stream.deserializer = handler.request_deserializer
             stream.serializer = handler.response_serializer
             if handler.request_streaming:
@@ -235,6 +236,8 @@ class Calls:
         finally:
             if not stream.ended and not stream.cancelled and not conn.closed:
                 stream.finish(2, "the call ended without a status")
+            elif stream.started:  # reset by the client, or its connection lost: never answered
+                stream.count_end(1)  # CANCELLED
 
     async def _unary_request(self, stream: Stream):
         if not stream.half_closed:

@@ -17,6 +17,7 @@ import socket
 import ssl
 import tempfile
 
+from chronoq.server.callstats import CallStats
 from chronoq.server.h2calls import CallDetails, Calls
 from chronoq.server.h2limits import Limits
 from chronoq.server.h2server import Connection
@@ -42,6 +43,7 @@ class Server(Calls):
         self._stopping = False
         self._stopped: asyncio.Event | None = None
         self.max_receive = max_receive_message_length
+        self.stats = CallStats()  # calls, latency, bytes (chronoq.server.callstats, for /metrics)
 
     # ------------------------------------------------------------------ grpc.aio.Server's API
     def add_generic_rpc_handlers(self, handlers) -> None:

@@ -190,6 +190,7 @@ class Connection(Answers, asyncio.Protocol):
         # and PING acks and window updates leave in one send at the end: no loop pass to wait for.
         if self.closed:  # failed, lingering until its close (``_fail``): what comes is dropped
             return
+        self.server.stats.bytes_in += len(data)
         self._reading = True
         try:
             self._read(data)

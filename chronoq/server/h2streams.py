@@ -17,6 +17,7 @@ import grpc
 from chronoq.core import refusals as R
 from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, data_frames,
                                  frame, headers_frame, literal_block, trailers)
+from chronoq.server.callstats import UNKNOWN_METHOD
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 
@@ -40,7 +41,7 @@ class Stream:
 
     __slots__ = ("conn", "id", "buf", "queue", "half_closed", "cancelled", "ended", "headers_sent",
                  "send_window", "blocked", "window_open", "task", "deserializer", "serializer", "recv_unacked",
-                 "encoding", "ready", "counted")
+                 "encoding", "ready", "counted", "method", "started")
 
     def __init__(self, conn, stream_id: int, send_window: int) -> None:
         self.conn = conn
@@ -61,6 +62,8 @@ class Stream:
         self.encoding = "identity"
         self.ready: asyncio.Future | None = None  # a unary call's task waits here for END_STREAM
         self.counted = 0                # request bytes held for a unary call (the connection's cap)
+        self.method = UNKNOWN_METHOD    # the handler's path, once one was found (h2calls)
+        self.started = conn.loop.time()  # for the call's latency; 0.0 once it was counted
 
     # ------------------------------------------------------------------ requests
     def messages(self) -> list[bytes]:
@@ -122,11 +125,18 @@ class Stream:
 
     def finish(self, code: int, details: str | None, metadata=()) -> None:
         """Trailers: the call's last frame."""
+        if self.started:
+            self.count_end(code)
         self.conn.release(self)
         if self.ended or self.cancelled:
             return
         block = _OK_TRAILERS if code == 0 and not details and not metadata else trailers(code, details, metadata)
         self.conn.send_trailers(self, self._head(), headers_frame(self.id, block, True))
+
+    def count_end(self, code: int) -> None:
+        """Count the call once, with the status it ended with (chronoq.server.callstats)."""
+        self.conn.server.stats.call_ended(self.method, code, self.conn.loop.time() - self.started)
+        self.started = 0.0
 
 
 class CallError(Exception):
@@ -160,6 +170,7 @@ class Answers:
             data = b"".join(out) if len(out) > 1 else out[0]
             out.clear()
             self._out_bytes = 0
+            self.server.stats.bytes_out += len(data)
             self.transport.write(data)
 
     def pause_writing(self) -> None:

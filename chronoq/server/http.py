@@ -9,7 +9,9 @@ Routes owned here:
 
 - ``GET /metrics``: the broker's metrics in the Prometheus text format (``chronoq.server.metrics``,
   docs/metrics.md).
-- ``GET /healthz``: ``ok`` while the broker is open.
+- ``GET /healthz``: 200 ``ok`` while the broker serves; 503 ``not ready: <why>`` while it recovers
+  (the listener starts before recovery: ``chronoq.server.front_ends.build_early``), starts its gRPC
+  front end, or stops. ``/metrics`` answers 503 too until recovery is over.
 
 The web console lives in ``chronoq.console``. When that package exists, ``build_app`` calls
 ``chronoq.console.setup(app, runtime)`` once, before the app is frozen, so it can add routes, static
@@ -17,7 +19,8 @@ files and middlewares. What the console may use from ``runtime`` (a ``chronoq.se
 all of it is read on the event loop thread, the same thread the gRPC front end runs on, so no locks:
 
 - ``runtime.config``: the ``BrokerConfig`` (``extra`` holds the config file's tables, e.g. ``[auth]``).
-- ``runtime.broker``: the ``chronoq.broker.broker.Broker`` (topics: ``list_topics``, ``queue_bounds``,
+- ``runtime.broker``: the ``chronoq.broker.broker.Broker``, None while it recovers (the listener
+  starts first; ``runtime.state`` says what the runtime is doing) (topics: ``list_topics``, ``queue_bounds``,
   ``read``; consumer offsets: ``list_groups``, ``get_offset``; ``recovery``: the start-up report;
   ``store``: commit log; ``timer_stats()``).
 - ``runtime.broker.timer``: the ``chronoq.timer.service.TimerService`` (pending timers).
@@ -35,6 +38,7 @@ import importlib
 import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chronoq.core import errors
@@ -57,15 +61,23 @@ def _load_console():
 
 async def _metrics(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME_KEY]
+    if runtime.metrics is None:  # recovering: the broker's figures do not exist yet
+        return web.Response(status=503, text=f"not ready: {runtime.state}\n")
     body = generate_latest(runtime.metrics.registry)
     # A raw header: web.Response(content_type=...) refuses a value with parameters (version, charset).
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    broker = request.app[RUNTIME_KEY].broker
-    if broker is None or broker.closed:
-        return web.Response(status=503, text="closed\n")
+    """200 ``ok`` once the broker serves (recovered, gRPC port listening), until it stops; else
+    503 ``not ready: <why>`` (recovering, starting the gRPC front end, stopping)."""
+    runtime = request.app[RUNTIME_KEY]
+    broker = runtime.broker
+    state = getattr(runtime, "state", "ready")  # (a runtime of a program's own may not say)
+    if state == "ready" and (broker is None or broker.closed):
+        state = "closed"
+    if state != "ready":
+        return web.Response(status=503, text=f"not ready: {state}\n")
     return web.Response(text="ok\n")
 
 
@@ -83,6 +95,30 @@ def build_app(runtime) -> web.Application:
     return app
 
 
+H2_PREFACE_START = "PRI"  # the HTTP/2 preface's request line: "PRI * HTTP/2.0"
+
+
+class WrongPortFilter(logging.Filter):
+    """Turns aiohttp's traceback for a gRPC (HTTP/2) client dialling the HTTP port into one clear
+    line. Such a client's first bytes are the HTTP/2 preface, which aiohttp's HTTP/1.1 parser
+    refuses ("Error handling request" with a traceback, on ``aiohttp.server``); the client
+    itself sees a 400 and gives up. Every other record passes unchanged."""
+
+    def __init__(self, http_port_text: str, grpc_endpoint: str) -> None:
+        super().__init__()
+        self.http_port_text = http_port_text
+        self.grpc_endpoint = grpc_endpoint
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError) or H2_PREFACE_START not in str(exc):
+            return True
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "a client"
+        log.warning("%s spoke HTTP/2 (gRPC?) to the HTTP port %s, which serves /metrics, /healthz and the "
+                    "console over HTTP/1.1; gRPC clients belong on %s", peer, self.http_port_text, self.grpc_endpoint)
+        return False
+
+
 class HttpFrontEnd:
     """Serves ``build_app(runtime)`` on ``config.http_host:config.http_port``."""
 
@@ -92,6 +128,7 @@ class HttpFrontEnd:
         self.runner: web.AppRunner | None = None
         self.host = self.config.http_host
         self.port = 0  # the bound port, once started
+        self._filter: logging.Filter | None = None
 
     async def start(self) -> None:
         assert self.config.http_port >= 0, "a negative http_port means no HTTP front end"
@@ -107,8 +144,11 @@ class HttpFrontEnd:
         self.runner = runner
         self.port = _bound_port(runner)
         assert 0 < self.port <= 65535
+        self._filter = WrongPortFilter(f"{self.host}:{self.port}", self.config.endpoint)
+        logging.getLogger("aiohttp.server").addFilter(self._filter)
 
     async def stop(self) -> None:
+        logging.getLogger("aiohttp.server").removeFilter(self._filter)
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from chronoq.pop import names as pop_names
+from chronoq.server.service_metrics import ServiceCollector
 from chronoq.store.commitlog import FSYNC_BOUNDS_NS
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
 
@@ -33,12 +34,15 @@ INF = float("inf")
 
 
 class BrokerMetrics:
-    """The registry of one broker. ``pop`` returns the running ``PopService`` or None."""
+    """The registry of one broker. ``pop`` returns the running ``PopService`` or None; ``source``
+    (the runtime, or None) gives the service figures (``chronoq.server.service_metrics``)."""
 
-    def __init__(self, broker, pop: Callable[[], object] = lambda: None) -> None:
+    def __init__(self, broker, pop: Callable[[], object] = lambda: None, source=None) -> None:
         self.collector = BrokerCollector(broker, pop)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+        self.registry.register(ServiceCollector(broker, source))
+        ProcessCollector(registry=self.registry)  # process_*: this process's CPU, memory, files
 
     def snapshot(self) -> dict:
         """The overview ``chronoq stats`` shows (plain numbers)."""

@@ -46,6 +46,8 @@ class Runtime:
         self.txns = None  # chronoq.features.transactions.Transactions
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        # What /healthz reports (chronoq.server.http): "ready" only between the ready line and the stop.
+        self.state = "starting"
         # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
         self.front_ends: list = []
 
@@ -64,7 +66,7 @@ class Runtime:
         self.say(f"recovery: {self.broker.recovery.summary()}")
         from chronoq.server.metrics import BrokerMetrics
 
-        self.metrics = BrokerMetrics(self.broker, pop=lambda: self.pop)
+        self.metrics = BrokerMetrics(self.broker, pop=lambda: self.pop, source=self)
         return self.broker
 
     def open_consumers(self) -> None:
@@ -178,6 +180,25 @@ class Runtime:
             except asyncio.TimeoutError:
                 pass
 
+    async def _recover(self) -> Broker:
+        """Open the broker (recovery) on a worker thread, with the HTTP front end already
+        listening: the loop answers ``/healthz`` with 503 "not ready: recovering" meanwhile. A
+        stop asked for during recovery takes effect once it is over (it cannot be cut short)."""
+        from chronoq.server import front_ends
+
+        try:
+            for front_end in front_ends.build_early(self):
+                await front_end.start()
+                self.front_ends.append(front_end)
+                self.say(f"{front_end.describe()} (/healthz: not ready until recovery is over)")
+            self.state = "recovering"
+            return await asyncio.get_running_loop().run_in_executor(None, self.open_broker)
+        except BaseException:
+            for front_end in reversed(self.front_ends):
+                await front_end.stop()
+            self.front_ends.clear()
+            raise
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -187,13 +208,14 @@ class Runtime:
             loop.add_signal_handler(sig, self.request_stop)
         if self.config.priority_boost:
             self.say(raise_priority(self.config.priority_boost))
-        broker = self.open_broker()
+        broker = await self._recover()
         self.committer = GroupCommitter(broker)
         self.committer.start()
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends
 
+        self.state = "starting the gRPC front end"
         gc_thresholds, switch_interval = gc.get_threshold(), sys.getswitchinterval()
         # Worker threads (fsync completions, checkpoints) run a little Python; the loop thread
         # must not wait the default 5 ms for the GIL behind them (timer releases are due to the ms).
@@ -208,13 +230,16 @@ class Runtime:
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
             ready = "chronoq is ready" + "".join(f"; {fe.describe()}" for fe in self.front_ends)
+            self.state = "ready"
             self.say(ready)
             sys.stdout.flush()
             sdnotify.notify("READY=1", f"STATUS={ready}")  # under systemd (Type=notify): started
             await self._stop.wait()
+            self.state = "stopping"
             sdnotify.notify("STOPPING=1", "STATUS=stopping: flushing and writing a clean checkpoint")
             self.say("chronoq stopping: flushing and writing a clean checkpoint")
         finally:  # also when a front end fails to start: close what is open, cleanly
+            self.state = "stopping"
             for front_end in reversed(self.front_ends):
                 await front_end.stop()
             self.close_consumers()
@@ -293,7 +318,9 @@ async def _run_job(job) -> None:
 
 
 def run(config: BrokerConfig) -> None:
-    runtime = Runtime(config, say=lambda text: print(text, flush=True))
+    from chronoq.server.logsetup import announce
+
+    runtime = Runtime(config, say=announce)  # stdout lines with a time and a level (logsetup)
     try:
         import uvloop  # optional: a faster event loop when installed
 

@@ -9,6 +9,8 @@ every dict made here has one canonical form: queue ids as decimal strings, in as
 order (a dict keeps insertion order; ``json.loads`` of a stored offset keeps the stored order,
 which is this one). A micro-batch covers ``[start[q], end[q])`` of each queue.
 
+A query of several topics has a key per topic (``canonical_many``), topics in sorted order.
+
 ``startingOffsets`` / ``endingOffsets`` options: ``earliest``, ``latest``, or JSON in the same
 shape where ``-2`` means the queue's earliest retained offset and ``-1`` its latest (Kafka's
 convention). A queue missing from a JSON option starts at its earliest offset and (ending) stops
@@ -18,6 +20,7 @@ at its latest.
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 EARLIEST = -2
 LATEST = -1
@@ -111,3 +114,73 @@ def ranges(start: dict[int, int], end: dict[int, int], per_partition: int) -> li
             out.append((q, lo, lo + step))
             lo += step
     return out
+
+
+# ---------------------------------------------------------------------------- several topics
+# A query may read several topics (``subscribe`` with a list, ``subscribePattern``). Its offsets
+# are the same JSON with a key per topic, topics in sorted order; positions are flattened to
+# (topic, queue) keys, which ``limit_rows`` and ``ranges`` take as they take queue ids.
+Key = tuple[str, int]
+
+
+def canonical_many(positions: dict[Key, int]) -> dict:
+    """The one JSON-able form of ``positions`` ((topic, queue) -> offset): topics sorted, each as ``canonical``."""
+    by_topic: dict[str, dict[int, int]] = {}
+    for (topic, q), off in positions.items():
+        by_topic.setdefault(topic, {})[q] = off
+    return {topic: canonical(topic, by_topic[topic])[topic] for topic in sorted(by_topic)}
+
+
+def positions_many(offset: dict | None, topics: frozenset[str] | None = None) -> dict[Key, int]:
+    """(topic, queue) -> offset of a canonical offset dict. ``topics``: the topics the query reads
+    when it names them (a pattern: None, any topic may appear)."""
+    if not offset:
+        return {}
+    if topics is not None and not set(offset) <= topics:
+        raise ValueError(f"the checkpoint's offsets are for topic(s) {sorted(offset)}, but this query reads "
+                         f"{sorted(topics)}: use a new checkpoint location for different topics")
+    return {(topic, int(q)): int(o) for topic, queues in offset.items() for q, o in queues.items()}
+
+
+def parse_option_many(text: str | None, default: str, bounds: dict[str, Bounds], what: str) -> dict[Key, int]:
+    """``parse_option`` over several topics: ``earliest``/``latest`` for all, or JSON naming some
+    of them (a topic the JSON leaves out starts at its earliest, and ends at its latest)."""
+    text = (text or default).strip()
+    if text in ("earliest", "latest"):
+        per_topic = {topic: text for topic in bounds}
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            example = json.dumps({topic: {"0": 42} for topic in sorted(bounds)[:2]} or {"orders": {"0": 42}})
+            raise ValueError(f"{what} must be 'earliest', 'latest' or JSON like {example}, not {text!r}")
+        unknown = sorted(set(data) - set(bounds))
+        if unknown:
+            raise ValueError(f"{what} names topic(s) {unknown} this query does not read (it reads {sorted(bounds)})")
+        per_topic = {topic: json.dumps({topic: data[topic]}) if topic in data else
+                     ("latest" if what == "endingOffsets" else "earliest") for topic in bounds}
+    out: dict[Key, int] = {}
+    for topic, topic_text in per_topic.items():
+        for q, off in parse_option(topic, topic_text, default, bounds[topic], what).items():
+            out[(topic, q)] = off
+    return out
+
+
+def first_at_or_after(lo: int, hi: int, time_at: Callable[[int], int], at_ms: int) -> int:
+    """The first offset in [lo, hi) whose message entered its queue at or after ``at_ms``, or
+    ``hi`` when none did (``startingTimestamp``). Binary search: a queue's messages enter it in
+    offset order, so their times do not decrease. ``time_at(offset)`` reads one message's time;
+    about log2(hi - lo) reads."""
+    assert lo <= hi
+    steps = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if time_at(mid) >= at_ms:
+            hi = mid
+        else:
+            lo = mid + 1
+        steps += 1
+        assert steps <= 64, "a binary search over int64 offsets ends within 64 steps"
+    return lo

@@ -140,6 +140,10 @@ class AdminRpc:
         resp = self._call("QueueOffsets", apb.QueueOffsetsRequest(topic=topic))
         return {q.queue: (q.min_offset, q.next_offset) for q in resp.queues}
 
+    def list_topics(self) -> list[str]:
+        """The names of the broker's user topics (system topics left out)."""
+        return [t.name for t in self._call("ListTopics", apb.ListTopicsRequest()).topics]
+
     def read(self, topic: str, queue: int, offset: int, max_messages: int, max_bytes: int = 0):
         return self._call("ReadMessages", apb.ReadMessagesRequest(
             topic=topic, queue=queue, offset=offset, max_messages=max_messages, max_bytes=max_bytes))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
@@ -39,6 +40,13 @@ PARTITION_MESSAGES = 250_000       # messages per input partition (option maxRec
 STAGE_ROWS = 16_384                # rows per Stage call ...
 STAGE_BYTES = 4 * 1024 * 1024      # ... and about this many body bytes (the broker's limits are higher)
 TIMEOUT_S = 120.0
+# The read options, as written in docs/spark.md (Spark hands them back lowercased). Kafka source
+# names that mean the same are aliases: maxOffsetsPerTrigger, subscribe, subscribePattern,
+# startingTimestamp.
+READ_OPTIONS = ("endpoints", "endpoint", "topic", "subscribe", "subscribePattern", "startingOffsets",
+                "startingTimestamp", "endingOffsets", "maxRecordsPerTrigger", "maxOffsetsPerTrigger", "maxRecordsPerPartition",
+                "failOnDataLoss", "timeoutSeconds", "accessKey", "secretKey", "tls", "tlsCaFile")
+_READ_OPTIONS_LOWER = {name.lower() for name in READ_OPTIONS}
 
 
 def _flag(options, name: str, default: bool) -> bool:
@@ -65,6 +73,58 @@ def _positive(options, name: str, default: int | None) -> int | None:
     return n
 
 
+def _check_read_options(options) -> None:
+    """An option the source does not know is an error (a typo must not be silently ignored)."""
+    unknown = sorted(k for k in options if k.lower() not in _READ_OPTIONS_LOWER)
+    if unknown:
+        raise ValueError(f"the chronoq source does not know the read option(s) {', '.join(unknown)}; "
+                         f"it takes {', '.join(READ_OPTIONS)} (docs/spark.md)")
+
+
+def _read_topics(options) -> tuple[tuple[str, ...], str | None]:
+    """(the topics named by ``topic`` or ``subscribe``, or the ``subscribePattern`` regex)."""
+    given = [name for name in ("topic", "subscribe", "subscribePattern") if options.get(name)]
+    if len(given) != 1:
+        named = " and ".join(given) if given else "none"
+        raise ValueError("the chronoq source reads what one of the options topic, subscribe (topics, "
+                         f"comma-separated) or subscribePattern (a regex) names; {named} given")
+    if given[0] == "subscribePattern":
+        pattern = options.get("subscribePattern")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"option subscribePattern {pattern!r} is not a regular expression: {exc}") from None
+        return (), pattern
+    topics = tuple(dict.fromkeys(t.strip() for t in options.get(given[0]).split(",") if t.strip()))
+    if not topics:
+        raise ValueError(f"option {given[0]} names no topic")
+    return topics, None
+
+
+def _max_per_trigger(options) -> int | None:
+    ours = _positive(options, "maxRecordsPerTrigger", None)
+    kafka = _positive(options, "maxOffsetsPerTrigger", None)  # Kafka's name for the same limit
+    if ours is not None and kafka is not None and ours != kafka:
+        raise ValueError(f"options maxRecordsPerTrigger ({ours}) and maxOffsetsPerTrigger ({kafka}) are the same "
+                         "limit; give one")
+    return ours if ours is not None else kafka
+
+
+def _starting_ms(options) -> int | None:
+    text = options.get("startingTimestamp")
+    if text is None:
+        return None
+    if options.get("startingOffsets") is not None:
+        raise ValueError("give startingOffsets or startingTimestamp, not both")
+    try:
+        ms = int(text)
+    except ValueError:
+        ms = -1
+    if ms < 0:
+        raise ValueError(f"option startingTimestamp must be epoch milliseconds (as Kafka's), not {text!r}")
+    return ms
+
+
 @dataclass(frozen=True)
 class Settings:
     """The parsed options: plain values, pickled to every worker."""
@@ -85,23 +145,33 @@ class Settings:
     secret_key: str = ""
     tls: bool = False
     tls_ca_file: str = ""
+    topics: tuple[str, ...] = ()     # reading: the topics named (topic, or subscribe's list) ...
+    pattern: str | None = None       # ... or the subscribePattern regex, matched at each planning
+    starting_ms: int | None = None   # startingTimestamp: epoch ms (instead of startingOffsets)
 
     @classmethod
-    def parse(cls, options) -> "Settings":
+    def parse(cls, options, reading: bool = False) -> "Settings":
         endpoints = options.get("endpoints") or options.get("endpoint")
         if not endpoints:
             raise ValueError("the chronoq source needs option endpoints (host:port of the broker)")
-        topic = options.get("topic")
-        if not topic:
-            raise ValueError("the chronoq source needs option topic")
+        topics, pattern = (), None
+        if reading:
+            _check_read_options(options)
+            topics, pattern = _read_topics(options)
+            topic = topics[0] if topics else ""
+        else:
+            topic = options.get("topic")
+            if not topic:
+                raise ValueError("the chronoq sink needs option topic")
         timeout = options.get("timeoutSeconds")
         return cls(tuple(rpc.parse_endpoints(endpoints)), topic, options.get("startingOffsets"),
-                   options.get("endingOffsets"), _positive(options, "maxRecordsPerTrigger", None),
+                   options.get("endingOffsets"), _max_per_trigger(options),
                    _positive(options, "maxRecordsPerPartition", PARTITION_MESSAGES),
                    _flag(options, "failOnDataLoss", True), float(timeout) if timeout else TIMEOUT_S,
                    options.get("sinkId"), options.get("jobId"), options.get("checkpointLocation"),
                    _flag(options, "atomic", False), options.get("accessKey") or "",
-                   options.get("secretKey") or "", _flag(options, "tls", False), options.get("tlsCaFile") or "")
+                   options.get("secretKey") or "", _flag(options, "tls", False), options.get("tlsCaFile") or "",
+                   topics, pattern, _starting_ms(options) if reading else None)
 
     def client(self) -> rpc.AdminRpc:
         return rpc.AdminRpc(list(self.endpoints), self.timeout_s, access_key=self.access_key,
@@ -118,14 +188,14 @@ class ChronoqDataSource(DataSource):
     def schema(self):
         return rpc.READ_DDL
 
-    def _settings(self) -> Settings:
-        return Settings.parse(self.options)
+    def _settings(self, reading: bool = False) -> Settings:
+        return Settings.parse(self.options, reading)
 
     def reader(self, schema):
-        return ChronoqBatchReader(self._settings())
+        return ChronoqBatchReader(self._settings(reading=True))
 
     def streamReader(self, schema):
-        return ChronoqStreamReader(self._settings())
+        return ChronoqStreamReader(self._settings(reading=True))
 
     def writer(self, schema, overwrite: bool):
         settings = self._settings()
@@ -163,6 +233,7 @@ def _check_write_schema(schema, overwrite: bool) -> None:
 # ---------------------------------------------------------------------------- reading
 @dataclass(frozen=True)
 class QueueRange(InputPartition):
+    topic: str
     queue: int
     start: int
     end: int
@@ -170,28 +241,59 @@ class QueueRange(InputPartition):
 
 def _read_range(settings: Settings, part: QueueRange):
     """Record batches of the messages in ``part`` (pure: safe to run again)."""
+    topic = part.topic
     with settings.client() as client:
         offset = part.start
         while offset < part.end:
-            res = client.read(settings.topic, part.queue, offset, min(READ_PAGE_MESSAGES, part.end - offset),
-                              READ_PAGE_BYTES)
+            res = client.read(topic, part.queue, offset, min(READ_PAGE_MESSAGES, part.end - offset), READ_PAGE_BYTES)
             if offset < res.min_offset and settings.fail_on_data_loss:
                 raise RuntimeError(
-                    f"chronoq: {settings.topic}/{part.queue} offsets {offset}..{res.min_offset - 1} were removed by "
+                    f"chronoq: {topic}/{part.queue} offsets {offset}..{res.min_offset - 1} were removed by "
                     "retention before this query read them (set failOnDataLoss=false to skip them)")
             if res.messages.count:
-                yield rpc.columns_to_arrow(settings.topic, part.queue, res.messages)
+                yield rpc.columns_to_arrow(topic, part.queue, res.messages)
             if res.next_offset <= offset:
                 if offset >= res.max_offset:  # the range reaches past the queue's end: it shrank?
-                    raise RuntimeError(f"chronoq: {settings.topic}/{part.queue} ends at {res.max_offset}, "
+                    raise RuntimeError(f"chronoq: {topic}/{part.queue} ends at {res.max_offset}, "
                                        f"before the planned offset {part.end}")
                 break
             offset = res.next_offset
 
 
-def _bounds(settings: Settings) -> offs.Bounds:
+def _bounds(settings: Settings) -> dict[str, offs.Bounds]:
+    """Every topic the query reads now -> its queues' bounds. A pattern is matched against the
+    broker's user topics at each call, so a topic created later joins the stream (from its start)."""
     with settings.client() as client:
-        return client.queue_offsets(settings.topic)
+        topics = settings.topics
+        if settings.pattern is not None:
+            regex = re.compile(settings.pattern)
+            topics = tuple(sorted(t for t in client.list_topics() if regex.fullmatch(t)))
+        return {topic: client.queue_offsets(topic) for topic in topics}
+
+
+def _start(settings: Settings, bounds: dict[str, offs.Bounds], default: str) -> dict[offs.Key, int]:
+    """Where a query begins: ``startingOffsets`` (or ``default``), or per queue the first message
+    that entered it at or after ``startingTimestamp`` (the queue's end when none did yet)."""
+    if settings.starting_ms is None:
+        return offs.parse_option_many(settings.starting, default, bounds, "startingOffsets")
+    out = {}
+    with settings.client() as client:
+        for topic, queues in bounds.items():
+            for q, (lo, hi) in queues.items():
+                def visible_ms(offset: int, topic=topic, q=q) -> int:
+                    res = client.read(topic, q, offset, 1, 1)
+                    return res.messages.visible_ms[0] if res.messages.count else 1 << 62
+                out[(topic, q)] = offs.first_at_or_after(lo, hi, visible_ms, settings.starting_ms)
+    return out
+
+
+def _named(settings: Settings) -> frozenset[str] | None:
+    """The topics a checkpoint may hold: those named, or any (a pattern)."""
+    return None if settings.pattern is not None else frozenset(settings.topics)
+
+
+def _ranges(start: dict, end: dict, per_partition: int) -> list[QueueRange]:
+    return [QueueRange(topic, q, lo, hi) for (topic, q), lo, hi in offs.ranges(start, end, per_partition)]
 
 
 class ChronoqBatchReader(DataSourceReader):
@@ -201,10 +303,9 @@ class ChronoqBatchReader(DataSourceReader):
     def partitions(self):
         s = self.settings
         bounds = _bounds(s)
-        start = offs.parse_option(s.topic, s.starting, "earliest", bounds, "startingOffsets")
-        end = offs.parse_option(s.topic, s.ending, "latest", bounds, "endingOffsets")
-        parts = [QueueRange(q, lo, hi) for q, lo, hi in offs.ranges(start, end, s.per_partition)]
-        return parts or [QueueRange(0, 0, 0)]
+        start = _start(s, bounds, "earliest")
+        end = offs.parse_option_many(s.ending, "latest", bounds, "endingOffsets")
+        return _ranges(start, end, s.per_partition) or [QueueRange(s.topic, 0, 0, 0)]
 
     def read(self, partition: QueueRange):
         if partition.end > partition.start:
@@ -216,43 +317,44 @@ class ChronoqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self._target: dict[int, int] | None = None  # availableNow: stop here
+        self._target: dict[offs.Key, int] | None = None  # availableNow: stop here
 
     def initialOffset(self) -> dict:
         s = self.settings
-        start = offs.parse_option(s.topic, s.starting, "latest", _bounds(s), "startingOffsets")
-        return offs.canonical(s.topic, start)
+        return offs.canonical_many(_start(s, _bounds(s), "latest"))
 
     def getDefaultReadLimit(self):
         n = self.settings.max_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {q: hi for q, (_lo, hi) in _bounds(self.settings).items()}
+        self._target = _ends(_bounds(self.settings))
 
     def latestOffset(self, start: dict, limit) -> dict:
         s = self.settings
-        begin = offs.positions(s.topic, start)
-        bounds = _bounds(s)
-        end = {q: hi for q, (_lo, hi) in bounds.items()}
+        begin = offs.positions_many(start, _named(s))
+        end = _ends(_bounds(s))
         if self._target is not None:
-            end = {q: min(hi, self._target.get(q, 0)) for q, hi in end.items()}
-        end = {q: max(hi, begin.get(q, 0)) for q, hi in end.items()}  # never move backwards
+            end = {k: min(hi, self._target.get(k, 0)) for k, hi in end.items()}
+        end = {k: max(hi, begin.get(k, 0)) for k, hi in end.items()}  # never move backwards
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = offs.limit_rows(begin, end, max_rows)
-        latest = offs.canonical(s.topic, end)
+        latest = offs.canonical_many(end)
         return start if latest == start else latest
 
     def partitions(self, start: dict, end: dict):
         s = self.settings
-        return [QueueRange(q, lo, hi) for q, lo, hi in
-                offs.ranges(offs.positions(s.topic, start), offs.positions(s.topic, end), s.per_partition)]
+        return _ranges(offs.positions_many(start), offs.positions_many(end), s.per_partition)
 
     def read(self, partition: QueueRange):
         yield from _read_range(self.settings, partition)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the checkpoint owns the position (no acks, no consumer offsets)."""
+
+
+def _ends(bounds: dict[str, offs.Bounds]) -> dict[offs.Key, int]:
+    return {(topic, q): hi for topic, queues in bounds.items() for q, (_lo, hi) in queues.items()}
 
 
 # ---------------------------------------------------------------------------- writing

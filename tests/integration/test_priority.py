@@ -1,8 +1,8 @@
-"""``chronoq serve`` raises its scheduling priority at start when the OS allows (``priority_boost``).
+"""``chronoq serve`` raises its scheduling priority at start when asked and the OS allows (``priority_boost``).
 
 Every thread of the served process ends with the lowered nice value (Linux keeps one per thread),
 or, without the right to lower it, all keep the value they were started with and the broker says
-why. ``priority_boost = 0`` leaves it alone.
+why. By default (``priority_boost = 0``) it leaves the priority alone: an operator's ``Nice=`` stays.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def may_lower_nice() -> bool:
 
 def test_serve_raises_its_priority_when_allowed(chronoq_process):
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    server = chronoq_process()
+    server = chronoq_process(f"priority_boost = {BOOST}\n")
     values = thread_nice_values(server.proc.pid)
     assert len(values) > 1, "the broker runs worker threads beside its loop"
     said = [line for line in server.lines if "scheduling priority" in line]
@@ -55,9 +55,10 @@ def test_serve_raises_its_priority_when_allowed(chronoq_process):
     assert set(values.values()) == {expected}, values
 
 
-def test_boost_zero_leaves_the_priority_alone(chronoq_process):
+@pytest.mark.parametrize("config", ["", "priority_boost = 0\n"], ids=["default", "zero"])
+def test_boost_off_by_default_and_zero_leaves_the_priority_alone(chronoq_process, config):
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    server = chronoq_process("priority_boost = 0\n")
+    server = chronoq_process(config)
     assert set(thread_nice_values(server.proc.pid).values()) == {ours}
     assert not any("scheduling priority" in line for line in server.lines), server.output()
 

@@ -285,3 +285,78 @@ def test_maintenance_warms_the_horizon_cache_a_bucket_at_a_time(tmp_path):
         assert warmed[-1] == sum(range(1, 13))
     finally:
         broker.close()
+
+
+def test_a_delay_level_send_counts_under_its_own_topic(tmp_path):
+    """A send with a delay level is stored in the system topic CHRONOQ_DELAY; the producer sent it
+    to its own topic, and that is where ``chronoq_messages_sent_total`` counts it (single sends,
+    batches mixing levels, times and plain messages, and topics the batch mixes)."""
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock)
+    metrics = BrokerMetrics(broker)
+    try:
+        broker.send("orders", b"in 5 s", delay_level=2)
+        broker.send_batch([OutgoingMessage("orders", b"lvl", delay_level=1),
+                           OutgoingMessage("orders", b"timed", deliver_at_ms=T0 + 60_000),
+                           OutgoingMessage("orders", b"now")])
+        broker.send_batch([OutgoingMessage("bills", b"lvl", delay_level=3) for _ in range(2)])
+        broker.send_batch([OutgoingMessage("bills", b"lvl", delay_level=1), OutgoingMessage("orders", b"now")])
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_messages_sent_total", topic="orders") == 5
+        assert value(samples, "chronoq_messages_sent_total", topic="bills") == 3
+        assert not [labels for name, labels in samples
+                    if name == "chronoq_messages_sent_total" and ("topic", "CHRONOQ_DELAY") in labels]
+    finally:
+        broker.close()
+
+
+def test_service_figures_of_an_embedded_broker(tmp_path):
+    """Build, process, disk, recall/reschedule outcomes and pending transaction halves: names, labels, values."""
+    from types import SimpleNamespace
+
+    from chronoq import __version__
+    from chronoq.features.transactions import Transactions
+
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock, disk_reserve_bytes=1)
+    txns = Transactions(broker)
+    metrics = BrokerMetrics(broker, source=SimpleNamespace(front_ends=[], txns=txns))
+    try:
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_build_info", version=__version__) == 1
+        assert value(samples, "process_resident_memory_bytes") > 0  # the process collector
+        assert value(samples, "process_cpu_seconds_total") > 0
+        assert value(samples, "chronoq_disk_free_bytes") > 0
+        assert value(samples, "chronoq_disk_reserve_bytes") == 1
+        assert value(samples, "chronoq_disk_reserve_low") == 0
+        assert value(samples, "chronoq_transaction_halves_pending") == 0
+
+        first = broker.send("orders", b"x", deliver_at_ms=T0 + 60_000).recall_handle
+        second = broker.send("orders", b"y", delay_level=3).recall_handle
+        assert broker.reschedule(first, T0 + 120_000).outcome.value == "rescheduled"
+        assert broker.recall(second).outcome.value == "cancelled"
+        assert broker.recall(second).outcome.value == "cancelled"  # again: the same answer, counted again
+        assert broker.recall(first).outcome.value == "not_found"  # the handle the reschedule replaced
+        half = txns.half_message(OutgoingMessage("orders", b"pay"))
+        txns.accepted(broker.send_batch([half], system=True), [half])
+        samples = scrape(metrics)
+        assert value(samples, "chronoq_timer_recalls_total", outcome="cancelled") == 2
+        assert value(samples, "chronoq_timer_recalls_total", outcome="not_found") == 1
+        assert value(samples, "chronoq_timer_reschedules_total", outcome="rescheduled") == 1
+        assert value(samples, "chronoq_transaction_halves_pending") == 1
+        assert value(samples, "chronoq_messages_sent_total", topic="orders") == 2  # the half is not a send yet
+    finally:
+        broker.close()
+
+
+def test_the_disk_reserve_state_is_shown(tmp_path):
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock, disk_reserve_bytes=1 << 62)  # more than any disk
+    try:
+        with pytest.raises(errors.DiskFull):
+            broker.send("orders", b"x")
+        samples = scrape(BrokerMetrics(broker))
+        assert value(samples, "chronoq_disk_reserve_low") == 1
+        assert value(samples, "chronoq_disk_free_bytes") < 1 << 62
+    finally:
+        broker.close()

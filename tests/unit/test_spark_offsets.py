@@ -48,3 +48,82 @@ def test_ranges_cover_exactly_and_are_bounded():
     parts = offs.ranges({0: 5, 1: 0}, {0: 25, 1: 3, 2: 4}, 8)
     assert parts == [(0, 5, 13), (0, 13, 21), (0, 21, 25), (1, 0, 3), (2, 0, 4)]
     assert offs.ranges({0: 5}, {0: 5}, 8) == []
+
+
+def test_several_topics_offsets_options_and_limits():
+    bounds = {"b": {0: (0, 4)}, "a": {0: (2, 10), 1: (0, 0)}}
+    start = offs.parse_option_many(None, "earliest", bounds, "startingOffsets")
+    assert start == {("b", 0): 0, ("a", 0): 2, ("a", 1): 0}
+    text = json.dumps(offs.canonical_many(start))
+    assert text == '{"a": {"0": 2, "1": 0}, "b": {"0": 0}}'  # topics sorted: one text per position
+    assert offs.positions_many(json.loads(text), frozenset({"a", "b"})) == start
+    assert offs.positions_many(json.loads(text)) == start  # a pattern: any topic
+    with pytest.raises(ValueError, match="new checkpoint location"):
+        offs.positions_many(json.loads(text), frozenset({"a"}))
+    # JSON naming one topic: the others start at their earliest (ending: their latest).
+    got = offs.parse_option_many('{"a": {"0": -1}}', "latest", bounds, "startingOffsets")
+    assert got == {("a", 0): 10, ("a", 1): 0, ("b", 0): 0}
+    got = offs.parse_option_many('{"a": {"0": 5}}', "latest", bounds, "endingOffsets")
+    assert got == {("a", 0): 5, ("a", 1): 0, ("b", 0): 4}
+    for bad in ('{"c": {"0": 1}}', "soon", "[1]"):
+        with pytest.raises(ValueError):
+            offs.parse_option_many(bad, "earliest", bounds, "startingOffsets")
+    end = {("a", 0): 10, ("a", 1): 0, ("b", 0): 4}
+    cut = offs.limit_rows(start, end, 6)
+    assert sum(cut[k] - start[k] for k in cut) == 6 and cut[("b", 0)] - start[("b", 0)] == 3  # shared fairly
+    assert offs.ranges(start, end, 5) == [(("a", 0), 2, 7), (("a", 0), 7, 10), (("b", 0), 0, 4)]
+
+
+def test_read_options_kafka_aliases_and_unknown_options():
+    pytest.importorskip("pyspark")
+    from chronoq.spark.source import READ_OPTIONS, Settings
+
+    base = {"endpoints": "127.0.0.1:1"}
+    s = Settings.parse({**base, "subscribe": "orders, bills,orders", "maxOffsetsPerTrigger": "500"}, reading=True)
+    assert s.topics == ("orders", "bills") and s.pattern is None and s.max_per_trigger == 500
+    s = Settings.parse({**base, "subscribePattern": "ord.*", "maxRecordsPerTrigger": "7"}, reading=True)
+    assert s.topics == () and s.pattern == "ord.*" and s.max_per_trigger == 7
+    assert Settings.parse({**base, "topic": "orders"}, reading=True).topics == ("orders",)
+    with pytest.raises(ValueError, match="the same limit"):
+        Settings.parse({**base, "topic": "t", "maxRecordsPerTrigger": "5", "maxOffsetsPerTrigger": "6"}, reading=True)
+    with pytest.raises(ValueError, match="topic and subscribe given"):
+        Settings.parse({**base, "topic": "t", "subscribe": "u"}, reading=True)
+    with pytest.raises(ValueError, match="none given"):
+        Settings.parse(base, reading=True)
+    with pytest.raises(ValueError, match="not a regular expression"):
+        Settings.parse({**base, "subscribePattern": "("}, reading=True)
+    with pytest.raises(ValueError) as info:
+        Settings.parse({**base, "topic": "t", "startingoffset": "earliest"}, reading=True)  # a typo
+    assert "startingoffset" in str(info.value)
+    assert all(name in str(info.value) for name in READ_OPTIONS)
+    # The sink's options are not the source's: a write keeps its own checks.
+    assert Settings.parse({**base, "topic": "t", "checkpointlocation": "/x"}).topic == "t"
+
+
+def test_first_offset_at_or_after_a_time():
+    times = [10, 10, 20, 20, 20, 30, 45]  # offsets 3.. of a queue whose first three were deleted
+    reads = []
+
+    def time_at(offset: int) -> int:
+        reads.append(offset)
+        return times[offset - 3]
+
+    for at_ms, want in ((0, 3), (10, 3), (11, 5), (20, 5), (21, 8), (45, 9), (46, 10)):
+        reads.clear()
+        assert offs.first_at_or_after(3, 10, time_at, at_ms) == want, at_ms
+        assert len(reads) <= 3  # log2(7) reads, not a scan
+    assert offs.first_at_or_after(4, 4, time_at, 0) == 4  # an empty queue: its end
+
+
+def test_starting_timestamp_option():
+    pytest.importorskip("pyspark")
+    from chronoq.spark.source import Settings
+
+    base = {"endpoints": "127.0.0.1:1", "topic": "t"}
+    assert Settings.parse({**base, "startingTimestamp": "1700000000000"}, reading=True).starting_ms == 1700000000000
+    assert Settings.parse(base, reading=True).starting_ms is None
+    with pytest.raises(ValueError, match="not both"):
+        Settings.parse({**base, "startingTimestamp": "1", "startingOffsets": "earliest"}, reading=True)
+    for bad in ("soon", "-5", "1.5"):
+        with pytest.raises(ValueError, match="epoch milliseconds"):
+            Settings.parse({**base, "startingTimestamp": bad}, reading=True)

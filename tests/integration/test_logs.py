@@ -1,0 +1,72 @@
+"""The log of a real ``chronoq serve``: every line with a time and a level, as text or JSON, and one
+clear line (no traceback) when a gRPC client dials the HTTP port by mistake."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import grpc
+import pytest
+
+from chronoq.core import errors
+from chronoq.core.config import load_config
+
+from .conftest import wait_until
+
+TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
+WRONG_PORT = "spoke HTTP/2 (gRPC?) to the HTTP port"
+
+
+def dial_the_http_port(server) -> None:
+    """A real gRPC call (the official stack, grpcio) to the broker's HTTP port."""
+    with grpc.insecure_channel(f"127.0.0.1:{server.http_port}") as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute")(b"", timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def stderr_of(server) -> str:
+    with open(server.stderr_path, errors="replace") as fh:
+        return fh.read()
+
+
+def test_text_lines_and_a_grpc_client_on_the_http_port(chronoq_process):
+    server = chronoq_process()
+    dial_the_http_port(server)
+    wait_until(lambda: WRONG_PORT in stderr_of(server), 15, 0.05, "the wrong-port line")
+    text = stderr_of(server)
+    assert "Traceback" not in text and "aiohttp" not in text, text
+    said = [line for line in text.splitlines() if WRONG_PORT in line]
+    assert len(said) == 1 and said[0].startswith(tuple("0123456789")), said
+    assert f"gRPC clients belong on {server.endpoint}" in said[0]
+    for line in [*text.splitlines(), *server.lines]:
+        assert TEXT_LINE.match(line), line
+    assert any(" INFO chronoq.announce: chronoq is ready; " in line for line in server.lines)
+
+
+def test_json_lines(chronoq_process):
+    server = chronoq_process(extra_args=("--log-format", "json", "--log-level", "warning"))
+    dial_the_http_port(server)
+    wait_until(lambda: WRONG_PORT in stderr_of(server), 15, 0.05, "the wrong-port line")
+    server.stop()
+    logged = [json.loads(line) for line in stderr_of(server).splitlines()]
+    records = logged + [json.loads(line) for line in server.lines]
+    for record in records:
+        assert set(record) <= {"time", "level", "logger", "message", "exception"}, record
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["time"]), record
+        assert record["level"] in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    assert [r["level"] for r in records if WRONG_PORT in r["message"]] == ["WARNING"]
+    assert any(r["logger"] == "chronoq.announce" and r["message"].startswith("chronoq is ready") for r in records)
+    assert any(r["message"] == "chronoq stopped cleanly" for r in records)
+    assert {r["level"] for r in logged} == {"WARNING"}  # --log-level: no INFO on stderr
+
+
+def test_log_format_setting():
+    assert load_config(None, env={}).log_format == "text"
+    assert load_config(None, env={"CHRONOQ_LOG_FORMAT": "json"}).log_format == "json"
+    assert load_config(None, env={}, overrides={"log_format": "json"}).log_format == "json"
+    with pytest.raises(errors.ClientError, match="log_format must be 'text' or 'json'"):
+        load_config(None, env={"CHRONOQ_LOG_FORMAT": "xml"})
+    with pytest.raises(errors.ClientError, match="log_level must be"):
+        load_config(None, env={"CHRONOQ_LOG_LEVEL": "loud"})
