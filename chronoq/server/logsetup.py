@@ -4,10 +4,11 @@ Two streams, both formatted here:
 
 - **stderr**: every logger (``chronoq.*`` and the libraries'), at ``log_level``.
 - **stdout**: the broker's own announcements (``ANNOUNCE``: the data directory, the recovery
-  summary, "chronoq is ready; ..." with the addresses, the stop), always at INFO. Scripts and
-  tests read the ready line from stdout; operators see the start-up story there.
+  summary, "chronoq is ready; ..." with the addresses, the stop), always shown. Scripts, service
+  managers and tests read the ready line from stdout, so in text form these lines stay exactly as
+  they always were (``chronoq is ready; RocketMQ gRPC on ...``): a stable interface, not a log.
 
-``log_format = "text"``: ``2026-11-26T15:23:15.123Z INFO chronoq.runtime: message``.
+``log_format = "text"``: stderr lines read ``2026-11-26T15:23:15.123Z INFO chronoq.runtime: message``.
 ``log_format = "json"``: one object a line, for log shippers (Vector, Fluent Bit, Promtail, the
 journal's ``MESSAGE``): ``{"time": "2026-11-26T15:23:15.123Z", "level": "INFO", "logger":
 "chronoq.runtime", "message": "...", "exception": "Traceback ..."}`` (``exception`` only with
@@ -59,7 +60,7 @@ def configure(level: str = "info", fmt: str = "text", stderr=None, stdout=None) 
     root.addHandler(errors)
     root.setLevel(level.upper())
     announcements = logging.StreamHandler(stdout if stdout is not None else sys.stdout)
-    announcements.setFormatter(formatter)
+    announcements.setFormatter(formatter if fmt == "json" else logging.Formatter("%(message)s"))
     for handler in ANNOUNCE.handlers[:]:
         ANNOUNCE.removeHandler(handler)
     ANNOUNCE.addHandler(announcements)

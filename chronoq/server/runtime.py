@@ -48,6 +48,7 @@ class Runtime:
         self._tasks: list[asyncio.Task] = []
         # What /healthz reports (chronoq.server.http): "ready" only between the ready line and the stop.
         self.state = "starting"
+        self._early: list = []  # front ends started before recovery (HTTP: /healthz)
         # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
         self.front_ends: list = []
 
@@ -191,6 +192,7 @@ class Runtime:
                 await front_end.start()
                 self.front_ends.append(front_end)
                 self.say(f"{front_end.describe()} (/healthz: not ready until recovery is over)")
+            self._early = list(self.front_ends)
             self.state = "recovering"
             return await asyncio.get_running_loop().run_in_executor(None, self.open_broker)
         except BaseException:
@@ -229,7 +231,9 @@ class Runtime:
             # keep it out of every later full collection.
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-            ready = "chronoq is ready" + "".join(f"; {fe.describe()}" for fe in self.front_ends)
+            # gRPC first, as the ready line has always read (scripts parse it), then HTTP.
+            named = sorted(self.front_ends, key=lambda fe: fe in self._early)
+            ready = "chronoq is ready" + "".join(f"; {fe.describe()}" for fe in named)
             self.state = "ready"
             self.say(ready)
             sys.stdout.flush()
@@ -320,7 +324,7 @@ async def _run_job(job) -> None:
 def run(config: BrokerConfig) -> None:
     from chronoq.server.logsetup import announce
 
-    runtime = Runtime(config, say=announce)  # stdout lines with a time and a level (logsetup)
+    runtime = Runtime(config, say=announce)  # the start-up story on stdout (logsetup)
     try:
         import uvloop  # optional: a faster event loop when installed
 
