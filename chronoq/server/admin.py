@@ -45,9 +45,9 @@ TIMER_STATS_MINUTES_DEFAULT = 10
 TIMER_STATS_MINUTES_MAX = 10_080  # a week of one-minute buckets (the timer's own cap)
 
 
-def add_to_server(server, broker, pop, committer=None) -> "AdminService":
+def add_to_server(server, broker, pop, committer=None, schedules=None) -> "AdminService":
     """Serve ``chronoq.v1.Admin`` on ``server`` (a ``grpc.aio.Server`` not yet started)."""
-    service = AdminService(broker, pop, committer)
+    service = AdminService(broker, pop, committer, schedules)
     service.start_pipeline()  # staged publish state (chronoq.features.staging): replayed at start
     apb_grpc.add_AdminServicer_to_server(service, server)
     return service
@@ -72,10 +72,11 @@ def _topic_pb(cfg: model.TopicConfig) -> apb.Topic:
 
 class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
     # PipelineRpcs: QueueOffsets, ReadMessages, Stage, Publish, Abort, FlushTrace (docs/spark.md).
-    def __init__(self, broker, pop, committer=None) -> None:
+    def __init__(self, broker, pop, committer=None, schedules=None) -> None:
         self.broker = broker
         self.pop = pop
         self.committer = committer  # chronoq.broker.committer (None: embedded, fsyncs in place)
+        self.schedules = schedules  # chronoq.features.schedules.book.ScheduleBook (None: not served)
 
     def _check_open(self) -> None:
         catalog.check_open(self.broker, self.pop)
@@ -210,6 +211,67 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         return apb.RescheduleResponse(status=_ok(), outcome=r.outcome.value, recall_handle=r.recall_handle,
                                       topic=r.topic, message_id=r.message_id, deliver_at_ms=r.deliver_at_ms,
                                       detail=r.detail)
+
+    # ------------------------------------------------------------------ recurring schedules
+    # The book's calls run on the loop; each change is saved (fsync) and, for pause and delete, the
+    # handed-over occurrences recalled before the answer, like Recall (rare operator actions).
+    def _book(self):
+        self._check_open()
+        if self.schedules is None:
+            raise errors.ClientError("recurring schedules are not served by this broker")
+        return self.schedules
+
+    async def CreateSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "CreateSchedule", self._create_schedule, request)
+
+    def _create_schedule(self, request) -> apb.ScheduleResponse:
+        d = request.schedule
+        s = self._book().create(d.name, d.topic, cron=d.cron, interval_ms=d.interval_ms, tz=d.time_zone or "UTC",
+                                start_ms=d.start_ms, end_ms=d.end_ms, catch_up=d.catch_up, body=d.body, tag=d.tag,
+                                keys=list(d.keys), properties=dict(d.properties))
+        return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
+
+    async def ListSchedules(self, request, context):
+        return _answer(apb.ListSchedulesResponse, "ListSchedules", self._list_schedules, request)
+
+    def _list_schedules(self, request) -> apb.ListSchedulesResponse:
+        if not 0 <= request.next <= 100:
+            raise errors.ClientError("next must be between 0 and 100")
+        book = self._book()
+        return apb.ListSchedulesResponse(status=_ok(), schedules=[
+            self._schedule_pb(s, request.next or 5) for _n, s in sorted(book.schedules.items())])
+
+    async def ShowSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "ShowSchedule", self._schedule_op, request)
+
+    async def PauseSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "PauseSchedule", lambda r: self._schedule_op(r, "pause"), request)
+
+    async def ResumeSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "ResumeSchedule", lambda r: self._schedule_op(r, "resume"), request)
+
+    async def DeleteSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "DeleteSchedule", lambda r: self._schedule_op(r, "delete"), request)
+
+    def _schedule_op(self, request, op: str = "") -> apb.ScheduleResponse:
+        book = self._book()
+        s = book.get(request.name)
+        if op == "delete":
+            book.delete(request.name)
+            return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s, 0))
+        if op:
+            s = getattr(book, op)(request.name)
+        return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
+
+    def _schedule_pb(self, s, upcoming: int = 5) -> apb.Schedule:
+        now = self.broker.clock.wall_ms()
+        sp = s.spec
+        return apb.Schedule(name=s.name, topic=s.topic, cron=sp.cron, interval_ms=sp.interval_ms, time_zone=sp.tz,
+                            start_ms=sp.start_ms, end_ms=sp.end_ms, catch_up=s.catch_up, body=s.body, tag=s.tag,
+                            keys=list(s.keys), properties=dict(s.properties), paused=s.paused,
+                            created_ms=s.created_ms, cursor_ms=s.cursor_ms,
+                            next_ms=s.upcoming(now, upcoming) if upcoming else [],
+                            pending=sum(1 for a, _h in s.ahead if a > now))
 
 
 def _lateness_pb(h: dict) -> apb.TimerLateness:
