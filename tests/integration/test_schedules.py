@@ -14,6 +14,8 @@ from chronoq.core.config import BrokerConfig
 from chronoq.features.schedules.book import PROP_SCHEDULE, PROP_SCHEDULE_AT
 from tests.unit.timerkit import visible
 
+from chronoq.server.scheduling import FAULT_ENV
+
 from .conftest import ChronoqProcess
 from .test_cli import make_cli
 from .test_official_python_client import receive_all, simple_consumer, unique
@@ -51,23 +53,42 @@ def test_schedule_created_with_the_cli_fires_into_the_official_client(chronoq_pr
     assert b"time zone" in bad.stderr
 
 
-def test_schedule_every_second_survives_kill_9_exactly_once(tmp_path):
+def test_schedule_every_second_survives_kill_9_exactly_once(tmp_path, monkeypatch):
+    """Kills at random moments, and at each bad moment of a round (the named fault point of
+    chronoq.server.scheduling: the broker SIGKILLs itself there): after the intent is saved, after
+    the occurrences are written and before their fsync, after the fsync and before the cursor is
+    saved."""
     seed = int(os.environ.get("CHRONOQ_SEED", random.randrange(1 << 30)))
     print("seed", seed)
     rng = random.Random(seed)
     data = str(tmp_path / "data")
     topic = "sched-kill"
     proc = ChronoqProcess(data)
-    try:
-        cli = make_cli(proc.endpoint)
-        cli("topic", "create", topic, "--queues", "2")
-        cli.json("schedule", "create", "every-second", topic, "--every", "1", "--body", "x", "--catch-up", "all")
-        for _ in range(4):
+    cli = make_cli(proc.endpoint)
+    cli("topic", "create", topic, "--queues", "2")
+    cli.json("schedule", "create", "every-second", topic, "--every", "1", "--body", "x", "--catch-up", "all")
+    time.sleep(rng.uniform(0.3, 2.5))
+    proc.proc.send_signal(signal.SIGKILL)
+    proc.proc.wait(10)
+    proc.stop(check=False)
+    for how in ["written", "random", "intent", "synced", "written", "random", "synced", "intent"]:
+        if how == "random":
+            monkeypatch.delenv(FAULT_ENV, raising=False)
+            proc = ChronoqProcess(data)
             time.sleep(rng.uniform(0.3, 2.5))
             proc.proc.send_signal(signal.SIGKILL)
-            proc.proc.wait(10)
-            proc.stop(check=False)
-            proc = ChronoqProcess(data)
+        else:
+            monkeypatch.setenv(FAULT_ENV, f"{how}:1")
+            try:
+                proc = ChronoqProcess(data)
+            except RuntimeError:  # it reached its fault point before saying it was ready
+                continue
+        proc.proc.wait(60)  # (a fault point: it kills itself at its next round there)
+        assert proc.proc.returncode == -signal.SIGKILL, proc.output()
+        proc.stop(check=False)
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    proc = ChronoqProcess(data)
+    try:
         time.sleep(rng.uniform(1.5, 2.5))
         stopped_ms = int(time.time() * 1000)
     finally:
