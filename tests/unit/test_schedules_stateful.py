@@ -202,7 +202,7 @@ class ScheduleMachine(RuleBasedStateMachine):
             _kind, t = state
             return "maybe" if at <= t + PREWRITE_MS + 1 else "no"
         for crashed, reopened in self.downs:
-            if crashed < at <= reopened and m["created"] < crashed:
+            if crashed < at <= reopened:
                 if at <= crashed + HORIZON_MS:
                     if m["policy"] != "skip" and at == self._latest(m, reopened, crashed):
                         return "yes"
