@@ -84,3 +84,11 @@ def test_bad_specs_are_refused(kw):
     args.update(kw)
     with pytest.raises(errors.ClientError):
         occ.make_spec(**args)
+
+
+def test_catch_up_all_is_bounded_by_its_own_limit_not_by_the_hand_over_room():
+    t0 = _ms(2026, 1, 1)
+    spec = occ.make_spec("", 1000, "UTC", 0, 0, t0)
+    p = occ.plan(spec, "all", t0, t0 + 50_500, 3000, 2, 10)  # 50 missed; 2 pending hand-overs allowed
+    assert p.fire == tuple(t0 + 41_000 + 1000 * i for i in range(10)) + (t0 + 51_000, t0 + 52_000)
+    assert p.cursor_ms == t0 + 52_000 and p.missed_skipped

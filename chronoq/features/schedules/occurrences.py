@@ -198,38 +198,31 @@ class Plan:
 
 def plan(spec: Spec, policy: str, cursor_ms: int, now_ms: int, horizon_ms: int, room: int,
          catch_up_max: int) -> Plan:
-    """Occurrences to hand over now: the missed ones in (cursor, now] per ``policy``, then those in
-    (now, now + horizon], at most ``room`` in all. Ensures: every occurrence <= the returned cursor
-    is in ``fire`` or skipped by the policy; the cursor never moves back; instants are unique."""
-    assert policy in CATCH_UP_POLICIES and room >= 0
+    """Occurrences to hand over now: the missed ones in (cursor, now] per ``policy`` (at most
+    ``catch_up_max``; they fire at once), then those in (now, now + horizon], at most ``room`` (the
+    pending hand-overs a schedule may hold). Ensures: every occurrence <= the returned cursor is in
+    ``fire`` or skipped by the policy; the cursor never moves back; instants are unique, ascending."""
+    assert policy in CATCH_UP_POLICIES and room >= 0 and catch_up_max >= 1
     fire: list[int] = []
     skipped = False
     cursor = max(cursor_ms, spec.start_ms - 1)
     first = next_after(spec, cursor)
     if first is not None and first <= now_ms:  # missed: their instant passed before the hand-over
-        if policy == "skip":
-            keep = 0
-        elif policy == "once":
-            keep = 1
-        else:
-            keep = catch_up_max
-        fire = latest_at_or_before(spec, now_ms, cursor, min(keep, room))
+        keep = {"skip": 0, "once": 1, "all": catch_up_max}[policy]
+        fire = latest_at_or_before(spec, now_ms, cursor, keep)
         skipped = not fire or fire[0] != first
         cursor = now_ms
-    if room > len(fire):
-        at = cursor
-        limit = now_ms + horizon_ms
-        while len(fire) < room:
-            nxt = next_after(spec, at)
-            if nxt is None or nxt > limit:
-                at = limit if nxt is not None else max(at, now_ms)
-                break
-            fire.append(nxt)
-            at = nxt
-        cursor = max(cursor, at)
-    elif fire:
-        cursor = max(cursor, fire[-1])
-    cursor = max(cursor, cursor_ms)
-    assert all(a < b for a, b in zip(fire, fire[1:])) and all(a > cursor_ms for a in fire)
-    assert all(a <= cursor for a in fire)
+    ahead: list[int] = []
+    at = cursor
+    limit = now_ms + horizon_ms
+    while len(ahead) < room:
+        nxt = next_after(spec, at)
+        if nxt is None or nxt > limit:
+            at = limit if nxt is not None else max(at, now_ms)
+            break
+        ahead.append(nxt)
+        at = nxt
+    cursor = max(cursor, at, cursor_ms)
+    fire += ahead
+    assert all(a < b for a, b in zip(fire, fire[1:])) and all(cursor_ms < a <= cursor for a in fire)
     return Plan(tuple(fire), skipped, cursor)
