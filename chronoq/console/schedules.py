@@ -7,9 +7,12 @@ from __future__ import annotations
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+import asyncio
+
 from aiohttp import web
 
 from chronoq.console.views import Console, guarded
+from chronoq.features.schedules.book import upcoming_view
 
 NEXT_SHOWN = 5
 
@@ -18,11 +21,12 @@ def _local(ms: int, tz: str) -> str:
     return datetime.fromtimestamp(ms / 1000, ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def schedule_rows(book, now_ms: int) -> list[dict]:
+def schedule_rows(schedules: list, now_ms: int) -> list[dict]:
+    """The page's rows; runs on a worker thread (``upcoming_view``: croniter lookups take ms)."""
     rows = []
-    for name, s in sorted(book.schedules.items()):
-        sp = s.spec
-        nxt = s.upcoming(now_ms, NEXT_SHOWN)
+    for s in schedules:
+        name, sp = s.name, s.spec
+        nxt = upcoming_view(s, now_ms, NEXT_SHOWN)
         rows.append({"name": name, "topic": s.topic, "when": sp.cron or f"every {sp.interval_ms / 1000:g} s",
                      "tz": sp.tz, "catch_up": s.catch_up, "paused": s.paused,
                      "pending": sum(1 for a, _h in s.ahead if a > now_ms),
@@ -33,5 +37,6 @@ def schedule_rows(book, now_ms: int) -> list[dict]:
 @guarded(write=False)
 async def schedules(request: web.Request, console: Console) -> web.Response:
     book = getattr(console.runtime, "schedules", None)
-    rows = schedule_rows(book, console.now_ms()) if book is not None else []
+    schedules = [s for _n, s in sorted(book.schedules.items())] if book is not None else []
+    rows = await asyncio.to_thread(schedule_rows, schedules, console.now_ms())
     return console.render(request, "schedules.html", rows=rows, served=book is not None)

@@ -27,12 +27,20 @@ Choices:
   ``[console] lookup_scan_mib`` / ``trace_scan_mib``; a request may ask for others within the same
   limits. Nothing found is ``NOT_FOUND`` (a message older than the windows is not found either).
   Admins only (``chronoq.server.auth``: it shows keys and ids of every topic).
+- ``CreateSchedule``, ``ListSchedules``, ``ShowSchedule``, ``PauseSchedule``, ``ResumeSchedule``,
+  ``DeleteSchedule``: recurring schedules (``chronoq.features.schedules.book``, docs/timers.md).
+  Admins only (no rule in ``chronoq.server.auth``: the default). Changes are saved (fsync) before
+  the answer; pause and delete recall what was handed to the timer first, like ``Recall``. The
+  list's next firings are computed on a worker thread (croniter lookups take ms each).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from chronoq.core import console_settings, errors, model, validate
 from chronoq.features import catalog, lookup
+from chronoq.features.schedules.book import upcoming_view
 from chronoq.server.metrics import BrokerMetrics
 from chronoq.broker.trace import FLAG_DELAYED
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
@@ -232,14 +240,21 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
 
     async def ListSchedules(self, request, context):
-        return _answer(apb.ListSchedulesResponse, "ListSchedules", self._list_schedules, request)
+        # Not _answer: the next firings are computed on a worker thread (upcoming_view).
+        try:
+            return await self._list_schedules(request)
+        except Exception as exc:  # noqa: BLE001 - this is the boundary
+            code, message = status.code_and_message(exc, "ListSchedules")
+            return apb.ListSchedulesResponse(status=apb.Status(code=code, message=message))
 
-    def _list_schedules(self, request) -> apb.ListSchedulesResponse:
+    async def _list_schedules(self, request) -> apb.ListSchedulesResponse:
         if not 0 <= request.next <= 100:
             raise errors.ClientError("next must be between 0 and 100")
-        book = self._book()
+        rows = [s for _n, s in sorted(self._book().schedules.items())]
+        now, count = self.broker.clock.wall_ms(), request.next or 5
+        nexts = await asyncio.to_thread(lambda: [upcoming_view(s, now, count) for s in rows])
         return apb.ListSchedulesResponse(status=_ok(), schedules=[
-            self._schedule_pb(s, request.next or 5) for _n, s in sorted(book.schedules.items())])
+            self._schedule_pb(s, count, nxt) for s, nxt in zip(rows, nexts)])
 
     async def ShowSchedule(self, request, context):
         return _answer(apb.ScheduleResponse, "ShowSchedule", self._schedule_op, request)
@@ -263,14 +278,14 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             s = getattr(book, op)(request.name)
         return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
 
-    def _schedule_pb(self, s, upcoming: int = 5) -> apb.Schedule:
+    def _schedule_pb(self, s, upcoming: int = 5, next_ms: list[int] | None = None) -> apb.Schedule:
         now = self.broker.clock.wall_ms()
         sp = s.spec
         return apb.Schedule(name=s.name, topic=s.topic, cron=sp.cron, interval_ms=sp.interval_ms, time_zone=sp.tz,
                             start_ms=sp.start_ms, end_ms=sp.end_ms, catch_up=s.catch_up, body=s.body, tag=s.tag,
                             keys=list(s.keys), properties=dict(s.properties), paused=s.paused,
                             created_ms=s.created_ms, cursor_ms=s.cursor_ms,
-                            next_ms=s.upcoming(now, upcoming) if upcoming else [],
+                            next_ms=next_ms if next_ms is not None else s.upcoming(now, upcoming) if upcoming else [],
                             pending=sum(1 for a, _h in s.ahead if a > now))
 
 

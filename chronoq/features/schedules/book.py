@@ -81,6 +81,7 @@ AHEAD_MAX = 100
 HORIZON_MS = 10_000
 CATCH_UP_MAX = 1_000
 UPCOMING_SHOWN = 5
+CACHED_AHEAD = 1  # next occurrences computed at least per lookup (Schedule.after)
 
 
 @dataclass(slots=True)
@@ -98,6 +99,22 @@ class Schedule:
     paused: bool = False
     cursor_ms: int = 0
     ahead: list[list] = field(default_factory=list)  # [instant_ms, recall handle], ascending
+    # Not saved: the next occurrences after ``_after_ms`` (a cron lookup costs 0.3-0.7 ms, and the
+    # round task asks for every schedule's next one each time it wakes: 1,000 schedules uncached
+    # were most of a second of the event loop); ``_ended``: the list holds every one left.
+    _after_ms: int = field(default=-1, repr=False, compare=False)
+    _next: list = field(default_factory=list, repr=False, compare=False)
+    _ended: bool = field(default=False, repr=False, compare=False)
+
+    def after(self, t_ms: int, count: int) -> list[int]:
+        """The first ``count`` occurrences > ``t_ms`` (fewer when the schedule ends), cached."""
+        if 0 <= self._after_ms <= t_ms:
+            got = [a for a in self._next if a > t_ms]
+            if len(got) >= count or self._ended:
+                return got[:count]
+        self._next = occ.upcoming(self.spec, t_ms, max(count, CACHED_AHEAD))
+        self._after_ms, self._ended = t_ms, len(self._next) < max(count, CACHED_AHEAD)
+        return self._next[:count]
 
     def message_id(self, instant_ms: int, gen: int | None = None) -> str:
         return f"{self.name}-{self.gen if gen is None else gen}-{instant_ms}"
@@ -118,11 +135,21 @@ class Schedule:
                    [list(a) for a in d["ahead"]])
 
     def upcoming(self, now_ms: int, count: int = UPCOMING_SHOWN) -> list[int]:
-        """The next firings: those handed over still pending, then the planned ones."""
+        """The next firings: those handed over still pending, then the planned ones (cached)."""
         if self.paused:
             return []
         pending = [a for a, _h in self.ahead if a > now_ms]
-        return (pending + occ.upcoming(self.spec, max(self.cursor_ms, now_ms), count))[:count]
+        return (pending + self.after(max(self.cursor_ms, now_ms), count))[:count]
+
+
+def upcoming_view(s: Schedule, now_ms: int, count: int = UPCOMING_SHOWN) -> list[int]:
+    """``Schedule.upcoming`` without its cache, for a worker thread: listing 1,000 cron schedules
+    costs seconds of croniter lookups (0.3-1 ms each here), which must not hold the event loop.
+    Reads a schedule the loop may change meanwhile: a display, never a decision."""
+    if s.paused:
+        return []
+    pending = [a for a, _h in list(s.ahead) if a > now_ms]
+    return (pending + occ.upcoming(s.spec, max(s.cursor_ms, now_ms), count))[:count]
 
 
 @dataclass(slots=True)
@@ -263,10 +290,10 @@ class ScheduleBook:
         for s in self.schedules.values():
             if s.paused:
                 continue
-            nxt = occ.next_after(s.spec, s.cursor_ms)
-            if nxt is None:
+            nxt = s.after(s.cursor_ms, 1)
+            if not nxt:
                 continue
-            due = nxt - self.horizon_ms // 2
+            due = nxt[0] - self.horizon_ms // 2
             best = due if best is None else min(best, due)
         return best
 
@@ -279,8 +306,8 @@ class ScheduleBook:
             s.ahead = [a for a in s.ahead if a[0] > now]  # fired: the timer owns them
             if s.paused:
                 continue
-            nxt = occ.next_after(s.spec, s.cursor_ms)
-            if nxt is None or nxt - self.horizon_ms // 2 > now:
+            nxt = s.after(s.cursor_ms, 1)
+            if not nxt or nxt[0] - self.horizon_ms // 2 > now:
                 continue
             p = occ.plan(s.spec, s.catch_up, s.cursor_ms, now, self.horizon_ms, self.ahead_max - len(s.ahead),
                          self.catch_up_max)
