@@ -15,7 +15,8 @@ State file ``schedules.json`` (``fsutil.write_json``: atomic, CRC-checked; a *so
     {"version": 1, "next_gen": n,
      "schedules": {name: {"topic", "cron", "interval_ms", "tz", "start_ms", "end_ms", "anchor_ms",
                           "catch_up", "body_b64", "tag", "keys", "properties", "created_ms",
-                          "gen", "paused", "cursor_ms", "ahead": [[instant_ms, recall_handle], ...]}},
+                          "gen", "paused", "cursor_ms", "deleted",
+                          "ahead": [[instant_ms, recall_handle], ...]}},
      "intent": null | {"log_from": commit offset, "items": [[name, gen, [instant_ms, ...]], ...]}}
 
 Crash reasoning (a round = intent, write, fsync, completion):
@@ -40,7 +41,10 @@ by what was written between the intent and the crash (one round: milliseconds of
 failure inside a running process (a full disk, a failed fsync) takes the same path: the intent
 stays, the next round first waits for the log to be durable and resolves it.
 
-Pause and delete recall every occurrence handed over and not yet due (an occurrence within the
+Pause and delete are saved first (paused; or deleting) and recall afterwards, then save again:
+a crash in between leaves a paused schedule holding handles, and ``_settle`` (at open and before
+each round) recalls them; the other order could leave an active schedule whose next occurrences
+were recalled, lost. They recall every occurrence handed over and not yet due (an occurrence within the
 timer's prewrite window answers ALREADY_DELIVERED: it fires, and the cursor stays at or past it);
 an in-flight round's occurrences are recalled when it finishes (its schedule's generation
 changed). Each pause, resume and create starts a new *generation*, which is part of the message
@@ -98,6 +102,7 @@ class Schedule:
     gen: int = 0
     paused: bool = False
     cursor_ms: int = 0
+    deleted: bool = False  # deleting: saved before its occurrences are recalled (ScheduleBook.delete)
     ahead: list[list] = field(default_factory=list)  # [instant_ms, recall handle], ascending
     # Not saved: the next occurrences after ``_after_ms`` (a cron lookup costs 0.3-0.7 ms, and the
     # round task asks for every schedule's next one each time it wakes: 1,000 schedules uncached
@@ -125,14 +130,15 @@ class Schedule:
                 "start_ms": s.start_ms, "end_ms": s.end_ms, "anchor_ms": s.anchor_ms, "catch_up": self.catch_up,
                 "body_b64": base64.b64encode(self.body).decode(), "tag": self.tag, "keys": list(self.keys),
                 "properties": dict(self.properties), "created_ms": self.created_ms, "gen": self.gen,
-                "paused": self.paused, "cursor_ms": self.cursor_ms, "ahead": [list(a) for a in self.ahead]}
+                "paused": self.paused, "cursor_ms": self.cursor_ms, "ahead": [list(a) for a in self.ahead],
+                "deleted": self.deleted}
 
     @classmethod
     def from_json(cls, name: str, d: dict) -> "Schedule":
         spec = occ.Spec(d["cron"], d["interval_ms"], d["tz"], d["start_ms"], d["end_ms"], d["anchor_ms"])
         return cls(name, d["topic"], spec, d["catch_up"], base64.b64decode(d["body_b64"]), d["tag"], list(d["keys"]),
                    dict(d["properties"]), d["created_ms"], d["gen"], d["paused"], d["cursor_ms"],
-                   [list(a) for a in d["ahead"]])
+                   bool(d.get("deleted")), [list(a) for a in d["ahead"]])
 
     def upcoming(self, now_ms: int, count: int = UPCOMING_SHOWN) -> list[int]:
         """The next firings: those handed over still pending, then the planned ones (cached)."""
@@ -179,6 +185,7 @@ class ScheduleBook:
         self.fired_total = 0  # occurrences handed to the timer since open
         self.on_change = lambda: None  # the server's task: a schedule may need a round sooner
         self._load()
+        self._settle()
 
     # ----------------------------------------------------------------- state
     def _load(self) -> None:
@@ -225,7 +232,8 @@ class ScheduleBook:
         tag = validate.tag(tag)
         now = self.clock.wall_ms()
         spec = occ.make_spec(cron, interval_ms, tz, start_ms, end_ms, now)
-        s = Schedule(name, topic, spec, catch_up, body, tag, keys, props, now, self._new_gen(), False, now, [])
+        s = Schedule(name, topic, spec, catch_up, body, tag, keys, props, created_ms=now, gen=self._new_gen(),
+                     cursor_ms=now)
         self.schedules[name] = s
         self.save()
         self.on_change()
@@ -237,18 +245,23 @@ class ScheduleBook:
 
     def get(self, name: str) -> Schedule:
         s = self.schedules.get(name)
-        if s is None:
+        if s is None or s.deleted:
             raise errors.NotFound(f"no schedule named {name!r}")
         return s
 
     def pause(self, name: str) -> Schedule:
         """Stop firing: occurrences after now do not fire (those the timer already claimed, within
-        its prewrite window, do). Durable when this returns."""
+        its prewrite window, do). Durable when this returns.
+
+        The pause is saved *before* anything is recalled: a crash in between leaves a paused
+        schedule still holding handles, which ``_settle`` recalls at the next open or round. The
+        other order could leave an active schedule whose next occurrences were recalled (lost)."""
         s = self.get(name)
         if not s.paused:
-            self._recall_ahead(s)
             s.paused = True
             s.gen = self._new_gen()
+            self.save()
+            self._recall_ahead(s)
             self.save()
         return s
 
@@ -264,10 +277,29 @@ class ScheduleBook:
         return s
 
     def delete(self, name: str) -> None:
+        """Delete: saved as deleting first, then its handed-over occurrences recalled, then gone
+        (a crash in between is finished by ``_settle``, as for ``pause``)."""
         s = self.get(name)
+        s.deleted = s.paused = True
+        s.gen = self._new_gen()
+        self.save()
         self._recall_ahead(s)
         del self.schedules[name]
         self.save()
+
+    def _settle(self) -> None:
+        """Finish a pause or delete a crash or a failed recall interrupted: paused and deleting
+        schedules hold no handed-over occurrences."""
+        changed = False
+        for s in list(self.schedules.values()):
+            if s.paused and s.ahead:
+                self._recall_ahead(s)
+                changed = True
+            if s.deleted:
+                del self.schedules[s.name]
+                changed = True
+        if changed:
+            self.save()
 
     def _recall_ahead(self, s: Schedule) -> None:
         """Recall what was handed over; the cursor ends at now or at the last one that fires anyway."""
@@ -300,6 +332,7 @@ class ScheduleBook:
     def begin_round(self, now_ms: int | None = None) -> Round | None:
         """Plan the occurrences due for hand-over and record the intent (save before writing)."""
         assert self.intent is None, "resolve the last round's intent first"
+        self._settle()
         now = self.clock.wall_ms() if now_ms is None else now_ms
         items, messages, cursors = [], [], {}
         for s in self.schedules.values():
