@@ -73,3 +73,28 @@ def test_pause_and_delete_interrupted_at_a_save(tmp_path, op, crash_at_save):
         assert not book.schedules.get("s") or book.schedules["s"].ahead == []
         assert max(fired) <= op_at + 50 and sorted(fired) == list(range(T0 + 1000, max(fired) + 1, 1000))
     broker.close()
+
+
+def test_delete_during_a_round_then_crash_recalls_the_rounds_occurrences(tmp_path):
+    """A round written (not completed), the schedule deleted, then ``kill -9``: at the next open
+    the round's occurrences are found in the log and recalled (the intent names their topic)."""
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path, clock, timer_prewrite_ms=50)
+    broker.create_topic(TOPIC, 1)
+    book = ScheduleBook(broker)
+    book.create("s", TOPIC, interval_ms=1000, body="x")
+    rnd = book.begin_round()
+    book.save()
+    book.write_round(rnd)
+    broker.flush()
+    assert len(rnd.messages) >= 5
+    book.delete("s")
+    deleted_at = clock.wall_ms()
+    crash(broker)
+    broker = open_broker(tmp_path, clock, timer_prewrite_ms=50)
+    book = ScheduleBook(broker)
+    _run(broker, book, clock, 20_000)
+    fired = [int(m.properties[PROP_SCHEDULE_AT]) for m in visible(broker, TOPIC)]
+    assert all(at <= deleted_at + 50 for at in fired), fired
+    assert book.schedules == {} and book.intent is None
+    broker.close()

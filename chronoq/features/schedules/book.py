@@ -17,7 +17,8 @@ State file ``schedules.json`` (``fsutil.write_json``: atomic, CRC-checked; a *so
                           "catch_up", "body_b64", "tag", "keys", "properties", "created_ms",
                           "gen", "paused", "cursor_ms", "deleted",
                           "ahead": [[instant_ms, recall_handle], ...]}},
-     "intent": null | {"log_from": commit offset, "items": [[name, gen, [instant_ms, ...]], ...]}}
+     "intent": null | {"log_from": commit offset, "items": [[name, gen, [instant_ms, ...]], ...],
+                       "cursors": {name: [gen, cursor_ms]}, "topics": {name: topic}}}
 
 Crash reasoning (a round = intent, write, fsync, completion):
 
@@ -354,8 +355,10 @@ class ScheduleBook:
         if not cursors:
             return None
         rnd = Round(self.broker.log_written, items, messages, cursors)
+        # The topics too: a schedule deleted before the intent is resolved must still be found
+        # in the log (its occurrences are then recalled).
         self.intent = {"log_from": rnd.log_from, "items": [[n, g, list(a)] for n, g, a in items],
-                       "cursors": cursors}
+                       "cursors": cursors, "topics": {n: self.schedules[n].topic for n, _g, _a in items}}
         return rnd
 
     def _message(self, s: Schedule, at: int) -> OutgoingMessage:
@@ -411,8 +414,7 @@ class ScheduleBook:
             return 0
         wanted = {}
         for name, gen, instants in intent["items"]:
-            s = self.schedules.get(name)
-            topic = s.topic if s is not None else None
+            topic = intent.get("topics", {}).get(name)
             for at in instants:
                 wanted[(topic, f"{name}-{gen}-{at}")] = (name, gen, at)
         handed = {}
