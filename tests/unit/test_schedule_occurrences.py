@@ -4,7 +4,7 @@ the catch-up policies; start and end bounds."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
