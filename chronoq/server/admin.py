@@ -70,6 +70,15 @@ def _answer(response_type, what: str, fn, request):
         return response_type(status=apb.Status(code=code, message=message))
 
 
+async def _answer_awaiting(response_type, what: str, fn, request):
+    """``_answer`` for an RPC whose work awaits (``fn`` is a coroutine function)."""
+    try:
+        return await fn(request)
+    except Exception as exc:  # noqa: BLE001 - this is the boundary
+        code, message = status.code_and_message(exc, what)
+        return response_type(status=apb.Status(code=code, message=message))
+
+
 def _ok() -> apb.Status:
     return apb.Status(code=status.OK, message="OK")
 
@@ -141,12 +150,8 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
 
     # ------------------------------------------------------------------ message lookup
     async def LookupMessage(self, request, context):
-        # Not _answer: the lookup awaits (the trace is read in steps, other work served between).
-        try:
-            return await self._lookup_message(request)
-        except Exception as exc:  # noqa: BLE001 - this is the boundary
-            code, message = status.code_and_message(exc, "LookupMessage")
-            return apb.LookupMessageResponse(status=apb.Status(code=code, message=message))
+        # The lookup awaits (the trace is read in steps, other work served between).
+        return await _answer_awaiting(apb.LookupMessageResponse, "LookupMessage", self._lookup_message, request)
 
     async def _lookup_message(self, request) -> apb.LookupMessageResponse:
         self._check_open()
@@ -240,12 +245,8 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
 
     async def ListSchedules(self, request, context):
-        # Not _answer: the next firings are computed on a worker thread (upcoming_view).
-        try:
-            return await self._list_schedules(request)
-        except Exception as exc:  # noqa: BLE001 - this is the boundary
-            code, message = status.code_and_message(exc, "ListSchedules")
-            return apb.ListSchedulesResponse(status=apb.Status(code=code, message=message))
+        # The next firings are computed on a worker thread (upcoming_view).
+        return await _answer_awaiting(apb.ListSchedulesResponse, "ListSchedules", self._list_schedules, request)
 
     async def _list_schedules(self, request) -> apb.ListSchedulesResponse:
         if not 0 <= request.next <= 100:
