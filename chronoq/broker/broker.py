@@ -357,6 +357,17 @@ class Broker:
         return self.store.read_at(entries[0][0], entries[0][1]) if entries else None
 
     @property
+    def log_written(self) -> int:
+        """The commit log's end: everything written so far lies below it (a committer ticket)."""
+        return self.store.log.written
+
+    def scan_log(self, start: int):
+        """``(commit offset, record bytes)`` from ``start`` to the log's end (``Store.scan``): for a
+        feature that must find what it wrote after a position it recorded (chronoq.features.schedules)."""
+        for offset, _header, raw in self.store.scan(start):
+            yield offset, raw
+
+    @property
     def log_min_offset(self) -> int:
         """The first commit offset still in the log (below it, retention deleted the records)."""
         return self.store.log.min_offset

@@ -577,6 +577,25 @@ class AdminClient:
         Client._check(resp.status)
         return resp
 
+    async def create_schedule(self, schedule):
+        """Create a recurring schedule (a ``chronoq_admin_pb2.Schedule``); answers it as stored."""
+        resp = await self._stub.CreateSchedule(self._apb.CreateScheduleRequest(schedule=schedule), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp.schedule
+
+    async def list_schedules(self, next_firings: int = 0) -> list:
+        resp = await self._stub.ListSchedules(self._apb.ListSchedulesRequest(next=next_firings), timeout=self.timeout)
+        Client._check(resp.status)
+        return list(resp.schedules)
+
+    async def schedule(self, op: str, name: str):
+        """``op`` one of show, pause, resume, delete: the schedule afterwards (as it was, for delete)."""
+        rpc = {"show": "ShowSchedule", "pause": "PauseSchedule", "resume": "ResumeSchedule",
+               "delete": "DeleteSchedule"}[op]
+        resp = await getattr(self._stub, rpc)(self._apb.ScheduleRequest(name=name), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp.schedule
+
     async def reschedule(self, recall_handle: str, deliver_at_ms: int):
         """``RescheduleResponse``; ``.outcome`` "rescheduled" comes with the new ``.recall_handle``."""
         resp = await self._stub.Reschedule(self._apb.RescheduleRequest(

@@ -11,7 +11,7 @@ import jinja2
 from aiohttp import web
 
 from chronoq.core import acl
-from chronoq.console import charts, views
+from chronoq.console import charts, schedules, views
 from chronoq.core import console_settings
 from chronoq.console.lateness import LatenessRing
 
@@ -61,6 +61,7 @@ def setup(app: web.Application, runtime) -> None:
     r.add_get(PREFIX + "/timers", views.timers, name="console-timers")
     r.add_get(PREFIX + "/lateness", views.lateness, name="console-lateness")
     r.add_get(PREFIX + "/lookup", views.lookup_page, name="console-lookup")
+    r.add_get(PREFIX + "/schedules", schedules.schedules, name="console-schedules")
     r.add_post(PREFIX + "/recall", views.recall, name="console-recall")
     r.add_post(PREFIX + "/topics", views.create_topic, name="console-create-topic")
     r.add_get(PREFIX + "/static/plotly.min.js", plotly)

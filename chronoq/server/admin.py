@@ -27,12 +27,20 @@ Choices:
   ``[console] lookup_scan_mib`` / ``trace_scan_mib``; a request may ask for others within the same
   limits. Nothing found is ``NOT_FOUND`` (a message older than the windows is not found either).
   Admins only (``chronoq.server.auth``: it shows keys and ids of every topic).
+- ``CreateSchedule``, ``ListSchedules``, ``ShowSchedule``, ``PauseSchedule``, ``ResumeSchedule``,
+  ``DeleteSchedule``: recurring schedules (``chronoq.features.schedules.book``, docs/timers.md).
+  Admins only (no rule in ``chronoq.server.auth``: the default). Changes are saved (fsync) before
+  the answer; pause and delete recall what was handed to the timer first, like ``Recall``. The
+  list's next firings are computed on a worker thread (croniter lookups take ms each).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from chronoq.core import console_settings, errors, model, validate
 from chronoq.features import catalog, lookup
+from chronoq.features.schedules.book import upcoming_view
 from chronoq.server.metrics import BrokerMetrics
 from chronoq.broker.trace import FLAG_DELAYED
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
@@ -45,9 +53,9 @@ TIMER_STATS_MINUTES_DEFAULT = 10
 TIMER_STATS_MINUTES_MAX = 10_080  # a week of one-minute buckets (the timer's own cap)
 
 
-def add_to_server(server, broker, pop, committer=None) -> "AdminService":
+def add_to_server(server, broker, pop, committer=None, schedules=None) -> "AdminService":
     """Serve ``chronoq.v1.Admin`` on ``server`` (a ``grpc.aio.Server`` not yet started)."""
-    service = AdminService(broker, pop, committer)
+    service = AdminService(broker, pop, committer, schedules)
     service.start_pipeline()  # staged publish state (chronoq.features.staging): replayed at start
     apb_grpc.add_AdminServicer_to_server(service, server)
     return service
@@ -57,6 +65,15 @@ def _answer(response_type, what: str, fn, request):
     """The one exception boundary of an Admin RPC: any exception becomes the response's status."""
     try:
         return fn(request)
+    except Exception as exc:  # noqa: BLE001 - this is the boundary
+        code, message = status.code_and_message(exc, what)
+        return response_type(status=apb.Status(code=code, message=message))
+
+
+async def _answer_awaiting(response_type, what: str, fn, request):
+    """``_answer`` for an RPC whose work awaits (``fn`` is a coroutine function)."""
+    try:
+        return await fn(request)
     except Exception as exc:  # noqa: BLE001 - this is the boundary
         code, message = status.code_and_message(exc, what)
         return response_type(status=apb.Status(code=code, message=message))
@@ -72,10 +89,11 @@ def _topic_pb(cfg: model.TopicConfig) -> apb.Topic:
 
 class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
     # PipelineRpcs: QueueOffsets, ReadMessages, Stage, Publish, Abort, FlushTrace (docs/spark.md).
-    def __init__(self, broker, pop, committer=None) -> None:
+    def __init__(self, broker, pop, committer=None, schedules=None) -> None:
         self.broker = broker
         self.pop = pop
         self.committer = committer  # chronoq.broker.committer (None: embedded, fsyncs in place)
+        self.schedules = schedules  # chronoq.features.schedules.book.ScheduleBook (None: not served)
 
     def _check_open(self) -> None:
         catalog.check_open(self.broker, self.pop)
@@ -132,12 +150,8 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
 
     # ------------------------------------------------------------------ message lookup
     async def LookupMessage(self, request, context):
-        # Not _answer: the lookup awaits (the trace is read in steps, other work served between).
-        try:
-            return await self._lookup_message(request)
-        except Exception as exc:  # noqa: BLE001 - this is the boundary
-            code, message = status.code_and_message(exc, "LookupMessage")
-            return apb.LookupMessageResponse(status=apb.Status(code=code, message=message))
+        # The lookup awaits (the trace is read in steps, other work served between).
+        return await _answer_awaiting(apb.LookupMessageResponse, "LookupMessage", self._lookup_message, request)
 
     async def _lookup_message(self, request) -> apb.LookupMessageResponse:
         self._check_open()
@@ -210,6 +224,70 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         return apb.RescheduleResponse(status=_ok(), outcome=r.outcome.value, recall_handle=r.recall_handle,
                                       topic=r.topic, message_id=r.message_id, deliver_at_ms=r.deliver_at_ms,
                                       detail=r.detail)
+
+    # ------------------------------------------------------------------ recurring schedules
+    # The book's calls run on the loop; each change is saved (fsync) and, for pause and delete, the
+    # handed-over occurrences recalled before the answer, like Recall (rare operator actions).
+    def _book(self):
+        self._check_open()
+        if self.schedules is None:
+            raise errors.ClientError("recurring schedules are not served by this broker")
+        return self.schedules
+
+    async def CreateSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "CreateSchedule", self._create_schedule, request)
+
+    def _create_schedule(self, request) -> apb.ScheduleResponse:
+        d = request.schedule
+        s = self._book().create(d.name, d.topic, cron=d.cron, interval_ms=d.interval_ms, tz=d.time_zone or "UTC",
+                                start_ms=d.start_ms, end_ms=d.end_ms, catch_up=d.catch_up, body=d.body, tag=d.tag,
+                                keys=list(d.keys), properties=dict(d.properties))
+        return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
+
+    async def ListSchedules(self, request, context):
+        # The next firings are computed on a worker thread (upcoming_view).
+        return await _answer_awaiting(apb.ListSchedulesResponse, "ListSchedules", self._list_schedules, request)
+
+    async def _list_schedules(self, request) -> apb.ListSchedulesResponse:
+        if not 0 <= request.next <= 100:
+            raise errors.ClientError("next must be between 0 and 100")
+        rows = [s for _n, s in sorted(self._book().schedules.items())]
+        now, count = self.broker.clock.wall_ms(), request.next or 5
+        nexts = await asyncio.to_thread(lambda: [upcoming_view(s, now, count) for s in rows])
+        return apb.ListSchedulesResponse(status=_ok(), schedules=[
+            self._schedule_pb(s, count, nxt) for s, nxt in zip(rows, nexts)])
+
+    async def ShowSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "ShowSchedule", self._schedule_op, request)
+
+    async def PauseSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "PauseSchedule", lambda r: self._schedule_op(r, "pause"), request)
+
+    async def ResumeSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "ResumeSchedule", lambda r: self._schedule_op(r, "resume"), request)
+
+    async def DeleteSchedule(self, request, context):
+        return _answer(apb.ScheduleResponse, "DeleteSchedule", lambda r: self._schedule_op(r, "delete"), request)
+
+    def _schedule_op(self, request, op: str = "") -> apb.ScheduleResponse:
+        book = self._book()
+        s = book.get(request.name)
+        if op == "delete":
+            book.delete(request.name)
+            return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s, 0))
+        if op:
+            s = getattr(book, op)(request.name)
+        return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
+
+    def _schedule_pb(self, s, upcoming: int = 5, next_ms: list[int] | None = None) -> apb.Schedule:
+        now = self.broker.clock.wall_ms()
+        sp = s.spec
+        return apb.Schedule(name=s.name, topic=s.topic, cron=sp.cron, interval_ms=sp.interval_ms, time_zone=sp.tz,
+                            start_ms=sp.start_ms, end_ms=sp.end_ms, catch_up=s.catch_up, body=s.body, tag=s.tag,
+                            keys=list(s.keys), properties=dict(s.properties), paused=s.paused,
+                            created_ms=s.created_ms, cursor_ms=s.cursor_ms,
+                            next_ms=next_ms if next_ms is not None else s.upcoming(now, upcoming) if upcoming else [],
+                            pending=sum(1 for a, _h in s.ahead if a > now))
 
 
 def _lateness_pb(h: dict) -> apb.TimerLateness:

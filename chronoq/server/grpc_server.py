@@ -82,7 +82,7 @@ class GrpcFrontEnd:
             "AckAndReceive": grpc.unary_stream_rpc_method_handler(
                 self.service.AckAndReceive, request_deserializer=AckAndReceiveRequest.parse),
         }),))
-        admin.add_to_server(server, broker, pop, self.runtime.committer)
+        admin.add_to_server(server, broker, pop, self.runtime.committer, getattr(self.runtime, "schedules", None))
         host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
         self.bound = f"{host}:{cfg.port}"
         try:

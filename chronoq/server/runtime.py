@@ -44,6 +44,7 @@ class Runtime:
         # The broker's consumer state (chronoq.server.consumers), opened before the front ends.
         self.pop = None   # chronoq.pop.service.PopService
         self.txns = None  # chronoq.features.transactions.Transactions
+        self.schedules = None  # chronoq.features.schedules.book.ScheduleBook (chronoq.server.scheduling)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # What /healthz reports (chronoq.server.http): "ready" only between the ready line and the stop.
@@ -224,6 +225,12 @@ class Runtime:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
             self.open_consumers()
+            from chronoq.server.scheduling import open_schedules, run_schedules
+
+            self.schedules, wake = open_schedules(broker), asyncio.Event()
+            self.schedules.on_change = wake.set
+            self._tasks.append(loop.create_task(run_schedules(self.schedules, self.committer, self._stop, wake),
+                                                name="chronoq-schedules"))
             for front_end in front_ends.build(self):
                 await front_end.start()
                 self.front_ends.append(front_end)
