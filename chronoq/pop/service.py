@@ -195,9 +195,8 @@ class PopService:
             validate.group_name(group)  # before the topic: a bad request creates nothing
         tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
         gcfg = self._groups.get(group)
-        # Timer copies due by now become visible here too, not only at the timer's next tick: a
-        # receive while the event loop is busy still sees everything due (never anything early).
-        self.broker.release_due_timers()
+        # Timer copies become visible at the timer's tick at their due time (the runtime's timer
+        # loop wakes for the earliest hold: ``Broker.timer_next_deadline_ms``), not here.
         now = self.clock.wall_ms()
         inflight = self._inflight
         key = None
