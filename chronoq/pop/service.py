@@ -20,12 +20,15 @@ ack        settles the entry in its CK (bitmap).
 change     settles the old entry and opens a successor CK with the new deadline; the old
            handle is stale from then on.
 tick       revives CKs whose invisible time ended. Concurrent groups: unsettled entries are
-           written to ``%RETRY%{group}_{topic}`` (``names.py``) and fsynced before the CK is
-           dropped; an entry whose delivery attempt reached ``max_attempts`` goes to
+           copied to ``%RETRY%{group}_{topic}`` (``names.py``); ``tick`` returns the copies as
+           effects (``PopEffects``), the shell writes them and has them fsynced (the runtime:
+           the committer's thread, ``server/consumers.py``; embedded: ``tick_durably``), and
+           only then is the CK dropped (``copies_durable``); an entry whose delivery attempt reached ``max_attempts`` goes to
            ``%DLQ%{group}`` instead. FIFO groups: the entries are redelivered *in place* (same
            queue and offset, attempt + 1) so the order of a message group holds; a queue with a
            FIFO CK in flight hands out nothing (RocketMQ locks the queue the same way).
-FIFO DLQ   ``forward_to_dlq`` copies the message to ``%DLQ%{group}``, fsyncs, settles it.
+FIFO DLQ   ``forward_to_dlq_effects`` copies the message to ``%DLQ%{group}``; once the shell
+           made the copy durable, ``copies_durable`` settles it (embedded: ``forward_to_dlq``).
 auto-renew a push receive's CKs are extended in place at their deadline instead of revived while
            their client is alive, up to ``auto_renew_max_ms`` (rules in ``renew.py``).
 
@@ -54,8 +57,8 @@ Crash guarantee (``kill -9``, or power loss: everything relied on is fsynced). W
   may be, once (its ACK record, or the consume offset past it, was not yet durable);
 - a change-invisible-time made within ``B`` before T may be lost: the message then becomes
   visible at its earlier deadline (or at once);
-- revives and dead-letter moves are not repeated: ``tick`` fsyncs the retry/DLQ copies, then
-  logs the CK (if it was still only in memory) with its DONE/ACK records and fsyncs the POP
+- revives and dead-letter moves are not repeated: the retry/DLQ copies are fsynced, then
+  ``copies_durable`` logs the CK (if it was still only in memory) with its DONE/ACK records and fsyncs the POP
   log before returning. Only a crash between those two fsyncs writes a copy twice.
 
 Why B: a CK's lineage (it and its change-invisible/FIFO successors) is logged ``buffer_ms``
@@ -73,7 +76,7 @@ see ``names.retry_queue``; the topic grows when the table does), the way a delay
 without a copy through the timer's schedule log (docs/timers.md).
 
 Long polling: ``receive`` never blocks. The shell waits for a broker arrival, or for
-``tick()`` returning > 0 (messages revived, dead-lettered, due for FIFO redelivery, or a retry
+``tick().handled`` or ``copies_durable`` returning > 0 (messages revived, dead-lettered, due for FIFO redelivery, or a retry
 queue's head whose back-off ended), and arms one timer at ``next_deadline_ms()``. Call
 ``close()`` before ``Broker.close()``.
 """
@@ -94,7 +97,7 @@ from chronoq.pop.counters import PopCounters
 from chronoq.pop.groups import GroupBook, GroupConfig
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
 from chronoq.pop.names import PROP_DLQ_ORIGIN_TOPIC, PROP_ORIGIN_TOPIC
-from chronoq.pop.revive import Reviver
+from chronoq.pop.revive import Revival, Reviver
 
 log = logging.getLogger("chronoq.pop")
 
@@ -114,6 +117,17 @@ class Popped:
     delivery_attempt: int     # >= 1 (previous deliveries + 1)
     invisible_until_ms: int
     message_group: str | None  # FIFO group, if any
+
+
+@dataclass(slots=True)
+class PopEffects:
+    """What ``tick`` or ``forward_to_dlq_effects`` asks of its shell. With ``revival``: write its
+    copies (``write_copies``), make them durable (the committer, or ``Broker.flush``), then call
+    ``copies_durable``. ``handled`` > 0: wake long polls (more may follow from ``copies_durable``);
+    ``next_deadline_ms``: when to tick again (None: nothing waits)."""
+    handled: int = 0
+    revival: Revival | None = None
+    next_deadline_ms: int | None = None
 
 
 @dataclass
@@ -154,6 +168,7 @@ class PopService:
         self._inflight.sink = logf
         self._journal = journal.PopJournal(broker, self._inflight, logf, self.pop_dir, flush_interval_ms)
         self._reviver = Reviver(broker, self.clock, self._groups, self._inflight, self.counters, self._journal)
+        self._revivals: list[Revival] = []  # copies written or to write, not yet durable
         if restored or recovered.truncated_bytes:
             log.info("POP state recovered: %d checkpoints in flight, %d bytes of torn tail dropped",
                      len(restored), recovered.truncated_bytes)
@@ -408,39 +423,99 @@ class PopService:
         self._journal.after(now)
         return handles.encode(new.ck_id, 0, new.queue.queue_id, new.offsets[0])
 
-    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
-        """The client gives up (FIFO): copy the message to ``%DLQ%{group}`` durably and settle it."""
+    def forward_to_dlq_effects(self, group: str, topic: str, receipt_handle: str) -> PopEffects:
+        """The client gives up (FIFO): the copy to ``%DLQ%{group}`` for the shell to write and
+        make durable; ``copies_durable`` then settles the message (the handle is stale at once)."""
         ck, index = self._locate(group, topic, receipt_handle)
         m = copies.read_one(self.broker, ck.queue.topic, ck.queue.queue_id, ck.offsets[index])
+        outgoing, tally = [], {}
         if m is not None:
-            self.broker.write([copies.dlq_message(self.broker, self.clock, ck, m)], system=True)
-            self.broker.flush()
-            self.counters.revive_outcome(group, 0, 0, 1)  # forwarded by the client, not revived
+            outgoing.append(copies.dlq_message(self.broker, self.clock, ck, m))
+            tally[group] = [0, 0, 1]  # forwarded by the client, not revived
         else:
             log.warning("forward to DLQ: %s/%d@%d is no longer in the store", ck.queue.topic,
                         ck.queue.queue_id, ck.offsets[index])
-        now = self.clock.wall_ms()
-        self._inflight.seal(ck)
-        self._inflight.settle(ck, index)
-        self._journal.flush(now, force=True)  # as in revive: the DLQ copy and its settlement, both durable
-        self._journal.after(now)
+        revival = Revival([(ck, [index], [])], outgoing, tally, self.clock.wall_ms(), seal_only=True)
+        self._inflight.reviving.add(ck.ck_id)
+        self._revivals.append(revival)
+        return PopEffects(0, revival, None)
+
+    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        """``forward_to_dlq_effects`` performed at once on this thread (the embedded path)."""
+        effects = self.forward_to_dlq_effects(group, topic, receipt_handle)
+        if not self.write_copies(effects):
+            raise errors.StorageError("the dead-letter copy could not be written; try again")
+        try:
+            self.broker.flush()
+        except errors.ChronoqError as exc:
+            self.copies_durable(effects, exc)
+            raise
+        self.copies_durable(effects)
+
+    # ----------------------------------------------------------------- the shell's part of effects
+    def write_copies(self, effects: PopEffects) -> bool:
+        """Write the effects' copies (page cache). False: a storage error; the revive is
+        postponed (a forward: nothing changed) and there is nothing more to do."""
+        revival = effects.revival
+        if revival is None or not revival.copies:
+            return True
+        if self._reviver.write(revival):
+            return True
+        self._revivals.remove(revival)
+        return False
+
+    def copies_durable(self, effects: PopEffects, exc: BaseException | None = None) -> int:
+        """The effects' copies are durable (``exc``: their fsync failed): finish the revive or
+        forward; returns how many messages it handed back (> 0: wake long polls)."""
+        revival = effects.revival
+        if revival is None or revival not in self._revivals:
+            return 0  # none, or done already (``close``)
+        self._revivals.remove(revival)
+        if exc is not None:
+            self._reviver.fail(revival, exc)
+            return 0
+        handled = self._reviver.complete(revival)
+        self._journal.after(self.clock.wall_ms())
+        return handled
+
+    def tick_durably(self, now: int | None = None) -> int:
+        """``tick`` with its effects performed at once on this thread (the embedded path, no
+        committer): copies written and fsynced (``Broker.flush``) before the revive completes.
+        Returns how many messages were handed back (> 0: wake long polls)."""
+        effects = self.tick(now)
+        handled = effects.handled
+        if effects.revival is not None and self.write_copies(effects):
+            try:
+                self.broker.flush()
+            except errors.ChronoqError as exc:
+                self.copies_durable(effects, exc)
+            else:
+                handled += self.copies_durable(effects)
+        return handled
 
     # ----------------------------------------------------------------- time
-    def tick(self) -> int:
+    def tick(self, now: int | None = None) -> PopEffects:
         """Revive CKs whose invisible time ended; flush the POP log when due; commit offsets.
 
-        Returns how many messages were revived, dead-lettered, queued for FIFO redelivery or
-        became due at the head of a retry queue (> 0: wake long polls).
+        Returns the effects for the shell: the retry and dead-letter copies to write durably
+        (then ``copies_durable``), how many messages are handed back now (FIFO redeliveries,
+        retry heads whose back-off ended: > 0 wakes long polls) and the next deadline.
         """
         self._check_open()
-        now = self.clock.wall_ms()
+        now = self.clock.wall_ms() if now is None else now
         inflight = self._inflight
         handled = 0
+        revival = None
         due = inflight.due(now, TICK_CKS_MAX)
         if due:
             due = self._renew(due, now)
         if due:
-            handled += self._reviver.revive(due, now)
+            revival = self._reviver.plan(due, now)
+            if revival.copies:
+                self._revivals.append(revival)
+            else:  # FIFO redeliveries in place only: nothing to make durable first
+                handled += self._reviver.complete(revival)
+                revival = None
         if self._blocked:
             for qs in [qs for qs in self._blocked if qs.blocked_until <= now]:
                 qs.blocked_until = 0
@@ -450,7 +525,7 @@ class PopService:
         self._journal.flush(now, force=False)
         self._journal.commit()
         self._journal.maybe_compact(now)
-        return handled
+        return PopEffects(handled, revival, self.next_deadline_ms())
 
     def _renew(self, due: list[Checkpoint], now: int) -> list[Checkpoint]:
         """Extend the due CKs that auto-renew (``renew.py``); returns the others, to revive."""
@@ -526,6 +601,14 @@ class PopService:
         """Persist state: log every in-flight CK, fsync, hand consume offsets to the broker."""
         if self.closed:
             return
+        if self._revivals:  # copies written, their fsync not reported yet: finish them here
+            try:
+                self.broker.flush()
+            except errors.ChronoqError as exc:
+                log.error("closing the POP service: retry and dead-letter copies not durable: %s", exc)
+            else:
+                for revival in list(self._revivals):
+                    self.copies_durable(PopEffects(0, revival))
         now = self.clock.wall_ms()
         self._inflight.age(now, everything=True)  # in-flight CKs stay invisible across a restart
         self._journal.flush(now, force=True)

@@ -6,15 +6,21 @@ Why here and not in a front end: they are the broker's state, not the gRPC serve
 service, the console and the metrics read the same objects, and a second front end must not make a
 second set. The gRPC front end only drives them (the POP ticker, transaction checks pushed to
 producers over Telemetry).
+
+The POP service's I/O shell (``perform``, ``forward_to_dlq``): the retry and dead-letter copies its
+ticks and forwards return (``PopEffects``) are written here and made durable by the committer's
+thread (no fsync on the event loop), and only then handed back to the POP service.
 """
 
 from __future__ import annotations
 
 import logging
 
+from typing import Callable
+
 from chronoq.core import errors, validate
 from chronoq.features.transactions import Transactions
-from chronoq.pop.service import PopService
+from chronoq.pop.service import PopEffects, PopService
 
 log = logging.getLogger("chronoq.runtime")
 
@@ -45,6 +51,39 @@ def close_consumers(pop: PopService | None, txns: Transactions | None) -> None:
             pop.close()
         except Exception:  # noqa: BLE001 - the broker must still close cleanly after this
             log.exception("closing the POP service failed")
+
+
+def perform(pop: PopService, committer, effects: PopEffects, woken: Callable[[], None]) -> None:
+    """Write the copies of a tick's ``effects`` and have the committer fsync them; once they
+    are durable (on the loop) the POP service finishes the revive and ``woken()`` is called if
+    messages came back. Never waits."""
+    if effects.revival is None or not pop.write_copies(effects):
+        return
+
+    def durable(_synced: int, exc: BaseException | None) -> None:
+        if pop.closed:
+            return  # (``close`` finished the revive itself)
+        try:
+            if pop.copies_durable(effects, exc):
+                woken()
+        except Exception:  # noqa: BLE001 - logged; the CKs are postponed or done, the next tick goes on
+            log.exception("finishing a POP revive after its fsync failed")
+
+    committer.after_durable(durable)
+
+
+async def forward_to_dlq(pop: PopService, committer, group: str, topic: str, receipt_handle: str) -> None:
+    """ForwardMessageToDeadLetterQueue: the copy is written, fsynced by the committer's thread,
+    and only then is the message settled (a failure answers the client and changes nothing)."""
+    effects = pop.forward_to_dlq_effects(group, topic, receipt_handle)
+    if not pop.write_copies(effects):
+        raise errors.StorageError("the dead-letter copy could not be written; try again")
+    try:
+        await committer.durable(committer.store.log.written)
+    except BaseException as exc:
+        pop.copies_durable(effects, exc)
+        raise
+    pop.copies_durable(effects)
 
 
 def apply_group_config(pop, groups: dict) -> None:

@@ -11,7 +11,7 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from chronoq.core import errors
 from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.ack import ack_response
-from chronoq.server import convert
+from chronoq.server import consumers, convert
 from chronoq.server.messaging.calls import boundary, status_of, status_only
 
 _get_handle, _get_message_id = operator.attrgetter("receipt_handle"), operator.attrgetter("message_id")
@@ -82,6 +82,6 @@ class AckRpcs:
         pop = self.pop
         if not request.receipt_handle:
             raise errors.InvalidReceiptHandle("the receipt handle is empty")
-        pop.forward_to_dlq(group, topic, request.receipt_handle)
+        await consumers.forward_to_dlq(pop, self.committer, group, topic, request.receipt_handle)
         self._waker.wake_soon()  # the FIFO group behind it is free again
         return self._ok_forward

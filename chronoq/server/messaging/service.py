@@ -12,7 +12,8 @@ The RPCs are grouped by job: ``send`` (SendMessage, EndTransaction, RecallMessag
 (ReceiveMessage, ReceiveBatch, AckAndReceive, long polling), ``ack`` (AckMessage,
 ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue), ``clients`` (routes, heartbeats,
 Telemetry, transaction checks). This class holds the state they share and its life: a ticker task
-that calls ``pop.tick()`` at ``pop.next_deadline_ms()``, at least every ``TICK_MAX_S``, and the
+that calls ``pop.tick()`` at its next deadline (its copies written and fsynced through the
+committer: ``consumers.perform``), at least every ``TICK_MAX_S``, and the
 transaction-check task.
 
 Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
@@ -41,7 +42,7 @@ from chronoq.core import errors, refusals
 from chronoq.features.transactions import Transactions
 from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.receive import store_host_field
-from chronoq.server import answers, convert
+from chronoq.server import answers, consumers, convert
 from chronoq.server.messaging.ack import AckRpcs
 from chronoq.server.messaging.calls import boundary, status_of, status_only
 from chronoq.server.messaging.clients import ClientRpcs, TelemetrySession
@@ -136,9 +137,11 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
             kick.clear()  # before the tick: a kick during it makes the next wait end at once
             try:
                 self.expire_answers()
-                if pop.tick():
+                effects = pop.tick()
+                if effects.handled:
                     self._waker.wake_soon()
-                deadline_ms = pop.next_deadline_ms()
+                consumers.perform(pop, self.committer, effects, self._waker.wake_soon)
+                deadline_ms = effects.next_deadline_ms
                 failures = 0
             except Exception:  # keep ticking; the next pass retries (log the first of a streak)
                 if failures % 120 == 0:
