@@ -214,9 +214,15 @@ class Transactions:
             to_check.append((half, self.broker.read_record(entries[0][0], entries[0][1])))
         return to_check, expired
 
-    def expire(self, half: Half) -> None:
+    def expiry(self, half: Half) -> OutgoingMessage:
+        """The ROLLBACK op record of a half past ``max_checks``: write it, make it durable, then
+        ``resolved(half)`` (the runtime's check loop: ``chronoq.server.consumers``)."""
         log.warning("transaction %x (message %s, topic %s) unresolved after %d checks: rolled back",
                     half.offset, half.message_id, half.topic, half.checks)
-        self.broker.write([OutgoingMessage(OP_TOPIC, _OP.pack(b"R", half.offset))], system=True)
+        return OutgoingMessage(OP_TOPIC, _OP.pack(b"R", half.offset))
+
+    def expire(self, half: Half) -> None:
+        """Embedded, synchronous ``expiry``."""
+        self.broker.write([self.expiry(half)], system=True)
         self.broker.flush()
         self.resolved(half)

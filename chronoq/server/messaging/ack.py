@@ -29,7 +29,7 @@ def _ack_with_empty(pop, group: str, topic: str, handles: list[str]) -> list:
 
 class AckRpcs:
     """The RPCs of ``MessagingService`` that settle a received message (it holds ``pop``, the
-    long-poll ``_waker``, the ticker's ``_tick_kick`` and ``_ok``)."""
+    long-poll ``_waker``, ``kick_ticker`` and ``_ok``)."""
 
     @boundary(_ack_refused, "AckMessage")
     async def AckMessage(self, request, context):
@@ -72,7 +72,7 @@ class AckRpcs:
                                                       receipt_handle=request.receipt_handle)
         # A short (or 0 s) invisible time may be the next deadline now; the tick that revives
         # the message wakes the parked polls.
-        self._tick_kick.set()
+        self.kick_ticker()
         return sv.ChangeInvisibleDurationResponse(status=self._ok, receipt_handle=handle)
 
     @boundary(status_only(sv.ForwardMessageToDeadLetterQueueResponse), "ForwardMessageToDeadLetterQueue")
