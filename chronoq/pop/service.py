@@ -86,6 +86,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from chronoq.core import errors, model, validate
 from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker
@@ -478,6 +479,21 @@ class PopService:
         self._journal.after(self.clock.wall_ms())
         return handled
 
+    def attach_syncer(self, request: Callable[[], None] | None) -> None:
+        """Have the POP log fsynced elsewhere: ``request()`` asks for ``sync_log`` to run (on any
+        thread, e.g. the committer's flusher) and ``log_synced`` to follow on this thread. None:
+        fsync on this thread (the embedded default)."""
+        self._journal.request_sync = request
+
+    def sync_log(self) -> None:
+        """Write and fsync the POP log's sealed records (thread-safe; ``attach_syncer``)."""
+        self._journal.sync_current()
+
+    def log_synced(self) -> None:
+        """After ``sync_log`` (on the service's thread): its CKs count as durable."""
+        if not self.closed:
+            self._journal.synced()
+
     def tick_durably(self, now: int | None = None) -> int:
         """``tick`` with its effects performed at once on this thread (the embedded path, no
         committer): copies written and fsynced (``Broker.flush``) before the revive completes.
@@ -611,9 +627,7 @@ class PopService:
                     self.copies_durable(PopEffects(0, revival))
         now = self.clock.wall_ms()
         self._inflight.age(now, everything=True)  # in-flight CKs stay invisible across a restart
-        self._journal.flush(now, force=True)
-        self._journal.commit()
-        self._journal.log.close()
+        self._journal.close(now)
         self.closed = True
 
     def abandon(self) -> None:

@@ -107,8 +107,14 @@ class ConsumerLoops:
         self._kick = asyncio.Event()
         self._attached: list[tuple[Callable[[], None], Callable[[], object], Callable[..., Awaitable[bool]]]] = []
         self.tasks: list[asyncio.Task] = []
+        self._remove_log = None
 
     def start(self) -> list[asyncio.Task]:
+        """Start both loops; from now on the committer's thread fsyncs the POP log, right after
+        the commit log (``GroupCommitter.add_log``), and the POP service hears of it on the loop."""
+        pop, committer = self.pop, self.committer
+        self._remove_log = committer.add_log(pop.sync_log)
+        pop.attach_syncer(lambda: committer.after_durable(lambda _synced, _exc: pop.log_synced()))
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(self._tick_loop(), name="chronoq-pop-ticker"),
                       loop.create_task(self._txn_loop(), name="chronoq-txn-checks")]
@@ -118,6 +124,10 @@ class ConsumerLoops:
         """Stop both loops (each stops at its next await; neither touches the state after it)."""
         for task in self.tasks:
             task.cancel()
+        if self._remove_log is not None:  # the POP service syncs its own log from now on (close)
+            self.pop.attach_syncer(None)
+            self._remove_log()
+            self._remove_log = None
 
     def attach(self, woken: Callable[[], None], each_pass: Callable[[], object],
                check: Callable[..., Awaitable[bool]]) -> Callable[[], None]:
@@ -179,8 +189,8 @@ class ConsumerLoops:
                     for half in expired:
                         txns.resolved(half)
                 state = (len(txns.pending), min(txns.pending, default=-1))
-                if state != saved:  # persist the replay floor only when it moved
-                    txns.checkpoint()
+                if state != saved:  # persist the replay floor only when it moved (fsync off the loop)
+                    await asyncio.get_running_loop().run_in_executor(None, txns.write_state, txns.checkpoint_state())
                     saved = state
                 if storage_fault is not None:
                     log.warning("transaction checks work again (storage recovered)")
