@@ -56,6 +56,7 @@ class Reviver:
         self.inflight = inflight
         self.counters = counters
         self.journal = journal
+        self.pending: list[Revival] = []  # copies written or to write, not yet reported durable
 
     def plan(self, due: list[Checkpoint], now: int) -> Revival:
         """The copies for the unsettled entries of ``due``; with copies, the CKs wait (their
@@ -88,7 +89,35 @@ class Reviver:
         revival = Revival(plan, outgoing, tally, now)
         if outgoing:
             self.inflight.reviving.update(ck.ck_id for ck in due)
+            self.pending.append(revival)
         return revival
+
+    def plan_forward(self, ck: Checkpoint, index: int) -> Revival:
+        """A client's FIFO forward of entry ``index``: its dead-letter copy; once durable,
+        ``complete`` settles that entry (the CK's other entries stay)."""
+        m = copies.read_one(self.broker, ck.queue.topic, ck.queue.queue_id, ck.offsets[index])
+        outgoing, tally = [], {}
+        if m is not None:
+            outgoing.append(copies.dlq_message(self.broker, self.clock, ck, m))
+            tally[ck.group] = [0, 0, 1]  # forwarded by the client, not revived
+        else:
+            log.warning("forward to DLQ: %s/%d@%d is no longer in the store", ck.queue.topic,
+                        ck.queue.queue_id, ck.offsets[index])
+        revival = Revival([(ck, [index], [])], outgoing, tally, self.clock.wall_ms(), seal_only=True)
+        self.inflight.reviving.add(ck.ck_id)
+        self.pending.append(revival)
+        return revival
+
+    def durable(self, revival: Revival, exc: BaseException | None) -> int:
+        """The shell reports the copies durable (``exc``: their fsync failed): ``complete`` or
+        ``fail``. Returns how many entries were handed back; 0 for one reported already."""
+        if revival not in self.pending:
+            return 0
+        self.pending.remove(revival)
+        if exc is not None:
+            self.fail(revival, exc)
+            return 0
+        return self.complete(revival)
 
     def write(self, revival: Revival) -> bool:
         """Write the copies (not fsynced). False on a storage error: the revive is postponed."""
@@ -104,7 +133,7 @@ class Reviver:
                     except errors.ClientError as exc:
                         log.error("revive: dropping a message to %s the broker refuses: %s", msg.topic, exc.message)
         except errors.ChronoqError as exc:
-            self.fail(revival, exc)
+            self.durable(revival, exc)
             return False
         return True
 
@@ -115,7 +144,7 @@ class Reviver:
         retry_at = self.clock.wall_ms() + REVIVE_RETRY_MS
         for ck, _drop, _again in revival.plan:
             self.inflight.reviving.discard(ck.ck_id)
-            if ck.live and not ck.expired:
+            if ck.live and not ck.expired and not revival.seal_only:  # (a forward: the client is told)
                 self.inflight.postpone(ck, retry_at)
 
     def complete(self, revival: Revival) -> int:

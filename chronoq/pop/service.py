@@ -169,7 +169,6 @@ class PopService:
         self._inflight.sink = logf
         self._journal = journal.PopJournal(broker, self._inflight, logf, self.pop_dir, flush_interval_ms)
         self._reviver = Reviver(broker, self.clock, self._groups, self._inflight, self.counters, self._journal)
-        self._revivals: list[Revival] = []  # copies written or to write, not yet durable
         if restored or recovered.truncated_bytes:
             log.info("POP state recovered: %d checkpoints in flight, %d bytes of torn tail dropped",
                      len(restored), recovered.truncated_bytes)
@@ -428,18 +427,7 @@ class PopService:
         """The client gives up (FIFO): the copy to ``%DLQ%{group}`` for the shell to write and
         make durable; ``copies_durable`` then settles the message (the handle is stale at once)."""
         ck, index = self._locate(group, topic, receipt_handle)
-        m = copies.read_one(self.broker, ck.queue.topic, ck.queue.queue_id, ck.offsets[index])
-        outgoing, tally = [], {}
-        if m is not None:
-            outgoing.append(copies.dlq_message(self.broker, self.clock, ck, m))
-            tally[group] = [0, 0, 1]  # forwarded by the client, not revived
-        else:
-            log.warning("forward to DLQ: %s/%d@%d is no longer in the store", ck.queue.topic,
-                        ck.queue.queue_id, ck.offsets[index])
-        revival = Revival([(ck, [index], [])], outgoing, tally, self.clock.wall_ms(), seal_only=True)
-        self._inflight.reviving.add(ck.ck_id)
-        self._revivals.append(revival)
-        return PopEffects(0, revival, None)
+        return PopEffects(0, self._reviver.plan_forward(ck, index), None)
 
     def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         """``forward_to_dlq_effects`` performed at once on this thread (the embedded path)."""
@@ -458,24 +446,14 @@ class PopService:
         """Write the effects' copies (page cache). False: a storage error; the revive is
         postponed (a forward: nothing changed) and there is nothing more to do."""
         revival = effects.revival
-        if revival is None or not revival.copies:
-            return True
-        if self._reviver.write(revival):
-            return True
-        self._revivals.remove(revival)
-        return False
+        return revival is None or not revival.copies or self._reviver.write(revival)
 
     def copies_durable(self, effects: PopEffects, exc: BaseException | None = None) -> int:
         """The effects' copies are durable (``exc``: their fsync failed): finish the revive or
         forward; returns how many messages it handed back (> 0: wake long polls)."""
-        revival = effects.revival
-        if revival is None or revival not in self._revivals:
-            return 0  # none, or done already (``close``)
-        self._revivals.remove(revival)
-        if exc is not None:
-            self._reviver.fail(revival, exc)
+        if effects.revival is None:
             return 0
-        handled = self._reviver.complete(revival)
+        handled = self._reviver.durable(effects.revival, exc)
         self._journal.after(self.clock.wall_ms())
         return handled
 
@@ -527,9 +505,7 @@ class PopService:
             due = self._renew(due, now)
         if due:
             revival = self._reviver.plan(due, now)
-            if revival.copies:
-                self._revivals.append(revival)
-            else:  # FIFO redeliveries in place only: nothing to make durable first
+            if not revival.copies:  # FIFO redeliveries in place only: nothing to make durable first
                 handled += self._reviver.complete(revival)
                 revival = None
         if self._blocked:
@@ -617,13 +593,13 @@ class PopService:
         """Persist state: log every in-flight CK, fsync, hand consume offsets to the broker."""
         if self.closed:
             return
-        if self._revivals:  # copies written, their fsync not reported yet: finish them here
+        if self._reviver.pending:  # copies written, their fsync not reported yet: finish them here
             try:
                 self.broker.flush()
             except errors.ChronoqError as exc:
                 log.error("closing the POP service: retry and dead-letter copies not durable: %s", exc)
             else:
-                for revival in list(self._revivals):
+                for revival in list(self._reviver.pending):
                     self.copies_durable(PopEffects(0, revival))
         now = self.clock.wall_ms()
         self._inflight.age(now, everything=True)  # in-flight CKs stay invisible across a restart
