@@ -24,12 +24,12 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass, field
 
 import pytest
 
 from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
+from tests.integration.test_committer_crash import State, _lane  # its lanes reconnect after a kill
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_SEED", "20261126"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_KILLS", "3"))
@@ -48,37 +48,6 @@ default_queues = 2
 """
 
 
-@dataclass
-class State:
-    proc: ChronoqProcess
-    rng: random.Random
-    sending: bool = True
-    consuming: bool = True
-    acked: dict[str, int] = field(default_factory=dict)     # message id -> due ms
-    received: dict[str, int] = field(default_factory=dict)  # message id -> receives
-    early: list[tuple] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)
-
-
-async def _lane(state: State, step, running) -> None:
-    """Run ``step(client)`` while ``running()``; a failure (a kill) drops the client: reconnect."""
-    client = None
-    while running():
-        if client is None:
-            client = Client(state.proc.endpoint, request_timeout_s=REQUEST_TIMEOUT_S)
-        try:
-            await step(client)
-        except ClientError as exc:  # the broker answered, and refused: never right here
-            state.refused.append(str(exc))
-            await asyncio.sleep(0.05)
-        except Exception:  # noqa: BLE001 - the server was killed: its answer is unknown
-            await client.close()
-            client = None
-            await asyncio.sleep(0.05)
-    if client is not None:
-        await client.close()
-
-
 def _send(state: State, seq):
     async def step(client: Client) -> None:
         now_ms = time.time() * 1000
@@ -86,7 +55,7 @@ def _send(state: State, seq):
                                  deliver_at_ms=int(now_ms + state.rng.uniform(*DELAY_S) * 1000))
                  for _ in range(BATCH)]
         for m, r in zip(batch, await client.send_batch(batch)):
-            state.acked[r.message_id] = m.deliver_at_ms
+            state.acked[r.message_id] = (TOPIC, m.deliver_at_ms)
         await asyncio.sleep(0.02)
     return step
 
@@ -111,7 +80,7 @@ async def _aim(state: State) -> None:
     """Sleep until (about) the due time of an acknowledged send still ahead."""
     for _ in range(200):
         now_ms = time.time() * 1000
-        ahead = sorted(due for due in state.acked.values() if due > now_ms + 1200)
+        ahead = sorted(due for _, due in state.acked.values() if due > now_ms + 1200)
         if ahead:
             target = state.rng.choice(ahead[:50]) + state.rng.uniform(*AIM_MS)
             await asyncio.sleep(max(0.0, (target - time.time() * 1000) / 1000))
@@ -121,11 +90,11 @@ async def _aim(state: State) -> None:
 
 
 async def _run(state: State) -> int:
-    async with AdminClient(state.proc.endpoint) as admin:
+    async with AdminClient(state.endpoint) as admin:
         await admin.create_topic(TOPIC)
     seq = iter(range(10**8))
-    senders = [asyncio.create_task(_lane(state, _send(state, seq), lambda: state.sending)) for _ in range(2)]
-    consumers = [asyncio.create_task(_lane(state, _consume(state), lambda: state.consuming)) for _ in range(2)]
+    senders = [asyncio.create_task(_lane(state, _send(state, seq))) for _ in range(2)]
+    consumers = [asyncio.create_task(_lane(state, _consume(state), lambda state: state.consuming)) for _ in range(2)]
     kills = 0
     try:
         for _ in range(KILLS):
@@ -139,7 +108,7 @@ async def _run(state: State) -> int:
         await asyncio.sleep(0.5)
         state.sending = False
         await asyncio.gather(*senders)
-        last_due_ms = max(state.acked.values(), default=0)
+        last_due_ms = max((due for _, due in state.acked.values()), default=0)
         deadline = time.monotonic() + DRAIN_TIMEOUT_S + max(0.0, last_due_ms / 1000 - time.time())
         while time.monotonic() < deadline and not set(state.acked) <= set(state.received):
             await asyncio.sleep(0.2)

@@ -17,15 +17,26 @@ from chronoq.server.runtime import Runtime
 from .conftest import free_port
 
 
+def _runtime_with_consumers(tmp_path, **settings):
+    """A runtime as ``serve`` builds it, without front ends: broker, committer, consumer state and
+    loops (call in the event loop; the caller closes them)."""
+    runtime = Runtime(BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1,
+                                   **settings).validate(), say=lambda _: None)
+    broker = runtime.open_broker()
+    runtime.committer = GroupCommitter(broker)
+    runtime.committer.start()
+    try:
+        runtime.open_consumers()
+    except BaseException:
+        broker.close()
+        raise
+    return runtime, broker
+
+
 def test_the_front_end_drives_the_runtimes_pop_and_transactions(tmp_path):
     async def scenario():
-        runtime = Runtime(BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1,
-                                       extra={"groups": {"g-fifo": {"fifo": True}}}).validate(), say=lambda _: None)
-        broker = runtime.open_broker()
-        runtime.committer = GroupCommitter(broker)
-        runtime.committer.start()
+        runtime, broker = _runtime_with_consumers(tmp_path, extra={"groups": {"g-fifo": {"fifo": True}}})
         try:
-            runtime.open_consumers()
             pop, txns = runtime.pop, runtime.txns
             assert pop is not None and txns is not None and pop.group("g-fifo").fifo  # [groups] applied
             front = GrpcFrontEnd(runtime)
@@ -63,13 +74,8 @@ def test_the_runtime_revives_and_rolls_back_without_any_front_end(tmp_path):
     from chronoq.pop import names
 
     async def scenario():
-        runtime = Runtime(BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1,
-                                       txn_check_after_ms=0, txn_max_checks=0).validate(), say=lambda _: None)
-        broker = runtime.open_broker()
-        runtime.committer = GroupCommitter(broker)
-        runtime.committer.start()
+        runtime, broker = _runtime_with_consumers(tmp_path, txn_check_after_ms=0, txn_max_checks=0)
         try:
-            runtime.open_consumers()
             pop, txns = runtime.pop, runtime.txns
             broker.create_topic("t", 1)
             broker.send("t", b"not acked")

@@ -61,70 +61,72 @@ def _all(broker, topic: str) -> list:
     return out
 
 
-def test_a_revive_writes_its_retry_copy_through_the_committer(tmp_path, monkeypatch):
-    async def scenario():
+def _run(tmp_path, scenario) -> None:
+    """``scenario(front, broker, pop)`` against a front end in this process, stopped after it."""
+    async def run():
         front = await start_front_end(str(tmp_path / "data"))
-        broker, pop = front.runtime.broker, front.runtime.pop
         try:
-            broker.create_topic("t", 1)
-            async with Client(front.runtime.config.endpoint) as client:
-                sent = await client.send("t", b"once")
-                [first] = await client.receive("g", "t", max_messages=1, invisible_s=1, wait_s=2)
-                copies.system_topic(broker, names.retry_topic("g", "t"), names.retry_queues(pop.retry_delays_ms))
-                synced, flushes = broker.store.log.synced, pop._journal.log.flushes
-                threads = _record_fsync_threads(monkeypatch)
-                again = []
-                for _ in range(20):  # long polls of up to 1 s: bounded
-                    again = await client.receive("g", "t", max_messages=1, invisible_s=30, wait_s=1)
-                    if again:
-                        break
-            [m] = again
-            assert m.message_id == sent.message_id and m.delivery_attempt == 2
-            [copy] = _all(broker, names.retry_topic("g", "t"))
-            assert broker.store.log.synced > synced and broker.store.log.synced >= copy.commit_offset
-            await _pop_log_synced(pop, flushes)  # the revived CK's records
-            assert threads and set(threads) == {FSYNC_THREAD}, threads
-            assert first.receipt_handle != m.receipt_handle
-            pop.check()
+            await scenario(front, front.runtime.broker, front.runtime.pop)
         finally:
             await stop_front_end(front)
 
-    asyncio.run(scenario())
+    asyncio.run(run())
+
+
+def test_a_revive_writes_its_retry_copy_through_the_committer(tmp_path, monkeypatch):
+    async def scenario(front, broker, pop):
+        broker.create_topic("t", 1)
+        async with Client(front.runtime.config.endpoint) as client:
+            sent = await client.send("t", b"once")
+            [first] = await client.receive("g", "t", max_messages=1, invisible_s=1, wait_s=2)
+            copies.system_topic(broker, names.retry_topic("g", "t"), names.retry_queues(pop.retry_delays_ms))
+            synced, flushes = broker.store.log.synced, pop._journal.log.flushes
+            threads = _record_fsync_threads(monkeypatch)
+            again = []
+            for _ in range(20):  # long polls of up to 1 s: bounded
+                again = await client.receive("g", "t", max_messages=1, invisible_s=30, wait_s=1)
+                if again:
+                    break
+        [m] = again
+        assert m.message_id == sent.message_id and m.delivery_attempt == 2
+        [copy] = _all(broker, names.retry_topic("g", "t"))
+        assert broker.store.log.synced > synced and broker.store.log.synced >= copy.commit_offset
+        await _pop_log_synced(pop, flushes)  # the revived CK's records
+        assert threads and set(threads) == {FSYNC_THREAD}, threads
+        assert first.receipt_handle != m.receipt_handle
+        pop.check()
+
+    _run(tmp_path, scenario)
 
 
 def test_forward_to_dead_letter_queue_answers_once_the_copy_is_durable(tmp_path, monkeypatch):
-    async def scenario():
-        front = await start_front_end(str(tmp_path / "data"))
-        broker, pop = front.runtime.broker, front.runtime.pop
-        try:
-            broker.create_topic("f", 1)
-            pop.set_group("gf", fifo=True)
-            async with Client(front.runtime.config.endpoint) as client:
-                sent = await client.send("f", b"give up", message_group="k")
-                [got] = await client.receive("gf", "f", max_messages=1, invisible_s=30, wait_s=2)
-            copies.system_topic(broker, names.dlq_topic("gf"), names.DLQ_QUEUES)
-            flushes = pop._journal.log.flushes
-            threads = _record_fsync_threads(monkeypatch)
-            async with grpc.aio.insecure_channel(front.runtime.config.endpoint) as channel:
-                stub = service_pb2_grpc.MessagingServiceStub(channel)
-                res = await stub.ForwardMessageToDeadLetterQueue(sv.ForwardMessageToDeadLetterQueueRequest(
-                    group=pb.Resource(name="gf"), topic=pb.Resource(name="f"), receipt_handle=got.receipt_handle,
-                    message_id=got.message_id, delivery_attempt=1, max_delivery_attempts=16), timeout=10)
-                assert res.status.code == pb.OK, res.status
-                # Answered: the copy is durable and the message settled (its handle stale).
-                [copy] = _all(broker, names.dlq_topic("gf"))
-                assert broker.store.log.synced >= copy.commit_offset + 1
-                assert copy.properties[names.PROP_DLQ_ORIGIN_MESSAGE_ID] == sent.message_id
-                await _pop_log_synced(pop, flushes)  # the settled entry's records
-                assert threads and set(threads) == {FSYNC_THREAD}, threads
-                ack = await stub.AckMessage(sv.AckMessageRequest(
-                    group=pb.Resource(name="gf"), topic=pb.Resource(name="f"),
-                    entries=[sv.AckMessageEntry(message_id=got.message_id, receipt_handle=got.receipt_handle)]),
-                    timeout=10)
-                assert ack.status.code == pb.INVALID_RECEIPT_HANDLE, ack.status
-            assert pop.inflight_count() == 0
-            pop.check()
-        finally:
-            await stop_front_end(front)
+    async def scenario(front, broker, pop):
+        broker.create_topic("f", 1)
+        pop.set_group("gf", fifo=True)
+        async with Client(front.runtime.config.endpoint) as client:
+            sent = await client.send("f", b"give up", message_group="k")
+            [got] = await client.receive("gf", "f", max_messages=1, invisible_s=30, wait_s=2)
+        copies.system_topic(broker, names.dlq_topic("gf"), names.DLQ_QUEUES)
+        flushes = pop._journal.log.flushes
+        threads = _record_fsync_threads(monkeypatch)
+        async with grpc.aio.insecure_channel(front.runtime.config.endpoint) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            res = await stub.ForwardMessageToDeadLetterQueue(sv.ForwardMessageToDeadLetterQueueRequest(
+                group=pb.Resource(name="gf"), topic=pb.Resource(name="f"), receipt_handle=got.receipt_handle,
+                message_id=got.message_id, delivery_attempt=1, max_delivery_attempts=16), timeout=10)
+            assert res.status.code == pb.OK, res.status
+            # Answered: the copy is durable and the message settled (its handle stale).
+            [copy] = _all(broker, names.dlq_topic("gf"))
+            assert broker.store.log.synced >= copy.commit_offset + 1
+            assert copy.properties[names.PROP_DLQ_ORIGIN_MESSAGE_ID] == sent.message_id
+            await _pop_log_synced(pop, flushes)  # the settled entry's records
+            assert threads and set(threads) == {FSYNC_THREAD}, threads
+            ack = await stub.AckMessage(sv.AckMessageRequest(
+                group=pb.Resource(name="gf"), topic=pb.Resource(name="f"),
+                entries=[sv.AckMessageEntry(message_id=got.message_id, receipt_handle=got.receipt_handle)]),
+                timeout=10)
+            assert ack.status.code == pb.INVALID_RECEIPT_HANDLE, ack.status
+        assert pop.inflight_count() == 0
+        pop.check()
 
-    asyncio.run(scenario())
+    _run(tmp_path, scenario)
