@@ -38,7 +38,9 @@ A new CK lives only in memory (RocketMQ's PopBufferMergeService). If it is fully
 ``buffer_ms`` nothing is ever written. Otherwise it is appended to the POP log (with its
 bitmap so far) once its lineage is ``buffer_ms`` old; later acks of a logged CK are appended as
 ACK records. The log is flushed (one write + fsync) at most ``flush_interval_ms`` after the
-first unflushed record, from ``tick`` (``next_deadline_ms`` includes that deadline).
+first unflushed record, from ``tick`` (``next_deadline_ms`` includes that deadline); under the
+runtime the write and fsync run on the committer's thread, right after the commit log's
+(``attach_syncer``, ``journal.py``).
 
 The group's consume offset (``Broker.commit_offset``) advances only past messages that are
 acked, filtered out, revived (their retry copy fsynced), or covered by a CK whose record is
