@@ -259,16 +259,6 @@ class Broker:
         self.notify_arrivals()
         return done
 
-    def release_due_timers(self, now_ms: int | None = None) -> int:
-        """Make held timer copies due by now visible (an in-memory step; readers call it so a read
-        at t sees every copy due by t even while the timer's tick waits behind other work).
-        Returns how many completed deliveries became visible."""
-        if not self.store.holding or self.timer.closed:
-            return 0
-        done = self.timer.release_due(now_ms)
-        self.notify_arrivals()
-        return done
-
     def timer_synced(self, synced_upto: int) -> int:
         """The commit log is fsynced below ``synced_upto``: complete the timer's deliveries."""
         done = self.timer.synced(synced_upto)

@@ -30,11 +30,12 @@ up to P" means the same thing on both sides.
 
 Callers: client sends of every type (``send``, ``send_plain``), transaction halves and ends
 (``barrier``), staged publishes and trace flushes (``durable`` with the log's end as ticket), the
-timer's delivered copies (``after_durable``, from the runtime's timer loop). Not yet: recall and
-reschedule (the timer writes and fsyncs its tombstone in place, on the loop: answering before the
-tombstone is applied needs the timer to stop claiming the message first), POP's retry and DLQ
-copies (``Broker.flush`` from ``PopService.tick``), the POP log's own file, and the embedded
-one-call paths (``Broker.send_batch``/``flush``, ``TimerService.tick(durable=True)``).
+timer's delivered copies (``after_durable``, from the runtime's timer loop), POP's retry and DLQ
+copies (``after_durable`` and ``durable``, ``chronoq.server.consumers``), and the POP log, a second
+log this thread fsyncs right after the commit log (``add_log``). Not yet: recall and reschedule
+(the timer writes and fsyncs its tombstone in place, on the loop: answering before the tombstone
+is applied needs the timer to stop claiming the message first), and the embedded one-call paths
+(``Broker.send_batch``/``flush``, ``TimerService.tick(durable=True)``, ``PopService.tick_durably``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ class GroupCommitter:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.fsyncs = 0
+        # Second-tier logs (docs/storage.md: the POP log), synced by the thread right after each
+        # fsync of the commit log, so their records never reach disk before the commit-log
+        # records they follow (a revive's DONE after its retry copy). Each never raises and
+        # reports on the loop through its own ``after_durable`` callback.
+        self._logs: list[Callable[[], None]] = []
         self._dispatch_failures = 0
         self._dispatch_retry: asyncio.TimerHandle | None = None
 
@@ -151,6 +157,12 @@ class GroupCommitter:
         once it is done and dispatched, ``callback(-1, exc)`` if it failed. Never waits."""
         self._generation_for(self.store.log.written).callbacks.append(callback)
 
+    def add_log(self, sync: Callable[[], None]) -> Callable[[], None]:
+        """Have the flusher thread call ``sync()`` after every fsync of the commit log (ask for
+        one with ``after_durable``). Returns the function that removes it."""
+        self._logs.append(sync)
+        return lambda: self._logs.remove(sync) if sync in self._logs else None
+
     def _generation_for(self, ticket: int) -> _Generation:
         running = self._running
         if running is not None and ticket <= running.target:
@@ -191,6 +203,11 @@ class GroupCommitter:
                 synced, exc = store.sync(), None
             except Exception as failure:  # noqa: BLE001 - reported to the waiters on the loop
                 synced, exc = -1, failure
+            for sync_log in list(self._logs):
+                try:
+                    sync_log()
+                except Exception:  # noqa: BLE001 - its own failures are its to report
+                    log.exception("syncing a second-tier log failed")
             try:
                 loop.call_soon_threadsafe(self._synced, synced, exc)
             except RuntimeError:  # the loop is closed: nobody waits any more

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from dataclasses import dataclass
 
 from chronoq.core import errors, fsutil, model, validate
@@ -63,6 +64,7 @@ class Transactions:
         broker.create_topic(OP_TOPIC, 1, system=True)
         self.pending: dict[int, Half] = {}
         self._path = os.path.join(broker.data_dir, STATE_FILE)
+        self._write_lock = threading.Lock()
         self._load()
         broker.add_retention_guard(self._retention_floor)
 
@@ -97,8 +99,19 @@ class Transactions:
             next_check_ms=msg.stored_ms + self.check_after_ms)
 
     def checkpoint(self) -> None:
+        self.write_state(self.checkpoint_state())
+
+    def checkpoint_state(self) -> dict:
+        """The state file's content now (on the loop; the runtime's check loop writes it with
+        ``write_state`` on a worker thread)."""
         floor = min(self.pending, default=self.broker.queue_bounds(HALF_TOPIC, 0)[1])
-        fsutil.write_json(self._path, {"half_floor": floor, "op_read": self._op_floor(floor)})
+        return {"half_floor": floor, "op_read": self._op_floor(floor)}
+
+    def write_state(self, state: dict) -> None:
+        """Write the state file (any thread; one writer at a time, so a stop's last checkpoint
+        lands after a worker's earlier one)."""
+        with self._write_lock:
+            fsutil.write_json(self._path, state)
 
     def _op_floor(self, half_floor: int) -> int:
         """The first op written after the half at ``half_floor`` (the op queue's end when there
@@ -214,9 +227,15 @@ class Transactions:
             to_check.append((half, self.broker.read_record(entries[0][0], entries[0][1])))
         return to_check, expired
 
-    def expire(self, half: Half) -> None:
+    def expiry(self, half: Half) -> OutgoingMessage:
+        """The ROLLBACK op record of a half past ``max_checks``: write it, make it durable, then
+        ``resolved(half)`` (the runtime's check loop: ``chronoq.server.consumers``)."""
         log.warning("transaction %x (message %s, topic %s) unresolved after %d checks: rolled back",
                     half.offset, half.message_id, half.topic, half.checks)
-        self.broker.write([OutgoingMessage(OP_TOPIC, _OP.pack(b"R", half.offset))], system=True)
+        return OutgoingMessage(OP_TOPIC, _OP.pack(b"R", half.offset))
+
+    def expire(self, half: Half) -> None:
+        """Embedded, synchronous ``expiry``."""
+        self.broker.write([self.expiry(half)], system=True)
         self.broker.flush()
         self.resolved(half)

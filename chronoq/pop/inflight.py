@@ -157,6 +157,10 @@ class Inflight:
         self._deadlines: list[tuple[int, int]] = []  # (deadline_ms, ck_id), lazy
         self._aging: list[tuple[int, int]] = []      # (log-by ms, ck_id) of unlogged CKs, lazy
         self._attempts: OrderedDict[tuple, tuple[list, list]] = OrderedDict()
+        # CKs being revived or forwarded: their copies are written and wait for their fsync. Their
+        # handles are already stale (an ack now could not stop the copy), and nothing else touches
+        # them until ``revive.Reviver`` completes or postpones them.
+        self.reviving: set[int] = set()
         self._id_base = 0
         self._seq = 0
         self.set_generation(generation)
@@ -238,7 +242,7 @@ class Inflight:
              topic: str) -> Checkpoint:
         """The live CK a receipt handle names, or InvalidReceiptHandle (unknown or stale)."""
         ck = self.cks.get(ck_id)
-        if ck is None:
+        if ck is None or ck_id in self.reviving:
             raise errors.InvalidReceiptHandle(
                 "receipt handle is stale or unknown (acked, revived after its invisible time, "
                 "replaced by change-invisible-time, or from another broker)")
@@ -311,13 +315,19 @@ class Inflight:
         """Up to ``limit`` in-flight CKs whose invisible time has ended, earliest first."""
         out: list[Checkpoint] = []
         seen: set[int] = set()  # a rebuilt heap may hold an id twice
-        heap, cks = self._deadlines, self.cks
+        heap, cks, reviving = self._deadlines, self.cks, self.reviving
+        waiting = []  # being forwarded to the DLQ: due again if that fails
         while heap and heap[0][0] <= now_ms and len(out) < limit:
             deadline, ck_id = _heappop(heap)
             ck = cks.get(ck_id)
             if ck is not None and ck.deadline_ms == deadline and not ck.expired and ck_id not in seen:
                 seen.add(ck_id)
-                out.append(ck)
+                if ck_id in reviving:
+                    waiting.append((deadline, ck_id))
+                else:
+                    out.append(ck)
+        for item in waiting:
+            _heappush(heap, item)
         return out
 
     def postpone(self, ck: Checkpoint, deadline_ms: int) -> None:

@@ -3,18 +3,22 @@ when the log is compacted into a new generation (the format is ``poplog.py``).
 
 Records wait in the log's buffer at most ``flush_interval_ms`` after the first unflushed one
 (``pending_since``); ``PopService.tick`` flushes them when due (``flush_deadline``), a revive or a
-dead-letter move at once (``force``). A failed flush is retried one interval later. Consume
-offsets that moved (``Inflight.dirty``) are handed to ``Broker.commit_offset`` (durable at its
-next checkpoint). Past ``COMPACT_MIN_BYTES``, and ``COMPACT_RATIO`` times the live CKs' size,
-the log is rewritten as a snapshot of the live CKs and the restart skip sets.
+dead-letter move at once (``force``). A flush seals the buffer and has it synced: by the runtime's
+committer thread when ``request_sync`` is set (``attach_syncer``: the thread fsyncs the commit log,
+then this log, and ``synced`` runs back on the loop), else at once on this thread (the embedded
+path). At most one such request is out at a time; records sealed meanwhile go with the next. A
+failed sync is retried one interval later. Consume offsets that moved (``Inflight.dirty``) are
+handed to ``Broker.commit_offset`` (durable at its next checkpoint). Past ``COMPACT_MIN_BYTES``,
+and ``COMPACT_RATIO`` times the live CKs' size, the log is rewritten as a snapshot of the live CKs
+and the restart skip sets (on the loop: rare, and it waits for a sync in progress first).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from chronoq.broker.broker import Broker
-from chronoq.core import errors
 from chronoq.pop import poplog
 from chronoq.pop.inflight import Inflight
 
@@ -40,6 +44,9 @@ class PopJournal:
         self.pop_dir = pop_dir
         self.flush_interval_ms = flush_interval_ms
         self.pending_since: int | None = None   # first unflushed POP-log record
+        self.request_sync: Callable[[], None] | None = None  # None: sync on this thread
+        self._syncing = False                    # a request is out, ``synced`` not called yet
+        self._retry_at: int | None = None        # after a failed sync
 
     def after(self, now: int) -> None:
         """After a request: start the flush clock for new records; commit moved offsets."""
@@ -49,28 +56,62 @@ class PopJournal:
             self.commit()
 
     def flush_deadline(self) -> int | None:
-        """When the buffered records must be flushed; None when nothing waits."""
+        """When the buffered records must be flushed (or a failed sync retried); None: nothing waits."""
+        best = self._retry_at
         if self.log.pending and self.pending_since is not None:
-            return self.pending_since + self.flush_interval_ms
-        return None
+            due = self.pending_since + self.flush_interval_ms
+            best = due if best is None else min(best, due)
+        return best
 
     def flush(self, now: int, *, force: bool) -> None:
         logf = self.log
-        if not logf.pending:
+        if logf.pending:
+            if self.pending_since is None:
+                self.pending_since = now
+            if force or now >= self.pending_since + self.flush_interval_ms:
+                logf.seal()
+                self.pending_since = None
+        else:
             self.pending_since = None
-            return
-        if self.pending_since is None:
-            self.pending_since = now
-        if not force and now < self.pending_since + self.flush_interval_ms:
-            return
-        try:
-            cks = logf.flush()
-        except errors.StorageError as exc:
-            log.warning("POP log flush failed (will retry): %s", exc.message)
-            self.pending_since = now  # back off one interval
-            return
-        self.pending_since = None
-        self.inflight.mark_durable(cks)
+        if logf.queued and (force or self._retry_at is None or now >= self._retry_at):
+            self._retry_at = None
+            self._sync()
+
+    def _sync(self) -> None:
+        if self.request_sync is None:
+            self.log.sync()
+            self.synced()
+        elif not self._syncing:
+            self._syncing = True
+            self.request_sync()
+
+    def sync_current(self) -> None:
+        """Sync the current log's sealed records (the syncing thread calls this)."""
+        self.log.sync()
+
+    def synced(self) -> None:
+        """After a sync (on the loop): mark the CKs durable, commit offsets; retry a failure one
+        interval later; ask again for records sealed meanwhile."""
+        self._syncing = False
+        cks, exc = self.log.take_synced()
+        if cks:
+            self.inflight.mark_durable(cks)
+        if exc is not None:
+            log.warning("POP log flush failed (will retry): %s", getattr(exc, "message", exc))
+            self._retry_at = self.broker.clock.wall_ms() + self.flush_interval_ms
+        elif self.log.queued:
+            self._sync()
+        if self.inflight.dirty:
+            self.commit()
+
+    def close(self, now: int) -> None:
+        """Seal and sync what is left on this thread (after a sync in progress), then close."""
+        self.request_sync = None
+        self.flush(now, force=True)
+        self.log.sync()
+        self.synced()
+        self.commit()
+        self.log.close()
 
     def commit(self) -> None:
         """Hand every moved consume offset to the broker (durable at its next checkpoint)."""
@@ -90,9 +131,11 @@ class PopJournal:
         live = [ck for ck in self.inflight.cks.values() if ck.logged]
         if logf.size < COMPACT_RATIO * (poplog.HEADER_SIZE + CK_BYTES_ESTIMATE * len(live)):
             return
-        self.flush(now, force=True)
-        if logf.pending:
-            return
+        logf.seal()
+        logf.sync()  # on this thread, after a sync in progress: the old file must be complete
+        self.synced()
+        if logf.pending or logf.queued:
+            return  # the sync failed: compact later
         new = poplog.PopLog.create(self.pop_dir, logf.generation + 1, live, now, skips(self.inflight))
         logf.close()
         self.log = self.inflight.sink = new

@@ -76,6 +76,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -339,10 +340,15 @@ def _decode_ck(path: str, pos: int, buf: bytes, p: int, end: int, names: dict[in
 
 # ------------------------------------------------------------------------------------- writing
 class PopLog:
-    """The current generation's file: buffers records in memory; ``flush`` writes and fsyncs.
+    """The current generation's file: buffers records in memory; ``seal`` closes the buffer into a
+    chunk (on the event loop), ``sync`` writes every sealed chunk as one batch and fsyncs it (on
+    any thread: the runtime runs it on the committer's flusher thread, right after the commit
+    log's fsync), ``take_synced`` hands the CKs made durable back (on the loop). ``flush`` is the
+    three at once, on the caller's thread.
 
-    Ensures: ``flush`` returns the CKs whose records it made durable; on a write error the file
-    is cut back to its last flushed size and the buffer is kept for the next attempt.
+    Ensures: one BATCH per fsync, so everything before a BATCH record was fsynced before its
+    bytes were written (the recovery table relies on it); on a write error the file is cut back
+    to its last synced size and the chunks wait for the next ``sync``.
     """
 
     def __init__(self, directory: str, generation: int, fd: int, salt: int, size: int,
@@ -358,6 +364,14 @@ class PopLog:
         self._pending_cks: list = []
         self._batch_seq = 1
         self.flushes = 0
+        # Shared with the syncing thread: ``_chunks`` sealed and not yet synced, ``_synced`` CKs
+        # made durable and not yet taken, ``_error`` the last failed sync's (all under ``_lock``);
+        # ``_io`` serializes the file's writes, fsyncs and close.
+        self._lock = threading.Lock()
+        self._io = threading.Lock()
+        self._chunks: list[tuple[bytes, list]] = []
+        self._synced: list = []
+        self._error: BaseException | None = None
 
     @classmethod
     def create(cls, directory: str, generation: int, cks: Iterable, created_ms: int,
@@ -441,42 +455,86 @@ class PopLog:
     # ----------------------------------------------------------------- I/O
     @property
     def pending(self) -> bool:
+        """Records buffered and not sealed yet."""
         return bool(self._pending)
 
-    def flush(self) -> list:
-        """Write the buffer as one batch and fsync. Returns the CKs now durable."""
+    @property
+    def queued(self) -> bool:
+        """Chunks sealed and not yet synced (or whose sync failed)."""
+        return bool(self._chunks)
+
+    def seal(self) -> None:
+        """Close the buffer into a chunk for the next ``sync`` (no I/O)."""
         if not self._pending:
-            return []
-        start = self.size
-        data = _record(self._salt, T_BATCH, BATCH.pack(self._batch_seq, start)) + bytes(self._pending)
-        try:
-            view = memoryview(data)
-            pos = start
-            while view:
-                n = os.pwrite(self._fd, view, pos)
-                view = view[n:]
-                pos += n
-            os.fsync(self._fd)
-        except OSError as exc:
-            try:
-                os.ftruncate(self._fd, start)
-            except OSError:
-                pass
-            raise fsutil.storage_error(exc, self.path) from exc
-        self.size = start + len(data)
-        self._batch_seq += 1
-        self.flushes += 1
+            return
+        chunk = (bytes(self._pending), self._pending_cks)
         self._pending = bytearray()
-        cks, self._pending_cks = self._pending_cks, []
+        self._pending_cks = []
+        with self._lock:
+            self._chunks.append(chunk)
+
+    def sync(self) -> None:
+        """Write the sealed chunks as one batch and fsync (any thread). Never raises: the CKs made
+        durable, or the error, wait for ``take_synced``."""
+        with self._io:
+            with self._lock:
+                chunks, self._chunks = self._chunks, []
+            if not chunks or self._fd < 0:  # nothing to do, or closed (``close`` synced what it had)
+                return
+            start = self.size
+            data = b"".join([_record(self._salt, T_BATCH, BATCH.pack(self._batch_seq, start)),
+                             *(raw for raw, _ in chunks)])
+            try:
+                view = memoryview(data)
+                pos = start
+                while view:
+                    n = os.pwrite(self._fd, view, pos)
+                    view = view[n:]
+                    pos += n
+                os.fsync(self._fd)
+            except OSError as exc:
+                try:
+                    os.ftruncate(self._fd, start)
+                except OSError:
+                    pass
+                with self._lock:
+                    self._chunks[:0] = chunks  # in order, before any sealed meanwhile
+                    self._error = fsutil.storage_error(exc, self.path)
+                return
+            self.size = start + len(data)
+            self._batch_seq += 1
+            self.flushes += 1
+            with self._lock:
+                for _, cks in chunks:
+                    self._synced.extend(cks)
+
+    def take_synced(self) -> tuple[list, BaseException | None]:
+        """(the CKs made durable since the last call, the last sync's error or None)."""
+        with self._lock:
+            cks, self._synced = self._synced, []
+            exc, self._error = self._error, None
+        return cks, exc
+
+    def flush(self) -> list:
+        """``seal``, ``sync`` and ``take_synced`` on this thread: the CKs now durable; raises the
+        sync's StorageError (the records wait for the next attempt)."""
+        self.seal()
+        self.sync()
+        cks, exc = self.take_synced()
+        if exc is not None:
+            raise exc
         return cks
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._io:  # after a sync in progress on another thread
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def abandon(self) -> None:
         """Drop unflushed records and close (what a killed process leaves behind; for tests)."""
         self._pending = bytearray()
         self._pending_cks = []
+        with self._lock:
+            self._chunks = []
         self.close()

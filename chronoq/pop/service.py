@@ -20,12 +20,15 @@ ack        settles the entry in its CK (bitmap).
 change     settles the old entry and opens a successor CK with the new deadline; the old
            handle is stale from then on.
 tick       revives CKs whose invisible time ended. Concurrent groups: unsettled entries are
-           written to ``%RETRY%{group}_{topic}`` (``names.py``) and fsynced before the CK is
-           dropped; an entry whose delivery attempt reached ``max_attempts`` goes to
+           copied to ``%RETRY%{group}_{topic}`` (``names.py``); ``tick`` returns the copies as
+           effects (``PopEffects``), the shell writes them and has them fsynced (the runtime:
+           the committer's thread, ``server/consumers.py``; embedded: ``tick_durably``), and
+           only then is the CK dropped (``copies_durable``); an entry whose delivery attempt reached ``max_attempts`` goes to
            ``%DLQ%{group}`` instead. FIFO groups: the entries are redelivered *in place* (same
            queue and offset, attempt + 1) so the order of a message group holds; a queue with a
            FIFO CK in flight hands out nothing (RocketMQ locks the queue the same way).
-FIFO DLQ   ``forward_to_dlq`` copies the message to ``%DLQ%{group}``, fsyncs, settles it.
+FIFO DLQ   ``forward_to_dlq_effects`` copies the message to ``%DLQ%{group}``; once the shell
+           made the copy durable, ``copies_durable`` settles it (embedded: ``forward_to_dlq``).
 auto-renew a push receive's CKs are extended in place at their deadline instead of revived while
            their client is alive, up to ``auto_renew_max_ms`` (rules in ``renew.py``).
 
@@ -35,7 +38,9 @@ A new CK lives only in memory (RocketMQ's PopBufferMergeService). If it is fully
 ``buffer_ms`` nothing is ever written. Otherwise it is appended to the POP log (with its
 bitmap so far) once its lineage is ``buffer_ms`` old; later acks of a logged CK are appended as
 ACK records. The log is flushed (one write + fsync) at most ``flush_interval_ms`` after the
-first unflushed record, from ``tick`` (``next_deadline_ms`` includes that deadline).
+first unflushed record, from ``tick`` (``next_deadline_ms`` includes that deadline); under the
+runtime the write and fsync run on the committer's thread, right after the commit log's
+(``attach_syncer``, ``journal.py``).
 
 The group's consume offset (``Broker.commit_offset``) advances only past messages that are
 acked, filtered out, revived (their retry copy fsynced), or covered by a CK whose record is
@@ -54,8 +59,8 @@ Crash guarantee (``kill -9``, or power loss: everything relied on is fsynced). W
   may be, once (its ACK record, or the consume offset past it, was not yet durable);
 - a change-invisible-time made within ``B`` before T may be lost: the message then becomes
   visible at its earlier deadline (or at once);
-- revives and dead-letter moves are not repeated: ``tick`` fsyncs the retry/DLQ copies, then
-  logs the CK (if it was still only in memory) with its DONE/ACK records and fsyncs the POP
+- revives and dead-letter moves are not repeated: the retry/DLQ copies are fsynced, then
+  ``copies_durable`` logs the CK (if it was still only in memory) with its DONE/ACK records and fsyncs the POP
   log before returning. Only a crash between those two fsyncs writes a copy twice.
 
 Why B: a CK's lineage (it and its change-invisible/FIFO successors) is logged ``buffer_ms``
@@ -73,7 +78,7 @@ see ``names.retry_queue``; the topic grows when the table does), the way a delay
 without a copy through the timer's schedule log (docs/timers.md).
 
 Long polling: ``receive`` never blocks. The shell waits for a broker arrival, or for
-``tick()`` returning > 0 (messages revived, dead-lettered, due for FIFO redelivery, or a retry
+``tick().handled`` or ``copies_durable`` returning > 0 (messages revived, dead-lettered, due for FIFO redelivery, or a retry
 queue's head whose back-off ended), and arms one timer at ``next_deadline_ms()``. Call
 ``close()`` before ``Broker.close()``.
 """
@@ -83,6 +88,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from chronoq.core import errors, model, validate
 from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker
@@ -94,7 +100,7 @@ from chronoq.pop.counters import PopCounters
 from chronoq.pop.groups import GroupBook, GroupConfig
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
 from chronoq.pop.names import PROP_DLQ_ORIGIN_TOPIC, PROP_ORIGIN_TOPIC
-from chronoq.pop.revive import Reviver
+from chronoq.pop.revive import Revival, Reviver
 
 log = logging.getLogger("chronoq.pop")
 
@@ -114,6 +120,17 @@ class Popped:
     delivery_attempt: int     # >= 1 (previous deliveries + 1)
     invisible_until_ms: int
     message_group: str | None  # FIFO group, if any
+
+
+@dataclass(slots=True)
+class PopEffects:
+    """What ``tick`` or ``forward_to_dlq_effects`` asks of its shell. With ``revival``: write its
+    copies (``write_copies``), make them durable (the committer, or ``Broker.flush``), then call
+    ``copies_durable``. ``handled`` > 0: wake long polls (more may follow from ``copies_durable``);
+    ``next_deadline_ms``: when to tick again (None: nothing waits)."""
+    handled: int = 0
+    revival: Revival | None = None
+    next_deadline_ms: int | None = None
 
 
 @dataclass
@@ -195,9 +212,8 @@ class PopService:
             validate.group_name(group)  # before the topic: a bad request creates nothing
         tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
         gcfg = self._groups.get(group)
-        # Timer copies due by now become visible here too, not only at the timer's next tick: a
-        # receive while the event loop is busy still sees everything due (never anything early).
-        self.broker.release_due_timers()
+        # Timer copies become visible at the timer's tick at their due time (the runtime's timer
+        # loop wakes for the earliest hold: ``Broker.timer_next_deadline_ms``), not here.
         now = self.clock.wall_ms()
         inflight = self._inflight
         key = None
@@ -409,39 +425,91 @@ class PopService:
         self._journal.after(now)
         return handles.encode(new.ck_id, 0, new.queue.queue_id, new.offsets[0])
 
-    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
-        """The client gives up (FIFO): copy the message to ``%DLQ%{group}`` durably and settle it."""
+    def forward_to_dlq_effects(self, group: str, topic: str, receipt_handle: str) -> PopEffects:
+        """The client gives up (FIFO): the copy to ``%DLQ%{group}`` for the shell to write and
+        make durable; ``copies_durable`` then settles the message (the handle is stale at once)."""
         ck, index = self._locate(group, topic, receipt_handle)
-        m = copies.read_one(self.broker, ck.queue.topic, ck.queue.queue_id, ck.offsets[index])
-        if m is not None:
-            self.broker.write([copies.dlq_message(self.broker, self.clock, ck, m)], system=True)
+        return PopEffects(0, self._reviver.plan_forward(ck, index), None)
+
+    def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        """``forward_to_dlq_effects`` performed at once on this thread (the embedded path)."""
+        effects = self.forward_to_dlq_effects(group, topic, receipt_handle)
+        if not self.write_copies(effects):
+            raise errors.StorageError("the dead-letter copy could not be written; try again")
+        try:
             self.broker.flush()
-            self.counters.revive_outcome(group, 0, 0, 1)  # forwarded by the client, not revived
-        else:
-            log.warning("forward to DLQ: %s/%d@%d is no longer in the store", ck.queue.topic,
-                        ck.queue.queue_id, ck.offsets[index])
-        now = self.clock.wall_ms()
-        self._inflight.seal(ck)
-        self._inflight.settle(ck, index)
-        self._journal.flush(now, force=True)  # as in revive: the DLQ copy and its settlement, both durable
-        self._journal.after(now)
+        except errors.ChronoqError as exc:
+            self.copies_durable(effects, exc)
+            raise
+        self.copies_durable(effects)
+
+    # ----------------------------------------------------------------- the shell's part of effects
+    def write_copies(self, effects: PopEffects) -> bool:
+        """Write the effects' copies (page cache). False: a storage error; the revive is
+        postponed (a forward: nothing changed) and there is nothing more to do."""
+        revival = effects.revival
+        return revival is None or not revival.copies or self._reviver.write(revival)
+
+    def copies_durable(self, effects: PopEffects, exc: BaseException | None = None) -> int:
+        """The effects' copies are durable (``exc``: their fsync failed): finish the revive or
+        forward; returns how many messages it handed back (> 0: wake long polls)."""
+        if effects.revival is None:
+            return 0
+        handled = self._reviver.durable(effects.revival, exc)
+        self._journal.after(self.clock.wall_ms())
+        return handled
+
+    def attach_syncer(self, request: Callable[[], None] | None) -> None:
+        """Have the POP log fsynced elsewhere: ``request()`` asks for ``sync_log`` to run (on any
+        thread, e.g. the committer's flusher) and ``log_synced`` to follow on this thread. None:
+        fsync on this thread (the embedded default)."""
+        self._journal.request_sync = request
+
+    def sync_log(self) -> None:
+        """Write and fsync the POP log's sealed records (thread-safe; ``attach_syncer``)."""
+        self._journal.sync_current()
+
+    def log_synced(self) -> None:
+        """After ``sync_log`` (on the service's thread): its CKs count as durable."""
+        if not self.closed:
+            self._journal.synced()
+
+    def tick_durably(self, now: int | None = None) -> int:
+        """``tick`` with its effects performed at once on this thread (the embedded path, no
+        committer): copies written and fsynced (``Broker.flush``) before the revive completes.
+        Returns how many messages were handed back (> 0: wake long polls)."""
+        effects = self.tick(now)
+        handled = effects.handled
+        if effects.revival is not None and self.write_copies(effects):
+            try:
+                self.broker.flush()
+            except errors.ChronoqError as exc:
+                self.copies_durable(effects, exc)
+            else:
+                handled += self.copies_durable(effects)
+        return handled
 
     # ----------------------------------------------------------------- time
-    def tick(self) -> int:
+    def tick(self, now: int | None = None) -> PopEffects:
         """Revive CKs whose invisible time ended; flush the POP log when due; commit offsets.
 
-        Returns how many messages were revived, dead-lettered, queued for FIFO redelivery or
-        became due at the head of a retry queue (> 0: wake long polls).
+        Returns the effects for the shell: the retry and dead-letter copies to write durably
+        (then ``copies_durable``), how many messages are handed back now (FIFO redeliveries,
+        retry heads whose back-off ended: > 0 wakes long polls) and the next deadline.
         """
         self._check_open()
-        now = self.clock.wall_ms()
+        now = self.clock.wall_ms() if now is None else now
         inflight = self._inflight
         handled = 0
+        revival = None
         due = inflight.due(now, TICK_CKS_MAX)
         if due:
             due = self._renew(due, now)
         if due:
-            handled += self._reviver.revive(due, now)
+            revival = self._reviver.plan(due, now)
+            if not revival.copies:  # FIFO redeliveries in place only: nothing to make durable first
+                handled += self._reviver.complete(revival)
+                revival = None
         if self._blocked:
             for qs in [qs for qs in self._blocked if qs.blocked_until <= now]:
                 qs.blocked_until = 0
@@ -451,7 +519,7 @@ class PopService:
         self._journal.flush(now, force=False)
         self._journal.commit()
         self._journal.maybe_compact(now)
-        return handled
+        return PopEffects(handled, revival, self.next_deadline_ms())
 
     def _renew(self, due: list[Checkpoint], now: int) -> list[Checkpoint]:
         """Extend the due CKs that auto-renew (``renew.py``); returns the others, to revive."""
@@ -527,11 +595,17 @@ class PopService:
         """Persist state: log every in-flight CK, fsync, hand consume offsets to the broker."""
         if self.closed:
             return
+        if self._reviver.pending:  # copies written, their fsync not reported yet: finish them here
+            try:
+                self.broker.flush()
+            except errors.ChronoqError as exc:
+                log.error("closing the POP service: retry and dead-letter copies not durable: %s", exc)
+            else:
+                for revival in list(self._reviver.pending):
+                    self.copies_durable(PopEffects(0, revival))
         now = self.clock.wall_ms()
         self._inflight.age(now, everything=True)  # in-flight CKs stay invisible across a restart
-        self._journal.flush(now, force=True)
-        self._journal.commit()
-        self._journal.log.close()
+        self._journal.close(now)
         self.closed = True
 
     def abandon(self) -> None:

@@ -3,8 +3,8 @@
 
 The port is served by ``h2grpc.Server`` (chronoq's own HTTP/2 gRPC server on this event loop)
 unless ``grpc_server = "grpcio"``; both take the same handlers and the access gate. The POP service
-and the transactions' book are the runtime's (``chronoq.server.consumers``): the front end drives
-them and leaves them open when it stops.
+and the transactions' book are the runtime's, and so are their loops (``chronoq.server.consumers``):
+the front end attaches to those loops and leaves all of it running when it stops.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class GrpcFrontEnd:
         pop, txns = self.runtime.pop, self.runtime.txns  # the broker's consumer state (server/consumers.py)
         assert broker is not None and self.runtime.committer is not None and pop is not None, "open the broker first"
         gate, tls = auth.build_gate(cfg, broker.refusals), auth.server_credentials(cfg)  # access control, limits, TLS
-        self.service = MessagingService(cfg, broker, self.runtime.committer, pop, txns)
+        self.service = MessagingService(cfg, broker, self.runtime.committer, pop, txns, self.runtime.loops)
         # Big enough that an oversized body reaches us and gets MESSAGE_BODY_TOO_LARGE instead
         # of a transport error.
         receive_limit = 2 * cfg.max_body_bytes + (4 << 20)

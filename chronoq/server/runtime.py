@@ -45,6 +45,7 @@ class Runtime:
         self.pop = None   # chronoq.pop.service.PopService
         self.txns = None  # chronoq.features.transactions.Transactions
         self.schedules = None  # chronoq.features.schedules.book.ScheduleBook (chronoq.server.scheduling)
+        self.loops = None  # chronoq.server.consumers.ConsumerLoops: the POP ticker, transaction checks
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # What /healthz reports (chronoq.server.http): "ready" only between the ready line and the stop.
@@ -72,14 +73,22 @@ class Runtime:
         return self.broker
 
     def open_consumers(self) -> None:
-        from chronoq.server.consumers import open_consumers
+        """Open the POP service and the transactions' book and start their loops (on this event
+        loop, with the committer already started: the loops write through it)."""
+        from chronoq.server.consumers import ConsumerLoops, open_consumers
 
         self.pop, self.txns = open_consumers(self.broker, self.config)
+        assert self.committer is not None, "start the committer first"
+        self.loops = ConsumerLoops(self.pop, self.txns, self.committer, self.broker.clock)
+        self._tasks.extend(self.loops.start())
 
     def close_consumers(self) -> None:
+        """Stop the loops, then persist and close the state (before the broker closes)."""
         from chronoq.server.consumers import close_consumers
 
-        pop, txns, self.pop, self.txns = self.pop, self.txns, None, None
+        if self.loops is not None:
+            self.loops.close()
+        pop, txns, self.pop, self.txns, self.loops = self.pop, self.txns, None, None, None
         close_consumers(pop, txns)
 
     async def _periodic(self) -> None:

@@ -68,7 +68,7 @@ async def start_front_end(data_dir: str, **settings):
     from chronoq.broker.broker import Broker
     from chronoq.broker.committer import GroupCommitter
     from chronoq.core.config import BrokerConfig
-    from chronoq.server.consumers import open_consumers
+    from chronoq.server.consumers import ConsumerLoops, open_consumers
     from chronoq.server.grpc_server import GrpcFrontEnd
 
     config = BrokerConfig(data_dir=data_dir, port=free_port(), **settings).validate()
@@ -76,8 +76,10 @@ async def start_front_end(data_dir: str, **settings):
     committer = GroupCommitter(broker)
     committer.start()
     pop, txns = open_consumers(broker, config)
+    loops = ConsumerLoops(pop, txns, committer, broker.clock)  # the runtime's POP ticker and checks
+    loops.start()
     front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer, pop=pop,
-                                               txns=txns))
+                                               txns=txns, loops=loops))
     await front.start()
     return front
 
@@ -86,6 +88,7 @@ async def stop_front_end(front) -> None:
     from chronoq.server.consumers import close_consumers
 
     await front.stop()
+    front.runtime.loops.close()
     close_consumers(front.runtime.pop, front.runtime.txns)
     await front.runtime.committer.close()
     front.runtime.broker.close()

@@ -34,7 +34,7 @@ from chronoq.broker.broker import Broker, OutgoingMessage
 from chronoq.core.clock import SystemClock
 from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
-from chronoq.server.consumers import close_consumers, open_consumers
+from chronoq.server.consumers import ConsumerLoops, close_consumers, open_consumers
 from chronoq.server.grpc_server import GrpcFrontEnd
 
 from .conftest import free_port
@@ -183,14 +183,17 @@ async def start(tmp_path, mode: str):
     committer = GroupCommitter(broker)
     committer.start()
     pop, txns = open_consumers(broker, config)
+    loops = ConsumerLoops(pop, txns, committer, broker.clock)  # the runtime's POP ticker and checks
+    loops.start()
     front = GrpcFrontEnd(types.SimpleNamespace(config=config, broker=broker, committer=committer, pop=pop,
-                                               txns=txns))
+                                               txns=txns, loops=loops))
     await front.start()
     return front, clock
 
 
 async def stop(front) -> None:
     await front.stop()
+    front.runtime.loops.close()
     close_consumers(front.runtime.pop, front.runtime.txns)
     await front.runtime.committer.close()
     front.runtime.broker.close()

@@ -84,7 +84,7 @@ class Node:
         for _ in range(max(1, ms // STEP_MS)):
             self.clock.advance(STEP_MS)
             self.broker.timer_tick()
-            self.pop.tick()
+            self.pop.tick_durably()
             self.broker.maintenance()
             if self.clock.wall_ms() % 1000 == 0:  # the server's is on the broker's checkpoint interval
                 self.txns.checkpoint()

@@ -71,7 +71,7 @@ class Node:
                 nxt = min(nxt, max(deadline, now))
             nxt = min(nxt, self.broker._last_checkpoint_ms + CHECKPOINT_INTERVAL_MS)
             self.clock.set(max(now, nxt))
-            handled += self.pop.tick()
+            handled += self.pop.tick_durably()
             self.broker.maintenance()
             if self.clock.wall_ms() >= target:
                 deadline = self.pop.next_deadline_ms()

@@ -41,11 +41,11 @@ def advance_pop(pop: PopService, clock: FakeClock, ms: int) -> None:
     """Move time by ``ms`` and run the POP ticks due on the way (bounded)."""
     end = clock.wall_ms() + ms
     for _ in range(TICKS_MAX):
-        pop.tick()
+        pop.tick_durably()
         deadline = pop.next_deadline_ms()
         if deadline is None or deadline > end:
             clock.set(end)
-            pop.tick()
+            pop.tick_durably()
             return
         clock.set(max(deadline, clock.wall_ms()))
     raise AssertionError("POP still busy")

@@ -178,31 +178,42 @@ def test_holds_are_restored_across_consume_queue_files(tmp_path, clock):
     b.close()
 
 
-def test_a_receive_releases_copies_due_by_now_without_waiting_for_the_tick(tmp_path, clock):
-    """A busy event loop may run the timer's tick late; a POP receive at the due instant still
-    sees the copy (and counts it visible then), and never one that is not due yet."""
+def test_a_copy_due_at_t_is_visible_to_a_receive_after_the_timer_tick_at_t_and_never_before(tmp_path, clock):
+    """A receive does not release timer holds: the timer's tick does, and the runtime's timer loop
+    wakes for it because ``timer_next_deadline_ms`` includes the earliest hold. Driven as that loop
+    does (tick whenever the reported deadline has come), a POP receive every millisecond, once
+    before that millisecond's tick and once after it, sees each copy first after the tick at its
+    due time: never earlier, never later."""
     from chronoq.pop.service import PopService
 
     b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
     b.create_topic(TOPIC, 1)
-    due = T0 + 1_000
-    b.send(TOPIC, b"first", deliver_at_ms=due, queue_id=0)
-    b.send(TOPIC, b"second", deliver_at_ms=due + 10, queue_id=0)
+    first, second = T0 + 1_000, T0 + 1_010
+    b.send(TOPIC, b"first", deliver_at_ms=first, queue_id=0)
+    b.send(TOPIC, b"second", deliver_at_ms=second, queue_id=0)
     pop = PopService(b, clock)
-    clock.advance(1_000 - 20)
-    _tick_and_sync(b)  # both written ahead and held
-    assert b.store.holding
-    assert pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000) == []
-    clock.advance(20)  # due, and no tick runs
-    [got] = pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000)
-    assert got.message.body == b"first"
-    assert b.timer.histogram.count == 1 and b.timer.histogram.max_ms == 0
-    clock.advance(9)
-    assert pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000) == []  # never early
-    clock.advance(1)
-    assert [p.message.body for p in pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000)] == [b"second"]
-    assert b.timer_tick(durable=False) == 0  # the tick finds nothing left to release
-    assert b.timer.histogram.count == 2 and b.timer.histogram.early == 0
+    _tick_and_sync(b)
+    seen: dict[bytes, tuple[int, str]] = {}  # body -> (ms, "before"/"after" that ms's tick)
+    ticks = []
+
+    def receive(when: str) -> None:
+        for p in pop.receive("g", TOPIC, max_messages=8, invisible_ms=60_000):
+            assert p.message.deliver_at_ms <= clock.wall_ms(), "delivered early"
+            seen.setdefault(p.message.body, (clock.wall_ms(), when))
+
+    while clock.wall_ms() < second + 20:
+        clock.advance(1)
+        now = clock.wall_ms()
+        receive("before")
+        deadline = b.timer_next_deadline_ms()
+        if deadline is not None and deadline <= now:
+            _tick_and_sync(b)
+            ticks.append(now)
+        receive("after")
+    assert b.store.log.synced == b.store.log.written
+    assert seen == {b"first": (first, "after"), b"second": (second, "after")}
+    assert first in ticks and second in ticks  # the deadline named each hold's due time
+    assert b.timer.histogram.count == 2 and b.timer.histogram.max_ms == 0 and b.timer.histogram.early == 0
     pop.close()
     b.close()
 

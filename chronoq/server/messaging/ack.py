@@ -11,7 +11,7 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from chronoq.core import errors
 from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.ack import ack_response
-from chronoq.server import convert
+from chronoq.server import consumers, convert
 from chronoq.server.messaging.calls import boundary, status_of, status_only
 
 _get_handle, _get_message_id = operator.attrgetter("receipt_handle"), operator.attrgetter("message_id")
@@ -29,7 +29,7 @@ def _ack_with_empty(pop, group: str, topic: str, handles: list[str]) -> list:
 
 class AckRpcs:
     """The RPCs of ``MessagingService`` that settle a received message (it holds ``pop``, the
-    long-poll ``_waker``, the ticker's ``_tick_kick`` and ``_ok``)."""
+    long-poll ``_waker``, ``kick_ticker`` and ``_ok``)."""
 
     @boundary(_ack_refused, "AckMessage")
     async def AckMessage(self, request, context):
@@ -72,7 +72,7 @@ class AckRpcs:
                                                       receipt_handle=request.receipt_handle)
         # A short (or 0 s) invisible time may be the next deadline now; the tick that revives
         # the message wakes the parked polls.
-        self._tick_kick.set()
+        self.kick_ticker()
         return sv.ChangeInvisibleDurationResponse(status=self._ok, receipt_handle=handle)
 
     @boundary(status_only(sv.ForwardMessageToDeadLetterQueueResponse), "ForwardMessageToDeadLetterQueue")
@@ -82,6 +82,6 @@ class AckRpcs:
         pop = self.pop
         if not request.receipt_handle:
             raise errors.InvalidReceiptHandle("the receipt handle is empty")
-        pop.forward_to_dlq(group, topic, request.receipt_handle)
+        await consumers.forward_to_dlq(pop, self.committer, group, topic, request.receipt_handle)
         self._waker.wake_soon()  # the FIFO group behind it is free again
         return self._ok_forward

@@ -25,7 +25,6 @@ from chronoq.server.messaging.receive import LONG_POLL_DEFAULT_S
 log = logging.getLogger("chronoq.grpc")
 
 RECEIVE_BATCH_SIZE = 32             # what settings tell push consumers (Node uses it)
-TXN_SCAN_S = 1.0                    # how often unresolved transactions are looked at
 _PRODUCER_BACKOFF = pb.RetryPolicy(
     max_attempts=3,
     exponential_backoff=pb.ExponentialBackoff(initial=convert.duration_pb(10), max=convert.duration_pb(1000),
@@ -63,34 +62,9 @@ class ClientRpcs:
     ``config``, ``broker``, ``pop``, ``txns``, ``clock``, ``sessions``, ``_routes``, ``_broker_pb``,
     ``_stopping`` and the cached OK answers)."""
 
-    async def _txn_loop(self) -> None:
-        """Check unresolved half messages with a producer of their topic; expire the hopeless."""
-        txns = self.txns
-        saved = None
-        storage_fault = None  # the storage error last reported: a full disk is said once, not per pass
-        while not self._stopping:
-            await asyncio.sleep(TXN_SCAN_S)
-            try:
-                checks, expired = txns.due_checks(self.clock.wall_ms())
-                for half, message in checks:
-                    await self._check_transaction(half, message)
-                for half in expired:
-                    txns.expire(half)
-                state = (len(txns.pending), min(txns.pending, default=-1))
-                if state != saved:  # persist the replay floor only when it moved
-                    txns.checkpoint()
-                    saved = state
-                if storage_fault is not None:
-                    log.warning("transaction checks work again (storage recovered)")
-                    storage_fault = None
-            except (errors.StorageError, OSError) as exc:  # e.g. disk full: retried each pass, said once
-                if str(exc) != storage_fault:
-                    log.warning("transaction check pass failed, retrying every %.0f s: %s", TXN_SCAN_S, exc)
-                    storage_fault = str(exc)
-            except Exception:  # noqa: BLE001 - keep checking; the next pass retries
-                log.exception("transaction check pass failed")
-
-    async def _check_transaction(self, half, message) -> None:
+    async def _check_transaction(self, half, message) -> bool:
+        """Push a check of ``half`` to a producer (the runtime's check loop calls this); True
+        when one took it."""
         command = sv.TelemetryCommand(recover_orphaned_transaction_command=sv.RecoverOrphanedTransactionCommand(
             message=convert.stored_message_pb(message, pb.TRANSACTION), transaction_id=format(half.offset, "x")))
         # Producers that declared the topic first, then any producer: the clients only declare
@@ -98,8 +72,8 @@ class ClientRpcs:
         candidates = sorted(self.sessions.values(), key=lambda s: half.topic not in s.topics)
         for session in candidates:
             if session.client_type == pb.PRODUCER and await self.push(session.client_id, command):
-                return
-        log.debug("no producer connected to check transaction %x of topic %s", half.offset, half.topic)
+                return True
+        return False
 
     # ------------------------------------------------------------------ routes
     @boundary(status_only(sv.QueryRouteResponse), "QueryRoute")

@@ -202,7 +202,7 @@ class ReceiveRpcs:
                 self.pop.change_invisible(group, topic, p.receipt_handle, 0)
             except Exception as exc:  # noqa: BLE001 - e.g. already stale; its invisible time ends anyway
                 log.debug("could not release %s: %r", p.message.message_id, exc)
-        self._tick_kick.set()
+        self.kick_ticker()
 
     async def _receive(self, request, context):
         group = convert.group_name(request.group)

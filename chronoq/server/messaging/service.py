@@ -11,9 +11,10 @@ client sends may crash the server.
 The RPCs are grouped by job: ``send`` (SendMessage, EndTransaction, RecallMessage), ``receive``
 (ReceiveMessage, ReceiveBatch, AckAndReceive, long polling), ``ack`` (AckMessage,
 ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue), ``clients`` (routes, heartbeats,
-Telemetry, transaction checks). This class holds the state they share and its life: a ticker task
-that calls ``pop.tick()`` at ``pop.next_deadline_ms()``, at least every ``TICK_MAX_S``, and the
-transaction-check task.
+Telemetry, transaction checks). This class holds the state they share and its life. The POP ticker
+and the transaction checks are the runtime's (``chronoq.server.consumers.ConsumerLoops``): this
+front end attaches its parts to them (waking its parked long polls, expiring its receive answers,
+pushing transaction checks over its Telemetry streams) and kicks the ticker when a deadline moves.
 
 Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
 
@@ -30,7 +31,6 @@ Choices worth knowing (details in ``shared/protocol/rocketmq-v2-contract.md``):
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -50,8 +50,6 @@ from chronoq.server.messaging.send import SendRpcs
 
 log = logging.getLogger("chronoq.grpc")
 
-TICK_MAX_S = 0.5                    # the POP ticker runs at least this often
-
 
 def _not_offered(response_type, what: str, error, text: str):
     """A unary RPC chronoq does not offer: it answers ``error(text)`` as its status."""
@@ -68,13 +66,15 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
     """``apache.rocketmq.v2.MessagingService`` and ``chronoq.v1.Consume``: the state the RPCs share
     and its life; the RPCs themselves are grouped by job in the mixins."""
 
-    def __init__(self, config, broker, committer, pop, txns: Transactions) -> None:
+    def __init__(self, config, broker, committer, pop, txns: Transactions, loops=None) -> None:
+        """``loops``: the runtime's ``ConsumerLoops`` (None: nothing ticks, for tests of single calls)."""
         self.config = config
         self.broker = broker
         self.committer = committer
         self.pop = pop
         self.txns = txns
-        self._txn_task: asyncio.Task | None = None
+        self.loops = loops
+        self._detach = None
         self.clock = broker.clock
         self.sessions: dict[str, TelemetrySession] = {}
         self._broker_pb = pb.Broker(name=config.broker_name, id=0, endpoints=convert.endpoints_pb(config.endpoint))
@@ -82,8 +82,6 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
         self._store_host_field = store_host_field(config.endpoint)
         self._routes: dict[tuple[str, str], tuple[object, sv.QueryRouteResponse]] = {}
         self._waker = Waker()
-        self._tick_kick = asyncio.Event()
-        self._ticker: asyncio.Task | None = None
         self._stopping = False
         self._ok = pb.Status(code=status.OK, message="OK")
         self._ok_heartbeat = sv.HeartbeatResponse(status=self._ok)
@@ -96,8 +94,13 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.broker.add_arrival_listener(self._on_arrival)
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="chronoq-pop-ticker")
-        self._txn_task = asyncio.get_running_loop().create_task(self._txn_loop(), name="chronoq-txn-checks")
+        if self.loops is not None:
+            self._detach = self.loops.attach(self._waker.wake_soon, self.expire_answers, self._check_transaction)
+
+    def kick_ticker(self) -> None:
+        """A POP deadline may be earlier now: the runtime's ticker looks at once."""
+        if self.loops is not None:
+            self.loops.kick()
 
     def begin_stop(self) -> None:
         """Answer parked long polls now and stop parking new ones."""
@@ -106,15 +109,14 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
 
     async def close(self) -> None:
         self._stopping = True
-        for task in (self._ticker, self._txn_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._ticker = self._txn_task = None  # (the runtime saves the transaction state: server/consumers.py)
+        if self._detach is not None:  # (the runtime stops its loops and saves the state: server/consumers.py)
+            self._detach()
+            self._detach = None
 
     def expire_answers(self) -> int:
         """End the receives whose answers waited on their peers longer than answer_send_timeout_ms:
-        their messages go back to the queue at once, their calls end (the ticker calls this)."""
+        their messages go back to the queue at once, their calls end (the runtime's POP ticker calls
+        this on every pass)."""
         expired = self.answers.expire()
         for held in expired:
             self._release(held.group, held.topic, held.popped)
@@ -128,31 +130,6 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
     def _on_arrival(self) -> None:
         if not self._stopping:
             self._waker.wake_soon()
-
-    async def _tick_loop(self) -> None:
-        pop, clock, kick = self.pop, self.clock, self._tick_kick
-        failures = 0
-        while not self._stopping:
-            kick.clear()  # before the tick: a kick during it makes the next wait end at once
-            try:
-                self.expire_answers()
-                if pop.tick():
-                    self._waker.wake_soon()
-                deadline_ms = pop.next_deadline_ms()
-                failures = 0
-            except Exception:  # keep ticking; the next pass retries (log the first of a streak)
-                if failures % 120 == 0:
-                    log.exception("POP tick failed (%d times in a row)", failures + 1)
-                failures += 1
-                deadline_ms = None
-            delay = TICK_MAX_S
-            if deadline_ms is not None:
-                delay = min(TICK_MAX_S, max(0.001, (deadline_ms - clock.wall_ms()) / 1000))
-            try:
-                await asyncio.wait_for(kick.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
-
 
     def _count_refusal(self, exc: BaseException, context, what: str) -> None:
         """Count a request refused for what it carried (a field that failed validation) or for a
