@@ -47,7 +47,7 @@ class SendRequestEncoder:
         self._host = f.string_field(f.K_SP_BORN_HOST, born_host)
         self._topic_fields: dict[str, bytes] = {}
         self._born_ms: int | None = None
-        self._commons: dict[int, bytes] = {}
+        self._by_type: dict[int, bytes] = {}
 
     def _topic_field(self, topic: str) -> bytes:
         head = self._topic_fields.get(topic)
@@ -57,16 +57,12 @@ class SendRequestEncoder:
             head = self._topic_fields[topic] = f.field(f.K_MESSAGE_TOPIC, f.resource(topic, self.namespace))
         return head
 
-    def _common(self, mtype: int, born_ms: int) -> bytes:
-        """Encoding, type, born time and host: the system properties after the id."""
-        if born_ms != self._born_ms:
-            self._born_ms = born_ms
-            self._commons = {}
-        common = self._commons.get(mtype)
-        if common is None:
-            common = self._commons[mtype] = (_ENCODING + _TYPES[mtype] + f.field(f.K_SP_BORN_TIMESTAMP,
-                                                                                  f.timestamp(born_ms)) + self._host)
-        return common
+    def _commons(self, born_ms: int) -> dict[int, bytes]:
+        """Per type: encoding, type, born time and host, the system properties after the id."""
+        if born_ms != self._born_ms:  # (sends within a millisecond share them)
+            born = f.field(f.K_SP_BORN_TIMESTAMP, f.timestamp(born_ms)) + self._host
+            self._born_ms, self._by_type = born_ms, {t: _ENCODING + k + born for t, k in _TYPES.items()}
+        return self._by_type
 
     def encode(self, messages, born_ms: int, fresh_ids) -> bytes:
         """The request for ``messages`` (objects with ``topic``, ``body``, ``tag``, ``keys``,
@@ -79,12 +75,14 @@ class SendRequestEncoder:
         """
         pieces: list[bytes] = []
         extend = pieces.extend
-        field, timestamp, k_group, k_delivery = f.field, f.timestamp, f.K_SP_MESSAGE_GROUP, f.K_SP_DELIVERY_TIMESTAMP
+        field, text, timestamp = f.field, f.string_field, f.timestamp
+        k_group, k_delivery, k_tag, k_keys = f.K_SP_MESSAGE_GROUP, f.K_SP_DELIVERY_TIMESTAMP, f.K_SP_TAG, f.K_SP_KEYS
+        commons, topic_fields = self._commons(born_ms), self._topic_fields
         made: dict = {}  # (topic, tag, type, id, tail and body lengths) -> _parts(...)
         for topic, tag, keys, props, group, deliver_at_ms, level, message_id, body in map(_ATTRS, messages):
             mid = message_id.encode() if message_id else next(fresh_ids)
             if group:
-                mtype, tail = _FIFO, f.string_field(k_group, group)
+                mtype, tail = _FIFO, text(k_group, group)
             elif deliver_at_ms is not None:
                 mtype, tail = _DELAY, field(k_delivery, timestamp(int(deliver_at_ms)))
             else:
@@ -93,35 +91,38 @@ class SendRequestEncoder:
                 if level:
                     mtype = _DELAY
                     props = dict(props, **{DELAY_LEVEL_PROPERTY: str(int(level))})
-                parts = self._parts(topic, props, tag, keys, mtype, born_ms, len(mid), len(tail), len(body))
+                head = topic_fields.get(topic) or self._topic_field(topic)
+                if props:
+                    head += f.properties(props)
+                sp_head = text(k_tag, tag) if tag else b""
+                if keys:
+                    sp_head += b"".join([text(k_keys, k) for k in keys])
+                parts = _parts(head, sp_head, commons[mtype], len(mid), len(tail), len(body))
             else:
                 at = (topic, tag, mtype, len(mid), len(tail), len(body))
                 parts = made.get(at)
                 if parts is None:
-                    parts = made[at] = self._parts(topic, None, tag, (), mtype, born_ms, *at[3:])
+                    parts = made[at] = _parts(self._topic_field(topic), text(k_tag, tag) if tag else b"",
+                                              commons[mtype], *at[3:])
             if tail:
                 extend((parts[0], mid, parts[1], tail, parts[2], body))
             else:
                 extend((parts[0], mid, parts[3], body))
         return b"".join(pieces)
 
-    def _parts(self, topic: str, props, tag: str, keys, mtype: int, born_ms: int, id_len: int, tail_len: int,
-               body_len: int) -> tuple[bytes, bytes, bytes, bytes]:
-        """(the bytes before the id, those after it up to the tail, the body's key and length,
-        the last two joined) of a message of this shape and these lengths."""
-        head = self._topic_field(topic)
-        if props:
-            head += f.properties(props)
-        sp_head = f.string_field(f.K_SP_TAG, tag) if tag else b""
-        if keys:
-            sp_head += b"".join(f.string_field(f.K_SP_KEYS, k) for k in keys)
-        sp_head += f.K_SP_MESSAGE_ID + f.varint(id_len)
-        common = self._common(mtype, born_ms)
-        sp_len = len(sp_head) + id_len + len(common) + tail_len
-        size = len(head) + 1 + len(f.varint(sp_len)) + sp_len
-        body_head = b""
-        if body_len:  # (proto3 leaves an empty body out)
-            body_head = f.K_MESSAGE_BODY + f.varint(body_len)
-            size += len(body_head) + body_len
-        prefix = f.K_SEND_MESSAGES + f.varint(size) + head + f.K_MESSAGE_SP + f.varint(sp_len) + sp_head
-        return prefix, common, body_head, common + body_head
+
+def _parts(head: bytes, sp_head: bytes, common: bytes, id_len: int, tail_len: int,
+           body_len: int) -> tuple[bytes, bytes, bytes, bytes]:
+    """(the bytes before the id, those after it up to the tail, the body's key and length, the
+    last two joined) of a message: ``head`` its topic and user properties, ``sp_head`` its tag and
+    keys, ``common`` what follows the id (``_commons``)."""
+    varint = f.varint
+    sp_head += f.K_SP_MESSAGE_ID + varint(id_len)
+    sp_len = len(sp_head) + id_len + len(common) + tail_len
+    size = len(head) + 1 + len(varint(sp_len)) + sp_len
+    body_head = b""
+    if body_len:  # (proto3 leaves an empty body out)
+        body_head = f.K_MESSAGE_BODY + varint(body_len)
+        size += len(body_head) + body_len
+    prefix = f.K_SEND_MESSAGES + varint(size) + head + f.K_MESSAGE_SP + varint(sp_len) + sp_head
+    return prefix, common, body_head, common + body_head
