@@ -15,7 +15,7 @@ message here is six pieces joined once for the whole request::
 
 Producers repeat themselves: a batch is nearly always of one topic, one tag and one type, with
 only the id, the body and (FIFO, delayed) the group or the delivery time differing. So the bytes
-before the id depend only on that shape and on four lengths (id, group or delivery field, body)
+before the id depend only on that shape and on three lengths (id, group or delivery field, body)
 and are made once per call for each such combination; a message with keys or user properties
 has a shape of its own.
 """
