@@ -362,6 +362,35 @@ class Broker:
         """The first commit offset still in the log (below it, retention deleted the records)."""
         return self.store.log.min_offset
 
+    @property
+    def log_end(self) -> int:
+        """The commit offset after the last record written (durable once a flush covers it)."""
+        return self.store.log.written
+
+    def read_record_runs(self, entries):
+        """(index, bytes, position of the record in them) for each record consume-queue
+        ``entries`` name, each checked, none copied; those retention deleted are left out."""
+        return self.store.read_runs(entries, self.store.log.min_offset)
+
+    def record_stored_ms(self, commit_offset: int) -> int:
+        """The stored time of the record at ``commit_offset`` (its header only is read); 0 when
+        retention deleted it."""
+        if commit_offset < self.store.log.min_offset:
+            return 0
+        return record.HEADER.unpack(self.store.log.read(commit_offset, record.HEADER_SIZE))[8]
+
+    def log_figures(self) -> tuple[int, int, object]:
+        """(bytes in the commit log from the oldest retained segment to the end, segment files,
+        its fsync latencies: ``chronoq.store.commitlog.SyncTimes``)."""
+        log = self.store.log
+        return log.written - log.min_offset, len(log.segments), log.sync_times
+
+    @property
+    def commit_log(self):
+        """The commit log, read only, for a reader that walks its raw segments
+        (``chronoq.features.lookup``'s scan for an id or a key)."""
+        return self.store.log
+
     def add_retention_guard(self, guard) -> None:
         """Register ``guard() -> lowest commit offset still needed`` (None: needs nothing)."""
         self.store.add_retention_guard(guard)

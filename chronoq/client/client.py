@@ -42,8 +42,9 @@ from chronoq.client import h2channel as h2client
 from chronoq.protocol.rocketmq import fields
 from chronoq.protocol.rocketmq.ack import ack_and_receive_request, ack_request, split_ack_and_receive_response
 from chronoq.protocol.rocketmq.receive import split_receive_batch
-from chronoq.protocol.rocketmq.send import send_request
-from chronoq.core.msgid import new_message_id, new_message_ids
+from chronoq.protocol.rocketmq.outgoing import SendRequestEncoder
+from chronoq.core import delay_levels
+from chronoq.core.msgid import new_message_ids
 
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _MS = "/apache.rocketmq.v2.MessagingService/"
@@ -55,7 +56,7 @@ _REFUSALS = {grpc.StatusCode.PERMISSION_DENIED: pb.Code.FORBIDDEN,
              grpc.StatusCode.UNAUTHENTICATED: pb.Code.UNAUTHORIZED,
              grpc.StatusCode.RESOURCE_EXHAUSTED: pb.Code.TOO_MANY_REQUESTS}
 # The user property that asks chronoq for a delay level (chronoq.server.convert reads it).
-DELAY_LEVEL_PROPERTY = "CHRONOQ_DELAY_LEVEL"
+DELAY_LEVEL_PROPERTY = delay_levels.DELAY_LEVEL_PROPERTY
 
 
 class ClientError(Exception):
@@ -83,13 +84,6 @@ class OutgoingMessage:
     delay_level: int | None = None
 
 
-def _has_extras(m: "OutgoingMessage") -> bool:
-    """Anything set beyond topic and body (the plain-batch fast path takes only those)."""
-    return bool(m.tag or m.keys or m.properties or m.message_group or m.message_id or m.delay_level
-                or m.deliver_at_ms is not None) or type(m) is not OutgoingMessage
-
-
-_topic_of, _body_of = operator.attrgetter("topic"), operator.attrgetter("body")
 _entry_code, _entry_id, _entry_offset, _entry_recall, _entry_txn = map(
     operator.attrgetter, ("status.code", "message_id", "offset", "recall_handle", "transaction_id"))
 
@@ -218,8 +212,7 @@ class Client:
             self._md_tail.append(("x-mq-namespace", namespace))
         self._request_prefix = uuid.uuid4().hex[:16]
         self._request_seq = itertools.count()
-        self._topic_fields: dict[str, bytes] = {}
-        self._born_host = fields.string_field(fields.K_SP_BORN_HOST, self._host)
+        self._encoder = SendRequestEncoder(namespace, self._host)
         self._receive_requests: dict[tuple, spb.ReceiveMessageRequest] = {}
         self._ack_heads: dict[tuple[str, str], tuple[bytes, bytes]] = {}
 
@@ -269,91 +262,12 @@ class Client:
         return queues
 
     # ----------------------------------------------------------------- send
-    def _topic_head(self, topic: str) -> bytes:
-        """The message's topic field (cached: producers send to a few topics over and over)."""
-        head = self._topic_fields.get(topic)
-        if head is None:
-            if len(self._topic_fields) > 1024:
-                self._topic_fields.clear()
-            head = self._topic_fields[topic] = fields.field(fields.K_MESSAGE_TOPIC, fields.resource(topic, self.namespace))
-        return head
-
-    def _encode_parts(self, m: OutgoingMessage, born_ms: int, tail: dict) -> tuple[bytes, bytes, bytes]:
-        """``m`` as (topic and user-property fields, system properties, body) wire bytes.
-
-        ``tail`` caches, per message type, the system-property fields every message of this
-        batch shares (encoding, type, born time and host).
-        """
-        head = self._topic_head(m.topic)
-        props = m.properties
-        if m.delay_level:
-            props = dict(props, **{DELAY_LEVEL_PROPERTY: str(int(m.delay_level))})
-        if props:
-            head += fields.properties(props)
-        message_id = (m.message_id or new_message_id(born_ms)).encode()
-        mtype = pb.FIFO if m.message_group else pb.DELAY if m.deliver_at_ms is not None else pb.NORMAL
-        if m.delay_level:
-            mtype = pb.DELAY
-        common = tail.get(mtype)
-        if common is None:
-            common = tail[mtype] = (fields.K_SP_BODY_ENCODING + fields.varint(pb.IDENTITY) + fields.K_SP_MESSAGE_TYPE
-                                    + fields.varint(mtype) + fields.field(fields.K_SP_BORN_TIMESTAMP, fields.timestamp(born_ms))
-                                    + self._born_host)
-        sp = [fields.K_SP_MESSAGE_ID, fields.varint(len(message_id)), message_id, common]
-        if m.tag:
-            sp.insert(0, fields.string_field(fields.K_SP_TAG, m.tag))
-            if m.keys:
-                sp.insert(1, b"".join(fields.string_field(fields.K_SP_KEYS, k) for k in m.keys))
-        elif m.keys:
-            sp.insert(0, b"".join(fields.string_field(fields.K_SP_KEYS, k) for k in m.keys))
-        if m.message_group:
-            sp.append(fields.string_field(fields.K_SP_MESSAGE_GROUP, m.message_group))
-        elif m.deliver_at_ms is not None:
-            sp.append(fields.field(fields.K_SP_DELIVERY_TIMESTAMP, fields.timestamp(int(m.deliver_at_ms))))
-        return head, b"".join(sp), m.body
-
     def _send_request_bytes(self, messages: Iterable[OutgoingMessage]) -> bytes:
-        """The SendMessageRequest for ``messages``, encoded (chronoq.protocol.rocketmq)."""
+        """The SendMessageRequest for ``messages``, encoded (chronoq.protocol.rocketmq.outgoing)."""
         now = int(time.time() * 1000)
         if type(messages) is not list:
             messages = list(messages)
-        plain = self._plain_request(messages, now)
-        if plain is not None:
-            return plain
-        tail: dict = {}
-        encode = self._encode_parts
-        return send_request([encode(m, now, tail) for m in messages])
-
-    def _plain_request(self, messages: list[OutgoingMessage], now: int) -> bytes | None:
-        """The request for a batch of plain messages (one topic, a body, nothing else set), or
-        None. Such a message is the same bytes as any other but its id and body, so the bytes
-        around those are made once per body length and the batch is joined in one C-level pass
-        (about a third of the general path's CPU per message in a 100-message batch)."""
-        if not messages or any(map(_has_extras, messages)) or len(set(map(_topic_of, messages))) != 1:
-            return None
-        bodies = list(map(_body_of, messages))
-        if not all(map(len, bodies)) or not all(type(b) is bytes for b in bodies):
-            return None  # (an empty body is a proto3 special case; the general path knows it)
-        head = self._topic_head(messages[0].topic)
-        ids = new_message_ids(now, len(messages))
-        # system properties: message id, then encoding, type, born time and host
-        sp_tail = (fields.K_SP_BODY_ENCODING + fields.varint(pb.IDENTITY) + fields.K_SP_MESSAGE_TYPE
-                   + fields.varint(pb.NORMAL) + fields.field(fields.K_SP_BORN_TIMESTAMP, fields.timestamp(now))
-                   + self._born_host)
-        id_len = len(ids[0])
-        assert all(len(i) == id_len for i in ids), "generated message ids have one length"
-        sp_len = 1 + len(fields.varint(id_len)) + id_len + len(sp_tail)
-        sp_head = head + fields.K_MESSAGE_SP + fields.varint(sp_len) + fields.K_SP_MESSAGE_ID + fields.varint(id_len)
-        middle = sp_tail + fields.K_MESSAGE_BODY
-        prefixes: dict[int, bytes] = {}
-        for n in set(map(len, bodies)):
-            body_len = fields.varint(n)
-            size = len(sp_head) + id_len + len(middle) + len(body_len) + n
-            prefixes[n] = fields.K_SEND_MESSAGES + fields.varint(size) + sp_head
-        suffixes = {n: middle + fields.varint(n) for n in prefixes}
-        lengths = list(map(len, bodies))
-        return b"".join(itertools.chain.from_iterable(zip(
-            map(prefixes.__getitem__, lengths), ids, map(suffixes.__getitem__, lengths), bodies)))
+        return self._encoder.encode(messages, now, iter(new_message_ids(now, len(messages))))
 
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
         """Send many messages in one SendMessage call; one receipt per message, in order."""

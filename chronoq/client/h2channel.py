@@ -30,14 +30,14 @@ import grpc
 
 from chronoq import __version__
 # HTTP/2, HPACK and gRPC's framing are chronoq.protocol.h2's, shared with the server.
-from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY,
-                                 HEADERS, HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
-                                 PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
-                                 S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
-                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
-                                 UnsupportedEncoding, data_frames, decompress, frame, goaway_frame, header_fragment,
-                                 literal, parse_goaway, parse_settings, read_frames, rst_stream_frame, settings_frame,
-                                 timeout_text, unpad, window_increment, window_update_frame)
+from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
+                                 HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE,
+                                 PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK, S_ENABLE_PUSH,
+                                 S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
+                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, ConnectionWindows, Decoder, HpackError,
+                                 RequestEncoder, StreamWindows, UnsupportedEncoding, decompress, frame,
+                                 goaway_frame, header_fragment, literal, parse_goaway, parse_settings, read_frames,
+                                 rst_stream_frame, settings_frame, timeout_text, unpad, window_increment)
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
@@ -64,24 +64,25 @@ STABLE_NAMES = frozenset((":path", ":authority", "content-type", "te", "grpc-acc
                           "x-mq-namespace"))
 
 
-class _Call:
-    __slots__ = ("id", "future", "headers", "trailers", "data", "pending", "send_window", "recv_unacked")
+class _Call(StreamWindows):
+    __slots__ = ("id", "future", "headers", "trailers", "data", "pending")
 
     def __init__(self, stream_id: int, future: asyncio.Future, send_window: int) -> None:
+        self.send_window = send_window  # (StreamWindows' counters, set here: no call per call)
+        self.recv_unacked = 0
         self.id = stream_id
         self.future = future
         self.headers: list[tuple[str, str]] | None = None
         self.trailers: list[tuple[str, str]] | None = None
         self.data = bytearray()
         self.pending = b""               # request bytes waiting for flow-control window
-        self.send_window = send_window
-        self.recv_unacked = 0
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(ConnectionWindows, asyncio.Protocol):
     """One HTTP/2 connection and its calls. Everything runs on the event loop thread."""
 
     def __init__(self, authority: str, scheme: str) -> None:
+        ConnectionWindows.__init__(self, OUR_CONN_WINDOW, OUR_STREAM_WINDOW)
         self.authority, self.scheme = authority, scheme
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
@@ -90,10 +91,7 @@ class _Connection(asyncio.Protocol):
         self.decoder = Decoder()
         self.headers = RequestEncoder(authority, scheme, f"chronoq-python/{__version__}", STABLE_NAMES)
         self.peer_max_frame = 16_384
-        self.peer_initial_window = DEFAULT_WINDOW
-        self.peer_window = DEFAULT_WINDOW
         self.peer_max_streams = 1 << 31
-        self.recv_unacked = 0
         self.closed = False
         self.goaway_last: int | None = None     # the server will not take streams above this
         self.error: str = ""
@@ -111,7 +109,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         transport.write(PREFACE + settings_frame((
             (S_ENABLE_PUSH, 0), (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW), (S_MAX_FRAME_SIZE, MAX_FRAME_IN)))
-                        + window_update_frame(0, OUR_CONN_WINDOW - DEFAULT_WINDOW))
+                        + self.opening_update())
 
     def connection_lost(self, exc) -> None:
         self._close(self.error or f"connection lost{f': {exc}' if exc else ''}")
@@ -156,13 +154,20 @@ class _Connection(asyncio.Protocol):
         elif kind == WINDOW_UPDATE:
             increment = window_increment(payload)
             if sid == 0:
-                self.peer_window += increment
+                self.connection_update(increment)  # (FrameError, a ValueError: the connection's end)
                 self._send_pending()
             else:
                 call = self.calls.get(sid)
                 if call is not None:
-                    call.send_window += increment
-                    self._send_pending()
+                    code = self.stream_update(call, increment)
+                    if code:  # the server broke the stream's flow control: the call fails, the stream is reset
+                        del self.calls[sid]
+                        self.transport.write(rst_stream_frame(sid, code))
+                        self._freed()
+                        self._fail(call, _error(grpc.StatusCode.INTERNAL,
+                                                f"the server's WINDOW_UPDATE broke flow control (HTTP/2 error {code})"))
+                    else:
+                        self._send_pending()
         elif kind == PING:
             if not flags & ACK:
                 self.transport.write(frame(PING, ACK, 0, payload))
@@ -191,9 +196,7 @@ class _Connection(asyncio.Protocol):
     def _settings(self, payload: bytes) -> None:
         for key, value in parse_settings(payload):  # (FrameError, a ValueError, on a value out of range)
             if key == S_INITIAL_WINDOW_SIZE:
-                delta, self.peer_initial_window = value - self.peer_initial_window, value
-                for call in self.calls.values():
-                    call.send_window += delta
+                self.peer_settings_window(value, self.calls.values())
             elif key == S_MAX_FRAME_SIZE:
                 self.peer_max_frame = value
             elif key == S_MAX_CONCURRENT_STREAMS:
@@ -228,25 +231,16 @@ class _Connection(asyncio.Protocol):
                 self._complete(call)
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
-        length = len(payload)
-        self.recv_unacked += length
-        out = []
-        if self.recv_unacked >= OUR_CONN_WINDOW // 2:
-            out.append(window_update_frame(0, self.recv_unacked))
-            self.recv_unacked = 0
         call = self.calls.get(sid)
+        update = self.data_in(sid, call if call is not None and not flags & END_STREAM else None, len(payload))
         if call is not None:
             if flags & PADDED:
                 payload = unpad(payload)
             call.data += payload
-            call.recv_unacked += length
             if flags & END_STREAM:
                 self._finish(call, _error(grpc.StatusCode.INTERNAL, "the answer ended without trailers"))
-            elif call.recv_unacked >= OUR_STREAM_WINDOW // 2:
-                out.append(window_update_frame(sid, call.recv_unacked))
-                call.recv_unacked = 0
-        if out:
-            self.transport.write(b"".join(out))
+        if update:
+            self.transport.write(update)
 
     # ----------------------------------------------------------------- calls
     def _complete(self, call: _Call) -> None:
@@ -285,8 +279,8 @@ class _Connection(asyncio.Protocol):
         self._finish(call, body)
 
     def _finish(self, call: _Call, outcome) -> None:
-        if self.calls.pop(call.id, None) is not None:
-            self._freed()
+        if self.calls.pop(call.id, None) is not None and self._room is not None:
+            self._room.set()  # (``_freed``, inline: once per call)
         if isinstance(outcome, BaseException):
             self._fail(call, outcome)
         elif not call.future.done():
@@ -355,10 +349,7 @@ class _Connection(asyncio.Protocol):
     def _take(self, call: _Call) -> bytes:
         """DATA frames for as much of ``call.pending`` as the windows allow; END_STREAM on the last."""
         pending = call.pending
-        frames, taken = data_frames(call.id, pending, min(call.send_window, self.peer_window), self.peer_max_frame,
-                                    END_STREAM)
-        call.send_window -= taken
-        self.peer_window -= taken
+        frames, taken = self.data_out(call.id, call, pending, self.peer_max_frame, END_STREAM)
         call.pending = pending[taken:] if taken < len(pending) else b""
         return b"".join(frames)
 

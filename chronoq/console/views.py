@@ -128,11 +128,11 @@ def group_rows(broker, pop) -> tuple[list[dict], list[dict]]:
 async def overview(request: web.Request, console: Console) -> web.Response:
     broker = console.broker
     groups, group_topics = group_rows(broker, console.runtime.pop)
-    segments = list(broker.store.log.segments)
+    log_bytes, segments, _ = broker.log_figures()
     hist = broker.timer.histogram
     summary = {"topics": len(broker.list_topics()), "groups": len(groups),
                "inflight": sum(g["inflight"] for g in groups), "dlq": sum(g["dlq"] for g in groups),
-               "log_bytes": sum(s.size for s in segments), "segments": len(segments),
+               "log_bytes": log_bytes, "segments": segments,
                "timers_delivered": hist.count}
     return console.render(request, "overview.html", topics=topic_rows(broker), groups=groups,
                           group_topics=group_topics, summary=summary, pop_missing=console.runtime.pop is None,

@@ -22,6 +22,8 @@ import re
 from chronoq.core import errors
 
 DELAY_TOPIC = "CHRONOQ_DELAY"
+# The user property a client sends a message's delay level in (a whole number; 0: no delay).
+DELAY_LEVEL_PROPERTY = "CHRONOQ_DELAY_LEVEL"
 DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 LEVELS_MAX = 64
 UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

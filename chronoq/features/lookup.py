@@ -262,7 +262,7 @@ async def lookup_message(broker, durable: Callable[[], Awaitable[None]], query: 
     """
     query = check_query(query)
     now = broker.clock.wall_ms()
-    scan = scan_log(broker.store.log, query, scan_bytes, now)
+    scan = scan_log(broker.commit_log, query, scan_bytes, now)
     ids: list[str] = []
     for r in scan.records:
         if r.origin_id not in ids:

@@ -14,7 +14,6 @@ Decoding runs once per message sent: each field is read once, enum values are mo
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import operator
 import zlib
 
@@ -22,7 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2
 
-from chronoq.core import errors, model, validate
+from chronoq.core import errors, validate
 from chronoq.broker.broker import OutgoingMessage
 from chronoq.core.model import MessageType
 from chronoq.timer.deliverytime import from_client_timestamp
@@ -236,22 +235,6 @@ def _delay_level(text: str, message_id: str) -> int:
             f"message {message_id}: {DELAY_LEVEL_PROPERTY} must be a delay level (a whole number, 0 for none), "
             f"not {text[:40]!r}")
     return int(value)
-
-
-def stored_message_pb(msg, message_type: int, namespace: str = ""):
-    """A stored ``chronoq.core.model.Message`` as an ``apache.rocketmq.v2.Message`` (transaction checks)."""
-    sp = pb.SystemProperties(
-        message_id=msg.message_id, body_encoding=pb.IDENTITY,
-        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(msg.body).hexdigest().upper()),
-        message_type=message_type, born_timestamp=timestamp_pb(msg.born_ms),
-        store_timestamp=timestamp_pb(msg.stored_ms), keys=list(msg.keys), delivery_attempt=1,
-        queue_id=msg.queue_id, queue_offset=msg.queue_offset)
-    if msg.tag:
-        sp.tag = msg.tag
-    props = {k: v for k, v in msg.properties.items() if not k.startswith(model.SYSTEM_PROPERTY_PREFIX)}
-    return pb.Message(topic=pb.Resource(name=msg.properties.get("__TXN_TOPIC", msg.topic),
-                                        resource_namespace=namespace),
-                      user_properties=props, system_properties=sp, body=msg.body)
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

@@ -49,15 +49,14 @@ import logging
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM,
-                                 ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY, HEADERS,
-                                 HEADERS_EXTRAS, INTERNAL_ERROR, MAX_WINDOW, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
-                                 PREFACE, PRIORITY, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS,
-                                 SETTINGS_ACK, S_ENABLE_PUSH, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
-                                 S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, Decoder, FrameError,
+from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS, END_STREAM,
+                                 ENHANCE_YOUR_CALM, FRAME_SIZE_ERROR, GOAWAY, HEADERS, HEADERS_EXTRAS, INTERNAL_ERROR,
+                                 MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
+                                 PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK, S_ENABLE_PUSH,
+                                 S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE,
+                                 S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, ConnectionWindows, Decoder, FrameError,
                                  HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment, parse_settings,
-                                 read_frames, rst_stream_frame, settings_frame, unpad, window_increment,
-                                 window_update_frame)
+                                 read_frames, rst_stream_frame, settings_frame, unpad, window_increment)
 from chronoq.server.h2limits import IdleWatch, TokenBucket
 from chronoq.server.h2streams import Answers, CallError, Stream, StreamClosed, status_code
 
@@ -74,13 +73,14 @@ READ_AHEAD_MESSAGES = 64          # a streaming call's unread requests before it
 BUFFERED_MAX = 64 << 20           # unary request bytes a connection may hold before its window stops growing
 
 
-class Connection(Answers, asyncio.Protocol):
+class Connection(Answers, ConnectionWindows, asyncio.Protocol):
     """One HTTP/2 connection: frame parsing, streams, flow control (answers: ``Answers``), defences."""
 
     def __init__(self, server) -> None:
         """``server``: the ``chronoq.server.h2grpc.Server`` that accepted it (its limits, refusals and
         calls: ``_start_call``, ``_launch``, ``_unary_ready``)."""
         self.server = server
+        ConnectionWindows.__init__(self, OUR_CONN_WINDOW, OUR_STREAM_WINDOW)
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.peer = ""
@@ -107,10 +107,7 @@ class Connection(Answers, asyncio.Protocol):
         self.goaway_sent = False
         self.paused = False
         self._resumed: asyncio.Event | None = None
-        self.peer_window = DEFAULT_WINDOW        # connection send window
-        self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = 16_384
-        self.recv_unacked = 0
         self.buffered = 0                        # unary request bytes held until their calls read them
         self._header_stream = 0                  # stream whose header block continues (CONTINUATION)
         self._header_flags = 0
@@ -143,7 +140,7 @@ class Connection(Answers, asyncio.Protocol):
         transport.write(settings_frame((
             (S_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams), (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
             (S_MAX_FRAME_SIZE, OUR_MAX_FRAME), (S_MAX_HEADER_LIST_SIZE, limits.max_header_list),
-            (S_ENABLE_PUSH, 0))) + window_update_frame(0, OUR_CONN_WINDOW - DEFAULT_WINDOW))
+            (S_ENABLE_PUSH, 0))) + self.opening_update())
         self.server._connections.add(self)
         self._timer = self.loop.call_later(limits.preface_timeout_s, self._preface_expired)
 
@@ -353,11 +350,7 @@ class Connection(Answers, asyncio.Protocol):
         grown = False
         for key, value in parse_settings(payload):  # (FrameError on a value out of range)
             if key == S_INITIAL_WINDOW_SIZE:
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                grown = grown or delta > 0
+                grown = self.peer_settings_window(value, self.streams.values()) > 0 or grown
             elif key == S_MAX_FRAME_SIZE:
                 self.peer_max_frame = value
             # HEADER_TABLE_SIZE: our answers never use the table. Others need nothing from us.
@@ -368,22 +361,15 @@ class Connection(Answers, asyncio.Protocol):
     def _window_update(self, sid: int, payload: bytes) -> None:
         increment = window_increment(payload)
         if not sid:
-            if not increment:
-                raise ConnError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self.peer_window += increment
-            if self.peer_window > MAX_WINDOW:
-                raise ConnError(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
+            self.connection_update(increment)  # (FrameError: a connection error)
             self._unblock_all()
             return
         stream = self.streams.get(sid)
         if stream is None:
             return  # a stream that has ended: allowed
-        if not increment:
-            self._reset(stream, PROTOCOL_ERROR)
-            return
-        stream.send_window += increment
-        if stream.send_window > MAX_WINDOW:
-            self._reset(stream, FLOW_CONTROL_ERROR)
+        code = self.stream_update(stream, increment)
+        if code:
+            self._reset(stream, code)
             return
         if stream.blocked:
             self._flush_stream(stream)
@@ -438,11 +424,11 @@ class Connection(Answers, asyncio.Protocol):
             raise ConnError(PROTOCOL_ERROR, "DATA on stream 0")
         if not payload and not flags & END_STREAM:
             self._empty("an empty DATA")
-        self.recv_unacked += len(payload)
+        due = self.received(len(payload))
         try:
             self._stream_data(flags, sid, payload)
-        finally:  # after the frame's bytes are counted as held (or not); the test first: no call per frame
-            if self.recv_unacked >= OUR_CONN_WINDOW // 2:
+        finally:  # after the frame's bytes are counted as held (or not)
+            if due:
                 self._credit_connection()
 
     def _stream_data(self, flags: int, sid: int, payload: bytes) -> None:
@@ -458,8 +444,7 @@ class Connection(Answers, asyncio.Protocol):
         if stream.queue is None:  # unary: held until END_STREAM and the handler takes it
             stream.counted += len(payload)
             self.buffered += len(payload)
-        if not flags & END_STREAM:
-            stream.recv_unacked += length
+        if not flags & END_STREAM and self.stream_received(stream, length):
             self.credit(stream)
         try:
             if stream.queue is not None:  # streaming request: hand messages over as they complete
@@ -487,24 +472,25 @@ class Connection(Answers, asyncio.Protocol):
         """Grant the connection more window once half is used, unless unary requests not yet
         taken by their handlers hold BUFFERED_MAX: a client cannot make us hold more than that
         plus one window, however many streams it opens."""
-        if self.recv_unacked >= OUR_CONN_WINDOW // 2 and self.buffered < BUFFERED_MAX and not self.closed:
-            self._write(window_update_frame(0, self.recv_unacked))
-            self.recv_unacked = 0
+        if self.recv_unacked >= self._conn_half and self.buffered < BUFFERED_MAX and not self.closed:
+            self._write(self.grant_connection())
 
     def release(self, stream: Stream) -> None:
         """The stream's held request bytes are taken (or dropped): count them off the cap."""
         if stream.counted:
             self.buffered -= stream.counted
             stream.counted = 0
-            self._credit_connection()
+            if self.recv_unacked >= self._conn_half:  # (the test first: no call per call)
+                self._credit_connection()
 
     def credit(self, stream: Stream) -> None:
         """Grant the stream more window once half of it is used, unless its handler is behind:
         a streaming call whose handler does not read stops its client after one window."""
-        if (stream.recv_unacked >= OUR_STREAM_WINDOW // 2 and not stream.half_closed and not self.closed
+        if (not stream.half_closed and not self.closed
                 and (stream.queue is None or stream.queue.qsize() < READ_AHEAD_MESSAGES)):
-            self._write(window_update_frame(stream.id, stream.recv_unacked))
-            stream.recv_unacked = 0
+            update = self.grant_stream(stream.id, stream)
+            if update:
+                self._write(update)
 
     def _half_close(self, stream: Stream) -> None:
         stream.half_closed = True

@@ -15,7 +15,7 @@ import zlib
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, data_frames,
+from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, StreamWindows, UnsupportedEncoding, cut_messages,
                                  frame, headers_frame, literal_block, trailers)
 from chronoq.server.callstats import UNKNOWN_METHOD
 
@@ -36,14 +36,16 @@ class StreamClosed(Exception):
     """The stream or connection went away while a handler wrote."""
 
 
-class Stream:
+class Stream(StreamWindows):
     """One call: request bytes in, answer frames out, and the task running the handler."""
 
     __slots__ = ("conn", "id", "buf", "queue", "half_closed", "cancelled", "ended", "headers_sent",
-                 "send_window", "blocked", "window_open", "task", "deserializer", "serializer", "recv_unacked",
-                 "encoding", "ready", "counted", "method", "started")
+                 "blocked", "window_open", "task", "deserializer", "serializer", "encoding", "ready", "counted",
+                 "method", "started")
 
     def __init__(self, conn, stream_id: int, send_window: int) -> None:
+        self.send_window = send_window  # (StreamWindows' counters, set here: no call per stream)
+        self.recv_unacked = 0
         self.conn = conn
         self.id = stream_id
         self.buf = bytearray()          # request bytes not yet cut into messages
@@ -52,13 +54,11 @@ class Stream:
         self.cancelled = False
         self.ended = False              # we sent END_STREAM (or RST_STREAM)
         self.headers_sent = False
-        self.send_window = send_window
         self.blocked: list[bytes] = []  # answer bytes waiting for flow-control window
         self.window_open: asyncio.Event | None = None
         self.task: asyncio.Task | None = None
         self.deserializer = None
         self.serializer = None
-        self.recv_unacked = 0           # request bytes read since our last WINDOW_UPDATE for the stream
         self.encoding = "identity"
         self.ready: asyncio.Future | None = None  # a unary call's task waits here for END_STREAM
         self.counted = 0                # request bytes held for a unary call (the connection's cap)
@@ -131,7 +131,8 @@ class Stream:
         if self.ended or self.cancelled:
             return
         block = _OK_TRAILERS if code == 0 and not details and not metadata else trailers(code, details, metadata)
-        self.conn.send_trailers(self, self._head(), headers_frame(self.id, block, True))
+        # (the headers test first: after an answer's message, no call to learn there is no head)
+        self.conn.send_trailers(self, b"" if self.headers_sent else self._head(), headers_frame(self.id, block, True))
 
     def count_end(self, code: int) -> None:
         """Count the call once, with the status it ended with (chronoq.server.callstats)."""
@@ -194,9 +195,9 @@ class Answers:
         """Queue one framed gRPC message for ``stream``; sends as much as the windows allow."""
         if head:
             self._write(head)
-        if not stream.blocked and len(message) <= min(stream.send_window, self.peer_window, self.peer_max_frame):
-            stream.send_window -= len(message)
-            self.peer_window -= len(message)
+        n = len(message)
+        if not stream.blocked and n <= self.peer_max_frame and n <= stream.send_window and n <= self.peer_window:
+            self.spend(stream, n)
             self._write(frame(DATA, 0, stream.id, message))
             return
         stream.blocked.append(message)
@@ -225,12 +226,9 @@ class Answers:
                 blocked.clear()
                 self.streams.pop(stream.id, None)
                 break
-            room = min(stream.send_window, self.peer_window)
-            if room <= 0:  # a WINDOW_UPDATE (stream or connection) or SETTINGS resumes it
+            if self.room(stream) <= 0:  # a WINDOW_UPDATE (stream or connection) or SETTINGS resumes it
                 break
-            frames, taken = data_frames(stream.id, item, room, max_frame)
-            stream.send_window -= taken
-            self.peer_window -= taken
+            frames, taken = self.data_out(stream.id, stream, item, max_frame)
             for data in frames:
                 write(data)
             if taken < len(item):  # the windows are spent

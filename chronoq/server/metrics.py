@@ -157,11 +157,10 @@ class BrokerCollector(Collector):
             yield family
 
     def _commit_log(self, broker) -> Iterator[Metric]:
-        log = broker.store.log
+        size, segments, times = broker.log_figures()
         yield GaugeMetricFamily("chronoq_commitlog_bytes", "Bytes in the commit log (oldest retained "
-                                "segment to the end).", value=log.written - log.min_offset)
-        yield GaugeMetricFamily("chronoq_commitlog_segments", "Commit-log segment files.", value=len(log.segments))
-        times = log.sync_times
+                                "segment to the end).", value=size)
+        yield GaugeMetricFamily("chronoq_commitlog_segments", "Commit-log segment files.", value=segments)
         yield _histogram("chronoq_commitlog_fsync_seconds", "Latency of commit-log fsyncs.",
                          [b / 1e9 for b in FSYNC_BOUNDS_NS], list(times.counts), times.sum_ns / 1e9)
 

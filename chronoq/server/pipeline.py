@@ -35,7 +35,6 @@ from chronoq.core.delay_levels import DELAY_TOPIC
 READ_MAX_MESSAGES = 10_000
 READ_DEFAULT_MESSAGES = 1000
 READ_DEFAULT_BYTES = 4 * 1024 * 1024
-PROP_GROUP = "__GROUP"
 _SYSTEM_PREFIX = model.SYSTEM_PROPERTY_PREFIX
 _HEADER = record.HEADER
 
@@ -135,7 +134,7 @@ def rows_from_columns(rows: apb.RowColumns) -> Rows:
 
 
 _PAIR, _SEP, _KEY_SEP = record.PROP_PAIR_SEP, record.PROP_SEP, record.KEY_SEP
-_GROUP_KEY = PROP_GROUP.encode()
+_GROUP_KEY = validate.PROP_MESSAGE_GROUP.encode()
 _REF_KEYS = (copies.PROP_TIMER_REF.encode(), copies.PROP_DELAY_REF.encode())
 _SYSTEM_PREFIX_BYTES = _SYSTEM_PREFIX.encode()
 
@@ -144,8 +143,8 @@ class _ColumnBuilder:
     """``MessageColumns`` straight from stored record bytes (user properties only; the message
     group apart). Field bytes are sliced out of the records, never decoded and re-encoded."""
 
-    def __init__(self, store) -> None:
-        self.store = store
+    def __init__(self, broker) -> None:
+        self.broker = broker
         self.offsets: list[int] = []
         self.ids: list[bytes] = []
         self.tags: list[bytes] = []
@@ -167,7 +166,7 @@ class _ColumnBuilder:
         returns the offset after the last entry. Holes (records removed by retention or
         quarantined) are skipped, as ``Store.read`` does."""
         add = self._add
-        for k, blob, pos in self.store.read_runs(entries, self.store.log.min_offset):
+        for k, blob, pos in self.broker.read_record_runs(entries):
             add(first_offset + k, blob, pos)
         return first_offset + len(entries)
 
@@ -214,15 +213,13 @@ class _ColumnBuilder:
     def _original_stored(self, key: bytes, ref: bytes) -> int:
         """When the broker accepted a delayed message: the stored time of the record its visible
         copy was delivered from (a timer entry names its commit offset, a level its queue offset)."""
-        store = self.store
+        broker = self.broker
         try:
             if key == _REF_KEYS[0]:
                 _start, phys = copies.parse_ref(ref.decode())
-                if phys < store.log.min_offset:
-                    return 0
-                return _HEADER.unpack(store.log.read(phys, record.HEADER_SIZE))[8]
+                return broker.record_stored_ms(phys)
             level, qoff = copies.parse_ref(ref.decode())
-            entries = store.entries(DELAY_TOPIC, level - 1, qoff, 1)
+            entries = broker.queue_entries(DELAY_TOPIC, level - 1, qoff, 1)
             return entries[0][3] if entries else 0
         except (ValueError, errors.ChronoqError):
             return 0
@@ -270,7 +267,7 @@ class PipelineRpcs:
         if committer is None:
             broker.flush()  # type: ignore[attr-defined]
             return
-        await committer.durable(broker.store.log.written)  # type: ignore[attr-defined]
+        await committer.durable(broker.log_end)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ reading
     def _topic(self, name: str) -> model.TopicConfig:
@@ -313,7 +310,7 @@ class PipelineRpcs:
         lo, hi = broker.queue_bounds(cfg.name, queue)  # type: ignore[attr-defined]
         offset = max(request.offset, lo)
         # Bound the read by the entries' record sizes first (a record is a little more than its body).
-        entries = broker.store.entries(cfg.name, queue, offset,  # type: ignore[attr-defined]
+        entries = broker.queue_entries(cfg.name, queue, offset,  # type: ignore[attr-defined]
                                        min(max_messages, max(hi - offset, 0)))
         want, size = 0, 0
         for entry in entries:
@@ -321,7 +318,7 @@ class PipelineRpcs:
                 break
             size += entry[1]
             want += 1
-        builder = _ColumnBuilder(broker.store)  # type: ignore[attr-defined]
+        builder = _ColumnBuilder(broker)
         next_offset = builder.read(entries[:want], offset)
         return apb.ReadMessagesResponse(status=_ok(), messages=builder.build(), next_offset=next_offset,
                                         min_offset=lo, max_offset=hi)

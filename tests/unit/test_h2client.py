@@ -264,3 +264,56 @@ def test_a_restarted_server_is_reached_again_on_a_new_connection():
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_a_server_that_overflows_a_calls_window_fails_that_call_and_resets_its_stream():
+    # A raw server (not grpcio: it never breaks the rules) grows stream 1's send window past
+    # 2^31-1 (RFC 9113 §6.9.1: a stream error FLOW_CONTROL_ERROR). The call fails at once with
+    # INTERNAL and the client resets the stream with that code; the connection is not dropped.
+    from chronoq.protocol import h2
+
+    async def main():
+        resets = []
+
+        async def handle(reader, writer):
+            writer.write(h2.settings_frame(()))
+            buf = bytearray()
+
+            def frame_in(kind, flags, sid, payload):
+                if kind == h2.HEADERS and sid == 1:
+                    writer.write(h2.window_update_frame(1, h2.MAX_WINDOW))
+                elif kind == h2.RST_STREAM:
+                    resets.append((sid, int.from_bytes(payload, "big")))
+                return False
+
+            preface_left = len(h2.PREFACE)
+            for _ in range(100):  # bounded: a few reads carry all the client sends
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                if preface_left:
+                    cut = min(preface_left, len(data))
+                    data, preface_left = data[cut:], preface_left - cut
+                buf += data
+                end, _ = h2.read_frames(buf, 1 << 24, frame_in)
+                del buf[:end]
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        channel = h2client.Channel(f"127.0.0.1:{port}")
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await channel.unary_unary("/t.S/Echo")(b"x", timeout=10)
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert "flow control" in info.value.details()
+            for _ in range(100):  # the reset reaches the server within a few loop passes
+                if resets:
+                    break
+                await asyncio.sleep(0.01)
+            assert resets == [(1, h2.FLOW_CONTROL_ERROR)]
+        finally:
+            await channel.close()
+            server.close()
+
+    asyncio.run(main())

@@ -304,3 +304,75 @@ def test_the_client_transport_takes_only_public_protocol_names():
         assert not module.startswith("chronoq.server"), f"h2channel imports {module}"
         if module.startswith("chronoq.protocol"):
             assert module == "chronoq.protocol.h2" and not [n for n in names if n.startswith("_")], (module, names)
+
+
+# ----------------------------------------------------------------------------- flow control
+def _windows(conn: int = 1 << 20, stream: int = 1 << 16) -> h2.ConnectionWindows:
+    return h2.ConnectionWindows(conn, stream)
+
+
+def test_the_peers_initial_window_moves_every_open_streams_window():
+    w = _windows()
+    streams = [h2.StreamWindows(w.peer_initial_window) for _ in range(3)]
+    w.spend(streams[0], 1000)
+    assert w.peer_settings_window(100_000, streams) == 100_000 - 65_535
+    assert [s.send_window for s in streams] == [100_000 - 1000, 100_000, 100_000]
+    assert w.peer_settings_window(0, streams) == -100_000  # a window may go negative (RFC 9113 §6.9.2)
+    assert [s.send_window for s in streams] == [-1000, 0, 0] and w.room(streams[1]) == 0
+    assert w.peer_window == 65_535 - 1000  # the connection's window is not SETTINGS' to move
+
+
+def test_window_updates_of_zero_or_past_the_maximum_are_the_rfcs_errors():
+    w = _windows()
+    with pytest.raises(h2.FrameError) as exc:
+        w.connection_update(0)
+    assert exc.value.code == h2.PROTOCOL_ERROR
+    w.connection_update(h2.MAX_WINDOW - w.peer_window)
+    assert w.peer_window == h2.MAX_WINDOW
+    with pytest.raises(h2.FrameError) as exc:
+        w.connection_update(1)
+    assert exc.value.code == h2.FLOW_CONTROL_ERROR
+    stream = h2.StreamWindows(10)
+    assert w.stream_update(stream, 0) == h2.PROTOCOL_ERROR
+    assert w.stream_update(stream, h2.MAX_WINDOW - 10) == 0 and stream.send_window == h2.MAX_WINDOW
+    assert w.stream_update(stream, 1) == h2.FLOW_CONTROL_ERROR
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=5000), max_size=20), st.integers(0, 70_000), st.integers(0, 70_000),
+       st.sampled_from([1000, 16_384]))
+def test_data_out_takes_what_both_windows_allow_and_spends_it(chunks, stream_window, conn_window, max_frame):
+    w = _windows()
+    w.peer_window = conn_window
+    stream = h2.StreamWindows(stream_window)
+    for data in chunks:
+        room = min(stream.send_window, w.peer_window)
+        frames, taken = w.data_out(7, stream, data, max_frame)
+        assert taken == min(len(data), max(room, 0))
+        assert b"".join(bytes(_parse(f).data) for f in frames) == data[:taken]
+        assert (stream.send_window, w.peer_window) == (stream_window - taken, conn_window - taken)
+        stream_window, conn_window = stream.send_window, w.peer_window
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40_000), max_size=60))
+def test_received_bytes_are_granted_back_once_half_a_window_is_used(sizes):
+    # data_in (a client's rule) and received/stream_received + grant_* (the server's, which may
+    # hold grants back) count alike: every byte is granted back, never more than half a window owed.
+    w, stream = _windows(100_000, 30_000), h2.StreamWindows(0)
+    w2, stream2 = _windows(100_000, 30_000), h2.StreamWindows(0)
+    granted = {0: 0, 5: 0}
+    for n in sizes:
+        out = w.data_in(5, stream, n)
+        updates = [_parse(out[i:i + 13]) for i in range(0, len(out), 13)]
+        for u in updates:
+            assert isinstance(u, WindowUpdateFrame) and u.window_increment > 0
+            granted[u.stream_id] += u.window_increment
+        assert w.recv_unacked < 50_000 and stream.recv_unacked < 15_000
+        if w2.received(n):
+            assert w2.grant_connection()
+        if w2.stream_received(stream2, n):
+            assert w2.grant_stream(5, stream2)
+        assert (w2.recv_unacked, stream2.recv_unacked) == (w.recv_unacked, stream.recv_unacked)
+    assert granted[0] + w.recv_unacked == sum(sizes) == granted[5] + stream.recv_unacked
+    assert w.opening_update() == h2.window_update_frame(0, 100_000 - h2.DEFAULT_WINDOW)

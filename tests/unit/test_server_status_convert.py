@@ -303,3 +303,19 @@ def test_messages_bytes_of_a_mixed_batch_equal_each_alone(requested):
         receive.message_bytes(p, requested, "ns", host) for p in batch]
     assert receive.messages_bytes(batch, requested, "ns", host, md5=True) == [
         receive.message_bytes(p, requested, "ns", host, md5=True) for p in batch]
+
+
+def test_a_transaction_check_carries_the_half_as_a_receive_would():
+    # Guards a move: the telemetry check's message was built with the generated classes in
+    # chronoq.server.convert; it is receive.messages_bytes now. This is what was built there.
+    half = _stored(topic="CHRONOQ_TXN_HALF", properties={"color": "red", "__TXN_TOPIC": "orders"})
+    sp = pb.SystemProperties(
+        message_id="01ID", body_encoding=pb.IDENTITY,
+        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(b"body").hexdigest().upper()),
+        message_type=pb.TRANSACTION, born_timestamp=_ts(half.born_ms), store_timestamp=_ts(half.stored_ms),
+        keys=["k"], delivery_attempt=1, queue_id=2, queue_offset=7, tag="T")
+    want = pb.Message(topic=pb.Resource(name="orders"), user_properties={"color": "red"}, system_properties=sp,
+                      body=b"body")
+    got = receive.transaction_check_message(half, "orders")
+    assert got == want
+    assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)

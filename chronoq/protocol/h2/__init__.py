@@ -3,7 +3,8 @@
 
 Sans-IO, as h11 is: bytes and numbers in, bytes and values out; no sockets, no event loop, no
 clock. The modules: ``frames`` (frame constants, frames to bytes and back), ``settings``
-(SETTINGS and the flow-control windows), ``hpackdec`` and ``hpackenc`` (header blocks),
+(SETTINGS and the windows' bounds), ``flow`` (the flow-control counters of a connection and its
+streams, both ways, and the rules that move them), ``hpackdec`` and ``hpackenc`` (header blocks),
 ``grpcmsg`` (gRPC's length-prefixed messages, compression, status trailers, timeouts). Their
 public names are re-exported here; import them from ``chronoq.protocol.h2``.
 """
@@ -18,6 +19,7 @@ from chronoq.protocol.h2.frames import (ACK, CANCEL, COMPRESSION_ERROR, CONTINUA
                                         FrameError, data_frames, frame, goaway_frame, header_fragment, headers_frame,
                                         parse_goaway, read_frames, rst_stream_frame, unpad, window_increment,
                                         window_update_frame)
+from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
 from chronoq.protocol.h2.grpcmsg import (MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, decompress,
                                          timeout_s, timeout_text, trailers)
 from chronoq.protocol.h2.hpackdec import STATIC_LEN, Decoder, HeaderListTooLarge, HpackError

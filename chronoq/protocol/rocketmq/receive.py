@@ -12,8 +12,10 @@ came from (``dead_letter_queue``). ``tests/unit/test_server_status_convert.py`` 
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import hashlib
 import zlib
+from typing import NamedTuple
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -147,6 +149,30 @@ def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host
             last_topic = topic
         message = join((head, user, k_sp, varint(len(sp)), sp, k_body + varint(len(body)) if body else b"", body))
         out.append(f.K_RECEIVE_MESSAGE + varint(len(message)) + message)
+    return out
+
+
+class _Held(NamedTuple):
+    """A stored message as ``messages_bytes`` reads a popped one, handed out by nobody."""
+    message: object
+    receipt_handle: str = ""
+    delivery_attempt: int = 1
+    message_group: str | None = None
+
+
+def transaction_check_message(message, topic: str, namespace: str = "") -> pb.Message:
+    """A stored transaction half (a ``chronoq.core.model.Message``) as the ``Message`` of a
+    ``RecoverOrphanedTransactionCommand``: what ReceiveMessage would carry (``messages_bytes``,
+    MD5 digest, first delivery), under its real topic ``topic``, of type TRANSACTION, with no
+    receipt handle. Off the hot path (a check per unresolved half every few seconds): the
+    generated class holds it, as the telemetry command that carries it is built with them."""
+    props = dict(message.properties)
+    props[PROP_MESSAGE_TYPE] = "TRANSACTION"
+    held = _Held(dataclasses.replace(message, topic=topic, properties=props))
+    [(number, raw)] = f.length_fields(message_bytes(held, "", namespace, b"", md5=True))
+    assert number == f.K_RECEIVE_MESSAGE[0] >> 3, number
+    out = pb.Message.FromString(bytes(raw))
+    out.system_properties.ClearField("receipt_handle")  # (written empty: nobody holds it)
     return out
 
 

@@ -1,5 +1,6 @@
-"""SendMessage by hand: the request's encoder (chronoq.client.client), the columns of a plain batch
-read straight from the request's bytes (the broker), and the one ``SendMessageResponse`` encoder.
+"""SendMessage by hand: the columns of a plain batch read straight from the request's bytes (the
+broker), and the one ``SendMessageResponse`` encoder. (The request's encoder, the client's, is
+chronoq.protocol.rocketmq.outgoing.)
 
 Why the columns are read from the bytes: reading them from the parsed request costs an object
 per attribute read of a upb message; for a batch of 100 one-KiB messages that was a quarter of the
@@ -29,35 +30,6 @@ from chronoq.protocol.rocketmq.fields import read_varint as _varint  # (ValueErr
 from chronoq.protocol.rocketmq.fields import varint
 
 _SMALL = f.SMALL
-
-
-# ------------------------------------------------------------------------------ request
-def send_request(messages) -> bytes:
-    """A ``SendMessageRequest`` from ``(message field bytes, system properties bytes, body)``.
-
-    ``message field bytes`` are the topic and user-property fields, ready made; the bodies are
-    copied once, into the answer.
-    """
-    pieces: list[bytes] = []
-    add = pieces.append
-    k_message, k_sp, k_body = f.K_SEND_MESSAGES, f.K_MESSAGE_SP, f.K_MESSAGE_BODY
-    for head, sp, body in messages:
-        sp_len = varint(len(sp))
-        size = len(head) + 1 + len(sp_len) + len(sp)
-        if body:  # (proto3 leaves an empty body out)
-            body_len = varint(len(body))
-            size += 1 + len(body_len) + len(body)
-        add(k_message)
-        add(varint(size))
-        add(head)
-        add(k_sp)
-        add(sp_len)
-        add(sp)
-        if body:
-            add(k_body)
-            add(body_len)
-            add(body)
-    return b"".join(pieces)
 
 
 # ------------------------------------------------------------------------------ response

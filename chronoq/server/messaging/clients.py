@@ -18,6 +18,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
 from chronoq.core import errors
+from chronoq.protocol.rocketmq.receive import transaction_check_message
 from chronoq.server import convert
 from chronoq.server.messaging.calls import CLIENT_ID_HEADER, boundary, header, status_of, status_only
 from chronoq.server.messaging.receive import LONG_POLL_DEFAULT_S
@@ -66,7 +67,7 @@ class ClientRpcs:
         """Push a check of ``half`` to a producer (the runtime's check loop calls this); True
         when one took it."""
         command = sv.TelemetryCommand(recover_orphaned_transaction_command=sv.RecoverOrphanedTransactionCommand(
-            message=convert.stored_message_pb(message, pb.TRANSACTION), transaction_id=format(half.offset, "x")))
+            message=transaction_check_message(message, half.topic), transaction_id=format(half.offset, "x")))
         # Producers that declared the topic first, then any producer: the clients only declare
         # the topics given at start-up (contract §6.2.13).
         candidates = sorted(self.sessions.values(), key=lambda s: half.topic not in s.topics)

@@ -1,0 +1,128 @@
+"""SendMessageRequest by hand: the one encoder of what a producer sends (``chronoq.client.client``,
+for a lone send and for a batch alike).
+
+A message is written as the generated classes write it (field order topic, user properties,
+system properties, body; in the system properties tag, keys, message id, encoding, type, born
+time, born host, then the message group or the delivery time), so the bytes equal
+``SendMessageRequest(messages=[...]).SerializeToString()`` wherever the map of user properties
+keeps its order: ``tests/unit/test_wire.py`` holds it to them.
+
+Why by hand, and why this way: the generated classes cost an object per field per message. A
+message here is six pieces joined once for the whole request::
+
+    [message key, size, topic (+ properties), system-properties key, its size, tag (+ keys), id key, id length]
+    [id] [encoding, type, born time, born host] [group or delivery time] [body key, body length] [body]
+
+Producers repeat themselves: a batch is nearly always of one topic, one tag and one type, with
+only the id, the body and (FIFO, delayed) the group or the delivery time differing. So the bytes
+before the id depend only on that shape and on three lengths (id, group or delivery field, body)
+and are made once per call for each such combination; a message with keys or user properties
+has a shape of its own.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from chronoq.core.delay_levels import DELAY_LEVEL_PROPERTY
+from chronoq.protocol.rocketmq import fields as f
+
+_NORMAL, _FIFO, _DELAY = pb.NORMAL, pb.FIFO, pb.DELAY
+_ENCODING = f.K_SP_BODY_ENCODING + f.varint(pb.IDENTITY)
+_TYPES = {t: f.K_SP_MESSAGE_TYPE + f.varint(t) for t in (_NORMAL, _FIFO, _DELAY)}
+_NAMES_CACHE_MAX = 1024
+# What a message's shape is read from, in one C-level call per message.
+_ATTRS = attrgetter("topic", "tag", "keys", "properties", "message_group", "deliver_at_ms", "delay_level",
+                    "message_id", "body")
+
+
+class SendRequestEncoder:
+    """Encodes ``SendMessageRequest``s for one producer (its namespace and host): keeps the bytes
+    its sends repeat (topic fields) between calls."""
+
+    def __init__(self, namespace: str, born_host: str) -> None:
+        self.namespace = namespace
+        self._host = f.string_field(f.K_SP_BORN_HOST, born_host)
+        self._topic_fields: dict[str, bytes] = {}
+        self._born_ms: int | None = None
+        self._by_type: dict[int, bytes] = {}
+
+    def _topic_field(self, topic: str) -> bytes:
+        head = self._topic_fields.get(topic)
+        if head is None:  # producers send to a few topics over and over
+            if len(self._topic_fields) >= _NAMES_CACHE_MAX:
+                self._topic_fields.clear()
+            head = self._topic_fields[topic] = f.field(f.K_MESSAGE_TOPIC, f.resource(topic, self.namespace))
+        return head
+
+    def _commons(self, born_ms: int) -> dict[int, bytes]:
+        """Per type: encoding, type, born time and host, the system properties after the id."""
+        if born_ms != self._born_ms:  # (sends within a millisecond share them)
+            born = f.field(f.K_SP_BORN_TIMESTAMP, f.timestamp(born_ms)) + self._host
+            self._born_ms, self._by_type = born_ms, {t: _ENCODING + k + born for t, k in _TYPES.items()}
+        return self._by_type
+
+    def encode(self, messages, born_ms: int, fresh_ids) -> bytes:
+        """The request for ``messages`` (objects with ``topic``, ``body``, ``tag``, ``keys``,
+        ``properties``, ``message_group``, ``deliver_at_ms``, ``delay_level`` and ``message_id``
+        as ``chronoq.client.client.OutgoingMessage``), born at ``born_ms``. A message without an
+        id takes the next of ``fresh_ids`` (an iterator of ASCII ids).
+
+        The type is FIFO with a message group, else DELAY with a delivery time or a delay level
+        (sent as the user property ``DELAY_LEVEL_PROPERTY``), else NORMAL.
+        """
+        pieces: list[bytes] = []
+        extend = pieces.extend
+        field, text, timestamp = f.field, f.string_field, f.timestamp
+        k_group, k_delivery, k_tag, k_keys = f.K_SP_MESSAGE_GROUP, f.K_SP_DELIVERY_TIMESTAMP, f.K_SP_TAG, f.K_SP_KEYS
+        commons, topic_fields = self._commons(born_ms), self._topic_fields
+        made: dict = {}  # (topic, tag, type, id, tail and body lengths) -> _parts(...)
+        for topic, tag, keys, props, group, deliver_at_ms, level, message_id, body in map(_ATTRS, messages):
+            mid = message_id.encode() if message_id else next(fresh_ids)
+            if group:
+                mtype, tail = _FIFO, text(k_group, group)
+            elif deliver_at_ms is not None:
+                mtype, tail = _DELAY, field(k_delivery, timestamp(int(deliver_at_ms)))
+            else:
+                mtype, tail = _NORMAL, b""
+            if keys or props or level:  # a shape of its own
+                if level:
+                    mtype = _DELAY
+                    props = dict(props, **{DELAY_LEVEL_PROPERTY: str(int(level))})
+                head = topic_fields.get(topic) or self._topic_field(topic)
+                if props:
+                    head += f.properties(props)
+                sp_head = text(k_tag, tag) if tag else b""
+                if keys:
+                    sp_head += b"".join([text(k_keys, k) for k in keys])
+                parts = _parts(head, sp_head, commons[mtype], len(mid), len(tail), len(body))
+            else:
+                at = (topic, tag, mtype, len(mid), len(tail), len(body))
+                parts = made.get(at)
+                if parts is None:
+                    parts = made[at] = _parts(self._topic_field(topic), text(k_tag, tag) if tag else b"",
+                                              commons[mtype], *at[3:])
+            if tail:
+                extend((parts[0], mid, parts[1], tail, parts[2], body))
+            else:
+                extend((parts[0], mid, parts[3], body))
+        return b"".join(pieces)
+
+
+def _parts(head: bytes, sp_head: bytes, common: bytes, id_len: int, tail_len: int,
+           body_len: int) -> tuple[bytes, bytes, bytes, bytes]:
+    """(the bytes before the id, those after it up to the tail, the body's key and length, the
+    last two joined) of a message: ``head`` its topic and user properties, ``sp_head`` its tag and
+    keys, ``common`` what follows the id (``_commons``)."""
+    varint = f.varint
+    sp_head += f.K_SP_MESSAGE_ID + varint(id_len)
+    sp_len = len(sp_head) + id_len + len(common) + tail_len
+    size = len(head) + 1 + len(varint(sp_len)) + sp_len
+    body_head = b""
+    if body_len:  # (proto3 leaves an empty body out)
+        body_head = f.K_MESSAGE_BODY + varint(body_len)
+        size += len(body_head) + body_len
+    prefix = f.K_SEND_MESSAGES + varint(size) + head + f.K_MESSAGE_SP + varint(sp_len) + sp_head
+    return prefix, common, body_head, common + body_head
