@@ -1,11 +1,12 @@
 """Writing the store: encode a batch of records, give each its queue offset, append to the log.
 
-``StoreWriter.write`` appends ``Prepared`` records (page cache only); ``write_plain`` does the
-same for plain records of one topic given as columns. Each written batch waits in
-``Store._pending`` (its consume-queue entries, and the FLAG_DELAYED records the timer absorbs)
-until ``Store.dispatch`` makes it visible; ``Store.sync`` makes it durable. The record layout is
-``chronoq.store.record``'s: both loops inline ``record.encode_parts`` (a call per message costs as
-much as its body) and the record-equivalence tests hold them to its bytes.
+``StoreWriter.write_columns`` appends a batch given as ``Columns`` (page cache only); ``write``
+is the same for a list of ``Prepared`` records (the timer's copies, POP, features). Each written
+batch waits in ``Store._pending`` (its consume-queue entries, and the FLAG_DELAYED records the
+timer absorbs) until ``Store.dispatch`` makes it visible; ``Store.sync`` makes it durable. The
+record layout is ``chronoq.store.record``'s: ``write_columns`` holds the one loop that encodes
+records on the write path (``record.encode_parts`` inlined: a call per message costs as much as
+its body), and the record-equivalence tests hold it to the codec's bytes.
 """
 
 from __future__ import annotations
@@ -50,11 +51,28 @@ class Written(NamedTuple):
     size: int
 
 
+class Columns(NamedTuple):
+    """A batch of records as columns, one list per ``Prepared`` field, in its order (the send
+    path's shape: no tuple per message). A column may repeat one object (``[topic] * n``)."""
+
+    topics: list
+    queue_ids: list
+    flags: list
+    born_ms: list
+    deliver_at_ms: list
+    message_ids: list
+    tags: list
+    keys: list
+    properties: list
+    bodies: list
+
+
+assert len(Columns._fields) == len(Prepared._fields)
 
 
 class StoreWriter:
-    """The write half of ``chronoq.store.store.Store``, a mixin: the two encoder loops are the
-    send path's hottest code, moved here unchanged, and they share with recovery, dispatch and
+    """The write half of ``chronoq.store.store.Store``, a mixin: the encoder loop is the send
+    path's hottest code, and they share with recovery, dispatch and
     the holds the store state named below (a class of its own would take all of it: the store)."""
 
     clock: object
@@ -68,7 +86,24 @@ class StoreWriter:
     _hold_written: Callable[[list, int, int, int], None]
 
     def write(self, messages: Iterable[Prepared]) -> list[Written]:
-        """Append a batch to the log (page cache). Not durable or visible until sync/dispatch."""
+        """Append a batch of ``Prepared`` records (page cache): ``write_columns`` of their columns.
+        Not durable or visible until sync/dispatch."""
+        rows = messages if type(messages) is list else list(messages)
+        if not rows:
+            return []
+        columns = Columns(*map(list, zip(*rows)))
+        commits, qoffs, sizes = self.write_columns(columns)
+        new_tuple = tuple.__new__  # (a NamedTuple's own __new__ is a Python-level call)
+        return [new_tuple(Written, w) for w in zip(commits, qoffs, sizes)]
+
+    def write_columns(self, c: "Columns") -> tuple[list[int], list[int], list[int]]:
+        """Append a batch given as columns (the send path's shape: no object per message) to the
+        log (page cache). Returns the commit offsets, queue offsets (0 for a FLAG_DELAYED record:
+        no consume-queue entry until the timer re-puts it) and record sizes, per record.
+
+        The one record encoder of the write path: ``record.encode_parts``, inlined (a call per
+        message costs as much as its body); the record-equivalence tests hold it to the codec.
+        """
         now = self.clock.wall_ms()
         next_qoff = self._next_qoff
         topic_bytes = self._topic_bytes
@@ -83,10 +118,10 @@ class StoreWriter:
         add_meta = meta.append
         sizes: list[int] = []
         add_size = sizes.append
+        qoffs: list[int] = []
+        add_qoff = qoffs.append
         holds = False
-        for m in messages:
-            # One unpack instead of a named-field lookup per use: this loop runs per message.
-            topic, queue_id, flags, born_ms, deliver_at_ms, message_id, tag, keys, props, body = m
+        for topic, queue_id, flags, born_ms, deliver_at_ms, message_id, tag, keys, props, body in zip(*c):
             stamp = now
             if flags & held_flag:
                 assert deliver_at_ms > 0 and not flags & delayed, "a held copy is a visible copy with a due time"
@@ -110,8 +145,6 @@ class StoreWriter:
             tb = topic_bytes.get(topic)
             if tb is None:
                 tb = topic_bytes[topic] = topic.encode()
-            # record.encode_parts, inlined (a call per message costs as much as its body); the
-            # record-equivalence tests hold both to the same bytes.
             head = pack_tail(flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
                              len(tag), len(keys), len(props), len(body)) + tb + message_id + tag + keys + props
             size = crc_start + len(head) + len(body)
@@ -122,11 +155,12 @@ class StoreWriter:
             add_piece(body)
             add_meta((key, qoff, size, tag_hash, time_ms))
             add_size(size)
+            add_qoff(qoff)
         if not meta:
-            return []
+            return [], [], []
         ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
-        out: list[Written] = []
-        add_out, new_tuple = out.append, tuple.__new__
+        commits: list[int] = []
+        add_commit = commits.append
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         delayed_records: list[tuple[int, int, int]] = []
         i = 0
@@ -141,8 +175,7 @@ class StoreWriter:
                     self._hold_written(meta, i, j, now)
                 for k in range(i, j):
                     key, qoff, length, tag_hash, time_ms = meta[k]
-                    # tuple.__new__: a NamedTuple's own __new__ is a Python-level call, per message.
-                    add_out(new_tuple(Written, (pos, qoff, length)))
+                    add_commit(pos)
                     if key is None:
                         delayed_records.append((pos, length, time_ms))
                         pos += length
@@ -159,83 +192,8 @@ class StoreWriter:
             for key, qoff, *_ in meta[i:]:  # give back the offsets of what was not written
                 if key is not None:  # (delayed records took no queue offset)
                     next_qoff[key] = min(next_qoff[key], qoff)
-            if out:
+            if commits:
                 self._pending.append((pos, batch, delayed_records))
             raise
         self._pending.append((pos, batch, delayed_records))
-        return out
-
-    def write_plain(self, topic: str, queue_ids: list[int], born_ms: list[int], message_ids: list[bytes],
-                    tags: list[bytes], bodies: list[bytes]) -> tuple[list[int], list[int]]:
-        """``write`` for plain records of one topic (flags 0; no keys, properties or delay), from
-        columns instead of ``Prepared`` tuples: the same records byte for byte, the same queue
-        offsets and pending dispatch, without a tuple per message in or out (the SendMessage
-        fast path, chronoq.server.grpc_server). Returns (commit offsets, queue offsets).
-        """
-        n = len(bodies)
-        assert len(queue_ids) == len(born_ms) == len(message_ids) == len(tags) == n
-        if not n:
-            return [], []
-        now = self.clock.wall_ms()
-        tb = self._topic_bytes.get(topic)
-        if tb is None:
-            tb = self._topic_bytes[topic] = topic.encode()
-        tlen = len(tb)
-        next_qoff = self._next_qoff
-        nxt: dict[int, int] = {}
-        for qid in set(queue_ids):
-            qoff = next_qoff.get((topic, qid))
-            nxt[qid] = self._queue(topic, qid).next_offset if qoff is None else qoff
-        first = dict(nxt)
-        tag_hash = {t: zlib.crc32(t) for t in set(tags)}
-        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
-        magic, version, size_max = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX
-        pieces: list[bytes] = []
-        add = pieces.append
-        sizes: list[int] = []
-        add_size = sizes.append
-        qoffs: list[int] = []
-        add_qoff = qoffs.append
-        # The loop of record.encode_parts, inlined: a call per message costs as much as its body.
-        for qid, born, mid, tag, body in zip(queue_ids, born_ms, message_ids, tags, bodies):
-            qoff = nxt[qid]
-            nxt[qid] = qoff + 1
-            head = pack_tail(0, qid, qoff, born, now, 0, tlen, len(mid), len(tag), 0, 0, len(body)) + tb + mid + tag
-            total = record.CRC_START + len(head) + len(body)
-            if total > size_max:
-                raise ValueError(f"record of {total} bytes exceeds {size_max}")
-            add(pack_prefix(total, magic, version, extend(crc(head), body)))
-            add(head)
-            add(body)
-            add_size(total)
-            add_qoff(qoff)
-        commits: list[int] = []
-        add_commit = commits.append
-        runs: dict[int, bytearray] = {qid: bytearray() for qid in nxt}
-        pack_entry = _pack_entry
-        i = pos = 0
-        try:
-            while i < n:
-                j, room, size = i, self.log.room(), 0
-                # Fill what fits in the active segment; a roll happens between chunks only.
-                while j < n and (size + sizes[j] <= room or j == i):
-                    size += sizes[j]
-                    j += 1
-                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
-                for k in range(i, j):
-                    length = sizes[k]
-                    add_commit(pos)
-                    runs[queue_ids[k]] += pack_entry(pos, length, tag_hash[tags[k]], now)
-                    pos += length
-                i = j
-        finally:
-            # Queue offsets of records not written (a storage error) are given back; what was
-            # written waits for dispatch like any batch.
-            batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-            for qid, run in runs.items():
-                next_qoff[(topic, qid)] = first[qid] + len(run) // ENTRY_SIZE
-                if run:
-                    self._add_entry(batch, (topic, qid), first[qid], run)
-            if commits:
-                self._pending.append((pos, batch, []))
-        return commits, qoffs
+        return commits, qoffs, sizes
