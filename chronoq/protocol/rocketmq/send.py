@@ -64,6 +64,7 @@ def send_request(messages) -> bytes:
 # ------------------------------------------------------------------------------ response
 _OK_ENTRY_STATUS = f.field(f.K_ENTRY_STATUS, f.OK_STATUS)
 _OK_TOP = f.field(f.K_SEND_STATUS, f.OK_STATUS)
+_NO_OFFSET = varint(-1)  # (a delayed message's: in no queue until due)
 
 
 def send_response(message_ids, offsets, recall_handles=None, transaction_ids=None, failures=None, *,
@@ -82,6 +83,7 @@ def send_response(message_ids, offsets, recall_handles=None, transaction_ids=Non
     pieces = [top]
     add = pieces.append
     small, head, k_id, k_offset, ok = _SMALL, f.K_SEND_ENTRIES, f.K_ENTRY_MESSAGE_ID, f.K_ENTRY_OFFSET, _OK_ENTRY_STATUS
+    k_recall, none = f.K_ENTRY_RECALL_HANDLE, _NO_OFFSET
     for message_id, offset, recall, txid, failure in zip(
             message_ids, offsets, recall_handles or repeat(""), transaction_ids or repeat(""),
             failures or repeat(None)):
@@ -92,9 +94,9 @@ def send_response(message_ids, offsets, recall_handles=None, transaction_ids=Non
         if txid:
             entry += f.string_field(f.K_ENTRY_TRANSACTION_ID, txid)
         if offset:
-            entry += k_offset + (small[offset] if 0 < offset < 128 else varint(offset))
-        if recall:
-            entry += f.string_field(f.K_ENTRY_RECALL_HANDLE, recall)
+            entry += k_offset + (small[offset] if 0 < offset < 128 else none if offset == -1 else varint(offset))
+        if recall:  # (printable ASCII: its length in characters is its length in bytes)
+            entry += k_recall + (small[len(recall)] if len(recall) < 128 else varint(len(recall))) + recall.encode()
         add(head)
         add(small[len(entry)] if len(entry) < 128 else varint(len(entry)))
         add(entry)
@@ -186,6 +188,16 @@ def _fields(raw: bytes, pos: int, end: int):
 
 def _timestamp(raw: bytes, a: int, b: int) -> tuple[int, int]:
     """(seconds, nanos) of a Timestamp's bytes (a field given twice: the last)."""
+    if a < b and raw[a] == _TS_SECONDS_KEY:  # as protobuf writes it (once per delayed message: no loop)
+        seconds, p = _varint(raw, a + 1, b)
+        if seconds >= 1 << 63:
+            seconds = _int64(seconds)
+        if p == b:
+            return seconds, 0
+        if raw[p] == _TS_NANOS_KEY:
+            nanos, p = _varint(raw, p + 1, b)
+            if p == b:
+                return seconds, nanos if nanos < 1 << 31 else _int32(nanos)
     seconds = nanos = 0
     for n, w, x, _ in _fields(raw, a, b):
         if n == _SECONDS:
