@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine import python_speed  # noqa: E402
 from chronoq.broker import trace  # noqa: E402
-from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
+from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage  # noqa: E402
 from chronoq.core.clock import SystemClock  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.pop.service import PopService  # noqa: E402
