@@ -38,6 +38,7 @@ __all__ = ["Sender", "OutgoingBatch", "OutgoingMessage", "Sent"]
 # about a microsecond on Python 3.11.
 _MIXED, _NORMAL, _FIFO, _DELAY = MessageType.MIXED, MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY
 _FLAG_DELAYED = record.FLAG_DELAYED
+_BYTES, _STR, _INT = {bytes}, {str}, {int}
 
 log = logging.getLogger("chronoq.broker.broker")
 
@@ -167,8 +168,8 @@ class Sender:
         # --- bodies: bytes, not empty, within the limit
         bodies = batch.bodies
         body_max = self.config.max_body_bytes
-        if not all(type(b) is bytes for b in bodies) or (n and (not min(map(len, bodies))
-                                                                or max(map(len, bodies)) > body_max)):
+        if (n and set(map(type, bodies)) != _BYTES) or (n and (not min(map(len, bodies))
+                                                               or max(map(len, bodies)) > body_max)):
             bodies = list(bodies)
             for i, body in enumerate(bodies):
                 if type(body) is not bytes or not body or len(body) > body_max:
@@ -182,17 +183,20 @@ class Sender:
             raw_tags = [b""] * n
         else:
             known: dict = {}
-            raw_tags = []
-            add_tag = raw_tags.append
-            for i, tag in enumerate(tags):
-                raw = known.get(tag) if type(tag) is str else None
-                if raw is None:
-                    try:
-                        raw = self.tag_bytes(tag) if tag else b""
-                    except errors.ClientError as exc:
-                        raise _Refused(i, exc) from None
-                    known[tag] = raw
-                add_tag(raw)
+            if set(map(type, tags)) != _STR:  # (not a str: refused unless falsy, which means none)
+                for i, tag in enumerate(tags):
+                    if tag:
+                        try:
+                            self.tag_bytes(tag)
+                        except errors.ClientError as exc:
+                            raise _Refused(i, exc) from None
+                tags = [t if t else "" for t in tags]
+            for tag in set(tags):
+                try:
+                    known[tag] = self.tag_bytes(tag) if tag else b""
+                except errors.ClientError as exc:
+                    raise _Refused(tags.index(tag), exc) from None
+            raw_tags = list(map(known.__getitem__, tags))
         # --- keys, properties, groups (rare: message by message where set)
         keys_in = batch.keys
         if keys_in is None:
@@ -233,6 +237,8 @@ class Sender:
         types_in = batch.message_types
         if types_in is None and groups is None:
             mtypes = [_DELAY if d else _NORMAL for d in delayed] if delayed is not None else [_NORMAL] * n
+        elif types_in is not None and None not in types_in:  # (as the wire's columns come: every type set)
+            mtypes = types_in
         else:
             mtypes = [t or (_FIFO if g else _DELAY if d else _NORMAL) for t, g, d in zip(
                 types_in or repeat(None, n), groups or repeat(None, n), delayed or repeat(False, n))]
@@ -280,10 +286,15 @@ class Sender:
         queue_ids = self._queues(batch, n, names, one, topic_of, groups, commit)
         # --- born, due times and flags
         born_in = batch.born_ms
-        borns = [now] * n if born_in is None else [now if b is None else int(b) for b in born_in]
+        if born_in is None:
+            borns = [now] * n
+        elif None not in born_in and set(map(type, born_in)) == _INT:
+            borns = born_in
+        else:
+            borns = [now if b is None else int(b) for b in born_in]
         base_flags = record.FLAG_SYSTEM if system else 0
         topic_names = [one.name] * n if topic_of is None else [c.name for c in topic_of]
-        raw_ids = [m.encode() for m in ids]
+        raw_ids = list(map(str.encode, ids))
         flags = [base_flags] * n
         dues = [0] * n
         cols = Columns(topic_names, queue_ids, flags, borns, dues, raw_ids, raw_tags, raw_keys, raw_props, bodies)
@@ -341,10 +352,10 @@ class Sender:
         n = len(cols.bodies)
         if levels_in is None:
             values = deliver_in
-            given = [d for d in values if d is not None]
+            given = values if None not in values else [d for d in values if d is not None]
             # In bulk: all ints within the maximum delay (the timer's rule, ``due_ms``).
-            if all(type(d) is int for d in given) and (not given or max(given) - now <= self.timer.opts.max_delay_ms):
-                dues = [0 if d is None else d for d in values]
+            if set(map(type, given)) <= _INT and (not given or max(given) - now <= self.timer.opts.max_delay_ms):
+                dues = values if given is values else [0 if d is None else d for d in values]
             else:
                 dues = []
                 for i, d in enumerate(values):
@@ -354,6 +365,9 @@ class Sender:
                         raise _Refused(i, exc) from None
             cols.deliver_at_ms[:] = dues
             flags = cols.flags
+            if min(dues) > now:  # the delayed batch
+                flags[:] = [flags[0] | _FLAG_DELAYED] * n
+                return
             delayed = _FLAG_DELAYED
             for i, d in enumerate(dues):
                 if d > now:  # (due already: an ordinary record with its due time, visible at once)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from operator import is_not
 import zlib
 from itertools import repeat
 
@@ -160,7 +161,7 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
     props_in = cols.properties
     levels = None
     properties = None
-    if any(p is not None for p in props_in):
+    if props_in.count(None) != n:
         properties = [dict(p) if p else {} for p in props_in]
         if any(p and DELAY_LEVEL_PROPERTY in p for p in props_in):
             levels = [None] * n
@@ -168,15 +169,17 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
                 if DELAY_LEVEL_PROPERTY in p:
                     levels[i] = _delay_level(p.pop(DELAY_LEVEL_PROPERTY), ids[i]) or None  # (a request, not data)
     deliveries, groups = cols.delivery_timestamps, cols.message_groups
-    rules = list(zip(cols.message_types, map(_is_set, groups), map(_is_set, deliveries), cols.lite_topics,
-                     cols.priorities, map(bool, levels) if levels is not None else repeat(False, n)))
+    # (C-level maps only: no Python call per message)
+    rules = list(zip(cols.message_types, map(is_not, groups, repeat(None)), map(is_not, deliveries, repeat(None)),
+                     cols.lite_topics, cols.priorities, map(bool, levels) if levels is not None else repeat(False, n)))
     outcome = {rule: _type_rule(*rule) for rule in set(rules)}
     mtypes = list(map(outcome.__getitem__, rules))
-    if not all(type(t) is MessageType for t in mtypes):
+    kinds = set(outcome.values())
+    if not all(type(t) is MessageType for t in kinds):
         i, refuse = next((i, t) for i, t in enumerate(mtypes) if type(t) is not MessageType)
         raise refuse(ids[i])
     deliver_at = None
-    if _MT_DELAY in mtypes:
+    if _MT_DELAY in kinds:
         deliver_at = [None] * n
         for i, (mtype, ts, level) in enumerate(zip(mtypes, deliveries, levels or repeat(None, n))):
             if mtype is _MT_DELAY and not level:
@@ -188,24 +191,20 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
             for i, (mtype, ts, level) in enumerate(zip(mtypes, deliveries, levels or repeat(None, n))):
                 if mtype is _MT_DELAY and not level:  # the timer's rule words the refusal
                     deliver_at[i] = from_client_timestamp(ts[0], ts[1], now_ms, max_delay_ms)
-    pairs = list(zip(mtypes, map(_is_set, groups)))
+    pairs = list(zip(mtypes, map(is_not, groups, repeat(None))))
     group_outcome = {pair: _group_rule(*pair) for pair in set(pairs)}
     if any(v is not True for v in group_outcome.values()):
         i = next(i for i, pair in enumerate(pairs) if group_outcome[pair] is not True)
         raise group_outcome[pairs[i]](ids[i])
-    if _MT_FIFO in mtypes:
+    if _MT_FIFO in kinds:
         for i, (mtype, group) in enumerate(zip(mtypes, groups)):
             if mtype is _MT_FIFO and not group:  # (its bytes are checked by chronoq.core.validate)
                 raise errors.InvalidMessageGroup(f"message {ids[i]}: a FIFO message needs a non-empty message_group")
     tags = cols.tags
     keys = cols.keys
     return OutgoingBatch(cols.topics, bodies, tags if any(tags) else None, keys if any(keys) else None, properties,
-                         ids, None, groups if any(g is not None for g in groups) else None, cols.born_ms, mtypes,
+                         ids, None, groups if groups.count(None) != n else None, cols.born_ms, mtypes,
                          deliver_at, levels)
-
-
-def _is_set(value) -> bool:
-    return value is not None
 
 
 def _type_rule(ptype: int, has_group: bool, has_ts: bool, lite: bool, priority: bool, level: bool):

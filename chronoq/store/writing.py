@@ -15,12 +15,13 @@ import bisect
 import itertools
 import zlib
 from collections import deque
+from itertools import repeat
 from typing import Callable, Iterable, NamedTuple
 
 from chronoq.core import errors
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog
-from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
+from chronoq.store.consumequeue import ENTRY, ConsumeQueue
 
 _pack_entry = ENTRY.pack
 
@@ -101,95 +102,128 @@ class StoreWriter:
         log (page cache). Returns the commit offsets, queue offsets (0 for a FLAG_DELAYED record:
         no consume-queue entry until the timer re-puts it) and record sizes, per record.
 
-        The one record encoder of the write path: ``record.encode_parts``, inlined (a call per
-        message costs as much as its body); the record-equivalence tests hold it to the codec.
+        Holds the one loop that encodes records on the write path: ``record.encode_parts``,
+        inlined (a call per message costs as much as its body); the record-equivalence tests hold
+        it to the codec. What does not depend on the record's bytes (queue offsets, store times,
+        topic bytes, tag hashes) is worked out per column before it, in bulk where a batch is all
+        of one kind (the send path's plain and delayed batches).
         """
+        topics, queue_ids, flags, borns, dues, message_ids, tags, keys, props, bodies = c
+        n = len(bodies)
+        if not n:
+            return [], [], []
         now = self.clock.wall_ms()
         next_qoff = self._next_qoff
-        topic_bytes = self._topic_bytes
-        tag_hashes = self._tag_hashes
-        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
-        magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
-        delayed = record.FLAG_DELAYED
-        held_flag = record.FLAG_HELD
-        pieces: list[bytes] = []
-        add_piece = pieces.append
-        meta = []
-        add_meta = meta.append
-        sizes: list[int] = []
-        add_size = sizes.append
-        qoffs: list[int] = []
-        add_qoff = qoffs.append
-        holds = False
-        for topic, queue_id, flags, born_ms, deliver_at_ms, message_id, tag, keys, props, body in zip(*c):
-            stamp = now
-            if flags & held_flag:
-                assert deliver_at_ms > 0 and not flags & delayed, "a held copy is a visible copy with a due time"
-                stamp = deliver_at_ms
-                holds = True
-            if flags & delayed:
-                # Not in any consume queue yet: the timer re-puts a copy when it falls due.
-                key, qoff, tag_hash, time_ms = None, 0, 0, deliver_at_ms
-            else:
+        delayed_flag, held_flag = record.FLAG_DELAYED, record.FLAG_HELD
+        kinds = {f & (delayed_flag | held_flag) for f in set(flags)}
+        # Per record: its queue (None: a delayed record, in none yet), queue offset, store time
+        # (a held copy: its due time) and the time its consume-queue entry carries.
+        holds = held_flag in kinds or delayed_flag | held_flag in kinds
+        if kinds == {delayed_flag}:  # the delayed batch: no queue, no offset
+            qkeys, qoffs, stamps = [None] * n, [0] * n, [now] * n
+        elif kinds == {0}:  # the plain batch: each queue's offsets run on from its next one
+            qkeys = list(zip(topics, queue_ids))
+            counters = {}
+            for key in set(qkeys):
+                qoff = next_qoff.get(key)
+                counters[key] = itertools.count(self._queue(*key).next_offset if qoff is None else qoff).__next__
+            qoffs = [counters[key]() for key in qkeys]
+            for key, following in counters.items():
+                next_qoff[key] = following()
+            stamps = [now] * n
+        else:
+            qkeys, qoffs, stamps = [], [], []
+            for topic, queue_id, f, due in zip(topics, queue_ids, flags, dues):
+                if f & delayed_flag:
+                    assert not f & held_flag, "a held copy is a visible copy with a due time"
+                    qkeys.append(None)
+                    qoffs.append(0)
+                    stamps.append(now)
+                    continue
                 key = (topic, queue_id)
                 qoff = next_qoff.get(key)
                 if qoff is None:
                     qoff = self._queue(*key).next_offset
                 next_qoff[key] = qoff + 1
-                tag_hash = tag_hashes.get(tag)
-                if tag_hash is None:
-                    if len(tag_hashes) > 4096:
-                        tag_hashes.clear()
-                    tag_hash = tag_hashes[tag] = zlib.crc32(tag)
-                time_ms = stamp
-            tb = topic_bytes.get(topic)
-            if tb is None:
-                tb = topic_bytes[topic] = topic.encode()
-            head = pack_tail(flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
-                             len(tag), len(keys), len(props), len(body)) + tb + message_id + tag + keys + props
+                qkeys.append(key)
+                qoffs.append(qoff)
+                if f & held_flag:
+                    assert due > 0, "a held copy is a visible copy with a due time"
+                    stamps.append(due)
+                else:
+                    stamps.append(now)
+        topic_bytes = self._topic_bytes
+        for topic in set(topics):
+            if topic not in topic_bytes:
+                topic_bytes[topic] = topic.encode()
+        tbs = list(map(topic_bytes.__getitem__, topics))
+        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
+        magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
+        pieces: list[bytes] = []
+        add_piece = pieces.append
+        sizes: list[int] = []
+        add_size = sizes.append
+        # The record encoder (record.encode_parts, inlined).
+        for f, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
+                flags, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
+            head = pack_tail(f, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id), len(tag),
+                             len(k), len(pr), len(body)) + tb + message_id + tag + k + pr
             size = crc_start + len(head) + len(body)
             if size > size_max:
                 raise ValueError(f"record of {size} bytes exceeds {size_max}")
             add_piece(pack_prefix(size, magic, version, extend(crc(head), body)))
             add_piece(head)
             add_piece(body)
-            add_meta((key, qoff, size, tag_hash, time_ms))
             add_size(size)
-            add_qoff(qoff)
-        if not meta:
-            return [], [], []
+        tag_hashes = self._tag_hashes
+        if len(tag_hashes) > 4096:
+            tag_hashes.clear()
+        for tag in set(tags):
+            if tag not in tag_hashes:
+                tag_hashes[tag] = zlib.crc32(tag)
         ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
         commits: list[int] = []
-        add_commit = commits.append
+        all_delayed = kinds == {delayed_flag}
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         delayed_records: list[tuple[int, int, int]] = []
         i = 0
         pos = 0
         try:
-            while i < len(meta):
+            while i < n:
                 # Fill what fits in the active segment (at least one record); a roll happens
                 # between chunks only.
                 j = max(i + 1, bisect.bisect_right(ends, (ends[i - 1] if i else 0) + self.log.room(), i))
                 pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
                 if holds:  # before dispatch can put their entries: never visible unreleased
-                    self._hold_written(meta, i, j, now)
-                for k in range(i, j):
-                    key, qoff, length, tag_hash, time_ms = meta[k]
-                    add_commit(pos)
-                    if key is None:
-                        delayed_records.append((pos, length, time_ms))
-                        pos += length
-                        continue
-                    run = batch.get(key)
-                    entry = _pack_entry(pos, length, tag_hash, time_ms)
-                    if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:
-                        run[1].extend(entry)
-                    else:
-                        self._add_entry(batch, key, qoff, entry)
-                    pos += length
+                    self._hold_written(list(zip(qkeys[i:j], qoffs[i:j], sizes[i:j], repeat(0), stamps[i:j])),
+                                       0, j - i, now)
+                # Commit offsets from the sizes; consume-queue entries packed in one C pass, then
+                # joined per queue (a queue's records in a batch take consecutive offsets).
+                base = pos - (ends[i - 1] if i else 0)
+                chunk = [base + e - size for e, size in zip(ends[i:j], sizes[i:j])]
+                commits += chunk
+                pos = base + ends[j - 1]
+                if all_delayed:
+                    delayed_records += zip(chunk, sizes[i:j], dues[i:j])
+                else:
+                    entries = list(map(_pack_entry, chunk, sizes[i:j], map(tag_hashes.__getitem__, tags[i:j]),
+                                       stamps[i:j]))
+                    runs: dict = {}
+                    for key, qoff, entry, commit, length, due in zip(qkeys[i:j], qoffs[i:j], entries, chunk,
+                                                                     sizes[i:j], dues[i:j]):
+                        if key is None:
+                            delayed_records.append((commit, length, due))
+                            continue
+                        run = runs.get(key)
+                        if run is None:
+                            runs[key] = (qoff, [entry])
+                        else:
+                            run[1].append(entry)
+                    for key, (first, parts) in runs.items():
+                        self._add_entry(batch, key, first, b"".join(parts))
                 i = j
         except errors.StorageError:
-            for key, qoff, *_ in meta[i:]:  # give back the offsets of what was not written
+            for key, qoff in zip(qkeys[i:], qoffs[i:]):  # give back the offsets of what was not written
                 if key is not None:  # (delayed records took no queue offset)
                     next_qoff[key] = min(next_qoff[key], qoff)
             if commits:
