@@ -169,17 +169,31 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
                 if DELAY_LEVEL_PROPERTY in p:
                     levels[i] = _delay_level(p.pop(DELAY_LEVEL_PROPERTY), ids[i]) or None  # (a request, not data)
     deliveries, groups = cols.delivery_timestamps, cols.message_groups
-    # (C-level maps only: no Python call per message)
-    rules = list(zip(cols.message_types, map(is_not, groups, repeat(None)), map(is_not, deliveries, repeat(None)),
-                     cols.lite_topics, cols.priorities, map(bool, levels) if levels is not None else repeat(False, n)))
-    outcome = {rule: _type_rule(*rule) for rule in set(rules)}
-    mtypes = list(map(outcome.__getitem__, rules))
-    kinds = set(outcome.values())
+    types, lites, priorities = cols.message_types, cols.lite_topics, cols.priorities
+    no_groups, no_deliveries = groups.count(None), deliveries.count(None)
+    if levels is None and types.count(types[0]) == n and no_groups in (0, n) and no_deliveries in (0, n) \
+            and lites.count(lites[0]) == n and priorities.count(priorities[0]) == n:
+        # Every message decides its type alike (the usual batch): the rule once.
+        kind = _type_rule(types[0], not no_groups, not no_deliveries, lites[0], priorities[0], False)
+        mtypes = [kind] * n
+        kinds = {kind}
+    else:  # (C-level maps only: no Python call per message)
+        rules = list(zip(types, map(is_not, groups, repeat(None)), map(is_not, deliveries, repeat(None)),
+                         lites, priorities, map(bool, levels) if levels is not None else repeat(False, n)))
+        outcome = {rule: _type_rule(*rule) for rule in set(rules)}
+        mtypes = list(map(outcome.__getitem__, rules))
+        kinds = set(outcome.values())
     if not all(type(t) is MessageType for t in kinds):
         i, refuse = next((i, t) for i, t in enumerate(mtypes) if type(t) is not MessageType)
         raise refuse(ids[i])
     deliver_at = None
-    if _MT_DELAY in kinds:
+    if kinds == {_MT_DELAY} and levels is None:  # the delayed batch: every message timed
+        all_nanos = list(map(_nanos, deliveries))
+        deliver_at = [seconds * 1000 + nanos // 1_000_000 for seconds, nanos in deliveries]
+        if min(all_nanos) < 0 or max(all_nanos) >= 1_000_000_000 or max(deliver_at) - now_ms > max_delay_ms:
+            for i, ts in enumerate(deliveries):  # the timer's rule words the refusal
+                deliver_at[i] = from_client_timestamp(ts[0], ts[1], now_ms, max_delay_ms)
+    elif _MT_DELAY in kinds:
         deliver_at = [None] * n
         for i, (mtype, ts, level) in enumerate(zip(mtypes, deliveries, levels or repeat(None, n))):
             if mtype is _MT_DELAY and not level:
@@ -191,11 +205,16 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
             for i, (mtype, ts, level) in enumerate(zip(mtypes, deliveries, levels or repeat(None, n))):
                 if mtype is _MT_DELAY and not level:  # the timer's rule words the refusal
                     deliver_at[i] = from_client_timestamp(ts[0], ts[1], now_ms, max_delay_ms)
-    pairs = list(zip(mtypes, map(is_not, groups, repeat(None))))
-    group_outcome = {pair: _group_rule(*pair) for pair in set(pairs)}
-    if any(v is not True for v in group_outcome.values()):
-        i = next(i for i, pair in enumerate(pairs) if group_outcome[pair] is not True)
-        raise group_outcome[pairs[i]](ids[i])
+    if len(kinds) == 1 and no_groups in (0, n):  # (the usual batch: the rule once)
+        refuse = _group_rule(mtypes[0], not no_groups)
+        if refuse is not True:
+            raise refuse(ids[0])
+    else:
+        pairs = list(zip(mtypes, map(is_not, groups, repeat(None))))
+        group_outcome = {pair: _group_rule(*pair) for pair in set(pairs)}
+        if any(v is not True for v in group_outcome.values()):
+            i = next(i for i, pair in enumerate(pairs) if group_outcome[pair] is not True)
+            raise group_outcome[pairs[i]](ids[i])
     if _MT_FIFO in kinds:
         for i, (mtype, group) in enumerate(zip(mtypes, groups)):
             if mtype is _MT_FIFO and not group:  # (its bytes are checked by chronoq.core.validate)
@@ -262,6 +281,7 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
     return outgoing_batch(send_columns([msg]), max_body_bytes, now_ms, max_delay_ms).message(0)
 
 
+_nanos = operator.itemgetter(1)
 _get_sp, _get_topic, _get_body = (operator.attrgetter("system_properties"), operator.attrgetter("topic.name"),
                                   operator.attrgetter("body"))
 _get_type, _get_encoding, _get_id = map(operator.attrgetter, ("message_type", "body_encoding", "message_id"))

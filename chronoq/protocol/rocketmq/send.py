@@ -373,15 +373,19 @@ def _columns(raw: bytes) -> SendColumns:
     pos = 0
     ids: list[bytes] = []
     bodies: list[bytes] = []
-    deliveries: list = []
-    add_id, add_body, add_delivery = ids.append, bodies.append, deliveries.append
-    # The other columns hold the shape's message's values: runs of (those values, how many
-    # messages), expanded at the end (no append per message and column).
+    add_id, add_body = ids.append, bodies.append
+    # The other columns hold the shape's message's values: runs of [those values, how many
+    # messages, their delivery timestamps (timed shapes; else the first's)], expanded at the end
+    # (no append per message and column).
     runs: list[list] = []
-    run = None
-    # The current shape, unpacked into locals (the loop below is the hot path).
-    head = sp_before = between = b""
-    id_len = head_len = before_len = between_len = -1
+    run: list = []
+    add_delivery = None
+    # The current shape, unpacked into locals (the loop below is the hot path). An untimed shape
+    # is matched as its bytes up to the id (its system properties' length among them, which
+    # cannot change) and after it up to the body's length; a timed one reads the length of its
+    # system properties (the timestamp's varints change it) and its timestamp.
+    head = sp_before = between = prefix = tail = b""
+    id_len = head_len = before_len = between_len = prefix_len = tail_len = -1
     timed = False
     startswith = raw.startswith
     seconds_of, nanos_of = _SECONDS_BY_BYTES.get, _NANOS_BY_BYTES.get
@@ -400,31 +404,14 @@ def _columns(raw: bytes) -> SendColumns:
             pos = start + size
         if pos > end:
             raise _GiveUp
-        if id_len >= 0 and startswith(head, start):
-            sp_at = start + head_len
-            b = raw[sp_at]
-            if b < 0x80:
-                sp_at += 1
-            else:
-                b, sp_at = _varint(raw, sp_at, pos)
-            sp_end = sp_at + b
-            at = sp_at + before_len
-            id_end = at + id_len
-            if startswith(sp_before, sp_at) and startswith(between, id_end):
-                q = id_end + between_len
-                delivery = None
-                if timed and q + 2 < sp_end and raw[q] == _TS_KEY and raw[q + 1] + q + 2 == sp_end:
-                    # (seconds and nanos looked up by their bytes: a call per message cost 3 us)
-                    seconds = seconds_of(raw[q + 2:q + 8])
-                    r = q + 8
-                    if seconds is not None and (r == sp_end or raw[r] == _TS_NANOS_KEY and
-                                                (nanos := nanos_of(raw[r + 1:sp_end])) is not None):
-                        delivery = (seconds, 0) if r == sp_end else (seconds, nanos)
-                    else:
-                        delivery = _learn_timestamp(raw, q + 2, sp_end)
-                    q = sp_end
-                if q == sp_end and sp_end < pos and raw[sp_end] == _BODY_KEY and (delivery is not None) is timed:
-                    body_at = sp_end + 1
+        if id_len < 0:
+            pass
+        elif not timed:
+            if startswith(prefix, start):
+                at = start + prefix_len
+                id_end = at + id_len
+                if startswith(tail, id_end):
+                    body_at = id_end + tail_len
                     b = raw[body_at]
                     if b < 0x80:
                         body_at += 1
@@ -436,28 +423,70 @@ def _columns(raw: bytes) -> SendColumns:
                     if body_at + b == pos:
                         add_id(raw[at:id_end])
                         add_body(raw[body_at:pos])
-                        add_delivery(delivery)
                         run[1] += 1
                         continue
+        elif startswith(head, start):
+            sp_at = start + head_len
+            b = raw[sp_at]
+            if b < 0x80:
+                sp_at += 1
+            else:
+                b, sp_at = _varint(raw, sp_at, pos)
+            sp_end = sp_at + b
+            at = sp_at + before_len
+            id_end = at + id_len
+            q = id_end + between_len
+            if startswith(sp_before, sp_at) and startswith(between, id_end) and q + 2 < sp_end \
+                    and raw[q] == _TS_KEY and raw[q + 1] + q + 2 == sp_end and sp_end < pos \
+                    and raw[sp_end] == _BODY_KEY:
+                # (seconds and nanos looked up by their bytes: a call per message cost 3 us)
+                seconds = seconds_of(raw[q + 2:q + 8])
+                r = q + 8
+                if seconds is not None and (r == sp_end or raw[r] == _TS_NANOS_KEY and
+                                            (nanos := nanos_of(raw[r + 1:sp_end])) is not None):
+                    delivery = (seconds, 0) if r == sp_end else (seconds, nanos)
+                else:
+                    delivery = _learn_timestamp(raw, q + 2, sp_end)
+                body_at = sp_end + 1
+                b = raw[body_at]
+                if b < 0x80:
+                    body_at += 1
+                elif body_at + 1 < pos and raw[body_at + 1] < 0x80:
+                    b = b & 0x7F | raw[body_at + 1] << 7
+                    body_at += 2
+                else:
+                    b, body_at = _varint(raw, body_at, pos)
+                if body_at + b == pos:
+                    add_id(raw[at:id_end])
+                    add_body(raw[body_at:pos])
+                    add_delivery(delivery)
+                    run[1] += 1
+                    continue
         values, shape = _read_message(raw, start, pos)
         (topic, message_id, tag, key_tuple, body, born, delivery, mtype, encoding, group, properties, lite,
          priority) = values
         add_id(message_id)
         add_body(body)
-        add_delivery(delivery)
-        run = [(topic, tag, key_tuple, born, mtype, encoding, group, properties, lite, priority), 1]
+        run = [(topic, tag, key_tuple, born, mtype, encoding, group, properties, lite, priority), 1, [delivery]]
+        add_delivery = run[2].append
         runs.append(run)
         if shape is None or properties is not None:  # (a dict per message: not shared)
             id_len = -1
-        else:
-            head, sp_before, id_len, between, timed = shape
-            head_len, before_len, between_len = len(head), len(sp_before), len(between)
+            continue
+        head, sp_before, id_len, between, timed = shape
+        head_len, before_len, between_len = len(head), len(sp_before), len(between)
+        if not timed:
+            prefix = head + varint(before_len + id_len + between_len) + sp_before
+            tail = between + f.K_MESSAGE_BODY
+            prefix_len, tail_len = len(prefix), len(tail)
     if not bodies:
         raise _GiveUp
     constant: list[list] = [[] for _ in range(10)]
-    for values, count in runs:
+    deliveries: list = []
+    for values, count, timestamps in runs:
         for column, value in zip(constant, values):
             column += [value] * count
+        deliveries += timestamps if len(timestamps) == count else timestamps * count
     topics, tags, keys, borns, types, encodings, groups, props, lites, priorities = constant
     return SendColumns(topics, list(map(bytes.decode, ids)), tags, keys, bodies, borns, deliveries, types,
                        encodings, groups, props, lites, priorities)
