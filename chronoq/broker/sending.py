@@ -242,7 +242,9 @@ class Sender:
         else:
             mtypes = [t or (_FIFO if g else _DELAY if d else _NORMAL) for t, g, d in zip(
                 types_in or repeat(None, n), groups or repeat(None, n), delayed or repeat(False, n))]
-        pairs = {(id(c), t) for c, t in zip(topic_of or repeat(one, n), mtypes)} if topic_of or len(set(mtypes)) > 1 \
+        # (``count``, not a set: hashing an enum member is a Python-level call)
+        alike = n and mtypes.count(mtypes[0]) == n
+        pairs = {(id(c), t) for c, t in zip(topic_of or repeat(one, n), mtypes)} if topic_of or not alike \
             else {(id(one), mtypes[0])} if n else set()
         by_id = {id(c): c for c in (topic_of or (one,))}
         for cid, mtype in pairs:
@@ -254,7 +256,7 @@ class Sender:
                     f"topic {cfg.name} accepts {cfg.message_type.name} messages, not {mtype.name}"))
         # --- the properties' bytes (with the group and the type, the broker's)
         if props_in is None and groups is None:
-            if len(set(mtypes)) == 1:
+            if alike:
                 raw_props = [_TYPE_PROPS[mtypes[0]]] * n if n else []
             else:
                 raw_props = [_TYPE_PROPS[t] for t in mtypes]

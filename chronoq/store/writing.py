@@ -116,20 +116,24 @@ class StoreWriter:
         next_qoff = self._next_qoff
         delayed_flag, held_flag = record.FLAG_DELAYED, record.FLAG_HELD
         kinds = {f & (delayed_flag | held_flag) for f in set(flags)}
+        one = None  # the topic of every record, when the queues are named by their ids (``qkeys``)
         # Per record: its queue (None: a delayed record, in none yet), queue offset, store time
         # (a held copy: its due time) and the time its consume-queue entry carries.
         holds = held_flag in kinds or delayed_flag | held_flag in kinds
         if kinds == {delayed_flag}:  # the delayed batch: no queue, no offset
             qkeys, qoffs, stamps = [None] * n, [0] * n, [now] * n
         elif kinds == {0}:  # the plain batch: each queue's offsets run on from its next one
-            qkeys = list(zip(topics, queue_ids))
+            # (a batch of one topic: its queues named by their ids, no tuple per record)
+            one = topics[0] if topics.count(topics[0]) == n else None
+            qkeys = queue_ids if one is not None else list(zip(topics, queue_ids))
             counters = {}
-            for key in set(qkeys):
+            for token in set(qkeys):
+                key = (one, token) if one is not None else token
                 qoff = next_qoff.get(key)
-                counters[key] = itertools.count(self._queue(*key).next_offset if qoff is None else qoff).__next__
-            qoffs = [counters[key]() for key in qkeys]
-            for key, following in counters.items():
-                next_qoff[key] = following()
+                counters[token] = itertools.count(self._queue(*key).next_offset if qoff is None else qoff).__next__
+            qoffs = [counters[token]() for token in qkeys]
+            for token, following in counters.items():
+                next_qoff[(one, token) if one is not None else token] = following()
             stamps = [now] * n
         else:
             qkeys, qoffs, stamps = [], [], []
@@ -220,11 +224,12 @@ class StoreWriter:
                         else:
                             run[1].append(entry)
                     for key, (first, parts) in runs.items():
-                        self._add_entry(batch, key, first, b"".join(parts))
+                        self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
                 i = j
         except errors.StorageError:
             for key, qoff in zip(qkeys[i:], qoffs[i:]):  # give back the offsets of what was not written
                 if key is not None:  # (delayed records took no queue offset)
+                    key = (one, key) if one is not None else key
                     next_qoff[key] = min(next_qoff[key], qoff)
             if commits:
                 self._pending.append((pos, batch, delayed_records))
