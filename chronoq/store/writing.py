@@ -16,6 +16,7 @@ import itertools
 import zlib
 from collections import deque
 from itertools import repeat
+from operator import call, sub
 from typing import Callable, Iterable, NamedTuple
 
 from chronoq.core import errors
@@ -115,27 +116,29 @@ class StoreWriter:
         now = self.clock.wall_ms()
         next_qoff = self._next_qoff
         delayed_flag, held_flag = record.FLAG_DELAYED, record.FLAG_HELD
-        kinds = {f & (delayed_flag | held_flag) for f in set(flags)}
-        one = None  # the topic of every record, when the queues are named by their ids (``qkeys``)
-        # Per record: its queue (None: a delayed record, in none yet), queue offset, store time
-        # (a held copy: its due time) and the time its consume-queue entry carries.
-        holds = held_flag in kinds or delayed_flag | held_flag in kinds
-        if kinds == {delayed_flag}:  # the delayed batch: no queue, no offset
+        # The batch's kind (its flags are nearly always alike): plain, delayed, or mixed (held copies).
+        kind = flags[0] & (delayed_flag | held_flag) if flags.count(flags[0]) == n else -1
+        one = topics[0] if topics.count(topics[0]) == n else None  # the topic of every record, or None
+        holds = False
+        # Per record: its queue (None: a delayed record, in none yet; a one-topic plain batch's
+        # named by its id, no tuple per record), queue offset, store time (a held copy: its due
+        # time, the time its consume-queue entry carries too).
+        if kind == delayed_flag:  # the delayed batch: no queue, no offset
             qkeys, qoffs, stamps = [None] * n, [0] * n, [now] * n
-        elif kinds == {0}:  # the plain batch: each queue's offsets run on from its next one
-            # (a batch of one topic: its queues named by their ids, no tuple per record)
-            one = topics[0] if topics.count(topics[0]) == n else None
-            qkeys = queue_ids if one is not None else list(zip(topics, queue_ids))
+            one = None
+        elif kind == 0 and one is not None:  # the plain batch: each queue's offsets run on from its next one
+            qkeys = queue_ids
             counters = {}
-            for token in set(qkeys):
-                key = (one, token) if one is not None else token
-                qoff = next_qoff.get(key)
-                counters[token] = itertools.count(self._queue(*key).next_offset if qoff is None else qoff).__next__
-            qoffs = [counters[token]() for token in qkeys]
-            for token, following in counters.items():
-                next_qoff[(one, token) if one is not None else token] = following()
+            for queue_id in set(queue_ids):
+                qoff = next_qoff.get((one, queue_id))
+                counters[queue_id] = itertools.count(self._queue(one, queue_id).next_offset if qoff is None
+                                                     else qoff).__next__
+            qoffs = list(map(call, map(counters.__getitem__, queue_ids)))  # (C-level: no frame per record)
+            for queue_id, following in counters.items():
+                next_qoff[(one, queue_id)] = following()
             stamps = [now] * n
         else:
+            one = None
             qkeys, qoffs, stamps = [], [], []
             for topic, queue_id, f, due in zip(topics, queue_ids, flags, dues):
                 if f & delayed_flag:
@@ -154,13 +157,14 @@ class StoreWriter:
                 if f & held_flag:
                     assert due > 0, "a held copy is a visible copy with a due time"
                     stamps.append(due)
+                    holds = True
                 else:
                     stamps.append(now)
         topic_bytes = self._topic_bytes
-        for topic in set(topics):
+        for topic in (topics[0],) if topics.count(topics[0]) == n else set(topics):
             if topic not in topic_bytes:
                 topic_bytes[topic] = topic.encode()
-        tbs = list(map(topic_bytes.__getitem__, topics))
+        tbs = [topic_bytes[topics[0]]] * n if topics.count(topics[0]) == n else list(map(topic_bytes.__getitem__, topics))
         pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
         magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
         pieces: list[bytes] = []
@@ -187,7 +191,7 @@ class StoreWriter:
                 tag_hashes[tag] = zlib.crc32(tag)
         ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
         commits: list[int] = []
-        all_delayed = kinds == {delayed_flag}
+        all_delayed = kind == delayed_flag
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         delayed_records: list[tuple[int, int, int]] = []
         i = 0
@@ -204,7 +208,7 @@ class StoreWriter:
                 # Commit offsets from the sizes; consume-queue entries packed in one C pass, then
                 # joined per queue (a queue's records in a batch take consecutive offsets).
                 base = pos - (ends[i - 1] if i else 0)
-                chunk = [base + e - size for e, size in zip(ends[i:j], sizes[i:j])]
+                chunk = list(map(base.__add__, map(sub, ends[i:j], sizes[i:j])))
                 commits += chunk
                 pos = base + ends[j - 1]
                 if all_delayed:
