@@ -244,11 +244,14 @@ class Sender:
                 types_in or repeat(None, n), groups or repeat(None, n), delayed or repeat(False, n))]
         # (``count``, not a set: hashing an enum member is a Python-level call)
         alike = n and mtypes.count(mtypes[0]) == n
-        pairs = {(id(c), t) for c, t in zip(topic_of or repeat(one, n), mtypes)} if topic_of or not alike \
-            else {(id(one), mtypes[0])} if n else set()
-        by_id = {id(c): c for c in (topic_of or (one,))}
-        for cid, mtype in pairs:
-            cfg = by_id[cid]
+        if topic_of is None and (one is None or one.message_type is _MIXED):
+            pairs = ()  # (a topic of any type: nothing to check)
+        elif topic_of or not alike:
+            by_id = {id(c): c for c in (topic_of or (one,))}  # (a topic's config is not hashable)
+            pairs = [(by_id[cid], t) for cid, t in {(id(c), t) for c, t in zip(topic_of or repeat(one, n), mtypes)}]
+        else:
+            pairs = ((one, mtypes[0]),)
+        for cfg, mtype in pairs:
             if cfg.message_type is not _MIXED and cfg.message_type is not mtype:
                 i = next(i for i, (c, t) in enumerate(zip(topic_of or repeat(one, n), mtypes))
                          if c is cfg and t is mtype)
@@ -324,8 +327,7 @@ class Sender:
             start = self._round_robin.get(one.name, 0)
             if commit:
                 self._round_robin[one.name] = start + n
-            queues = one.queues
-            return [(start + i) % queues for i in range(n)]
+            return list(map(one.queues.__rmod__, range(start, start + n)))  # (C-level: no frame)
         counters: dict[str, int] = {}
         out = []
         for i, cfg, q, group in zip(range(n), topic_of or repeat(one, n), asked or repeat(None, n),

@@ -166,10 +166,18 @@ def _int32(value: int) -> int:
 def _fields(raw: bytes, pos: int, end: int):
     """(number, wire type, value start, value end or varint value) of each field in raw[pos:end]."""
     while pos < end:
-        key, pos = _varint(raw, pos, end)
+        key = raw[pos]
+        if key < 0x80:  # (one-byte keys and lengths inline: a call costs more than the rest)
+            pos += 1
+        else:
+            key, pos = _varint(raw, pos, end)
         number, wire_type = key >> 3, key & 7
         if wire_type == 2:
-            size, start = _varint(raw, pos, end)
+            size = raw[pos] if pos < end else 0x80
+            if size < 0x80:
+                start = pos + 1
+            else:
+                size, start = _varint(raw, pos, end)
             pos = start + size
             if pos > end:
                 raise _GiveUp
