@@ -412,6 +412,7 @@ def _columns(raw: bytes) -> SendColumns:
             pos = start + size
         if pos > end:
             raise _GiveUp
+        body_at = -1  # where the body's length starts, when the message matches the shape
         if id_len < 0:
             pass
         elif not timed:
@@ -420,19 +421,6 @@ def _columns(raw: bytes) -> SendColumns:
                 id_end = at + id_len
                 if startswith(tail, id_end):
                     body_at = id_end + tail_len
-                    b = raw[body_at]
-                    if b < 0x80:
-                        body_at += 1
-                    elif body_at + 1 < pos and raw[body_at + 1] < 0x80:
-                        b = b & 0x7F | raw[body_at + 1] << 7
-                        body_at += 2
-                    else:
-                        b, body_at = _varint(raw, body_at, pos)
-                    if body_at + b == pos:
-                        add_id(raw[at:id_end])
-                        add_body(raw[body_at:pos])
-                        run[1] += 1
-                        continue
         elif startswith(head, start):
             sp_at = start + head_len
             b = raw[sp_at]
@@ -456,20 +444,22 @@ def _columns(raw: bytes) -> SendColumns:
                 else:
                     delivery = _learn_timestamp(raw, q + 2, sp_end)
                 body_at = sp_end + 1
-                b = raw[body_at]
-                if b < 0x80:
-                    body_at += 1
-                elif body_at + 1 < pos and raw[body_at + 1] < 0x80:
-                    b = b & 0x7F | raw[body_at + 1] << 7
-                    body_at += 2
-                else:
-                    b, body_at = _varint(raw, body_at, pos)
-                if body_at + b == pos:
-                    add_id(raw[at:id_end])
-                    add_body(raw[body_at:pos])
+        if body_at >= 0:
+            b = raw[body_at]
+            if b < 0x80:
+                body_at += 1
+            elif body_at + 1 < pos and raw[body_at + 1] < 0x80:
+                b = b & 0x7F | raw[body_at + 1] << 7
+                body_at += 2
+            else:
+                b, body_at = _varint(raw, body_at, pos)
+            if body_at + b == pos:
+                add_id(raw[at:id_end])
+                add_body(raw[body_at:pos])
+                if timed:
                     add_delivery(delivery)
-                    run[1] += 1
-                    continue
+                run[1] += 1
+                continue
         values, shape = _read_message(raw, start, pos)
         (topic, message_id, tag, key_tuple, body, born, delivery, mtype, encoding, group, properties, lite,
          priority) = values
