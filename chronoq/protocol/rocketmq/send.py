@@ -95,8 +95,9 @@ def send_response(message_ids, offsets, recall_handles=None, transaction_ids=Non
             entry += f.string_field(f.K_ENTRY_TRANSACTION_ID, txid)
         if offset:
             entry += k_offset + (small[offset] if 0 < offset < 128 else none if offset == -1 else varint(offset))
-        if recall:  # (printable ASCII: its length in characters is its length in bytes)
-            entry += k_recall + (small[len(recall)] if len(recall) < 128 else varint(len(recall))) + recall.encode()
+        if recall:
+            rb = recall.encode()
+            entry += k_recall + (small[len(rb)] if len(rb) < 128 else varint(len(rb))) + rb
         add(head)
         add(small[len(entry)] if len(entry) < 128 else varint(len(entry)))
         add(entry)
