@@ -39,7 +39,7 @@ class OutgoingMessage:
 
 # OutgoingBatch's optional columns: (name, the OutgoingMessage field, the value meaning "not set").
 # A column is None when no message of the batch sets it, so the common batch skips its rule.
-_OPTIONAL = (("tags", "tag", ""), ("keys", "keys", ()), ("properties", "properties", None),
+_OPTIONAL = (("tags", "tag", ""), ("keys", "keys", ()), ("properties", "properties", {}),
              ("message_ids", "message_id", None), ("queue_ids", "queue_id", None),
              ("message_groups", "message_group", None), ("born_ms", "born_ms", None),
              ("message_types", "message_type", None), ("deliver_at_ms", "deliver_at_ms", None),
