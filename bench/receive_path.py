@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.machine import python_speed  # noqa: E402
 from chronoq.broker import trace  # noqa: E402
-from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
+from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage  # noqa: E402
 from chronoq.core.clock import SystemClock  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.pop.service import PopService  # noqa: E402
@@ -48,8 +48,7 @@ def one_run(messages: int) -> dict[str, float]:
         for i in range(0, messages, SEND_BATCH):
             n = min(SEND_BATCH, messages - i)
             ids = [f"ID{i + j:020d}" for j in range(n)]
-            if broker.write_plain(TOPIC, ids, [""] * n, [body] * n, [None] * n) is None:
-                raise RuntimeError("the bulk send path declined the batch")
+            broker.write_batch(OutgoingBatch([TOPIC] * n, [body] * n, message_ids=ids))
         broker.store.dispatch()
         pop.group(GROUP)
         host = receive.store_host_field("127.0.0.1:8081")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from chronoq.broker.offsets import OFFSETS_FILE, ConsumerOffsets
-from chronoq.broker.sending import OutgoingMessage, Sender, _is_int
+from chronoq.broker.sending import OutgoingBatch, OutgoingMessage, Sender, Sent, _is_int
 from chronoq.broker.topics import TOPICS_FILE, TopicRegistry
 from chronoq.broker.trace import TRACE_TOPIC, TraceRecorder
 from chronoq.broker.trace import bodies as trace_bodies
@@ -40,7 +40,7 @@ from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcom
                                    TimerService)
 
 # Names other modules import from here (the facade's public API).
-__all__ = ["Broker", "OutgoingMessage", "ReadResult", "PROP_MESSAGE_GROUP", "PROP_MESSAGE_TYPE", "TOPICS_FILE",
+__all__ = ["Broker", "OutgoingMessage", "OutgoingBatch", "Sent", "ReadResult", "PROP_MESSAGE_GROUP", "PROP_MESSAGE_TYPE", "TOPICS_FILE",
            "OFFSETS_FILE", "DEDUPE_EXPIRE_STEP", "HORIZON_WARM_BUDGET_NS"]
 
 log = logging.getLogger("chronoq.broker.broker")
@@ -172,10 +172,10 @@ class Broker:
         A whole batch or nothing; exact resends answer the original (``Sender.write``)."""
         return self.sender.write(messages, system=system)
 
-    def write_plain(self, topic: str, message_ids: list[str], tags: list[str], bodies: list[bytes],
-                    born_ms: list[int | None]) -> list[int] | None:
-        """``write`` for the common plain batch, or None having changed nothing (``Sender.write_plain``)."""
-        return self.sender.write_plain(topic, message_ids, tags, bodies, born_ms)
+    def write_batch(self, batch: OutgoingBatch, *, system: bool = False) -> Sent:
+        """``write`` for a batch given as columns, answered as columns (``Sender.write_batch``):
+        the one send path, which ``write`` adapts objects to."""
+        return self.sender.write_batch(batch, system=system)
 
     def flush(self) -> int:
         """Make everything written durable (per policy) and visible; return the durable offset."""

@@ -28,7 +28,7 @@ replay does (``Store._replay``), so its derived data is a function of the positi
 Dispatch here already runs only after the fsync and only in log order, so "durable and dispatched
 up to P" means the same thing on both sides.
 
-Callers: client sends of every type (``send``, ``send_plain``), transaction halves and ends
+Callers: client sends of every type (``send_batch``; ``send`` for objects), transaction halves and ends
 (``barrier``), staged publishes and trace flushes (``durable`` with the log's end as ticket), the
 timer's delivered copies (``after_durable``, from the runtime's timer loop), POP's retry and DLQ
 copies (``after_durable`` and ``durable``, ``chronoq.server.consumers``), and the POP log, a second
@@ -46,7 +46,7 @@ import threading
 from typing import Callable, Iterable
 
 from chronoq.core import errors
-from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.core.model import SendResult
 
 log = logging.getLogger("chronoq.broker.committer")
@@ -101,35 +101,26 @@ class GroupCommitter:
 
     # ------------------------------------------------------------------ writers
     async def send(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
-        """Write a batch and return once it is acknowledged under the flush policy.
+        """``send_batch`` for ``OutgoingMessage`` objects, answered with ``SendResult`` objects."""
+        return (await self.send_batch(OutgoingBatch.of(messages), system=system)).results()
+
+    async def send_batch(self, batch: OutgoingBatch, *, system: bool = False) -> Sent:
+        """Write a batch (``Broker.write_batch``, the one send path) and return once it is
+        acknowledged under the flush policy.
 
         Every caller is a new send (transactional halves come as ``system``): all are refused
         while the disk is below its reserve.
         """
         self.broker.check_space()
         try:
-            results = self.broker.write(messages, system=system)
+            sent = self.broker.write_batch(batch, system=system)
         except errors.DiskFull:  # the disk filled between looks: look again at the next send
             self.broker.disk.recheck_soon()
             raise
-        if results:
+        if sent.message_ids:
             # Duplicates answer with the original's offset: it too must be durable before we reply.
             await self.barrier()
-        return results
-
-    async def send_plain(self, topic: str, message_ids: list[str], tags: list[str], bodies: list[bytes],
-                         born_ms: list[int | None]) -> list[int] | None:
-        """``send`` through ``Broker.write_plain`` (a batch stored in bulk): the queue offsets once
-        acknowledged, or None at once, nothing written, when the batch is not for that path."""
-        self.broker.check_space()
-        try:
-            offsets = self.broker.write_plain(topic, message_ids, tags, bodies, born_ms)
-        except errors.DiskFull:
-            self.broker.disk.recheck_soon()
-            raise
-        if offsets:
-            await self.barrier()
-        return offsets
+        return sent
 
     async def barrier(self) -> None:
         """Return once everything written so far is acknowledged under the flush policy: durable

@@ -281,7 +281,7 @@ class TraceRecorder:
 
     def stored_plain(self, topic: str, message_ids: list[bytes], now_ms: int) -> None:
         """``stored`` for a batch of plain (not delayed, not system) messages of one topic: the
-        same events, a few column extends per batch (Store.write_plain's callers)."""
+        same events, a few column extends per batch (``Sender.write_batch``'s plain batches)."""
         n = len(message_ids)
         self._add_stored(array("I", (STORED,)) * n, [topic] * n, message_ids, array("q", (0,)) * n, now_ms)
 

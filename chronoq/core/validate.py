@@ -1,7 +1,7 @@
 """The rules for every string and byte field that enters a commit-log record: one module.
 
 Every way a message reaches the log checks its fields here: the embedded ``Broker`` API
-(``Broker.prepare`` and the bulk ``Broker.write_plain``), gRPC SendMessage (whose protocol rules,
+(``Broker.prepare`` and ``Broker.write_batch``, the one send path), gRPC SendMessage (whose protocol rules,
 message type against fields, stay in ``chronoq.server.convert``), Stage/Publish
 (``chronoq.features.staging``), transactions, and the retry and dead-letter copies (written through
 ``Broker.write``). Timer copies copy an already checked record and add only properties the

@@ -1,29 +1,32 @@
 """Protobuf (``apache.rocketmq.v2``) <-> chronoq model conversions, with request validation.
 
-Pure functions, no I/O: the gRPC shell decodes a sent message with ``outgoing_from_pb`` (or a
-plain batch's columns with ``plain_batch``) and builds routes, assignments and transaction checks
+Pure functions, no I/O: the gRPC shell turns a SendMessage request's columns
+(``chronoq.protocol.rocketmq.send.send_columns``, or ``send_columns`` here from the parsed request)
+into the broker's with ``outgoing_batch``, and builds routes, assignments and transaction checks
 with ``route_queues`` and friends; the per-message answers are encoded by hand in
 ``chronoq.protocol.rocketmq`` (received messages: ``receive.messages_bytes``). Everything the
 official clients may send is checked here or in the broker, and every rejection is a
 ``chronoq.core.errors`` exception so that ``chronoq.protocol.rocketmq.status`` can turn it into the
 right code.
 
-Decoding runs once per message sent: each field is read once, enum values are module ints.
+Decoding runs per batch, column by column: each field is read once, enum values are module ints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import operator
+from operator import is_not
 import zlib
+from itertools import repeat
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2
 
 from chronoq.core import errors, validate
-from chronoq.broker.broker import OutgoingMessage
+from chronoq.broker.broker import OutgoingBatch, OutgoingMessage
 from chronoq.core.model import MessageType
+from chronoq.protocol.rocketmq.send import SendColumns
 from chronoq.timer.deliverytime import from_client_timestamp
 
 pb = definition_pb2
@@ -34,15 +37,12 @@ _UNSPECIFIED, _NORMAL, _FIFO, _DELAY, _LITE, _PRIORITY = (
 _GZIP, _IDENTITY, _ENCODING_UNSPECIFIED = pb.GZIP, pb.IDENTITY, pb.ENCODING_UNSPECIFIED
 # (and chronoq's enum members: ``MessageType.DELAY`` is a slow metaclass lookup on Python 3.11)
 _MT_DELAY, _MT_FIFO = MessageType.DELAY, MessageType.FIFO
-_OUTGOING_FIELDS = ("topic", "body", "tag", "keys", "properties", "message_id", "queue_id", "message_group",
-                    "born_ms", "message_type", "deliver_at_ms", "delay_level")
-assert tuple(f.name for f in dataclasses.fields(OutgoingMessage)) == _OUTGOING_FIELDS  # outgoing_from_pb's order
 
 MILLIS_12H = 12 * 3600 * 1000
 # User property asking for a delay level (1..N of timer_delay_levels; "0": none). RocketMQ 5's
 # protocol has no delay-level field; RocketMQ 4 clients used the property "DELAY". chronoq takes a
 # name of its own so no existing user property changes meaning (docs/timers.md).
-DELAY_LEVEL_PROPERTY = "CHRONOQ_DELAY_LEVEL"
+from chronoq.core.delay_levels import DELAY_LEVEL_PROPERTY  # noqa: E402 (the one name the clients set)
 
 # Message types a producer may send today. DELAY and TRANSACTION come with the timer and
 # transaction issues; LITE and PRIORITY are not planned.
@@ -107,122 +107,184 @@ def group_name(resource) -> str:
 
 
 # ------------------------------------------------------------------------------------ sending
-def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
-                     max_delay_ms: int = 2 * 365 * 86_400_000) -> OutgoingMessage:
-    """Decode one ``apache.rocketmq.v2.Message`` of a SendMessage request.
+def send_columns(messages) -> SendColumns:
+    """The columns of a SendMessage request's messages read through the generated classes: what
+    ``chronoq.protocol.rocketmq.send.send_columns`` reads from the bytes (which stands in for
+    this and is held equal to it), for a request that reader gives up on or has no bytes of."""
+    sps = list(map(_get_sp, messages))
+    borns = []
+    for sp in sps:
+        ms = None
+        if sp.HasField("born_timestamp"):
+            born = sp.born_timestamp
+            ms = born.seconds * 1000 + born.nanos // 1_000_000
+        borns.append(ms if ms is not None and ms > 0 else None)
+    return SendColumns(
+        list(map(_get_topic, messages)), list(map(_get_id, sps)),
+        [sp.tag if sp.HasField("tag") else "" for sp in sps], [tuple(sp.keys) for sp in sps],
+        list(map(_get_body, messages)), borns,
+        [(sp.delivery_timestamp.seconds, sp.delivery_timestamp.nanos) if sp.HasField("delivery_timestamp") else None
+         for sp in sps],
+        list(map(_get_type, sps)), list(map(_get_encoding, sps)),
+        [sp.message_group if sp.HasField("message_group") else None for sp in sps],
+        [dict(m.user_properties) if m.user_properties else None for m in messages],
+        list(map(_has_lite, sps)), list(map(_has_priority, sps)))
 
-    Checks what the protocol adds (message type against the fields, id present, encoding). The
-    broker checks every field's bytes when it prepares the message (``chronoq.core.validate``: topic,
-    body, tag, keys, properties, group, id), so that is done once, by the rules every entry
-    point shares.
-    Runs once per message sent: each field is read once, and enum values are module ints.
+
+def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
+                   max_delay_ms: int = 2 * 365 * 86_400_000) -> OutgoingBatch:
+    """The broker's columns of a SendMessage request's (``send_columns``), with what the protocol
+    adds checked: the message type against the fields (inferred as the clients do when
+    unspecified), an id present, the body encoding (GZIP bodies decompressed), a delay level
+    asked in ``DELAY_LEVEL_PROPERTY``, delivery timestamps. The broker checks every field's bytes
+    when it prepares the batch (``chronoq.core.validate``: topic, body, tag, keys, properties,
+    group, id), so that is done once, by the rules every entry point shares.
+
+    Column by column: the type rule runs once per distinct combination of what decides it
+    (``_type_rule``); a refusal is the first message's, in the order a message's rules run.
     """
-    sp = msg.system_properties
-    message_id = sp.message_id
-    if not message_id:
+    n = len(cols.bodies)
+    ids = cols.message_ids
+    if not all(ids):
         raise errors.InvalidMessageId("message_id is missing; the client must set it")
-    body = msg.body
-    encoding = sp.body_encoding
-    if encoding == _GZIP:
-        body = _gunzip(body, max_body_bytes)
-    elif encoding != _IDENTITY and encoding != _ENCODING_UNSPECIFIED:
-        raise errors.ClientError(f"message {message_id}: unknown body encoding {encoding}")
-    ptype = sp.message_type
-    has_group = sp.HasField("message_group")
-    has_ts = sp.HasField("delivery_timestamp")
+    bodies = cols.bodies
+    encodings = cols.body_encodings
+    if not _PLAIN_ENCODINGS.issuperset(encodings):
+        bodies = list(bodies)
+        for i, encoding in enumerate(encodings):
+            if encoding == _GZIP:
+                bodies[i] = _gunzip(bodies[i], max_body_bytes)
+            elif encoding != _IDENTITY and encoding != _ENCODING_UNSPECIFIED:
+                raise errors.ClientError(f"message {ids[i]}: unknown body encoding {encoding}")
+    # A delay level rides in a user property (RocketMQ 5 has no field for it); docs/timers.md.
+    props_in = cols.properties
+    levels = None
+    properties = None
+    if props_in.count(None) != n:
+        properties = [dict(p) if p else {} for p in props_in]
+        if any(p and DELAY_LEVEL_PROPERTY in p for p in props_in):
+            levels = [None] * n
+            for i, p in enumerate(properties):
+                if DELAY_LEVEL_PROPERTY in p:
+                    levels[i] = _delay_level(p.pop(DELAY_LEVEL_PROPERTY), ids[i]) or None  # (a request, not data)
+    deliveries, groups = cols.delivery_timestamps, cols.message_groups
+    types, lites, priorities = cols.message_types, cols.lite_topics, cols.priorities
+    no_groups, no_deliveries = groups.count(None), deliveries.count(None)
+    if levels is None and types.count(types[0]) == n and no_groups in (0, n) and no_deliveries in (0, n) \
+            and lites.count(lites[0]) == n and priorities.count(priorities[0]) == n:
+        # Every message decides its type alike (the usual batch): the rule once.
+        kind = _type_rule(types[0], not no_groups, not no_deliveries, lites[0], priorities[0], False)
+        mtypes = [kind] * n
+        kinds = {kind}
+    else:  # (C-level maps only: no Python call per message)
+        rules = list(zip(types, map(is_not, groups, repeat(None)), map(is_not, deliveries, repeat(None)),
+                         lites, priorities, map(bool, levels) if levels is not None else repeat(False, n)))
+        outcome = {rule: _type_rule(*rule) for rule in set(rules)}
+        mtypes = list(map(outcome.__getitem__, rules))
+        kinds = set(outcome.values())
+    if not all(type(t) is MessageType for t in kinds):
+        i, refuse = next((i, t) for i, t in enumerate(mtypes) if type(t) is not MessageType)
+        raise refuse(ids[i])
+    deliver_at = None
+    if kinds == {_MT_DELAY} and levels is None:  # the delayed batch: every message timed
+        all_nanos = list(map(_nanos, deliveries))
+        deliver_at = [seconds * 1000 + nanos // 1_000_000 for seconds, nanos in deliveries]
+        if min(all_nanos) < 0 or max(all_nanos) >= 1_000_000_000 or max(deliver_at) - now_ms > max_delay_ms:
+            for i, ts in enumerate(deliveries):  # the timer's rule words the refusal
+                deliver_at[i] = from_client_timestamp(ts[0], ts[1], now_ms, max_delay_ms)
+    elif _MT_DELAY in kinds:
+        deliver_at = [None] * n
+        for i, (mtype, ts, level) in enumerate(zip(mtypes, deliveries, levels or repeat(None, n))):
+            if mtype is _MT_DELAY and not level:
+                seconds, nanos = ts
+                deliver_at[i] = seconds * 1000 + nanos // 1_000_000 if 0 <= nanos < 1_000_000_000 else None
+        given = [d for d in deliver_at if d is not None]
+        timed = sum(1 for t, level in zip(mtypes, levels or repeat(None, n)) if t is _MT_DELAY and not level)
+        if len(given) != timed or max(given, default=now_ms) - now_ms > max_delay_ms:
+            for i, (mtype, ts, level) in enumerate(zip(mtypes, deliveries, levels or repeat(None, n))):
+                if mtype is _MT_DELAY and not level:  # the timer's rule words the refusal
+                    deliver_at[i] = from_client_timestamp(ts[0], ts[1], now_ms, max_delay_ms)
+    if len(kinds) == 1 and no_groups in (0, n):  # (the usual batch: the rule once)
+        refuse = _group_rule(mtypes[0], not no_groups)
+        if refuse is not True:
+            raise refuse(ids[0])
+    else:
+        pairs = list(zip(mtypes, map(is_not, groups, repeat(None))))
+        group_outcome = {pair: _group_rule(*pair) for pair in set(pairs)}
+        if any(v is not True for v in group_outcome.values()):
+            i = next(i for i, pair in enumerate(pairs) if group_outcome[pair] is not True)
+            raise group_outcome[pairs[i]](ids[i])
+    if _MT_FIFO in kinds:
+        for i, (mtype, group) in enumerate(zip(mtypes, groups)):
+            if mtype is _MT_FIFO and not group:  # (its bytes are checked by chronoq.core.validate)
+                raise errors.InvalidMessageGroup(f"message {ids[i]}: a FIFO message needs a non-empty message_group")
+    tags = cols.tags
+    keys = cols.keys
+    return OutgoingBatch(cols.topics, bodies, tags if any(tags) else None, keys if any(keys) else None, properties,
+                         ids, None, groups if groups.count(None) != n else None, cols.born_ms, mtypes,
+                         deliver_at, levels)
+
+
+def _type_rule(ptype: int, has_group: bool, has_ts: bool, lite: bool, priority: bool, level: bool):
+    """The chronoq type of a message from what decides it, or a function of its id raising
+    why it is refused: the type is inferred as the clients do when unspecified; a delay level
+    makes a NORMAL message DELAY; a DELAY message needs a delivery timestamp or a level, not
+    both; no other type carries either."""
     if ptype == _UNSPECIFIED:  # infer it the way the clients do
         ptype = _FIFO if has_group else _DELAY if has_ts else _NORMAL
-    if sp.HasField("lite_topic"):
+    if lite:
         ptype = _LITE
-    if ptype == _NORMAL and sp.HasField("priority"):
+    if ptype == _NORMAL and priority:
         ptype = _PRIORITY
-    # A delay level rides in a user property (RocketMQ 5 has no field for it); docs/timers.md.
-    props = msg.user_properties
-    delay_level = _delay_level(props[DELAY_LEVEL_PROPERTY], message_id) \
-        if props and DELAY_LEVEL_PROPERTY in props else None
-    if delay_level and ptype == _NORMAL:
+    if level and ptype == _NORMAL:
         ptype = _DELAY  # the clients mark a message DELAY only with a delivery_timestamp
     mtype = _SENDABLE.get(ptype)
     if mtype is None:
         if ptype in _LATER:
-            raise errors.NotYetImplemented(_LATER[ptype])
+            return lambda mid: errors.NotYetImplemented(_LATER[ptype])
         if ptype in _NEVER:
-            raise errors.Unsupported(_NEVER[ptype])
-        raise errors.ClientError(f"message {message_id}: unknown message type {ptype}")
-    deliver_at_ms = None
-    if delay_level:
+            return lambda mid: errors.Unsupported(_NEVER[ptype])
+        return lambda mid: errors.ClientError(f"message {mid}: unknown message type {ptype}")
+    if level:
         if mtype is not _MT_DELAY:
-            raise errors.MessageTypeMismatch(
-                f"message {message_id}: a {PbType.Name(ptype)} message may not carry {DELAY_LEVEL_PROPERTY}")
+            return lambda mid: errors.MessageTypeMismatch(
+                f"message {mid}: a {PbType.Name(ptype)} message may not carry {DELAY_LEVEL_PROPERTY}")
         if has_ts:
-            raise errors.InvalidDeliveryTime(
-                f"message {message_id}: give a delivery_timestamp or {DELAY_LEVEL_PROPERTY}, not both")
+            return lambda mid: errors.InvalidDeliveryTime(
+                f"message {mid}: give a delivery_timestamp or {DELAY_LEVEL_PROPERTY}, not both")
     elif mtype is _MT_DELAY:
         if not has_ts:
-            raise errors.MessageTypeMismatch(f"message {message_id}: a DELAY message needs a delivery_timestamp")
-        ts = sp.delivery_timestamp
-        deliver_at_ms = from_client_timestamp(ts.seconds, ts.nanos, now_ms, max_delay_ms)
+            return lambda mid: errors.MessageTypeMismatch(f"message {mid}: a DELAY message needs a delivery_timestamp")
     elif has_ts:
-        raise errors.MessageTypeMismatch(
-            f"message {message_id}: a {PbType.Name(ptype)} message may not carry a delivery_timestamp")
-    group = None
+        return lambda mid: errors.MessageTypeMismatch(
+            f"message {mid}: a {PbType.Name(ptype)} message may not carry a delivery_timestamp")
+    return mtype
+
+
+def _group_rule(mtype: MessageType, has_group: bool):
+    """True, or a function of a message's id raising why it is refused: a FIFO message needs a
+    message group, no other type carries one (checked after the delivery time, as ever)."""
     if mtype is _MT_FIFO:
         if not has_group:
-            raise errors.MessageTypeMismatch(f"message {message_id}: a FIFO message needs a message_group")
-        group = sp.message_group
-        if not group:  # (its bytes are checked by chronoq.core.validate when the broker prepares it)
-            raise errors.InvalidMessageGroup(f"message {message_id}: a FIFO message needs a non-empty message_group")
+            return lambda mid: errors.MessageTypeMismatch(f"message {mid}: a FIFO message needs a message_group")
     elif has_group:
-        raise errors.MessageTypeMismatch(
-            f"message {message_id}: a {mtype.name} message may not carry a message_group")
-    born_ms = None
-    if sp.HasField("born_timestamp"):
-        born = sp.born_timestamp
-        born_ms = born.seconds * 1000 + born.nanos // 1_000_000
-        if born_ms <= 0:
-            born_ms = None
-    properties = dict(props) if props else {}
-    if delay_level is not None:
-        del properties[DELAY_LEVEL_PROPERTY]  # a request, not data: the delivered copy drops it
-    keys = sp.keys
-    # Positional (see _OUTGOING_FIELDS): half the cost of keywords, once per message sent.
-    return OutgoingMessage(msg.topic.name, body, sp.tag if sp.HasField("tag") else "", tuple(keys) if keys else (),
-                           properties, message_id, None, group, born_ms, mtype, deliver_at_ms, delay_level or None)
+        return lambda mid: errors.MessageTypeMismatch(
+            f"message {mid}: a {mtype.name} message may not carry a message_group")
+    return True
 
 
-def plain_batch(messages) -> tuple[str, list[str], list[str], list[bytes], list[int | None]] | None:
-    """The messages of a SendMessage request as columns (topic, ids, tags, bodies, born ms or
-    None) when every one is plain: one topic, NORMAL (or unspecified and nothing that makes
-    it another type), an uncompressed body, no keys, user properties, group, delivery time,
-    lite topic or priority. Else None: ``outgoing_from_pb`` message by message decides (and
-    words the errors). What ``outgoing_from_pb`` leaves to the broker (id, tag, body, topic
-    rules) ``Broker.write_plain`` checks.
-    """
-    # Column by column through map/attrgetter: the iteration runs in C, no bytecode per message.
-    sps = list(map(_get_sp, messages))
-    if (len(set(map(_get_topic, messages))) != 1 or not _PLAIN_TYPES.issuperset(map(_get_type, sps))
-            or not _PLAIN_ENCODINGS.issuperset(map(_get_encoding, sps))
-            or any(map(_get_user_properties, messages)) or any(map(_get_keys, sps))
-            or any(map(_has_group, sps)) or any(map(_has_delivery, sps)) or any(map(_has_lite, sps))
-            or any(map(_has_priority, sps))):
-        return None
-    # born_timestamp unset reads 0, which means none (as in outgoing_from_pb)
-    borns = [ms if (ms := seconds * 1000 + nanos // 1_000_000) > 0 else None
-             for seconds, nanos in zip(map(_get_born_seconds, sps), map(_get_born_nanos, sps))]
-    return (messages[0].topic.name, list(map(_get_id, sps)), list(map(_get_tag, sps)),  # (tag: "" when absent)
-            list(map(_get_body, messages)), borns)
+def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
+                     max_delay_ms: int = 2 * 365 * 86_400_000) -> OutgoingMessage:
+    """One ``apache.rocketmq.v2.Message`` of a SendMessage request as an ``OutgoingMessage``:
+    ``outgoing_batch`` of a batch of one."""
+    return outgoing_batch(send_columns([msg]), max_body_bytes, now_ms, max_delay_ms).message(0)
 
 
+_nanos = operator.itemgetter(1)
 _get_sp, _get_topic, _get_body = (operator.attrgetter("system_properties"), operator.attrgetter("topic.name"),
                                   operator.attrgetter("body"))
-_get_user_properties = operator.attrgetter("user_properties")
-_get_type, _get_encoding, _get_keys, _get_id, _get_tag = map(
-    operator.attrgetter, ("message_type", "body_encoding", "keys", "message_id", "tag"))
-_get_born_seconds, _get_born_nanos = map(operator.attrgetter, ("born_timestamp.seconds", "born_timestamp.nanos"))
-_has_group, _has_delivery, _has_lite, _has_priority = (
-    operator.methodcaller("HasField", name)
-    for name in ("message_group", "delivery_timestamp", "lite_topic", "priority"))
-_PLAIN_TYPES = frozenset((_NORMAL, _UNSPECIFIED))
+_get_type, _get_encoding, _get_id = map(operator.attrgetter, ("message_type", "body_encoding", "message_id"))
+_has_lite, _has_priority = (operator.methodcaller("HasField", name) for name in ("lite_topic", "priority"))
 _PLAIN_ENCODINGS = frozenset((_IDENTITY, _ENCODING_UNSPECIFIED))
 
 

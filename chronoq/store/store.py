@@ -1,8 +1,8 @@
 """The store: commit log + consume queues + checkpoint, opened through recovery.
 
 Write path (one thread): ``write`` encodes a batch, assigns each message its queue offset and
-appends it to the page cache (``write_plain``: the same for plain records of one topic, given as
-columns; both in ``chronoq.store.writing``); ``sync`` fsyncs (any thread); ``dispatch`` publishes
+appends it to the page cache (``write_columns``: the same for a batch given as columns; both in
+``chronoq.store.writing``); ``sync`` fsyncs (any thread); ``dispatch`` publishes
 consume-queue entries for records up to an offset. The flush policy decides when ``dispatch``
 follows ``sync``: under ``sync`` nothing is visible or acknowledged before it is on disk.
 
@@ -36,10 +36,10 @@ from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from chronoq.store.dirlock import DirLock
 from chronoq.store.recovery import RecoveryReport, iter_records, queues_short, verify_log, verify_start
-from chronoq.store.writing import Prepared, StoreWriter, Written
+from chronoq.store.writing import Columns, Prepared, StoreWriter, Written
 
 # Names other modules import from here.
-__all__ = ["Store", "StoreOptions", "Prepared", "Written", "CHECKPOINT_FILE", "CHECKPOINT_VERSION"]
+__all__ = ["Store", "StoreOptions", "Prepared", "Written", "Columns", "CHECKPOINT_FILE", "CHECKPOINT_VERSION"]
 
 log = logging.getLogger("chronoq.store")
 

@@ -1,11 +1,12 @@
 """Writing the store: encode a batch of records, give each its queue offset, append to the log.
 
-``StoreWriter.write`` appends ``Prepared`` records (page cache only); ``write_plain`` does the
-same for plain records of one topic given as columns. Each written batch waits in
-``Store._pending`` (its consume-queue entries, and the FLAG_DELAYED records the timer absorbs)
-until ``Store.dispatch`` makes it visible; ``Store.sync`` makes it durable. The record layout is
-``chronoq.store.record``'s: both loops inline ``record.encode_parts`` (a call per message costs as
-much as its body) and the record-equivalence tests hold them to its bytes.
+``StoreWriter.write_columns`` appends a batch given as ``Columns`` (page cache only); ``write``
+is the same for a list of ``Prepared`` records (the timer's copies, POP, features). Each written
+batch waits in ``Store._pending`` (its consume-queue entries, and the FLAG_DELAYED records the
+timer absorbs) until ``Store.dispatch`` makes it visible; ``Store.sync`` makes it durable. The
+record layout is ``chronoq.store.record``'s: ``write_columns`` holds the one loop that encodes
+records on the write path (``record.encode_parts`` inlined: a call per message costs as much as
+its body), and the record-equivalence tests hold it to the codec's bytes.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import bisect
 import itertools
 import zlib
 from collections import deque
+from itertools import repeat
+from operator import call, sub
 from typing import Callable, Iterable, NamedTuple
 
 from chronoq.core import errors
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog
-from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
+from chronoq.store.consumequeue import ENTRY, ConsumeQueue
 
 _pack_entry = ENTRY.pack
 
@@ -50,11 +53,28 @@ class Written(NamedTuple):
     size: int
 
 
+class Columns(NamedTuple):
+    """A batch of records as columns, one list per ``Prepared`` field, in its order (the send
+    path's shape: no tuple per message). A column may repeat one object (``[topic] * n``)."""
+
+    topics: list
+    queue_ids: list
+    flags: list
+    born_ms: list
+    deliver_at_ms: list
+    message_ids: list
+    tags: list
+    keys: list
+    properties: list
+    bodies: list
+
+
+assert len(Columns._fields) == len(Prepared._fields)
 
 
 class StoreWriter:
-    """The write half of ``chronoq.store.store.Store``, a mixin: the two encoder loops are the
-    send path's hottest code, moved here unchanged, and they share with recovery, dispatch and
+    """The write half of ``chronoq.store.store.Store``, a mixin: the encoder loop is the send
+    path's hottest code, and they share with recovery, dispatch and
     the holds the store state named below (a class of its own would take all of it: the store)."""
 
     clock: object
@@ -68,174 +88,155 @@ class StoreWriter:
     _hold_written: Callable[[list, int, int, int], None]
 
     def write(self, messages: Iterable[Prepared]) -> list[Written]:
-        """Append a batch to the log (page cache). Not durable or visible until sync/dispatch."""
+        """Append a batch of ``Prepared`` records (page cache): ``write_columns`` of their columns.
+        Not durable or visible until sync/dispatch."""
+        rows = messages if type(messages) is list else list(messages)
+        if not rows:
+            return []
+        columns = Columns(*map(list, zip(*rows)))
+        commits, qoffs, sizes = self.write_columns(columns)
+        new_tuple = tuple.__new__  # (a NamedTuple's own __new__ is a Python-level call)
+        return [new_tuple(Written, w) for w in zip(commits, qoffs, sizes)]
+
+    def write_columns(self, c: "Columns") -> tuple[list[int], list[int], list[int]]:
+        """Append a batch given as columns (the send path's shape: no object per message) to the
+        log (page cache). Returns the commit offsets, queue offsets (0 for a FLAG_DELAYED record:
+        no consume-queue entry until the timer re-puts it) and record sizes, per record.
+
+        Holds the one loop that encodes records on the write path: ``record.encode_parts``,
+        inlined (a call per message costs as much as its body); the record-equivalence tests hold
+        it to the codec. What does not depend on the record's bytes (queue offsets, store times,
+        topic bytes, tag hashes) is worked out per column before it, in bulk where a batch is all
+        of one kind (the send path's plain and delayed batches).
+        """
+        topics, queue_ids, flags, borns, dues, message_ids, tags, keys, props, bodies = c
+        n = len(bodies)
+        if not n:
+            return [], [], []
         now = self.clock.wall_ms()
         next_qoff = self._next_qoff
-        topic_bytes = self._topic_bytes
-        tag_hashes = self._tag_hashes
-        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
-        magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
-        delayed = record.FLAG_DELAYED
-        held_flag = record.FLAG_HELD
-        pieces: list[bytes] = []
-        add_piece = pieces.append
-        meta = []
-        add_meta = meta.append
-        sizes: list[int] = []
-        add_size = sizes.append
+        delayed_flag, held_flag = record.FLAG_DELAYED, record.FLAG_HELD
+        # The batch's kind (its flags are nearly always alike): plain, delayed, or mixed (held copies).
+        kind = flags[0] & (delayed_flag | held_flag) if flags.count(flags[0]) == n else -1
+        one = topics[0] if topics.count(topics[0]) == n else None  # the topic of every record, or None
         holds = False
-        for m in messages:
-            # One unpack instead of a named-field lookup per use: this loop runs per message.
-            topic, queue_id, flags, born_ms, deliver_at_ms, message_id, tag, keys, props, body = m
-            stamp = now
-            if flags & held_flag:
-                assert deliver_at_ms > 0 and not flags & delayed, "a held copy is a visible copy with a due time"
-                stamp = deliver_at_ms
-                holds = True
-            if flags & delayed:
-                # Not in any consume queue yet: the timer re-puts a copy when it falls due.
-                key, qoff, tag_hash, time_ms = None, 0, 0, deliver_at_ms
-            else:
+        # Per record: its queue (None: a delayed record, in none yet; a one-topic plain batch's
+        # named by its id, no tuple per record), queue offset, store time (a held copy: its due
+        # time, the time its consume-queue entry carries too).
+        if kind == delayed_flag:  # the delayed batch: no queue, no offset
+            qkeys, qoffs, stamps = [None] * n, [0] * n, [now] * n
+            one = None
+        elif kind == 0 and one is not None:  # the plain batch: each queue's offsets run on from its next one
+            qkeys = queue_ids
+            counters = {}
+            for queue_id in set(queue_ids):
+                qoff = next_qoff.get((one, queue_id))
+                counters[queue_id] = itertools.count(self._queue(one, queue_id).next_offset if qoff is None
+                                                     else qoff).__next__
+            qoffs = list(map(call, map(counters.__getitem__, queue_ids)))  # (C-level: no frame per record)
+            for queue_id, following in counters.items():
+                next_qoff[(one, queue_id)] = following()
+            stamps = [now] * n
+        else:
+            one = None
+            qkeys, qoffs, stamps = [], [], []
+            for topic, queue_id, f, due in zip(topics, queue_ids, flags, dues):
+                if f & delayed_flag:
+                    assert not f & held_flag, "a held copy is a visible copy with a due time"
+                    qkeys.append(None)
+                    qoffs.append(0)
+                    stamps.append(now)
+                    continue
                 key = (topic, queue_id)
                 qoff = next_qoff.get(key)
                 if qoff is None:
                     qoff = self._queue(*key).next_offset
                 next_qoff[key] = qoff + 1
-                tag_hash = tag_hashes.get(tag)
-                if tag_hash is None:
-                    if len(tag_hashes) > 4096:
-                        tag_hashes.clear()
-                    tag_hash = tag_hashes[tag] = zlib.crc32(tag)
-                time_ms = stamp
-            tb = topic_bytes.get(topic)
-            if tb is None:
-                tb = topic_bytes[topic] = topic.encode()
-            # record.encode_parts, inlined (a call per message costs as much as its body); the
-            # record-equivalence tests hold both to the same bytes.
-            head = pack_tail(flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
-                             len(tag), len(keys), len(props), len(body)) + tb + message_id + tag + keys + props
+                qkeys.append(key)
+                qoffs.append(qoff)
+                if f & held_flag:
+                    assert due > 0, "a held copy is a visible copy with a due time"
+                    stamps.append(due)
+                    holds = True
+                else:
+                    stamps.append(now)
+        topic_bytes = self._topic_bytes
+        for topic in (topics[0],) if topics.count(topics[0]) == n else set(topics):
+            if topic not in topic_bytes:
+                topic_bytes[topic] = topic.encode()
+        tbs = [topic_bytes[topics[0]]] * n if topics.count(topics[0]) == n else list(map(topic_bytes.__getitem__, topics))
+        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
+        magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
+        pieces: list[bytes] = []
+        add_piece = pieces.append
+        sizes: list[int] = []
+        add_size = sizes.append
+        # The record encoder (record.encode_parts, inlined).
+        for f, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
+                flags, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
+            head = pack_tail(f, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id), len(tag),
+                             len(k), len(pr), len(body)) + tb + message_id + tag + k + pr
             size = crc_start + len(head) + len(body)
             if size > size_max:
                 raise ValueError(f"record of {size} bytes exceeds {size_max}")
             add_piece(pack_prefix(size, magic, version, extend(crc(head), body)))
             add_piece(head)
             add_piece(body)
-            add_meta((key, qoff, size, tag_hash, time_ms))
             add_size(size)
-        if not meta:
-            return []
+        tag_hashes = self._tag_hashes
+        if len(tag_hashes) > 4096:
+            tag_hashes.clear()
+        for tag in set(tags):
+            if tag not in tag_hashes:
+                tag_hashes[tag] = zlib.crc32(tag)
         ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
-        out: list[Written] = []
-        add_out, new_tuple = out.append, tuple.__new__
+        commits: list[int] = []
+        all_delayed = kind == delayed_flag
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         delayed_records: list[tuple[int, int, int]] = []
         i = 0
         pos = 0
         try:
-            while i < len(meta):
+            while i < n:
                 # Fill what fits in the active segment (at least one record); a roll happens
                 # between chunks only.
                 j = max(i + 1, bisect.bisect_right(ends, (ends[i - 1] if i else 0) + self.log.room(), i))
                 pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
                 if holds:  # before dispatch can put their entries: never visible unreleased
-                    self._hold_written(meta, i, j, now)
-                for k in range(i, j):
-                    key, qoff, length, tag_hash, time_ms = meta[k]
-                    # tuple.__new__: a NamedTuple's own __new__ is a Python-level call, per message.
-                    add_out(new_tuple(Written, (pos, qoff, length)))
-                    if key is None:
-                        delayed_records.append((pos, length, time_ms))
-                        pos += length
-                        continue
-                    run = batch.get(key)
-                    entry = _pack_entry(pos, length, tag_hash, time_ms)
-                    if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:
-                        run[1].extend(entry)
-                    else:
-                        self._add_entry(batch, key, qoff, entry)
-                    pos += length
+                    self._hold_written(list(zip(qkeys[i:j], qoffs[i:j], sizes[i:j], repeat(0), stamps[i:j])),
+                                       0, j - i, now)
+                # Commit offsets from the sizes; consume-queue entries packed in one C pass, then
+                # joined per queue (a queue's records in a batch take consecutive offsets).
+                base = pos - (ends[i - 1] if i else 0)
+                chunk = list(map(base.__add__, map(sub, ends[i:j], sizes[i:j])))
+                commits += chunk
+                pos = base + ends[j - 1]
+                if all_delayed:
+                    delayed_records += zip(chunk, sizes[i:j], dues[i:j])
+                else:
+                    entries = list(map(_pack_entry, chunk, sizes[i:j], map(tag_hashes.__getitem__, tags[i:j]),
+                                       stamps[i:j]))
+                    runs: dict = {}
+                    for key, qoff, entry, commit, length, due in zip(qkeys[i:j], qoffs[i:j], entries, chunk,
+                                                                     sizes[i:j], dues[i:j]):
+                        if key is None:
+                            delayed_records.append((commit, length, due))
+                            continue
+                        run = runs.get(key)
+                        if run is None:
+                            runs[key] = (qoff, [entry])
+                        else:
+                            run[1].append(entry)
+                    for key, (first, parts) in runs.items():
+                        self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
                 i = j
         except errors.StorageError:
-            for key, qoff, *_ in meta[i:]:  # give back the offsets of what was not written
+            for key, qoff in zip(qkeys[i:], qoffs[i:]):  # give back the offsets of what was not written
                 if key is not None:  # (delayed records took no queue offset)
+                    key = (one, key) if one is not None else key
                     next_qoff[key] = min(next_qoff[key], qoff)
-            if out:
+            if commits:
                 self._pending.append((pos, batch, delayed_records))
             raise
         self._pending.append((pos, batch, delayed_records))
-        return out
-
-    def write_plain(self, topic: str, queue_ids: list[int], born_ms: list[int], message_ids: list[bytes],
-                    tags: list[bytes], bodies: list[bytes]) -> tuple[list[int], list[int]]:
-        """``write`` for plain records of one topic (flags 0; no keys, properties or delay), from
-        columns instead of ``Prepared`` tuples: the same records byte for byte, the same queue
-        offsets and pending dispatch, without a tuple per message in or out (the SendMessage
-        fast path, chronoq.server.grpc_server). Returns (commit offsets, queue offsets).
-        """
-        n = len(bodies)
-        assert len(queue_ids) == len(born_ms) == len(message_ids) == len(tags) == n
-        if not n:
-            return [], []
-        now = self.clock.wall_ms()
-        tb = self._topic_bytes.get(topic)
-        if tb is None:
-            tb = self._topic_bytes[topic] = topic.encode()
-        tlen = len(tb)
-        next_qoff = self._next_qoff
-        nxt: dict[int, int] = {}
-        for qid in set(queue_ids):
-            qoff = next_qoff.get((topic, qid))
-            nxt[qid] = self._queue(topic, qid).next_offset if qoff is None else qoff
-        first = dict(nxt)
-        tag_hash = {t: zlib.crc32(t) for t in set(tags)}
-        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
-        magic, version, size_max = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX
-        pieces: list[bytes] = []
-        add = pieces.append
-        sizes: list[int] = []
-        add_size = sizes.append
-        qoffs: list[int] = []
-        add_qoff = qoffs.append
-        # The loop of record.encode_parts, inlined: a call per message costs as much as its body.
-        for qid, born, mid, tag, body in zip(queue_ids, born_ms, message_ids, tags, bodies):
-            qoff = nxt[qid]
-            nxt[qid] = qoff + 1
-            head = pack_tail(0, qid, qoff, born, now, 0, tlen, len(mid), len(tag), 0, 0, len(body)) + tb + mid + tag
-            total = record.CRC_START + len(head) + len(body)
-            if total > size_max:
-                raise ValueError(f"record of {total} bytes exceeds {size_max}")
-            add(pack_prefix(total, magic, version, extend(crc(head), body)))
-            add(head)
-            add(body)
-            add_size(total)
-            add_qoff(qoff)
-        commits: list[int] = []
-        add_commit = commits.append
-        runs: dict[int, bytearray] = {qid: bytearray() for qid in nxt}
-        pack_entry = _pack_entry
-        i = pos = 0
-        try:
-            while i < n:
-                j, room, size = i, self.log.room(), 0
-                # Fill what fits in the active segment; a roll happens between chunks only.
-                while j < n and (size + sizes[j] <= room or j == i):
-                    size += sizes[j]
-                    j += 1
-                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
-                for k in range(i, j):
-                    length = sizes[k]
-                    add_commit(pos)
-                    runs[queue_ids[k]] += pack_entry(pos, length, tag_hash[tags[k]], now)
-                    pos += length
-                i = j
-        finally:
-            # Queue offsets of records not written (a storage error) are given back; what was
-            # written waits for dispatch like any batch.
-            batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-            for qid, run in runs.items():
-                next_qoff[(topic, qid)] = first[qid] + len(run) // ENTRY_SIZE
-                if run:
-                    self._add_entry(batch, (topic, qid), first[qid], run)
-            if commits:
-                self._pending.append((pos, batch, []))
-        return commits, qoffs
+        return commits, qoffs, sizes

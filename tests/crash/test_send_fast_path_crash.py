@@ -1,14 +1,14 @@
-"""kill -9 crash test for the bulk SendMessage path (``Broker.write_plain``/``Store.write_plain``).
+"""kill -9 crash test for SendMessage's batches (``Broker.write_batch``/``Store.write_columns``).
 
 Each round, on one data directory that every round continues: a real ``chronoq serve`` gets
-batches of plain messages from several ``chronoq.client.client`` lanes (the fast path: one topic, tags,
+batches of plain messages from several ``chronoq.client.client`` lanes (one topic, tags,
 client ids) and is SIGKILLed at a seeded moment while batches are in flight; then it restarts on
 the same directory and everything is received with a fresh group. Checked:
 
 - every batch acknowledged before the kill is there, each message once, with its body and tag;
 - a message whose batch was in flight is there whole or not at all (never torn, never twice);
 - in every queue the offsets run without a gap or a repeat;
-- after the restart, sends go on (the fast path again from the second batch) and are received.
+- after the restart, sends go on  and are received.
 
 SIGKILL ends the process, not the machine (the fsync side is the unit tests' job). Seed:
 ``CHRONOQ_SEND_CRASH_SEED`` (printed); rounds: ``CHRONOQ_SEND_CRASH_KILLS``.

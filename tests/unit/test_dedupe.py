@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from chronoq.core import errors
-from chronoq.broker.broker import Broker, OutgoingMessage
+from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage
 from chronoq.core.clock import FakeClock
 from chronoq.core.config import BrokerConfig
 from chronoq.broker.dedupe import DedupeWindow
@@ -149,13 +149,16 @@ def test_a_hash_collision_is_another_message_not_a_duplicate(broker):
     assert sorted(stored) == ["id-1", "id-2"]
 
 
-def test_a_hash_collision_on_the_plain_batch_path_stores_both(broker):
-    broker.send("orders", b"first")  # (the plain path takes a topic once a send has checked it; no id)
-    assert broker.write_plain("orders", ["p-1"], [""], [b"x"], [None]) is not None
-    # The bulk test meets p-1's hash: the batch goes the slow way, which reads p-1's record.
-    assert broker.write_plain("orders", ["p-2"], [""], [b"x"], [None]) is None
+def test_a_hash_collision_on_the_columns_path_stores_both(broker):
+    broker.send("orders", b"first")  # (no id)
+    first = broker.write_batch(OutgoingBatch(["orders"], [b"x"], message_ids=["p-1"]))
+    assert first.duplicates is None
+    # The bulk test meets p-1's hash: the batch is answered message by message, reading p-1's record.
+    second = broker.write_batch(OutgoingBatch(["orders"], [b"x"], message_ids=["p-2"]))
+    assert second.duplicates is None and second.commit_offsets != first.commit_offsets
     (result,) = broker.send_batch([OutgoingMessage("orders", b"x", message_id="p-2")])
-    assert not result.duplicate
+    assert result.duplicate  # (and an exact resend is still found past the colliding entry)
+    broker.flush()
     stored = [m.message_id for q in (0, 1) for m in broker.read("orders", q, 0, 100).messages]
     assert sorted(stored)[1:] == ["p-1", "p-2"]  # (after the first message's generated id)
 

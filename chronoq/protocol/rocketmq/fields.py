@@ -141,7 +141,7 @@ K_ACK_RESULT_STATUS, K_ACK_RESULTS = _key(sv.AckMessageResponse, "status"), _key
 K_RESULT_MESSAGE_ID, K_RESULT_HANDLE, K_RESULT_STATUS = (
     _key(sv.AckMessageResultEntry, n) for n in ("message_id", "receipt_handle", "status"))
 
-# Field numbers the readers compare against (chronoq.protocol.rocketmq.send.plain_columns).
+# Field numbers the readers compare against (chronoq.protocol.rocketmq.send.send_columns).
 N_MESSAGE_TOPIC, N_MESSAGE_PROPS, N_MESSAGE_SP, N_MESSAGE_BODY = (
     _number(pb.Message, n) for n in ("topic", "user_properties", "system_properties", "body"))
 N_RESOURCE_NAME = _number(pb.Resource, "name")

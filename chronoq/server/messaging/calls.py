@@ -68,7 +68,7 @@ class AckAndReceiveRequest:
 
 
 class SendRequest:
-    """A SendMessageRequest and the bytes it was parsed from: ``send.plain_columns`` reads a batch's
+    """A SendMessageRequest and the bytes it was parsed from: ``send.send_columns`` reads its
     columns from the bytes (a third of the cost of reading the parsed messages). Parsed at once,
     so malformed bytes fail where any request's would. ``chronoq.server.auth`` reads ``messages``."""
 

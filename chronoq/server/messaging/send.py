@@ -1,25 +1,24 @@
-"""Producing: SendMessage (plain batches in bulk, every other shape message by message, transaction
-halves), EndTransaction and RecallMessage. Every SendMessage answer is encoded by
+"""Producing: SendMessage (every shape of message through one columnar path; a transactional half,
+always alone, through the transactions), EndTransaction and RecallMessage. Every SendMessage answer is encoded by
 ``chronoq.protocol.rocketmq.send.send_response``."""
 
 from __future__ import annotations
 
 import asyncio
-import operator
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
 from chronoq.core import errors, model
 from chronoq.protocol.rocketmq import status
-from chronoq.protocol.rocketmq.send import plain_columns, send_response
+from chronoq.protocol.rocketmq.send import send_columns, send_response
 from chronoq.server import convert
 from chronoq.server.messaging.calls import SendRequest, boundary, status_only
 from chronoq.timer import handle as recall_handles
 
 SEND_BATCH_MAX = 1024               # messages in one SendMessage request
 _TRANSACTION = model.MessageType.TRANSACTION  # (an enum member lookup costs ~1 us on 3.11)
-_get_ids, _get_offsets, _get_recalls = map(operator.attrgetter, ("message_id", "queue_offset", "recall_handle"))
+_PB_TRANSACTION = pb.TRANSACTION
 
 
 def _send_refused(code: int, message: str) -> bytes:
@@ -37,52 +36,41 @@ class SendRpcs:
             raise errors.ClientError("SendMessage carries no message")
         if len(messages) > SEND_BATCH_MAX:
             raise errors.ClientError(f"SendMessage carries {len(messages)} messages; at most {SEND_BATCH_MAX}")
-        if len(messages) == 1:  # the official clients' only shape
-            return send_response(*zip(await self._send_one(messages[0], context)))
-        # The common batch (plain messages of one topic) is checked and stored in bulk
-        # (Broker.write_plain); anything else, or any rule broken, takes _send_batch. Its columns
-        # come from the request's bytes when it has them (plain_columns), else from the messages.
-        plain = plain_columns(request.raw) if type(request) is SendRequest else None
-        if plain is None:
-            plain = convert.plain_batch(messages)
-        if plain is not None:
-            offsets = await self.committer.send_plain(*plain)
-            if offsets is not None:
-                return send_response(plain[1], offsets)  # (bytes: serialize_answer passes them on)
-        return await self._send_batch(messages, context)
-
-    async def _send_batch(self, messages, context=None) -> bytes:
-        """A batch message by message (``outgoing_from_pb``, ``Broker.write``): every shape."""
-        if any(m.system_properties.message_type == pb.TRANSACTION for m in messages):
+        # Every shape takes one path: the request's columns (read from its bytes when it has
+        # them, else through the generated classes), the protocol's rules (convert.outgoing_batch),
+        # the broker's (Broker.write_batch), one answer.
+        columns = send_columns(request.raw) if type(request) is SendRequest else None
+        if columns is None:
+            columns = convert.send_columns(messages)
+        if len(messages) == 1:  # the official clients' only shape: its failure is its entry's
+            return send_response(*zip(await self._send_one(columns, context)))
+        if _PB_TRANSACTION in columns.message_types:
             raise errors.ClientError("a transactional message must be sent alone, one per SendMessage")
         try:  # one group commit for the whole request
-            decode, cfg, now = convert.outgoing_from_pb, self.config, self.clock.wall_ms()
-            body_max, delay_max = cfg.max_body_bytes, cfg.timer_max_delay_ms  # (once per request)
-            results = await self.committer.send([decode(m, body_max, now, delay_max) for m in messages])
+            cfg = self.config
+            batch = convert.outgoing_batch(columns, cfg.max_body_bytes, self.clock.wall_ms(), cfg.timer_max_delay_ms)
+            sent = await self.committer.send_batch(batch)
         except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):
             # The broker refuses a batch with one bad message as a whole. Send them one by one
             # instead, so each gets its own answer (the committer still groups the fsyncs).
-            entries = await asyncio.gather(*(self._send_one(m, context) for m in messages))
+            entries = await asyncio.gather(*(self._send_one(columns.take((i,)), context)
+                                             for i in range(len(messages))))
             return send_response(*zip(*entries))  # (the first failure on top: clients read only that)
-        return send_response(list(map(_get_ids, results)), list(map(_get_offsets, results)),
-                             list(map(_get_recalls, results)))
+        return send_response(sent.message_ids, sent.queue_offsets, sent.recall_handles)
 
-    async def _send_one(self, msg, context=None) -> tuple:
-        """The ``send_response`` columns of one message, failures included: (message id, queue
-        offset, recall handle, transaction id, failure or None)."""
+    async def _send_one(self, columns, context=None) -> tuple:
+        """The ``send_response`` columns of a request's one message (``columns``), failures
+        included: (message id, queue offset, recall handle, transaction id, failure or None)."""
         try:
-            outgoing = self._outgoing(msg)
-            if outgoing.message_type is _TRANSACTION:
-                return await self._send_half(outgoing)
-            r = (await self.committer.send([outgoing]))[0]
+            cfg = self.config
+            batch = convert.outgoing_batch(columns, cfg.max_body_bytes, self.clock.wall_ms(), cfg.timer_max_delay_ms)
+            if batch.message_types[0] is _TRANSACTION:
+                return await self._send_half(batch.message(0))
+            sent = await self.committer.send_batch(batch)
         except Exception as exc:  # noqa: BLE001 - the answer for this message
             self._count_refusal(exc, context, "SendMessage")
-            return msg.system_properties.message_id, 0, "", "", status.code_and_message(exc, "SendMessage")
-        return r.message_id, r.queue_offset, r.recall_handle, "", None
-
-    def _outgoing(self, msg):
-        return convert.outgoing_from_pb(msg, self.config.max_body_bytes, self.clock.wall_ms(),
-                                        self.config.timer_max_delay_ms)
+            return columns.message_ids[0], 0, "", "", status.code_and_message(exc, "SendMessage")
+        return sent.message_ids[0], sent.queue_offsets[0], (sent.recall_handles or ("",))[0], "", None
 
     async def _send_half(self, outgoing) -> tuple:
         half = self.txns.half_message(outgoing)

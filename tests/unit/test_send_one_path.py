@@ -1,9 +1,11 @@
-"""The SendMessage fast path (convert.plain_batch -> Broker.write_plain -> Store.write_plain ->
-send_response) against the message-by-message path it stands in for.
+"""SendMessage's one path (send.send_columns -> convert.outgoing_batch -> Broker.write_batch ->
+Store.write_columns -> send_response) for every shape of message: a batch stores and answers what
+its messages sent one request each store and answer, and a request read from its bytes what the
+same request read through the generated classes does.
 
-Two brokers on the same fake clock get the same requests, one through each path: the answers,
-the commit log (byte for byte), the consume queues, the dedupe window, the metrics and the trace
-must come out the same. Batches the fast path does not take must get the old path's answers.
+Two brokers on the same fake clock get the same messages, one way each: the answers, the commit
+log (byte for byte), the consume queues, the dedupe window, the metrics and the trace must come
+out the same.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import asyncio
 import gzip
 import os
 
+import pytest
+
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
 from chronoq.protocol.rocketmq.send import send_response
 from chronoq.broker.broker import Broker
+from chronoq.core import errors
 from chronoq.core.clock import FakeClock
 from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
@@ -25,6 +30,7 @@ from chronoq.server import convert
 from chronoq.server.messaging.calls import SendRequest, serialize_answer
 from chronoq.server.messaging.service import MessagingService
 from chronoq.store import record
+from chronoq.store.store import Columns
 
 from storekit import SMALL_SEGMENT, body_for, log_bytes, open_store, prep, queue_snapshot, read_all
 
@@ -62,25 +68,23 @@ class _Side:
         self.committer.start()
         self.service = MessagingService(self.config, self.broker, self.committer, None, Transactions(self.broker))
 
-    async def fast(self, messages) -> bytes:
-        """The fast path only; it must take the batch."""
-        plain = convert.plain_batch(messages)
-        assert plain is not None
-        offsets = await self.committer.send_plain(*plain)
-        assert offsets is not None
-        return sv.SendMessageResponse.FromString(send_response(plain[1], offsets)).SerializeToString()
-
     async def via_send_message(self, messages) -> bytes:
-        """As the server calls it: the request keeps its bytes (send.plain_columns reads them)."""
+        """As the server calls it: the request keeps its bytes (send.send_columns reads them)."""
         request = SendRequest(sv.SendMessageRequest(messages=messages).SerializeToString())
         return serialize_answer(await self.service.SendMessage(request, None))
 
     async def via_parsed_request(self, messages) -> bytes:
-        """A parsed request without its bytes: convert.plain_batch reads the columns."""
+        """A parsed request without its bytes: convert.send_columns reads the columns."""
         return serialize_answer(await self.service.SendMessage(sv.SendMessageRequest(messages=messages), None))
 
-    async def old(self, messages) -> bytes:
-        return serialize_answer(await self.service._send_batch(messages))
+    async def one_by_one(self, messages) -> bytes:
+        """Each message in a request of its own; the answers' entries joined in one answer."""
+        entries = []
+        for m in messages:
+            answer = sv.SendMessageResponse.FromString(await self.via_send_message([m]))
+            entries.extend(answer.entries)
+        return sv.SendMessageResponse(status=sv.SendMessageResponse.FromString(
+            send_response((), ())).status, entries=entries).SerializeToString()
 
     def state(self) -> dict:
         b = self.broker
@@ -105,9 +109,17 @@ def _run(tmp_path, scenario, **config):
     asyncio.run(go())
 
 
-def test_fast_path_stores_and_answers_what_the_old_path_does(tmp_path):
-    async def scenario(fast, old, clock):
-        for side in (fast, old):
+def _delayed(topic: str, prefix: str, n: int, **kw) -> list[pb.Message]:
+    return [_message(topic, f"{prefix}-{i:04d}", body_for(f"{prefix}-{i}"), mtype=pb.DELAY,
+                     delivery_timestamp={"seconds": NOW // 1000 + 60 + i, "nanos": (i % 1000) * 1_000_000}, **kw)
+            for i in range(n)]
+
+
+def test_a_batch_stores_and_answers_what_its_messages_one_by_one_do(tmp_path):
+    """Every shape of batch (plain, tags, delayed, FIFO groups, keys, properties, delay levels):
+    the same records, queues, answers (recall handles too) as its messages sent one per request."""
+    async def scenario(batched, single, clock):
+        for side in (batched, single):
             side.broker.create_topic("orders", 3)
             side.broker.create_topic("events", 1)
         batches = [
@@ -117,26 +129,71 @@ def test_fast_path_stores_and_answers_what_the_old_path_does(tmp_path):
             _batch("orders", "d", 4, born_ms=None),                     # born unset: the store time
             _batch("events", "e", 3, mtype=pb.MESSAGE_TYPE_UNSPECIFIED),  # inferred NORMAL
             _batch("orders", "f", 100),
+            _delayed("orders", "g", 50),                                # the delayed batch
+            _delayed("orders", "g2", 3, tag="late", keys=["k1", "k2"]),
+            [_message("orders", f"h-{i}", body_for(f"h-{i}"), mtype=pb.FIFO, message_group=f"grp-{i % 3}",
+                      keys=[f"key-{i}"]) for i in range(9)],
+            [_with_properties(f"i-{i}", body_for(f"i-{i}"), {"a": str(i), "b": "x\u00e9"}) for i in range(4)],
+            [_with_properties(f"j-{i}", body_for(f"j-{i}"), {convert.DELAY_LEVEL_PROPERTY: str(i % 3), "z": "1"})
+             for i in range(4)],
+            _batch("orders", "k", 2) + _batch("events", "k2", 2) + _delayed("events", "k3", 2),  # mixed
         ]
-        for i, messages in enumerate(batches):
+        for messages in batches:
             clock.advance(3)
-            answer = await (fast.fast(messages) if i % 2 else fast.via_send_message(messages))
-            assert answer == await old.old(messages)
+            answer = await batched.via_send_message(messages)
             assert sv.SendMessageResponse.FromString(answer).status.code == pb.OK
-        assert fast.state() == old.state()
-        assert fast.broker.sent_by_topic == {"orders": 125, "events": 3}
-        # Read back through the store: the same messages, in the same queues and offsets.
-        assert read_all(fast.broker.store) == read_all(old.broker.store)
-        # A resend of a whole batch is a duplicate: the fast path declines, the answers match.
-        assert convert.plain_batch(batches[1]) is not None
-        assert fast.broker.write_plain(*convert.plain_batch(batches[1])) is None
-        assert await fast.via_send_message(batches[1]) == await old.old(batches[1])
-        assert fast.state() == old.state()
+            assert answer == await single.one_by_one(messages)
+            assert batched.state() == single.state()
+        assert read_all(batched.broker.store) == read_all(single.broker.store)
+        # A resend of a whole batch is a duplicate, answered as the first send was.
+        for messages in (batches[1], batches[6]):
+            assert await batched.via_send_message(messages) == await single.one_by_one(messages)
+            assert batched.state() == single.state()
 
     _run(tmp_path, scenario)
 
 
-def test_batches_the_fast_path_declines_get_the_old_answers(tmp_path):
+def test_groups_keys_and_properties_round_trip_alike_on_every_path(tmp_path):
+    """A message group, keys and properties stored through the wire (a batch, a lone message) and
+    through the embedded API read back alike; a forged group (control characters) is refused on
+    every path (issue 21: a group forged on one path but not another)."""
+    from chronoq.broker.broker import PROP_MESSAGE_GROUP, OutgoingMessage
+
+    async def scenario(wire, embedded, clock):
+        for side in (wire, embedded):
+            side.broker.create_topic("orders", 4)
+        props = {"a": "1", "ü": "v\u00e9"}
+        msgs = [pb.Message(topic=pb.Resource(name="orders"), body=b"body-%d" % i, user_properties=props,
+                           system_properties=pb.SystemProperties(
+                               message_id=f"m-{i}", message_type=pb.FIFO, message_group="grp-%d" % (i % 2),
+                               keys=["k1", f"k-{i}"], tag="t", body_encoding=pb.IDENTITY)) for i in range(3)]
+        await wire.via_send_message(msgs[:2])
+        await wire.via_send_message(msgs[2:])
+        embedded.broker.send_batch([OutgoingMessage("orders", b"body-%d" % i, tag="t", keys=("k1", f"k-{i}"),
+                                                    properties=dict(props), message_id=f"m-{i}",
+                                                    message_group="grp-%d" % (i % 2), born_ms=NOW)
+                                    for i in range(3)])
+
+        def stored(side):
+            return sorted(((m.message_id, m.queue_id, m.tag, tuple(m.keys), m.properties, m.body)
+                           for q in range(4) for m in side.broker.read("orders", q, 0, 100).messages),
+                          key=lambda row: row[0])
+        assert stored(wire) == stored(embedded)
+        assert len(stored(wire)) == 3 and {row[4].get(PROP_MESSAGE_GROUP) for row in stored(wire)} == {"grp-0", "grp-1"}
+        forged = pb.Message(topic=pb.Resource(name="orders"), body=b"x", system_properties=pb.SystemProperties(
+            message_id="forged", message_type=pb.FIFO, message_group="g\x02evil\x01yes"))
+        for messages in ([forged], [msgs[0], forged]):
+            answer = sv.SendMessageResponse.FromString(await wire.via_send_message(messages))
+            assert answer.status.code == pb.ILLEGAL_MESSAGE_GROUP if hasattr(pb, "ILLEGAL_MESSAGE_GROUP") \
+                else answer.status.code != pb.OK
+        with pytest.raises(errors.ClientError):
+            embedded.broker.send_batch([OutgoingMessage("orders", b"x", message_group="g\x02evil\x01yes")])
+        assert all("evil" not in m[4] for m in stored(wire))
+
+    _run(tmp_path, scenario)
+
+
+def test_requests_read_from_bytes_answer_what_parsed_requests_do(tmp_path):
     body = b"x" * 100
     unusual = {
         "fifo": _batch("orders", "g", 2) + [_message("orders", "g-fifo", body, mtype=pb.FIFO, message_group="grp")],
@@ -170,20 +227,19 @@ def test_batches_the_fast_path_declines_get_the_old_answers(tmp_path):
             side.broker.create_topic("events", 2)
         for name, messages in unusual.items():
             clock.advance(1)
-            plain = convert.plain_batch(messages)
-            # Nothing written when declined (so trying it first is harmless).
-            assert plain is None or fast.broker.write_plain(*plain) is None, name
             answer = await fast.via_send_message(messages)
             assert answer == await old.via_parsed_request(messages), name
             assert fast.state() == old.state(), name
-        # Declined batches were answered message by message, with failures where due.
-        answer = sv.SendMessageResponse.FromString(await old.old(unusual["bad tag"]))
+        # Refused batches were answered message by message, with failures where due.
+        answer = sv.SendMessageResponse.FromString(await old.via_send_message(unusual["bad tag"]))
         assert answer.status.code == pb.ILLEGAL_MESSAGE_TAG
 
     _run(tmp_path, scenario, max_body_bytes=4096)
 
 
-def test_write_plain_writes_the_records_write_does_across_segment_rolls(tmp_path):
+def test_write_columns_writes_the_records_write_does_across_segment_rolls(tmp_path):
+    """Store.write_columns (the send path) and Store.write (Prepared records) lay down the same
+    records, queue offsets and segments; each record is record.encode of its fields."""
     clock = FakeClock(NOW)
     a, b = open_store(tmp_path / "a", clock, segment_bytes=SMALL_SEGMENT), \
         open_store(tmp_path / "b", clock, segment_bytes=SMALL_SEGMENT)
@@ -196,17 +252,24 @@ def test_write_plain_writes_the_records_write_does_across_segment_rolls(tmp_path
             tags = [b"", b"t1", b"t22"][round_ % 3:] * n
             tags = tags[:n]
             borns = [NOW - i for i in range(n)]
-            written = a.write([prep("t", q, body, m, tag="")._replace(tag=tag, keys=b"", properties=b"", born_ms=bm)
-                               for q, body, m, tag, bm in zip(queue_ids, bodies, mids, tags, borns)])
-            commits, qoffs = b.write_plain("t", queue_ids, borns, [m.encode() for m in mids], tags, bodies)
+            flags = [record.FLAG_DELAYED if i % 5 == 4 else 0 for i in range(n)]
+            dues = [NOW + 60_000 + i if f else 0 for i, f in enumerate(flags)]
+            written = a.write([prep("t", q, body, m, tag="")._replace(tag=tag, keys=b"", properties=b"", born_ms=bm,
+                                                                     flags=f, deliver_at_ms=d)
+                               for q, body, m, tag, bm, f, d in zip(queue_ids, bodies, mids, tags, borns, flags, dues)])
+            commits, qoffs, sizes = b.write_columns(Columns(["t"] * n, queue_ids, flags, borns, dues,
+                                                            [m.encode() for m in mids], tags, [b""] * n, [b""] * n,
+                                                            bodies))
             assert commits == [w.commit_offset for w in written]
             assert qoffs == [w.queue_offset for w in written]
+            assert sizes == [w.size for w in written]
             for store in (a, b):
                 store.dispatch(store.sync())
             clock.advance(7)
         assert len(os.listdir(tmp_path / "b" / "commitlog")) > 2
         assert log_bytes(tmp_path / "a") == log_bytes(tmp_path / "b")
         assert queue_snapshot(a) == queue_snapshot(b)
+        assert list(a.delayed_dispatched) == list(b.delayed_dispatched)
         # Each record is what record.encode makes of the same fields.
         msg = b.read_at(commits[0], written[0].size)
         assert record.encode(0, msg.queue_id, msg.queue_offset, msg.born_ms, msg.stored_ms, 0, b"t",
