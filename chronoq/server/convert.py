@@ -25,6 +25,7 @@ from rocketmq.grpc_protocol import definition_pb2
 
 from chronoq.core import errors, validate
 from chronoq.broker.broker import OutgoingBatch, OutgoingMessage
+from chronoq.core.delay_levels import DELAY_LEVEL_PROPERTY  # (docs/timers.md: delay levels)
 from chronoq.core.model import MessageType
 from chronoq.protocol.rocketmq.send import SendColumns
 from chronoq.timer.deliverytime import from_client_timestamp
@@ -39,10 +40,6 @@ _GZIP, _IDENTITY, _ENCODING_UNSPECIFIED = pb.GZIP, pb.IDENTITY, pb.ENCODING_UNSP
 _MT_DELAY, _MT_FIFO = MessageType.DELAY, MessageType.FIFO
 
 MILLIS_12H = 12 * 3600 * 1000
-# User property asking for a delay level (1..N of timer_delay_levels; "0": none). RocketMQ 5's
-# protocol has no delay-level field; RocketMQ 4 clients used the property "DELAY". chronoq takes a
-# name of its own so no existing user property changes meaning (docs/timers.md).
-from chronoq.core.delay_levels import DELAY_LEVEL_PROPERTY  # noqa: E402 (the one name the clients set)
 
 # Message types a producer may send today. DELAY and TRANSACTION come with the timer and
 # transaction issues; LITE and PRIORITY are not planned.
