@@ -77,6 +77,7 @@ class StoreWriter:
         magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
         delayed = record.FLAG_DELAYED
         held_flag = record.FLAG_HELD
+        cont = record.FLAG_CONTINUES  # on every record; the last one's is cleared below (end_append)
         pieces: list[bytes] = []
         add_piece = pieces.append
         meta = []
@@ -112,7 +113,7 @@ class StoreWriter:
                 tb = topic_bytes[topic] = topic.encode()
             # record.encode_parts, inlined (a call per message costs as much as its body); the
             # record-equivalence tests hold both to the same bytes.
-            head = pack_tail(flags, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
+            head = pack_tail(flags | cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id),
                              len(tag), len(keys), len(props), len(body)) + tb + message_id + tag + keys + props
             size = crc_start + len(head) + len(body)
             if size > size_max:
@@ -124,6 +125,7 @@ class StoreWriter:
             add_size(size)
         if not meta:
             return []
+        record.end_append(pieces)  # one append, one group: the log never splits it (CommitLog.room)
         ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
         out: list[Written] = []
         add_out, new_tuple = out.append, tuple.__new__
@@ -190,6 +192,7 @@ class StoreWriter:
         tag_hash = {t: zlib.crc32(t) for t in set(tags)}
         pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
         magic, version, size_max = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX
+        cont = record.FLAG_CONTINUES  # on every record; the last one's is cleared below (end_append)
         pieces: list[bytes] = []
         add = pieces.append
         sizes: list[int] = []
@@ -200,7 +203,7 @@ class StoreWriter:
         for qid, born, mid, tag, body in zip(queue_ids, born_ms, message_ids, tags, bodies):
             qoff = nxt[qid]
             nxt[qid] = qoff + 1
-            head = pack_tail(0, qid, qoff, born, now, 0, tlen, len(mid), len(tag), 0, 0, len(body)) + tb + mid + tag
+            head = pack_tail(cont, qid, qoff, born, now, 0, tlen, len(mid), len(tag), 0, 0, len(body)) + tb + mid + tag
             total = record.CRC_START + len(head) + len(body)
             if total > size_max:
                 raise ValueError(f"record of {total} bytes exceeds {size_max}")
@@ -209,6 +212,7 @@ class StoreWriter:
             add(body)
             add_size(total)
             add_qoff(qoff)
+        record.end_append(pieces)  # one append, one group: the log never splits it (CommitLog.room)
         commits: list[int] = []
         add_commit = commits.append
         runs: dict[int, bytearray] = {qid: bytearray() for qid in nxt}
