@@ -34,7 +34,8 @@ Why this is safe (each case a rebuild from the log alone must agree with the liv
   the roll record still holds it; if not, the copy's reference retires it wherever it is read.
 * Idempotent and crash-safe: roll records are written and fsynced before any segment is deleted
   (``chronoq.store.store.Store.retention``); a crash in between leaves the message twice in the
-  log (harmless) and the next pass finds its old copy again. A message is rolled once per pass.
+  log (harmless: one set fact) and the next pass rolls its old copy again, so the extra copy
+  lives on until the message is delivered. A message is rolled once per pass.
 * Each pass rolls only the messages whose copy is in the range being deleted, so a message is
   rolled about once per retention window (``retention_max_age_hours``, or the time the log
   takes to reach ``retention_max_bytes``): a timer due in a year, with 72 h retention, is
