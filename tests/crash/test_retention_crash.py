@@ -34,9 +34,10 @@ from chronoq.broker.digest import derived_digest  # noqa: E402
 from chronoq.core.clock import FakeClock  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.store import commitlog  # noqa: E402
+from tests.integration.test_rebuild_from_log import _delete_derived  # noqa: E402
+from writer import tear_next_log_write  # noqa: E402
 
 START_MS = 1_700_000_000_000
-DERIVED = ("consumequeue", "checkpoint.json", "timer")
 MOMENTS = ("tear-roll", "unlink-1", "unlink-2")
 
 
@@ -73,16 +74,7 @@ def _child(data_dir: str, moment: str, seed: int) -> None:
 def _arm(broker: Broker, moment: str, rng: random.Random) -> None:
     """Fault hooks on the commit log's own calls: SIGKILL this process at ``moment``."""
     if moment == "tear-roll":
-        real_pwrite = os.pwrite
-        log = broker.store.log
-
-        def torn_pwrite(fd, data, offset):
-            if fd != log._active_fd or len(data) < 2:
-                return real_pwrite(fd, data, offset)
-            real_pwrite(fd, bytes(data[:rng.randrange(1, len(data))]), offset)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        commitlog.os.pwrite = torn_pwrite
+        tear_next_log_write(broker, rng)
         return
     kill_at = int(moment.split("-")[1])
     real_unlink = os.unlink
@@ -99,12 +91,7 @@ def _arm(broker: Broker, moment: str, rng: random.Random) -> None:
 
 def _timers(data_dir: str, now_ms: int, rebuild: bool, retain: bool = False) -> list:
     if rebuild:
-        for name in DERIVED:
-            path = os.path.join(data_dir, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.unlink(path)
+        _delete_derived(data_dir)
     with Broker(_config(data_dir), clock=FakeClock(now_ms)) as broker:
         if retain:  # finish what the killed pass began
             broker.retention()

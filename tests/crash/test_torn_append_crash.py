@@ -1,9 +1,9 @@
 """kill -9 in the middle of a large append: no record of it survives, so a staged publish is exactly-once.
 
 ``kill -9`` during a large ``pwrite`` (measured: 4-42 MiB of a 256 MiB write reached the file)
-leaves a prefix of the append; a fault hook in the child process reproduces exactly that (a
-seeded prefix of one commit-log ``pwrite`` is written, then the process SIGKILLs itself: an
-external kill almost never lands inside the system call). Recovery (R11) must drop the whole
+leaves a prefix of the append; a fault hook in the child process reproduces exactly that
+(``writer.tear_next_log_write``: a seeded prefix of one commit-log ``pwrite`` is written, then
+the process SIGKILLs itself: an external kill almost never lands inside the system call). Recovery (R11) must drop the whole
 unfinished append:
 
 * ``raw``: batches of 1,500 messages (about 6 MiB each); the torn one is never acknowledged and
@@ -33,7 +33,7 @@ if ROOT not in sys.path:
 from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.features.staging import Rows, Staging  # noqa: E402
-from chronoq.store import commitlog  # noqa: E402
+from writer import tear_next_log_write  # noqa: E402
 
 BATCH = 1_500
 BODY = 4_000
@@ -43,24 +43,6 @@ RUNS = int(os.environ.get("CHRONOQ_TORN_RUNS", "4"))
 
 def _config(data_dir: str) -> BrokerConfig:
     return BrokerConfig(data_dir=data_dir, segment_bytes=64 << 20, flush_policy="sync")
-
-
-def _tear_append(rng: random.Random, which: int) -> None:
-    """The ``which``-th commit-log append from now (1: the next) writes a seeded prefix of its
-    bytes, then the process dies."""
-    real_pwrite = os.pwrite
-    seen = [0]
-
-    def torn_pwrite(fd, data, offset):
-        if not os.readlink(f"/proc/self/fd/{fd}").endswith(commitlog.SEGMENT_SUFFIX) or len(data) < 2:
-            return real_pwrite(fd, data, offset)
-        seen[0] += 1
-        if seen[0] < which:
-            return real_pwrite(fd, data, offset)
-        real_pwrite(fd, bytes(data[:rng.randrange(1, len(data))]), offset)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    commitlog.os.pwrite = torn_pwrite
 
 
 def _body(mid: str) -> bytes:
@@ -75,7 +57,7 @@ def _raw_child(data_dir: str, seed: int) -> None:
         ids = [f"A{seed}-{b}-{i}" for i in range(BATCH)]
         broker.send_batch([OutgoingMessage("big", _body(m), message_id=m) for m in ids])
         print(f"acked {b}", flush=True)  # only after send_batch returned: durable
-    _tear_append(rng, 1)
+    tear_next_log_write(broker, rng)
     ids = [f"T{seed}-{i}" for i in range(BATCH)]
     broker.send_batch([OutgoingMessage("big", _body(m), message_id=m) for m in ids])
     print("done", flush=True)  # not reached: the hook kills the process
@@ -89,7 +71,7 @@ def _staging_child(data_dir: str, seed: int) -> None:
         staging.stage("sink", 0, "stage-a", seq, "rows", Rows([f"r{seq}-{i:05d}".encode() for i in range(ROWS)]))
     broker.flush()
     print("staged", flush=True)
-    _tear_append(rng, rng.randint(1, CHUNKS))
+    tear_next_log_write(broker, rng, rng.randint(1, CHUNKS))
     for _ in staging.publish("sink", 0, [("stage-a", CHUNKS, CHUNKS * ROWS)]).steps(staging):
         pass
     print("done", flush=True)
