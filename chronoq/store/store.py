@@ -342,6 +342,11 @@ class Store(StoreWriter):
         for offset, buf in iter_records(self.log, max(start, self.log.min_offset)):
             yield offset, record.RecordHeader(buf, 0), buf
 
+    def scan_flagged(self, lo: int, hi: int, mask: int):
+        """Yield ``(commit offset, record bytes)`` of the records in ``[lo, hi)`` with a flag of
+        ``mask`` (``chronoq.store.reading.flagged``: the others are stepped over, not read)."""
+        return reading.flagged(self.log, max(lo, self.log.min_offset), hi, mask)
+
     def append(self, messages: Iterable[Prepared], durable: bool = True) -> list[Written]:
         """Write, fsync (when ``durable``) and dispatch: the embedded one-call path."""
         out = self.write(messages)

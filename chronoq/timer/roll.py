@@ -83,12 +83,8 @@ def keep(timer, lo: int, hi: int, now_ms: int) -> list[tuple[int, Prepared]]:
     log, each with the offset of that copy: what ``Store.retention`` appends before it deletes
     the range (the store's retention keeper)."""
     found: dict[int, dict[int, int]] = {}  # bucket start -> {ident: offset of its copy in range}
-    for offset, header, raw in timer.store.scan(lo):
-        if offset >= hi:
-            break
-        if not header.flags & record.FLAG_DELAYED:
-            continue
-        if header.topic == copies.CONTROL_TOPIC:  # a recall (nothing to keep) or a roll record
+    for offset, raw in timer.store.scan_flagged(lo, hi, record.FLAG_DELAYED):
+        if copies.header_fields(raw)[3] == _CONTROL_TOPIC:  # a recall (nothing to keep) or a roll record
             rolled = unwrap(raw)
             if rolled is None:
                 continue
