@@ -36,6 +36,7 @@ from chronoq.store import record
 from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions, Written
+from chronoq.timer import roll
 from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
                                    TimerService)
 
@@ -105,6 +106,8 @@ class Broker:
         self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
                                   ensure_delay_topic=self._ensure_delay_topic)
         self.add_arrival_listener(self.timer.on_arrivals)
+        # Retention rolls pending timer messages forward before it deletes their records.
+        self.store.add_retention_keeper(lambda lo, hi: roll.keep(self.timer, lo, hi, self.clock.wall_ms()))
         # Message life trace for the delivery audit (chronoq.broker.trace): the hooks only append to a
         # buffer; ``maintenance`` writes it to TRACE_TOPIC every ``trace_flush_ms``.
         self.trace: TraceRecorder | None = None

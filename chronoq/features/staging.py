@@ -28,10 +28,9 @@ its messages. The answer waits for one fsync at the end. A restart replays the t
 state file's floor; a batch whose ``begin`` is durable but whose ``published`` is not is finished
 by the broker itself at start-up, chunk by chunk, skipping chunks with a marker, with the stage
 ids ``begin`` named. So a publish interrupted by a crash (``kill -9`` included) is completed, not
-repeated: exactly once. Two narrow exceptions (documented in docs/spark.md): a power loss that
-tears the last append, and a process death between the two appends of a write that crosses a
-commit-log segment roll, can leave part of one chunk published without its marker; completing
-the batch then publishes that part again.
+repeated: exactly once. A chunk's append is on disk whole or not at all (``record.FLAG_CONTINUES``,
+recovery R11: a ``pwrite`` torn by ``kill -9`` leaves no record of it); the narrow exception, a
+power loss that keeps later pages of the last write but not earlier ones, is in docs/spark.md.
 
 ROW (little-endian), one per message, back to back in a stage record's body::
 

@@ -2,7 +2,8 @@
 
 Files: ``<data>/commitlog/<base offset, 20 digits>.log``. A segment holds the records whose physical
 offsets start at its base; offsets are global (base + position), so a record's offset never changes.
-A record never spans two segments. A segment is *sealed* once a later one exists; only the newest
+A record never spans two segments, nor does an append (one larger than ``segment_bytes`` makes
+a segment of its own, as large). A segment is *sealed* once a later one exists; only the newest
 (the *active* segment) is ever appended to or truncated.
 
 Durability: ``append`` writes to the page cache only; ``sync`` fsyncs the active segment and returns
@@ -173,11 +174,19 @@ class CommitLog:
 
     # ----------------------------------------------------------------- writing
     def room(self) -> int:
-        """Bytes the active segment takes before a roll (a lone record always fits)."""
+        """Bytes one ``append`` may take: no limit. A write is one append, never split over two
+        segments, so it is on disk whole or not at all (``record.FLAG_CONTINUES``, recovery
+        R11); ``append`` starts a new segment first when the write does not fit the active one.
+        (The store's writers ask this between the chunks they would split a write into.)"""
+        return 1 << 62
+
+    def left(self) -> int:
+        """Bytes the active segment takes before the next append rolls (``segment_bytes`` is a
+        target: a single append larger than that makes a segment of its own, as large)."""
         return max(0, self.segment_bytes - self.segments[-1].size)
 
     def append(self, blob: bytes) -> int:
-        """Write ``blob`` (whole records) at the end of the log; return its start offset."""
+        """Write ``blob`` (whole records, one append) at the end of the log; return its start offset."""
         assert self._active_fd >= 0, "start_writing() first"
         active = self.segments[-1]
         if active.size and active.size + len(blob) > self.segment_bytes:

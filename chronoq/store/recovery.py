@@ -19,6 +19,15 @@ check (found by searching for the magic/version bytes and validating each candid
 |    |                                        | file before a queue's last one                         |                                                        |
 | R9 | consume-queue entries past the log     | entries beyond what the replayed log produces          | truncate those consume-queue files                    |
 | R10| checkpoint past the log end            | dispatched offset > recovered log end (async loss)     | warn; re-dispatch the whole log                        |
+| R11| unfinished append at the active tail   | the last whole record carries ``FLAG_CONTINUES`` (its  | truncate back to the append's first record (with R0/R3/ |
+|    |                                        | append's last record is missing: a torn ``pwrite``)    | R4 too: they cut there, not at the torn record), fsync, |
+|    |                                        |                                                        | report the lost bytes                                  |
+
+An append (one ``Store.write``: a batch, a staged chunk with its marker, a group of timer copies)
+is one ``pwrite`` and is acknowledged only after it; ``kill -9`` during a large ``pwrite`` leaves a
+prefix of it, and R11 makes sure no whole record of that prefix survives (a sealed segment always
+ends with a whole append: the roll fsyncs it). Records without the flag (older files) are appends
+of one record each.
 
 Which records are verified: on an unclean start, every record from the dispatch checkpoint's
 offset to the end (the checkpoint only names fsynced records, so nothing below it can be torn by a
@@ -86,34 +95,50 @@ def verify_segment(
     buf = log.map_segment(seg)
     end = seg.size
     pos = start_pos
+    # Where the last append seen so far ends (``start_pos`` is a record boundary below which
+    # everything was fsynced, so an append's end); an append whose last record is missing (R11)
+    # is cut back to here.
+    group_start = pos
     try:
         while pos < end:
             lost = _lost_at(log, seg.base + pos)
             if lost is not None:
-                pos = lost.end - seg.base
+                pos = group_start = lost.end - seg.base
                 continue
             try:
-                pos += record.check(buf, pos, end)
-                continue
+                length = record.check(buf, pos, end)
             except record.RecordError as exc:
                 reason = exc.reason
+            else:
+                pos += length
+                if not record.continues(buf, pos - length):
+                    group_start = pos
+                continue
             nxt = find_next_valid(buf, pos + 1, end)
-            if nxt is None and is_active and _all_zero(buf, pos, end):  # preallocated space
+            if nxt is None and is_active and group_start == pos and _all_zero(buf, pos, end):  # R0
                 _close(buf)
                 buf = b""
                 log.truncate_active(pos)
                 return
-            if nxt is None and is_active:  # R3 / R4
-                report.truncated.append(LostRange(seg.base + pos, seg.base + end, seg.path, reason))
+            if nxt is None and is_active:  # R3 / R4 (and R11: the whole records of its append too)
+                if group_start < pos:
+                    reason += f"; cut back to the start of its unfinished append, {pos - group_start} bytes before"
+                report.truncated.append(LostRange(seg.base + group_start, seg.base + end, seg.path, reason))
                 _close(buf)
                 buf = b""
-                log.truncate_active(pos)
+                log.truncate_active(group_start)
                 return
             if not quarantine:  # R5 / R6
                 raise errors.CorruptionError(seg.path, pos, reason)
             stop = end if nxt is None else nxt
             report.quarantined.append(log.quarantine(seg, pos, stop, reason))
-            pos = stop
+            pos = group_start = stop
+        if is_active and group_start < end:  # R11: the append's last record never reached the file
+            report.truncated.append(LostRange(seg.base + group_start, seg.base + end, seg.path,
+                                              "unfinished append: its last record is missing (torn write)"))
+            _close(buf)
+            buf = b""
+            log.truncate_active(group_start)
     finally:
         _close(buf)
 

@@ -105,6 +105,7 @@ class Store(StoreWriter):
         self._pending: deque[tuple[int, dict]] = deque()
         self.dispatched = 0
         self._guards: list[Callable[[], int | None]] = []
+        self._keepers: list[Callable[[int, int], list[tuple[int, Prepared]]]] = []
         # (commit offset, size, deliver_at_ms) of each FLAG_DELAYED record once it is dispatched,
         # in log order: such records get no consume-queue entry. The timer drains this queue
         # (chronoq.timer.absorb); the store never calls up into it.
@@ -341,6 +342,11 @@ class Store(StoreWriter):
         for offset, buf in iter_records(self.log, max(start, self.log.min_offset)):
             yield offset, record.RecordHeader(buf, 0), buf
 
+    def scan_flagged(self, lo: int, hi: int, mask: int):
+        """Yield ``(commit offset, record bytes)`` of the records in ``[lo, hi)`` with a flag of
+        ``mask`` (``chronoq.store.reading.flagged``: the others are stepped over, not read)."""
+        return reading.flagged(self.log, max(lo, self.log.min_offset), hi, mask)
+
     def append(self, messages: Iterable[Prepared], durable: bool = True) -> list[Written]:
         """Write, fsync (when ``durable``) and dispatch: the embedded one-call path."""
         out = self.write(messages)
@@ -410,11 +416,19 @@ class Store(StoreWriter):
         """Register ``guard() -> lowest commit offset still needed`` (None: needs nothing)."""
         self._guards.append(guard)
 
+    def add_retention_keeper(self, keeper: Callable[[int, int], list[tuple[int, Prepared]]]) -> None:
+        """Register ``keeper(lo, hi) -> [(offset, record)]``: records to append before retention
+        deletes ``[lo, hi)`` of the log, each with the offset of the record it keeps (the timer
+        rolls its pending messages forward: ``chronoq.timer.roll``)."""
+        self._keepers.append(keeper)
+
     def retention(self, max_age_ms: int | None, max_bytes: int | None, now_s: float | None = None) -> list[str]:
         """Delete sealed segments older than ``max_age_ms`` or beyond ``max_bytes`` in total.
 
         Never deletes the active segment, anything not yet dispatched, or anything at or above
-        the lowest offset a retention guard still needs.
+        the lowest offset a retention guard still needs. What a retention keeper still needs
+        from the deleted range is appended at the head first, and fsynced, before any segment
+        goes (``_keep_before``).
         """
         floor = self.dispatched
         for guard in self._guards:
@@ -431,6 +445,8 @@ class Store(StoreWriter):
                 break
             cut = seg.end
             total -= seg.size
+        if cut > self.log.min_offset and self._keepers:
+            cut = self._keep_before(cut)
         deleted = self.log.delete_before(cut)
         if deleted:
             for cq in self.queues.values():
@@ -438,6 +454,26 @@ class Store(StoreWriter):
             # Record the queues' new starts, or the next recovery takes them for lost files (R8).
             self.checkpoint()
         return [s.path for s in deleted]
+
+    def _keep_before(self, cut: int) -> int:
+        """Append (and fsync) what the keepers still need below ``cut``; return how far the log
+        may now be deleted: ``cut``, or, when that write or fsync fails (a full disk), the start
+        of the first segment holding something to keep (what lies below it goes all the same).
+        A crash after the write and before the deletion leaves both copies: the keepers' records
+        are idempotent (``chronoq.timer.roll``)."""
+        kept = [pair for keeper in self._keepers for pair in keeper(self.log.min_offset, cut)]
+        if not kept:
+            return cut
+        try:
+            self.write([p for _offset, p in kept])
+            self.dispatch(self.sync())
+        except errors.StorageError as exc:
+            floor = self.log.segment_for(min(offset for offset, _p in kept)).base
+            log.warning("retention keeps the log from %d: writing %d records it still needs failed (%s)",
+                        floor, len(kept), exc)
+            return floor
+        log.info("retention rolled %d records forward before deleting the log below %d", len(kept), cut)
+        return cut
 
     def close(self) -> None:
         self.dispatch(self.sync())

@@ -167,6 +167,7 @@ class StoreWriter:
         tbs = [topic_bytes[topics[0]]] * n if topics.count(topics[0]) == n else list(map(topic_bytes.__getitem__, topics))
         pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
         magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
+        cont = record.FLAG_CONTINUES  # on every record; the last one's is cleared below (end_append)
         pieces: list[bytes] = []
         add_piece = pieces.append
         sizes: list[int] = []
@@ -174,7 +175,7 @@ class StoreWriter:
         # The record encoder (record.encode_parts, inlined).
         for f, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
                 flags, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
-            head = pack_tail(f, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id), len(tag),
+            head = pack_tail(f | cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id), len(tag),
                              len(k), len(pr), len(body)) + tb + message_id + tag + k + pr
             size = crc_start + len(head) + len(body)
             if size > size_max:
@@ -183,6 +184,7 @@ class StoreWriter:
             add_piece(head)
             add_piece(body)
             add_size(size)
+        record.end_append(pieces)  # one append, one group: the log never splits it (CommitLog.room)
         tag_hashes = self._tag_hashes
         if len(tag_hashes) > 4096:
             tag_hashes.clear()

@@ -64,23 +64,28 @@ def _timer_entries(timer) -> dict[int, tuple[int, bytes]]:
     pending, _done = schedlog.list_dir(timer.sched_dir)
     out: dict[int, tuple[int, bytes]] = {}
     for start in sorted(set(pending) | set(timer.buckets)):
-        path = timer.files.path(start)
-        file_data = schedlog.read_file(path)
-        b = timer.buckets.get(start)
-        buffered = bytes(b.buffer) if b is not None else b""
-        states: list[tuple[int, int]] = []
-        messages: dict[int, tuple[int, bytes]] = {}
-        for data, entries in ((file_data, schedlog.scan(path, start, file_data) if file_data else ()),
-                              (buffered, _plain(buffered))):
-            for pos, total, kind, ident, due, _aux in entries:
-                states.append((kind, ident))
-                if kind == MESSAGE:
-                    messages.setdefault(ident, (due, bytes(data[pos + ENTRY_HEAD_SIZE:pos + total])))
-        for ident, kind in schedlog.summarize(states).items():
-            if kind == MESSAGE:
-                assert ident not in out, f"timer message {ident} is pending in two buckets"
-                out[ident] = messages[ident]
+        for ident, entry in bucket_pending(timer, start).items():
+            assert ident not in out, f"timer message {ident} is pending in two buckets"
+            out[ident] = entry
     return out
+
+
+def bucket_pending(timer, start: int) -> dict[int, tuple[int, bytes]]:
+    """ident -> (due, record) of the messages pending in bucket ``start`` (its file plus its write
+    buffer; none when it has neither). A message claimed but not yet durably delivered counts."""
+    path = timer.files.path(start)
+    file_data = schedlog.read_file(path)
+    b = timer.buckets.get(start)
+    buffered = bytes(b.buffer) if b is not None else b""
+    states: list[tuple[int, int]] = []
+    messages: dict[int, tuple[int, bytes]] = {}
+    for data, entries in ((file_data, schedlog.scan(path, start, file_data) if file_data else ()),
+                          (buffered, _plain(buffered))):
+        for pos, total, kind, ident, due, _aux in entries:
+            states.append((kind, ident))
+            if kind == MESSAGE:
+                messages.setdefault(ident, (due, bytes(data[pos + ENTRY_HEAD_SIZE:pos + total])))
+    return {ident: messages[ident] for ident, kind in schedlog.summarize(states).items() if kind == MESSAGE}
 
 
 def _plain(data: bytes):

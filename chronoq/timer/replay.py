@@ -4,7 +4,8 @@ cursor (``Replay``, a part of ``TimerService``; the checkpoint that names the cu
 
 Replaying absorbs every delayed record after the cursor again (entries are set facts, so twice is
 harmless) and re-marks what was delivered from the copies found there (``__TIMER_REF`` /
-``__DELAY_REF``): the dispatch-once rule of ``chronoq.timer.service``.
+``__DELAY_REF``): the dispatch-once rule of ``chronoq.timer.service``. A roll record
+(``chronoq.timer.roll``) is absorbed as the message it carries, under that message's ident.
 
 A mixin, like ``chronoq.timer.absorb``: the replay fills the very buckets, lanes and cursor the
 other parts work on, so it runs on the facade's state rather than on a copy handed to it.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.store import record
-from chronoq.timer import copies, schedlog
+from chronoq.timer import copies, roll, schedlog
 from chronoq.timer.schedlog import DISPATCHED
 
 CATCH_UP_RUN = 4096  # delayed records absorbed together at start-up
@@ -39,6 +40,14 @@ class Replay:
         records: list[tuple[int, int, int]] = []
         for offset, header, raw in self.store.scan(self.cursor):
             if header.flags & record.FLAG_DELAYED:
+                rolled = roll.unwrap(raw) if header.topic == copies.CONTROL_TOPIC else None
+                if rolled is not None:  # a pending message carried past retention: absorbed as itself
+                    if records:
+                        self._absorb_run(b"".join(raws), records)
+                        raws, records = [], []
+                    self._absorb_record(*rolled)
+                    count += 1
+                    continue
                 raws.append(raw)
                 records.append((offset, len(raw), 0))
                 count += 1

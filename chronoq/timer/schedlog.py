@@ -3,7 +3,8 @@
 Why full copies (not references into the commit log): a message delayed for a year must not keep
 a year of commit log alive (invariant 6). The timer absorbs every delayed record into its bucket
 file, and once its cursor has passed a record (the bucket files fsynced, the cursor checkpointed)
-commit-log retention may delete it. The bucket file is then the only copy, so every entry carries
+commit-log retention may delete it (rolling it forward first if it is still pending:
+``chronoq.timer.roll``). The bucket file is then the copy the timer reads, so every entry carries
 its own CRC and the message record keeps the commit log's CRC inside it. Cost: each timer message
 is written twice (commit log + bucket), the price QMQ also pays for its schedule log.
 

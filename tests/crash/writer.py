@@ -53,13 +53,19 @@ def body_for(message_id: str) -> bytes:
     return rng.randbytes(size)
 
 
-def tear_next_log_write(broker: Broker, rng: random.Random) -> None:
-    """Fault hook: the next commit-log pwrite writes part of its bytes, then the process dies."""
+def tear_next_log_write(broker: Broker, rng: random.Random, which: int = 1) -> None:
+    """Fault hook: the ``which``-th commit-log pwrite from now (1: the next) writes a seeded part
+    of its bytes, then the process dies (also used by test_torn_append_crash and
+    test_retention_crash)."""
     real_pwrite = os.pwrite
     log = broker.store.log
+    seen = [0]
 
     def torn_pwrite(fd, data, offset):
         if fd != log._active_fd or len(data) < 2:
+            return real_pwrite(fd, data, offset)
+        seen[0] += 1
+        if seen[0] < which:
             return real_pwrite(fd, data, offset)
         real_pwrite(fd, bytes(data[: rng.randrange(1, len(data))]), offset)
         os.kill(os.getpid(), signal.SIGKILL)

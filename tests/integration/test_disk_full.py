@@ -117,9 +117,16 @@ def receive_all(endpoint: str, group: str, topic: str, expected: int, ack: bool 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_loop():
-    """Every chronoq-client send of this module runs on one event loop. (A fresh ``asyncio.run``
-    per send, beside the official client's threads, now and then failed inside grpc.aio with "no
-    current event loop": grpc's asyncio layer keeps state from the first loop it saw.)"""
+    """Every chronoq-client send of this module runs on one event loop, never ``asyncio.run``.
+
+    Why: ``asyncio.run`` leaves the main thread without a current event loop. The official
+    client's route query completes on its I/O thread, and its callback (which opens the
+    Telemetry stream, a grpc.aio call that asks asyncio for the *calling* thread's loop) runs in
+    whichever thread adds it: the main thread when the answer is already there, which a loaded
+    machine makes likely. With no loop there, the callback fails, the route is never cached and
+    the next send fails with "failed to fetch topic:... route" (or, at start-up, "no current
+    event loop"). With a fresh ``asyncio.run`` per send that failed about 2 runs in 5 of
+    ``[below-reserve]``; with this loop (and conftest's main-thread loop) it does not."""
     global _LOOP
     _LOOP = asyncio.new_event_loop()
     yield

@@ -49,19 +49,21 @@ _PREPARED = st.builds(
 @given(st.lists(st.lists(_PREPARED, min_size=1, max_size=12), min_size=1, max_size=4))
 def test_store_write_lays_down_the_records_the_codec_encodes(tmp_path_factory, batches):
     """Store.write encodes a batch in its own loop (the record encoder inlined): every record is
-    byte for byte ``record.encode`` of its fields, with its queue offset and store time, back to
-    back from where the batch begins."""
+    byte for byte ``record.encode`` of its fields, with its queue offset, store time and the
+    CONTINUES flag of all but the batch's last, back to back from where the batch begins."""
     store = open_store(tmp_path_factory.mktemp("s"), clock=FakeClock(NOW), segment_bytes=4096)
     try:
         next_qoff: dict[tuple[str, int], int] = {}
         for batch in batches:
             written = store.write(batch)
-            for p, w in zip(batch, written):
+            for i, (p, w) in enumerate(zip(batch, written)):
                 delayed = p.flags & record.FLAG_DELAYED
                 qoff = 0 if delayed else next_qoff.get((p.topic, p.queue_id), 0)
                 if not delayed:
                     next_qoff[(p.topic, p.queue_id)] = qoff + 1
-                want = record.encode(p.flags, p.queue_id, qoff, p.born_ms, NOW, p.deliver_at_ms, p.topic.encode(),
+                # One append: every record but the last says another follows (record.FLAG_CONTINUES).
+                flags = p.flags | (record.FLAG_CONTINUES if i < len(batch) - 1 else 0)
+                want = record.encode(flags, p.queue_id, qoff, p.born_ms, NOW, p.deliver_at_ms, p.topic.encode(),
                                      p.message_id, p.tag, p.keys, p.properties, p.body)
                 assert (w.queue_offset, w.size) == (qoff, len(want))
                 assert store.log.read(w.commit_offset, w.size) == want

@@ -244,7 +244,7 @@ def test_write_columns_writes_the_records_write_does_across_segment_rolls(tmp_pa
     a, b = open_store(tmp_path / "a", clock, segment_bytes=SMALL_SEGMENT), \
         open_store(tmp_path / "b", clock, segment_bytes=SMALL_SEGMENT)
     try:
-        for round_ in range(6):  # ~330 KiB: several rolls, some inside a batch
+        for round_ in range(6):  # ~330 KiB: several rolls (between batches: a batch is one append)
             n = 40
             mids = [f"m-{round_}-{i}" for i in range(n)]
             bodies = [body_for(m, 1000 + i * 37) for i, m in enumerate(mids)]
@@ -270,9 +270,10 @@ def test_write_columns_writes_the_records_write_does_across_segment_rolls(tmp_pa
         assert log_bytes(tmp_path / "a") == log_bytes(tmp_path / "b")
         assert queue_snapshot(a) == queue_snapshot(b)
         assert list(a.delayed_dispatched) == list(b.delayed_dispatched)
-        # Each record is what record.encode makes of the same fields.
+        # Each record is what record.encode makes of the same fields (the first of its append:
+        # another follows).
         msg = b.read_at(commits[0], written[0].size)
-        assert record.encode(0, msg.queue_id, msg.queue_offset, msg.born_ms, msg.stored_ms, 0, b"t",
+        assert record.encode(record.FLAG_CONTINUES, msg.queue_id, msg.queue_offset, msg.born_ms, msg.stored_ms, 0, b"t",
                              msg.message_id.encode(), msg.tag.encode(), b"", b"", msg.body) \
             == bytes(log_bytes(tmp_path / "b")[commits[0]:commits[0] + written[0].size])
     finally:

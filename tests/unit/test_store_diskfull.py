@@ -53,7 +53,7 @@ def test_a_failed_segment_roll_keeps_the_log_whole_and_rolls_later(tmp_path, mon
     it was; the next batch rolls, and a restart finds everything."""
     store = open_store(tmp_path, segment_bytes=64 * 1024)
     sent = fill(store, 15, seed=7)
-    while store.log.room() > 4000:  # up to the roll
+    while store.log.left() > 4000:  # up to the roll
         sent += fill(store, 1, seed=len(sent))
     before = (store.log.written, len(store.log.segments), read_all(store))
     if fault == "create":
