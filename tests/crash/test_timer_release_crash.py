@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
 import time
 
 import pytest
 
 from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import State, _lane  # its lanes reconnect after a kill
+from tests.integration.test_committer_crash import State, _lane, kill_9_and_restart  # (lanes reconnect)
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_SEED", "20261126"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_KILLS", "3"))
@@ -99,12 +98,8 @@ async def _run(state: State) -> int:
     try:
         for _ in range(KILLS):
             await _aim(state)
-            state.proc.proc.send_signal(signal.SIGKILL)
+            await kill_9_and_restart(state, CONFIG)
             kills += 1
-            await asyncio.to_thread(state.proc.proc.wait, 10)
-            state.proc.stop(check=False)
-            assert state.proc.proc.returncode == -signal.SIGKILL, state.proc.output()
-            state.proc = await asyncio.to_thread(ChronoqProcess, state.proc.data_dir, CONFIG)
         await asyncio.sleep(0.5)
         state.sending = False
         await asyncio.gather(*senders)

@@ -94,6 +94,16 @@ class State:
         return self.proc.endpoint
 
 
+async def kill_9_and_restart(state, config: str) -> None:
+    """SIGKILL ``state.proc`` (it must die of it), then start a new process on its data directory
+    (the lanes reconnect to it by themselves)."""
+    state.proc.proc.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(state.proc.proc.wait, 10)
+    state.proc.stop(check=False)
+    assert state.proc.proc.returncode == -signal.SIGKILL, state.proc.output()
+    state.proc = await asyncio.to_thread(ChronoqProcess, state.proc.data_dir, config)
+
+
 async def _lane(state: State, step, running=lambda state: state.sending) -> None:
     """Run ``step(client)`` while ``running(state)``; a failure (a kill) drops the client: reconnect."""
     client = None
@@ -234,12 +244,8 @@ async def _run(state: State) -> dict:
     try:
         for _ in range(KILLS):
             await asyncio.sleep(state.rng.uniform(*KILL_GAP_S))
-            state.proc.proc.send_signal(signal.SIGKILL)
+            await kill_9_and_restart(state, CONFIG)
             kills += 1
-            await asyncio.to_thread(state.proc.proc.wait, 10)
-            state.proc.stop(check=False)
-            assert state.proc.proc.returncode == -signal.SIGKILL, state.proc.output()
-            state.proc = await asyncio.to_thread(ChronoqProcess, state.proc.data_dir, CONFIG)
         await asyncio.sleep(state.rng.uniform(*KILL_GAP_S))  # the last process takes load too
         state.sending = False
         await asyncio.gather(*senders)
