@@ -36,8 +36,8 @@ from chronoq.store import record
 from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions, Written
-from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
-                                   TimerService)
+from chronoq.timer.service import (Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult,
+                                   TimerOptions, TimerService)
 
 # Names other modules import from here (the facade's public API).
 __all__ = ["Broker", "OutgoingMessage", "ReadResult", "PROP_MESSAGE_GROUP", "PROP_MESSAGE_TYPE", "TOPICS_FILE",
@@ -181,6 +181,13 @@ class Broker:
         self.notify_arrivals()
         return synced
 
+    def durable(self, ticket: int) -> None:
+        """The embedded committer's wait: return once the commit log is fsynced to at least
+        ``ticket`` and dispatched below it (``GroupCommitter.durable`` without a loop: the fsync
+        runs here, on the caller's thread, then dispatch in log order; ``flush``)."""
+        if self.store.log.synced < ticket or self.store.dispatched < ticket:
+            self.flush()
+
     def add_arrival_listener(self, listener) -> None:
         """``listener()`` is called after new messages became visible (for long polling)."""
         self._arrival_listeners.append(listener)
@@ -220,23 +227,38 @@ class Broker:
                               system=True)
 
     def recall(self, handle: str) -> RecallResult:
-        """Cancel a delayed message by the ``recall_handle`` its send returned.
+        """Cancel a delayed message by the ``recall_handle`` its send returned (embedded: the wait
+        for durability is ``durable``, here; the server's is ``GroupCommitter.recall``).
 
         The outcome is definite: CANCELLED (durable before this returns; it will never be
         visible), ALREADY_DELIVERED (its time has come: it is or will be visible), NOT_FOUND.
         A malformed handle raises ``ClientError``.
         """
-        result = self.timer.recall(handle)
-        self.notify_arrivals()
-        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED:
-            self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
-        return result
+        answer = self.timer_recall(handle)
+        self.durable(answer.ticket)
+        return self.timer_answered(answer)
 
     def reschedule(self, handle: str, deliver_at_ms: int) -> RescheduleResult:
         """Move a pending delayed message to ``deliver_at_ms``; the result carries a new handle."""
-        result = self.timer.reschedule(handle, deliver_at_ms)
+        answer = self.timer_reschedule(handle, deliver_at_ms)
+        self.durable(answer.ticket)
+        return self.timer_answered(answer)
+
+    def timer_recall(self, handle: str) -> Answer:
+        """``recall``'s first half: its record written (page cache), the answer to give once
+        ``answer.ticket`` is durable (``GroupCommitter.durable``), then ``timer_answered``."""
+        return self.timer.recall(handle)
+
+    def timer_reschedule(self, handle: str, deliver_at_ms: int) -> Answer:
+        return self.timer.reschedule(handle, deliver_at_ms)
+
+    def timer_answered(self, answer: Answer) -> RecallResult | RescheduleResult:
+        """``answer.ticket`` is durable: trace the outcome, return the result to give."""
+        result = answer.result
         self.notify_arrivals()
-        if self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
+        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED and isinstance(result, RecallResult):
+            self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
+        elif self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
             self.trace.rescheduled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         return result
 

@@ -79,6 +79,8 @@ class Deadline:
                 continue
             if self._completable(lane, durable_upto):
                 yield now
+            if self._in_flight and (lane.level, lane.scan_offset) in self._in_flight:
+                continue  # stopped at a recall in flight: absorbing its record wakes the loop
             if self._has_room(lane):
                 head = lane.head_due if lane.head_due is not None else self._peek_level(lane)
                 if head is not None:

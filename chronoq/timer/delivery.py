@@ -56,8 +56,8 @@ class LevelLane(Lane):
 class Deliver:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``wheel``, ``_index``, ``buckets``,
     ``timer_lane``, ``level_lanes``, ``_all_lanes``, ``_awaiting``, ``histogram``, ``on_visible``,
-    the burst settings, ``_now``, ``_durable_upto``, ``_make_durable`` and ``_append``; counts
-    ``lost`` and ``burst_claims``."""
+    the burst settings, ``_in_flight``, ``_now``, ``_durable_upto``, ``_make_durable`` and ``_append``;
+    counts ``lost`` and ``burst_claims``."""
 
     def _claim_timers(self, now: int) -> None:
         lane = self.timer_lane
@@ -76,7 +76,15 @@ class Deliver:
         # The burst path (200k due at once): locals, one call per step.
         index_pop, claim, copy_of, ref_key = self._index.pop, lane.claim, copies.delivered_copy, copies.PROP_TIMER_REF
         held = record.FLAG_HELD
-        for ident, due in self.wheel.expire(horizon, room):
+        expired = self.wheel.expire(horizon, room)
+        if self._in_flight:
+            # A recall's record is in flight for these: they leave the wheel but stay pending in
+            # their bucket until it is absorbed (``chronoq.timer.recall``), never claimed.
+            flying = self._in_flight
+            for ident, _due in [e for e in expired if (0, e[0]) in flying]:
+                index_pop(ident)
+            expired = [e for e in expired if (0, e[0]) not in flying]
+        for ident, due in expired:
             b = index_pop(ident)
             start = b.start
             claim((start, ident), due, copy_of(b.claim(ident), ref_key, f"{start}.{ident}", held if due > now else 0))
@@ -121,6 +129,11 @@ class Deliver:
             due = copies.header_fields(raw)[2]
             if due > now:
                 lane.head_due = due
+                break
+            if self._in_flight and (lane.level, qoff) in self._in_flight:
+                # A recall's record for it is in flight: the lane waits here until it is absorbed
+                # (``chronoq.timer.recall``); completions stay in order behind it.
+                lane.head_due = None
                 break
             if qoff in lane.cancelled:
                 lane.claim(qoff, due, None)

@@ -52,12 +52,14 @@ Durability and restart (invariants 4 and 5):
   So a restart never delivers a message twice (QMQ's per-bucket dispatch record, rebuilt from
   the copies' references after the cursor).
 * Recall and reschedule write one record to the commit log (a control record, or the new delayed
-  record carrying ``__TIMER_MOVED_FROM``), fsync it and apply it before answering.
+  record carrying ``__TIMER_MOVED_FROM``); the caller answers once the committer has made it
+  durable and dispatched it, which applies it here (``chronoq.timer.recall``).
 
 Linearization of recall/reschedule against delivery: a message is *delivered* at its due instant
 on the timer's clock (a monotonic high-water mark of ``clock.wall_ms()``). Everything runs on one
 thread, so a recall observes one ``now``: if ``now < due`` and the entry is pending, the tombstone
-is durable and applied before any tick at or after ``due`` can run (CANCELLED); if
+is written and its target in flight (never claimed) before any tick at or after ``due`` can run, and
+CANCELLED is answered once the tombstone is durable; if
 ``now >= due`` the answer is ALREADY_DELIVERED — a due message is durable and will be made
 visible by the next tick even across a crash, so that answer never has to be taken back.
 """
@@ -71,7 +73,7 @@ from typing import Callable
 
 from chronoq.core import errors
 from chronoq.core.delay_levels import DelayLevels
-from chronoq.store.store import Prepared, Store
+from chronoq.store.store import Store
 from chronoq.timer.absorb import SendSide
 from chronoq.timer.bucketlife import BucketLife
 from chronoq.timer.buckets import Bucket
@@ -81,8 +83,8 @@ from chronoq.timer.delivery import BURST_DUE_PER_S, Deliver, LevelLane
 from chronoq.timer.horizon import Horizon
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
-from chronoq.timer.recall import (Recall, RecallOutcome, RecallResult, RescheduleOutcome,  # noqa: F401 (the API)
-                                  RescheduleResult)
+from chronoq.timer.recall import (Answer, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
+                                  RescheduleOutcome, RescheduleResult)
 from chronoq.timer.replay import Replay
 from chronoq.timer.schedfiles import BucketReader, ScheduleFiles
 from chronoq.timer.schedlog import Damage
@@ -91,8 +93,8 @@ from chronoq.timer.wheel import TimingWheel
 
 log = logging.getLogger("chronoq.timer")
 
-__all__ = ["TimerService", "TimerOptions", "LevelLane", "RecallOutcome", "RecallResult", "RescheduleOutcome",
-           "RescheduleResult"]
+__all__ = ["TimerService", "TimerOptions", "LevelLane", "Answer", "RecallOutcome", "RecallResult",
+           "RescheduleOutcome", "RescheduleResult"]
 
 TIMER_DIR = "timer"
 # A tick writes small bucket buffers only past this many buffered bytes, this many files at most.
@@ -169,6 +171,8 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self.buckets_finished = 0
         self._wakeups: list[Callable[[], None]] = []
         self._reported_deadline: int | None = None
+        # Recall/reschedule records written and not yet absorbed, by target (chronoq.timer.recall).
+        self._in_flight: dict[tuple[int, int], tuple[int, int]] = {}
         self._caller_syncs = False  # the last tick was ``durable=False`` (see ``tick``)
         self.closed = False
         self._read_checkpoint()
@@ -302,14 +306,6 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
             if lane.failures and not any(d.state == CLAIMED for d in lane.pending):
                 lane.succeeded()
         return True
-
-    def _write_durably(self, p: Prepared) -> int:
-        """Write one timer record, fsync it and apply it (dispatch runs the sink). Returns its offset."""
-        written = self.store.write([p])
-        self.store.dispatch(self.store.sync())
-        self._absorb_durable()
-        assert not self._unabsorbed or self._unabsorbed[0][0] > written[0].commit_offset
-        return written[0].commit_offset
 
     # ================================================================= close
     def close(self) -> None:
