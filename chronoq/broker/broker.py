@@ -36,7 +36,7 @@ from chronoq.store import record
 from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions, Written
-from chronoq.timer.service import (Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult,
+from chronoq.timer.service import (Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick,
                                    TimerOptions, TimerService)
 
 # Names other modules import from here (the facade's public API).
@@ -262,16 +262,28 @@ class Broker:
             self.trace.rescheduled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         return result
 
-    def timer_tick(self, now_ms: int | None = None, *, durable: bool = True) -> int:
-        """Deliver what is due (bounded work); the runtime calls it at ``timer_next_deadline_ms``.
+    def timer_tick(self, now_ms: int | None = None) -> int:
+        """Deliver what is due (bounded work) and wait for it to be durable: the embedded shell
+        of the timer (``timer_step``, then its ticket made durable here by ``durable``, the
+        broker's synchronous committer, and reported). Returns how many deliveries became visible.
+        The server's shell is ``Runtime._timer_loop`` (the committer's thread fsyncs)."""
+        tick = self.timer_step(now_ms)
+        if not tick.ticket:
+            return tick.visible
+        try:
+            self.durable(tick.ticket)
+        except errors.StorageError as exc:
+            self.timer_sync_failed(exc, now_ms)
+            return tick.visible
+        return tick.visible + self.timer_synced(self.store.log.synced, now_ms)
 
-        ``durable=False``: write due copies without waiting for their fsync; when
-        ``timer.durability_wanted()`` the caller runs ``store.sync`` on a worker thread and
-        calls ``timer_synced`` (or ``timer_sync_failed``). See ``TimerService.tick``.
-        """
-        done = self.timer.tick(now_ms, durable=durable)
+    def timer_step(self, now_ms: int | None = None) -> Tick:
+        """The timer's tick (``TimerService.tick``): due copies written (page cache), and its
+        effects: deliveries made visible, the ticket to make durable and report to
+        ``timer_synced`` (or ``timer_sync_failed``), the next deadline."""
+        tick = self.timer.tick(now_ms)
         self.notify_arrivals()
-        return done
+        return tick
 
     def release_due_timers(self, now_ms: int | None = None) -> int:
         """Make held timer copies due by now visible (an in-memory step; readers call it so a read
@@ -283,14 +295,15 @@ class Broker:
         self.notify_arrivals()
         return done
 
-    def timer_synced(self, synced_upto: int) -> int:
-        """The commit log is fsynced below ``synced_upto``: complete the timer's deliveries."""
-        done = self.timer.synced(synced_upto)
+    def timer_synced(self, synced_upto: int, now_ms: int | None = None) -> int:
+        """The commit log is fsynced and dispatched below ``synced_upto`` (by the committer):
+        complete the timer's deliveries. Returns how many became visible."""
+        done = self.timer.synced(synced_upto, now_ms)
         self.notify_arrivals()
         return done
 
-    def timer_sync_failed(self, exc: BaseException) -> None:
-        self.timer.sync_failed(exc)
+    def timer_sync_failed(self, exc: BaseException, now_ms: int | None = None) -> None:
+        self.timer.sync_failed(exc, now_ms)
 
     def timer_next_deadline_ms(self) -> int | None:
         """Epoch ms at which ``timer_tick`` next has work (may be in the past), or None."""

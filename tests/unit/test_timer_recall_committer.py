@@ -90,7 +90,7 @@ def test_a_recall_is_answered_once_durable_and_its_message_is_never_claimed_mean
         assert not task.done()
         clock.advance(2_000)  # due while the recall is in flight: no tick may deliver it
         for _ in range(3):
-            b.timer_tick(durable=False)
+            b.timer_step()
         assert visible(b) == [] and not b.timer.timer_lane.pending
         sync.gate.set()
         return await task
@@ -141,7 +141,7 @@ def test_a_level_message_recalled_in_flight_holds_its_lane_until_applied(tmp_pat
         task = asyncio.ensure_future(committer.recall(gone))
         await _until(lambda: sync.threads)
         clock.advance(1_500)
-        b.timer_tick(durable=False)
+        b.timer_step()
         lane = b.timer.level_lanes[0]
         assert not lane.pending and lane.scan_offset == 0  # stopped at it: nothing claimed behind
         deadline = b.timer_next_deadline_ms()
@@ -168,7 +168,7 @@ def test_a_recall_whose_fsync_fails_is_an_error_and_its_message_waits_for_the_to
         with pytest.raises(errors.StorageError):
             await task
         clock.advance(2_000)
-        b.timer_tick(durable=False)
+        b.timer_step()
         assert visible(b) == []  # the tombstone is in the log, not yet durable: not delivered
         await committer.barrier()  # a later fsync succeeds: the tombstone is applied
         return None
