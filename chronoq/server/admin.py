@@ -62,6 +62,15 @@ def _answer(response_type, what: str, fn, request):
         return response_type(status=apb.Status(code=code, message=message))
 
 
+async def _answer_awaiting(response_type, what: str, fn, request):
+    """``_answer`` for an RPC whose work awaits (``fn`` is a coroutine function)."""
+    try:
+        return await fn(request)
+    except Exception as exc:  # noqa: BLE001 - this is the boundary
+        code, message = status.code_and_message(exc, what)
+        return response_type(status=apb.Status(code=code, message=message))
+
+
 def _ok() -> apb.Status:
     return apb.Status(code=status.OK, message="OK")
 
@@ -132,12 +141,8 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
 
     # ------------------------------------------------------------------ message lookup
     async def LookupMessage(self, request, context):
-        # Not _answer: the lookup awaits (the trace is read in steps, other work served between).
-        try:
-            return await self._lookup_message(request)
-        except Exception as exc:  # noqa: BLE001 - this is the boundary
-            code, message = status.code_and_message(exc, "LookupMessage")
-            return apb.LookupMessageResponse(status=apb.Status(code=code, message=message))
+        # The lookup awaits (the trace is read in steps, other work served between).
+        return await _answer_awaiting(apb.LookupMessageResponse, "LookupMessage", self._lookup_message, request)
 
     async def _lookup_message(self, request) -> apb.LookupMessageResponse:
         self._check_open()
@@ -191,12 +196,8 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             notes=list(s["notes"]) + [f"damaged schedule file: {d['path']} ({d['reason']})" for d in s["damage"]])
 
     async def Recall(self, request, context):
-        # Not _answer: the answer awaits the committer (the tombstone durable, fsync off the loop).
-        try:
-            return await self._recall(request)
-        except Exception as exc:  # noqa: BLE001 - this is the boundary
-            code, message = status.code_and_message(exc, "Recall")
-            return apb.RecallResponse(status=apb.Status(code=code, message=message))
+        # The answer awaits the committer (the tombstone durable, its fsync off the loop).
+        return await _answer_awaiting(apb.RecallResponse, "Recall", self._recall, request)
 
     async def _recall(self, request) -> apb.RecallResponse:
         self._check_open()
@@ -207,11 +208,7 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
                                   deliver_at_ms=r.deliver_at_ms, detail=r.detail)
 
     async def Reschedule(self, request, context):
-        try:
-            return await self._reschedule(request)
-        except Exception as exc:  # noqa: BLE001 - this is the boundary
-            code, message = status.code_and_message(exc, "Reschedule")
-            return apb.RescheduleResponse(status=apb.Status(code=code, message=message))
+        return await _answer_awaiting(apb.RescheduleResponse, "Reschedule", self._reschedule, request)
 
     async def _reschedule(self, request) -> apb.RescheduleResponse:
         self._check_open()
