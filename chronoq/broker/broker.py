@@ -256,7 +256,7 @@ class Broker:
         """``answer.ticket`` is durable: trace the outcome, return the result to give."""
         result = answer.result
         self.notify_arrivals()
-        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED and isinstance(result, RecallResult):
+        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED:
             self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         elif self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
             self.trace.rescheduled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
