@@ -182,11 +182,11 @@ class SendSide:
             self._append(start, schedlog.encode_entry(kind, ident, due, offset))
             # Applied: the target is no longer in flight (``chronoq.timer.recall``). Only now, so
             # no tick claims it between the record's write and this.
-            self._in_flight.pop((0, ident), None)
+            self._in_flight.applied_timer(ident)
         ref = props.get(level_prop)
         if ref is not None:
             level, qoff, due = copies.parse_ref(ref, 3)
             if 1 <= level <= len(self.level_lanes):
                 self.level_lanes[level - 1].cancelled[qoff] = (kind, due)
-                if self._in_flight.pop((level, qoff), None) is not None:
+                if self._in_flight.applied_level(level, qoff):
                     self._wake()  # its lane stopped at it (``_claim_level``) and may go on now

@@ -80,7 +80,7 @@ class Deadline:
                 continue
             if self._completable(lane, durable_upto) or self._writable(lane, now):
                 yield now
-            if self._in_flight and (lane.level, lane.scan_offset) in self._in_flight:
+            if self._in_flight and self._in_flight.holds_level(lane.level, lane.scan_offset):
                 continue  # stopped at a recall in flight: absorbing its record wakes the loop
             if self._has_room(lane):
                 head = lane.head_due if lane.head_due is not None else self._peek_level(lane)

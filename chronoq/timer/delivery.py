@@ -80,10 +80,10 @@ class Deliver:
         if self._in_flight:
             # A recall's record is in flight for these: they leave the wheel but stay pending in
             # their bucket until it is absorbed (``chronoq.timer.recall``), never claimed.
-            flying = self._in_flight
-            for ident, _due in [e for e in expired if (0, e[0]) in flying]:
+            holds = self._in_flight.holds_timer
+            for ident, _due in [e for e in expired if holds(e[0])]:
                 index_pop(ident)
-            expired = [e for e in expired if (0, e[0]) not in flying]
+            expired = [e for e in expired if not holds(e[0])]
         for ident, due in expired:
             b = index_pop(ident)
             start = b.start
@@ -130,7 +130,7 @@ class Deliver:
             if due > now:
                 lane.head_due = due
                 break
-            if self._in_flight and (lane.level, qoff) in self._in_flight:
+            if self._in_flight and self._in_flight.holds_level(lane.level, qoff):
                 # A recall's record for it is in flight: the lane waits here until it is absorbed
                 # (``chronoq.timer.recall``); completions stay in order behind it.
                 lane.head_due = None

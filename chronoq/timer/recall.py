@@ -71,16 +71,50 @@ class Answer(NamedTuple):
     ticket: int
 
 
-def in_flight_key(h: handles.RecallHandle) -> tuple[int, int]:
-    """The ``_in_flight`` key of a handle's target: (0, entry ident) for a timer message, (level,
-    queue offset) for a level message (levels start at 1)."""
-    return (0, h.position) if h.kind == handles.TIMER else (h.level, h.position)
+class InFlight:
+    """Recall and reschedule records written and not yet absorbed, by target: (0, entry ident)
+    for a timer message, (level, queue offset) for a level message (levels start at 1), each
+    -> (CANCELLED or MOVED, the record's ticket). Pure: the recall marks, delivery asks, the
+    absorbing of the record drops the mark."""
+
+    __slots__ = ("_marks",)
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._marks)
+
+    @staticmethod
+    def _key(h: handles.RecallHandle) -> tuple[int, int]:
+        return (0, h.position) if h.kind == handles.TIMER else (h.level, h.position)
+
+    def mark(self, h: handles.RecallHandle, kind: int, ticket: int) -> None:
+        assert kind in (CANCELLED, MOVED) and ticket > 0
+        self._marks[self._key(h)] = (kind, ticket)
+
+    def of(self, h: handles.RecallHandle) -> tuple[int, int] | None:
+        """(CANCELLED or MOVED, ticket) of the record in flight for ``h``'s target, or None."""
+        return self._marks.get(self._key(h)) if self._marks else None
+
+    def holds_timer(self, ident: int) -> bool:
+        return (0, ident) in self._marks
+
+    def holds_level(self, level: int, queue_offset: int) -> bool:
+        return (level, queue_offset) in self._marks
+
+    def applied_timer(self, ident: int) -> bool:
+        """The record for timer entry ``ident`` is absorbed: drop its mark (whether there was one)."""
+        return self._marks.pop((0, ident), None) is not None
+
+    def applied_level(self, level: int, queue_offset: int) -> bool:
+        return self._marks.pop((level, queue_offset), None) is not None
 
 
 class Recall:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``, ``_index``,
     ``_done``, ``level_lanes``, ``_now``, ``_path``, ``_finish_loading`` and ``_level_record``;
-    owns ``_in_flight`` ((0, ident) or (level, queue offset) -> (CANCELLED or MOVED, ticket))."""
+    marks its ``_in_flight`` (``InFlight``)."""
 
     def _locate_timer(self, h: handles.RecallHandle) -> tuple[int | None, int, bytes | None]:
         """(state, bucket start, record bytes if pending) of a timer message's entry."""
@@ -134,7 +168,7 @@ class Recall:
             return "delivered", 0, None, "it was due when sent"
         if h.due_ms + self.opts.recall_memory_ms < now:
             return "missing", 0, None, "the handle is older than timer_recall_memory_ms"
-        flying = self._in_flight.get(in_flight_key(h)) if self._in_flight else None
+        flying = self._in_flight.of(h)
         if flying is not None:  # answered once the record in flight is durable (its ticket)
             if flying[0] == CANCELLED:
                 return "cancelled", 0, None, "it was recalled earlier"
@@ -174,7 +208,7 @@ class Recall:
 
     def _ticket_for(self, h: handles.RecallHandle) -> int:
         """The ticket of the record in flight for ``h``'s target (0: none in flight)."""
-        flying = self._in_flight.get(in_flight_key(h)) if self._in_flight else None
+        flying = self._in_flight.of(h)
         return 0 if flying is None else flying[1]
 
     def _write_in_flight(self, p, h: handles.RecallHandle, kind: int) -> tuple[int, int]:
@@ -182,7 +216,7 @@ class Recall:
         absorbed. Returns (its commit offset, its ticket: the log position just past it)."""
         [w] = self.store.write([p])
         ticket = w.commit_offset + w.size
-        self._in_flight[in_flight_key(h)] = (kind, ticket)
+        self._in_flight.mark(h, kind, ticket)
         return w.commit_offset, ticket
 
     def recall(self, text: str) -> Answer:

@@ -84,7 +84,7 @@ from chronoq.timer.delivery import BURST_DUE_PER_S, Deliver, LevelLane
 from chronoq.timer.horizon import Horizon
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
-from chronoq.timer.recall import (Answer, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
+from chronoq.timer.recall import (Answer, InFlight, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
                                   RescheduleOutcome, RescheduleResult)
 from chronoq.timer.replay import Replay
 from chronoq.timer.schedfiles import BucketReader, ScheduleFiles
@@ -185,7 +185,7 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self._wakeups: list[Callable[[], None]] = []
         self._reported_deadline: int | None = None
         # Recall/reschedule records written and not yet absorbed, by target (chronoq.timer.recall).
-        self._in_flight: dict[tuple[int, int], tuple[int, int]] = {}
+        self._in_flight = InFlight()
         # The highest ticket a tick returned that is not yet reported (``synced``/``sync_failed``):
         # what waits for it is the committer's work, not a reason to tick again.
         self._asked = 0
