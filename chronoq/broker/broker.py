@@ -37,8 +37,8 @@ from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions, Written
 from chronoq.timer import roll
-from chronoq.timer.service import (RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, TimerOptions,
-                                   TimerService)
+from chronoq.timer.service import (Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick,
+                                   TimerOptions, TimerService)
 
 # Names other modules import from here (the facade's public API).
 __all__ = ["Broker", "OutgoingMessage", "OutgoingBatch", "Sent", "ReadResult", "PROP_MESSAGE_GROUP", "PROP_MESSAGE_TYPE", "TOPICS_FILE",
@@ -186,6 +186,13 @@ class Broker:
         self.notify_arrivals()
         return synced
 
+    def durable(self, ticket: int) -> None:
+        """The embedded committer's wait: return once the commit log is fsynced to at least
+        ``ticket`` and dispatched below it (``GroupCommitter.durable`` without a loop: the fsync
+        runs here, on the caller's thread, then dispatch in log order; ``flush``)."""
+        if self.store.log.synced < ticket or self.store.dispatched < ticket:
+            self.flush()
+
     def add_arrival_listener(self, listener) -> None:
         """``listener()`` is called after new messages became visible (for long polling)."""
         self._arrival_listeners.append(listener)
@@ -225,25 +232,40 @@ class Broker:
                               system=True)
 
     def recall(self, handle: str) -> RecallResult:
-        """Cancel a delayed message by the ``recall_handle`` its send returned.
+        """Cancel a delayed message by the ``recall_handle`` its send returned (embedded: the wait
+        for durability is ``durable``, here; the server's is ``GroupCommitter.recall``).
 
         The outcome is definite: CANCELLED (durable before this returns; it will never be
         visible), ALREADY_DELIVERED (its time has come: it is or will be visible), NOT_FOUND.
         A malformed handle raises ``ClientError``.
         """
-        result = self.timer.recall(handle)
-        self._count_recall("recall", result.outcome.value)
-        self.notify_arrivals()
-        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED:
-            self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
-        return result
+        answer = self.timer_recall(handle)
+        self.durable(answer.ticket)
+        return self.timer_answered(answer)
 
     def reschedule(self, handle: str, deliver_at_ms: int) -> RescheduleResult:
         """Move a pending delayed message to ``deliver_at_ms``; the result carries a new handle."""
-        result = self.timer.reschedule(handle, deliver_at_ms)
-        self._count_recall("reschedule", result.outcome.value)
+        answer = self.timer_reschedule(handle, deliver_at_ms)
+        self.durable(answer.ticket)
+        return self.timer_answered(answer)
+
+    def timer_recall(self, handle: str) -> Answer:
+        """``recall``'s first half: its record written (page cache), the answer to give once
+        ``answer.ticket`` is durable (``GroupCommitter.durable``), then ``timer_answered``."""
+        return self.timer.recall(handle)
+
+    def timer_reschedule(self, handle: str, deliver_at_ms: int) -> Answer:
+        return self.timer.reschedule(handle, deliver_at_ms)
+
+    def timer_answered(self, answer: Answer) -> RecallResult | RescheduleResult:
+        """``answer.ticket`` is durable: trace the outcome, return the result to give."""
+        result = answer.result
+        kind = "recall" if isinstance(result.outcome, RecallOutcome) else "reschedule"
+        self._count_recall(kind, result.outcome.value)
         self.notify_arrivals()
-        if self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
+        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED:
+            self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
+        elif self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
             self.trace.rescheduled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         return result
 
@@ -251,25 +273,38 @@ class Broker:
         key = (kind, outcome)
         self.recall_outcomes[key] = self.recall_outcomes.get(key, 0) + 1
 
-    def timer_tick(self, now_ms: int | None = None, *, durable: bool = True) -> int:
-        """Deliver what is due (bounded work); the runtime calls it at ``timer_next_deadline_ms``.
+    def timer_tick(self, now_ms: int | None = None) -> int:
+        """Deliver what is due (bounded work) and wait for it to be durable: the embedded shell
+        of the timer (``timer_step``, then its ticket made durable here by ``durable``, the
+        broker's synchronous committer, and reported). Returns how many deliveries became visible.
+        The server's shell is ``Runtime._timer_loop`` (the committer's thread fsyncs)."""
+        tick = self.timer_step(now_ms)
+        if not tick.ticket:
+            return tick.visible
+        try:
+            self.durable(tick.ticket)
+        except errors.StorageError as exc:
+            self.timer_sync_failed(exc, now_ms)
+            return tick.visible
+        return tick.visible + self.timer_synced(self.store.log.synced, now_ms)
 
-        ``durable=False``: write due copies without waiting for their fsync; when
-        ``timer.durability_wanted()`` the caller runs ``store.sync`` on a worker thread and
-        calls ``timer_synced`` (or ``timer_sync_failed``). See ``TimerService.tick``.
-        """
-        done = self.timer.tick(now_ms, durable=durable)
+    def timer_step(self, now_ms: int | None = None) -> Tick:
+        """The timer's tick (``TimerService.tick``): due copies written (page cache), and its
+        effects: deliveries made visible, the ticket to make durable and report to
+        ``timer_synced`` (or ``timer_sync_failed``), the next deadline."""
+        tick = self.timer.tick(now_ms)
+        self.notify_arrivals()
+        return tick
+
+    def timer_synced(self, synced_upto: int, now_ms: int | None = None) -> int:
+        """The commit log is fsynced and dispatched below ``synced_upto`` (by the committer):
+        complete the timer's deliveries. Returns how many became visible."""
+        done = self.timer.synced(synced_upto, now_ms)
         self.notify_arrivals()
         return done
 
-    def timer_synced(self, synced_upto: int) -> int:
-        """The commit log is fsynced below ``synced_upto``: complete the timer's deliveries."""
-        done = self.timer.synced(synced_upto)
-        self.notify_arrivals()
-        return done
-
-    def timer_sync_failed(self, exc: BaseException) -> None:
-        self.timer.sync_failed(exc)
+    def timer_sync_failed(self, exc: BaseException, now_ms: int | None = None) -> None:
+        self.timer.sync_failed(exc, now_ms)
 
     def timer_next_deadline_ms(self) -> int | None:
         """Epoch ms at which ``timer_tick`` next has work (may be in the past), or None."""

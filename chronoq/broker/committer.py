@@ -30,12 +30,13 @@ up to P" means the same thing on both sides.
 
 Callers: client sends of every type (``send_batch``; ``send`` for objects), transaction halves and ends
 (``barrier``), staged publishes and trace flushes (``durable`` with the log's end as ticket), the
-timer's delivered copies (``after_durable``, from the runtime's timer loop), POP's retry and DLQ
-copies (``after_durable`` and ``durable``, ``chronoq.server.consumers``), and the POP log, a second
-log this thread fsyncs right after the commit log (``add_log``). Not yet: recall and reschedule
-(the timer writes and fsyncs its tombstone in place, on the loop: answering before the tombstone
-is applied needs the timer to stop claiming the message first), and the embedded one-call paths
-(``Broker.send_batch``/``flush``, ``TimerService.tick(durable=True)``, ``PopService.tick_durably``).
+timer's delivered copies (``after_durable``, from the runtime's timer loop), recall and reschedule
+(``recall``/``reschedule``: the record's ticket; the timer keeps the target from delivery until
+the dispatch applies it), POP's retry and DLQ copies (``after_durable`` and ``durable``,
+``chronoq.server.consumers``), and the POP log, a second log this thread fsyncs right after the
+commit log (``add_log``). The embedded one-call paths (``Broker.send_batch``/``flush``/``durable``,
+``Broker.timer_tick``, ``PopService.tick_durably``) do the same fsync then dispatch in log order
+on the caller's thread, for a broker without a loop.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Callable, Iterable
 from chronoq.core import errors
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.core.model import SendResult
+from chronoq.timer.service import RecallResult, RescheduleResult
 
 log = logging.getLogger("chronoq.broker.committer")
 
@@ -121,6 +123,20 @@ class GroupCommitter:
             # Duplicates answer with the original's offset: it too must be durable before we reply.
             await self.barrier()
         return sent
+
+    async def recall(self, handle: str) -> RecallResult:
+        """``Broker.recall`` with the fsync on the flusher thread: the tombstone is written, its
+        target kept from delivery meanwhile (``chronoq.timer.recall``), and CANCELLED answered
+        once it is durable and applied (under either flush policy: a recall is always durable)."""
+        answer = self.broker.timer_recall(handle)
+        await self.durable(answer.ticket)
+        return self.broker.timer_answered(answer)
+
+    async def reschedule(self, handle: str, deliver_at_ms: int) -> RescheduleResult:
+        """``Broker.reschedule`` as ``recall``: the moved record durable before the new handle."""
+        answer = self.broker.timer_reschedule(handle, deliver_at_ms)
+        await self.durable(answer.ticket)
+        return self.broker.timer_answered(answer)
 
     async def barrier(self) -> None:
         """Return once everything written so far is acknowledged under the flush policy: durable

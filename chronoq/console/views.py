@@ -218,9 +218,8 @@ async def recall(request: web.Request, console: Console) -> web.Response:
     form = await request.post()
     handle = str(form.get("handle", "")).strip()
     back = str(form.get("q", "")).strip()
-    broker = console.broker
     try:
-        result = broker.recall(handle)
+        result = await console.runtime.committer.recall(handle)  # answered once the tombstone is durable
     except errors.ClientError as exc:
         return console.render(request, "refused.html", status=400, reason=f"recall refused: {exc}")
     log.info("console: %s recalled %s (%s): %s", request.get("console_user") or "anonymous", result.message_id,

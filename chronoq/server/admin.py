@@ -205,22 +205,26 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             notes=list(s["notes"]) + [f"damaged schedule file: {d['path']} ({d['reason']})" for d in s["damage"]])
 
     async def Recall(self, request, context):
-        return _answer(apb.RecallResponse, "Recall", self._recall, request)
+        # The answer awaits the committer (the tombstone durable, its fsync off the loop).
+        return await _answer_awaiting(apb.RecallResponse, "Recall", self._recall, request)
 
-    def _recall(self, request) -> apb.RecallResponse:
+    async def _recall(self, request) -> apb.RecallResponse:
         self._check_open()
-        r = self.broker.recall(request.recall_handle)  # a malformed handle raises ClientError
+        # A malformed handle raises ClientError. Embedded (no committer): the broker fsyncs in place.
+        committer = self.committer
+        r = await committer.recall(request.recall_handle) if committer else self.broker.recall(request.recall_handle)
         return apb.RecallResponse(status=_ok(), outcome=r.outcome.value, topic=r.topic, message_id=r.message_id,
                                   deliver_at_ms=r.deliver_at_ms, detail=r.detail)
 
     async def Reschedule(self, request, context):
-        return _answer(apb.RescheduleResponse, "Reschedule", self._reschedule, request)
+        return await _answer_awaiting(apb.RescheduleResponse, "Reschedule", self._reschedule, request)
 
-    def _reschedule(self, request) -> apb.RescheduleResponse:
+    async def _reschedule(self, request) -> apb.RescheduleResponse:
         self._check_open()
         if not request.recall_handle:
             raise errors.ClientError("recall_handle is missing")
-        r = self.broker.reschedule(request.recall_handle, request.deliver_at_ms)
+        committer, handle, at = self.committer, request.recall_handle, request.deliver_at_ms
+        r = await committer.reschedule(handle, at) if committer else self.broker.reschedule(handle, at)
         return apb.RescheduleResponse(status=_ok(), outcome=r.outcome.value, recall_handle=r.recall_handle,
                                       topic=r.topic, message_id=r.message_id, deliver_at_ms=r.deliver_at_ms,
                                       detail=r.detail)

@@ -140,24 +140,26 @@ class Runtime:
     async def _timer_loop(self) -> None:
         """Deliver due timers: sleep until the timer's next deadline or an earlier wake-up.
 
-        Writing due copies never waits for an fsync: the copies are written (page cache) at their
-        due time, here, and the committer fsyncs them on its thread with everything else written
-        meanwhile, then (on this loop, in log order) publishes them and completes the timer's
-        deliveries (``timer_synced``). Copies that fall due while an fsync runs are written on
-        time and join the next one (group commit), so a slow fsync delays when they become
-        visible, never when they are written, and the tick after it is not a backlog.
+        Writing due copies never waits for an fsync: the tick writes them (page cache) at their
+        due time and returns its ticket; the committer fsyncs it on its thread with everything
+        else written meanwhile, then (on this loop, in log order) publishes them, and this loop
+        hands the result to the timer (``timer_synced``), which completes its deliveries. Copies
+        that fall due while an fsync runs are written on time and their ticket joins the next
+        fsync (group commit), so a slow fsync delays when they become visible, never when they
+        are written, and the tick after it is not a backlog.
         """
         assert self.broker is not None and self.committer is not None
         broker, committer = self.broker, self.committer
         wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         broker.timer.add_wakeup_listener(lambda: loop.call_soon_threadsafe(wake.set))
-        asked = False  # an fsync for the timer's copies is asked for and not yet reported
+        asked = 0  # the highest ticket asked of the committer and not yet reported
 
         def synced(upto: int, exc: BaseException | None) -> None:
             # Completions free room in full lanes (a full lane offers no deadline: it waits for this).
             nonlocal asked
-            asked = False
+            if exc is not None or upto >= asked:
+                asked = 0
             wake.set()
             if exc is not None:
                 broker.timer_sync_failed(exc)
@@ -171,11 +173,11 @@ class Runtime:
         while not self._stop.is_set():
             wake.clear()  # before the tick: a deadline added during it ends the next wait at once
             try:
-                broker.timer_tick(durable=False)
-                if not asked and broker.timer.durability_wanted():
-                    asked = True
+                tick = broker.timer_step()
+                if tick.ticket > asked:
+                    asked = tick.ticket
                     committer.after_durable(synced)
-                deadline_ms = broker.timer_next_deadline_ms()
+                deadline_ms = tick.deadline_ms
                 failures = 0
             except Exception:  # retry with back-off; the timer itself blocks a failing lane
                 if failures % 100 == 0:

@@ -39,7 +39,8 @@ ABSORB_RUN_MAX = 4096  # records absorbed from one read of the log at most
 
 class SendSide:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``levels``, ``width``,
-    ``level_lanes``, ``_unabsorbed`` (``store.delayed_dispatched``) and ``_append``."""
+    ``level_lanes``, ``_unabsorbed`` (``store.delayed_dispatched``), ``_append``, ``_wake`` and
+    ``_in_flight`` (whose marks absorbing a recall's record drops)."""
 
     # ================================================================= sending (called by the broker)
     def due_ms(self, deliver_at_ms: object, now_ms: int) -> int:
@@ -179,8 +180,13 @@ class SendSide:
             else:
                 (start, ident), due = copies.parse_ref(ref), due_ms
             self._append(start, schedlog.encode_entry(kind, ident, due, offset))
+            # Applied: the target is no longer in flight (``chronoq.timer.recall``). Only now, so
+            # no tick claims it between the record's write and this.
+            self._in_flight.applied_timer(ident)
         ref = props.get(level_prop)
         if ref is not None:
             level, qoff, due = copies.parse_ref(ref, 3)
             if 1 <= level <= len(self.level_lanes):
                 self.level_lanes[level - 1].cancelled[qoff] = (kind, due)
+                if self._in_flight.applied_level(level, qoff):
+                    self._wake()  # its lane stopped at it (``_claim_level``) and may go on now

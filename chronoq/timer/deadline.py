@@ -4,13 +4,15 @@
 The runtime sleeps until ``next_deadline_ms()`` and then ticks; anything that makes the deadline
 earlier than the one last reported calls the wake-up listeners. The deadline is *now* while
 work is under way that a tick does in slices (a bucket loading, loaded messages going into the
-wheel) or delayed records wait to be absorbed and the tick itself fsyncs for them. Otherwise it is
+wheel) or delayed records wait to be absorbed and no tick has asked for their fsync yet (what
+waits for an fsync asked for is the committer's work, not a reason to tick). Otherwise it is
 the earliest of these reasons to tick, one method each:
 
 =====================  ========================================================================
 ``_absorb_retry``      the back-off after a failed fsync for delayed records is over
 ``_timer_lane_due``    the timer lane: its back-off ends; its oldest delivery can complete; the
-                       wheel's earliest message comes within the claim lead (not while full)
+                       wheel's earliest message comes within the claim lead (not while full);
+                       (``sync`` deliver mode) a claimed copy can be written
 ``_held_release``      the store's earliest held copy falls due (made visible by the tick)
 ``_level_lanes_due``   each delay level, as the timer lane, with its queue head's due time
 ``_load_ahead``        the earliest bucket on disk enters the preload window
@@ -28,7 +30,7 @@ from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer import copies
 from chronoq.timer.buckets import LOADED
 from chronoq.timer.delivery import LevelLane
-from chronoq.timer.lanes import SKIP, WRITTEN, Lane
+from chronoq.timer.lanes import CLAIMED, SKIP, WRITTEN, Lane
 
 
 class Deadline:
@@ -39,10 +41,9 @@ class Deadline:
         """When ``tick`` next has work (epoch ms; may be <= now), or None when nothing waits
         (see the module docstring for the reasons)."""
         now = self._now()
-        absorb_now = self._unabsorbed and now >= self._absorb_retry_at_ms
-        # With the caller doing the fsyncs (``tick(durable=False)``), what waits for one is the
-        # caller's work (``durability_wanted``), not a reason to tick again.
-        if self._loading or self._wheel_fill or (absorb_now and not self._caller_syncs):
+        queue = self._unabsorbed
+        unasked = queue and now >= self._absorb_retry_at_ms and queue[-1][0] + queue[-1][1] > self._asked
+        if self._loading or self._wheel_fill or unasked:
             return self._remember(now)
         durable_upto = self._durable_upto()
         cands = [*self._absorb_retry(now), *self._timer_lane_due(now, durable_upto), *self._held_release(),
@@ -58,7 +59,7 @@ class Deadline:
         if lane.pending and lane.retry_at_ms:  # backing off: nothing before the retry
             yield lane.retry_at_ms
             return
-        if self._completable(lane, durable_upto):
+        if self._completable(lane, durable_upto) or self._writable(lane, now):
             yield now
         if self._has_room(lane):
             nxt = self.wheel.next_deadline()
@@ -77,8 +78,10 @@ class Deadline:
                 continue
             if self._level_idle(lane):
                 continue
-            if self._completable(lane, durable_upto):
+            if self._completable(lane, durable_upto) or self._writable(lane, now):
                 yield now
+            if self._in_flight and self._in_flight.holds_level(lane.level, lane.scan_offset):
+                continue  # stopped at a recall in flight: absorbing its record wakes the loop
             if self._has_room(lane):
                 head = lane.head_due if lane.head_due is not None else self._peek_level(lane)
                 if head is not None:
@@ -103,6 +106,13 @@ class Deadline:
             return False
         head = pending[0]
         return head.state == SKIP or (head.state == WRITTEN and head.end <= durable_upto)
+
+    def _writable(self, lane: Lane, now: int) -> bool:
+        """``sync`` deliver mode: a claimed copy waits for the last one's fsync, then for a tick.
+        (In ``async`` mode a tick writes every copy it claims; one left claimed is backing off.)"""
+        if self.opts.deliver_mode != "sync" or now < lane.retry_at_ms or self._written_undurable():
+            return False
+        return any(d.state == CLAIMED for d in lane.pending)
 
     @staticmethod
     def _has_room(lane: Lane) -> bool:

@@ -4,8 +4,8 @@ the durable ones (DISPATCHED entries, level offsets), count them visible, releas
 
 One delivery, in order: *claimed* (timer messages from the wheel ``prewrite_ms`` ahead, as held
 copies; level messages from their queue once due) -> *written* (``_write_group``: one
-``store.write`` for every lane) -> durable (an fsync: ``TimerService._make_durable``, or the
-caller's, handed to ``TimerService.synced``) -> *completed* (``_complete``, in lane order) ->
+``store.write`` for every lane) -> durable (the committer's fsync for the tick's ticket, handed
+to ``TimerService.synced``) -> *completed* (``_complete``, in lane order) ->
 *visible* (at once, or when ``_release`` passes its hold), counted in the lateness histogram.
 
 A mixin, like ``chronoq.timer.absorb``: the lanes, the wheel's index and the buckets a claim and
@@ -21,7 +21,7 @@ from chronoq.core import errors
 from chronoq.core.delay_levels import DELAY_TOPIC, DelayLevels
 from chronoq.store import record
 from chronoq.timer import copies, schedlog
-from chronoq.timer.lanes import Delivery, Lane
+from chronoq.timer.lanes import WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
 from chronoq.timer.schedlog import DISPATCHED
 
@@ -56,8 +56,8 @@ class LevelLane(Lane):
 class Deliver:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``wheel``, ``_index``, ``buckets``,
     ``timer_lane``, ``level_lanes``, ``_all_lanes``, ``_awaiting``, ``histogram``, ``on_visible``,
-    the burst settings, ``_now``, ``_durable_upto``, ``_make_durable`` and ``_append``; counts
-    ``lost`` and ``burst_claims``."""
+    the burst settings, ``_in_flight``, ``_now``, ``_durable_upto`` and ``_append``; counts ``lost``
+    and ``burst_claims``."""
 
     def _claim_timers(self, now: int) -> None:
         lane = self.timer_lane
@@ -76,7 +76,15 @@ class Deliver:
         # The burst path (200k due at once): locals, one call per step.
         index_pop, claim, copy_of, ref_key = self._index.pop, lane.claim, copies.delivered_copy, copies.PROP_TIMER_REF
         held = record.FLAG_HELD
-        for ident, due in self.wheel.expire(horizon, room):
+        expired = self.wheel.expire(horizon, room)
+        if self._in_flight:
+            # A recall's record is in flight for these: they leave the wheel but stay pending in
+            # their bucket until it is absorbed (``chronoq.timer.recall``), never claimed.
+            holds = self._in_flight.holds_timer
+            for ident, _due in [e for e in expired if holds(e[0])]:
+                index_pop(ident)
+            expired = [e for e in expired if not holds(e[0])]
+        for ident, due in expired:
             b = index_pop(ident)
             start = b.start
             claim((start, ident), due, copy_of(b.claim(ident), ref_key, f"{start}.{ident}", held if due > now else 0))
@@ -122,6 +130,11 @@ class Deliver:
             if due > now:
                 lane.head_due = due
                 break
+            if self._in_flight and self._in_flight.holds_level(lane.level, qoff):
+                # A recall's record for it is in flight: the lane waits here until it is absorbed
+                # (``chronoq.timer.recall``); completions stay in order behind it.
+                lane.head_due = None
+                break
             if qoff in lane.cancelled:
                 lane.claim(qoff, due, None)
             else:
@@ -154,20 +167,20 @@ class Deliver:
         cq = self.store.queues.get(lane.cq_key)
         return cq is None or cq.next_offset <= lane.scan_offset
 
-    def _deliver(self, now: int, durable: bool = True) -> None:
-        """Write claimed copies (one group, one fsync; or one at a time in ``sync`` mode).
-
-        Not ``durable``: write only; the caller fsyncs (see ``tick``)."""
+    def _deliver(self, now: int) -> None:
+        """Write claimed copies as one group (page cache; the tick's ticket asks for their fsync).
+        In ``sync`` mode one copy, and only once the last one written is durable."""
         items = [(lane, d) for lane in self._all_lanes if lane.pending for d in lane.to_write(now)]
-        if self.opts.deliver_mode == "sync":
-            for item in items:
-                if not self._write_group([item], now) or not self._make_durable(now):
-                    break
-        elif items and self._write_group(items, now) and durable:
-            self._make_durable(now)
-        if durable and any(lane.pending and lane.needs_durability(self._durable_upto(), now)
-                           for lane in self._all_lanes):
-            self._make_durable(now)
+        if items and self.opts.deliver_mode == "sync":
+            if self._written_undurable():
+                return
+            items = items[:1]
+        if items:
+            self._write_group(items, now)
+
+    def _written_undurable(self) -> bool:
+        upto = self._durable_upto()
+        return any(d.state == WRITTEN and d.end > upto for lane in self._all_lanes for d in lane.pending)
 
     def _write_group(self, items: list[tuple[Lane, Delivery]], now: int) -> bool:
         before = self.store.log.written

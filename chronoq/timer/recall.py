@@ -3,8 +3,17 @@ durable record (``Recall``, a part of ``TimerService``; the results and outcomes
 
 Linearization against delivery is in ``chronoq.timer.service``'s docstring: one ``now`` per call
 on the one thread; a message due by then is ALREADY_DELIVERED (and so is one whose held copy is
-already written), a pending one gets its control or moved record durable and applied before the
-call returns (``TimerService._write_durably``).
+already written), a pending one gets its control or moved record written (page cache) and the call
+returns an ``Answer``: the result and the commit-log position (*ticket*) that must be durable before
+the result is given. The caller waits on the committer for it (``GroupCommitter.recall``, fsync on
+its thread; embedded, ``Broker.durable``), whose dispatch applies the record here (``absorb``).
+
+Between the write and that dispatch the target is *in flight* (``_in_flight``): no tick claims it
+(a timer message leaves the wheel when it falls due and stays pending in its bucket; a level lane
+stops at it), and a second recall or reschedule of it answers what the first will, after the same
+ticket. The mark is dropped when the record is absorbed, so a record whose fsync failed keeps its
+target from delivery until a later fsync makes it durable and it is applied: the caller was
+answered with the error, never with a result a crash could take back.
 
 A mixin, like ``chronoq.timer.absorb``: finding a message reads the wheel's index, the buckets
 (finishing a load if one is half done), the level lanes and the store's holds.
@@ -14,6 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer import copies, deliverytime, schedlog
@@ -54,12 +64,57 @@ class RescheduleResult:
     detail: str = ""
 
 
+class Answer(NamedTuple):
+    """A recall's or reschedule's result and the commit-log position that must be durable (and
+    dispatched) before it is given; 0 when nothing was written for it."""
+    result: RecallResult | RescheduleResult
+    ticket: int
+
+
+class InFlight:
+    """Recall and reschedule records written and not yet absorbed, by target: (0, entry ident)
+    for a timer message, (level, queue offset) for a level message (levels start at 1), each
+    -> (CANCELLED or MOVED, the record's ticket). Pure: the recall marks, delivery asks, the
+    absorbing of the record drops the mark."""
+
+    __slots__ = ("_marks",)
+
+    def __init__(self) -> None:
+        self._marks: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._marks)
+
+    @staticmethod
+    def _key(h: handles.RecallHandle) -> tuple[int, int]:
+        return (0, h.position) if h.kind == handles.TIMER else (h.level, h.position)
+
+    def mark(self, h: handles.RecallHandle, kind: int, ticket: int) -> None:
+        assert kind in (CANCELLED, MOVED) and ticket > 0
+        self._marks[self._key(h)] = (kind, ticket)
+
+    def of(self, h: handles.RecallHandle) -> tuple[int, int] | None:
+        """(CANCELLED or MOVED, ticket) of the record in flight for ``h``'s target, or None."""
+        return self._marks.get(self._key(h)) if self._marks else None
+
+    def holds_timer(self, ident: int) -> bool:
+        return (0, ident) in self._marks
+
+    def holds_level(self, level: int, queue_offset: int) -> bool:
+        return (level, queue_offset) in self._marks
+
+    def applied_timer(self, ident: int) -> bool:
+        """The record for timer entry ``ident`` is absorbed: drop its mark (whether there was one)."""
+        return self._marks.pop((0, ident), None) is not None
+
+    def applied_level(self, level: int, queue_offset: int) -> bool:
+        return self._marks.pop((level, queue_offset), None) is not None
 
 
 class Recall:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``, ``_index``,
-    ``_done``, ``level_lanes``, ``_now``, ``_path``, ``_finish_loading``, ``_level_record`` and
-    ``_write_durably``."""
+    ``_done``, ``level_lanes``, ``_now``, ``_path``, ``_finish_loading`` and ``_level_record``;
+    marks its ``_in_flight`` (``InFlight``)."""
 
     def _locate_timer(self, h: handles.RecallHandle) -> tuple[int | None, int, bytes | None]:
         """(state, bucket start, record bytes if pending) of a timer message's entry."""
@@ -113,6 +168,11 @@ class Recall:
             return "delivered", 0, None, "it was due when sent"
         if h.due_ms + self.opts.recall_memory_ms < now:
             return "missing", 0, None, "the handle is older than timer_recall_memory_ms"
+        flying = self._in_flight.of(h)
+        if flying is not None:  # answered once the record in flight is durable (its ticket)
+            if flying[0] == CANCELLED:
+                return "cancelled", 0, None, "it was recalled earlier"
+            return "missing", 0, None, "it was rescheduled; use the handle the reschedule returned"
         if h.kind == handles.TIMER:
             state, start, raw = self._locate_timer(h)
         else:
@@ -146,8 +206,21 @@ class Recall:
                 return True
         return False
 
-    def recall(self, text: str) -> RecallResult:
-        """Cancel a pending delayed message. Durable before it returns CANCELLED."""
+    def _ticket_for(self, h: handles.RecallHandle) -> int:
+        """The ticket of the record in flight for ``h``'s target (0: none in flight)."""
+        flying = self._in_flight.of(h)
+        return 0 if flying is None else flying[1]
+
+    def _write_in_flight(self, p, h: handles.RecallHandle, kind: int) -> tuple[int, int]:
+        """Write a recall's record (page cache) and mark its target in flight until the record is
+        absorbed. Returns (its commit offset, its ticket: the log position just past it)."""
+        [w] = self.store.write([p])
+        ticket = w.commit_offset + w.size
+        self._in_flight.mark(h, kind, ticket)
+        return w.commit_offset, ticket
+
+    def recall(self, text: str) -> Answer:
+        """Cancel a pending delayed message: the answer, CANCELLED only once its ticket is durable."""
         h = handles.decode(text)
         now = self._now()
         state, start, raw, why = self._state(h, now)
@@ -158,14 +231,15 @@ class Recall:
             else:
                 p = copies.control(copies.PROP_DELAY_CANCEL, f"{h.level}.{h.position}.{h.due_ms}",
                                    h.message_id.encode(), h.due_ms, now)
-            self._write_durably(p)
-            return RecallResult(RecallOutcome.CANCELLED, h.topic, h.message_id, h.due_ms, "recalled")
+            _offset, ticket = self._write_in_flight(p, h, CANCELLED)
+            return Answer(RecallResult(RecallOutcome.CANCELLED, h.topic, h.message_id, h.due_ms, "recalled"), ticket)
         outcome = {"delivered": RecallOutcome.ALREADY_DELIVERED, "cancelled": RecallOutcome.CANCELLED,
                    "missing": RecallOutcome.NOT_FOUND}[state]
-        return RecallResult(outcome, h.topic, h.message_id, h.due_ms, why)
+        return Answer(RecallResult(outcome, h.topic, h.message_id, h.due_ms, why), self._ticket_for(h))
 
-    def reschedule(self, text: str, deliver_at_ms: int) -> RescheduleResult:
-        """Move a pending delayed message to ``deliver_at_ms``; returns a new recall handle."""
+    def reschedule(self, text: str, deliver_at_ms: int) -> Answer:
+        """Move a pending delayed message to ``deliver_at_ms``: the answer carries a new recall
+        handle, valid once its ticket is durable."""
         h = handles.decode(text)
         now = self._now()
         new_due = deliverytime.check_deliver_at(deliver_at_ms, now, self.opts.max_delay_ms)
@@ -173,13 +247,13 @@ class Recall:
         if state != "pending":
             outcome = {"delivered": RescheduleOutcome.ALREADY_DELIVERED, "cancelled": RescheduleOutcome.CANCELLED,
                        "missing": RescheduleOutcome.NOT_FOUND}[state]
-            return RescheduleResult(outcome, "", h.topic, h.message_id, h.due_ms, why)
+            return Answer(RescheduleResult(outcome, "", h.topic, h.message_id, h.due_ms, why), self._ticket_for(h))
         assert raw is not None
         if h.kind == handles.TIMER:
             moved = (copies.PROP_TIMER_MOVED_FROM, f"{start}.{h.position}.{h.due_ms}")
         else:
             moved = (copies.PROP_DELAY_MOVED_FROM, f"{h.level}.{h.position}.{h.due_ms}")
-        p = copies.rescheduled(raw, new_due, *moved)
-        offset = self._write_durably(p)
+        offset, ticket = self._write_in_flight(copies.rescheduled(raw, new_due, *moved), h, MOVED)
         new = handles.RecallHandle(handles.TIMER, 0, offset, new_due, h.topic, h.message_id).encode()
-        return RescheduleResult(RescheduleOutcome.RESCHEDULED, new, h.topic, h.message_id, new_due, "moved")
+        return Answer(RescheduleResult(RescheduleOutcome.RESCHEDULED, new, h.topic, h.message_id, new_due, "moved"),
+                      ticket)

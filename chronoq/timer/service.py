@@ -16,7 +16,7 @@ method is called from the broker's one thread):
 ``recall``         recall and reschedule
 ``checkpoint``     ``checkpoint.json``, the retention floor, ``maintenance``
 ``horizon``        ``stats``, ``pending_by_horizon`` and its cache
-``service``        this facade: the state, ``tick``, the fsyncs, ``close``
+``service``        this facade: the state, ``tick`` and its effects, ``synced``, ``close``
 =================  ==============================================================================
 
 They are mixins for now (as ``absorb`` was first): they share one state (buckets, wheel and
@@ -30,8 +30,9 @@ Data flow of a timer message (``deliver_at_ms``)::
     store.delayed_dispatched --> absorb (chronoq.timer.absorb; the timer pulls): a MESSAGE entry
     (full record copy) in the bucket of its due minute; if that bucket is in the near window,
     also in the timing wheel
-    tick --> wheel.expire --> timer lane --> copy written to the real topic/queue, fsynced,
-    dispatched (visible) --> DISPATCHED entry in the bucket; a bucket with nothing left is deleted
+    tick --> wheel.expire --> timer lane --> copy written to the real topic/queue (page cache);
+    the tick returns its ticket --> the committer fsyncs and dispatches it (visible) --> ``synced``
+    --> DISPATCHED entry in the bucket; a bucket with nothing left is deleted
 
 Delay levels: the record goes to ``DELAY_TOPIC`` queue level-1 (a normal record); each level's
 lane reads its queue from the level's offset while the head is due.
@@ -52,12 +53,14 @@ Durability and restart (invariants 4 and 5):
   So a restart never delivers a message twice (QMQ's per-bucket dispatch record, rebuilt from
   the copies' references after the cursor).
 * Recall and reschedule write one record to the commit log (a control record, or the new delayed
-  record carrying ``__TIMER_MOVED_FROM``), fsync it and apply it before answering.
+  record carrying ``__TIMER_MOVED_FROM``); the caller answers once the committer has made it
+  durable and dispatched it, which applies it here (``chronoq.timer.recall``).
 
 Linearization of recall/reschedule against delivery: a message is *delivered* at its due instant
 on the timer's clock (a monotonic high-water mark of ``clock.wall_ms()``). Everything runs on one
 thread, so a recall observes one ``now``: if ``now < due`` and the entry is pending, the tombstone
-is durable and applied before any tick at or after ``due`` can run (CANCELLED); if
+is written and its target in flight (never claimed) before any tick at or after ``due`` can run, and
+CANCELLED is answered once the tombstone is durable; if
 ``now >= due`` the answer is ALREADY_DELIVERED — a due message is durable and will be made
 visible by the next tick even across a crash, so that answer never has to be taken back.
 """
@@ -67,11 +70,11 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from chronoq.core import errors
 from chronoq.core.delay_levels import DelayLevels
-from chronoq.store.store import Prepared, Store
+from chronoq.store.store import Store
 from chronoq.timer.absorb import SendSide
 from chronoq.timer.bucketlife import BucketLife
 from chronoq.timer.buckets import Bucket
@@ -81,8 +84,8 @@ from chronoq.timer.delivery import BURST_DUE_PER_S, Deliver, LevelLane
 from chronoq.timer.horizon import Horizon
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
-from chronoq.timer.recall import (Recall, RecallOutcome, RecallResult, RescheduleOutcome,  # noqa: F401 (the API)
-                                  RescheduleResult)
+from chronoq.timer.recall import (Answer, InFlight, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
+                                  RescheduleOutcome, RescheduleResult)
 from chronoq.timer.replay import Replay
 from chronoq.timer.schedfiles import BucketReader, ScheduleFiles
 from chronoq.timer.schedlog import Damage
@@ -91,10 +94,22 @@ from chronoq.timer.wheel import TimingWheel
 
 log = logging.getLogger("chronoq.timer")
 
-__all__ = ["TimerService", "TimerOptions", "LevelLane", "RecallOutcome", "RecallResult", "RescheduleOutcome",
-           "RescheduleResult"]
+__all__ = ["TimerService", "TimerOptions", "LevelLane", "Answer", "RecallOutcome", "RecallResult",
+           "RescheduleOutcome", "RescheduleResult"]
 
 TIMER_DIR = "timer"
+
+
+class Tick(NamedTuple):
+    """What a tick did and wants (its effects): the deliveries it made visible; the commit-log
+    position it needs durable and dispatched, then reported to ``synced`` (or ``sync_failed``),
+    0 for none (its copies and the delayed records waiting to be absorbed: the tick writes copies
+    to the page cache through the store and never fsyncs); and when to tick next (epoch ms, may
+    be <= now; None: nothing waits)."""
+    visible: int
+    ticket: int
+    deadline_ms: int | None
+
 # A tick writes small bucket buffers only past this many buffered bytes, this many files at most.
 FLUSH_FILES_PER_TICK = 64
 FLUSH_TICK_MIN_BYTES = 256 * 1024
@@ -169,7 +184,11 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self.buckets_finished = 0
         self._wakeups: list[Callable[[], None]] = []
         self._reported_deadline: int | None = None
-        self._caller_syncs = False  # the last tick was ``durable=False`` (see ``tick``)
+        # Recall/reschedule records written and not yet absorbed, by target (chronoq.timer.recall).
+        self._in_flight = InFlight()
+        # The highest ticket a tick returned that is not yet reported (``synced``/``sync_failed``):
+        # what waits for it is the committer's work, not a reason to tick again.
+        self._asked = 0
         self.closed = False
         self._read_checkpoint()
         self._scan_dir()
@@ -179,54 +198,48 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         # ``maintenance`` calls (the journal's records stay the rollback points until then), so a
         # restart costs the replay, not thousands of file writes.
 
-    # ================================================================= ticking and fsyncs
+    # ================================================================= ticking and its effects
     def _now(self, now_ms: int | None = None) -> int:
         now = self.clock.wall_ms() if now_ms is None else now_ms
         if now > self._hwm_ms:
             self._hwm_ms = now
         return self._hwm_ms
 
-    def tick(self, now_ms: int | None = None, *, durable: bool = True) -> int:
-        """Do the timer's due work: load ahead, claim due messages, deliver, retire buckets.
+    def tick(self, now_ms: int | None = None) -> Tick:
+        """Do the timer's due work: load ahead, claim due messages, write their copies, retire
+        buckets; return its effects (``Tick``).
 
-        The runtime calls this at ``next_deadline_ms()`` (and when woken); tests call it after
+        The shell calls this at the returned deadline (and when woken); tests call it after
         ``clock.advance``. Bounded per call: ``load_batch`` entries parsed, ``pending_max``
-        deliveries claimed per lane. Returns how many deliveries completed.
-
-        ``durable=False`` (the server runtime): never fsync here. Claimed copies are written to
-        the page cache only; when ``durability_wanted()`` the caller fsyncs the commit log on a
-        worker thread and hands the result to ``synced`` (or ``sync_failed``), which publishes
-        and completes them. A copy is still durable before it is visible (sync flush policy) and
-        before its DISPATCHED entry exists (dispatch-once), only the wait is off this thread.
-        ``deliver_mode = "sync"`` (one fsync per message, for comparison) always fsyncs here.
+        deliveries claimed per lane. Never fsyncs: claimed copies are written to the page cache
+        and the tick's ticket asks the shell's committer to make them durable (the server's
+        flusher thread; embedded, ``Broker.timer_tick`` on the caller's thread), which reports to
+        ``synced`` (or ``sync_failed``), publishing and completing them. A copy is still durable
+        before it is visible (sync flush policy) and before its DISPATCHED entry exists
+        (dispatch-once). ``deliver_mode = "sync"`` (one fsync per message, for comparison)
+        writes one copy per ticket.
 
         Timer messages are claimed and written ``prewrite_ms`` before they are due, as *held*
         copies (``record.FLAG_HELD``): the store hides them until ``store.release_held`` passes
         their due time, which every tick does first. So the fsync is behind them when they fall
-        due, and visibility at the due instant is an in-memory step. Returns how many deliveries
-        became visible.
+        due, and visibility at the due instant is an in-memory step.
         """
         if self.closed:
             raise errors.ClosedError("the timer is closed")
         now = self._now(now_ms)
-        # Remembered for ``next_deadline_ms``: with the caller doing the fsyncs, what waits for
-        # one is the caller's work (``durability_wanted``), not a reason to tick again.
-        self._caller_syncs = not durable
         released = self._release(now)
-        if durable and self._unabsorbed and now >= self._absorb_retry_at_ms:
-            self._sync_for_absorb(now)
         # Due work first: a tick that also loads a bucket ahead (parsing up to load_batch
         # entries) must not make what is due now wait for that. What the load brought in due
         # (a bucket that fell due while the broker was down) is claimed right after it.
         self._claim_timers(now)
         for lane in self.level_lanes:
             self._claim_level(lane, now)
-        self._deliver(now, durable)
+        self._deliver(now)
         self._load_step(now)
         nxt = self.wheel.next_deadline()
         if nxt is not None and nxt <= now + self._lead(nxt)[1] and self.timer_lane.room(now):
             self._claim_timers(now)
-            self._deliver(now, durable)
+            self._deliver(now)
         done = released + self._complete()
         if not self._ckpt_syncing:  # bucket files stay untouched while a checkpoint syncs them
             self._finish_buckets(now)
@@ -237,24 +250,35 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
                     self._flush_some(FLUSH_FILES_PER_TICK)
                 except errors.StorageError as exc:  # kept in memory; retried by the next call
                     log.warning("schedule log write failed: %s", exc)
-        return done
+        ticket = self._wanted(now)
+        if ticket:
+            self._asked = max(self._asked, ticket)
+        return Tick(done, ticket, self.next_deadline_ms())
+
+    def _wanted(self, now: int) -> int:
+        """The commit-log position the timer needs durable now, or 0: written copies not yet
+        durable, and (async flush policy) dispatched delayed records not yet fsynced, each not
+        while its back-off (after a failed fsync) runs."""
+        wanted = 0
+        queue = self._unabsorbed
+        if queue and now >= self._absorb_retry_at_ms:
+            wanted = queue[-1][0] + queue[-1][1]
+        durable_upto = self._durable_upto()
+        for lane in self._all_lanes:
+            if lane.pending and lane.needs_durability(durable_upto, now):
+                wanted = max(wanted, max(d.end for d in lane.pending))
+        return wanted
 
     def durability_wanted(self, now_ms: int | None = None) -> bool:
-        """True when ``tick(durable=False)`` left work waiting for a commit-log fsync: written
-        copies not yet durable, or (async flush policy) dispatched delayed records not yet
-        fsynced, whose back-off (after a failed fsync) is over."""
-        now = self._now(now_ms)
-        if self._unabsorbed and now >= self._absorb_retry_at_ms:
-            return True
-        durable_upto = self._durable_upto()
-        return any(lane.pending and lane.needs_durability(durable_upto, now) for lane in self._all_lanes)
+        """Whether the timer needs an fsync now (``_wanted``), asked for or not."""
+        return self._wanted(self._now(now_ms)) > 0
 
     def synced(self, synced_upto: int, now_ms: int | None = None) -> int:
-        """The caller fsynced the commit log below ``synced_upto`` (``store.sync()`` on a worker
-        thread): publish it, absorb what waited for it, complete deliveries. Returns how many
-        deliveries completed."""
+        """The committer made the commit log durable below ``synced_upto`` and dispatched it:
+        absorb what waited for it, complete deliveries. Returns how many became visible."""
         now = self._now(now_ms)
-        self.store.dispatch(synced_upto)
+        if synced_upto >= self._asked:
+            self._asked = 0
         released = self._release(now)
         self._absorb_durable()
         for lane in self._lanes():
@@ -263,9 +287,10 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         return released + self._complete()
 
     def sync_failed(self, exc: BaseException, now_ms: int | None = None) -> None:
-        """The caller's fsync failed: lanes holding written copies back off (and block after
+        """The committer's fsync failed: lanes holding written copies back off (and block after
         repeated failures); only the fsync is retried, a written copy is never written again."""
         now = self._now(now_ms)
+        self._asked = 0
         for lane in self._lanes():
             if any(d.state == WRITTEN for d in lane.pending):
                 lane.failed(now, str(exc))
@@ -278,38 +303,6 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         flush policy a send dispatches unsynced records, copies included: those are visible but
         not complete (no DISPATCHED entry) until they are also fsynced."""
         return min(self.store.dispatched, self.store.log.synced)
-
-    def _sync_for_absorb(self, now: int) -> None:
-        try:
-            self.store.sync()
-        except errors.StorageError as exc:
-            log.warning("fsync for delayed records failed: %s", exc)
-            self._absorb_retry_at_ms = now + self.opts.retry_backoff_ms
-            return
-        self._absorb_durable()
-
-    def _make_durable(self, now: int) -> bool:
-        try:
-            synced = self.store.sync()
-        except errors.StorageError as exc:
-            for lane in self._lanes():
-                if any(d.state == WRITTEN for d in lane.pending):
-                    lane.failed(now, str(exc))
-            log.warning("fsync of delivered copies failed: %s", exc)
-            return False
-        self.store.dispatch(synced)
-        for lane in self._lanes():
-            if lane.failures and not any(d.state == CLAIMED for d in lane.pending):
-                lane.succeeded()
-        return True
-
-    def _write_durably(self, p: Prepared) -> int:
-        """Write one timer record, fsync it and apply it (dispatch runs the sink). Returns its offset."""
-        written = self.store.write([p])
-        self.store.dispatch(self.store.sync())
-        self._absorb_durable()
-        assert not self._unabsorbed or self._unabsorbed[0][0] > written[0].commit_offset
-        return written[0].commit_offset
 
     # ================================================================= close
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """Timer copies written ahead of their due time (``timer_prewrite_ms``), held until it.
 
-The runtime's way (``tick(durable=False)`` and a separate fsync) on a fake clock: a copy is
+The runtime's way (a tick, then the committer's fsync for its ticket) on a fake clock: a copy is
 written and made durable before it is due, stays hidden (and keeps what follows it in its queue
 hidden) until the tick at its due instant releases it, and a restart in between keeps it hidden
 and delivers it once. Recall inside the window answers ALREADY_DELIVERED and keeps that promise.
@@ -25,9 +25,10 @@ def clock():
 
 
 def _tick_and_sync(b) -> int:
-    done = b.timer_tick(durable=False)
-    if b.timer.durability_wanted():
-        done += b.timer_synced(b.store.sync())
+    tick = b.timer_step()
+    done = tick.visible
+    if tick.ticket:
+        done += b.timer_synced(b.flush())
     return done
 
 
@@ -48,7 +49,7 @@ def test_a_copy_is_durable_before_its_due_time_and_visible_exactly_at_it(tmp_pat
     _tick_and_sync(b)
     assert visible(b) == []  # never early
     clock.advance(1)
-    assert b.timer_tick(durable=False) == 1  # no fsync needed at the due instant
+    assert b.timer_step().visible == 1  # no fsync needed at the due instant
     [m] = visible(b)
     assert m.body == b"held" and m.stored_ms == due and m.flags & record.FLAG_HELD
     assert b.timer.histogram.count == 1 and b.timer.histogram.max_ms == 0 and b.timer.histogram.early == 0
@@ -103,7 +104,7 @@ def test_a_crash_before_the_copy_is_durable_writes_it_again_once(tmp_path, clock
     b.create_topic(TOPIC, 1)
     b.send(TOPIC, b"held", deliver_at_ms=T0 + 1_000)
     clock.advance(1_000 - LEAD // 2)
-    b.timer_tick(durable=False)  # written to the page cache, no fsync
+    b.timer_step()  # written to the page cache, no fsync
     assert b.store.log.written > b.store.log.synced
     crash(b)  # (the page cache survives a kill -9, so the replay may find the copy: still once)
     b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)

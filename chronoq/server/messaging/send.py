@@ -105,7 +105,7 @@ class SendRpcs:
         handle_topic = recall_handles.decode(request.recall_handle).topic
         if handle_topic != topic:  # checked first: a recall for the wrong topic must change nothing
             raise errors.ClientError(f"recall handle belongs to topic {handle_topic}, not {topic}")
-        result = self.broker.recall(request.recall_handle)
+        result = await self.committer.recall(request.recall_handle)  # answered once durable
         outcome = result.outcome.value
         if outcome == "cancelled":
             return sv.RecallMessageResponse(status=self._ok, message_id=result.message_id)
