@@ -261,12 +261,6 @@ class Deliver:
             self.on_visible(seen, visible_ms)
         return len(seen)
 
-    def release_due(self, now_ms: int | None = None) -> int:
-        """Release held copies due by now, as a tick does first; nothing else (readers call it)."""
-        if self.closed:
-            raise errors.ClosedError("the timer is closed")
-        return self._release(self._now(now_ms))
-
     def _release(self, now: int) -> int:
         """Release held copies due by ``now`` (the store's holds); count the completed ones that
         became visible. Returns that count."""
