@@ -591,6 +591,26 @@ def test_a_moved_entry_survives_a_crash_when_its_source_is_logged_first(node, ch
     again = drain(node)
     assert sorted(p.message.message_id for p in again) == sorted(p.message.message_id for p in got)
 
+
+def test_fifo_redelivery_in_place_survives_a_crash_after_its_source_is_sealed(node):
+    """The FIFO twin: an expired CK (only in memory) hands its first entry on in place to a
+    successor; forwarding its second entry to the DLQ logs it, bitmap and all. The successor
+    must be logged first, or the restart skips the first message for good."""
+    node.pop.set_group(G, fifo=True)
+    ids = send(node, 2, group="g")
+    batch = node.pop.receive(G, T, max_messages=2, invisible_ms=1_000)
+    assert [p.message.message_id for p in batch] == ids
+    node.advance(1_000)  # expired: both wait for in-place redelivery
+    [again] = node.pop.receive(G, T, max_messages=1, invisible_ms=5_000)
+    assert again.message.message_id == ids[0] and again.delivery_attempt == 2
+    node.pop.forward_to_dlq(G, T, batch[1].receipt_handle)  # still waiting: its handle is valid
+    node.crash()
+    node.open()
+    node.pop.set_group(G, fifo=True)
+    node.advance(5_000)
+    back = drain(node)
+    assert [p.message.message_id for p in back] == [ids[0]]
+
 @pytest.mark.parametrize("logged", [False, True])
 def test_crash_right_after_a_revive_does_not_copy_it_twice(node, logged):
     """tick fsyncs the retry copy, then the CK's DONE record (logging the CK first if it was
