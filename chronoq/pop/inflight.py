@@ -243,7 +243,7 @@ class Inflight:
         found down the chain, also through successors settled in memory meanwhile. Returns how
         many CKs were logged."""
         assert not ck.logged and self.sink is not None
-        first: list[Checkpoint] = []
+        first: dict[int, Checkpoint] = {}  # by id: FIFO successors can hold several entries
         todo = [ck]
         while todo:  # a loop, not recursion: a client may change one message many times
             c = todo.pop()
@@ -251,11 +251,10 @@ class Inflight:
                 todo.extend(s for s in c.moved if not s.logged)
                 c.moved = None
             if c is not ck and c.live:
-                first.append(c)
+                first[c.ck_id] = c
         # A successor is opened after its source, so its id is higher: newest first puts every
         # successor before its source.
-        first.sort(key=lambda c: c.ck_id, reverse=True)
-        for c in first:
+        for _, c in sorted(first.items(), reverse=True):
             assert not c.logged
             c.logged = True
             self.sink.add_ck(c)
@@ -293,8 +292,9 @@ class Inflight:
         ck.bits |= bit
         if successor is not None and not ck.logged and not successor.logged:
             if ck.moved is None:
-                ck.moved = []
-            ck.moved.append(successor)
+                ck.moved = [successor]
+            elif successor not in ck.moved:
+                ck.moved.append(successor)
         if not ck.durable:
             ck.queue.release(ck.offsets[index])
             self.dirty.add(ck.queue)

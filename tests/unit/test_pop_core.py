@@ -178,6 +178,20 @@ def test_a_source_logged_after_its_change_logs_its_successors_first():
     inflight.check()
 
 
+def test_a_fifo_successor_holding_several_moved_entries_is_logged_once():
+    sink, inflight, qs = books(buffer_ms=1_000)
+    qs.pop_offset = 3
+    ck = inflight.open(qs, "t", [0, 1, 2], [1, 1, 1], now_ms=0, invisible_ms=500, fifo=True)
+    [due] = inflight.due(500, 10)
+    inflight.expire(due)
+    again = inflight.open(qs, "t", [0, 1], [2, 2], now_ms=600, invisible_ms=5_000, fifo=True, aging_ms=0)
+    inflight.settle(ck, 0, again)
+    inflight.settle(ck, 1, again)
+    inflight.seal(ck)  # e.g. its last entry forwarded to the DLQ
+    assert sink.records == [("ck", again.ck_id, 0), ("ck", ck.ck_id, 0b011)]
+    inflight.check()
+
+
 def test_aging_logs_a_successor_before_its_source():
     sink, inflight, qs = books(buffer_ms=1_000)
     qs.pop_offset = 2
