@@ -26,8 +26,11 @@ Invariants (``check`` verifies them; the tests call it)
 --------------------------------------------------------
 I1  An entry holds exactly one unsafe reference iff its CK is live, not durable, not settled.
 I2  consume offset = min(pop_offset, lowest unsafe offset); what is committed never decreases.
-I3  A successor CK of a logged CK is logged before the source's settlement record, so the log
-    never loses sight of a message (a torn tail keeps a prefix: at worst both, never neither).
+I3  A successor CK is logged before any record saying its source's entry is settled: before the
+    ACK record when the source is logged, before the source's own CK record (whose bitmap says
+    it) when the source is logged later (aged, or sealed by a revive). The restart's skip set
+    holds every offset of every CK in the log, so the log must never lose sight of a message (a
+    torn tail keeps a prefix: at worst both, never neither).
 I4  CK ids are ``generation << 32 | sequence`` and the generation grows at every open and
     compaction, so an id (and so a receipt handle) is never reused.
 I5  FIFO: while a FIFO CK of a queue is in flight (live, not expired), ``fifo_inflight > 0`` and
@@ -109,7 +112,7 @@ class QueueState:
 class Checkpoint:
     __slots__ = ("ck_id", "group", "topic", "queue", "offsets", "attempts", "pop_ms", "delivered_ms",
                  "aging_ms", "deadline_ms", "bits", "full", "fifo", "logged", "durable", "expired", "live",
-                 "renew_until_ms", "client_id")
+                 "renew_until_ms", "client_id", "moved")
 
     def __init__(self, ck_id: int, group: str, topic: str, queue: QueueState, offsets: list[int],
                  attempts: list[int], pop_ms: int, delivered_ms: int, aging_ms: int, deadline_ms: int,
@@ -136,6 +139,9 @@ class Checkpoint:
         self.live = True
         self.renew_until_ms = 0        # auto-renew (renew.py): extended, not revived, until then
         self.client_id = ""            # the receiving client, for auto-renew
+        # Unlogged: the successors its settled entries moved to while neither was logged; they
+        # are logged before it (I3). None once logged.
+        self.moved: list[Checkpoint] | None = None
 
     def unsettled(self) -> list[int]:
         bits = self.bits
@@ -232,10 +238,29 @@ class Inflight:
         if not ck.logged:
             self._log(ck)
 
-    def _log(self, ck: Checkpoint) -> None:
+    def _log(self, ck: Checkpoint) -> int:
+        """Log ``ck``, after the unlogged successors its bitmap says entries moved to (I3),
+        found down the chain, also through successors settled in memory meanwhile. Returns how
+        many CKs were logged."""
         assert not ck.logged and self.sink is not None
+        first: dict[int, Checkpoint] = {}  # by id: FIFO successors can hold several entries
+        todo = [ck]
+        while todo:  # a loop, not recursion: a client may change one message many times
+            c = todo.pop()
+            if c.moved:
+                todo.extend(s for s in c.moved if not s.logged)
+                c.moved = None
+            if c is not ck and c.live:
+                first[c.ck_id] = c
+        # A successor is opened after its source, so its id is higher: newest first puts every
+        # successor before its source.
+        for _, c in sorted(first.items(), reverse=True):
+            assert not c.logged
+            c.logged = True
+            self.sink.add_ck(c)
         ck.logged = True
         self.sink.add_ck(ck)
+        return len(first) + 1
 
     # ----------------------------------------------------------------- handles
     def find(self, ck_id: int, index: int, queue_id: int, queue_offset: int, group: str,
@@ -258,11 +283,18 @@ class Inflight:
         return ck
 
     # ----------------------------------------------------------------- settling
-    def settle(self, ck: Checkpoint, index: int) -> None:
-        """Mark entry ``index`` settled. Ensures: I1 still holds; a fully settled CK is removed."""
+    def settle(self, ck: Checkpoint, index: int, successor: Checkpoint | None = None) -> None:
+        """Mark entry ``index`` settled; ``successor``: the CK it moved to (change-invisible-time,
+        FIFO redelivery), opened already. Ensures: I1 and I3 still hold; a fully settled CK is
+        removed."""
         bit = 1 << index
         assert ck.live and not ck.bits & bit, (ck, index)
         ck.bits |= bit
+        if successor is not None and not ck.logged and not successor.logged:
+            if ck.moved is None:
+                ck.moved = [successor]
+            elif successor not in ck.moved:
+                ck.moved.append(successor)
         if not ck.durable:
             ck.queue.release(ck.offsets[index])
             self.dirty.add(ck.queue)
@@ -276,7 +308,7 @@ class Inflight:
         new = self.open(ck.queue, ck.topic, [ck.offsets[index]], [ck.attempts[index]], now_ms,
                         invisible_ms, fifo=ck.fifo, delivered_ms=ck.delivered_ms,
                         aging_ms=ck.aging_ms, log_now=ck.logged)
-        self.settle(ck, index)  # after open: the successor is logged first (I3)
+        self.settle(ck, index, new)  # after open: the successor is logged first (I3)
         return new
 
     def finish(self, ck: Checkpoint) -> None:
@@ -358,8 +390,7 @@ class Inflight:
             _, ck_id = _heappop(heap)
             ck = cks.get(ck_id)
             if ck is not None and not ck.logged:
-                self._log(ck)
-                count += 1
+                count += self._log(ck)
         return count
 
     def mark_durable(self, cks: Iterable[Checkpoint]) -> None:
@@ -423,6 +454,7 @@ class Inflight:
         for ck_id, ck in self.cks.items():
             assert ck.live and ck.ck_id == ck_id and ck.bits != ck.full
             assert not ck.durable or ck.logged
+            assert ck.moved is None or not ck.logged
             if ck.fifo and not ck.expired:
                 fifo[ck.queue] = fifo.get(ck.queue, 0) + 1
             if ck.expired:

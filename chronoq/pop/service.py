@@ -328,7 +328,7 @@ class PopService:
         ck = inflight.open(qs, topic, offsets, attempts, now, invisible_ms, fifo=gcfg.fifo,
                            aging_ms=aging_ms, log_now=log_now)
         for src, index in sources:
-            inflight.settle(src, index)
+            inflight.settle(src, index, ck)
         encode = handles.encode
         ck_id, qid, deadline = ck.ck_id, qs.queue_id, ck.deadline_ms
         for i, m in enumerate(messages):

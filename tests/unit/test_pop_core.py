@@ -164,6 +164,44 @@ def test_successor_of_a_logged_ck_is_logged_before_the_settlement():
     inflight.check()
 
 
+def test_a_source_logged_after_its_change_logs_its_successors_first():
+    """I3 when the source is logged later (sealed by a revive, or aged): a record whose
+    bitmap says an entry moved on is preceded by the successor holding it, down the chain."""
+    sink, inflight, qs = books(buffer_ms=1_000)
+    qs.pop_offset = 2
+    ck = inflight.open(qs, "t", [0, 1], [1, 1], now_ms=0, invisible_ms=60_000, fifo=False)
+    mid = inflight.change(ck, 0, now_ms=10, invisible_ms=5_000)
+    last = inflight.change(mid, 0, now_ms=20, invisible_ms=5_000)  # mid is gone, only in memory
+    assert sink.records == [] and not mid.live
+    inflight.seal(ck)
+    assert sink.records == [("ck", last.ck_id, 0), ("ck", ck.ck_id, 0b01)]
+    inflight.check()
+
+
+def test_a_fifo_successor_holding_several_moved_entries_is_logged_once():
+    sink, inflight, qs = books(buffer_ms=1_000)
+    qs.pop_offset = 3
+    ck = inflight.open(qs, "t", [0, 1, 2], [1, 1, 1], now_ms=0, invisible_ms=500, fifo=True)
+    [due] = inflight.due(500, 10)
+    inflight.expire(due)
+    again = inflight.open(qs, "t", [0, 1], [2, 2], now_ms=600, invisible_ms=5_000, fifo=True, aging_ms=0)
+    inflight.settle(ck, 0, again)
+    inflight.settle(ck, 1, again)
+    inflight.seal(ck)  # e.g. its last entry forwarded to the DLQ
+    assert sink.records == [("ck", again.ck_id, 0), ("ck", ck.ck_id, 0b011)]
+    inflight.check()
+
+
+def test_aging_logs_a_successor_before_its_source():
+    sink, inflight, qs = books(buffer_ms=1_000)
+    qs.pop_offset = 2
+    ck = inflight.open(qs, "t", [0, 1], [1, 1], now_ms=0, invisible_ms=60_000, fifo=False)
+    new = inflight.change(ck, 1, now_ms=10, invisible_ms=60_000)
+    assert inflight.age(1_000) == 2  # same lineage, same log-by time
+    assert sink.records == [("ck", new.ck_id, 0), ("ck", ck.ck_id, 0b10)]
+    inflight.check()
+
+
 def test_successor_inherits_the_lineage_age():
     sink, inflight, qs = books(buffer_ms=1_000)
     qs.pop_offset = 1

@@ -234,7 +234,9 @@ class FifoPopMachine(PopMachine):
     FIFO = True
 
 
-_settings = settings(max_examples=100, stateful_step_count=40, deadline=None,
+# A longer search: CHRONOQ_POP_SM_EXAMPLES=5000 (and CHRONOQ_POP_SM_STEPS) in the environment.
+_settings = settings(max_examples=int(os.environ.get("CHRONOQ_POP_SM_EXAMPLES", "100")),
+                     stateful_step_count=int(os.environ.get("CHRONOQ_POP_SM_STEPS", "40")), deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestPopMachine = PopMachine.TestCase
 TestPopMachine.settings = _settings
