@@ -168,8 +168,13 @@ class Sender:
         # --- bodies: bytes, not empty, within the limit
         bodies = batch.bodies
         body_max = self.config.max_body_bytes
-        if (n and set(map(type, bodies)) != _BYTES) or (n and (not min(map(len, bodies))
-                                                               or max(map(len, bodies)) > body_max)):
+        if n == 1:
+            body = bodies[0]
+            bulk_ok = type(body) is bytes and 0 < len(body) <= body_max
+        else:
+            bulk_ok = not n or (set(map(type, bodies)) == _BYTES and min(map(len, bodies))
+                                and max(map(len, bodies)) <= body_max)
+        if not bulk_ok:
             bodies = list(bodies)
             for i, body in enumerate(bodies):
                 if type(body) is not bytes or not body or len(body) > body_max:
@@ -183,7 +188,8 @@ class Sender:
             raw_tags = [b""] * n
         else:
             known: dict = {}
-            if set(map(type, tags)) != _STR:  # (not a str: refused unless falsy, which means none)
+            if (type(tags[0]) is not str) if n == 1 else set(map(type, tags)) != _STR:
+                # (not a str: refused unless falsy, which means none)
                 for i, tag in enumerate(tags):
                     if tag:
                         try:
@@ -191,7 +197,7 @@ class Sender:
                         except errors.ClientError as exc:
                             raise _Refused(i, exc) from None
                 tags = [t if t else "" for t in tags]
-            for tag in set(tags):
+            for tag in tags if n == 1 else set(tags):
                 try:
                     known[tag] = self.tag_bytes(tag) if tag else b""
                 except errors.ClientError as exc:

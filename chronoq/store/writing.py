@@ -117,8 +117,9 @@ class StoreWriter:
         next_qoff = self._next_qoff
         delayed_flag, held_flag = record.FLAG_DELAYED, record.FLAG_HELD
         # The batch's kind (its flags are nearly always alike): plain, delayed, or mixed (held copies).
-        kind = flags[0] & (delayed_flag | held_flag) if flags.count(flags[0]) == n else -1
-        one = topics[0] if topics.count(topics[0]) == n else None  # the topic of every record, or None
+        kind = flags[0] & (delayed_flag | held_flag) if n == 1 or flags.count(flags[0]) == n else -1
+        one_topic = n == 1 or topics.count(topics[0]) == n
+        one = topics[0] if one_topic else None  # the topic of every record, or None
         holds = False
         # Per record: its queue (None: a delayed record, in none yet; a one-topic plain batch's
         # named by its id, no tuple per record), queue offset, store time (a held copy: its due
@@ -126,7 +127,9 @@ class StoreWriter:
         if kind == delayed_flag:  # the delayed batch: no queue, no offset
             qkeys, qoffs, stamps = [None] * n, [0] * n, [now] * n
             one = None
-        elif kind == 0 and one is not None:  # the plain batch: each queue's offsets run on from its next one
+        elif kind == 0 and one is not None and n > 1:
+            # The plain batch: each queue's offsets run on from its next one, per queue at C level
+            # (set-up that pays for many records; a lone record takes the loop below).
             qkeys = queue_ids
             counters = {}
             for queue_id in set(queue_ids):
@@ -161,20 +164,23 @@ class StoreWriter:
                 else:
                     stamps.append(now)
         topic_bytes = self._topic_bytes
-        for topic in (topics[0],) if topics.count(topics[0]) == n else set(topics):
+        for topic in (topics[0],) if one_topic else set(topics):
             if topic not in topic_bytes:
                 topic_bytes[topic] = topic.encode()
-        tbs = [topic_bytes[topics[0]]] * n if topics.count(topics[0]) == n else list(map(topic_bytes.__getitem__, topics))
+        tbs = [topic_bytes[topics[0]]] * n if one_topic else list(map(topic_bytes.__getitem__, topics))
         pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
         magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
-        cont = record.FLAG_CONTINUES  # on every record; the last one's is cleared below (end_append)
+        # One append, one group: every record but the last says another of this append follows
+        # (CONTINUES; record.py), so the log never splits the append (CommitLog.room). The last is
+        # encoded without it here: clearing it afterwards would compute its CRC twice.
+        conts = itertools.chain(repeat(record.FLAG_CONTINUES, n - 1), (0,)) if n > 1 else (0,)
         pieces: list[bytes] = []
         add_piece = pieces.append
         sizes: list[int] = []
         add_size = sizes.append
         # The record encoder (record.encode_parts, inlined).
-        for f, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
-                flags, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
+        for f, cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
+                flags, conts, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
             head = pack_tail(f | cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id), len(tag),
                              len(k), len(pr), len(body)) + tb + message_id + tag + k + pr
             size = crc_start + len(head) + len(body)
@@ -184,11 +190,10 @@ class StoreWriter:
             add_piece(head)
             add_piece(body)
             add_size(size)
-        record.end_append(pieces)  # one append, one group: the log never splits it (CommitLog.room)
         tag_hashes = self._tag_hashes
         if len(tag_hashes) > 4096:
             tag_hashes.clear()
-        for tag in set(tags):
+        for tag in (tags if n == 1 else set(tags)):
             if tag not in tag_hashes:
                 tag_hashes[tag] = zlib.crc32(tag)
         ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
