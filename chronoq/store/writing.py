@@ -11,12 +11,11 @@ its body), and the record-equivalence tests hold it to the codec's bytes.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import zlib
 from collections import deque
 from itertools import repeat
-from operator import call, sub
+from operator import call
 from typing import Callable, Iterable, NamedTuple
 
 from chronoq.core import errors
@@ -196,54 +195,39 @@ class StoreWriter:
         for tag in (tags if n == 1 else set(tags)):
             if tag not in tag_hashes:
                 tag_hashes[tag] = zlib.crc32(tag)
-        ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
-        commits: list[int] = []
-        all_delayed = kind == delayed_flag
-        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-        delayed_records: list[tuple[int, int, int]] = []
-        i = 0
-        pos = 0
+        # One append, never split over segments (CommitLog.append rolls before it when it does not
+        # fit the active one): on disk whole or not at all, as its CONTINUES marks say.
         try:
-            while i < n:
-                # Fill what fits in the active segment (at least one record); a roll happens
-                # between chunks only.
-                j = max(i + 1, bisect.bisect_right(ends, (ends[i - 1] if i else 0) + self.log.room(), i))
-                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
-                if holds:  # before dispatch can put their entries: never visible unreleased
-                    self._hold_written(list(zip(qkeys[i:j], qoffs[i:j], sizes[i:j], repeat(0), stamps[i:j])),
-                                       0, j - i, now)
-                # Commit offsets from the sizes; consume-queue entries packed in one C pass, then
-                # joined per queue (a queue's records in a batch take consecutive offsets).
-                base = pos - (ends[i - 1] if i else 0)
-                chunk = list(map(base.__add__, map(sub, ends[i:j], sizes[i:j])))
-                commits += chunk
-                pos = base + ends[j - 1]
-                if all_delayed:
-                    delayed_records += zip(chunk, sizes[i:j], dues[i:j])
-                else:
-                    entries = list(map(_pack_entry, chunk, sizes[i:j], map(tag_hashes.__getitem__, tags[i:j]),
-                                       stamps[i:j]))
-                    runs: dict = {}
-                    for key, qoff, entry, commit, length, due in zip(qkeys[i:j], qoffs[i:j], entries, chunk,
-                                                                     sizes[i:j], dues[i:j]):
-                        if key is None:
-                            delayed_records.append((commit, length, due))
-                            continue
-                        run = runs.get(key)
-                        if run is None:
-                            runs[key] = (qoff, [entry])
-                        else:
-                            run[1].append(entry)
-                    for key, (first, parts) in runs.items():
-                        self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
-                i = j
+            pos = self.log.append(b"".join(pieces))
         except errors.StorageError:
-            for key, qoff in zip(qkeys[i:], qoffs[i:]):  # give back the offsets of what was not written
+            for key, qoff in zip(qkeys, qoffs):  # give back the offsets of what was not written
                 if key is not None:  # (delayed records took no queue offset)
                     key = (one, key) if one is not None else key
                     next_qoff[key] = min(next_qoff[key], qoff)
-            if commits:
-                self._pending.append((pos, batch, delayed_records))
             raise
+        if holds:  # before dispatch can put their entries: never visible unreleased
+            self._hold_written(list(zip(qkeys, qoffs, sizes, repeat(0), stamps)), 0, n, now)
+        # Commit offsets from the sizes (C level); consume-queue entries packed in one C pass, then
+        # joined per queue (a queue's records in a batch take consecutive offsets).
+        commits = list(itertools.accumulate(sizes, initial=pos))
+        pos = commits.pop()  # (the append's end)
+        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+        if kind == delayed_flag:  # the delayed batch: no consume-queue entry until due
+            delayed_records = list(zip(commits, sizes, dues))
+        else:
+            delayed_records = []
+            entries = list(map(_pack_entry, commits, sizes, map(tag_hashes.__getitem__, tags), stamps))
+            runs: dict = {}
+            for key, qoff, entry, commit, length, due in zip(qkeys, qoffs, entries, commits, sizes, dues):
+                if key is None:
+                    delayed_records.append((commit, length, due))
+                    continue
+                run = runs.get(key)
+                if run is None:
+                    runs[key] = (qoff, [entry])
+                else:
+                    run[1].append(entry)
+            for key, (first, parts) in runs.items():
+                self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
         self._pending.append((pos, batch, delayed_records))
         return commits, qoffs, sizes
