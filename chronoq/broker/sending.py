@@ -299,7 +299,7 @@ class Sender:
         born_in = batch.born_ms
         if born_in is None:
             borns = [now] * n
-        elif None not in born_in and set(map(type, born_in)) == _INT:
+        elif None not in born_in and (type(born_in[0]) is int if n == 1 else set(map(type, born_in)) == _INT):
             borns = born_in
         else:
             borns = [now if b is None else int(b) for b in born_in]
