@@ -308,7 +308,9 @@ class Sender:
         raw_ids = list(map(str.encode, ids))
         flags = [base_flags] * n
         dues = [0] * n
-        cols = Columns(topic_names, queue_ids, flags, borns, dues, raw_ids, raw_tags, raw_keys, raw_props, bodies)
+        # (tuple.__new__: a NamedTuple's own __new__ is a Python-level call, which a lone send pays in full)
+        cols = tuple.__new__(Columns, (topic_names, queue_ids, flags, borns, dues, raw_ids, raw_tags, raw_keys,
+                                       raw_props, bodies))
         if delayed is not None:
             self._due_times(cols, deliver_in, levels_in, now)
         return cols, ids, chosen
@@ -463,7 +465,8 @@ class Sender:
             chosen_hashes = key_hashes if all(chosen) else list(itertools.compress(key_hashes, chosen))
             # Duplicates (in the batch or the window) are rare: one bulk test for the batch, and
             # only a batch that may hold one is answered message by message.
-            if len(set(chosen_hashes)) != len(chosen_hashes) or window.any_present(chosen_hashes):
+            if (len(chosen_hashes) > 1 and len(set(chosen_hashes)) != len(chosen_hashes)) \
+                    or window.any_present(chosen_hashes):
                 answers, cols, ids, key_hashes = self._deduplicated(cols, ids, chosen, key_hashes, now)
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.registry.get(name, create=True)

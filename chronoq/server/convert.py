@@ -113,7 +113,7 @@ def send_columns(messages) -> SendColumns:
 
     One pass, message by message (a map or comprehension per column costs a frame each, which a
     lone message pays in full)."""
-    cols = SendColumns([], [], [], [], [], [], [], [], [], [], [], [], [])
+    cols = tuple.__new__(SendColumns, ([], [], [], [], [], [], [], [], [], [], [], [], []))  # (no Python-level call)
     topics, ids, tags, keys, bodies, borns, deliveries, types, encodings, groups, props, lites, priorities = cols
     for m in messages:
         sp = m.system_properties
@@ -185,6 +185,8 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
             and lites.count(lites[0]) == n and priorities.count(priorities[0]) == n:
         # Every message decides its type alike (the usual batch): the rule once.
         kind = _type_rule(types[0], not no_groups, not no_deliveries, lites[0], priorities[0], False)
+        if type(kind) is not MessageType:
+            raise kind(ids[0])
         mtypes = [kind] * n
         kinds = {kind}
     else:  # (C-level maps only: no Python call per message)
@@ -193,9 +195,9 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
         outcome = {rule: _type_rule(*rule) for rule in set(rules)}
         mtypes = list(map(outcome.__getitem__, rules))
         kinds = set(outcome.values())
-    if not all(type(t) is MessageType for t in kinds):
-        i, refuse = next((i, t) for i, t in enumerate(mtypes) if type(t) is not MessageType)
-        raise refuse(ids[i])
+        if not all(type(t) is MessageType for t in kinds):
+            i, refuse = next((i, t) for i, t in enumerate(mtypes) if type(t) is not MessageType)
+            raise refuse(ids[i])
     deliver_at = None
     if kinds == {_MT_DELAY} and levels is None:  # the delayed batch: every message timed
         all_nanos = list(map(_nanos, deliveries))
