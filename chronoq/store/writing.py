@@ -170,7 +170,7 @@ class StoreWriter:
         pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
         magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
         # One append, one group: every record but the last says another of this append follows
-        # (CONTINUES; record.py), so the log never splits the append (CommitLog.room). The last is
+        # (CONTINUES; record.py); the log never splits an append over segments. The last is
         # encoded without it here: clearing it afterwards would compute its CRC twice.
         conts = itertools.chain(repeat(record.FLAG_CONTINUES, n - 1), (0,)) if n > 1 else (0,)
         pieces: list[bytes] = []
