@@ -286,6 +286,9 @@ class Sender:
         if ids_in is not None and all(ids_in):
             chosen = [True] * n
             ids = ids_in if validate.plain_message_ids(ids_in) else self._checked_ids(ids_in)
+        elif ids_in is None:  # (the embedded callers' usual batch: every id new, at C level)
+            chosen = [False] * n
+            ids = list(map(bytes.decode, new_message_ids(now, n)))
         else:
             chosen = [bool(m) for m in ids_in] if ids_in is not None else [False] * n
             fresh = iter(new_message_ids(now, n - sum(chosen)))
