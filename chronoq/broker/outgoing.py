@@ -72,13 +72,11 @@ class OutgoingBatch:
     def of(cls, messages: Iterable[OutgoingMessage]) -> "OutgoingBatch":
         """The columns of ``OutgoingMessage`` objects (the embedded callers' adapter)."""
         msgs = messages if type(messages) is list else list(messages)
+        n = len(msgs)
         batch = cls(list(map(_topic, msgs)), list(map(_body, msgs)))
-        for name, attr, unset in _OPTIONAL:
-            column = list(map(operator.attrgetter(attr), msgs))
-            if unset is None:
-                if any(v is not None for v in column):
-                    setattr(batch, name, column)
-            elif any(column):
+        for name, get, unset in _OPTIONAL_GETTERS:  # (C-level passes only: a lone message pays no frame)
+            column = list(map(get, msgs))
+            if column.count(None) != n if unset is None else any(column):
                 setattr(batch, name, column)
         return batch
 
@@ -104,6 +102,7 @@ class OutgoingBatch:
 
 
 _topic, _body = operator.attrgetter("topic"), operator.attrgetter("body")
+_OPTIONAL_GETTERS = tuple((name, operator.attrgetter(attr), unset) for name, attr, unset in _OPTIONAL)
 
 
 @dataclass(slots=True)

@@ -168,8 +168,13 @@ class Sender:
         # --- bodies: bytes, not empty, within the limit
         bodies = batch.bodies
         body_max = self.config.max_body_bytes
-        if (n and set(map(type, bodies)) != _BYTES) or (n and (not min(map(len, bodies))
-                                                               or max(map(len, bodies)) > body_max)):
+        if n == 1:
+            body = bodies[0]
+            bulk_ok = type(body) is bytes and 0 < len(body) <= body_max
+        else:
+            bulk_ok = not n or (set(map(type, bodies)) == _BYTES and min(map(len, bodies))
+                                and max(map(len, bodies)) <= body_max)
+        if not bulk_ok:
             bodies = list(bodies)
             for i, body in enumerate(bodies):
                 if type(body) is not bytes or not body or len(body) > body_max:
@@ -183,7 +188,8 @@ class Sender:
             raw_tags = [b""] * n
         else:
             known: dict = {}
-            if set(map(type, tags)) != _STR:  # (not a str: refused unless falsy, which means none)
+            if (type(tags[0]) is not str) if n == 1 else set(map(type, tags)) != _STR:
+                # (not a str: refused unless falsy, which means none)
                 for i, tag in enumerate(tags):
                     if tag:
                         try:
@@ -191,7 +197,7 @@ class Sender:
                         except errors.ClientError as exc:
                             raise _Refused(i, exc) from None
                 tags = [t if t else "" for t in tags]
-            for tag in set(tags):
+            for tag in tags if n == 1 else set(tags):
                 try:
                     known[tag] = self.tag_bytes(tag) if tag else b""
                 except errors.ClientError as exc:
@@ -280,6 +286,9 @@ class Sender:
         if ids_in is not None and all(ids_in):
             chosen = [True] * n
             ids = ids_in if validate.plain_message_ids(ids_in) else self._checked_ids(ids_in)
+        elif ids_in is None:  # (the embedded callers' usual batch: every id new, at C level)
+            chosen = [False] * n
+            ids = list(map(bytes.decode, new_message_ids(now, n)))
         else:
             chosen = [bool(m) for m in ids_in] if ids_in is not None else [False] * n
             fresh = iter(new_message_ids(now, n - sum(chosen)))
@@ -293,7 +302,7 @@ class Sender:
         born_in = batch.born_ms
         if born_in is None:
             borns = [now] * n
-        elif None not in born_in and set(map(type, born_in)) == _INT:
+        elif None not in born_in and (type(born_in[0]) is int if n == 1 else set(map(type, born_in)) == _INT):
             borns = born_in
         else:
             borns = [now if b is None else int(b) for b in born_in]
@@ -302,7 +311,9 @@ class Sender:
         raw_ids = list(map(str.encode, ids))
         flags = [base_flags] * n
         dues = [0] * n
-        cols = Columns(topic_names, queue_ids, flags, borns, dues, raw_ids, raw_tags, raw_keys, raw_props, bodies)
+        # (tuple.__new__: a NamedTuple's own __new__ is a Python-level call, which a lone send pays in full)
+        cols = tuple.__new__(Columns, (topic_names, queue_ids, flags, borns, dues, raw_ids, raw_tags, raw_keys,
+                                       raw_props, bodies))
         if delayed is not None:
             self._due_times(cols, deliver_in, levels_in, now)
         return cols, ids, chosen
@@ -457,7 +468,8 @@ class Sender:
             chosen_hashes = key_hashes if all(chosen) else list(itertools.compress(key_hashes, chosen))
             # Duplicates (in the batch or the window) are rare: one bulk test for the batch, and
             # only a batch that may hold one is answered message by message.
-            if len(set(chosen_hashes)) != len(chosen_hashes) or window.any_present(chosen_hashes):
+            if (len(chosen_hashes) > 1 and len(set(chosen_hashes)) != len(chosen_hashes)) \
+                    or window.any_present(chosen_hashes):
                 answers, cols, ids, key_hashes = self._deduplicated(cols, ids, chosen, key_hashes, now)
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.registry.get(name, create=True)

@@ -106,26 +106,40 @@ def group_name(resource) -> str:
 # ------------------------------------------------------------------------------------ sending
 def send_columns(messages) -> SendColumns:
     """The columns of a SendMessage request's messages read through the generated classes: what
-    ``chronoq.protocol.rocketmq.send.send_columns`` reads from the bytes (which stands in for
-    this and is held equal to it), for a request that reader gives up on or has no bytes of."""
-    sps = list(map(_get_sp, messages))
-    borns = []
-    for sp in sps:
+    ``chronoq.protocol.rocketmq.send.send_columns`` reads from the bytes (held equal to this), for
+    a lone message (the request is parsed already, and upb reads one message's fields in C, where
+    the byte reader walks them in Python: it pays for batches only) or a request that reader
+    gives up on or has no bytes of.
+
+    One pass, message by message (a map or comprehension per column costs a frame each, which a
+    lone message pays in full)."""
+    cols = tuple.__new__(SendColumns, ([], [], [], [], [], [], [], [], [], [], [], [], []))  # (no Python-level call)
+    topics, ids, tags, keys, bodies, borns, deliveries, types, encodings, groups, props, lites, priorities = cols
+    for m in messages:
+        sp = m.system_properties
+        topics.append(m.topic.name)
+        ids.append(sp.message_id)
+        tags.append(sp.tag)  # ("" when absent)
+        keys.append(tuple(sp.keys))
+        bodies.append(m.body)
         ms = None
         if sp.HasField("born_timestamp"):
             born = sp.born_timestamp
             ms = born.seconds * 1000 + born.nanos // 1_000_000
         borns.append(ms if ms is not None and ms > 0 else None)
-    return SendColumns(
-        list(map(_get_topic, messages)), list(map(_get_id, sps)),
-        [sp.tag if sp.HasField("tag") else "" for sp in sps], [tuple(sp.keys) for sp in sps],
-        list(map(_get_body, messages)), borns,
-        [(sp.delivery_timestamp.seconds, sp.delivery_timestamp.nanos) if sp.HasField("delivery_timestamp") else None
-         for sp in sps],
-        list(map(_get_type, sps)), list(map(_get_encoding, sps)),
-        [sp.message_group if sp.HasField("message_group") else None for sp in sps],
-        [dict(m.user_properties) if m.user_properties else None for m in messages],
-        list(map(_has_lite, sps)), list(map(_has_priority, sps)))
+        if sp.HasField("delivery_timestamp"):
+            ts = sp.delivery_timestamp
+            deliveries.append((ts.seconds, ts.nanos))
+        else:
+            deliveries.append(None)
+        types.append(sp.message_type)
+        encodings.append(sp.body_encoding)
+        groups.append(sp.message_group if sp.HasField("message_group") else None)
+        user = m.user_properties
+        props.append(dict(user) if user else None)
+        lites.append(sp.HasField("lite_topic"))
+        priorities.append(sp.HasField("priority"))
+    return cols
 
 
 def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
@@ -171,6 +185,8 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
             and lites.count(lites[0]) == n and priorities.count(priorities[0]) == n:
         # Every message decides its type alike (the usual batch): the rule once.
         kind = _type_rule(types[0], not no_groups, not no_deliveries, lites[0], priorities[0], False)
+        if type(kind) is not MessageType:
+            raise kind(ids[0])
         mtypes = [kind] * n
         kinds = {kind}
     else:  # (C-level maps only: no Python call per message)
@@ -179,9 +195,9 @@ def outgoing_batch(cols: SendColumns, max_body_bytes: int, now_ms: int = 0,
         outcome = {rule: _type_rule(*rule) for rule in set(rules)}
         mtypes = list(map(outcome.__getitem__, rules))
         kinds = set(outcome.values())
-    if not all(type(t) is MessageType for t in kinds):
-        i, refuse = next((i, t) for i, t in enumerate(mtypes) if type(t) is not MessageType)
-        raise refuse(ids[i])
+        if not all(type(t) is MessageType for t in kinds):
+            i, refuse = next((i, t) for i, t in enumerate(mtypes) if type(t) is not MessageType)
+            raise refuse(ids[i])
     deliver_at = None
     if kinds == {_MT_DELAY} and levels is None:  # the delayed batch: every message timed
         all_nanos = list(map(_nanos, deliveries))
@@ -278,10 +294,6 @@ def outgoing_from_pb(msg, max_body_bytes: int, now_ms: int = 0,
 
 
 _nanos = operator.itemgetter(1)
-_get_sp, _get_topic, _get_body = (operator.attrgetter("system_properties"), operator.attrgetter("topic.name"),
-                                  operator.attrgetter("body"))
-_get_type, _get_encoding, _get_id = map(operator.attrgetter, ("message_type", "body_encoding", "message_id"))
-_has_lite, _has_priority = (operator.methodcaller("HasField", name) for name in ("lite_topic", "priority"))
 _PLAIN_ENCODINGS = frozenset((_IDENTITY, _ENCODING_UNSPECIFIED))
 
 

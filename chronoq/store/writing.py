@@ -11,12 +11,11 @@ its body), and the record-equivalence tests hold it to the codec's bytes.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import zlib
 from collections import deque
 from itertools import repeat
-from operator import call, sub
+from operator import call
 from typing import Callable, Iterable, NamedTuple
 
 from chronoq.core import errors
@@ -117,8 +116,9 @@ class StoreWriter:
         next_qoff = self._next_qoff
         delayed_flag, held_flag = record.FLAG_DELAYED, record.FLAG_HELD
         # The batch's kind (its flags are nearly always alike): plain, delayed, or mixed (held copies).
-        kind = flags[0] & (delayed_flag | held_flag) if flags.count(flags[0]) == n else -1
-        one = topics[0] if topics.count(topics[0]) == n else None  # the topic of every record, or None
+        kind = flags[0] & (delayed_flag | held_flag) if n == 1 or flags.count(flags[0]) == n else -1
+        one_topic = n == 1 or topics.count(topics[0]) == n
+        one = topics[0] if one_topic else None  # the topic of every record, or None
         holds = False
         # Per record: its queue (None: a delayed record, in none yet; a one-topic plain batch's
         # named by its id, no tuple per record), queue offset, store time (a held copy: its due
@@ -126,7 +126,9 @@ class StoreWriter:
         if kind == delayed_flag:  # the delayed batch: no queue, no offset
             qkeys, qoffs, stamps = [None] * n, [0] * n, [now] * n
             one = None
-        elif kind == 0 and one is not None:  # the plain batch: each queue's offsets run on from its next one
+        elif kind == 0 and one is not None and n > 1:
+            # The plain batch: each queue's offsets run on from its next one, per queue at C level
+            # (set-up that pays for many records; a lone record takes the loop below).
             qkeys = queue_ids
             counters = {}
             for queue_id in set(queue_ids):
@@ -161,20 +163,23 @@ class StoreWriter:
                 else:
                     stamps.append(now)
         topic_bytes = self._topic_bytes
-        for topic in (topics[0],) if topics.count(topics[0]) == n else set(topics):
+        for topic in (topics[0],) if one_topic else set(topics):
             if topic not in topic_bytes:
                 topic_bytes[topic] = topic.encode()
-        tbs = [topic_bytes[topics[0]]] * n if topics.count(topics[0]) == n else list(map(topic_bytes.__getitem__, topics))
+        tbs = [topic_bytes[topics[0]]] * n if one_topic else list(map(topic_bytes.__getitem__, topics))
         pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
         magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
-        cont = record.FLAG_CONTINUES  # on every record; the last one's is cleared below (end_append)
+        # One append, one group: every record but the last says another of this append follows
+        # (CONTINUES; record.py); the log never splits an append over segments. The last is
+        # encoded without it here: clearing it afterwards would compute its CRC twice.
+        conts = itertools.chain(repeat(record.FLAG_CONTINUES, n - 1), (0,)) if n > 1 else (0,)
         pieces: list[bytes] = []
         add_piece = pieces.append
         sizes: list[int] = []
         add_size = sizes.append
         # The record encoder (record.encode_parts, inlined).
-        for f, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
-                flags, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
+        for f, cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
+                flags, conts, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
             head = pack_tail(f | cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id), len(tag),
                              len(k), len(pr), len(body)) + tb + message_id + tag + k + pr
             size = crc_start + len(head) + len(body)
@@ -184,61 +189,45 @@ class StoreWriter:
             add_piece(head)
             add_piece(body)
             add_size(size)
-        record.end_append(pieces)  # one append, one group: the log never splits it (CommitLog.room)
         tag_hashes = self._tag_hashes
         if len(tag_hashes) > 4096:
             tag_hashes.clear()
-        for tag in set(tags):
+        for tag in (tags if n == 1 else set(tags)):
             if tag not in tag_hashes:
                 tag_hashes[tag] = zlib.crc32(tag)
-        ends = list(itertools.accumulate(sizes))  # ends[k]: bytes of records 0..k
-        commits: list[int] = []
-        all_delayed = kind == delayed_flag
-        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-        delayed_records: list[tuple[int, int, int]] = []
-        i = 0
-        pos = 0
+        # One append, never split over segments (CommitLog.append rolls before it when it does not
+        # fit the active one): on disk whole or not at all, as its CONTINUES marks say.
         try:
-            while i < n:
-                # Fill what fits in the active segment (at least one record); a roll happens
-                # between chunks only.
-                j = max(i + 1, bisect.bisect_right(ends, (ends[i - 1] if i else 0) + self.log.room(), i))
-                pos = self.log.append(b"".join(pieces[3 * i:3 * j]))
-                if holds:  # before dispatch can put their entries: never visible unreleased
-                    self._hold_written(list(zip(qkeys[i:j], qoffs[i:j], sizes[i:j], repeat(0), stamps[i:j])),
-                                       0, j - i, now)
-                # Commit offsets from the sizes; consume-queue entries packed in one C pass, then
-                # joined per queue (a queue's records in a batch take consecutive offsets).
-                base = pos - (ends[i - 1] if i else 0)
-                chunk = list(map(base.__add__, map(sub, ends[i:j], sizes[i:j])))
-                commits += chunk
-                pos = base + ends[j - 1]
-                if all_delayed:
-                    delayed_records += zip(chunk, sizes[i:j], dues[i:j])
-                else:
-                    entries = list(map(_pack_entry, chunk, sizes[i:j], map(tag_hashes.__getitem__, tags[i:j]),
-                                       stamps[i:j]))
-                    runs: dict = {}
-                    for key, qoff, entry, commit, length, due in zip(qkeys[i:j], qoffs[i:j], entries, chunk,
-                                                                     sizes[i:j], dues[i:j]):
-                        if key is None:
-                            delayed_records.append((commit, length, due))
-                            continue
-                        run = runs.get(key)
-                        if run is None:
-                            runs[key] = (qoff, [entry])
-                        else:
-                            run[1].append(entry)
-                    for key, (first, parts) in runs.items():
-                        self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
-                i = j
+            pos = self.log.append(b"".join(pieces))
         except errors.StorageError:
-            for key, qoff in zip(qkeys[i:], qoffs[i:]):  # give back the offsets of what was not written
+            for key, qoff in zip(qkeys, qoffs):  # give back the offsets of what was not written
                 if key is not None:  # (delayed records took no queue offset)
                     key = (one, key) if one is not None else key
                     next_qoff[key] = min(next_qoff[key], qoff)
-            if commits:
-                self._pending.append((pos, batch, delayed_records))
             raise
+        if holds:  # before dispatch can put their entries: never visible unreleased
+            self._hold_written(list(zip(qkeys, qoffs, sizes, repeat(0), stamps)), 0, n, now)
+        # Commit offsets from the sizes (C level); consume-queue entries packed in one C pass, then
+        # joined per queue (a queue's records in a batch take consecutive offsets).
+        commits = list(itertools.accumulate(sizes, initial=pos))
+        pos = commits.pop()  # (the append's end)
+        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+        if kind == delayed_flag:  # the delayed batch: no consume-queue entry until due
+            delayed_records = list(zip(commits, sizes, dues))
+        else:
+            delayed_records = []
+            entries = list(map(_pack_entry, commits, sizes, map(tag_hashes.__getitem__, tags), stamps))
+            runs: dict = {}
+            for key, qoff, entry, commit, length, due in zip(qkeys, qoffs, entries, commits, sizes, dues):
+                if key is None:
+                    delayed_records.append((commit, length, due))
+                    continue
+                run = runs.get(key)
+                if run is None:
+                    runs[key] = (qoff, [entry])
+                else:
+                    run[1].append(entry)
+            for key, (first, parts) in runs.items():
+                self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
         self._pending.append((pos, batch, delayed_records))
         return commits, qoffs, sizes

@@ -215,8 +215,9 @@ def _learn_timestamp(raw: bytes, a: int, b: int) -> tuple[int, int]:
     return value
 
 
-def _read_message(raw: bytes, start: int, end: int):
-    """One message field by field: (its column values, shape).
+def _read_message(raw: bytes, start: int, end: int, shape_wanted: bool = True):
+    """One message field by field: (its column values, shape; None unless ``shape_wanted``: the
+    request's last message has no follower to match it, and a lone send is the common request).
 
     The shape is (the message's bytes up to its system properties' length, the system
     properties' bytes up to the id, the id's length, the bytes after the id up to the delivery
@@ -319,7 +320,7 @@ def _read_message(raw: bytes, start: int, end: int):
               priority)
     # The shape (see above): [head][sp length][sp: .. id .. (delivery timestamp)][body], last.
     shape = None
-    if sp is not None and ids_seen == 1 and body_at >= 0 and fields_after_sp == 1 and sp_key_at >= 0:
+    if shape_wanted and sp is not None and ids_seen == 1 and body_at >= 0 and fields_after_sp == 1 and sp_key_at >= 0:
         length = varint(len(body))
         sp_len = varint(sp[1] - sp[0])
         ts_key_at = -1
@@ -433,7 +434,7 @@ def _columns(raw: bytes) -> SendColumns:
                     add_delivery(delivery)
                 run[1] += 1
                 continue
-        values, shape = _read_message(raw, start, pos)
+        values, shape = _read_message(raw, start, pos, pos < end)
         (topic, message_id, tag, key_tuple, body, born, delivery, mtype, encoding, group, properties, lite,
          priority) = values
         add_id(message_id)

@@ -36,10 +36,15 @@ class SendRpcs:
             raise errors.ClientError("SendMessage carries no message")
         if len(messages) > SEND_BATCH_MAX:
             raise errors.ClientError(f"SendMessage carries {len(messages)} messages; at most {SEND_BATCH_MAX}")
-        # Every shape takes one path: the request's columns (read from its bytes when it has
-        # them, else through the generated classes), the protocol's rules (convert.outgoing_batch),
-        # the broker's (Broker.write_batch), one answer.
-        columns = send_columns(request.raw) if type(request) is SendRequest else None
+        # Every shape takes one path: the request's columns, the protocol's rules
+        # (convert.outgoing_batch), the broker's (Broker.write_batch), one answer. The columns are
+        # read from the request's bytes when it has them (send.send_columns: it pays for batches),
+        # else through the generated classes, which read a lone message's fields in C. A message
+        # with user properties is read from its bytes too: they keep the client's order of the
+        # properties (upb's map has an order of its own), so its record is the same bytes alone or
+        # in a batch.
+        lone = len(messages) == 1 and not messages[0].user_properties
+        columns = send_columns(request.raw) if not lone and type(request) is SendRequest else None
         if columns is None:
             columns = convert.send_columns(messages)
         if len(messages) == 1:  # the official clients' only shape: its failure is its entry's
