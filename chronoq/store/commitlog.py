@@ -173,13 +173,6 @@ class CommitLog:
         self._bases.append(base)
 
     # ----------------------------------------------------------------- writing
-    def room(self) -> int:
-        """Bytes one ``append`` may take: no limit. A write is one append, never split over two
-        segments, so it is on disk whole or not at all (``record.FLAG_CONTINUES``, recovery
-        R11); ``append`` starts a new segment first when the write does not fit the active one.
-        (The store's writers ask this between the chunks they would split a write into.)"""
-        return 1 << 62
-
     def left(self) -> int:
         """Bytes the active segment takes before the next append rolls (``segment_bytes`` is a
         target: a single append larger than that makes a segment of its own, as large)."""

@@ -88,19 +88,6 @@ def continues(buf, pos: int) -> bool:
     return bool(_FLAGS.unpack_from(buf, pos + _FLAGS_AT)[0] & FLAG_CONTINUES)
 
 
-def end_append(pieces: list) -> None:
-    """Clear CONTINUES on the last record of ``pieces`` (an append as ``encode_parts`` builds it:
-    prefix, head, body per record, every record encoded with CONTINUES): its flags change, so
-    its CRC is computed again (one record per append)."""
-    prefix, head, body = pieces[-3], pieces[-2], pieces[-1]
-    (flags,) = _FLAGS.unpack_from(head, 0)
-    assert flags & FLAG_CONTINUES, "every record of an append is encoded with CONTINUES"
-    head = _FLAGS.pack(flags & ~FLAG_CONTINUES) + head[2:]
-    total = int.from_bytes(prefix[:4], "little")
-    pieces[-3] = _pack_prefix(total, MAGIC, VERSION, _extend(_crc(head), body))
-    pieces[-2] = head
-
-
 class RecordError(ValueError):
     """Bytes at a position are not a valid record; ``reason`` says which rule failed."""
 
