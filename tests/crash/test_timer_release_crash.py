@@ -28,14 +28,14 @@ import pytest
 
 from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import State, _lane, kill_9_and_restart  # (lanes reconnect)
+from tests.integration.test_committer_crash import (State, _lane, kill_9_and_restart,  # (lanes reconnect)
+                                                    stop_sending_and_drain)
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_SEED", "20261126"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_KILLS", "3"))
 DELAY_S = (0.3, 4.0)       # sends fall due this far ahead
 AIM_MS = (-900, 30)        # a kill lands this long (seeded) after an acknowledged due time
 BATCH = 8                  # delayed messages per send, each its own due time
-DRAIN_TIMEOUT_S = 20.0
 REQUEST_TIMEOUT_S = 5.0
 TOPIC, GROUP = "trc-delay", "trc-g"
 CONFIG = """
@@ -101,12 +101,7 @@ async def _run(state: State) -> int:
             await kill_9_and_restart(state, CONFIG)
             kills += 1
         await asyncio.sleep(0.5)
-        state.sending = False
-        await asyncio.gather(*senders)
-        last_due_ms = max((due for _, due in state.acked.values()), default=0)
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S + max(0.0, last_due_ms / 1000 - time.time())
-        while time.monotonic() < deadline and not set(state.acked) <= set(state.received):
-            await asyncio.sleep(0.2)
+        await stop_sending_and_drain(state, senders)
         await asyncio.sleep(0.5)
     finally:
         state.sending = state.consuming = False

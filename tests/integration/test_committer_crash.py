@@ -94,6 +94,17 @@ class State:
         return self.proc.endpoint
 
 
+async def stop_sending_and_drain(state, senders) -> None:
+    """Stop the senders, then wait (bounded: the last due time + DRAIN_TIMEOUT_S) until every
+    acknowledged message has been received."""
+    state.sending = False
+    await asyncio.gather(*senders)
+    last_due_ms = max((due for _, due in state.acked.values()), default=0)
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S + max(0.0, last_due_ms / 1000 - time.time())
+    while time.monotonic() < deadline and not set(state.acked) <= set(state.received):
+        await asyncio.sleep(0.2)
+
+
 async def kill_9_and_restart(state, config: str) -> None:
     """SIGKILL ``state.proc`` (it must die of it), then start a new process on its data directory
     (the lanes reconnect to it by themselves)."""
@@ -247,12 +258,7 @@ async def _run(state: State) -> dict:
             await kill_9_and_restart(state, CONFIG)
             kills += 1
         await asyncio.sleep(state.rng.uniform(*KILL_GAP_S))  # the last process takes load too
-        state.sending = False
-        await asyncio.gather(*senders)
-        last_due_ms = max((due for _, due in state.acked.values()), default=0)
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S + max(0.0, last_due_ms / 1000 - time.time())
-        while time.monotonic() < deadline and not set(state.acked) <= set(state.received):
-            await asyncio.sleep(0.2)
+        await stop_sending_and_drain(state, senders)
         await asyncio.sleep(1.0)  # anything forbidden that would still come, comes now
     finally:
         state.sending = state.consuming = False
