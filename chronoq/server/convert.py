@@ -20,7 +20,6 @@ import zlib
 from itertools import repeat
 
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2
 
 from chronoq.core import errors, validate
@@ -64,10 +63,6 @@ def timestamp_ms(ts) -> int:
 
 def duration_ms(d) -> int:
     return d.seconds * 1000 + d.nanos // 1_000_000
-
-
-def timestamp_pb(ms: int):
-    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
 def duration_pb(ms: int):
