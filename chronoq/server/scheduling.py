@@ -14,28 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 
 from chronoq.features.schedules.book import ScheduleBook
 
 log = logging.getLogger("chronoq.server.scheduling")
-
-# A named fault point for the kill -9 test (tests/integration/test_schedules.py), off unless the
-# variable is set: "POINT:N" kills this process (SIGKILL) the N-th time a round reaches POINT,
-# one of "intent" (saved, nothing written), "written" (page cache, no fsync), "synced" (fsynced,
-# completion not saved): the moments a crash must neither skip nor double an occurrence.
-FAULT_ENV = "CHRONOQ_SCHEDULES_CRASH_AT"
-_fault_point, _, _fault_count = os.environ.get(FAULT_ENV, "").partition(":")
-_fault_left = [int(_fault_count or 1)]
-
-
-def _fault(point: str) -> None:
-    if point == _fault_point:
-        _fault_left[0] -= 1
-        if _fault_left[0] <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-
 
 IDLE_S = 1.0          # look again at least this often (a create or resume also wakes the task)
 BACKOFF_MAX_S = 5.0
@@ -58,11 +40,8 @@ async def run_schedules(book: ScheduleBook, committer, stop: asyncio.Event, wake
             rnd = book.begin_round()
             if rnd is not None:
                 book.save()
-                _fault("intent")
                 book.write_round(rnd)
-                _fault("written")
                 await committer.durable(broker.log_written)
-                _fault("synced")
                 book.finish_round(rnd)
                 book.save()
             failures = 0

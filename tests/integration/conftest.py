@@ -106,7 +106,7 @@ def groups_toml(groups: dict) -> str:
 class ChronoqProcess:
     """One ``chronoq serve`` subprocess."""
 
-    def __init__(self, data_dir: str, config_text: str = "", extra_args: tuple = ()):
+    def __init__(self, data_dir: str, config_text: str = "", extra_args: tuple = (), module: str = "chronoq"):
         self.data_dir = data_dir
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
@@ -116,7 +116,7 @@ class ChronoqProcess:
         self.http_port: int | None = None
         self.http_url: str | None = None
         http_args = () if "--http-port" in extra_args else ("--http-port", "0")
-        args = [sys.executable, "-m", "chronoq", "serve", "--data-dir", data_dir,
+        args = [sys.executable, "-m", module, "serve", "--data-dir", data_dir,
                 "--port", str(self.port), "--host", "127.0.0.1", *http_args, *extra_args]
         if config_text:
             path = os.path.join(os.path.dirname(data_dir), os.path.basename(data_dir) + ".toml")

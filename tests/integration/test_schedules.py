@@ -14,7 +14,7 @@ from chronoq.core.config import BrokerConfig
 from chronoq.features.schedules.book import PROP_SCHEDULE, PROP_SCHEDULE_AT
 from tests.unit.timerkit import visible
 
-from chronoq.server.scheduling import FAULT_ENV
+from .schedule_faults import CRASH_AT_ENV as FAULT_ENV
 
 from .conftest import ChronoqProcess
 from .test_cli import make_cli
@@ -54,8 +54,8 @@ def test_schedule_created_with_the_cli_fires_into_the_official_client(chronoq_pr
 
 
 def test_schedule_every_second_survives_kill_9_exactly_once(tmp_path, monkeypatch):
-    """Kills at random moments, and at each bad moment of a round (the named fault point of
-    chronoq.server.scheduling: the broker SIGKILLs itself there): after the intent is saved, after
+    """Kills at random moments, and at each bad moment of a round (the broker started through
+    tests/integration/schedule_faults.py SIGKILLs itself there): after the intent is saved, after
     the occurrences are written and before their fsync, after the fsync and before the cursor is
     saved."""
     seed = int(os.environ.get("CHRONOQ_SEED", random.randrange(1 << 30)))
@@ -80,7 +80,7 @@ def test_schedule_every_second_survives_kill_9_exactly_once(tmp_path, monkeypatc
         else:
             monkeypatch.setenv(FAULT_ENV, f"{how}:1")
             try:
-                proc = ChronoqProcess(data)
+                proc = ChronoqProcess(data, module="tests.integration.schedule_faults")
             except RuntimeError:  # it reached its fault point before saying it was ready
                 continue
         proc.proc.wait(60)  # (a fault point: it kills itself at its next round there)
