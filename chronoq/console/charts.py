@@ -54,8 +54,8 @@ def _log_options(values) -> dict:
     tens = [1]
     while tens[-1] < top:
         tens.append(tens[-1] * 10)
-    # The axis starts at 0.5 so a bin of 1 still shows a short bar above the axis line.
-    return {"logarithmic": True, "y_labels": tens, "range": (0.5, tens[-1])}
+    # Bars grow from 0.5 (pygal's "zero"), so a bin of 1 still shows a bar above the axis line.
+    return {"logarithmic": True, "y_labels": tens, "zero": 0.5}
 
 
 def due_bars(view: dict, title: str) -> str:
