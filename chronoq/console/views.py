@@ -41,6 +41,7 @@ class Console:
     access: acl.AccessControl | None
     templates: jinja2.Environment
     ring: LatenessRing
+    topic_counts: object = None  # chronoq.timer.topic_horizon.TopicCounts, made by the first topic page
 
     @property
     def broker(self):

@@ -234,6 +234,14 @@ def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
     assert dom.number("t-sent") == 5 + len(soon) + len(later)  # normal and timer sends to this topic
     assert dom.number("tg-" + billing, "lag") == 3 and dom.number("tg-" + billing, "inflight") == 1
     assert "tg-" + DLQ_GROUP not in dom.by_id  # it reads audit, not orders
+    assert dom.drawn == 2, "the topic's horizon charts"
+    start = int(next(ms for i, _c, ms, _t in dom.items if i == "t-horizon-start"))
+    dues = [s * 1000 for s in later.values()]  # every pending timer message is in orders
+    assert dom.by_ms("topic-hours") == expected_bins(dues, start, 3_600_000, 168)
+    assert dom.number("t-due-week") == len(later)
+    assert dom.number("t-due-hour") == sum(1 for d in dues if d < start + 3_600_000)
+    other = page(tmp_path, base, f"/console/topic/{audit}")
+    assert other.number("t-due-week") == 0 and other.by_ms("topic-hours") == {}
     save_screenshot(tmp_path, base, f"/console/topic/{orders}", "console-topic.png", 800)
     status, _h, _b = request(base, "GET", "/console/topic/" + unique("none"))
     assert status == 404
