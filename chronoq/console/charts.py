@@ -19,9 +19,9 @@ from pygal.style import Style
 
 HEIGHT = 300
 WIDTH = 1150
-# A chart switches to a log scale when its tallest value is this many times its smallest non-zero
-# one: a linear axis would draw the small bars under ~3% of the plot's height (a few pixels),
-# unreadable beside one bin that dwarfs the rest.
+# A bar chart switches to a log scale when its tallest bar is this many times the median of its
+# non-empty ones: on a linear axis the typical bar would be under ~3% of the plot's height (a few
+# pixels), unreadable beside the one bin that dwarfs the rest.
 LOG_RATIO = 30
 DOTS_MAX = 60  # a line chart with at most this many points per series marks each point
 
@@ -44,8 +44,8 @@ def _utc(ms: int) -> datetime:
 
 def log_scale_wanted(values) -> bool:
     """Whether one value dwarfs the rest (see ``LOG_RATIO``)."""
-    positive = [v for v in values if v and v > 0]
-    return bool(positive) and max(positive) >= LOG_RATIO * min(positive)
+    positive = sorted(v for v in values if v and v > 0)
+    return bool(positive) and positive[-1] >= LOG_RATIO * positive[(len(positive) - 1) // 2]
 
 
 def _log_options(values) -> dict:
@@ -54,8 +54,9 @@ def _log_options(values) -> dict:
     tens = [1]
     while tens[-1] < top:
         tens.append(tens[-1] * 10)
-    # Bars grow from 0.5 (pygal's "zero"), so a bin of 1 still shows a bar above the axis line.
-    return {"logarithmic": True, "y_labels": tens, "zero": 0.5}
+    # Bars grow from 0.5 (pygal's "zero"), so a bin of 1 still shows a bar above the axis line; the
+    # axis ends at the next power of ten, so the top bar has a label above it.
+    return {"logarithmic": True, "y_labels": tens, "zero": 0.5, "range": (0.5, tens[-1])}
 
 
 def due_bars(view: dict, title: str) -> str:
@@ -65,7 +66,7 @@ def due_bars(view: dict, title: str) -> str:
     log = log_scale_wanted(pending)
     options = dict(_COMMON, show_legend=False, y_title="messages due", show_minor_x_labels=False,
                    x_labels_major_every=24 if hourly else 10,
-                   title=title + (" (log scale: one bin dwarfs the rest)" if log else ""))
+                   title=title + (" (log scale)" if log else ""))
     if log:
         options.update(_log_options(pending))
     chart = pygal.Bar(**options)

@@ -242,7 +242,7 @@ def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
     assert dom.number("t-due-hour") == sum(1 for d in dues if d < start + 3_600_000)
     other = page(tmp_path, base, f"/console/topic/{audit}")
     assert other.number("t-due-week") == 0 and other.by_ms("topic-hours") == {}
-    save_screenshot(tmp_path, base, f"/console/topic/{orders}", "console-topic.png", 800)
+    save_screenshot(tmp_path, base, f"/console/topic/{orders}", "console-topic.png", 1500)
     status, _h, _b = request(base, "GET", "/console/topic/" + unique("none"))
     assert status == 404
 
