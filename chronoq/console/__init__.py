@@ -7,14 +7,17 @@
 ``GET  /console/``           topics (messages retained), consumer groups with lag, in-flight, DLQ
 ``GET  /console/timers``     timer horizon: due per minute (next hour) and per hour (next week)
 ``GET  /console/lateness``   timer lateness p50/p99/max per interval (in-memory ring)
+``GET  /console/topic/NAME`` one topic: queues with min/max offsets, the groups reading it, their lag
 ``GET  /console/lookup?q=``  a message's records and life by message id or key
 ``POST /console/recall``     recall a pending delayed message (admin)
 ``POST /console/topics``     create a topic or add queues (admin)
-``GET  /console/static/…``   plotly.min.js (from the plotly package) and the style sheet
+``GET  /console/static/…``   the style sheet and the auto-refresh script (gzip, ETag, max-age)
 ===========================  =====================================================================
 
-Modules: ``access`` (who may do what), ``horizon``, ``lateness``, ``charts`` and ``settings`` are
-pure; ``views`` (handlers) and ``app`` (routes, templates, the sampler task) are the shell. The
+Modules: ``access`` (who may do what), ``horizon``, ``lateness``, ``charts`` (SVG by pygal) and
+``body`` (a message body as text or hex) are pure; ``views``, ``topics`` and ``schedules``
+(handlers) and ``app`` (routes, templates, static files, the sampler task) are the shell. The
+overview's traffic charts read ``runtime.history`` (``chronoq.server.history``). The
 message lookup is ``chronoq.features.lookup`` and ``chronoq.features.lifeline``, shared with the Admin RPC
 ``LookupMessage`` (``chronoq message show``).
 

@@ -5,26 +5,58 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import hashlib
 import importlib.resources
+from dataclasses import dataclass
 
 import jinja2
 from aiohttp import web
 
 from chronoq.core import acl
-from chronoq.console import charts, schedules, views
+from chronoq.console import charts, schedules, topics, views
 from chronoq.core import console_settings
 from chronoq.console.lateness import LatenessRing
 
 PREFIX = "/console"
 STATIC_MAX_AGE_S = 3600
+_TYPES = {".css": "text/css", ".js": "application/javascript"}
 
 
-def _plotly_js_path() -> str:
-    """plotly.min.js as shipped inside the plotly package (the broker serves it: works offline)."""
-    path = importlib.resources.files("plotly") / "package_data" / "plotly.min.js"
-    if not path.is_file():
-        raise RuntimeError("plotly.min.js is missing from the installed plotly package; reinstall chronoq")
-    return str(path)
+@dataclass(frozen=True, slots=True)
+class StaticFile:
+    """One file of ``static/``, read and gzip-compressed once at start (they are small)."""
+    body: bytes
+    gzipped: bytes
+    etag: str
+    content_type: str
+
+
+def _static_files() -> dict[str, StaticFile]:
+    out = {}
+    for entry in (importlib.resources.files("chronoq.console") / "static").iterdir():
+        kind = _TYPES.get("." + entry.name.rpartition(".")[2])
+        if kind is None or not entry.is_file():
+            continue
+        body = entry.read_bytes()
+        out[entry.name] = StaticFile(body, gzip.compress(body, mtime=0), '"%s"' % hashlib.sha256(body).hexdigest()[:16],
+                                     kind)
+    return out
+
+
+def _serve_static(files: dict[str, StaticFile]):
+    async def static(request: web.Request) -> web.Response:
+        f = files.get(request.match_info["name"])
+        if f is None:
+            raise web.HTTPNotFound()
+        headers = {"Cache-Control": f"public, max-age={STATIC_MAX_AGE_S}", "ETag": f.etag, "Vary": "Accept-Encoding"}
+        if request.headers.get("If-None-Match") == f.etag:
+            return web.Response(status=304, headers=headers)
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            headers["Content-Encoding"] = "gzip"
+            return web.Response(body=f.gzipped, content_type=f.content_type, headers=headers)
+        return web.Response(body=f.body, content_type=f.content_type, headers=headers)
+    return static
 
 
 def _templates() -> jinja2.Environment:
@@ -44,15 +76,9 @@ def setup(app: web.Application, runtime) -> None:
     console = views.Console(runtime=runtime, settings=chosen, access=acl.from_config(config.extra.get("auth")),
                             templates=_templates(), ring=LatenessRing(chosen.lateness_samples))
     app[views.CONSOLE_KEY] = console
-    static = importlib.resources.files("chronoq.console") / "static"
-    plotly_js = _plotly_js_path()
 
     async def redirect(_request: web.Request) -> web.Response:
         raise web.HTTPFound(PREFIX + "/")
-
-    async def plotly(_request: web.Request) -> web.FileResponse:
-        return web.FileResponse(plotly_js, headers={"Cache-Control": f"max-age={STATIC_MAX_AGE_S}",
-                                                    "Content-Type": "application/javascript"})
 
     r = app.router
     r.add_get("/", redirect)
@@ -60,12 +86,12 @@ def setup(app: web.Application, runtime) -> None:
     r.add_get(PREFIX + "/", views.overview, name="console-overview")
     r.add_get(PREFIX + "/timers", views.timers, name="console-timers")
     r.add_get(PREFIX + "/lateness", views.lateness, name="console-lateness")
+    r.add_get(PREFIX + "/topic/{name}", topics.topic_page, name="console-topic")
     r.add_get(PREFIX + "/lookup", views.lookup_page, name="console-lookup")
     r.add_get(PREFIX + "/schedules", schedules.schedules, name="console-schedules")
     r.add_post(PREFIX + "/recall", views.recall, name="console-recall")
     r.add_post(PREFIX + "/topics", views.create_topic, name="console-create-topic")
-    r.add_get(PREFIX + "/static/plotly.min.js", plotly)
-    r.add_static(PREFIX + "/static/", str(static), name="console-static")
+    r.add_get(PREFIX + "/static/{name}", _serve_static(_static_files()), name="console-static")
 
     async def sampler(_app: web.Application):
         task = asyncio.get_running_loop().create_task(views.sample_lateness(console), name="chronoq-console-lateness")

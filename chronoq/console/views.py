@@ -22,7 +22,7 @@ from aiohttp import web
 from chronoq.core import acl
 from chronoq.core import errors
 from chronoq.features import catalog, lookup
-from chronoq.console import access, charts, horizon
+from chronoq.console import access, body, charts, horizon
 from chronoq.console.lateness import LatenessRing
 from chronoq.core.console_settings import ConsoleSettings
 from chronoq.pop import names
@@ -41,6 +41,7 @@ class Console:
     access: acl.AccessControl | None
     templates: jinja2.Environment
     ring: LatenessRing
+    topic_counts: object = None  # chronoq.timer.topic_horizon.TopicCounts, made by the first topic page
 
     @property
     def broker(self):
@@ -53,13 +54,20 @@ class Console:
     def now_ms(self) -> int:
         return self.broker.clock.wall_ms()
 
+    def may_write(self, request: web.Request) -> bool:
+        """Whether this visitor may use the write actions (so the page shows their buttons)."""
+        return access.decide(self.access, request.headers.get("Authorization"), write=True).status == 200
+
     def render(self, request: web.Request, name: str, status: int = 200, **context) -> web.Response:
         context.setdefault("user", request.get("console_user"))
         context.setdefault("auth_on", self.access is not None)
+        context.setdefault("can_write", self.may_write(request))
         context.setdefault("now_ms", self.now_ms())
-        body = self.templates.get_template(name).render(page=name.split(".")[0], **context)
-        return web.Response(text=body, status=status, content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-store"})
+        text = self.templates.get_template(name).render(page=name.split(".")[0], **context)
+        response = web.Response(text=text, status=status, content_type="text/html", charset="utf-8",
+                                headers={"Cache-Control": "no-store"})
+        response.enable_compression()  # gzip or deflate, as the browser's Accept-Encoding allows
+        return response
 
 
 CONSOLE_KEY = web.AppKey("chronoq_console", Console)
@@ -134,9 +142,18 @@ async def overview(request: web.Request, console: Console) -> web.Response:
                "inflight": sum(g["inflight"] for g in groups), "dlq": sum(g["dlq"] for g in groups),
                "log_bytes": log_bytes, "segments": segments,
                "timers_delivered": hist.count}
+    history = getattr(console.runtime, "history", None)
+    figs = None
+    if history is not None:  # copies taken here, on the loop: the sampler appends to the ring on it
+        figs = await asyncio.to_thread(history_charts, list(history.samples), history.rates())
     return console.render(request, "overview.html", topics=topic_rows(broker), groups=groups,
                           group_topics=group_topics, summary=summary, pop_missing=console.runtime.pop is None,
-                          notice=request.query.get("notice", ""))
+                          notice=request.query.get("notice", ""), figs=figs, history=history)
+
+
+def history_charts(samples: list, rates: list) -> dict:
+    """The overview's traffic charts from the runtime's ``HistoryRing`` (``chronoq.server.history``)."""
+    return {"rates": charts.rate_lines(rates), "depth": charts.depth_lines(samples)}
 
 
 # ---------------------------------------------------------------------------- timers
@@ -154,8 +171,9 @@ def horizon_data(console: Console) -> dict:
 async def timers(request: web.Request, console: Console) -> web.Response:
     data = horizon_data(console)
     view, stats = data["view"], data["stats"]
-    figs = {"minutes": charts.script_json(charts.due_bars(view["minutes"], "Messages due per minute, next hour")),
-            "hours": charts.script_json(charts.due_bars(view["hours"], "Messages due per hour, next week"))}
+    figs = await asyncio.to_thread(lambda: {
+        "minutes": charts.due_bars(view["minutes"], "Messages due per minute, next hour"),
+        "hours": charts.due_bars(view["hours"], "Messages due per hour, next week")})
     minute_rows, hour_rows = ([{"start_ms": s, "pending": p} for s, p in zip(view[v]["starts_ms"], view[v]["pending"])]
                               for v in ("minutes", "hours"))
     return console.render(request, "timers.html", view=view, stats=stats, figs=figs,
@@ -170,9 +188,7 @@ async def lateness(request: web.Request, console: Console) -> web.Response:
     snapshot = broker.timer.histogram.snapshot()
     current = console.ring.current(snapshot, console.now_ms())
     samples = list(console.ring.samples) + ([current] if current.count else [])
-    now = console.now_ms()
-    window_ms = int(console.settings.lateness_interval_s * 1000 * console.ring.samples.maxlen)
-    fig = charts.script_json(charts.lateness_lines(samples, window_ms, now))
+    fig = await asyncio.to_thread(charts.lateness_lines, samples)
     rows = [s for s in reversed(samples) if s.count][:LATENESS_ROWS]
     return console.render(request, "lateness.html", totals=snapshot, fig=fig, rows=rows,
                           interval_s=console.settings.lateness_interval_s, kept=len(console.ring.samples),
@@ -208,8 +224,10 @@ async def lookup_page(request: web.Request, console: Console) -> web.Response:
     # The same lookup as the Admin RPC LookupMessage (chronoq message show): chronoq.features.lookup.
     found = await lookup.lookup_message(console.broker, console.runtime.committer.barrier, query,
                                         console.settings.lookup_scan_mib << 20, console.settings.trace_scan_mib << 20)
+    bodies = {r.commit_offset: body.body_view(r.body_head, r.body_bytes)
+              for m in found.messages for r in m["records"]}
     return console.render(request, "lookup.html", scan=found.scan, trace=found.trace, messages=found.messages,
-                          **context)
+                          bodies=bodies, **context)
 
 
 # ---------------------------------------------------------------------------- write actions

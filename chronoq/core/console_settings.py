@@ -9,6 +9,8 @@ load without importing upward.
     lateness_samples = 360     # samples kept (360 x 10 s = the last hour)
     lookup_scan_mib = 32       # newest MiB of the commit log a lookup scans for an id or key
     trace_scan_mib = 64        # newest MiB of the trace topic a lookup reads for a message's life
+    history_interval_s = 5     # one traffic sample (counters, lag, timers) per this many seconds
+    history_samples = 720      # samples kept (720 x 5 s = the last hour; chronoq.server.history)
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ class ConsoleSettings:
     lateness_samples: int = 360
     lookup_scan_mib: int = 32
     trace_scan_mib: int = 64
+    history_interval_s: float = 5.0
+    history_samples: int = 720
 
     # Upper limits: each bounds memory or the time one request holds the event loop.
     LIMITS = {"lateness_interval_s": (0.1, 3600), "lateness_samples": (1, 100_000), "lookup_scan_mib": (1, 1024),
-              "trace_scan_mib": (1, 4096)}
+              "trace_scan_mib": (1, 4096), "history_interval_s": (0.1, 3600), "history_samples": (2, 100_000)}
 
 
 def parse(table: object) -> ConsoleSettings:
@@ -44,7 +48,7 @@ def parse(table: object) -> ConsoleSettings:
     values = {}
     for name, value in table.items():
         lo, hi = ConsoleSettings.LIMITS[name]
-        integral = name != "lateness_interval_s"
+        integral = name not in ("lateness_interval_s", "history_interval_s")
         if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)):
             raise errors.ClientError(f"[console] {name} must be a{'n integer' if integral else ' number'}, "
                                      f"not {value!r}")

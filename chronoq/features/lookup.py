@@ -42,6 +42,7 @@ from chronoq.broker.trace import TRACE_TOPIC
 RECORDS_MAX = 200          # matching records listed (a key shared by many messages)
 TRACE_BATCH = 16           # trace records read per step (each up to ~400 KiB)
 QUERY_CHARS_MAX = 256
+BODY_HEAD_BYTES = 4096     # of each matching record's body kept for display (the console's lookup)
 _U32 = struct.Struct("<I")
 _MAGIC_VERSION = bytes([record.MAGIC, record.VERSION])
 
@@ -63,6 +64,8 @@ class Found:
     deliver_at_ms: int
     body_bytes: int
     recall_handle: str | None = None  # a pending timer message: the handle that recalls it
+    body_head: bytes = b""            # the body's first BODY_HEAD_BYTES (body_bytes is its size)
+    properties: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -153,13 +156,13 @@ def _scan_segment(log, seg, buf, pos: int, needle: bytes, query: str, report: Sc
                     report.truncated = True
                     return False
                 report.records.append(_found(seg.base + pos, flags, qid, qoff, born, stored, deliver, topic, mid,
-                                             tag, keys, props, len(body), now_ms))
+                                             tag, keys, props, body, now_ms))
             hit = buf.find(needle, pos + total)
         pos += total
     return True
 
 
-def _found(offset, flags, qid, qoff, born, stored, deliver, topic, mid, tag, keys, props, body_bytes,
+def _found(offset, flags, qid, qoff, born, stored, deliver, topic, mid, tag, keys, props, body,
            now_ms) -> Found:
     kind = lifeline.record_kind(topic, flags, props)
     if flags & record.FLAG_HELD and stored > now_ms:  # stamped with its due time, hidden until then
@@ -174,7 +177,8 @@ def _found(offset, flags, qid, qoff, born, stored, deliver, topic, mid, tag, key
         elif flags & record.FLAG_DELAYED and not model.is_system_topic(topic):
             handle = handles.encode(handles.TIMER, 0, offset, deliver, topic, mid)
     return Found(offset, topic, qid, qoff, mid, lifeline.origin_id(mid, props), lifeline.origin_topic(topic, props),
-                 kind, tag, tuple(keys), born, stored, deliver, body_bytes, handle)
+                 kind, tag, tuple(keys), born, stored, deliver, len(body), handle, bytes(body[:BODY_HEAD_BYTES]),
+                 dict(props))
 
 
 @dataclass

@@ -46,6 +46,7 @@ class Runtime:
         self.txns = None  # chronoq.features.transactions.Transactions
         self.schedules = None  # chronoq.features.schedules.book.ScheduleBook (chronoq.server.scheduling)
         self.loops = None  # chronoq.server.consumers.ConsumerLoops: the POP ticker, transaction checks
+        self.history = None  # chronoq.server.history.HistoryRing: recent traffic, for the console
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # What /healthz reports (chronoq.server.http): "ready" only between the ready line and the stop.
@@ -81,6 +82,15 @@ class Runtime:
         assert self.committer is not None, "start the committer first"
         self.loops = ConsumerLoops(self.pop, self.txns, self.committer, self.broker.clock)
         self._tasks.extend(self.loops.start())
+
+    def _start_history(self, loop) -> None:
+        """The traffic history ring and its sampler ([console] history_*; chronoq.server.history)."""
+        from chronoq.core import console_settings
+        from chronoq.server.history import HistoryRing, run_sampler
+
+        chosen = console_settings.parse(self.config.extra.get("console"))
+        self.history = HistoryRing(chosen.history_samples, chosen.history_interval_s)
+        self._tasks.append(loop.create_task(run_sampler(self, self.history, self._stop), name="chronoq-history"))
 
     def close_consumers(self) -> None:
         """Stop the loops, then persist and close the state (before the broker closes)."""
@@ -236,6 +246,7 @@ class Runtime:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
             self.open_consumers()
+            self._start_history(loop)
             from chronoq.server.scheduling import open_schedules, run_schedules
 
             self.schedules, wake = open_schedules(broker), asyncio.Event()

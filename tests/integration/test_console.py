@@ -15,6 +15,7 @@ is about status codes, not rendering.
 from __future__ import annotations
 
 import base64
+import gzip
 import http.client
 import os
 import re
@@ -48,14 +49,17 @@ class Dom(HTMLParser):
         self.stack: list[dict] = []
         self.items: list[tuple[str | None, tuple[str, ...], str | None, str]] = []
         self.by_id: dict[str, str] = {}
-        self.drawn = 0  # charts plotly finished drawing (data-drawn="yes")
+        self.drawn = 0  # charts in the page (SVG drawn by the server)
         self.forms: list[dict] = []
+        self.refreshes = 0  # auto-refreshes the page's script made (<body data-refreshes>)
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if a.get("data-drawn") == "yes":
+        if tag == "svg" and "pygal-chart" in (a.get("class") or ""):
             self.drawn += 1
+        if tag == "body":
+            self.refreshes = int(a.get("data-refreshes") or 0)
         if tag == "form":
             self.forms.append({"action": a.get("action"), "fields": {}})
         if tag == "input" and self.forms and a.get("name"):
@@ -154,7 +158,7 @@ def expected_bins(dues_ms: list[int], start_ms: int, step_ms: int, count: int) -
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (scripts/setup installs Debian's chromium "
                                              "when run as root with apt-get)")
 def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
-    config = groups_toml({DLQ_GROUP: {"max_attempts": 2}}) + "[console]\nlateness_interval_s = 1\n"
+    config = groups_toml({DLQ_GROUP: {"max_attempts": 2}}) + "[console]\nlateness_interval_s = 1\nhistory_interval_s = 1\n"
     broker = chronoq_process(config)
     ep, base = broker.endpoint, broker.http_url.rstrip("/")
     orders, audit, billing = unique("orders"), unique("audit"), unique("billing")
@@ -213,21 +217,45 @@ def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
     assert dom.number("group-" + DLQ_GROUP, "lag") == 0
     assert dom.number("group-" + DLQ_GROUP, "inflight") == 0
     assert dom.number("sum-dlq") == 1 and dom.number("sum-inflight") == 1
+    assert dom.drawn == 2, "the traffic charts: rates and queue depth"
+    kept = int(re.search(r"\((\d+) of at most\s+720\s+kept", dom.text("history-note")).group(1))
+    assert kept >= 2  # one sample a second since the broker started
+    assert "create-topic" not in dom.by_id and not [f for f in dom.forms if f["action"] == "/console/topics"], \
+        "read-only: no create-topic form"
+    save_screenshot(tmp_path, base, "/console/", "console-overview.png", 1500)
+
+    # ---- one topic's page, and auto-refresh (the page's script fetches it again and swaps it in)
+    dom = page(tmp_path, base, f"/console/topic/{orders}?refresh=1")
+    assert dom.refreshes >= 1, "auto-refresh swapped the page in at least once"
+    assert dom.text("t-type") == "mixed" and dom.number("t-queues") == 4
+    assert sum(dom.number(f"queue-{q}", "messages") for q in range(4)) == dom.number("t-messages") == 7
+    assert all(dom.number(f"queue-{q}", "min") == 0 for q in range(4))
+    assert sum(dom.number(f"queue-{q}", "max") for q in range(4)) == dom.number("t-written") == 7
+    assert dom.number("t-sent") == 5 + len(soon) + len(later)  # normal and timer sends to this topic
+    assert dom.number("tg-" + billing, "lag") == 3 and dom.number("tg-" + billing, "inflight") == 1
+    assert "tg-" + DLQ_GROUP not in dom.by_id  # it reads audit, not orders
+    assert dom.drawn == 2, "the topic's horizon charts"
+    start = int(next(ms for i, _c, ms, _t in dom.items if i == "t-horizon-start"))
+    dues = [s * 1000 for s in later.values()]  # every pending timer message is in orders
+    assert dom.by_ms("topic-hours") == expected_bins(dues, start, 3_600_000, 168)
+    assert dom.number("t-due-week") == len(later)
+    assert dom.number("t-due-hour") == sum(1 for d in dues if d < start + 3_600_000)
+    other = page(tmp_path, base, f"/console/topic/{audit}")
+    assert other.number("t-due-week") == 0 and other.by_ms("topic-hours") == {}
+    save_screenshot(tmp_path, base, f"/console/topic/{orders}", "console-topic.png", 1500)
+    status, _h, _b = request(base, "GET", "/console/topic/" + unique("none"))
+    assert status == 404
 
     # ---- timer horizon (and its screenshot)
     dom = page(tmp_path, base, "/console/timers")
-    assert dom.drawn == 2, "both horizon charts drawn by plotly"
+    assert dom.drawn == 2, "both horizon charts drawn"
     start = int(next(ms for i, _c, ms, _t in dom.items if i == "horizon-start"))
     dues = [s * 1000 for s in later.values()]
     assert dom.by_ms("minutes") == expected_bins(dues, start, 60_000, 60)
     assert dom.by_ms("hours") == expected_bins(dues, start, 3_600_000, 168)
     assert dom.number("due-hour") == sum(1 for d in dues if d < start + 3_600_000)
     assert dom.number("due-week") == len(later) and dom.number("overdue") == 0
-    shot = tmp_path / "console-timer-horizon.png"
-    chromium(tmp_path, base + "/console/timers", f"--screenshot={shot}", "--window-size=1280,1150")
-    assert shot.read_bytes().startswith(PNG_MAGIC) and shot.stat().st_size > 20_000
-    if os.environ.get("CHRONOQ_UPDATE_SCREENSHOT") == "1":
-        shutil.copyfile(shot, os.path.join(ROOT, "docs", "images", "console-timer-horizon.png"))
+    save_screenshot(tmp_path, base, "/console/timers", "console-timer-horizon.png", 1150)
 
     # ---- lateness
     dom = page(tmp_path, base, "/console/lateness")
@@ -244,6 +272,9 @@ def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
     assert kinds == (["stored", "visible", "delivered", "acked"] if acked.body.startswith(b"soon")
                      else ["stored", "delivered", "acked"])
     assert dom.text("status-" + acked.message_id) == f"acked ({billing})"
+    original = next(t for i, c, _ms, t in dom.items if i and i.startswith("body-") and "body-text" in c)
+    assert original == acked.body.decode(), "the body, as text"
+    save_screenshot(tmp_path, base, "/console/lookup?q=" + key, "console-lookup.png", 700)
 
     dom = page(tmp_path, base, "/console/lookup?q=" + ids["poison"])
     assert dom.column("life-" + ids["poison"], "kind") == ["stored", "delivered", "delivered", "dead_lettered"]
@@ -252,15 +283,49 @@ def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
     dom = page(tmp_path, base, "/console/lookup?q=key-m20")
     assert dom.column("life-" + ids["m20"], "kind") == ["stored"]
     assert dom.text("status-" + ids["m20"]) == "pending"
-    recall = [f for f in dom.forms if f["action"] == "/console/recall"]
-    assert len(recall) == 1 and recall[0]["fields"]["handle"]
+    assert not [f for f in dom.forms if f["action"] == "/console/recall"], "read-only: no Recall button"
 
-    # Access control is off: the console is read-only, the recall is refused and changes nothing.
-    status, _h, body = request(base, "POST", "/console/recall", form=recall[0]["fields"])
+    # Access control is off: the console is read-only, a recall is refused and changes nothing.
+    status, _h, body = request(base, "POST", "/console/recall", form={"handle": "x", "q": "key-m20"})
     assert status == 403 and "read-only" in body
     status, _h, _body = request(base, "POST", "/console/topics", form={"name": unique("nope")})
     assert status == 403
     assert 'id="status-%s">pending<' % ids["m20"] in request(base, "GET", "/console/lookup?q=key-m20")[2]
+
+
+def save_screenshot(tmp_path, base: str, path: str, name: str, height: int) -> None:
+    """A PNG of the page in the test's tmp dir (and in docs/images with CHRONOQ_UPDATE_SCREENSHOT=1)."""
+    shot = tmp_path / name
+    chromium(tmp_path, base + path, f"--screenshot={shot}", f"--window-size=1280,{height}")
+    assert shot.read_bytes().startswith(PNG_MAGIC) and shot.stat().st_size > 10_000
+    if os.environ.get("CHRONOQ_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shot, os.path.join(ROOT, "docs", "images", name))
+
+
+def test_console_pages_and_files_go_out_compressed(chronoq_process):
+    base = chronoq_process().http_url.rstrip("/")
+    status, headers, zipped = raw(base, "/console/timers", {"Accept-Encoding": "gzip"})
+    assert b"Timer horizon" in gzip.decompress(zipped)
+    assert status == 200 and headers["content-encoding"] == "gzip" and headers["cache-control"] == "no-store"
+    for name in ("console.js", "console.css"):
+        status, headers, zipped = raw(base, f"/console/static/{name}", {"Accept-Encoding": "gzip"})
+        assert status == 200 and headers["content-encoding"] == "gzip" and "max-age" in headers["cache-control"]
+        status, plain_headers, plain = raw(base, f"/console/static/{name}", {})
+        assert "content-encoding" not in plain_headers and gzip.decompress(zipped) == plain
+        status, _h, _b = raw(base, f"/console/static/{name}", {"If-None-Match": headers["etag"]})
+        assert status == 304
+    assert request(base, "GET", "/console/static/plotly.min.js")[0] == 404
+
+
+def raw(base: str, path: str, headers: dict) -> tuple[int, dict, bytes]:
+    parts = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
 
 
 # --------------------------------------------------------------------------- access control
@@ -302,7 +367,11 @@ def test_console_needs_credentials_and_writes_need_an_admin(chronoq_process):
     assert request(base, "GET", "/console/lookup?q=x", auth=("nobody", VIEWER[1]))[0] == 401
     status, _h, body = request(base, "GET", "/console/lookup?q=key-cancel", auth=VIEWER)
     assert status == 200 and f'id="status-{mid}">pending<' in body
-    handle = re.search(r'name="handle" value="([^"]+)"', body).group(1)
+    assert 'action="/console/recall"' not in body, "no Recall button for a user who may not recall"
+    assert 'id="create-topic"' not in request(base, "GET", "/console/", auth=VIEWER)[2]
+    body = request(base, "GET", "/console/lookup?q=key-cancel", auth=ADMIN)[2]
+    handle = re.search(r'name="handle" value="([^"]+)"', body).group(1)  # an admin gets the button
+    assert 'id="create-topic"' in request(base, "GET", "/console/", auth=ADMIN)[2]
     assert request(base, "GET", "/metrics")[0] == 200  # the console's access rule is its own: /metrics is apart
 
     # Writing needs an admin user, from the console's own pages.

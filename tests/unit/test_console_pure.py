@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-import json
+import re
 
 import pytest
 
@@ -171,10 +171,36 @@ def test_console_settings_are_checked_when_the_config_is_loaded(tmp_path):
         load_config(str(path), env={})
 
 
-def test_chart_json_cannot_close_its_script_element():
-    fig = charts.due_bars({"starts_ms": [T0], "step_ms": MIN, "pending": [3]}, "</script><b>")
-    text = charts.script_json(fig)
-    assert "<" not in text and ">" not in text
-    back = json.loads(text)
-    assert back["layout"]["title"]["text"] == "</script><b>" and back["data"][0]["y"] == [3]
-    assert back["layout"]["yaxis"]["dtick"] == 1  # counts: whole-number ticks
+def test_chart_text_cannot_inject_markup():
+    svg = charts.due_bars({"starts_ms": [T0], "step_ms": MIN, "pending": [3]}, "</svg><b>bold</b>")
+    assert svg.startswith("<svg") and "<b>" not in svg and "&lt;b&gt;" in svg
+
+
+def _bar_heights(svg: str) -> list[float]:
+    return [float(h) for h in re.findall(r'<rect [^>]*height="([0-9.]+)" class="rect reactive tooltip-trigger"', svg)]
+
+
+def test_the_week_chart_turns_to_a_log_scale_when_one_bin_dwarfs_the_rest():
+    even = [0] * 168
+    even[5], even[50] = 40, 10
+    assert "log scale" not in charts.due_bars({"starts_ms": [T0 + i * HOUR for i in range(168)], "step_ms": HOUR,
+                                               "pending": even}, "week")
+    dwarfed = list(even)
+    dwarfed[3] = 100_000
+    svg = charts.due_bars({"starts_ms": [T0 + i * HOUR for i in range(168)], "step_ms": HOUR, "pending": dwarfed},
+                          "week")
+    assert "log scale" in svg
+    heights = sorted(_bar_heights(svg))
+    assert len(heights) == 3
+    assert heights[0] > heights[-1] / 5  # the 10 is still a bar you see beside the 100,000 (linear: 1/10,000)
+
+
+def test_the_lateness_chart_spans_the_data_it_has():
+    from chronoq.console.lateness import Sample
+
+    samples = [Sample(T0 + i * 10_000, T0 + (i + 1) * 10_000, 1 if i in (40, 45) else 0, 2, 5, 9, 0) for i in range(60)]
+    svg = charts.lateness_lines(samples)
+    labels = re.findall(r">(\d\d:\d\d:\d\d)<", svg)
+    # Intervals with deliveries end at T0 + 410 s and T0 + 460 s: the axis covers those, not the hour.
+    first, last = T0 + 410_000, T0 + 460_000
+    assert labels and min(labels) >= charts.iso(first - 10_000)[11:] and max(labels) <= charts.iso(last + 10_000)[11:]

@@ -1,0 +1,113 @@
+"""Pending timer messages of each topic by due time: the console's per-topic horizon.
+
+``TimerService.pending_by_horizon`` (``chronoq.timer.horizon``) counts every topic together, and
+its per-bucket cache keeps totals only. ``TopicCounts`` keeps, per schedule bucket, the count of
+pending messages by topic, read from the message entries themselves: a bucket entry's payload is
+the whole commit-log record, whose topic sits at a fixed place (``record`` bytes 46 and 60..), so
+telling topics apart costs a byte compare per message, no decoding.
+
+- A LOADED bucket is counted from memory (``Bucket.pending`` and its entry data) at every call.
+- Any other bucket is counted from its file plus its unflushed buffer, and the count is kept with
+  the file's size and modification time and the buffer's length as its key: schedule files only
+  grow (entries, then tombstones, are appended), so a key that changed means a new count. The
+  first view after a start reads every bucket file once, as the first timer-horizon view does.
+- Messages claimed for delivery this very moment (``Bucket.claimed``: due, their copy being
+  written) are not counted; nor are delay-level messages, whose topic is a property of each
+  record in the level queues (the timer-horizon page counts both, for all topics).
+
+It reads the timer's state as the ``Horizon`` mixin does, on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import Counter
+
+from chronoq.timer import schedlog
+from chronoq.timer.buckets import LOADED
+from chronoq.timer.schedlog import ENTRY_HEAD_SIZE, MESSAGE
+
+_TOPIC_LEN_AT = 46  # chronoq.store.record: topic_len (u8) at byte 46, the topic from byte 60
+_TOPIC_AT = 60
+
+
+def _topic_of(data, entry_pos: int) -> bytes:
+    """The topic of the record in the MESSAGE entry at ``entry_pos`` of ``data``."""
+    p = entry_pos + ENTRY_HEAD_SIZE
+    return bytes(data[p + _TOPIC_AT:p + _TOPIC_AT + data[p + _TOPIC_LEN_AT]])
+
+
+def count_entries(path: str, start: int, file_data: bytes, extra: bytes) -> Counter:
+    """Pending messages by topic (bytes) of an unloaded bucket: its file and unflushed entries."""
+    where: dict[int, tuple[bytes, int]] = {}  # ident -> (data, pos) of its MESSAGE entry
+    pairs = []
+    if file_data:
+        try:
+            for pos, _total, kind, ident, _due, _aux in schedlog.scan(path, start, file_data):
+                pairs.append((kind, ident))
+                if kind == MESSAGE:
+                    where.setdefault(ident, (file_data, pos))
+        except schedlog.SchedLogError:  # a bad file header: nothing in the file can be trusted
+            pass
+    pos = 0
+    while pos < len(extra):
+        total, kind, ident, _due, _aux = schedlog.entry_fields(extra, pos)
+        pairs.append((kind, ident))
+        if kind == MESSAGE:
+            where.setdefault(ident, (extra, pos))
+        pos += total
+    out: Counter = Counter()
+    for ident, kind in schedlog.summarize(pairs).items():
+        if kind == MESSAGE:
+            data, at = where[ident]
+            out[_topic_of(data, at)] += 1
+    return out
+
+
+class TopicCounts:
+    """Per-topic pending counts of a ``TimerService``'s buckets, with a per-bucket cache."""
+
+    def __init__(self, timer) -> None:
+        self.timer = timer
+        self._cache: dict[int, tuple[tuple, Counter]] = {}  # bucket start -> (key, counts)
+
+    def _bucket(self, start: int) -> Counter:
+        timer = self.timer
+        b = timer.buckets.get(start)
+        if b is not None and b.state == LOADED:
+            assert b.data is not None
+            return Counter(_topic_of(b.data, pos) for _due, pos, _len in b.pending.values())
+        path = timer._path(start)
+        try:
+            st = os.stat(path)
+            key = (st.st_size, st.st_mtime_ns, len(b.buffer) if b is not None else 0)
+        except FileNotFoundError:
+            key = (0, 0, len(b.buffer) if b is not None else 0)
+        hit = self._cache.get(start)
+        if hit is None or hit[0] != key:
+            file_data = schedlog.read_file(path) if key[0] else b""
+            hit = self._cache[start] = (key, count_entries(path, start, file_data,
+                                                           bytes(b.buffer) if b is not None else b""))
+        return hit[1]
+
+    def pending_by_horizon(self, topic: str, horizons_ms: tuple[int, ...]) -> list[int]:
+        """Pending timer messages of ``topic`` due within each horizon from now (cumulative;
+        overdue ones in every horizon): ``TimerService.pending_by_horizon`` for one topic, timer
+        messages only (module docstring)."""
+        assert list(horizons_ms) == sorted(horizons_ms) and all(h >= 0 for h in horizons_ms)
+        timer, name = self.timer, topic.encode()
+        now = timer._now()
+        by_first = [0] * (len(horizons_ms) + 1)
+        live = timer._in_heap | timer.buckets.keys()
+        for start in live:
+            n = self._bucket(start).get(name, 0)
+            if n:
+                by_first[bisect.bisect_left(horizons_ms, start - now)] += n
+        for gone in self._cache.keys() - live:
+            del self._cache[gone]
+        out, total = [], 0
+        for n in by_first[:-1]:
+            total += n
+            out.append(total)
+        return out
