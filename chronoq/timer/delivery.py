@@ -210,6 +210,8 @@ class Deliver:
         marks: dict[int, tuple[list[bytes], list[int]]] = {}
         encode_entry = schedlog.encode_entry
         completed = self.timer_lane.complete(upto)
+        if self.keys is not None and completed:
+            self.unindex_delivered(completed)  # (chronoq.timer.keyed)
         for d in completed:
             start, ident = d.ref
             marked = marks.get(start)
