@@ -125,9 +125,9 @@ def has_replace_keys(properties: list) -> bool:
 
 
 class Keyed:
-    """Mixed into ``TimerService``: uses its ``store``, ``width``, ``buckets``, ``sched_dir``,
-    ``_in_flight``, ``_now``, ``_append``, ``_finish_loading`` and ``_locate_timer``; owns ``keys``
-    (None until built)."""
+    """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``,
+    ``sched_dir``, ``_in_flight``, ``_burst_lead_ms``, ``_now``, ``_append``, ``_finish_loading``,
+    ``_locate_timer`` and ``_held``; owns ``keys`` (None until built)."""
 
     keys: KeyIndex | None = None
 
@@ -177,14 +177,16 @@ class Keyed:
         if rows:
             self.index_written([Prepared._make(c[i] for c in cols) for i in rows], [commits[i] for i in rows])
 
-    def unindex_delivered(self, completed) -> None:
-        """Timer deliveries completed (``Deliver._complete``): no longer pending."""
+    def unindex_delivered(self, completed, now: int) -> None:
+        """Timer deliveries completed (``Deliver._complete``) or released (``_release``): no
+        longer pending. A held copy not yet due stays indexed until its release, so replace and
+        cancel answer it as delivered (``_target``) rather than forget it."""
         index = self.keys
         if index is None or not index.live:
             return
         for d in completed:
             p = d.prepared
-            if p is not None and (p[7] or _REPLACE_MARK in p[8]):
+            if p is not None and d.due_ms <= now and (p[7] or _REPLACE_MARK in p[8]):
                 self._index_change(index, False, d.ref[1], p[0], p[7], p[8], 0)
 
     def _target(self, ident: int, start: int | None, topic: str, namespace: str, key: str,
@@ -209,6 +211,10 @@ class Keyed:
         start = schedlog.bucket_of_record(parts.stored_ms, due, self.width)
         b = self.buckets.get(start)
         delivered = due <= now or (b is not None and ident in b.claimed)
+        if not delivered and due <= now + max(self.opts.prewrite_ms, self._burst_lead_ms):
+            # Its copy may be written ahead already, held until due (``timer_prewrite_ms``).
+            delivered = self._held(handles.RecallHandle(handles.TIMER, 0, ident, due, topic,
+                                                        parts.message_id.decode()))
         return _Target(not delivered, ident, start, due, parts.message_id.decode(), raw)
 
     def _record_of(self, ident: int, start: int | None) -> bytes | None:
