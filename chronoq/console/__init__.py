@@ -10,6 +10,7 @@
 ``GET  /console/lookup?q=``  a message's records and life by message id or key
 ``POST /console/recall``     recall a pending delayed message (admin)
 ``POST /console/topics``     create a topic or add queues (admin)
+``GET|POST /console/cancel-by-key``  cancel pending timer messages by message key (POST: admin)
 ``GET  /console/static/…``   plotly.min.js (from the plotly package) and the style sheet
 ===========================  =====================================================================
 
