@@ -28,20 +28,12 @@ TOPIC = "bench-keys"
 HOUR_MS = 3_600_000
 
 
-def _rss_kb() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def _pctl(values: list[float], q: float) -> float:
     values = sorted(values)
     return round(values[min(len(values) - 1, int(q * len(values)))], 3)
 
 
-def child(args, emit) -> None:
+def child(args, emit, rss_kb) -> None:
     cfg = BrokerConfig(data_dir=args.dir, flush_policy="sync", default_queues=8)
     broker = Broker(cfg)
     body = os.urandom(args.body_bytes)
@@ -51,7 +43,7 @@ def child(args, emit) -> None:
     # (a first keyed send builds the index: empty here)
     broker.send(TOPIC, body, deliver_at_ms=broker.clock.wall_ms() + 2 * HOUR_MS, keys=["warm-up"])
     gc.collect()
-    before_kb = _rss_kb()
+    before_kb = rss_kb()
     start = time.perf_counter()
     deadline = start + args.seconds
     sent = 0
@@ -67,7 +59,7 @@ def child(args, emit) -> None:
             last_maintenance = time.perf_counter()
     elapsed = time.perf_counter() - start
     gc.collect()
-    growth_kb = _rss_kb() - before_kb
+    growth_kb = rss_kb() - before_kb
     index = broker.timer.keys
     ctx["keyed_timers"] = sent
     emit("keyed_enqueue_rate", round(sent / elapsed), "timers/s", seconds=round(elapsed, 3), **ctx)

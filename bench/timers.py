@@ -644,7 +644,7 @@ def main() -> None:
     if args.child == "mem":
         return child_mem(args)
     if args.child == "keys":
-        return timerkeys.child(args, emit)
+        return timerkeys.child(args, emit, rss_kb)
     workdir = tempfile.mkdtemp(prefix="chronoq-bench-timers-", dir=args.dir)
     count = args.count
     try:

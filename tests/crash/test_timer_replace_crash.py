@@ -23,19 +23,19 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
 import time
 from dataclasses import dataclass, field
 
 import pytest
 
 from chronoq.broker.broker import Broker
-from chronoq.client.client import Client, ClientError, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.store import record
 from chronoq.timer import copies
 from chronoq.timer.keyed import PROP_REPLACED
 from tests.integration.conftest import ChronoqProcess
+from tests.integration.test_committer_crash import _lane, kill_9_and_restart
+from tests.unit.timerkit import visible
 
 SEED = int(os.environ.get("CHRONOQ_REPLACE_CRASH_SEED", "20261126"))
 KILLS = int(os.environ.get("CHRONOQ_REPLACE_CRASH_KILLS", "6"))
@@ -65,37 +65,18 @@ class State:
     errors: int = 0
     seq: int = 0
 
-
-async def lane(state: State, n: int) -> None:
-    client = None
-    while state.sending:
-        if client is None:
-            client = Client(state.proc.endpoint, request_timeout_s=5)
-        key = f"key-{state.rng.randrange(KEYS)}"
-        due = int(time.time() * 1000) + state.rng.randrange(*DUE_MS)
-        state.seq += 1
-        body = f"{n}.{state.seq}".encode()
-        try:
-            r = await client.send(TOPIC, body, deliver_at_ms=due, replace_key=key)
-            state.acked[r.message_id] = (key, due, r.replaced)
-        except ClientError as exc:  # the broker answered and refused: never right here
-            state.refused.append(str(exc))
-            await asyncio.sleep(0.05)
-        except Exception:  # noqa: BLE001 - the broker was killed: the answer is unknown
-            state.errors += 1
-            await client.close()
-            client = None
-            await asyncio.sleep(0.05)
-    if client is not None:
-        await client.close()
+    @property
+    def endpoint(self) -> str:
+        return self.proc.endpoint
 
 
-async def kill_9_and_restart(state: State) -> None:
-    state.proc.proc.send_signal(signal.SIGKILL)
-    await asyncio.to_thread(state.proc.proc.wait, 10)
-    state.proc.stop(check=False)
-    assert state.proc.proc.returncode == -signal.SIGKILL, state.proc.output()
-    state.proc = await asyncio.to_thread(ChronoqProcess, state.proc.data_dir, CONFIG)
+async def send_one(state: State, client) -> None:
+    """One replacing send (``_lane`` of test_committer_crash runs it, reconnecting after kills)."""
+    key = f"key-{state.rng.randrange(KEYS)}"
+    due = int(time.time() * 1000) + state.rng.randrange(*DUE_MS)
+    state.seq += 1
+    r = await client.send(TOPIC, b"%d" % state.seq, deliver_at_ms=due, replace_key=key)
+    state.acked[r.message_id] = (key, due, r.replaced)
 
 
 def audit(data_dir: str, config_path: str) -> tuple[dict[str, list], dict[str, str]]:
@@ -104,15 +85,8 @@ def audit(data_dir: str, config_path: str) -> tuple[dict[str, list], dict[str, s
     broker = Broker(cfg)
     try:
         delivered: dict[str, list] = {}
-        for qid in range(broker.topics[TOPIC].queues):
-            offset = 0
-            for _ in range(10_000):
-                got = broker.read(TOPIC, qid, offset, 1000)
-                for m in got.messages:
-                    delivered.setdefault(m.message_id, []).append(m)
-                if not got.messages or got.next_offset >= got.max_offset:
-                    break
-                offset = got.next_offset
+        for m in visible(broker, TOPIC):
+            delivered.setdefault(m.message_id, []).append(m)
         replaced: dict[str, str] = {}
         for _offset, header, raw in broker.store.scan(0):
             if header.flags & record.FLAG_DELAYED and header.topic == TOPIC:
@@ -133,12 +107,13 @@ def test_kill_9_while_replacing_by_key_never_delivers_both(tmp_path):
     state = State(ChronoqProcess(data_dir, CONFIG), rng)
 
     async def run() -> None:
-        senders = [asyncio.ensure_future(lane(state, n)) for n in range(LANES)]
+        senders = [asyncio.ensure_future(_lane(state, lambda client: send_one(state, client)))
+                   for _ in range(LANES)]
         started = time.monotonic()
         for _ in range(KILLS):
             await asyncio.sleep(rng.uniform(*KILL_GAP_S))
             assert time.monotonic() - started < SEND_PHASE_MAX_S
-            await kill_9_and_restart(state)
+            await kill_9_and_restart(state, CONFIG)
         await asyncio.sleep(rng.uniform(*KILL_GAP_S))
         state.sending = False
         await asyncio.gather(*senders)
