@@ -378,8 +378,11 @@ class Broker:
     # The named operations features build on, so they need not reach into the store or the timer.
     def write_records(self, records: list[Prepared]) -> list[Written]:
         """Append records prepared by a feature as they are (system records: no validation, no
-        dedupe, no metrics); page cache only, durable and visible with the next ``flush``."""
-        return self.store.write(records)
+        dedupe, no metrics); page cache only, durable and visible with the next ``flush``. Keyed
+        timer records enter the key index (cancel by key; a replace key there replaces nothing)."""
+        written = self.store.write(records)
+        self.timer.index_written(records, [w.commit_offset for w in written])
+        return written
 
     def read_record(self, commit_offset: int, size: int) -> Message:
         """The record of ``size`` bytes at ``commit_offset`` (``errors.NotFound`` when retention

@@ -10,9 +10,11 @@
 ``GET  /console/lookup?q=``  a message's records and life by message id or key
 ``POST /console/recall``     recall a pending delayed message (admin)
 ``POST /console/topics``     create a topic or add queues (admin)
-``GET|POST /console/cancel-by-key``  cancel pending timer messages by message key (POST: admin)
 ``GET  /console/static/…``   plotly.min.js (from the plotly package) and the style sheet
 ===========================  =====================================================================
+
+``GET|POST /console/cancel-by-key`` (``cancelkey``): cancel every pending timer message of a topic
+that carries a message key (the form; cancelling needs an admin).
 
 Modules: ``access`` (who may do what), ``horizon``, ``lateness``, ``charts`` and ``settings`` are
 pure; ``views`` (handlers) and ``app`` (routes, templates, the sampler task) are the shell. The

@@ -31,14 +31,16 @@ a recall record (``copies.control``), all in one write, each target in flight un
 **The index** (``chronoq.timer.keys``) maps (topic, key) hashes to idents. It is exact: a
 message is in it from the write of its record until it is delivered (``_complete``), recalled,
 replaced, cancelled or moved (the new record is indexed instead). It is built on first use
-(``_keys_ready``) from the pending messages of every bucket (``digest.bucket_pending``), skipping
+(``_keys_ready``) from the pending messages of every bucket (``_keyed_pending``), skipping
 the ones in flight: before that no keyed delayed record was written in this process (writing one
-builds it first), so the buckets plus the in-flight marks are the whole truth. Delay-level
+builds it first), so the buckets plus the in-flight marks are the whole truth. (Reading every
+bucket once: ~4 s of CPU per million pending keyed timers; ``bench/timers.py --parts g``.) Delay-level
 messages are not indexed (recall them by handle).
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -48,9 +50,8 @@ from chronoq.store.store import Prepared
 from chronoq.timer import copies, schedlog
 from chronoq.timer import handle as handles
 from chronoq.timer.buckets import LOADED, LOADING
-from chronoq.timer.digest import bucket_pending
-from chronoq.timer.keys import MESSAGE_KEY, REPLACE, KeyIndex, key_hash
-from chronoq.timer.schedlog import CANCELLED
+from chronoq.timer.keys import CAPACITY_MIN, MESSAGE_KEY, REPLACE, KeyIndex, key_hash
+from chronoq.timer.schedlog import CANCELLED, MESSAGE
 
 REPLACE_PROP = "CHRONOQ_REPLACE_KEY"
 PROP_REPLACED = copies.PROP_TIMER_REPLACED
@@ -119,6 +120,41 @@ def replaced_ref(value: str) -> tuple[int, int, int] | None:
     return start, ident, due
 
 
+_ENTRY_FIELDS = struct.Struct("<I5xBxxq")  # total_len, kind, ident (chronoq.timer.schedlog)
+_RECORD_LENS = struct.Struct("<BBHHI")       # topic, id, tag, keys, props lengths at record offset 46
+_LENS_AT = schedlog.ENTRY_HEAD_SIZE + 46     # (chronoq.store.record)
+_FIELDS_AT = schedlog.ENTRY_HEAD_SIZE + record.HEADER_SIZE
+
+
+def _keyed_pending(file_data: bytes, buffered: bytes) -> list[tuple[int, bytes, bytes, bytes]]:
+    """(ident, topic, keys, properties: b"" without a replace key) of each pending timer message
+    that carries a key, in a
+    bucket's file and write buffer: the index's start-up build. A lean walk, not
+    ``schedlog.scan`` (no CRCs: the index is a cache each hit is checked against the record, and
+    the timer's own load reports damage); it stops at the first entry that does not fit."""
+    messages: dict[int, tuple[int, bytes, bytes, bytes]] = {}
+    resolved: set[int] = set()
+    fields, lens, marker = _ENTRY_FIELDS.unpack_from, _RECORD_LENS.unpack_from, _REPLACE_MARK
+    for data, pos in ((file_data, schedlog.FILE_HEAD_SIZE), (buffered, 0)):
+        end = len(data)
+        while pos + schedlog.ENTRY_HEAD_SIZE <= end:
+            total, kind, ident = fields(data, pos)
+            if total < schedlog.ENTRY_HEAD_SIZE or pos + total > end:
+                break
+            if kind != MESSAGE:
+                resolved.add(ident)
+            elif total >= _FIELDS_AT:
+                tlen, mlen, taglen, klen, plen = lens(data, pos + _LENS_AT)
+                at = pos + _FIELDS_AT
+                kat = at + tlen + mlen + taglen
+                replace = plen and data.find(marker, kat + klen, kat + klen + plen) >= 0
+                if klen or replace:
+                    messages[ident] = (ident, data[at:at + tlen], data[kat:kat + klen],
+                                       data[kat + klen:kat + klen + plen] if replace else b"")
+            pos += total
+    return [m for ident, m in messages.items() if ident not in resolved]
+
+
 def has_replace_keys(properties: list) -> bool:
     """Whether any message of a batch (its user properties dicts) carries a replace key."""
     return any(pr and REPLACE_PROP in pr for pr in properties)
@@ -134,14 +170,30 @@ class Keyed:
     # ================================================================= the index
     def _keys_ready(self) -> KeyIndex:
         if self.keys is None:
-            index = KeyIndex(self.width, self._now())
             pending, _done = schedlog.list_dir(self.sched_dir)
             holds = self._in_flight.holds_timer
+            found: list[tuple[int, list]] = []
             for start in sorted(set(pending) | set(self.buckets)):
-                for ident, (_due, raw) in bucket_pending(self, start).items():
-                    if not holds(ident):
-                        parts = copies.split(raw)
-                        self._index_change(index, True, ident, parts.topic.decode(), parts.keys, parts.properties, start)
+                b = self.buckets.get(start)
+                buffered = bytes(b.buffer) if b is not None else b""
+                found.append((start, _keyed_pending(schedlog.read_file(self.files.path(start)), buffered)))
+            count = sum(len(msgs) for _s, msgs in found)
+            # Sized for what it will hold (no growth while building): a key a message, mostly.
+            index = KeyIndex(self.width, self._now(), max(CAPACITY_MIN, count * 3 // 2))
+            topics: dict[bytes, str] = {}
+            add, change = index.add, self._index_change
+            for start, msgs in found:
+                for ident, topic, keys, props in msgs:
+                    if holds(ident):
+                        continue
+                    name = topics.get(topic)
+                    if name is None:
+                        name = topics[topic] = topic.decode()
+                    if props:  # (a replace key, rare: the general way)
+                        change(index, True, ident, name, keys, props, start)
+                        continue
+                    for k in record.decode_keys(keys):  # (the bulk: message keys)
+                        add(key_hash(MESSAGE_KEY, name, k), ident, start)
             self.keys = index
         return self.keys
 
@@ -167,7 +219,7 @@ class Keyed:
     def index_written(self, prepared: list[Prepared], commits: list[int]) -> None:
         """Index the keyed timer records just written (the send path, feature records, moves)."""
         for p, commit in zip(prepared, commits):
-            if p[2] & _FLAG_DELAYED and (p[7] or _REPLACE_MARK in p[8]):
+            if p[2] & _FLAG_DELAYED and (p[7] or _REPLACE_MARK in p[8]) and p[0] != copies.CONTROL_TOPIC:
                 start = schedlog.bucket_start(p[4], self.width)
                 self._index_change(self._keys_ready(), True, commit, p[0], p[7], p[8], start)
 
@@ -286,9 +338,9 @@ class Keyed:
 
     def _write_replacing_one(self, p: Prepared, key: str, now: int, answers: list[str]):
         targets = self._targets(REPLACE, p[0], key, now)
-        pending = [t for t in targets if t.pending]
-        # One pending message per key at most (the invariant this module keeps).
-        assert len(pending) <= 1, f"{len(pending)} pending messages hold replace key {key!r}"
+        # One pending message per key at most: the send path keeps that. Records written past it
+        # (a Spark publish carrying the property) may add more; the newest is the one replaced.
+        pending = [t for t in targets if t.pending][-1:]
         if pending:
             t = pending[0]
             value = f"replaced:{t.start}.{t.ident}.{t.due_ms}:{t.message_id}"
