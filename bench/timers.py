@@ -50,6 +50,10 @@ f  memory per remembered message id and per pending timer: --count messages due 
    window is dropped after the load (a lower bound). --f-tracemalloc N prints the N top
    allocations by line of each child (slow: use a smaller --count).
 
+g  keys (bench/timerkeys.py): --count timers with a message key each (memory of the key index
+   per key, RSS per keyed timer), cancel by key of one of them (latency), replace by key
+   (sends/s), the index rebuilt after a restart. Not in the default --parts.
+
 --big makes d and e use 10,000,000 timers (a keeps --count, f too).
 """
 
@@ -74,6 +78,7 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench import timerkeys  # noqa: E402
 from bench.machine import MachineLoad, python_speed  # noqa: E402
 from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
@@ -600,7 +605,7 @@ def part_f(args, workdir: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="abcdef", help="which parts to run (letters a to f)")
+    ap.add_argument("--parts", default="abcdef", help="which parts to run (letters a to g)")
     ap.add_argument("--count", type=int, default=1_000_000, help="timers in a, d, e and f")
     ap.add_argument("--big", action="store_true", help="10,000,000 timers in d and e")
     ap.add_argument("--rates", default="2000,5000", help="b: due timers per second, comma-separated")
@@ -623,7 +628,11 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     ap.add_argument("--f-tracemalloc", type=int, default=0, metavar="N",
                     help="f: print the N top allocations by line in each child (slow)")
-    ap.add_argument("--child", choices=["fill", "open", "mem"], help=argparse.SUPPRESS)
+    ap.add_argument("--g-cancels", type=int, default=200, help="g: cancel-by-key calls timed")
+    ap.add_argument("--g-replaces", type=int, default=50_000, help="g: replacing sends")
+    ap.add_argument("--g-replace-keys", type=int, default=5_000, help="g: distinct replace keys")
+    ap.add_argument("--g-replace-batch", type=int, default=100, help="g: replacing sends per batch")
+    ap.add_argument("--child", choices=["fill", "open", "mem", "keys"], help=argparse.SUPPRESS)
     ap.add_argument("--ids", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--close", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -634,6 +643,8 @@ def main() -> None:
         return child_open(args)
     if args.child == "mem":
         return child_mem(args)
+    if args.child == "keys":
+        return timerkeys.child(args, emit, rss_kb)
     workdir = tempfile.mkdtemp(prefix="chronoq-bench-timers-", dir=args.dir)
     count = args.count
     try:
@@ -652,6 +663,11 @@ def main() -> None:
         if "f" in args.parts:
             args.count = count  # (--big is for d and e only)
             part_f(args, workdir)
+        if "g" in args.parts:
+            args.count = count
+            g_dir = tempfile.mkdtemp(prefix="timers-g-", dir=workdir)
+            run_child("--child", "keys", "--dir", g_dir, *(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                      if k in ("count", "batch", "seconds", "body_bytes") or k.startswith("g_")))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -37,6 +37,7 @@ from chronoq.store.dirlock import DirLock
 from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions, Written
 from chronoq.timer import roll
+from chronoq.timer.keyed import KeyAnswer, KeyCancelResult
 from chronoq.timer.service import (Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick,
                                    TimerOptions, TimerService)
 
@@ -249,6 +250,28 @@ class Broker:
         self.durable(answer.ticket)
         return self.timer_answered(answer)
 
+    def cancel_by_key(self, topic: str, key: str) -> KeyCancelResult:
+        """Cancel every pending timer message of ``topic`` carrying message key ``key``
+        (chronoq.timer.keyed): the cancelled ones are durable before this returns."""
+        answer = self.timer_cancel_by_key(topic, key)
+        self.durable(answer.ticket)
+        return self.timer_key_answered(answer)
+
+    def timer_cancel_by_key(self, topic: str, key: str) -> KeyAnswer:
+        """``cancel_by_key``'s first half (as ``timer_recall``)."""
+        return self.timer.cancel_by_key(topic, key)
+
+    def timer_key_answered(self, answer: KeyAnswer) -> KeyCancelResult:
+        """``answer.ticket`` is durable: count and trace the cancelled, return the result."""
+        result = answer.result
+        now = self.clock.wall_ms()
+        for message_id, due_ms in result.cancelled:
+            self._count_recall("recall", RecallOutcome.CANCELLED.value)
+            if self.trace is not None:
+                self.trace.recalled(result.topic, message_id, due_ms, now)
+        self.notify_arrivals()
+        return result
+
     def timer_recall(self, handle: str) -> Answer:
         """``recall``'s first half: its record written (page cache), the answer to give once
         ``answer.ticket`` is durable (``GroupCommitter.durable``), then ``timer_answered``."""
@@ -355,8 +378,11 @@ class Broker:
     # The named operations features build on, so they need not reach into the store or the timer.
     def write_records(self, records: list[Prepared]) -> list[Written]:
         """Append records prepared by a feature as they are (system records: no validation, no
-        dedupe, no metrics); page cache only, durable and visible with the next ``flush``."""
-        return self.store.write(records)
+        dedupe, no metrics); page cache only, durable and visible with the next ``flush``. Keyed
+        timer records enter the key index (cancel by key; a replace key there replaces nothing)."""
+        written = self.store.write(records)
+        self.timer.index_written(records, [w.commit_offset for w in written])
+        return written
 
     def read_record(self, commit_offset: int, size: int) -> Message:
         """The record of ``size`` bytes at ``commit_offset`` (``errors.NotFound`` when retention

@@ -138,6 +138,12 @@ class GroupCommitter:
         await self.durable(answer.ticket)
         return self.broker.timer_answered(answer)
 
+    async def cancel_by_key(self, topic: str, key: str):
+        """``Broker.cancel_by_key`` as ``recall``: the recall records durable before the answer."""
+        answer = self.broker.timer_cancel_by_key(topic, key)
+        await self.durable(answer.ticket)
+        return self.broker.timer_key_answered(answer)
+
     async def barrier(self) -> None:
         """Return once everything written so far is acknowledged under the flush policy: durable
         and dispatched (``sync``), or dispatched (``async``)."""

@@ -109,7 +109,8 @@ _OPTIONAL_GETTERS = tuple((name, operator.attrgetter(attr), unset) for name, att
 class Sent:
     """The answer to a written batch, per message in order: its id, topic and queue (a delay-level
     message: its real ones), queue offset (-1: not in a queue until due), commit offset, recall
-    handle (None: no message has one) and whether it answers an earlier send (None: none does)."""
+    handle (None: no message has one), whether it answers an earlier send (None: none does) and
+    what a send with a replace key replaced (None: no message has one; chronoq.timer.keyed)."""
 
     message_ids: list
     topics: list
@@ -118,15 +119,18 @@ class Sent:
     commit_offsets: list
     recall_handles: list | None = None
     duplicates: list | None = None
+    replaced: list | None = None
 
     def results(self) -> list[SendResult]:
         """As ``SendResult`` objects (the embedded API)."""
         n = len(self.message_ids)
         recalls = self.recall_handles or [""] * n
         dups = self.duplicates or [False] * n
-        return [SendResult(mid, topic, qid, qoff, commit, dup, recall) for mid, topic, qid, qoff, commit, dup, recall
+        replaced = self.replaced or [""] * n
+        return [SendResult(mid, topic, qid, qoff, commit, dup, recall, rep)
+                for mid, topic, qid, qoff, commit, dup, recall, rep
                 in zip(self.message_ids, self.topics, self.queue_ids, self.queue_offsets, self.commit_offsets, dups,
-                       recalls)]
+                       recalls, replaced)]
 
     @classmethod
     def of(cls, results: list[SendResult]) -> "Sent":
@@ -134,4 +138,5 @@ class Sent:
         return cls([r.message_id for r in results], [r.topic for r in results], [r.queue_id for r in results],
                    [r.queue_offset for r in results], [r.commit_offset for r in results],
                    [r.recall_handle for r in results] if any(r.recall_handle for r in results) else None,
-                   [r.duplicate for r in results] if any(r.duplicate for r in results) else None)
+                   [r.duplicate for r in results] if any(r.duplicate for r in results) else None,
+                   [r.replaced for r in results] if any(r.replaced for r in results) else None)

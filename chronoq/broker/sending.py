@@ -30,6 +30,7 @@ from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE
 from chronoq.store import record
 from chronoq.store.store import Columns, Prepared, Store
 from chronoq.timer import handle as handles
+from chronoq.timer.keyed import has_replace_keys
 from chronoq.timer.service import TimerService
 
 __all__ = ["Sender", "OutgoingBatch", "OutgoingMessage", "Sent"]
@@ -473,7 +474,15 @@ class Sender:
                 answers, cols, ids, key_hashes = self._deduplicated(cols, ids, chosen, key_hashes, now)
         for name in new_topics:  # the whole batch is valid: now create the topics it needs
             self.registry.get(name, create=True)
-        commits, qoffs, _sizes = self.store.write_columns(cols)
+        replaced = None
+        if batch.properties is not None and has_replace_keys(batch.properties):
+            # Replace by key (chronoq.timer.keyed): the timer decides and writes, key by key.
+            written, replaced = self.timer.write_replacing(list(map(Prepared._make, zip(*cols))))
+            commits, qoffs = [w.commit_offset for w in written], [w.queue_offset for w in written]
+        else:
+            commits, qoffs, _sizes = self.store.write_columns(cols)
+            if batch.keys is not None:  # keyed timer messages enter the key index (chronoq.timer.keys)
+                self.timer.index_columns(cols, commits)
         n = len(ids)
         topics = cols.topics
         if self.trace is not None and n:
@@ -488,6 +497,8 @@ class Sender:
             self._count_sent(fresh.topics)
         if client_ids:  # every message of a batch with client ids is remembered (generated ids too)
             window.add(key_hashes, commits, self.clock.wall_ms())
+        if replaced is not None:
+            fresh.replaced = replaced
         if answers is None:
             return fresh
         return self._merged(answers, fresh)

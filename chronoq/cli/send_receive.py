@@ -55,15 +55,20 @@ def _read_body(body: str | None, file) -> bytes:
               help="Message group: sends a FIFO message (ordered within the group).")
 @click.option("--delay", type=click.FloatRange(min=0), default=None,
               help="Deliver this many seconds from now (a delay message; its recall handle is printed).")
+@click.option("--replace-key", default=None,
+              help="With --delay: replace the pending message of TOPIC sent with the same replace key "
+                   "(debounce; docs/timers.md). What it replaced is printed.")
 @click.option("--count", type=click.IntRange(min=1), default=1, show_default=True,
               help="Send the body this many times (bulk), in batches.")
 @click.option("--batch-size", type=click.IntRange(1, SEND_BATCH_MAX), default=SEND_BATCH_DEFAULT,
               show_default=True, help="Messages per SendMessage request with --count.")
 @remote_options
-def send(topic, body, file, tag, keys, properties, message_group, delay, count, batch_size,
+def send(topic, body, file, tag, keys, properties, message_group, delay, replace_key, count, batch_size,
          endpoint, timeout, as_json) -> None:
     """Send a message to TOPIC. The body is BODY, --file FILE, or stdin."""
     props = _parse_properties(properties)
+    if replace_key is not None and delay is None:
+        raise click.UsageError("--replace-key needs --delay: it replaces a pending delayed message")
     if message_group is not None and delay is not None:
         raise click.UsageError("--group (FIFO) and --delay cannot be combined: a message has one type")
     data = _read_body(body, file)
@@ -78,7 +83,8 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, count, 
                 n = min(left, batch_size)
                 deliver_at_ms = None if delay is None else int(time.time() * 1000 + delay * 1000)
                 batch = [OutgoingMessage(topic, data, tag=tag, keys=keys, properties=props,
-                                         message_group=message_group, deliver_at_ms=deliver_at_ms)
+                                         message_group=message_group, deliver_at_ms=deliver_at_ms,
+                                         replace_key=replace_key)
                          for _ in range(n)]
                 receipts.extend(await client.send_batch(batch))
                 advance(n)
@@ -95,8 +101,8 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, count, 
     elapsed_s = time.monotonic() - started
     if as_json:
         print_json({"topic": topic, "sent": len(receipts), "elapsed_s": round(elapsed_s, 3), "messages": [
-            {"message_id": r.message_id, "offset": r.offset, "recall_handle": r.recall_handle or None}
-            for r in receipts]})
+            {"message_id": r.message_id, "offset": r.offset, "recall_handle": r.recall_handle or None,
+             **({"replaced": r.replaced} if r.replaced else {})} for r in receipts]})
         return
     if count == 1:
         r = receipts[0]
@@ -104,6 +110,9 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, count, 
         if r.recall_handle:
             columns.append("RECALL HANDLE")
             row.append(r.recall_handle)
+        if r.replaced:
+            columns.append("REPLACED")
+            row.append(r.replaced)
         print_table(None, columns, [row], right=("OFFSET",))
     else:
         rate = len(receipts) / elapsed_s if elapsed_s > 0 else float("inf")

@@ -103,3 +103,42 @@ def timers(minutes, endpoint, timeout, as_json) -> None:
         print_json(_timers_json(st))
     else:
         _print_timers(st, minutes)
+
+
+# ------------------------------------------------------------------ timers cancel (cancel by key)
+@click.command("cancel")
+@click.argument("topic")
+@click.option("--key", required=True, help="The RocketMQ message key: every pending timer message of TOPIC "
+                                           "carrying it is cancelled.")
+@remote_options
+def timers_cancel(topic, key, endpoint, timeout, as_json) -> None:
+    """Cancel every pending timer message of TOPIC carrying message key --key (admin only)."""
+    r = admin_call(endpoint, timeout, "cancel_by_key", topic, key)
+    cancelled = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for m in r.cancelled]
+    delivered = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for m in r.delivered]
+    if as_json:
+        print_json({"topic": r.topic, "key": r.key, "cancelled": cancelled, "delivered": delivered,
+                    "truncated": r.truncated})
+        return
+    click.echo(f"{len(cancelled)} pending message(s) of {r.topic} with key {r.key!r} cancelled"
+               + (f"; {len(delivered)} already delivered" if delivered else "")
+               + ("; more remain: run it again" if r.truncated else ""))
+    rows = [[m["message_id"], iso_ms(m["deliver_at_ms"]), "cancelled"] for m in cancelled]
+    rows += [[m["message_id"], iso_ms(m["deliver_at_ms"]), "already delivered"] for m in delivered]
+    if rows:
+        print_table(None, ["MESSAGE ID", "DUE", "OUTCOME"], rows)
+
+
+def _with_verbs(command: click.Command, *verbs: click.Command) -> click.Group:
+    """``command`` as a group that still runs alone (``chronoq timers``) and takes ``verbs``."""
+    def run(**kwargs):
+        if click.get_current_context().invoked_subcommand is None:
+            command.callback(**kwargs)
+    group = click.Group(command.name, params=command.params, callback=run, help=command.help,
+                        invoke_without_command=True)
+    for verb in verbs:
+        group.add_command(verb)
+    return group
+
+
+timers = _with_verbs(timers, timers_cancel)

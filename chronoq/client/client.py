@@ -82,6 +82,25 @@ class OutgoingMessage:
     # A delay level (1..N of the broker's timer_delay_levels), sent as the user property
     # DELAY_LEVEL_PROPERTY (docs/timers.md); give it or deliver_at_ms, not both.
     delay_level: int | None = None
+    # Replace by key (docs/timers.md): sent as the user property REPLACE_KEY_PROPERTY; the
+    # receipt's ``replaced`` says what the send replaced.
+    replace_key: str | None = None
+
+
+REPLACE_KEY_PROPERTY = "CHRONOQ_REPLACE_KEY"  # (chronoq.timer.keyed.REPLACE_PROP)
+_REPLACED_PREFIX = "OK; "  # an accepted entry's status message that says what it replaced
+
+
+def _with_replace_key(m: OutgoingMessage) -> OutgoingMessage:
+    return OutgoingMessage(m.topic, m.body, m.tag, m.keys, {**m.properties, REPLACE_KEY_PROPERTY: m.replace_key},
+                           m.message_group, m.deliver_at_ms, m.message_id, m.delay_level)
+
+
+def _replaced(entry) -> str:
+    """What a send with a replace key replaced: "none", "replaced:<id>" or
+    "already_delivered:<id>" (from its entry's status message); "" for other sends."""
+    message = entry.status.message
+    return message[len(_REPLACED_PREFIX):] if message.startswith(_REPLACED_PREFIX) else ""
 
 
 _entry_code, _entry_id, _entry_offset, _entry_recall, _entry_txn = map(
@@ -94,6 +113,7 @@ class SendReceipt:
     offset: int
     recall_handle: str
     transaction_id: str
+    replaced: str = ""  # sends with a replace key: "none", "replaced:<id>", "already_delivered:<id>"
 
 
 @dataclass(slots=True)
@@ -267,6 +287,8 @@ class Client:
         now = int(time.time() * 1000)
         if type(messages) is not list:
             messages = list(messages)
+        if any(m.replace_key for m in messages):
+            messages = [_with_replace_key(m) if m.replace_key else m for m in messages]
         return self._encoder.encode(messages, now, iter(new_message_ids(now, len(messages))))
 
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
@@ -279,7 +301,7 @@ class Client:
             for entry in entries:
                 self._check(entry.status)
         return list(map(SendReceipt, map(_entry_id, entries), map(_entry_offset, entries),
-                        map(_entry_recall, entries), map(_entry_txn, entries)))
+                        map(_entry_recall, entries), map(_entry_txn, entries), map(_replaced, entries)))
 
     async def send(self, topic: str, body: bytes, **kwargs) -> SendReceipt:
         return (await self.send_batch([OutgoingMessage(topic, body, **kwargs)]))[0]
@@ -488,6 +510,13 @@ class AdminClient:
     async def recall(self, recall_handle: str):
         """``RecallResponse``; ``.outcome`` is "cancelled", "already_delivered" or "not_found"."""
         resp = await self._stub.Recall(self._apb.RecallRequest(recall_handle=recall_handle), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
+
+    async def cancel_by_key(self, topic: str, key: str):
+        """``CancelByKeyResponse``: the pending timer messages of ``topic`` with message key ``key``
+        that were cancelled (``.cancelled``) and those already due or being delivered (``.delivered``)."""
+        resp = await self._stub.CancelByKey(self._apb.CancelByKeyRequest(topic=topic, key=key), timeout=self.timeout)
         Client._check(resp.status)
         return resp
 

@@ -55,6 +55,9 @@ class SendResult:
     duplicate: bool = False
     # Delayed sends only: pass to Broker.recall / Broker.reschedule (chronoq.timer.handle).
     recall_handle: str = ""
+    # Sends with a replace key only (chronoq.timer.keyed): "none", "replaced:<message id>" or
+    # "already_delivered:<message id>".
+    replaced: str = ""
 
 
 @dataclass(slots=True)

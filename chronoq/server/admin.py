@@ -229,6 +229,19 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
                                       topic=r.topic, message_id=r.message_id, deliver_at_ms=r.deliver_at_ms,
                                       detail=r.detail)
 
+    async def CancelByKey(self, request, context):
+        # Admin only (chronoq.server.auth's default); answered once the recall records are durable.
+        return await _answer_awaiting(apb.CancelByKeyResponse, "CancelByKey", self._cancel_by_key, request)
+
+    async def _cancel_by_key(self, request) -> apb.CancelByKeyResponse:
+        self._check_open()
+        committer, topic, key = self.committer, request.topic, request.key
+        r = await committer.cancel_by_key(topic, key) if committer else self.broker.cancel_by_key(topic, key)
+        return apb.CancelByKeyResponse(
+            status=_ok(), topic=r.topic, key=r.key, truncated=r.truncated,
+            cancelled=[apb.KeyedMessage(message_id=m, deliver_at_ms=due) for m, due in r.cancelled],
+            delivered=[apb.KeyedMessage(message_id=m, deliver_at_ms=due) for m, due in r.delivered])
+
     # ------------------------------------------------------------------ recurring schedules
     # The book's calls run on the loop; each change is saved (fsync) and, for pause and delete, the
     # handed-over occurrences recalled before the answer, like Recall (rare operator actions).

@@ -27,12 +27,14 @@ from chronoq.store.store import Prepared, Written
 from chronoq.timer import copies, deliverytime, schedlog
 from chronoq.timer import handle as handles
 from chronoq.core.delay_levels import DELAY_TOPIC
+from chronoq.timer.keyed import replaced_answer
 from chronoq.timer.schedlog import CANCELLED, MESSAGE, MOVED
 
 log = logging.getLogger("chronoq.timer")
 
 _CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
 _MOVED_MARKERS = (copies.PROP_TIMER_MOVED_FROM.encode(), copies.PROP_DELAY_MOVED_FROM.encode())
+_REPLACED_MARKER = copies.PROP_TIMER_REPLACED.encode()
 _FLAG_DELAYED = record.FLAG_DELAYED
 ABSORB_RUN_MAX = 4096  # records absorbed from one read of the log at most
 
@@ -69,7 +71,8 @@ class SendSide:
         """The answer to a delayed send (``p.deliver_at_ms`` is set), with its recall handle."""
         if p.flags & _FLAG_DELAYED:
             text = handles.encode(handles.TIMER, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
-            return SendResult(message_id, p.topic, p.queue_id, -1, commit_offset, recall_handle=text)
+            return SendResult(message_id, p.topic, p.queue_id, -1, commit_offset, recall_handle=text,
+                              replaced=replaced_answer(p.properties))
         if p.topic == DELAY_TOPIC:
             props = record.decode_properties(p.properties)
             topic, qid = props[copies.PROP_DELAY_TOPIC], int(props[copies.PROP_DELAY_QID])
@@ -135,10 +138,12 @@ class SendSide:
         """Absorb ``records`` (``(offset, size, due)``), held back to back in ``blob``.
 
         Plain timer messages, the bulk of a delayed publish, are encoded together and appended
-        with one call per bucket (``schedlog.encode_messages``). A run that may hold a recall or a
-        move (their markers appear somewhere in it) goes one record at a time, in order.
+        with one call per bucket (``schedlog.encode_messages``). A run that may hold a recall, a
+        move or a replacing send (their markers appear somewhere in it) goes one record at a time,
+        in order.
         """
-        if _CONTROL_TOPIC in blob or _MOVED_MARKERS[0] in blob or _MOVED_MARKERS[1] in blob:
+        if (_CONTROL_TOPIC in blob or _MOVED_MARKERS[0] in blob or _MOVED_MARKERS[1] in blob
+                or _REPLACED_MARKER in blob):
             pos = 0
             for offset, size, _due in records:
                 self._absorb_record(offset, blob[pos:pos + size])
@@ -154,6 +159,8 @@ class SendSide:
             return
         if _MOVED_MARKERS[0] in raw or _MOVED_MARKERS[1] in raw:
             self._apply_move(offset, raw)
+        if _REPLACED_MARKER in raw:  # a replacing send (chronoq.timer.keyed)
+            self._apply_replaced(offset, raw)
         # The bucket must be the same every time the record is absorbed (a replay after a crash
         # included), because recall records name it: the due time's bucket, or for a record that
         # was already due when stored (a reschedule into the past), the bucket of its store time.

@@ -27,6 +27,7 @@ CONTROL_TOPIC = "CHRONOQ_TIMER_CTL"
 PROP_TIMER_REF = "__TIMER_REF"
 PROP_TIMER_MOVED_FROM = "__TIMER_MOVED_FROM"
 PROP_TIMER_CANCEL = "__TIMER_CANCEL"
+PROP_TIMER_REPLACED = "__TIMER_REPLACED"  # what a replacing send replaced (chronoq.timer.keyed)
 PROP_DELAY_REF = "__DELAY_REF"
 PROP_DELAY_TOPIC = "__DELAY_TOPIC"
 PROP_DELAY_QID = "__DELAY_QID"
@@ -35,7 +36,7 @@ PROP_DELAY_MOVED_FROM = "__DELAY_MOVED_FROM"
 PROP_DELAY_CANCEL = "__DELAY_CANCEL"
 # Reserved properties that only make sense while a message waits; a delivered copy drops them.
 _WAITING_PROPS = (PROP_TIMER_MOVED_FROM, PROP_DELAY_MOVED_FROM, PROP_DELAY_TOPIC, PROP_DELAY_QID,
-                  PROP_DELAY_LEVEL)
+                  PROP_DELAY_LEVEL, PROP_TIMER_REPLACED)
 REF_MARKERS = (PROP_TIMER_REF.encode(), PROP_DELAY_REF.encode())
 
 _HEADER = record.HEADER
@@ -93,7 +94,7 @@ def add_prop(props: bytes, key: str, value: str) -> bytes:
 
 
 def without_waiting_props(props: bytes) -> bytes:
-    if b"__TIMER_MOVED_FROM" not in props and b"__DELAY_" not in props:
+    if b"__TIMER_MOVED_FROM" not in props and b"__DELAY_" not in props and b"__TIMER_REPLACED" not in props:
         return props
     kept = {k: v for k, v in record.decode_properties(props).items() if k not in _WAITING_PROPS}
     return record.encode_properties(kept)

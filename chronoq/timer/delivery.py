@@ -210,6 +210,8 @@ class Deliver:
         marks: dict[int, tuple[list[bytes], list[int]]] = {}
         encode_entry = schedlog.encode_entry
         completed = self.timer_lane.complete(upto)
+        if self.keys is not None and completed:
+            self.unindex_delivered(completed, visible_ms)  # (chronoq.timer.keyed)
         for d in completed:
             start, ident = d.ref
             marked = marks.get(start)
@@ -278,6 +280,8 @@ class Deliver:
             if not waiting:
                 del self._awaiting[key]
         if seen:
+            if self.keys is not None:
+                self.unindex_delivered(seen, now)  # held copies now visible (chronoq.timer.keyed)
             self.histogram.record_many(now, [d.due_ms for d in seen])
             if self.on_visible is not None:
                 self.on_visible(seen, now)

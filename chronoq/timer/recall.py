@@ -232,6 +232,8 @@ class Recall:
                 p = copies.control(copies.PROP_DELAY_CANCEL, f"{h.level}.{h.position}.{h.due_ms}",
                                    h.message_id.encode(), h.due_ms, now)
             _offset, ticket = self._write_in_flight(p, h, CANCELLED)
+            if h.kind == handles.TIMER and raw is not None:
+                self._unindex_raw(h.position, raw)  # (chronoq.timer.keyed)
             return Answer(RecallResult(RecallOutcome.CANCELLED, h.topic, h.message_id, h.due_ms, "recalled"), ticket)
         outcome = {"delivered": RecallOutcome.ALREADY_DELIVERED, "cancelled": RecallOutcome.CANCELLED,
                    "missing": RecallOutcome.NOT_FOUND}[state]
@@ -253,7 +255,11 @@ class Recall:
             moved = (copies.PROP_TIMER_MOVED_FROM, f"{start}.{h.position}.{h.due_ms}")
         else:
             moved = (copies.PROP_DELAY_MOVED_FROM, f"{h.level}.{h.position}.{h.due_ms}")
-        offset, ticket = self._write_in_flight(copies.rescheduled(raw, new_due, *moved), h, MOVED)
+        moved_record = copies.rescheduled(raw, new_due, *moved)
+        offset, ticket = self._write_in_flight(moved_record, h, MOVED)
+        if h.kind == handles.TIMER:
+            self._unindex_raw(h.position, raw)  # the key index follows the message (chronoq.timer.keyed)
+        self.index_written([moved_record], [offset])
         new = handles.RecallHandle(handles.TIMER, 0, offset, new_due, h.topic, h.message_id).encode()
         return Answer(RescheduleResult(RescheduleOutcome.RESCHEDULED, new, h.topic, h.message_id, new_due, "moved"),
                       ticket)

@@ -14,6 +14,7 @@ method is called from the broker's one thread):
 ``delivery``       claim, write a group, complete, count visible, release held copies
 ``deadline``       ``next_deadline_ms`` and the wake-ups
 ``recall``         recall and reschedule
+``keyed``          replace by key and cancel by key (the key index: ``keys``)
 ``checkpoint``     ``checkpoint.json``, the retention floor, ``maintenance``
 ``horizon``        ``stats``, ``pending_by_horizon`` and its cache
 ``service``        this facade: the state, ``tick`` and its effects, ``synced``, ``close``
@@ -82,6 +83,7 @@ from chronoq.timer.checkpoint import Checkpoints
 from chronoq.timer.deadline import Deadline
 from chronoq.timer.delivery import BURST_DUE_PER_S, Deliver, LevelLane
 from chronoq.timer.horizon import Horizon
+from chronoq.timer.keyed import Keyed
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
 from chronoq.timer.recall import (Answer, InFlight, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
@@ -115,7 +117,7 @@ FLUSH_FILES_PER_TICK = 64
 FLUSH_TICK_MIN_BYTES = 256 * 1024
 
 
-class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, SendSide):
+class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, SendSide, Keyed):
     def __init__(self, store: Store, options: TimerOptions, clock, data_dir: str,
                  ensure_delay_topic: Callable[[int], None] | None = None):
         self.store = store

@@ -25,6 +25,13 @@ def _send_refused(code: int, message: str) -> bytes:
     return send_response((), (), status=(code, message))
 
 
+def _replaced_status(replaced: str) -> tuple[int, str] | None:
+    """An accepted entry's status when its send carried a replace key (chronoq.timer.keyed): OK,
+    with what it replaced in the message ("OK; replaced:<id>", "OK; already_delivered:<id>",
+    "OK; none"), the one text field of an answer the official clients keep. None: plain "OK"."""
+    return (status.OK, f"OK; {replaced}") if replaced else None
+
+
 class SendRpcs:
     """The producer's RPCs of ``MessagingService`` (which holds ``config``, ``broker``, ``committer``,
     ``txns``, ``clock`` and ``_ok``, and counts refusals)."""
@@ -61,7 +68,8 @@ class SendRpcs:
             entries = await asyncio.gather(*(self._send_one(columns.take((i,)), context)
                                              for i in range(len(messages))))
             return send_response(*zip(*entries))  # (the first failure on top: clients read only that)
-        return send_response(sent.message_ids, sent.queue_offsets, sent.recall_handles)
+        return send_response(sent.message_ids, sent.queue_offsets, sent.recall_handles, None,
+                             list(map(_replaced_status, sent.replaced)) if sent.replaced else None)
 
     async def _send_one(self, columns, context=None) -> tuple:
         """The ``send_response`` columns of a request's one message (``columns``), failures
@@ -75,7 +83,8 @@ class SendRpcs:
         except Exception as exc:  # noqa: BLE001 - the answer for this message
             self._count_refusal(exc, context, "SendMessage")
             return columns.message_ids[0], 0, "", "", status.code_and_message(exc, "SendMessage")
-        return sent.message_ids[0], sent.queue_offsets[0], (sent.recall_handles or ("",))[0], "", None
+        return (sent.message_ids[0], sent.queue_offsets[0], (sent.recall_handles or ("",))[0], "",
+                _replaced_status(sent.replaced[0]) if sent.replaced else None)
 
     async def _send_half(self, outgoing) -> tuple:
         half = self.txns.half_message(outgoing)

@@ -1,0 +1,401 @@
+"""Replace by key and cancel by key (``Keyed``, a part of ``TimerService``; docs/timers.md).
+
+**Replace by key (debounce).** A timer message sent with the user property ``REPLACE_PROP``
+(``CHRONOQ_REPLACE_KEY``) replaces the pending message of the same topic that holds the same
+replace key. The decision is taken when the new record is written (broker thread, one ``now``,
+as a recall is: ``chronoq.timer.recall``) and written *into the new record*, so the log alone
+says what happened and a replay needs no index::
+
+    __TIMER_REPLACED = "replaced:<bucket start>.<ident>.<due>:<message id>"   old one cancelled
+                     | "delivered:<message id>"                               old one due/being delivered
+                     (absent: no pending message held the key)
+
+Absorbing a record with ``replaced:`` files a CANCELLED entry for the old ident (``absorb``), as
+a recall record would; from the write until then the old message is *in flight* (``InFlight``)
+with the new record's ticket, so no tick claims it. So at most one message per (topic, key) is
+pending, the last write wins, and one durable record does it. Crash windows:
+
+* the old message's copy written before the new record: it was claimed (or due) when the new
+  record was written, so the answer was ``delivered`` and no reference was written;
+* after: impossible, the old message is in flight from the new record's write on;
+* the new record lost (crash before its fsync): the send was never answered; the old one fires;
+* the new record durable, not absorbed: the replay absorbs it (CANCELLED) before any tick;
+* retention: a rolled record (``roll``) carries the new record's bytes, reference included; a
+  roll of the old one written while it was in flight only re-adds a MESSAGE entry, and the
+  CANCELLED entry wins whatever the order (schedule entries are set facts);
+* a schedule-log rebuild replays the log in order: the same entries.
+
+**Cancel by key.** Every pending timer message of a topic carrying a RocketMQ message key gets
+a recall record (``copies.control``), all in one write, each target in flight until absorbed.
+
+**The index** (``chronoq.timer.keys``) maps (topic, key) hashes to idents. It is exact: a
+message is in it from the write of its record until it is delivered (``_complete``), recalled,
+replaced, cancelled or moved (the new record is indexed instead). It is built on first use
+(``_keys_ready``) from the pending messages of every bucket (``_keyed_pending``), skipping
+the ones in flight: before that no keyed delayed record was written in this process (writing one
+builds it first), so the buckets plus the in-flight marks are the whole truth. (Reading every
+bucket once: ~4 s of CPU per million pending keyed timers; ``bench/timers.py --parts g``.) Delay-level
+messages are not indexed (recall them by handle).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from chronoq.core import errors
+from chronoq.store import record
+from chronoq.store.store import Prepared
+from chronoq.timer import copies, schedlog
+from chronoq.timer import handle as handles
+from chronoq.timer.buckets import LOADED, LOADING
+from chronoq.timer.keys import CAPACITY_MIN, MESSAGE_KEY, REPLACE, KeyIndex, key_hash
+from chronoq.timer.schedlog import CANCELLED, MESSAGE
+
+REPLACE_PROP = "CHRONOQ_REPLACE_KEY"
+PROP_REPLACED = copies.PROP_TIMER_REPLACED
+REPLACED_MARKER = PROP_REPLACED.encode()
+_REPLACE_MARK = REPLACE_PROP.encode()
+REPLACE_KEY_CHARS_MAX = 1024
+CANCEL_BY_KEY_MAX = 10_000  # messages one cancel-by-key call cancels at most (``truncated`` beyond)
+_FLAG_DELAYED = record.FLAG_DELAYED
+
+# Answers of a replacing send (``SendResult.replaced``): "none", or one of these and a message id.
+REPLACED = "replaced"
+ALREADY_DELIVERED = "already_delivered"
+
+
+@dataclass(slots=True)
+class KeyCancelResult:
+    """Cancel by key: what was cancelled (durable once answered) and what was already delivered
+    (due or being delivered when asked: the index forgets a message once its delivery completed,
+    so messages delivered before that are not listed). Each entry: (message id, due ms)."""
+    topic: str
+    key: str
+    cancelled: list[tuple[str, int]] = field(default_factory=list)
+    delivered: list[tuple[str, int]] = field(default_factory=list)
+    truncated: bool = False  # more than CANCEL_BY_KEY_MAX pending: call again for the rest
+
+
+class KeyAnswer(NamedTuple):
+    result: KeyCancelResult
+    ticket: int
+
+
+class _Target(NamedTuple):
+    pending: bool
+    ident: int
+    start: int
+    due_ms: int
+    message_id: str
+    raw: bytes
+
+
+def describe_replaced(value: str | None) -> str:
+    """The send's answer from a record's ``PROP_REPLACED`` value: "none", "replaced:<id>" or
+    "already_delivered:<id>"."""
+    if not value:
+        return "none"
+    kind, _, rest = value.partition(":")
+    if kind == "replaced":
+        return f"{REPLACED}:{rest.partition(':')[2]}"
+    return f"{ALREADY_DELIVERED}:{rest}"
+
+
+def replaced_answer(props: bytes) -> str:
+    """A stored record's ``SendResult.replaced`` (a resend answered from the log): "" without a
+    replace key."""
+    if _REPLACE_MARK not in props:
+        return ""
+    return describe_replaced(copies.get_prop(props, PROP_REPLACED))
+
+
+def replaced_ref(value: str) -> tuple[int, int, int] | None:
+    """(bucket start, ident, due) a ``PROP_REPLACED`` value cancels, or None."""
+    kind, _, rest = value.partition(":")
+    if kind != "replaced":
+        return None
+    start, ident, due = copies.parse_ref(rest.partition(":")[0], 3)
+    return start, ident, due
+
+
+_ENTRY_FIELDS = struct.Struct("<I5xBxxq")  # total_len, kind, ident (chronoq.timer.schedlog)
+_RECORD_LENS = struct.Struct("<BBHHI")       # topic, id, tag, keys, props lengths at record offset 46
+_LENS_AT = schedlog.ENTRY_HEAD_SIZE + 46     # (chronoq.store.record)
+_FIELDS_AT = schedlog.ENTRY_HEAD_SIZE + record.HEADER_SIZE
+
+
+def _keyed_pending(file_data: bytes, buffered: bytes) -> list[tuple[int, bytes, bytes, bytes]]:
+    """(ident, topic, keys, properties: b"" without a replace key) of each pending timer message
+    that carries a key, in a
+    bucket's file and write buffer: the index's start-up build. A lean walk, not
+    ``schedlog.scan`` (no CRCs: the index is a cache each hit is checked against the record, and
+    the timer's own load reports damage); it stops at the first entry that does not fit."""
+    messages: dict[int, tuple[int, bytes, bytes, bytes]] = {}
+    resolved: set[int] = set()
+    fields, lens, marker = _ENTRY_FIELDS.unpack_from, _RECORD_LENS.unpack_from, _REPLACE_MARK
+    for data, pos in ((file_data, schedlog.FILE_HEAD_SIZE), (buffered, 0)):
+        end = len(data)
+        while pos + schedlog.ENTRY_HEAD_SIZE <= end:
+            total, kind, ident = fields(data, pos)
+            if total < schedlog.ENTRY_HEAD_SIZE or pos + total > end:
+                break
+            if kind != MESSAGE:
+                resolved.add(ident)
+            elif total >= _FIELDS_AT:
+                tlen, mlen, taglen, klen, plen = lens(data, pos + _LENS_AT)
+                at = pos + _FIELDS_AT
+                kat = at + tlen + mlen + taglen
+                replace = plen and data.find(marker, kat + klen, kat + klen + plen) >= 0
+                if klen or replace:
+                    messages[ident] = (ident, data[at:at + tlen], data[kat:kat + klen],
+                                       data[kat + klen:kat + klen + plen] if replace else b"")
+            pos += total
+    return [m for ident, m in messages.items() if ident not in resolved]
+
+
+def has_replace_keys(properties: list) -> bool:
+    """Whether any message of a batch (its user properties dicts) carries a replace key."""
+    return any(pr and REPLACE_PROP in pr for pr in properties)
+
+
+class Keyed:
+    """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``,
+    ``sched_dir``, ``_in_flight``, ``_burst_lead_ms``, ``_now``, ``_append``, ``_finish_loading``,
+    ``_locate_timer`` and ``_held``; owns ``keys`` (None until built)."""
+
+    keys: KeyIndex | None = None
+
+    # ================================================================= the index
+    def _keys_ready(self) -> KeyIndex:
+        if self.keys is None:
+            pending, _done = schedlog.list_dir(self.sched_dir)
+            holds = self._in_flight.holds_timer
+            found: list[tuple[int, list]] = []
+            for start in sorted(set(pending) | set(self.buckets)):
+                b = self.buckets.get(start)
+                buffered = bytes(b.buffer) if b is not None else b""
+                found.append((start, _keyed_pending(schedlog.read_file(self.files.path(start)), buffered)))
+            count = sum(len(msgs) for _s, msgs in found)
+            # Sized for what it will hold (no growth while building): a key a message, mostly.
+            index = KeyIndex(self.width, self._now(), max(CAPACITY_MIN, count * 3 // 2))
+            topics: dict[bytes, str] = {}
+            add, change = index.add, self._index_change
+            for start, msgs in found:
+                for ident, topic, keys, props in msgs:
+                    if holds(ident):
+                        continue
+                    name = topics.get(topic)
+                    if name is None:
+                        name = topics[topic] = topic.decode()
+                    if props:  # (a replace key, rare: the general way)
+                        change(index, True, ident, name, keys, props, start)
+                        continue
+                    for k in record.decode_keys(keys):  # (the bulk: message keys)
+                        add(key_hash(MESSAGE_KEY, name, k), ident, start)
+            self.keys = index
+        return self.keys
+
+    @staticmethod
+    def _index_change(index: KeyIndex, add: bool, ident: int, topic: str, keys: bytes, props: bytes, start: int) -> None:
+        """Add (or remove) ``ident`` under each of its message keys and its replace key."""
+        hashes = [key_hash(MESSAGE_KEY, topic, k) for k in record.decode_keys(keys)] if keys else []
+        if _REPLACE_MARK in props:
+            value = copies.get_prop(props, REPLACE_PROP)
+            if value:
+                hashes.append(key_hash(REPLACE, topic, value))
+        for h in hashes:
+            if add:
+                index.add(h, ident, start)
+            else:
+                index.remove(h, ident)
+
+    def _unindex_raw(self, ident: int, raw: bytes) -> None:
+        if self.keys is not None:
+            parts = copies.split(raw)
+            self._index_change(self.keys, False, ident, parts.topic.decode(), parts.keys, parts.properties, 0)
+
+    def index_written(self, prepared: list[Prepared], commits: list[int]) -> None:
+        """Index the keyed timer records just written (the send path, feature records, moves)."""
+        for p, commit in zip(prepared, commits):
+            if p[2] & _FLAG_DELAYED and (p[7] or _REPLACE_MARK in p[8]) and p[0] != copies.CONTROL_TOPIC:
+                start = schedlog.bucket_start(p[4], self.width)
+                self._index_change(self._keys_ready(), True, commit, p[0], p[7], p[8], start)
+
+    def index_columns(self, cols, commits: list[int]) -> None:
+        """``index_written`` for a batch written as columns (only its keyed timer records)."""
+        rows = [i for i, (f, k) in enumerate(zip(cols.flags, cols.keys)) if f & _FLAG_DELAYED and k]
+        if rows:
+            self.index_written([Prepared._make(c[i] for c in cols) for i in rows], [commits[i] for i in rows])
+
+    def unindex_delivered(self, completed, now: int) -> None:
+        """Timer deliveries completed (``Deliver._complete``) or released (``_release``): no
+        longer pending. A held copy not yet due stays indexed until its release, so replace and
+        cancel answer it as delivered (``_target``) rather than forget it."""
+        index = self.keys
+        if index is None or not index.live:
+            return
+        for d in completed:
+            p = d.prepared
+            if p is not None and d.due_ms <= now and (p[7] or _REPLACE_MARK in p[8]):
+                self._index_change(index, False, d.ref[1], p[0], p[7], p[8], 0)
+
+    def _target(self, ident: int, start: int | None, topic: str, namespace: str, key: str,
+                now: int) -> _Target | None:
+        """The indexed message ``ident`` if it is a timer message of ``topic`` with ``key`` that
+        is not in flight: pending, or delivered (due by ``now``, or claimed). None: a hash
+        collision, or a message no longer there (lost to damage)."""
+        if self._in_flight.holds_timer(ident):
+            return None
+        raw = self._record_of(ident, start)
+        if raw is None:
+            return None
+        parts = copies.split(raw)
+        if parts.topic.decode() != topic:
+            return None
+        if namespace == REPLACE:
+            if copies.get_prop(parts.properties, REPLACE_PROP) != key:
+                return None
+        elif key not in record.decode_keys(parts.keys):
+            return None
+        due = parts.deliver_at_ms
+        start = schedlog.bucket_of_record(parts.stored_ms, due, self.width)
+        b = self.buckets.get(start)
+        delivered = due <= now or (b is not None and ident in b.claimed)
+        if not delivered and due <= now + max(self.opts.prewrite_ms, self._burst_lead_ms):
+            # Its copy may be written ahead already, held until due (``timer_prewrite_ms``).
+            delivered = self._held(handles.RecallHandle(handles.TIMER, 0, ident, due, topic,
+                                                        parts.message_id.decode()))
+        return _Target(not delivered, ident, start, due, parts.message_id.decode(), raw)
+
+    def _record_of(self, ident: int, start: int | None) -> bytes | None:
+        """The record of timer message ``ident``: from the commit log while retention keeps it
+        (one read), else from its bucket."""
+        log = self.store.log
+        if ident >= log.min_offset:
+            try:
+                size = copies.record_length(log.read(ident, 4))
+                return log.read_record(ident, size)
+            except errors.ChronoqError:
+                pass
+        if start is None:
+            return None
+        b = self.buckets.get(start)
+        if b is not None and b.state in (LOADING, LOADED):
+            if b.state == LOADING:
+                self._finish_loading(b)
+            return b.record_of(ident) if ident not in b.claimed else None
+        _state, _start, raw = self._locate_timer(handles.RecallHandle(handles.TIMER, 0, ident, start, "-", "-"))
+        return raw
+
+    def _targets(self, namespace: str, topic: str, key: str, now: int) -> list[_Target]:
+        index = self._keys_ready()
+        found = []
+        for ident, start in index.candidates(key_hash(namespace, topic, key)):
+            t = self._target(ident, start, topic, namespace, key, now)
+            if t is not None:
+                found.append(t)
+        found.sort(key=lambda t: (t.due_ms, t.ident))
+        return found
+
+    # ================================================================= replace by key
+    def write_replacing(self, prepared: list[Prepared]) -> tuple[list, list[str]]:
+        """Write a batch holding replace keys (page cache), record by record where a key is, and
+        return (its ``Written``, each message's answer: "" without a key, else as
+        ``describe_replaced``). Refuses the whole batch, writing nothing, when a replace key is
+        on a message that is not a timer message."""
+        keys: list[str | None] = []
+        for p in prepared:
+            value = copies.get_prop(p[8], REPLACE_PROP) if _REPLACE_MARK in p[8] else None
+            if value is not None:
+                if not p[2] & _FLAG_DELAYED:
+                    raise errors.InvalidProperty(
+                        f"{REPLACE_PROP} needs a delivery time in the future (deliver_at), not a delay level "
+                        "or a message due at once")
+                if not value or len(value) > REPLACE_KEY_CHARS_MAX:
+                    raise errors.InvalidProperty(f"{REPLACE_PROP} must have 1 to {REPLACE_KEY_CHARS_MAX} characters")
+            keys.append(value)
+        self._keys_ready()
+        now = self._now()
+        written: list = []
+        answers: list[str] = []
+        i, n = 0, len(prepared)
+        while i < n:
+            if keys[i] is None:  # a run without replace keys: one write
+                j = i
+                while j < n and keys[j] is None:
+                    j += 1
+                run = self.store.write(prepared[i:j])
+                self.index_written(prepared[i:j], [w.commit_offset for w in run])
+                written += run
+                answers += [""] * (j - i)
+                i = j
+                continue
+            written.append(self._write_replacing_one(prepared[i], keys[i], now, answers))
+            i += 1
+        return written, answers
+
+    def _write_replacing_one(self, p: Prepared, key: str, now: int, answers: list[str]):
+        targets = self._targets(REPLACE, p[0], key, now)
+        # One pending message per key at most: the send path keeps that. Records written past it
+        # (a Spark publish carrying the property) may add more; the newest is the one replaced.
+        pending = [t for t in targets if t.pending][-1:]
+        if pending:
+            t = pending[0]
+            value = f"replaced:{t.start}.{t.ident}.{t.due_ms}:{t.message_id}"
+        elif targets:
+            value = f"delivered:{targets[-1].message_id}"
+        else:
+            value = None
+        if value is not None:
+            p = p._replace(properties=copies.add_prop(p[8], PROP_REPLACED, value))
+        [w] = self.store.write([p])
+        if pending:
+            t = pending[0]
+            h = handles.RecallHandle(handles.TIMER, 0, t.ident, t.due_ms, p[0], t.message_id)
+            self._in_flight.mark(h, CANCELLED, w.commit_offset + w.size)
+            self._unindex_raw(t.ident, t.raw)
+        self.index_written([p], [w.commit_offset])
+        answers.append(describe_replaced(value))
+        return w
+
+    def _apply_replaced(self, offset: int, raw: bytes) -> None:
+        """Absorbing a record that replaced a pending message: that one is CANCELLED."""
+        value = copies.get_prop(copies.split(raw).properties, PROP_REPLACED)
+        ref = replaced_ref(value) if value else None
+        if ref is not None:
+            start, ident, due = ref
+            self._append(start, schedlog.encode_entry(CANCELLED, ident, due, offset))
+            self._in_flight.applied_timer(ident)  # (its mark, if any: chronoq.timer.recall)
+
+    # ================================================================= cancel by key
+    def cancel_by_key(self, topic: object, key: object) -> KeyAnswer:
+        """Cancel every pending timer message of ``topic`` carrying message key ``key``: the
+        answer, valid once its ticket is durable (each target in flight until then)."""
+        if not isinstance(topic, str) or not topic:
+            raise errors.ClientError("topic is missing")
+        if not isinstance(key, str) or not key:
+            raise errors.InvalidKey("a message key is needed")
+        now = self._now()
+        result = KeyCancelResult(topic, key)
+        chosen: list[_Target] = []
+        for t in self._targets(MESSAGE_KEY, topic, key, now):
+            if not t.pending:
+                result.delivered.append((t.message_id, t.due_ms))
+            elif len(chosen) < CANCEL_BY_KEY_MAX:
+                chosen.append(t)
+            else:
+                result.truncated = True
+        if not chosen:
+            return KeyAnswer(result, 0)
+        written = self.store.write([copies.control(copies.PROP_TIMER_CANCEL, f"{t.start}.{t.ident}",
+                                                   t.message_id.encode(), t.due_ms, now) for t in chosen])
+        ticket = 0
+        for t, w in zip(chosen, written):
+            ticket = w.commit_offset + w.size
+            self._in_flight.mark(handles.RecallHandle(handles.TIMER, 0, t.ident, t.due_ms, topic, t.message_id),
+                                 CANCELLED, ticket)
+            self._unindex_raw(t.ident, t.raw)
+            result.cancelled.append((t.message_id, t.due_ms))
+        return KeyAnswer(result, ticket)
