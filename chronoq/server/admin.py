@@ -32,6 +32,14 @@ Choices:
   Admins only (no rule in ``chronoq.server.auth``: the default). Changes are saved (fsync) before
   the answer; pause and delete recall what was handed to the timer first, like ``Recall``. The
   list's next firings are computed on a worker thread (croniter lookups take ms each).
+- ``DescribeTopic``, ``DeleteTopic``, ``ResetOffset``, ``DeleteGroup`` (``chronoq.features.operations``)
+  and ``ListDeadLetters``, ``ResendDeadLetters`` (``chronoq.features.deadletters``): the day-two
+  verbs of docs/cli.md; the rules are in those modules. Admins only (no rule in
+  ``chronoq.server.auth``). ``DeleteTopic`` first waits until everything written is durable and
+  dispatched (a send slipping in between is retried a few times, then TOO_MANY_REQUESTS);
+  ``ResendDeadLetters`` writes through ``Broker.write`` (the one send path), waits until that is
+  durable whatever the flush policy, and only then moves the resend cursor (fsync). Offsets and
+  the POP log they change are written on the loop, like Recall's fsync (rare operator actions).
 """
 
 from __future__ import annotations
@@ -284,9 +292,6 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
 
     # ------------------------------------------------------------------ day-two operations
-    # chronoq.features.operations and .deadletters hold the rules; admins only (no rule in
-    # chronoq.server.auth). The deletes and resets fsync their files on the loop, like Recall
-    # (rare operator actions).
     async def _durable(self) -> None:
         """Everything written so far durable and dispatched (embedded: fsynced here)."""
         if self.committer is not None:
