@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import textwrap
 import time
 
 import pytest
 
-from .conftest import ChronoqProcess, wait_until
+from . import test_security
+from .conftest import wait_until
 from .test_cli import make_cli, table_rows, unique
 
 DAY_MS = 86_400_000
@@ -86,7 +86,7 @@ def test_send_out_of_range_level_is_refused_by_the_broker(cli):
     (("--delay", "5m", "--level", "2"), "--delay and --level cannot be combined"),
     (("--at", "2030-01-01T09:00:00Z", "--level", "2"), "--at and --level cannot be combined"),
     (("--group", "g", "--level", "2"), "--group (FIFO) and --level cannot be combined"),
-    (("--level", "0"), "--level"),
+    (("--level", "0"), "0 is not in the range"),
 ])
 def test_send_timing_mistakes_exit_2_naming_the_flag(cli, args, words):
     proc = cli("send", "cli-timing", "x", *args, expect=2)
@@ -245,8 +245,11 @@ def test_dlq_list_and_resend(cli):
     cli("send", topic, "first", "--key", "k1", "--tag", "t1")
     cli("send", topic, "second")
     assert len(cli.json("receive", group, topic, "--no-ack", "--invisible", "1")) == 2
-    listed = wait_until(lambda: (d := cli.json("dlq", "list", group, expect=None)) and len(d["messages"]) == 2 and d,
-                        30, 0.3, "both messages dead-lettered")
+    def dead_letters():
+        proc = cli("dlq", "list", group, "--json", expect=None)  # exit 1 until the first one
+        return proc.returncode == 0 and len(json.loads(proc.out)["messages"]) == 2 and json.loads(proc.out)
+
+    listed = wait_until(dead_letters, 30, 0.3, "both messages dead-lettered")
     assert [m["topic"] for m in listed["messages"]] == [topic, topic]
     assert listed["messages"][0]["keys"] == ["k1"] and listed["messages"][0]["tag"] == "t1"
     assert (listed["cursor"], listed["not_resent"]) == (0, 2)
@@ -286,29 +289,8 @@ def test_tables_fit_80_columns_and_say_1_message(cli, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- errors name the setting
-AUTH_TOML = textwrap.dedent("""
-    [auth]
-    enabled = true
-    [[auth.users]]
-    access_key = "app"
-    secret_key = "app-secret-4f1a"
-    publish = ["*"]
-    subscribe = ["*"]
-    groups = ["*"]
-    [[auth.users]]
-    access_key = "root"
-    secret_key = "root-secret-8c2e"
-    admin = true
-""")
-
-
-@pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
-    proc = ChronoqProcess(str(tmp_path_factory.mktemp("cli-auth") / "data"), AUTH_TOML)
-    try:
-        yield proc
-    finally:
-        proc.stop()
+# The access-controlled broker of test_security (users app: no admin role; root: admin).
+auth_server = test_security.auth_server
 
 
 @pytest.mark.parametrize("args", [
@@ -318,12 +300,12 @@ def auth_server(tmp_path_factory):
 def test_new_verbs_need_the_admin_role(auth_server, monkeypatch, args):
     run = make_cli(auth_server.endpoint)
     monkeypatch.setenv("CHRONOQ_ACCESS_KEY", "app")
-    monkeypatch.setenv("CHRONOQ_SECRET_KEY", "app-secret-4f1a")
+    monkeypatch.setenv("CHRONOQ_SECRET_KEY", test_security.USERS["app"])
     proc = run(*args, expect=1)
     assert proc.err.startswith("chronoq: error: FORBIDDEN: ") and "admin role" in proc.err
     assert "CHRONOQ_ACCESS_KEY" in proc.err
     monkeypatch.setenv("CHRONOQ_ACCESS_KEY", "root")
-    monkeypatch.setenv("CHRONOQ_SECRET_KEY", "root-secret-8c2e")
+    monkeypatch.setenv("CHRONOQ_SECRET_KEY", test_security.USERS["root"])
     assert "FORBIDDEN" not in run(*args, expect=None).err
 
 
