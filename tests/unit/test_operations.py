@@ -237,3 +237,29 @@ def test_type_change_refused_on_a_topic_that_holds_messages_unless_forced(node):
         catalog.create_or_update_topic(node.broker, node.pop, "orders", 0, "fifo")
     assert catalog.create_or_update_topic(node.broker, node.pop, "orders", 0, "fifo", force=True) \
         .message_type.name == "FIFO"
+
+
+@pytest.mark.parametrize("crash_in", ["remove", "drop_topic", "checkpoint"])
+def test_a_crash_in_the_middle_of_a_topic_delete_loses_nothing(node, crash_in):
+    """kill -9 after the queue files went and before the delete finished: the broker opens, and
+    the topic is either gone or back whole (the old checkpoint still lists its queues, so
+    recovery rebuilds them from the log: back, in each of these cases): never half."""
+    ids = send(node, "orders", 3)
+    node.broker.flush()
+
+    class Killed(BaseException):
+        pass
+
+    def kill(*_args, **_kw):
+        raise Killed()
+
+    target = {"remove": node.broker.topic_registry, "drop_topic": node.broker.consumer_offsets,
+              "checkpoint": node.broker.store}[crash_in]
+    setattr(target, crash_in, kill)
+    with pytest.raises(Killed):
+        operations.delete_topic(node.broker, node.pop, "orders")
+    node.restart()
+    if "orders" in node.broker.topics:
+        assert receive(node, "g", "orders") == ids
+    else:
+        assert node.broker.queue_bounds("orders", 0) == (0, 0)
