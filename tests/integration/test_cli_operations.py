@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from . import test_security
-from .conftest import wait_until
+from .conftest import ROOT, free_port, wait_until
 from .test_cli import make_cli, table_rows, unique
 
 DAY_MS = 86_400_000
@@ -318,3 +322,19 @@ def test_missing_credentials_name_the_settings(auth_server):
 def test_tls_to_a_plain_broker_names_the_tls_settings(cli):
     proc = cli("topic", "list", "--tls", "--timeout", "5", expect=3)
     assert "--tls" in proc.err and "CHRONOQ_TLS" in proc.err and "CHRONOQ_ENDPOINT" in proc.err
+
+
+@pytest.mark.parametrize("taken, words", [("--port", ("--port", "CHRONOQ_PORT")),
+                                          ("--http-port", ("--http-port", "CHRONOQ_HTTP_PORT"))])
+def test_serve_on_a_taken_port_names_the_setting(tmp_path, taken, words):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        ports = {"--port": str(free_port()), "--http-port": str(free_port()), taken: port}
+        proc = subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", str(tmp_path / "data"),
+                               "--host", "127.0.0.1", "--port", ports["--port"], "--http-port", ports["--http-port"]],
+                              cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "chronoq: cannot start: cannot listen" in proc.stderr and all(w in proc.stderr for w in words)
