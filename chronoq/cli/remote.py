@@ -18,7 +18,8 @@ EXIT_NOT_DONE = 4           # answered definitely, but nothing changed (already 
 def _check_endpoint(ctx, param, value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{value!r} is not host:port (e.g. {DEFAULT_ENDPOINT})")
+        raise click.BadParameter(f"{value!r} is not host:port (e.g. {DEFAULT_ENDPOINT}); it comes from --endpoint "
+                                 "or CHRONOQ_ENDPOINT")
     return value
 
 

@@ -338,3 +338,8 @@ def test_serve_on_a_taken_port_names_the_setting(tmp_path, taken, words):
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "chronoq: cannot start: cannot listen" in proc.stderr and all(w in proc.stderr for w in words)
+
+
+def test_a_bad_endpoint_from_the_environment_names_it():
+    proc = make_cli("no-port-here")("topic", "list", expect=2)
+    assert "CHRONOQ_ENDPOINT" in proc.err and "host:port" in proc.err
