@@ -3,6 +3,8 @@ to their topics (``chronoq.features.deadletters``)."""
 
 from __future__ import annotations
 
+import base64
+
 import click
 
 from chronoq.cli.remote import admin_call, remote_options
@@ -30,19 +32,23 @@ def _preview(body: bytes, size: int) -> str:
 @click.argument("group")
 @click.option("--limit", type=click.IntRange(1, LIMIT_MAX), default=20, show_default=True,
               help="Dead letters to show.")
+@click.option("--body-bytes", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="Bytes of each body to fetch (the table shows the start of them).")
 @click.option("--all", "everything", is_flag=True,
               help="From the oldest retained, those resent already included. Default: the ones a resend sends next.")
 @remote_options
-def dlq_list(group, limit, everything, endpoint, timeout, as_json) -> None:
+def dlq_list(group, limit, body_bytes, everything, endpoint, timeout, as_json) -> None:
     """The dead letters of consumer GROUP: messages it failed max-attempts times."""
-    r = admin_call(endpoint, timeout, "call", "ListDeadLetters", group=group, limit=limit, all=everything)
+    r = admin_call(endpoint, timeout, "call", "ListDeadLetters", group=group, limit=limit, all=everything,
+                   body_max=body_bytes)
     waiting = r.max_offset - r.cursor
     if as_json:
         print_json({"group": group, "min_offset": r.min_offset, "max_offset": r.max_offset, "cursor": r.cursor,
                     "not_resent": waiting, "messages": [
                         {"offset": m.offset, "message_id": m.message_id, "topic": m.topic, "tag": m.tag or None,
                          "keys": list(m.keys), "stored_ms": m.stored_ms, "body_bytes": m.body_bytes,
-                         "resent": m.resent} for m in r.messages]})
+                         "body_base64": base64.b64encode(m.body).decode("ascii"), "resent": m.resent}
+                        for m in r.messages]})
         return
     click.echo(f"{plural(r.max_offset - r.min_offset, 'dead letter')} of {group} retained, "
                f"{plural(waiting, 'dead letter')} not resent")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from chronoq.broker.broker import OutgoingMessage
 from chronoq.core import errors, validate
 from chronoq.core.model import Message, MessageType
-from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, SYSTEM_PROPERTY_PREFIX
+from chronoq.core.validate import PROP_MESSAGE_GROUP, SYSTEM_PROPERTY_PREFIX
 from chronoq.pop import copies, names
 
 # The cursor's group: a reserved prefix, so no consumer group can be named so, and group
@@ -104,18 +104,18 @@ def plan_resend(broker, group: str, limit: int = 0) -> Resend:
         return Resend(dlq, [], start, start, 0)
     res = broker.read(dlq, DLQ_QUEUE, start, limit)
     now = broker.clock.wall_ms()
-    out = [_message(m, now) for m in res.messages]
+    out = [_message(broker, m, now) for m in res.messages]
     end = res.messages[-1].queue_offset + 1 if res.messages else res.next_offset
     return Resend(dlq, out, start, end, end - start - len(out))
 
 
-def _message(m: Message, now_ms: int) -> OutgoingMessage:
+def _message(broker, m: Message, now_ms: int) -> OutgoingMessage:
     v = copies.view(m)
     props = v.properties
-    kind = props.get(PROP_MESSAGE_TYPE)
     user = {k: val for k, val in props.items() if not k.startswith(SYSTEM_PROPERTY_PREFIX)}
-    # A delay message was due already: it goes back due now (a delay-typed topic takes it so).
-    deliver_at = now_ms if kind == MessageType.DELAY.name else None
+    # A topic that takes only delay messages gets it as one, due now (it was due long ago).
+    cfg = broker.topics.get(v.topic)
+    deliver_at = now_ms if cfg is not None and cfg.message_type is MessageType.DELAY else None
     return OutgoingMessage(v.topic, m.body, tag=m.tag, keys=m.keys, properties=user, message_id=m.message_id,
                            message_group=props.get(PROP_MESSAGE_GROUP) or None, deliver_at_ms=deliver_at)
 

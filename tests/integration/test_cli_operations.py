@@ -5,6 +5,7 @@ against a real ``chronoq serve``: ``send --delay/--at/--level``, ``topic describ
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import os
@@ -256,6 +257,9 @@ def test_dlq_list_and_resend(cli):
     listed = wait_until(dead_letters, 30, 0.3, "both messages dead-lettered")
     assert [m["topic"] for m in listed["messages"]] == [topic, topic]
     assert listed["messages"][0]["keys"] == ["k1"] and listed["messages"][0]["tag"] == "t1"
+    assert base64.b64decode(listed["messages"][1]["body_base64"]) == b"second"
+    short = cli.json("dlq", "list", group, "--body-bytes", "3")["messages"][1]
+    assert (base64.b64decode(short["body_base64"]), short["body_bytes"]) == (b"sec", 6)
     assert (listed["cursor"], listed["not_resent"]) == (0, 2)
     out = cli("dlq", "list", group).out
     assert f"2 dead letters of {group} retained, 2 dead letters not resent" in out

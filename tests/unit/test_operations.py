@@ -263,3 +263,20 @@ def test_a_crash_in_the_middle_of_a_topic_delete_loses_nothing(node, crash_in):
         assert receive(node, "g", "orders") == ids
     else:
         assert node.broker.queue_bounds("orders", 0) == (0, 0)
+
+
+def test_dlq_resend_to_fifo_and_delay_topics_keeps_them_acceptable(node):
+    node.broker.create_topic("ordered", 1, "fifo")
+    node.broker.create_topic("later", 1, "delay")
+    node.pop.set_group("g", max_attempts=1)
+    node.broker.send("ordered", b"f", message_group="order-7")
+    node.broker.send("later", b"d", deliver_at_ms=node.clock.wall_ms())
+    node.advance(1_000)  # the delay message falls due
+    node.broker.flush()
+    for topic in ("ordered", "later"):
+        assert len(receive(node, "g", topic, ack=False)) == 1
+    node.advance(INVISIBLE_MS + 1_000)
+    plan, results = resend(node)
+    by_topic = {m.topic: m for m in plan.messages}
+    assert by_topic["ordered"].message_group == "order-7" and by_topic["later"].deliver_at_ms is not None
+    assert len(results) == 2
