@@ -521,9 +521,9 @@ class Broker:
 
     def drop_group_offsets(self, group: str) -> list[str]:
         """Forget ``group``'s consume offsets (durable before this returns); the topics it had."""
-        topics = self.consumer_offsets.drop_group(group)
+        dropped = self.consumer_offsets.drop_group(group)
         self.consumer_offsets.save_now()
-        return topics
+        return dropped
 
     # ----------------------------------------------------------------- lifecycle
     def checkpoint(self) -> None:

@@ -7,7 +7,9 @@ a *cursor*, the consume offset of the broker's own group ``RESEND_GROUP`` on tha
 ``offsets.json``), past what it sent. So ``list`` shows what a resend would send next (from the
 cursor) or everything retained (``all``), each marked resent or not.
 
-A resend, one request (the Admin service drives it; ``plan_resend`` then ``resent``):
+A resend, one request (``resend`` for an asyncio shell: the Admin service, the console; the
+steps one by one for the embedded broker: ``plan_resend``, ``Broker.write``, ``Broker.flush``,
+``resent``):
 
 1. ``plan_resend`` reads up to ``limit`` dead letters from the cursor and makes each the message
    its consumer knew (origin topic, body, tag, keys, user properties, FIFO group) with the dead
@@ -129,3 +131,31 @@ def resent(broker, plan: Resend) -> None:
 def remaining(broker, plan: Resend) -> int:
     _lo, hi = broker.queue_bounds(plan.dlq, DLQ_QUEUE)
     return max(0, hi - cursor(broker, plan.dlq))
+
+
+@dataclass(frozen=True, slots=True)
+class Resent:
+    resent: int
+    duplicates: int     # answered by the dedupe window (sent already, the cursor had not moved)
+    skipped: int
+    from_offset: int
+    to_offset: int
+    remaining: int
+
+
+async def resend(broker, durable, group: str, limit: int = 0) -> Resent:
+    """One resend request, steps 1-3, for an asyncio shell (the Admin service, the console):
+    ``await durable()`` returns once everything written so far is durable and dispatched."""
+    plan = plan_resend(broker, group, limit)
+    duplicates = 0
+    if plan.messages:
+        broker.check_space()
+        results = broker.write(plan.messages)  # the one send path
+        duplicates = sum(1 for r in results if r.duplicate)
+        await durable()  # whatever the flush policy: the cursor moves only past durable copies
+    if broker.closed:
+        raise errors.ClosedError("the broker is stopping")
+    resent(broker, plan)
+    return Resent(len(plan.messages), duplicates, plan.skipped, plan.from_offset, plan.to_offset,
+                  remaining(broker, plan))
+

@@ -363,18 +363,10 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
 
     async def _resend(self, request) -> apb.ResendDeadLettersResponse:
         self._check_open()
-        plan = deadletters.plan_resend(self.broker, request.group, request.limit)
-        duplicates = 0
-        if plan.messages:
-            self.broker.check_space()
-            results = self.broker.write(plan.messages)  # the one send path
-            duplicates = sum(1 for r in results if r.duplicate)
-            await self._durable()  # durable whatever the flush policy, before the cursor moves
-        self._check_open()
-        deadletters.resent(self.broker, plan)
+        r = await deadletters.resend(self.broker, self._durable, request.group, request.limit)
         return apb.ResendDeadLettersResponse(
-            status=_ok(), resent=len(plan.messages), duplicates=duplicates, skipped=plan.skipped,
-            from_offset=plan.from_offset, to_offset=plan.to_offset, remaining=deadletters.remaining(self.broker, plan))
+            status=_ok(), resent=r.resent, duplicates=r.duplicates, skipped=r.skipped, from_offset=r.from_offset,
+            to_offset=r.to_offset, remaining=r.remaining)
 
     def _schedule_pb(self, s, upcoming: int = 5, next_ms: list[int] | None = None) -> apb.Schedule:
         now = self.broker.clock.wall_ms()

@@ -280,3 +280,18 @@ def test_dlq_resend_to_fifo_and_delay_topics_keeps_them_acceptable(node):
     by_topic = {m.topic: m for m in plan.messages}
     assert by_topic["ordered"].message_group == "order-7" and by_topic["later"].deliver_at_ms is not None
     assert len(results) == 2
+
+
+def test_resend_rpc_answers_once_the_copies_and_the_cursor_are_durable(node):
+    import asyncio
+
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.server import admin
+
+    dead_letter(node, "orders", 3)
+    svc = admin.AdminService(node.broker, node.pop)
+    r = asyncio.run(svc.ResendDeadLetters(apb.ResendDeadLettersRequest(group="g", limit=2), None))
+    assert (r.status.code, r.resent, r.from_offset, r.to_offset, r.remaining) == (20000, 2, 0, 2, 1)
+    node.restart()  # kill -9 right after the answer: both the copies and the cursor survive
+    assert node.broker.queue_bounds("orders", 0) == (0, 5)
+    assert deadletters.list_dead(node.broker, "g").cursor == 2
