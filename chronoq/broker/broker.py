@@ -151,13 +151,10 @@ class Broker:
         return topics.offset_for_time(self.store, name, queue_id, at_ms)
 
     def delete_topic(self, name: str) -> int:
-        """Remove user topic ``name``: its consume queues and files, its configuration and every
-        group's offsets for it, then a checkpoint that no longer lists it. Returns how many
-        messages its queues held. The records stay in the commit log until retention deletes
-        their segment; a delayed message of it still pending is delivered when due and makes the
-        topic anew (as a send would). Everything written must be dispatched first (``flush``, or
-        the committer's ``barrier``): ``Store.drop_queues`` refuses otherwise. The caller checked
-        that no consumer still needs it (``chronoq.features.operations``)."""
+        """Remove user topic ``name`` (its queues and files, configuration, every group's offsets
+        for it), then checkpoint; returns how many messages its queues held. Everything written
+        must be dispatched first (``Store.drop_queues``); the rules and what stays on disk are
+        ``chronoq.features.operations``'."""
         name = validate.user_topic(name)
         if name not in self.topics:
             raise errors.TopicNotFound(f"topic {name!r} does not exist")
