@@ -154,7 +154,7 @@ class Broker:
         """Remove user topic ``name`` (its queues and files, configuration, every group's offsets
         for it), then checkpoint; returns how many messages its queues held. Everything written
         must be dispatched first (``Store.drop_queues``); the rules and what stays on disk are
-        ``chronoq.features.operations``'."""
+        ``chronoq.features.operations``."""
         name = validate.user_topic(name)
         if name not in self.topics:
             raise errors.TopicNotFound(f"topic {name!r} does not exist")
