@@ -20,10 +20,11 @@ from typing import Iterable
 
 from chronoq.broker.offsets import OFFSETS_FILE, ConsumerOffsets
 from chronoq.broker.sending import OutgoingBatch, OutgoingMessage, Sender, Sent, _is_int
+from chronoq.broker import topics
 from chronoq.broker.topics import TOPICS_FILE, TopicRegistry
 from chronoq.broker.trace import TRACE_TOPIC, TraceRecorder
 from chronoq.broker.trace import bodies as trace_bodies
-from chronoq.core import errors, fsutil
+from chronoq.core import errors, fsutil, model, validate
 from chronoq.core.clock import SYSTEM_CLOCK, Clock
 from chronoq.core.config import BrokerConfig
 from chronoq.core.delay_levels import DELAY_TOPIC
@@ -127,9 +128,51 @@ class Broker:
 
     # ----------------------------------------------------------------- topics (chronoq.broker.topics)
     def create_topic(self, name: str, queues: int | None = None,
-                     message_type: MessageType | str = MessageType.MIXED, *, system: bool = False) -> TopicConfig:
-        """Create a topic, or update its queue count (only upwards) and type. Idempotent."""
-        return self.topic_registry.create(name, queues, message_type, system=system)
+                     message_type: MessageType | str = MessageType.MIXED, *, system: bool = False,
+                     force: bool = False) -> TopicConfig:
+        """Create a topic, or update its queue count (only upwards) and type. Idempotent.
+
+        Changing the type of a user topic that holds messages is refused unless ``force``: its
+        producers and consumers were written for the old type, and its messages keep theirs."""
+        return self.topic_registry.create(name, queues, message_type, system=system,
+                                          held=None if force or system else self.topic_messages)
+
+    def topic_messages(self, name: str) -> int:
+        """Messages in the topic's queues (their entries from the oldest retained on)."""
+        cfg = self.topics.get(name)
+        return topics.messages_in(self.store, cfg) if cfg is not None else 0
+
+    def queue_figures(self, name: str) -> list[tuple[int, int, int, int, int]]:
+        """Per queue of topic ``name``: (queue id, min offset, next offset, stored ms of its
+        oldest message, of its newest; 0 when none)."""
+        return topics.queue_figures(self.store, self.topic(name, create=False))
+
+    def offset_for_time(self, name: str, queue_id: int, at_ms: int) -> int:
+        """The first offset of the queue stored at or after ``at_ms`` (``topics.offset_for_time``)."""
+        return topics.offset_for_time(self.store, name, queue_id, at_ms)
+
+    def delete_topic(self, name: str) -> int:
+        """Remove user topic ``name`` (its queues and files, configuration, every group's offsets
+        for it), then checkpoint; returns how many messages its queues held. Everything written
+        must be dispatched first (``Store.drop_queues``); the rules and what stays on disk are
+        ``chronoq.features.operations``."""
+        name = validate.user_topic(name)
+        if name not in self.topics:
+            raise errors.TopicNotFound(f"topic {name!r} does not exist")
+        return self._drop_topic(name)
+
+    def _drop_topic(self, name: str) -> int:
+        messages = self.store.drop_queues(name)
+        self.topic_registry.remove(name)
+        self.consumer_offsets.drop_topic(name)
+        self.consumer_offsets.save_now()
+        self.store.checkpoint()
+        return messages
+
+    def drop_system_topic(self, name: str) -> int:
+        """``delete_topic`` for a system topic a feature owns (a deleted topic's retry topics)."""
+        assert model.is_system_topic(name), name
+        return self._drop_topic(name) if name in self.topics else 0
 
     def list_topics(self, include_system: bool = False) -> list[TopicConfig]:
         return self.topic_registry.list(include_system)
@@ -481,6 +524,29 @@ class Broker:
 
     def list_groups(self) -> list[str]:
         return self.consumer_offsets.groups()
+
+    def set_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Set ``group``'s offsets of ``topic`` (queue id -> offset), up or down (an operator's
+        reset; ``group`` may be the broker's own, unchecked): all checked, then all set, durable
+        before this returns."""
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise errors.TopicNotFound(f"topic {topic!r} does not exist")
+        for queue_id, offset in offsets.items():
+            if not _is_int(queue_id) or not 0 <= queue_id < cfg.queues:
+                raise errors.InvalidQueue(f"queue {queue_id!r} does not exist in topic {topic}")
+            lo, hi = self.store.bounds(topic, queue_id)
+            if not _is_int(offset) or not lo <= offset <= hi:
+                raise errors.InvalidOffset(f"offset {offset!r} is outside {lo}..{hi} for {topic}/{queue_id}")
+        for queue_id, offset in offsets.items():
+            self.consumer_offsets.put(group, topic, queue_id, offset)
+        self.consumer_offsets.save_now()
+
+    def drop_group_offsets(self, group: str) -> list[str]:
+        """Forget ``group``'s consume offsets (durable before this returns); the topics it had."""
+        dropped = self.consumer_offsets.drop_group(group)
+        self.consumer_offsets.save_now()
+        return dropped
 
     # ----------------------------------------------------------------- lifecycle
     def checkpoint(self) -> None:

@@ -65,6 +65,31 @@ class ConsumerOffsets:
         self.offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
         self.dirty = True
 
+    def put(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Set an offset as it is, up or down (``group reset-offset``, the DLQ resend cursor of
+        ``chronoq.features.deadletters``, whose group name is the broker's own); the caller checked
+        the queue and the offset. Saved by ``save``, or at the next checkpoint."""
+        assert _is_int(queue_id) and _is_int(offset) and offset >= 0, (queue_id, offset)
+        self.offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
+        self.dirty = True
+
+    def drop_topic(self, topic: str) -> list[str]:
+        """Forget every group's offsets for ``topic``; returns those groups."""
+        groups = sorted(g for g, topics in self.offsets.items() if topics.pop(topic, None) is not None)
+        self._prune()
+        return groups
+
+    def drop_group(self, group: str) -> list[str]:
+        """Forget ``group``'s offsets; returns the topics it had offsets for."""
+        topics = sorted(self.offsets.pop(group, {}))
+        self.dirty = True
+        return topics
+
+    def _prune(self) -> None:
+        for g in [g for g, topics in self.offsets.items() if not topics]:
+            del self.offsets[g]
+        self.dirty = True
+
     def groups(self) -> list[str]:
         return sorted(self.offsets)
 
@@ -73,6 +98,13 @@ class ConsumerOffsets:
         if self.dirty:
             fsutil.write_json(self.path, self.doc())
             self.dirty = False
+
+    def save_now(self) -> None:
+        """Write the file now, and again at the next checkpoint: an admin change (``put``,
+        ``drop_*``) is durable before its answer, and a checkpoint job that took the document
+        before the change and writes it after cannot leave the old one for long."""
+        fsutil.write_json(self.path, self.doc())
+        self.dirty = True
 
     def take(self) -> dict | None:
         """For a checkpoint: the document to write if anything changed (None: nothing did), the

@@ -10,7 +10,7 @@ sorted by name. Queues found in the store but missing from it (lost metadata) ar
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Callable, Iterable
 
 from chronoq.core import errors, fsutil, model, validate
 from chronoq.core.config import BrokerConfig
@@ -52,8 +52,13 @@ class TopicRegistry:
                           {"topics": [t.to_json() for t in sorted(self.topics.values(), key=lambda t: t.name)]})
 
     def create(self, name: str, queues: int | None = None,
-               message_type: MessageType | str = MessageType.MIXED, *, system: bool = False) -> TopicConfig:
-        """Create a topic, or update its queue count (only upwards) and type. Idempotent."""
+               message_type: MessageType | str = MessageType.MIXED, *, system: bool = False,
+               held: Callable[[str], int] | None = None) -> TopicConfig:
+        """Create a topic, or update its queue count (only upwards) and type. Idempotent.
+
+        With ``held`` (the messages a topic holds), changing the type of a topic that holds
+        messages is refused: its producers and consumers were written for the old type, and its
+        messages keep theirs. ``Broker.create_topic`` passes it unless forced."""
         name = validate.topic_name(name) if system else validate.user_topic(name)
         if isinstance(message_type, str):
             message_type = MessageType.parse(message_type)
@@ -66,8 +71,24 @@ class TopicRegistry:
                 raise errors.InvalidQueue(f"topic {name} has {existing.queues} queues; the count can only grow")
             if existing.queues == queues and existing.message_type == message_type:
                 return existing
+            count = held(name) if held is not None and existing.message_type != message_type else 0
+            if count:
+                raise errors.ClientError(
+                    f"topic {name} holds {count} message{'' if count == 1 else 's'} of type "
+                    f"{existing.message_type.name.lower()}; changing it to {message_type.name.lower()} is "
+                    "refused unless forced (chronoq topic create --force)")
         cfg = TopicConfig(name, queues, message_type)
         self.topics[name] = cfg
+        self.save()
+        return cfg
+
+    def remove(self, name: str) -> TopicConfig:
+        """Forget topic ``name`` (saved at once); its queues are the store's to drop."""
+        cfg = self.topics.pop(name, None)
+        if cfg is None:
+            raise errors.TopicNotFound(f"topic {name!r} does not exist")
+        self.user_cache.pop(name, None)
+        self.system_cache.pop(name, None)
         self.save()
         return cfg
 
@@ -106,3 +127,36 @@ class TopicRegistry:
                 return planned
             cfg = cache[topic_name] = self.get(topic_name)
         return cfg
+
+
+# ----------------------------------------------------------------------------- figures of a topic's queues
+def messages_in(store, cfg: TopicConfig) -> int:
+    """Messages in the topic's queues (their entries from the oldest retained on)."""
+    return sum(hi - lo for lo, hi in (store.bounds(cfg.name, q) for q in range(cfg.queues)))
+
+
+def queue_figures(store, cfg: TopicConfig) -> list[tuple[int, int, int, int, int]]:
+    """Per queue: (queue id, min offset, next offset, entry time of the oldest, of the newest;
+    0 when the queue is empty). The entry time is the stored time (a timer copy's: its due time)."""
+    out = []
+    for q in range(cfg.queues):
+        lo, hi = store.bounds(cfg.name, q)
+        first = store.entries(cfg.name, q, lo, 1) if hi > lo else []
+        last = store.entries(cfg.name, q, hi - 1, 1) if hi > lo else []
+        out.append((q, lo, hi, first[0][3] if first else 0, last[0][3] if last else 0))
+    return out
+
+
+def offset_for_time(store, topic: str, queue_id: int, at_ms: int) -> int:
+    """The first offset of the queue whose entry time is at or after ``at_ms`` (the next offset
+    when none is): a binary search, since entry times follow the log's order (stored times; a
+    delivered timer copy is stamped with its due time when it is written, also in order)."""
+    lo, hi = store.bounds(topic, queue_id)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = store.entries(topic, queue_id, mid, 1)
+        if entry and entry[0][3] >= at_ms:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -62,7 +62,9 @@ def audit(topics, grace, html_path, master, endpoint, timeout, as_json) -> None:
         print_json(_audit_json(result))
     else:
         print_table("chronoq delivery audit", job.TABLE_COLUMNS, job.table_rows(result),
-                     right=tuple(job.TABLE_COLUMNS[2:]))
+                     right=tuple(job.TABLE_COLUMNS[2:]),
+                     # At 80 columns: topic, hour, acked, dead-lettered, early, lost, p99 stay.
+                     optional=("max ms", "p50 ms", "waiting", "recalled", "visible", "delayed", "delivered", "sent"))
         t = result.totals
         click.echo(("OK: no early delivery, no lost message" if result.ok else
                     f"PROBLEM: {t['early']} early, {t['lost']} lost")

@@ -9,7 +9,7 @@ import time
 import click
 
 from chronoq.cli.remote import EXIT_NOT_DONE, admin_call, call, connection, remote_options
-from chronoq.cli.render import iso_ms, print_json, print_table, size_text
+from chronoq.cli.render import iso_ms, plural, print_json, print_table, size_text
 
 
 @click.group()
@@ -29,12 +29,14 @@ def _print_outcome(r, as_json: bool, done: str, new_handle: bool = False) -> Non
     if as_json:
         print_json(_outcome_json(r, new_handle))
     else:
-        columns = ["OUTCOME", "TOPIC", "MESSAGE ID", "DUE", "DETAIL"]
-        row = [r.outcome, r.topic, r.message_id, iso_ms(r.deliver_at_ms), r.detail]
+        columns = ["OUTCOME", "TOPIC", "MESSAGE ID", "DUE (UTC)"]
+        row = [r.outcome, r.topic, r.message_id, iso_ms(r.deliver_at_ms)]
+        print_table(None, columns, [row], optional=("TOPIC",))
+        # On lines of their own: a sentence and a handle are longer than a column can be at 80.
+        if r.detail:
+            click.echo(r.detail)
         if new_handle and r.recall_handle:
-            columns.append("NEW RECALL HANDLE")
-            row.append(r.recall_handle)
-        print_table(None, columns, [row], wrap=("DETAIL",))
+            click.echo(f"new recall handle: {r.recall_handle}")
     if r.outcome != done:
         sys.exit(EXIT_NOT_DONE)
 
@@ -184,19 +186,20 @@ def _print_lookup(a) -> None:
     if not a.trace_enabled:
         click.echo("note: the broker records no message trace (trace_enabled = false): only records are shown")
     elif a.trace_dropped:
-        click.echo(f"note: the trace buffer dropped {a.trace_dropped:,} events since start: a life may be incomplete")
+        click.echo(f"note: the trace buffer dropped {plural(a.trace_dropped, 'event')} since start: a life may be incomplete")
     for m in a.messages:
         click.echo(f"message {m.message_id} in {m.topic}: {m.status}")
         print_table("life", ["TIME (UTC)", "EVENT", "GROUP", "ATTEMPT", "DETAIL"],
                      [[iso_ms(e.ts_ms), e.kind, e.group, e.attempt or None, _event_detail(e)] for e in m.events]
                      or [["-", "no trace events in the window read", None, None, None]],
-                     right=("ATTEMPT",), wrap=("DETAIL",))
+                     right=("ATTEMPT",), wrap=("DETAIL",), optional=("ATTEMPT", "GROUP"))
         print_table("records in the commit log", ["WHAT", "TOPIC/QUEUE@OFFSET", "COMMIT OFFSET", "STORED (UTC)",
                                                    "DUE (UTC)", "KEYS", "BODY", "RECALL HANDLE"],
                      [[r.kind, _record_place(r), r.commit_offset, iso_ms(r.stored_ms),
                        iso_ms(r.deliver_at_ms), " ".join(r.keys), f"{r.body_bytes:,} B", r.recall_handle or None]
                       for r in m.records] or [["-", "no record in the scanned part of the log"] + [None] * 6],
-                     right=("COMMIT OFFSET", "BODY"), wrap=("KEYS",))
+                     right=("COMMIT OFFSET", "BODY"), wrap=("KEYS",),
+                     optional=("RECALL HANDLE", "COMMIT OFFSET", "KEYS", "STORED (UTC)", "BODY"))
         click.echo("")
     click.echo(f"searched commit-log offsets {a.scanned_from:,} to {a.scanned_to:,}"
                + (" (stopped at 200 matching records)" if a.truncated else "")

@@ -18,7 +18,8 @@ EXIT_NOT_DONE = 4           # answered definitely, but nothing changed (already 
 def _check_endpoint(ctx, param, value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{value!r} is not host:port (e.g. {DEFAULT_ENDPOINT})")
+        raise click.BadParameter(f"{value!r} is not host:port (e.g. {DEFAULT_ENDPOINT}); it comes from --endpoint "
+                                 "or CHRONOQ_ENDPOINT")
     return value
 
 
@@ -69,10 +70,22 @@ def _code_name(code: int) -> str:
     return definition_pb2.Code.Name(code) if code in definition_pb2.Code.values() else str(code)
 
 
+# Refusals caused by this invocation's credentials: say which settings give them.
+_CREDENTIAL_HINTS = {
+    "UNAUTHORIZED": " (credentials come from --access-key/--secret-key or CHRONOQ_ACCESS_KEY/CHRONOQ_SECRET_KEY)",
+    "FORBIDDEN": " (the user is the one of --access-key or CHRONOQ_ACCESS_KEY; this needs a permission it lacks)",
+}
+_TLS_WORDS = ("ssl", "tls", "handshake", "certificate", "wrong_version", "socket closed")
+
+
 def _transport_message(endpoint: str, timeout_s: float, exc) -> str:
     import grpc
 
     code, details = exc.code(), (exc.details() or "").strip()
+    if code == grpc.StatusCode.UNAVAILABLE and any(w in details.lower() for w in _TLS_WORDS):
+        return (f"cannot reach a broker at {endpoint} ({details}). TLS on one side only? Set --tls or "
+                "CHRONOQ_TLS=1 for a broker with TLS (and --tls-ca-file or CHRONOQ_TLS_CA_FILE for its "
+                "certificate), leave them unset for one without; the address is --endpoint or CHRONOQ_ENDPOINT.")
     if code == grpc.StatusCode.UNAVAILABLE:
         return (f"cannot reach a broker at {endpoint} ({details}). Is `chronoq serve` running there? "
                 "Set --endpoint or CHRONOQ_ENDPOINT.")
@@ -93,7 +106,8 @@ def call(endpoint: str, timeout_s: float, work):
     try:
         return run(work)
     except ClientError as exc:
-        fail(f"{_code_name(exc.code)}: {exc.status_message}", EXIT_REFUSED)
+        name = _code_name(exc.code)
+        fail(f"{name}: {exc.status_message}{_CREDENTIAL_HINTS.get(name, '')}", EXIT_REFUSED)
     except grpc.aio.AioRpcError as exc:
         fail(_transport_message(endpoint, timeout_s, exc), EXIT_UNREACHABLE)
     except KeyboardInterrupt:

@@ -9,29 +9,72 @@ import sys
 
 import click
 
-TABLE_WIDTH_PIPED = 400     # table width limit when stdout is not a terminal
+TABLE_WIDTH_PIPED = 400     # table width limit when stdout is not a terminal and COLUMNS is not set
 BAR_WIDTH = 40              # characters of the longest bar in the text histograms
+WRAP_MIN = 12               # a column that folds (free text) is never squeezed below this
+BORDER = 3                  # characters a rich table adds per column ("│ " + " "), plus 1 in all
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 message``, ``2 messages``; ``words`` for an irregular plural."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 def print_json(value) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-def print_table(title: str | None, columns: list[str], rows: list[list], *, right: tuple[str, ...] = (),
-                 wrap: tuple[str, ...] = ()) -> None:
+def _console():
+    """A console as wide as the terminal, or ``COLUMNS``; piped without it, wide enough never
+    to cut a row (scripts read the lines whole)."""
+    import os
+
     from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console = Console(width=TABLE_WIDTH_PIPED)
+    return console
+
+
+def fit_columns(width: int, columns: list[str], rows: list[list], wrap: tuple[str, ...],
+                optional: tuple[str, ...]) -> list[str]:
+    """The columns to show in ``width`` characters: all of them if they fit, else without the
+    ``optional`` ones, dropped in the order given (least useful first) until the rest fits. A
+    column is as wide as its widest cell, a folding one (``wrap``) at least ``WRAP_MIN``, and
+    no column narrower than its header: rather a column less than columns of two characters."""
+    def need(names: list[str]) -> int:
+        total = 1
+        for name in names:
+            i = columns.index(name)
+            widest = max([len(name)] + [len(str(r[i])) if r[i] is not None else 0 for r in rows])
+            total += BORDER + (min(widest, max(WRAP_MIN, len(name))) if name in wrap else widest)
+        return total
+
+    shown = list(columns)
+    for name in optional:
+        if need(shown) <= width:
+            break
+        shown.remove(name)
+    return shown
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list], *, right: tuple[str, ...] = (),
+                wrap: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+    """A table for people. Names and ids are printed whole (no wrapping, so they can be copied);
+    ``wrap`` columns (free text) fold; ``optional`` columns are dropped, least useful first, when
+    the table would not fit the terminal (or ``COLUMNS``): ``fit_columns``."""
     from rich.table import Table
 
+    console = _console()
+    shown = fit_columns(console.width, columns, rows, wrap, optional)
+    keep = [columns.index(name) for name in shown]
     table = Table(title=title, title_justify="left", header_style="bold")
-    for name in columns:
-        # Names and ids are printed whole (no wrapping, so they can be copied); free text folds.
+    for name in shown:
         table.add_column(name, justify="right" if name in right else "left", overflow="fold",
-                         no_wrap=name not in wrap)
+                         no_wrap=name not in wrap, min_width=min(len(name), WRAP_MIN) if name in wrap else len(name))
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
-    console = Console()
-    if not console.is_terminal:  # piped: no terminal width to respect, so never cut a row
-        console = Console(width=TABLE_WIDTH_PIPED)
+        table.add_row(*("" if row[i] is None else str(row[i]) for i in keep))
     console.print(table)
 
 

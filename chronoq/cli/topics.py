@@ -1,11 +1,11 @@
-"""``chronoq topic`` and ``chronoq group``: create and list topics and consumer groups (with lag)."""
+"""``chronoq topic``: create, list, describe and delete topics."""
 
 from __future__ import annotations
 
 import click
 
 from chronoq.cli.remote import admin_call, remote_options
-from chronoq.cli.render import print_json, print_table
+from chronoq.cli.render import iso_ms, plural, print_json, print_table
 
 TOPIC_TYPES = ("mixed", "normal", "fifo", "delay", "transaction")
 
@@ -20,7 +20,7 @@ def _topic_rows(topics) -> list[list]:
 
 @click.group()
 def topic() -> None:
-    """Create and list topics."""
+    """Create, list, describe and delete topics."""
 
 
 @topic.command("create")
@@ -31,10 +31,13 @@ def topic() -> None:
 @click.option("--type", "message_type", type=click.Choice(TOPIC_TYPES, case_sensitive=False), default=None,
               help="Message types the topic accepts. Default mixed (every type); an existing topic "
                    "keeps its type.")
+@click.option("--force", is_flag=True,
+              help="Change the type of a topic that holds messages (refused without it: its producers and "
+                   "consumers were written for the old type).")
 @remote_options
-def topic_create(name, queues, message_type, endpoint, timeout, as_json) -> None:
+def topic_create(name, queues, message_type, force, endpoint, timeout, as_json) -> None:
     """Create topic NAME, or grow its queues / change its type. Idempotent."""
-    t = admin_call(endpoint, timeout, "create_topic", name, queues or 0, (message_type or "").lower())
+    t = admin_call(endpoint, timeout, "create_topic", name, queues or 0, (message_type or "").lower(), force)
     if as_json:
         print_json(_topic_json(t))
     else:
@@ -55,49 +58,49 @@ def topic_list(system, endpoint, timeout, as_json) -> None:
         print_table(None, ["TOPIC", "QUEUES", "TYPE"], _topic_rows(topics), right=("QUEUES",))
 
 
-# ----------------------------------------------------------------------------- group
-def _group_json(g) -> dict:
-    return {"name": g.name, "fifo": g.fifo, "max_attempts": g.max_attempts}
-
-
-@click.group()
-def group() -> None:
-    """Create and list consumer groups (with lag)."""
-
-
-@group.command("create")
+@topic.command("describe")
 @click.argument("name")
-@click.option("--fifo/--no-fifo", default=None,
-              help="FIFO group: a message group's next message waits until the previous one is acked. "
-                   "Default: off for a new group; unchanged for an existing one.")
-@click.option("--max-attempts", type=int, default=None,
-              help="Deliveries before a message goes to %DLQ%<group> (1-1000). Default 17 for a new "
-                   "group; unchanged for an existing one.")
 @remote_options
-def group_create(name, fifo, max_attempts, endpoint, timeout, as_json) -> None:
-    """Create consumer group NAME, or change its settings."""
-    g = admin_call(endpoint, timeout, "create_group", name, fifo=fifo, max_attempts=max_attempts)
+def topic_describe(name, endpoint, timeout, as_json) -> None:
+    """Queues of topic NAME (offsets, messages, oldest and newest) and the groups consuming it."""
+    r = admin_call(endpoint, timeout, "call", "DescribeTopic", topic=name)
     if as_json:
-        print_json(_group_json(g))
+        print_json(dict(_topic_json(r.topic), messages=r.messages, per_queue=[
+            {"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset, "messages": q.messages,
+             "oldest_ms": q.oldest_ms or None, "newest_ms": q.newest_ms or None} for q in r.queues],
+            groups=[{"group": g.group.name, "lag": g.lag, "inflight": g.inflight} for g in r.groups]))
+        return
+    click.echo(f"topic {r.topic.name}: type {r.topic.message_type}, {plural(r.topic.queues, 'queue')}, "
+               f"{plural(r.messages, 'message')}")
+    print_table(None, ["QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "OLDEST (UTC)", "NEWEST (UTC)"],
+                [[q.queue_id, q.min_offset, q.max_offset, q.messages, iso_ms(q.oldest_ms) or "-",
+                  iso_ms(q.newest_ms) or "-"] for q in r.queues],
+                right=("QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES"), optional=("OLDEST (UTC)", "MIN OFFSET"))
+    if r.groups:
+        print_table(None, ["GROUP", "LAG", "IN FLIGHT"], [[g.group.name, g.lag, g.inflight] for g in r.groups],
+                    right=("LAG", "IN FLIGHT"))
     else:
-        print_table(f"group {g.name} ready", ["GROUP", "FIFO", "MAX ATTEMPTS"],
-                     [[g.name, "yes" if g.fifo else "no", g.max_attempts]], right=("MAX ATTEMPTS",))
+        click.echo("no consumer group consumes it")
 
 
-@group.command("list")
-@click.option("--group", "only_group", default="", help="Only this group.")
-@click.option("--topic", "only_topic", default="",
-              help="Lag on this topic for every listed group, even one that has not received from it yet.")
+@topic.command("delete")
+@click.argument("name")
+@click.option("--force", is_flag=True,
+              help="Delete although consumer groups have not received all of it (never while deliveries are "
+                   "in flight).")
 @remote_options
-def group_list(only_group, only_topic, endpoint, timeout, as_json) -> None:
-    """List consumer groups: per topic consumed, the lag (not yet received) and in-flight count."""
-    rows = admin_call(endpoint, timeout, "list_groups", only_group, only_topic)
+def topic_delete(name, force, endpoint, timeout, as_json) -> None:
+    """Delete topic NAME, with its consumers' offsets and retry topics.
+
+    Refused while a consumer group lags on it, unless --force. The messages' records stay in the
+    commit log until retention deletes their segment (disk space comes back then); delayed
+    messages of the topic still pending are delivered when due and make the topic again, so
+    recall them first (chronoq message recall) if they must not be. See docs/cli.md.
+    """
+    r = admin_call(endpoint, timeout, "call", "DeleteTopic", topic=name, force=force)
     if as_json:
-        print_json([dict(_group_json(r.group), topic=r.topic or None, lag=r.lag, inflight=r.inflight)
-                     for r in rows])
-    elif not rows:
-        click.echo("no consumer groups")
-    else:
-        print_table(None, ["GROUP", "FIFO", "MAX ATTEMPTS", "TOPIC", "LAG", "IN FLIGHT"],
-                     [[r.group.name, "yes" if r.group.fifo else "no", r.group.max_attempts, r.topic or "-",
-                       r.lag, r.inflight] for r in rows], right=("MAX ATTEMPTS", "LAG", "IN FLIGHT"))
+        print_json({"deleted": list(r.deleted), "messages": r.messages, "groups": list(r.groups)})
+        return
+    also = f" (and {', '.join(r.deleted[1:])})" if len(r.deleted) > 1 else ""
+    click.echo(f"deleted topic {name}{also}: {plural(r.messages, 'message')}; offsets dropped for "
+               f"{plural(len(r.groups), 'group')}" + (f" ({', '.join(r.groups)})" if r.groups else ""))

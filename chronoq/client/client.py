@@ -456,11 +456,20 @@ class AdminClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def create_topic(self, name: str, queues: int = 0, message_type: str = ""):
-        """Create (or grow, or retype) a topic. 0 / "": the default for a new topic, keep for an old one."""
+    async def call(self, rpc: str, **fields):
+        """Any Admin RPC by name with its request's fields (``chronoq_admin.proto``): the response,
+        its status checked."""
+        request = getattr(self._apb, rpc + "Request")(**fields)
+        resp = await getattr(self._stub, rpc)(request, timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
+
+    async def create_topic(self, name: str, queues: int = 0, message_type: str = "", force: bool = False):
+        """Create (or grow, or retype) a topic. 0 / "": the default for a new topic, keep for an old one.
+        Retyping a topic that holds messages needs ``force``."""
         a = self._apb
         resp = await self._stub.CreateTopic(a.CreateTopicRequest(
-            topic=a.Topic(name=name, queues=queues, message_type=message_type)), timeout=self.timeout)
+            topic=a.Topic(name=name, queues=queues, message_type=message_type), force=force), timeout=self.timeout)
         Client._check(resp.status)
         return resp.topic
 

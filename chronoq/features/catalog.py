@@ -46,8 +46,10 @@ def check_open(broker, pop) -> None:
         raise errors.ClosedError("the broker is stopping")
 
 
-def create_or_update_topic(broker, pop, name: str, queues: int, message_type: str) -> model.TopicConfig:
-    """Create topic ``name`` or grow its queues / change its type (0 and "": the default or keep)."""
+def create_or_update_topic(broker, pop, name: str, queues: int, message_type: str,
+                           force: bool = False) -> model.TopicConfig:
+    """Create topic ``name`` or grow its queues / change its type (0 and "": the default or keep);
+    changing the type of a topic that holds messages needs ``force`` (``Broker.create_topic``)."""
     check_open(broker, pop)
     name = validate.user_topic(name)
     existing = broker.topics.get(name)
@@ -58,7 +60,7 @@ def create_or_update_topic(broker, pop, name: str, queues: int, message_type: st
         kind = model.MessageType.parse(message_type)
     else:
         kind = existing.message_type if existing is not None else model.MessageType.MIXED
-    return broker.create_topic(name, queues, kind)
+    return broker.create_topic(name, queues, kind, force=force)
 
 
 def known_groups(broker, pop) -> dict[str, GroupInfo]:

@@ -94,5 +94,10 @@ class GroupBook:
         self._save()
         return cfg
 
+    def delete(self, name: str) -> None:
+        """Forget a group's settings (durable); a group without settings is left as it is."""
+        if self._groups.pop(name, None) is not None:
+            self._save()
+
     def list(self) -> list[GroupConfig]:
         return [self._groups[name] for name in sorted(self._groups)]

@@ -124,12 +124,13 @@ class PopJournal:
                 qs.committed = offset
         dirty.clear()
 
-    def maybe_compact(self, now: int) -> None:
+    def maybe_compact(self, now: int, *, force: bool = False) -> None:
+        """Compact when the log is large enough; ``force``: now (an operator dropped state)."""
         logf = self.log
-        if logf.size < COMPACT_MIN_BYTES:
+        if logf.size < COMPACT_MIN_BYTES and not force:
             return
         live = [ck for ck in self.inflight.cks.values() if ck.logged]
-        if logf.size < COMPACT_RATIO * (poplog.HEADER_SIZE + CK_BYTES_ESTIMATE * len(live)):
+        if logf.size < COMPACT_RATIO * (poplog.HEADER_SIZE + CK_BYTES_ESTIMATE * len(live)) and not force:
             return
         logf.seal()
         logf.sync()  # on this thread, after a sync in progress: the old file must be complete

@@ -32,6 +32,14 @@ Choices:
   Admins only (no rule in ``chronoq.server.auth``: the default). Changes are saved (fsync) before
   the answer; pause and delete recall what was handed to the timer first, like ``Recall``. The
   list's next firings are computed on a worker thread (croniter lookups take ms each).
+- ``DescribeTopic``, ``DeleteTopic``, ``ResetOffset``, ``DeleteGroup`` (``chronoq.features.operations``)
+  and ``ListDeadLetters``, ``ResendDeadLetters`` (``chronoq.features.deadletters``): the day-two
+  verbs of docs/cli.md; the rules are in those modules. Admins only (no rule in
+  ``chronoq.server.auth``). ``DeleteTopic`` first waits until everything written is durable and
+  dispatched (a send slipping in between is retried a few times, then TOO_MANY_REQUESTS);
+  ``ResendDeadLetters`` writes through ``Broker.write`` (the one send path), waits until that is
+  durable whatever the flush policy, and only then moves the resend cursor (fsync). Offsets and
+  the POP log they change are written on the loop, like Recall's fsync (rare operator actions).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from __future__ import annotations
 import asyncio
 
 from chronoq.core import console_settings, errors, model, validate
-from chronoq.features import catalog, lookup
+from chronoq.features import catalog, deadletters, lookup, operations
 from chronoq.features.schedules.book import upcoming_view
 from chronoq.server.metrics import BrokerMetrics
 from chronoq.broker.trace import FLAG_DELAYED
@@ -51,6 +59,7 @@ from chronoq.server.pipeline import PipelineRpcs
 
 TIMER_STATS_MINUTES_DEFAULT = 10
 TIMER_STATS_MINUTES_MAX = 10_080  # a week of one-minute buckets (the timer's own cap)
+DELETE_ATTEMPTS = 5  # DeleteTopic: fsync, then delete, while sends keep slipping in between
 
 
 def add_to_server(server, broker, pop, committer=None, schedules=None) -> "AdminService":
@@ -107,7 +116,8 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         if not request.HasField("topic"):
             raise errors.ClientError("CreateTopic needs a topic")
         want = request.topic
-        cfg = catalog.create_or_update_topic(self.broker, self.pop, want.name, want.queues, want.message_type)
+        cfg = catalog.create_or_update_topic(self.broker, self.pop, want.name, want.queues, want.message_type,
+                                             force=request.force)
         return apb.CreateTopicResponse(status=_ok(), topic=_topic_pb(cfg))
 
     async def ListTopics(self, request, context):
@@ -144,9 +154,7 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
     def _list_groups(self, request) -> apb.ListGroupsResponse:
         self._check_open()
         rows = catalog.group_lags(self.broker, self.pop, request.group, request.topic)
-        return apb.ListGroupsResponse(status=_ok(), groups=[
-            apb.GroupLag(group=apb.Group(name=r.group.name, fifo=r.group.fifo, max_attempts=r.group.max_attempts),
-                         topic=r.topic, lag=r.lag, inflight=r.inflight) for r in rows])
+        return apb.ListGroupsResponse(status=_ok(), groups=[_group_lag_pb(r) for r in rows])
 
     # ------------------------------------------------------------------ message lookup
     async def LookupMessage(self, request, context):
@@ -296,6 +304,83 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             s = getattr(book, op)(request.name)
         return apb.ScheduleResponse(status=_ok(), schedule=self._schedule_pb(s))
 
+    # ------------------------------------------------------------------ day-two operations
+    async def _durable(self) -> None:
+        """Everything written so far durable and dispatched (embedded: fsynced here)."""
+        if self.committer is not None:
+            await self.committer.durable(self.broker.log_written)
+        else:
+            self.broker.flush()
+
+    async def DescribeTopic(self, request, context):
+        return _answer(apb.DescribeTopicResponse, "DescribeTopic", self._describe_topic, request)
+
+    def _describe_topic(self, request) -> apb.DescribeTopicResponse:
+        r = operations.describe_topic(self.broker, self.pop, request.topic)
+        return apb.DescribeTopicResponse(
+            status=_ok(), topic=_topic_pb(r.topic), messages=r.messages,
+            queues=[apb.QueueDescription(queue_id=q.queue_id, min_offset=q.min_offset, max_offset=q.max_offset,
+                                         messages=q.messages, oldest_ms=q.oldest_ms, newest_ms=q.newest_ms)
+                    for q in r.queues],
+            groups=[_group_lag_pb(g) for g in r.groups])
+
+    async def DeleteTopic(self, request, context):
+        return await _answer_awaiting(apb.DeleteTopicResponse, "DeleteTopic", self._delete_topic, request)
+
+    async def _delete_topic(self, request) -> apb.DeleteTopicResponse:
+        for attempt in range(DELETE_ATTEMPTS):  # a send may slip in between the fsync and the delete
+            await self._durable()
+            try:
+                d = operations.delete_topic(self.broker, self.pop, request.topic, request.force)
+            except errors.TooManyRequests:
+                if attempt == DELETE_ATTEMPTS - 1:
+                    raise
+                continue
+            return apb.DeleteTopicResponse(status=_ok(), messages=d.messages, deleted=d.deleted, groups=d.groups)
+        raise AssertionError("unreachable")
+
+    async def ResetOffset(self, request, context):
+        return _answer(apb.ResetOffsetResponse, "ResetOffset", self._reset_offset, request)
+
+    def _reset_offset(self, request) -> apb.ResetOffsetResponse:
+        queue = request.queue_id if request.HasField("queue_id") else None
+        rows = operations.reset_offset(self.broker, self.pop, request.group, request.topic, request.to,
+                                       request.timestamp_ms, queue)
+        return apb.ResetOffsetResponse(status=_ok(), queues=[
+            apb.QueueReset(queue_id=r.queue_id, old_offset=r.old_offset, new_offset=r.new_offset) for r in rows])
+
+    async def DeleteGroup(self, request, context):
+        return _answer(apb.DeleteGroupResponse, "DeleteGroup", self._delete_group, request)
+
+    def _delete_group(self, request) -> apb.DeleteGroupResponse:
+        return apb.DeleteGroupResponse(status=_ok(), topics=operations.delete_group(self.broker, self.pop,
+                                                                                     request.group))
+
+    async def ListDeadLetters(self, request, context):
+        return _answer(apb.ListDeadLettersResponse, "ListDeadLetters", self._list_dead_letters, request)
+
+    def _list_dead_letters(self, request) -> apb.ListDeadLettersResponse:
+        self._check_open()
+        body_max = request.body_max or deadletters.BODY_DEFAULT
+        if not 1 <= body_max <= deadletters.BODY_MAX:
+            raise errors.ClientError(f"body_max must be between 1 and {deadletters.BODY_MAX}, not {body_max}")
+        d = deadletters.list_dead(self.broker, request.group, request.limit, request.all)
+        return apb.ListDeadLettersResponse(
+            status=_ok(), min_offset=d.min_offset, max_offset=d.max_offset, cursor=d.cursor, messages=[
+                apb.DeadLetter(offset=m.queue_offset, message_id=v.message_id, topic=v.topic, tag=v.tag,
+                               keys=list(v.keys), stored_ms=m.stored_ms, body_bytes=len(m.body),
+                               body=m.body[:body_max], resent=resent) for m, v, resent in d.letters])
+
+    async def ResendDeadLetters(self, request, context):
+        return await _answer_awaiting(apb.ResendDeadLettersResponse, "ResendDeadLetters", self._resend, request)
+
+    async def _resend(self, request) -> apb.ResendDeadLettersResponse:
+        self._check_open()
+        r = await deadletters.resend(self.broker, self._durable, request.group, request.limit)
+        return apb.ResendDeadLettersResponse(
+            status=_ok(), resent=r.resent, duplicates=r.duplicates, skipped=r.skipped, from_offset=r.from_offset,
+            to_offset=r.to_offset, remaining=r.remaining)
+
     def _schedule_pb(self, s, upcoming: int = 5, next_ms: list[int] | None = None) -> apb.Schedule:
         now = self.broker.clock.wall_ms()
         sp = s.spec
@@ -305,6 +390,11 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
                             created_ms=s.created_ms, cursor_ms=s.cursor_ms,
                             next_ms=next_ms if next_ms is not None else s.upcoming(now, upcoming) if upcoming else [],
                             pending=sum(1 for a, _h in s.ahead if a > now))
+
+
+def _group_lag_pb(r: catalog.GroupLag) -> apb.GroupLag:
+    return apb.GroupLag(group=apb.Group(name=r.group.name, fifo=r.group.fifo, max_attempts=r.group.max_attempts),
+                        topic=r.topic, lag=r.lag, inflight=r.inflight)
 
 
 def _lateness_pb(h: dict) -> apb.TimerLateness:

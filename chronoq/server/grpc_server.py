@@ -91,7 +91,8 @@ class GrpcFrontEnd:
             port = 0
             log.debug("bind failed: %s", exc)
         if not port:
-            raise errors.ClientError(f"cannot listen on {self.bound}: the address is in use or not local")
+            raise errors.ClientError(f"cannot listen on {self.bound}: the address is in use or not local (set "
+                                     "--port/CHRONOQ_PORT, --host/CHRONOQ_HOST, or port/host in the config file)")
         await server.start()
         self.server = server
         self.service.start()

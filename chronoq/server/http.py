@@ -140,7 +140,8 @@ class HttpFrontEnd:
         except OSError as exc:
             await runner.cleanup()
             raise errors.ClientError(f"cannot listen for HTTP on {self.host}:{self.config.http_port}: "
-                                     f"{exc.strerror or exc}") from None
+                                     f"{exc.strerror or exc} (set --http-port/CHRONOQ_HTTP_PORT, 0 for any free "
+                                     "port, off for none; --http-host/CHRONOQ_HTTP_HOST)") from None
         self.runner = runner
         self.port = _bound_port(runner)
         assert 0 < self.port <= 65535

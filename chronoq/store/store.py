@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from chronoq.core import errors
+from chronoq.core import errors, fsutil
 from chronoq.core.jobs import Job
 from chronoq.core.model import Message
 from chronoq.store import checkpoint as checkpoint_file
@@ -229,6 +230,30 @@ class Store(StoreWriter):
     def _sync_queues(self) -> None:
         for cq in self.queues.values():
             cq.sync()
+
+    def drop_queues(self, topic: str) -> int:
+        """Remove ``topic``'s consume queues (files included) and forget their offsets; returns
+        how many entries they held. The records stay in the commit log (retention removes them).
+        Refused while a record is written but not dispatched (one of the topic's could follow)
+        or a queue of the topic holds timer copies not yet due: the caller retries.
+        Ensures: the next checkpoint no longer lists them, so recovery does not rebuild them
+        (unless it replays the log from before their records: the topic then comes back)."""
+        if self.dispatched < self.log.written or self._pending:
+            raise errors.TooManyRequests("writes are being made durable; try again")
+        keys = [key for key in self.queues if key[0] == topic]
+        if any(key in self._held for key in keys):
+            raise errors.TooManyRequests(f"timer copies due in a few seconds are held in {topic}; try again")
+        entries = 0
+        for key in keys:
+            cq = self.queues.pop(key)
+            self._next_qoff.pop(key, None)
+            entries += cq.next_offset - cq.min_offset
+            cq.close()
+        tdir = os.path.join(self.cq_dir, topic)
+        if os.path.isdir(tdir):
+            shutil.rmtree(tdir)
+            fsutil.fsync_dir(self.cq_dir)
+        return entries
 
     # ----------------------------------------------------------------- holds (timer copies written ahead)
     def _hold_written(self, meta: list, i: int, j: int, now: int) -> None:

@@ -130,7 +130,7 @@ def test_send_then_receive_round_trip(cli):
     body = b"\x00\xffbinary\n"
     cli("send", topic, input=body)
     out = cli("receive", group, topic, "--wait", "5").out
-    assert "not UTF-8" in out and "received and acknowledged 1 messages" in out
+    assert "not UTF-8" in out and "received and acknowledged 1 message\n" in out
     cli("send", topic, "--file", "-", input=body)
     [m] = cli.json("receive", group, topic, "--wait", "5")
     assert m["body"] is None and base64.b64decode(m["body_base64"]) == body
