@@ -16,6 +16,7 @@ method is called from the broker's one thread):
 ``recall``         recall and reschedule
 ``checkpoint``     ``checkpoint.json``, the retention floor, ``maintenance``
 ``horizon``        ``stats``, ``pending_by_horizon`` and its cache
+``pending``        ``pending``: a page of the pending messages (topic, key, due window, cursor)
 ``service``        this facade: the state, ``tick`` and its effects, ``synced``, ``close``
 =================  ==============================================================================
 
@@ -84,6 +85,7 @@ from chronoq.timer.delivery import BURST_DUE_PER_S, Deliver, LevelLane
 from chronoq.timer.horizon import Horizon
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
+from chronoq.timer.pending import PendingList
 from chronoq.timer.recall import (Answer, InFlight, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
                                   RescheduleOutcome, RescheduleResult)
 from chronoq.timer.replay import Replay
@@ -115,7 +117,7 @@ FLUSH_FILES_PER_TICK = 64
 FLUSH_TICK_MIN_BYTES = 256 * 1024
 
 
-class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, SendSide):
+class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, PendingList, SendSide):
     def __init__(self, store: Store, options: TimerOptions, clock, data_dir: str,
                  ensure_delay_topic: Callable[[int], None] | None = None):
         self.store = store
