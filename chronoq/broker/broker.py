@@ -320,6 +320,10 @@ class Broker:
         ``chronoq.timer.pending`` (docs/timers.md, "Seeing what is pending")."""
         return self.timer.pending(query)
 
+    def pending_span(self) -> tuple[int, int] | None:
+        """(first, end) of the pending messages' due times, None when none (for planning)."""
+        return self.timer.pending_span()
+
     # ----------------------------------------------------------------- message life trace
     def write_trace(self) -> int:
         """Write the buffered trace events as TRACE_TOPIC records (page cache; durable and visible

@@ -32,6 +32,8 @@ Choices:
   Admins only (no rule in ``chronoq.server.auth``: the default). Changes are saved (fsync) before
   the answer; pause and delete recall what was handed to the timer first, like ``Recall``. The
   list's next firings are computed on a worker thread (croniter lookups take ms each).
+- ``ListPending`` (``chronoq timers list``, the Spark source's ``pending`` read) is
+  ``Broker.pending``: a page of pending delayed messages (``chronoq.timer.pending``). Admins only.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
 from chronoq.protocol.rocketmq import status
+from chronoq.server import pendingpb
 from chronoq.server.pipeline import PipelineRpcs
 
 TIMER_STATS_MINUTES_DEFAULT = 10
@@ -228,6 +231,20 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
         return apb.RescheduleResponse(status=_ok(), outcome=r.outcome.value, recall_handle=r.recall_handle,
                                       topic=r.topic, message_id=r.message_id, deliver_at_ms=r.deliver_at_ms,
                                       detail=r.detail)
+
+    async def ListPending(self, request, context):
+        return _answer(apb.ListPendingResponse, "ListPending", self._list_pending, request)
+
+    def _list_pending(self, request) -> apb.ListPendingResponse:
+        # On the loop like every broker call: a page reads at most a bucket file or so more than
+        # its scan budget (chronoq.timer.pending).
+        self._check_open()
+        page = self.broker.pending(pendingpb.query_from(request))
+        span = self.broker.pending_span() if request.span else None
+        return apb.ListPendingResponse(
+            status=_ok(), messages=[pendingpb.pending_pb(m, request.bodies) for m in page.messages],
+            next_cursor=page.next_cursor, scanned=page.scanned,
+            span_from_ms=span[0] if span else 0, span_to_ms=span[1] if span else 0)
 
     # ------------------------------------------------------------------ recurring schedules
     # The book's calls run on the loop; each change is saved (fsync) and, for pause and delete, the

@@ -43,6 +43,7 @@ from chronoq.core import errors
 from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.store import record
 from chronoq.timer import copies, schedlog
+from chronoq.timer import handle as handles
 from chronoq.timer.buckets import LOADED, LOADING
 from chronoq.timer.schedlog import ENTRY_HEAD_SIZE, MESSAGE
 
@@ -74,11 +75,19 @@ class PendingMessage:
     level: int       # 0: a timer message (deliver_at); k: delay level k
     topic: str       # where it will be delivered
     queue_id: int
+    position: int    # a timer message: its ident; a level message: its offset in the delay queue
     raw: bytes       # the stored record (``chronoq.store.record``)
 
     @property
     def parts(self) -> copies.Parts:
         return copies.split(self.raw)
+
+    def recall_handle(self) -> str:
+        """The handle that recalls (or reschedules) this message, as its send answered."""
+        parts = self.parts
+        kind = handles.LEVEL if self.level else handles.TIMER
+        return handles.encode(kind, self.level, self.position, parts.deliver_at_ms, self.topic,
+                              parts.message_id.decode())
 
 
 @dataclass
@@ -169,7 +178,7 @@ class PendingList:
         topic, key = query.topic, query.key.encode()
         page = PendingPage()
         last = None
-        for due, ident, level, queue_id, raw in heapq.merge(*sources):
+        for due, ident, level, position, raw in heapq.merge(*sources):
             if after is not None and (due, ident) <= after:
                 continue
             if page.scanned >= SCAN_MAX:
@@ -187,14 +196,34 @@ class PendingList:
                 tail = page.messages[-1]
                 page.next_cursor = encode_cursor(tail.due_ms, tail.ident)
                 return page
-            page.messages.append(PendingMessage(due, ident, level, dest, dest_queue, raw))
+            page.messages.append(PendingMessage(due, ident, level, dest, dest_queue, position, raw))
         keys = [(m.due_ms, m.ident) for m in page.messages]
         assert keys == sorted(keys) and (after is None or not keys or keys[0] > after)
         return page
 
+    def pending_span(self) -> tuple[int, int] | None:
+        """``(first, end)``: every pending message is due before ``end``, and at or after
+        ``first`` except overdue ones (for planning, e.g. the Spark source's partitions). From the
+        bucket starts and each level queue's ends: no file is read. None: nothing pending."""
+        starts = self._in_heap | self.buckets.keys()
+        lows, highs = [], []
+        if starts:
+            lows.append(min(starts))
+            highs.append(max(starts) + self.width)
+        for lane in self.level_lanes:
+            q_lo, q_hi = self.store.bounds(DELAY_TOPIC, lane.queue_id)
+            first = max(lane.offset, lane.scan_offset, q_lo)
+            if first < q_hi:
+                head = self.store.entries(DELAY_TOPIC, lane.queue_id, first, 1)
+                tail = self.store.entries(DELAY_TOPIC, lane.queue_id, q_hi - 1, 1)
+                if head and tail:
+                    lows.append(head[0][3] + lane.delay_ms)
+                    highs.append(tail[0][3] + lane.delay_ms + 1)
+        return (min(lows), max(highs)) if lows else None
+
     # ------------------------------------------------------------------ timer messages
     def _timer_pending(self, lo: int | None, hi: int | None, now: int) -> Iterator[tuple]:
-        """``(due, ident, 0, queue, raw)`` of pending timer messages due in ``[lo, hi)``, in order."""
+        """``(due, ident, 0, ident, raw)`` of pending timer messages due in ``[lo, hi)``, in order."""
         width = self.width
         current = schedlog.bucket_start(now, width)
         # A bucket's entries are due before its end; only buckets up to the current one can hold
@@ -221,7 +250,7 @@ class PendingList:
             for ident, (due, pos, total) in b.pending.items():
                 if (lo is None or due >= lo) and (hi is None or due < hi) and not holds(ident):
                     raw = bytes(data[pos + ENTRY_HEAD_SIZE:pos + total])
-                    out.append((due, ident, 0, 0, raw))
+                    out.append((due, ident, 0, ident, raw))
             return out
         if b is None and start not in self._in_heap:
             return out
@@ -230,12 +259,12 @@ class PendingList:
         extra = bytes(b.buffer) if b is not None else b""
         for due, ident, data, pos, total in unloaded_pending(path, start, file_data, extra, lo, hi):
             if not holds(ident):
-                out.append((due, ident, 0, 0, bytes(data[pos + ENTRY_HEAD_SIZE:pos + total])))
+                out.append((due, ident, 0, ident, bytes(data[pos + ENTRY_HEAD_SIZE:pos + total])))
         return out
 
     # ------------------------------------------------------------------ delay-level messages
     def _level_pending(self, lane, lo: int | None, hi: int | None) -> Iterator[tuple]:
-        """``(due, ident, level, 0, raw)`` of a level's pending messages due in ``[lo, hi)``, in
+        """``(due, ident, level, queue offset, raw)`` of a level's pending messages due in ``[lo, hi)``, in
         order: its queue is in arrival order, so in due order (stored time + the level's delay)."""
         store = self.store
         q_lo, q_hi = store.bounds(DELAY_TOPIC, lane.queue_id)
@@ -254,7 +283,7 @@ class PendingList:
                 if offset not in cancelled and not holds(lane.level, offset):
                     raw = self._level_raw(phys, size)
                     if raw is not None:
-                        yield due, phys, lane.level, 0, raw
+                        yield due, phys, lane.level, offset, raw
                 offset += 1
 
     def _level_raw(self, phys: int, size: int) -> bytes | None:
