@@ -50,6 +50,7 @@ class Dom(HTMLParser):
         self.by_id: dict[str, str] = {}
         self.drawn = 0  # charts plotly finished drawing (data-drawn="yes")
         self.forms: list[dict] = []
+        self.links: list[tuple[str | None, str, str]] = []  # (nearest data-ms, class, href)
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
@@ -58,6 +59,9 @@ class Dom(HTMLParser):
             self.drawn += 1
         if tag == "form":
             self.forms.append({"action": a.get("action"), "fields": {}})
+        if tag == "a" and a.get("href"):
+            ms = next((e["data-ms"] for e in reversed(self.stack) if "data-ms" in e), None)
+            self.links.append((ms, a.get("class", ""), a["href"]))
         if tag == "input" and self.forms and a.get("name"):
             self.forms[-1]["fields"][a["name"]] = a.get("value", "")
         if tag not in self.VOID:
@@ -228,6 +232,34 @@ def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
     assert shot.read_bytes().startswith(PNG_MAGIC) and shot.stat().st_size > 20_000
     if os.environ.get("CHRONOQ_UPDATE_SCREENSHOT") == "1":
         shutil.copyfile(shot, os.path.join(ROOT, "docs", "images", "console-timer-horizon.png"))
+
+    # ---- each bin links to the list of its pending messages (in due order, paged)
+    h3_start = start + (later["h3"] * 1000 - start) // 3_600_000 * 3_600_000
+    [link] = [href for ms, cls, href in dom.links if ms == str(h3_start) and cls == "list"
+              and "to=%d" % (h3_start + 3_600_000) in href]
+    in_bin = {name: due * 1000 for name, due in later.items() if h3_start <= due * 1000 < h3_start + 3_600_000}
+    assert len(in_bin) > 8 and "h3" in in_bin and "h3b" in in_bin
+    listed, url, pages = [], link + "&limit=8", 0
+    while url:  # bounded: a page is 8 of about 20
+        pages += 1
+        assert pages <= 5
+        dom_list = page(tmp_path, base, url)
+        listed += [(int(ms), t) for i, _c, ms, t in dom_list.items if i == "pending-" + t]
+        url = next((href for _ms, _c, href in dom_list.links if "cursor=" in href), "")  # "next page"
+    assert pages == 3
+    # Exactly the bin's messages, in due order (their due times are distinct), each once.
+    assert [t for _ms, t in listed] == [ids[n] for n in sorted(in_bin, key=in_bin.get)]
+    assert [ms for ms, _t in listed] == sorted(in_bin.values())
+    first = [href for ms, cls, href in dom.links if ms == str(start) and cls == "list"]
+    assert all("from=" not in href for href in first)  # the first bin's list includes what is overdue
+    dom_list = page(tmp_path, base, "/console/timers/pending?key=key-m20")
+    assert [t for i, c, _ms, t in dom_list.items if i == "pending-" + ids["m20"] and c == ("keys",)] == ["key-m20"]
+    shot = tmp_path / "console-pending.png"
+    chromium(tmp_path, base + link.replace("&amp;", "&") + "&limit=12", f"--screenshot={shot}",
+             "--window-size=1280,700")
+    assert shot.read_bytes().startswith(PNG_MAGIC)
+    if os.environ.get("CHRONOQ_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shot, os.path.join(ROOT, "docs", "images", "console-pending.png"))
 
     # ---- lateness
     dom = page(tmp_path, base, "/console/lateness")
