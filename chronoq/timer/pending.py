@@ -49,7 +49,7 @@ from chronoq.timer.schedlog import ENTRY_HEAD_SIZE, MESSAGE
 
 LIMIT_DEFAULT = 100
 LIMIT_MAX = 1000
-SCAN_MAX = 100_000           # pending messages examined per page at most (filters that match little)
+SCAN_MAX = 20_000            # pending messages examined per page at most (filters that match little)
 LEVEL_READ_ENTRIES = 256     # consume-queue entries read per step of a level lane
 
 CURSOR_PREFIX = "p1."
@@ -93,7 +93,7 @@ class PendingMessage:
 @dataclass
 class PendingPage:
     """``next_cursor`` "": nothing more matches; otherwise more may (``scanned`` messages were
-    examined for this page, at most ``SCAN_MAX`` plus a bucket)."""
+    examined for this page, at most ``SCAN_MAX``)."""
     messages: list[PendingMessage] = field(default_factory=list)
     next_cursor: str = ""
     scanned: int = 0
