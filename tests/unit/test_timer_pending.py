@@ -11,6 +11,7 @@ from chronoq.core import errors
 from chronoq.core.clock import FakeClock
 from chronoq.timer import pending as pend
 from chronoq.timer.pending import PendingQuery
+from chronoq.timer.service import RecallOutcome
 from tests.unit.timerkit import T0, TOPIC, crash, drain, open_broker
 
 DAY = 86_400_000
@@ -171,6 +172,10 @@ def test_delay_level_messages_are_listed_in_due_order_with_their_real_topic(brok
     clock.advance(1_000)
     drain(broker)
     assert ids(listed(broker)) == [t.message_id, lv2.message_id]  # fired or recalled: absent
+    # A listed message's handle is the one its send answered: it recalls it (level and timer).
+    assert [m.recall_handle() for m in listed(broker)] == [t.recall_handle, lv2.recall_handle]
+    assert broker.recall(listed(broker)[-1].recall_handle()).outcome is RecallOutcome.CANCELLED
+    assert ids(listed(broker)) == [t.message_id]
 
 
 def test_a_filter_that_matches_little_stops_at_the_scan_budget_and_continues(broker, monkeypatch):
