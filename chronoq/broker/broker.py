@@ -39,6 +39,7 @@ from chronoq.store.diskspace import DiskSpace
 from chronoq.store.store import Prepared, Store, StoreOptions, Written
 from chronoq.timer import roll
 from chronoq.timer.keyed import KeyAnswer, KeyCancelResult
+from chronoq.timer.pending import PendingPage, PendingQuery
 from chronoq.timer.service import (Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick,
                                    TimerOptions, TimerService)
 
@@ -379,6 +380,15 @@ class Broker:
     def timer_stats(self, horizon_ms: int = 600_000) -> dict:
         """Lateness histogram, pending counts by due bucket, per-level backlog, lanes (plain dicts)."""
         return self.timer.stats(horizon_ms)
+
+    def pending(self, query: PendingQuery) -> PendingPage:
+        """One page of pending delayed messages (topic, key, due window, cursor), in due order:
+        ``chronoq.timer.pending`` (docs/timers.md, "Seeing what is pending")."""
+        return self.timer.pending(query)
+
+    def pending_span(self) -> tuple[int, int] | None:
+        """(first, end) of the pending messages' due times, None when none (for planning)."""
+        return self.timer.pending_span()
 
     # ----------------------------------------------------------------- message life trace
     def write_trace(self) -> int:

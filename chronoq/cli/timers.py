@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from chronoq.cli.remote import admin_call, remote_options
-from chronoq.cli.render import bars, duration_text, iso_ms, print_json, print_table
+from chronoq.cli.render import bars, duration_text, iso_ms, plural, print_json, print_table
 
 TIMERS_MINUTES_MAX = 10_080  # a week (the broker's limit)
 
@@ -92,12 +92,18 @@ def _print_timers(st, minutes: int) -> None:
         click.echo(f"note: {note}")
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--minutes", type=click.IntRange(1, TIMERS_MINUTES_MAX), default=10, show_default=True,
               help="How far ahead to count pending timer messages per minute.")
 @remote_options
-def timers(minutes, endpoint, timeout, as_json) -> None:
-    """Delayed delivery: lateness histogram, what fires per minute, backlog per delay level."""
+@click.pass_context
+def timers(ctx, minutes, endpoint, timeout, as_json) -> None:
+    """Delayed delivery: lateness histogram, what fires per minute, backlog per delay level.
+
+    Without a subcommand: the overview. `chronoq timers list` lists what is pending;
+    `chronoq timers cancel TOPIC --key K` cancels by message key."""
+    if ctx.invoked_subcommand is not None:
+        return
     st = admin_call(endpoint, timeout, "timer_stats", minutes)
     if as_json:
         print_json(_timers_json(st))
@@ -106,7 +112,7 @@ def timers(minutes, endpoint, timeout, as_json) -> None:
 
 
 # ------------------------------------------------------------------ timers cancel (cancel by key)
-@click.command("cancel")
+@timers.command("cancel")
 @click.argument("topic")
 @click.option("--key", required=True, help="The RocketMQ message key: every pending timer message of TOPIC "
                                            "carrying it is cancelled.")
@@ -120,7 +126,7 @@ def timers_cancel(topic, key, endpoint, timeout, as_json) -> None:
         print_json({"topic": r.topic, "key": r.key, "cancelled": cancelled, "delivered": delivered,
                     "truncated": r.truncated})
         return
-    click.echo(f"{len(cancelled)} pending message(s) of {r.topic} with key {r.key!r} cancelled"
+    click.echo(f"{plural(len(cancelled), 'pending message')} of {r.topic} with key {r.key!r} cancelled"
                + (f"; {len(delivered)} already delivered" if delivered else "")
                + ("; more remain: run it again" if r.truncated else ""))
     rows = [[m["message_id"], iso_ms(m["deliver_at_ms"]), "cancelled"] for m in cancelled]
@@ -129,16 +135,49 @@ def timers_cancel(topic, key, endpoint, timeout, as_json) -> None:
         print_table(None, ["MESSAGE ID", "DUE", "OUTCOME"], rows)
 
 
-def _with_verbs(command: click.Command, *verbs: click.Command) -> click.Group:
-    """``command`` as a group that still runs alone (``chronoq timers``) and takes ``verbs``."""
-    def run(**kwargs):
-        if click.get_current_context().invoked_subcommand is None:
-            command.callback(**kwargs)
-    group = click.Group(command.name, params=command.params, callback=run, help=command.help,
-                        invoke_without_command=True)
-    for verb in verbs:
-        group.add_command(verb)
-    return group
+
+# ---------------------------------------------------------------------------- timers list
+LIST_LIMIT_MAX = 1000  # the broker's (chronoq.timer.pending.LIMIT_MAX)
 
 
-timers = _with_verbs(timers, timers_cancel)
+def _pending_json(m) -> dict:
+    return {"due_ms": m.due_ms, "topic": m.topic, "queue": m.queue, "message_id": m.message_id,
+            "keys": list(m.keys), "tag": m.tag or None, "level": m.level or None, "ident": m.ident,
+            "properties": dict(m.properties), "message_group": m.message_group or None, "born_ms": m.born_ms,
+            "stored_ms": m.stored_ms, "body_bytes": m.body_bytes, "recall_handle": m.recall_handle}
+
+
+@timers.command("list")
+@click.argument("topic", required=False, default="")
+@click.option("--key", default="", metavar="KEY", help="Only messages carrying this message key.")
+@click.option("--from", "from_", default=None, metavar="TIME",
+              help="Due at or after TIME (epoch ms or ISO 8601, e.g. 2030-01-31T09:00:00Z).")
+@click.option("--to", default=None, metavar="TIME", help="Due before TIME (epoch ms or ISO 8601).")
+@click.option("--limit", type=click.IntRange(1, LIST_LIMIT_MAX), default=100, show_default=True,
+              help="Messages per page.")
+@click.option("--cursor", default="", metavar="C", help="Continue after the page that printed C.")
+@remote_options
+def timers_list(topic, key, from_, to, limit, cursor, endpoint, timeout, as_json) -> None:
+    """Pending delayed messages (not yet delivered, not recalled), in order of due time.
+
+    One page per call; when more may follow, the last line gives the --cursor for the next page
+    (same filters). Exit 0 (also for an empty page), 1 when the broker refuses the query.
+    """
+    from chronoq.cli.schedule import _parse_ms
+
+    from_ms = _parse_ms(from_, "--from") if from_ else None
+    to_ms = _parse_ms(to, "--to") if to else None
+    page = admin_call(endpoint, timeout, "list_pending", topic=topic, key=key, from_ms=from_ms, to_ms=to_ms,
+                      limit=limit, cursor=cursor)
+    if as_json:
+        print_json({"messages": [_pending_json(m) for m in page.messages], "next_cursor": page.next_cursor or None,
+                    "scanned": page.scanned})
+        return
+    if page.messages:
+        print_table(None, ["DUE (UTC)", "TOPIC", "MESSAGE ID", "KEYS"],
+                    [[iso_ms(m.due_ms)[:19].replace("T", " "), m.topic if not m.level else f"{m.topic} (L{m.level})",
+                      m.message_id, ", ".join(m.keys)] for m in page.messages], wrap=("TOPIC", "KEYS"))
+    else:
+        click.echo("no pending messages match" + (" on this page" if page.next_cursor else ""))
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}")

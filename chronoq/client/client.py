@@ -548,6 +548,17 @@ class AdminClient:
         Client._check(resp.status)
         return resp.schedule
 
+    async def list_pending(self, topic: str = "", key: str = "", from_ms: int | None = None,
+                           to_ms: int | None = None, limit: int = 0, cursor: str = "", bodies: bool = False,
+                           span: bool = False):
+        """``ListPendingResponse``: a page of pending delayed messages in due order (``limit`` 0:
+        100) and ``next_cursor`` ("" at the end) to get the next page with the same filters."""
+        resp = await self._stub.ListPending(self._apb.ListPendingRequest(
+            topic=topic, key=key, from_ms=from_ms, to_ms=to_ms, limit=limit, cursor=cursor, bodies=bodies,
+            span=span), timeout=self.timeout)
+        Client._check(resp.status)
+        return resp
+
     async def reschedule(self, recall_handle: str, deliver_at_ms: int):
         """``RescheduleResponse``; ``.outcome`` "rescheduled" comes with the new ``.recall_handle``."""
         resp = await self._stub.Reschedule(self._apb.RescheduleRequest(

@@ -14,7 +14,7 @@ import jinja2
 from aiohttp import web
 
 from chronoq.core import acl
-from chronoq.console import cancelkey, charts, schedules, topics, views
+from chronoq.console import cancelkey, charts, pending, schedules, topics, views
 from chronoq.core import console_settings
 from chronoq.console.lateness import LatenessRing
 
@@ -85,6 +85,7 @@ def setup(app: web.Application, runtime) -> None:
     r.add_get(PREFIX, redirect)
     r.add_get(PREFIX + "/", views.overview, name="console-overview")
     r.add_get(PREFIX + "/timers", views.timers, name="console-timers")
+    r.add_get(PREFIX + "/timers/pending", pending.pending, name="console-pending")
     r.add_get(PREFIX + "/lateness", views.lateness, name="console-lateness")
     r.add_get(PREFIX + "/topic/{name}", topics.topic_page, name="console-topic")
     r.add_get(PREFIX + "/lookup", views.lookup_page, name="console-lookup")

@@ -14,6 +14,9 @@ the bin edges and takes differences:
   ours; a delay-level message (an exact due time) so counts in the bin of its due time rounded to
   the nearest bucket;
 * the first bin also holds what is overdue (due, not yet delivered).
+
+The page's tables link each bin to ``/console/timers/pending`` with the bin's window
+(``chronoq.console.pending``); the first bin's link has no start, as it holds the overdue ones.
 """
 
 from __future__ import annotations

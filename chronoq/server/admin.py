@@ -40,6 +40,8 @@ Choices:
   ``ResendDeadLetters`` writes through ``Broker.write`` (the one send path), waits until that is
   durable whatever the flush policy, and only then moves the resend cursor (fsync). Offsets and
   the POP log they change are written on the loop, like Recall's fsync (rare operator actions).
+- ``ListPending`` (``chronoq timers list``, the Spark source's ``pending`` read) is
+  ``Broker.pending``: a page of pending delayed messages (``chronoq.timer.pending``). Admins only.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
 from chronoq.protocol.rocketmq import status
+from chronoq.server import pendingpb
 from chronoq.server.pipeline import PipelineRpcs
 
 TIMER_STATS_MINUTES_DEFAULT = 10
@@ -249,6 +252,20 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
             status=_ok(), topic=r.topic, key=r.key, truncated=r.truncated,
             cancelled=[apb.KeyedMessage(message_id=m, deliver_at_ms=due) for m, due in r.cancelled],
             delivered=[apb.KeyedMessage(message_id=m, deliver_at_ms=due) for m, due in r.delivered])
+
+    async def ListPending(self, request, context):
+        return _answer(apb.ListPendingResponse, "ListPending", self._list_pending, request)
+
+    def _list_pending(self, request) -> apb.ListPendingResponse:
+        # On the loop like every broker call: a page reads at most a bucket file or so more than
+        # its scan budget (chronoq.timer.pending).
+        self._check_open()
+        page = self.broker.pending(pendingpb.query_from(request))
+        span = self.broker.pending_span() if request.span else None
+        return apb.ListPendingResponse(
+            status=_ok(), messages=[pendingpb.pending_pb(m, request.bodies) for m in page.messages],
+            next_cursor=page.next_cursor, scanned=page.scanned,
+            span_from_ms=span[0] if span else 0, span_to_ms=span[1] if span else 0)
 
     # ------------------------------------------------------------------ recurring schedules
     # The book's calls run on the loop; each change is saved (fsync) and, for pause and delete, the

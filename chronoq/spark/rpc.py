@@ -190,6 +190,12 @@ class AdminRpc:
     def abort(self, sink_id: str, batch_id: int) -> int:
         return self._call("Abort", apb.AbortRequest(sink_id=sink_id, batch_id=batch_id)).discarded_rows
 
+    def list_pending(self, topic: str = "", key: str = "", from_ms: int | None = None, to_ms: int | None = None,
+                     limit: int = 0, cursor: str = "", bodies: bool = False, span: bool = False):
+        """A page of pending delayed messages (``ListPendingResponse``; chronoq.spark.pending)."""
+        return self._call("ListPending", apb.ListPendingRequest(
+            topic=topic, key=key, from_ms=from_ms, to_ms=to_ms, limit=limit, cursor=cursor, bodies=bodies, span=span))
+
     def flush_trace(self):
         return self._call("FlushTrace", apb.FlushTraceRequest())
 

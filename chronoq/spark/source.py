@@ -29,6 +29,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourc
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
 from chronoq.spark import offsets as offs
+from chronoq.spark import pending
 from chronoq.spark import rpc
 
 log = logging.getLogger("chronoq.spark")
@@ -45,7 +46,8 @@ TIMEOUT_S = 120.0
 # startingTimestamp.
 READ_OPTIONS = ("endpoints", "endpoint", "topic", "subscribe", "subscribePattern", "startingOffsets",
                 "startingTimestamp", "endingOffsets", "maxRecordsPerTrigger", "maxOffsetsPerTrigger", "maxRecordsPerPartition",
-                "failOnDataLoss", "timeoutSeconds", "accessKey", "secretKey", "tls", "tlsCaFile")
+                "failOnDataLoss", "timeoutSeconds", "accessKey", "secretKey", "tls", "tlsCaFile",
+                *pending.PENDING_OPTIONS)
 _READ_OPTIONS_LOWER = {name.lower() for name in READ_OPTIONS}
 
 
@@ -186,15 +188,20 @@ class ChronoqDataSource(DataSource):
         return NAME
 
     def schema(self):
-        return rpc.READ_DDL
+        return pending.PENDING_DDL if pending.wanted(self.options) else rpc.READ_DDL
 
     def _settings(self, reading: bool = False) -> Settings:
         return Settings.parse(self.options, reading)
 
     def reader(self, schema):
-        return ChronoqBatchReader(self._settings(reading=True))
+        settings = self._settings(reading=True)
+        if pending.wanted(self.options):  # what is still scheduled (chronoq.spark.pending)
+            return pending.PendingReader(settings, pending.PendingPlan.parse(self.options), _topics(settings))
+        return ChronoqBatchReader(settings)
 
     def streamReader(self, schema):
+        if pending.wanted(self.options):
+            raise ValueError("pending=true is a batch read (what is scheduled now); read it with spark.read")
         return ChronoqStreamReader(self._settings(reading=True))
 
     def writer(self, schema, overwrite: bool):
@@ -264,11 +271,16 @@ def _bounds(settings: Settings) -> dict[str, offs.Bounds]:
     """Every topic the query reads now -> its queues' bounds. A pattern is matched against the
     broker's user topics at each call, so a topic created later joins the stream (from its start)."""
     with settings.client() as client:
-        topics = settings.topics
-        if settings.pattern is not None:
-            regex = re.compile(settings.pattern)
-            topics = tuple(sorted(t for t in client.list_topics() if regex.fullmatch(t)))
-        return {topic: client.queue_offsets(topic) for topic in topics}
+        return {topic: client.queue_offsets(topic) for topic in _topics(settings)}
+
+
+def _topics(settings: Settings) -> list[str]:
+    """The topics named, or the user topics the pattern matches now."""
+    if settings.pattern is None:
+        return list(settings.topics)
+    with settings.client() as client:
+        regex = re.compile(settings.pattern)
+        return sorted(t for t in client.list_topics() if regex.fullmatch(t))
 
 
 def _start(settings: Settings, bounds: dict[str, offs.Bounds], default: str) -> dict[offs.Key, int]:

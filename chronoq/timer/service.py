@@ -17,6 +17,7 @@ method is called from the broker's one thread):
 ``keyed``          replace by key and cancel by key (the key index: ``keys``)
 ``checkpoint``     ``checkpoint.json``, the retention floor, ``maintenance``
 ``horizon``        ``stats``, ``pending_by_horizon`` and its cache
+``pending``        ``pending``: a page of the pending messages (topic, key, due window, cursor)
 ``service``        this facade: the state, ``tick`` and its effects, ``synced``, ``close``
 =================  ==============================================================================
 
@@ -86,6 +87,7 @@ from chronoq.timer.horizon import Horizon
 from chronoq.timer.keyed import Keyed
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
+from chronoq.timer.pending import PendingList
 from chronoq.timer.recall import (Answer, InFlight, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
                                   RescheduleOutcome, RescheduleResult)
 from chronoq.timer.replay import Replay
@@ -117,7 +119,8 @@ FLUSH_FILES_PER_TICK = 64
 FLUSH_TICK_MIN_BYTES = 256 * 1024
 
 
-class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, SendSide, Keyed):
+class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, PendingList, SendSide,
+                   Keyed):
     def __init__(self, store: Store, options: TimerOptions, clock, data_dir: str,
                  ensure_delay_topic: Callable[[int], None] | None = None):
         self.store = store

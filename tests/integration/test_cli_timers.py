@@ -165,3 +165,37 @@ def test_delay_levels_through_the_grpc_property(chronoq_endpoint):
             assert "ILLEGAL_DELIVERY_TIME" in str(info.value) and "levels are 1..18" in str(info.value)
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_timers_list_pages_filters_and_exit_statuses(cli):
+    topic, other = unique("cli-pending"), unique("cli-pending-o")
+    sent = [send_delayed(cli, topic, 600 + 60 * i, f"m{i}") for i in range(5)]
+    keyed = cli.json("send", topic, "keyed", "--delay", "900", "--key", "order-7")["messages"][0]
+    send_delayed(cli, other, 650)
+    want = [mid for mid, _h in sent[:5]]
+    want.insert(5, keyed["message_id"])  # due after 900 s, between m4 (840 s) and nothing
+    first = cli.json("timers", "list", topic, "--limit", "4")
+    assert [m["message_id"] for m in first["messages"]] == want[:4] and first["next_cursor"]
+    assert all(m["topic"] == topic for m in first["messages"])
+    dues = [m["due_ms"] for m in first["messages"]]
+    assert dues == sorted(dues)
+    rest = cli.json("timers", "list", topic, "--limit", "4", "--cursor", first["next_cursor"])
+    assert [m["message_id"] for m in rest["messages"]] == want[4:] and rest["next_cursor"] is None
+    by_key = cli.json("timers", "list", "--key", "order-7")
+    assert [(m["message_id"], m["keys"]) for m in by_key["messages"]] == [(keyed["message_id"], ["order-7"])]
+    window = cli.json("timers", "list", topic, "--from", str(dues[1]), "--to", str(dues[3]))
+    assert [m["message_id"] for m in window["messages"]] == want[1:3]
+    # The table: readable ids, and the cursor line when more may follow.
+    table = cli("timers", "list", topic, "--limit", "2").out
+    assert want[0] in table and want[1] in table and want[2] not in table and "more: --cursor " in table
+    # The handle a listed message carries recalls it; then it is no longer listed.
+    handle = first["messages"][0]["recall_handle"]
+    assert cli.json("message", "recall", handle)["outcome"] == "cancelled"
+    assert want[0] not in [m["message_id"] for m in cli.json("timers", "list", topic)["messages"]]
+    # Empty is a normal answer; a bad cursor is refused by the broker (1); bad usage is 2.
+    empty = cli("timers", "list", unique("cli-pending-none"))
+    assert "no pending messages match" in empty.out
+    assert cli.json("timers", "list", unique("cli-pending-none"))["messages"] == []
+    assert "cursor" in cli("timers", "list", "--cursor", "bogus", expect=1).err
+    assert "limit" in cli("timers", "list", "--limit", "0", expect=2).err.lower()
+    assert "--from" in cli("timers", "list", "--from", "yesterday", expect=2).err

@@ -52,6 +52,7 @@ class Dom(HTMLParser):
         self.drawn = 0  # charts in the page (SVG drawn by the server)
         self.forms: list[dict] = []
         self.refreshes = 0  # auto-refreshes the page's script made (<body data-refreshes>)
+        self.links: list[tuple[str | None, str, str]] = []  # (nearest data-ms, class, href)
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
@@ -62,6 +63,9 @@ class Dom(HTMLParser):
             self.refreshes = int(a.get("data-refreshes") or 0)
         if tag == "form":
             self.forms.append({"action": a.get("action"), "fields": {}})
+        if tag == "a" and a.get("href"):
+            ms = next((e["data-ms"] for e in reversed(self.stack) if "data-ms" in e), None)
+            self.links.append((ms, a.get("class", ""), a["href"]))
         if tag == "input" and self.forms and a.get("name"):
             self.forms[-1]["fields"][a["name"]] = a.get("value", "")
         if tag not in self.VOID:
@@ -256,6 +260,31 @@ def test_console_pages_show_the_real_numbers(chronoq_process, tmp_path):
     assert dom.number("due-hour") == sum(1 for d in dues if d < start + 3_600_000)
     assert dom.number("due-week") == len(later) and dom.number("overdue") == 0
     save_screenshot(tmp_path, base, "/console/timers", "console-timer-horizon.png", 1150)
+
+    # ---- each bin links to the list of its pending messages (in due order, paged)
+    # The bin of the ph3-* messages (due 150..690 s after the third hour from now: always inside one
+    # bin, wherever the current bucket starts)
+    h3_start = start + (later["ph3-0"] * 1000 - start) // 3_600_000 * 3_600_000
+    [link] = [href for ms, cls, href in dom.links if ms == str(h3_start) and cls == "list"
+              and "to=%d" % (h3_start + 3_600_000) in href]
+    in_bin = {name: due * 1000 for name, due in later.items() if h3_start <= due * 1000 < h3_start + 3_600_000}
+    assert len(in_bin) > 8 and {f"ph3-{j}" for j in range(19)} <= set(in_bin)
+    listed, url, pages = [], link + "&limit=8", 0
+    while url:  # bounded: a page is 8 of about 20
+        pages += 1
+        assert pages <= 5
+        dom_list = page(tmp_path, base, url)
+        listed += [(int(ms), t) for i, _c, ms, t in dom_list.items if i == "pending-" + t]
+        url = next((href for _ms, _c, href in dom_list.links if "cursor=" in href), "")  # "next page"
+    assert pages == 3
+    # Exactly the bin's messages, in due order (their due times are distinct), each once.
+    assert [t for _ms, t in listed] == [ids[n] for n in sorted(in_bin, key=in_bin.get)]
+    assert [ms for ms, _t in listed] == sorted(in_bin.values())
+    first = [href for ms, cls, href in dom.links if ms == str(start) and cls == "list"]
+    assert all("from=" not in href for href in first)  # the first bin's list includes what is overdue
+    dom_list = page(tmp_path, base, "/console/timers/pending?key=key-m20")
+    assert [t for i, c, _ms, t in dom_list.items if i == "pending-" + ids["m20"] and c == ("keys",)] == ["key-m20"]
+    save_screenshot(tmp_path, base, link.replace("&amp;", "&") + "&limit=12", "console-pending.png", 700)
 
     # ---- lateness
     dom = page(tmp_path, base, "/console/lateness")
