@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli import audit, message, schedule, send_receive, serve, stats, timers, topics
+from chronoq.cli import audit, cluster, message, schedule, send_receive, serve, stats, timers, topics
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,5 +32,6 @@ def main() -> None:
 
 
 for command in (serve.serve, topics.topic, topics.group, send_receive.send, send_receive.receive, timers.timers,
-                stats.stats, message.message, audit.audit, schedule.schedule):
+                stats.stats, message.message, audit.audit, schedule.schedule,
+                cluster.cluster, cluster.promote):
     main.add_command(command)

@@ -195,3 +195,11 @@ class NotYetImplemented(ChronoqError):
     """A feature chronoq will have but this build does not (delay, transactions, recall, ...)."""
 
     kind = "not_implemented"
+
+
+class PreconditionFailed(ChronoqError):
+    """The request is well formed but this node's role or state refuses it (a send to a replica,
+    a replica pointed at itself, at another replica, or at a primary whose log its own does not
+    prefix: ``chronoq.replication``)."""
+
+    kind = "precondition_failed"
