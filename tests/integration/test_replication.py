@@ -1,0 +1,244 @@
+"""Replication with real processes on loopback (docs/replication.md): a primary, a replica that
+follows it (``chronoq serve --replica-of``), failover by ``chronoq promote`` after ``kill -9`` of
+the primary, and the refusals (a replica pointed at itself, at another replica, at a primary
+whose log its own does not prefix, without credentials), each changing nothing on either side.
+Sends go through the official RocketMQ 5 Python client."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from chronoq.replication.client import ReplicationClient
+
+from .conftest import ROOT, ChronoqProcess, wait_until
+from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique
+
+CONFIG = "segment_bytes = 262144\n"  # small segments: the replica must roll where the primary did
+
+
+def cluster_status(endpoint: str, **credentials):
+    """``ClusterStatus`` of ``endpoint`` (on a thread of its own: the official client wants this
+    thread's event loop left alone)."""
+    async def ask():
+        async with ReplicationClient(endpoint, request_timeout_s=5, **credentials) as client:
+            return await client.status()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, ask()).result(30)
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "chronoq", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180, env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+
+
+def log_bytes(data_dir: str) -> dict[str, bytes]:
+    directory = os.path.join(data_dir, "commitlog")
+    out = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
+        if name.endswith(".log"):
+            with open(os.path.join(directory, name), "rb") as fh:
+                out[name] = fh.read()
+    return out
+
+
+def assert_log_is_prefix(replica_dir: str, primary_dir: str, primary_end: int | None = None) -> int:
+    """The replica's commit log is the primary's, byte for byte, up to the replica's end (same
+    segment files, each sealed one whole); returns that end. The primary's active segment has a
+    preallocated zero tail past its data: only a prefix of it is compared."""
+    replica, primary = log_bytes(replica_dir), log_bytes(primary_dir)
+    names = sorted(replica)
+    assert names and names == sorted(primary)[:len(names)], (names, sorted(primary))
+    for name in names[:-1]:
+        assert replica[name] == primary[name].rstrip(b"\0") or replica[name] == primary[name], name
+    last = names[-1]
+    assert primary[last][:len(replica[last])] == replica[last], last
+    end = int(last[:-4]) + len(replica[last])
+    if primary_end is not None:
+        assert end >= primary_end
+    return end
+
+
+def kill_9(proc: ChronoqProcess) -> None:
+    proc.proc.send_signal(signal.SIGKILL)
+    proc.proc.wait(10)
+    proc.stop(check=False)
+    assert proc.proc.returncode == -signal.SIGKILL
+
+
+def wait_caught_up(replica: ChronoqProcess, primary_end: int, timeout_s: float = 30.0) -> None:
+    wait_until(lambda: cluster_status(replica.endpoint).commit_end >= primary_end, timeout_s,
+               interval_s=0.1, what=f"the replica to reach {primary_end}")
+
+
+# ------------------------------------------------------------------------------------ failover
+def test_failover_keeps_every_copied_message_and_fires_timers_never_early(tmp_path):
+    primary = ChronoqProcess(str(tmp_path / "p"), CONFIG)
+    replica = None
+    try:
+        replica = ChronoqProcess(str(tmp_path / "r"), CONFIG, extra_args=("--replica-of", primary.endpoint))
+        plain, delayed, fifo, group = unique("plain"), unique("delayed"), unique("fifo"), unique("g")
+        sent_at = time.time()
+        due = {}  # delayed body -> due time (s): some during the outage, some after the promotion
+        with producer(primary.endpoint, plain, delayed, fifo) as p:
+            plain_ids = {p.send(make_message(plain, b"p%d" % i + b"x" * 2000)).message_id for i in range(120)}
+            fifo_bodies = [b"f%d-%d" % (g, i) for i in range(10) for g in range(3)]
+            for body in fifo_bodies:
+                p.send(make_message(fifo, body, group=f"mg-{body[1:2].decode()}"))
+            for i in range(16):
+                m = make_message(delayed, b"d%d" % i)
+                m.delivery_timestamp = due[m.body] = int(sent_at) + (4 if i % 2 else 14)
+                assert p.send(m).recall_handle
+        end = cluster_status(primary.endpoint).commit_end
+        wait_caught_up(replica, end)
+        st = cluster_status(primary.endpoint)
+        assert [r.endpoint for r in st.replicas] == [replica.endpoint]
+        assert_log_is_prefix(replica.data_dir, primary.data_dir, end)
+
+        kill_9(primary)  # every send above was acknowledged, and the replica had it
+        time.sleep(max(0.0, sent_at + 5 - time.time()))  # half the timers fall due during the outage
+        promoted = cli("promote", "--endpoint", replica.endpoint)
+        assert promoted.returncode == 0, promoted.stderr
+        assert "epoch 1" in promoted.stdout and "serving as the primary" in promoted.stdout
+        st = cluster_status(replica.endpoint)
+        assert (st.role, st.epoch) == ("primary", 1)
+
+        with simple_consumer(replica.endpoint, group, plain) as c:
+            got = receive_all(c, len(plain_ids), timeout_s=20)
+            assert {m.message_id for m in got} == plain_ids
+        with simple_consumer(replica.endpoint, group, fifo) as c:
+            bodies = []
+            deadline = time.monotonic() + 20
+            while len(bodies) < len(fifo_bodies) and time.monotonic() < deadline:
+                for m in c.receive(32, 30):
+                    bodies.append(m.body)
+                    c.ack(m)
+            assert sorted(bodies) == sorted(fifo_bodies)
+            for g in range(3):  # each message group in its order
+                mine = [b for b in bodies if b.startswith(b"f%d-" % g)]
+                assert mine == [b"f%d-%d" % (g, i) for i in range(10)]
+        with simple_consumer(replica.endpoint, group, delayed) as c:
+            seen = {}
+            deadline = time.monotonic() + 30
+            while len(seen) < len(due) and time.monotonic() < deadline:
+                for m in c.receive(32, 30):
+                    seen[m.body] = time.time()
+                    c.ack(m)
+        assert set(seen) == set(due)
+        early = {b: due[b] - t for b, t in seen.items() if t < due[b]}
+        assert not early, f"delivered early (s): {early}"
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop(check=False)
+
+
+# ------------------------------------------------------------------------------------ refusals
+def _sources(data_dir: str) -> dict[str, bytes]:
+    """What a refused replica (or the primary that refused it) must still hold, unchanged."""
+    out = {f"commitlog/{n}": b for n, b in log_bytes(data_dir).items() if b}  # (a new log's empty segment)
+    pop = os.path.join(data_dir, "pop")
+    for name in sorted(os.listdir(pop)) if os.path.isdir(pop) else ():
+        with open(os.path.join(pop, name), "rb") as fh:
+            out[f"pop/{name}"] = fh.read()
+    return out
+
+
+def _refused(data_dir: str, config: str, target: str, expect: str) -> None:
+    before = _sources(data_dir)
+    proc = ChronoqProcess(data_dir, config, extra_args=("--replica-of", target))
+    proc.proc.wait(30)
+    proc.stop(check=False)
+    assert proc.proc.returncode == 1, proc.output()
+    assert expect in proc.output(), proc.output()
+    assert _sources(data_dir) == before
+
+
+def test_refusals_change_nothing_on_either_side(tmp_path):
+    a = ChronoqProcess(str(tmp_path / "a"), CONFIG)
+    b = ChronoqProcess(str(tmp_path / "b"), CONFIG)
+    follower = None
+    try:
+        for proc, n in ((a, 30), (b, 50)):  # two clusters, with different histories
+            with producer(proc.endpoint, "orders") as p:
+                for i in range(n):
+                    p.send(make_message("orders", f"{proc.endpoint}-{i}".encode()))
+        follower = ChronoqProcess(str(tmp_path / "r"), CONFIG, extra_args=("--replica-of", a.endpoint))
+        wait_caught_up(follower, cluster_status(a.endpoint).commit_end)
+        a_before, b_before = _sources(a.data_dir), _sources(b.data_dir)
+
+        # At another replica: refused by it (and it is left as it was).
+        _refused(str(tmp_path / "r2"), CONFIG, follower.endpoint, "is a replica (of")
+        # At a primary whose log this one's does not prefix (b has other bytes where a's end).
+        follower.stop()
+        follower = None
+        _refused(str(tmp_path / "r"), CONFIG, b.endpoint, "not a prefix")
+        # At itself, by a name the configuration check cannot see through ("localhost").
+        me = str(tmp_path / "self")
+        port_probe = ChronoqProcess(me, CONFIG)  # a data directory with a log, and a known-free port
+        port = port_probe.port
+        port_probe.stop()
+        before = _sources(me)
+        proc = subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", me, "--port", str(port),
+                               "--host", "127.0.0.1", "--http-port", "off", "--replica-of", f"localhost:{port}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONPATH=ROOT))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "pointed at itself" in proc.stderr, proc.stderr
+        assert _sources(me) == before
+        # The primaries answered nothing that changed them.
+        assert _sources(a.data_dir) == a_before and _sources(b.data_dir) == b_before
+        assert cluster_status(a.endpoint).role == "primary" and cluster_status(b.endpoint).role == "primary"
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()
+
+
+def test_the_own_address_is_refused_before_anything_opens(tmp_path):
+    proc = cli("serve", "--data-dir", str(tmp_path / "x"), "--port", "18999", "--replica-of", "127.0.0.1:18999")
+    assert proc.returncode == 2, proc.stderr
+    assert "this broker's own address" in proc.stderr
+    assert not os.path.exists(tmp_path / "x")
+
+
+AUTH = textwrap.dedent("""
+    [auth]
+    enabled = true
+    [[auth.users]]
+    access_key = "root"
+    secret_key = "root-secret-5d03"
+    admin = true
+    [[auth.users]]
+    access_key = "app"
+    secret_key = "app-secret-0b7e"
+    publish = ["*"]
+""")
+
+
+def test_pulls_are_authenticated_when_access_control_is_on(tmp_path):
+    primary = ChronoqProcess(str(tmp_path / "p"), CONFIG + AUTH)
+    replica = None
+    try:
+        _refused(str(tmp_path / "anon"), CONFIG, primary.endpoint, "UNAUTHORIZED")
+        _refused(str(tmp_path / "app"), CONFIG + 'replication_access_key = "app"\n'
+                 'replication_secret_key = "app-secret-0b7e"\n', primary.endpoint, "FORBIDDEN")
+        replica = ChronoqProcess(str(tmp_path / "r"), CONFIG + 'replication_access_key = "root"\n'
+                                 'replication_secret_key = "root-secret-5d03"\n',
+                                 extra_args=("--replica-of", primary.endpoint))
+        root = {"access_key": "root", "secret_key": "root-secret-5d03"}
+        end = cluster_status(primary.endpoint, **root).commit_end
+        wait_until(lambda: cluster_status(replica.endpoint).commit_end >= end, 20, what="the replica to follow")
+        assert cluster_status(replica.endpoint).state == "caught up"
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
