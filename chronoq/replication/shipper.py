@@ -50,6 +50,7 @@ class PrimaryNode:
         self.epoch = position.current_epoch(self.store)
         # node id -> the replica's last pull: (endpoint, durable position, wall ms)
         self.replicas: dict[str, tuple[str, int, int]] = {}
+        self._caught_up_ms: dict[str, int] = {}  # node id -> when it last held the whole durable log
         self._wake: asyncio.Event | None = None
         broker.add_arrival_listener(self._arrived)
 
@@ -65,6 +66,8 @@ class PrimaryNode:
         self._check_prefix(req)
         now = self.broker.clock.wall_ms()
         self.replicas[req.node_id] = (req.endpoint, req.position.commit, now)
+        if req.position.commit >= self.store.log.synced or req.node_id not in self._caught_up_ms:
+            self._caught_up_ms[req.node_id] = now
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(req.wait_ms, 0), WAIT_MAX_MS) / 1000
         if self._wake is None:
@@ -151,10 +154,15 @@ class PrimaryNode:
         raise errors.PreconditionFailed(f"this node is already the primary (epoch {self.epoch}); "
                                         "promote a replica")
 
-    def lag_figures(self) -> dict[str, int]:
-        """Per replica endpoint (or node id): bytes it lacks of the durable log (for /metrics)."""
-        synced = self.store.log.synced
-        return {(ep or node): max(0, synced - pos) for node, (ep, pos, _seen) in self.replicas.items()}
+    def lag_figures(self) -> dict[str, tuple[int, float]]:
+        """Per replica (endpoint, or node id): (bytes of the durable log it lacks, seconds since it
+        last held all of it), as of its last pull (for /metrics)."""
+        synced, now = self.store.log.synced, self.broker.clock.wall_ms()
+        out = {}
+        for node, (ep, pos, _seen) in self.replicas.items():
+            behind = max(0, synced - pos)
+            out[ep or node] = (behind, (now - self._caught_up_ms.get(node, now)) / 1000 if behind else 0.0)
+        return out
 
 
 def _ok() -> apb.Status:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 from chronoq.replication.client import ReplicationClient
 
@@ -100,6 +101,9 @@ def test_failover_keeps_every_copied_message_and_fires_timers_never_early(tmp_pa
         wait_caught_up(replica, end)
         st = cluster_status(primary.endpoint)
         assert [r.endpoint for r in st.replicas] == [replica.endpoint]
+        metrics = urllib.request.urlopen(primary.http_url + "metrics", timeout=10).read().decode()
+        for family in ("chronoq_replication_lag_bytes", "chronoq_replication_lag_seconds"):
+            assert f'{family}{{replica="{replica.endpoint}"}}' in metrics
         assert_log_is_prefix(replica.data_dir, primary.data_dir, end)
 
         kill_9(primary)  # every send above was acknowledged, and the replica had it
