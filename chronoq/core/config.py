@@ -128,6 +128,11 @@ class BrokerConfig:
     # a replica of that primary (empty: a primary). The replica's pulls are signed with these
     # credentials when the primary has access control on (an admin user there).
     replica_of: str = ""
+    # A primary's acknowledgements: "async" (after its own fsync) or "sync" (also after a replica
+    # reported the record durable; none in sync within replication_sync_timeout_ms: the send is
+    # answered SLAVE_PERSISTENCE_TIMEOUT, the record stays stored here).
+    replication: str = "async"
+    replication_sync_timeout_ms: int = 5000
     replication_access_key: str = ""
     replication_secret_key: str = field(default="", repr=False)
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
@@ -174,6 +179,11 @@ class BrokerConfig:
         return self
 
     def _validate_replication(self) -> None:
+        if self.replication not in ("async", "sync"):
+            raise errors.ClientError(f"replication must be 'async' or 'sync', not {self.replication!r}")
+        if not 100 <= self.replication_sync_timeout_ms <= 600_000:
+            raise errors.ClientError("replication_sync_timeout_ms must be 100 ms to 10 min, not "
+                                     f"{self.replication_sync_timeout_ms}")
         if not self.replica_of:
             return
         host, sep, port = self.replica_of.rpartition(":")

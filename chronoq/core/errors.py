@@ -203,3 +203,11 @@ class PreconditionFailed(ChronoqError):
     prefix: ``chronoq.replication``)."""
 
     kind = "precondition_failed"
+
+
+class ReplicaTimeout(ChronoqError):
+    """``replication = "sync"``: the record is durable here, but no in-sync replica reported it
+    durable in time (``chronoq.replication.shipper``). A resend with the same message id is
+    answered from the dedupe window, not stored twice."""
+
+    kind = "replica_timeout"

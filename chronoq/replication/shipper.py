@@ -23,6 +23,8 @@ needs a fresh copy).
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import os
 
 import google_crc32c
@@ -53,6 +55,12 @@ class PrimaryNode:
         self._caught_up_ms: dict[str, int] = {}  # node id -> when it last held the whole durable log
         self._wake: asyncio.Event | None = None
         broker.add_arrival_listener(self._arrived)
+        # Sync replication (``replicated``): the highest position a replica reported durable, and
+        # the acknowledgements waiting for one: a heap of (ticket, sequence, future).
+        self.sync_timeout_ms = broker.config.replication_sync_timeout_ms
+        self.acked = 0
+        self._acks: list[tuple[int, int, asyncio.Future]] = []
+        self._ack_seq = itertools.count()
 
     def _arrived(self) -> None:
         if self._wake is not None:
@@ -66,6 +74,7 @@ class PrimaryNode:
         self._check_prefix(req)
         now = self.broker.clock.wall_ms()
         self.replicas[req.node_id] = (req.endpoint, req.position.commit, now)
+        self._replica_acked(req.position.commit)
         if req.position.commit >= self.store.log.synced or req.node_id not in self._caught_up_ms:
             self._caught_up_ms[req.node_id] = now
         loop = asyncio.get_running_loop()
@@ -137,6 +146,38 @@ class PrimaryNode:
             resp.snapshots.append(apb.SnapshotFile(name=name, version=version, content=content))
             news = True
         return resp, news
+
+    # ------------------------------------------------------------------ sync replication
+    async def replicated(self, ticket: int) -> None:
+        """Return once a replica reported the log durable up to ``ticket`` (its next pull after it
+        copied it: one report answers every acknowledgement waiting at or below it, so group commit
+        covers the round trip). Raises ``errors.ReplicaTimeout`` at once when no replica pulled in
+        the last ``replication_sync_timeout_ms`` (none in sync), or when none reports in that time."""
+        if self.acked >= ticket:
+            return
+        now, timeout_ms = self.broker.clock.wall_ms(), self.sync_timeout_ms
+        if not any(now - seen <= timeout_ms for _ep, _pos, seen in self.replicas.values()):
+            raise errors.ReplicaTimeout(
+                f"replication = sync and no replica is in sync (none pulled in the last {timeout_ms} ms): "
+                "the message is stored on this primary only")
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._acks, (ticket, next(self._ack_seq), fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise errors.ReplicaTimeout(
+                f"replication = sync: no replica reported offset {ticket} durable within {timeout_ms} ms "
+                "(replication_sync_timeout_ms): the message is stored on this primary") from None
+
+    def _replica_acked(self, position_: int) -> None:
+        if position_ <= self.acked:
+            return
+        self.acked = position_
+        acks = self._acks
+        while acks and acks[0][0] <= position_:
+            fut = heapq.heappop(acks)[2]
+            if not fut.done():
+                fut.set_result(None)
 
     # ------------------------------------------------------------------ status and promotion
     async def status(self, _req=None) -> apb.ClusterStatusResponse:

@@ -258,6 +258,8 @@ class Runtime:
             from chronoq.replication.shipper import PrimaryNode
 
             self.replication = PrimaryNode(broker, self.pop, self.node_id)
+            if self.config.replication == "sync":  # acknowledgements wait for a replica too
+                self.committer.replicated = self.replication.replicated
             from chronoq.server.scheduling import open_schedules, run_schedules
 
             self.schedules, wake = open_schedules(broker), asyncio.Event()

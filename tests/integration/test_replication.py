@@ -16,6 +16,8 @@ import textwrap
 import time
 import urllib.request
 
+import pytest
+
 from chronoq.replication.client import ReplicationClient
 
 from .conftest import ROOT, ChronoqProcess, wait_until
@@ -246,3 +248,40 @@ def test_pulls_are_authenticated_when_access_control_is_on(tmp_path):
         if replica is not None:
             replica.stop()
         primary.stop()
+
+
+# ------------------------------------------------------------------------------------ sync acks
+def test_sync_replication_acknowledges_only_what_a_replica_holds(tmp_path):
+    config = CONFIG + 'replication = "sync"\nreplication_sync_timeout_ms = 1500\n'
+    primary = ChronoqProcess(str(tmp_path / "p"), config)
+    replica = None
+    topic, group = unique("sync"), unique("g")
+    try:
+        with producer(primary.endpoint, topic) as p:
+            with pytest.raises(Exception) as info:  # no replica: refused at once, and clearly
+                p.send(make_message(topic, b"alone"))
+            assert "no replica is in sync" in str(info.value), info.value
+            replica = ChronoqProcess(str(tmp_path / "r"), config, extra_args=("--replica-of", primary.endpoint))
+            wait_until(lambda: cluster_status(primary.endpoint).replicas, 20, what="the replica's first pull")
+            acked = {p.send(make_message(topic, b"s%d" % i)).message_id for i in range(20)}
+            os.kill(replica.proc.pid, signal.SIGSTOP)  # a replica that holds nothing more
+            try:
+                with pytest.raises(Exception) as info:
+                    p.send(make_message(topic, b"unreplicated"))
+                assert "SLAVE_PERSISTENCE_TIMEOUT" in str(info.value) or "in sync" in str(info.value), info.value
+            finally:
+                os.kill(replica.proc.pid, signal.SIGCONT)
+            resumed_ms = time.time() * 1000
+            wait_until(lambda: cluster_status(primary.endpoint).replicas[0].last_pull_ms > resumed_ms, 20,
+                       what="the resumed replica to pull again (back in sync)")
+            acked |= {p.send(make_message(topic, b"t%d" % i)).message_id for i in range(20)}
+        kill_9(primary)  # at once: under sync every acknowledged send is on the replica already
+        promoted = cli("promote", "--endpoint", replica.endpoint)
+        assert promoted.returncode == 0, promoted.stderr
+        with simple_consumer(replica.endpoint, group, topic) as c:
+            got = {m.message_id for m in receive_all(c, len(acked) + 2, timeout_s=10)}  # (+ "alone", "unreplicated": stored here)
+        assert acked <= got, len(acked - got)
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop(check=False)
