@@ -56,6 +56,7 @@ class Follower:
         self.primary_epoch = -1
         self.caught_up_ms: int | None = None  # last time this replica held all the primary had
         self.pulls = 0
+        self.epoch = position.current_epoch(store)  # this log's (kept by ``apply``: the store is its thread's)
         self._stopping = False
         self._pull: asyncio.Future | None = None
         self._checkpointed_ms = clock.wall_ms()
@@ -136,6 +137,7 @@ class Follower:
             store.append_shipped(resp.commit_offset, resp.segment_base, resp.commit_bytes)
             store.sync()
             store.dispatch_shipped()
+            self.epoch = position.current_epoch(store)
         if resp.pop_generation:
             self._apply_pop(resp.pop_generation, resp.pop_offset, resp.pop_bytes)
         for snap in resp.snapshots:

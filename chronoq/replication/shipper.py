@@ -38,6 +38,7 @@ WAIT_MAX_MS = 30_000
 WAIT_TICK_S = 0.05
 MAX_BYTES_DEFAULT = 4 << 20
 MAX_BYTES_LIMIT = 64 << 20
+REPLICA_FORGET_MS = 600_000  # a replica that has not pulled for this long leaves status and metrics
 
 
 class PrimaryNode:
@@ -74,6 +75,10 @@ class PrimaryNode:
         self._check_prefix(req)
         now = self.broker.clock.wall_ms()
         self.replicas[req.node_id] = (req.endpoint, req.position.commit, now)
+        if len(self.replicas) > 1:  # a node id per replica process: forget the ones gone quiet (bounded)
+            for node in [n for n, (_e, _p, seen) in self.replicas.items() if now - seen > REPLICA_FORGET_MS]:
+                del self.replicas[node]
+                self._caught_up_ms.pop(node, None)
         self._replica_acked(req.position.commit)
         if req.position.commit >= self.store.log.synced or req.node_id not in self._caught_up_ms:
             self._caught_up_ms[req.node_id] = now

@@ -69,7 +69,7 @@ class ReplicaNode:
         f = self.follower
         return apb.ClusterStatusResponse(
             status=apb.Status(code=codes.OK, message="OK"), role=self.role,
-            epoch=position.current_epoch(self.store), node_id=self.node_id, commit_end=f.commit,
+            epoch=f.epoch, node_id=self.node_id, commit_end=f.commit,
             pop_generation=f.pop_generation, pop_offset=f.pop_offset, following=self.config.replica_of,
             state=f.state, primary_synced=f.primary_synced, lag_bytes=f.lag_bytes(), lag_ms=f.lag_ms())
 
