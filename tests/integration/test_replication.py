@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import signal
 import subprocess
@@ -202,6 +203,11 @@ def test_refusals_change_nothing_on_either_side(tmp_path):
         # The primaries answered nothing that changed them.
         assert _sources(a.data_dir) == a_before and _sources(b.data_dir) == b_before
         assert cluster_status(a.endpoint).role == "primary" and cluster_status(b.endpoint).role == "primary"
+        # A primary is not promoted again; the CLI says so and exits 1.
+        refused = cli("promote", "--endpoint", a.endpoint)
+        assert refused.returncode == 1 and "already the primary" in refused.stderr, refused.stderr
+        shown = json.loads(cli("cluster", "status", "--endpoint", a.endpoint, "--json").stdout)
+        assert (shown["role"], shown["epoch"]) == ("primary", 0) and shown["replicas"], shown
     finally:
         if follower is not None:
             follower.stop()
