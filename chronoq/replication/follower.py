@@ -7,8 +7,10 @@ would (``Store.dispatch_shipped``); then the POP log bytes (a new generation is 
 temporary file, fsynced and renamed into place, as the primary's own compaction does; an
 appended batch is written at the file's end and fsynced) and the changed snapshot files
 (atomically, as their owners write them). The next pull reports the new position: that is the
-report of what is durable here. The file work runs on a worker thread; the store is touched by
-that thread only while the loop awaits it.
+report of what is durable here. The file work runs on worker threads, one at a time: ``write`` (commit
+log, POP log, snapshots, durable) then ``dispatch`` (the consume queues, and a checkpoint now and
+then), which runs while the next pull is under way, so the report of a durable position does not
+wait for the consume queues.
 
 A crash anywhere leaves a state the store's recovery repairs (a torn commit-log tail is cut:
 ``chronoq.store.recovery``; a torn POP log tail likewise at promotion: ``chronoq.pop.poplog``)
@@ -56,9 +58,12 @@ class Follower:
         self.primary_epoch = -1
         self.caught_up_ms: int | None = None  # last time this replica held all the primary had
         self.pulls = 0
-        self.epoch = position.current_epoch(store)  # this log's (kept by ``apply``: the store is its thread's)
+        # Kept by the writer thread (``write``, ``dispatch``): the store is theirs while they run.
+        self.epoch = position.current_epoch(store)
+        self._tail = position.tail(store, store.log.synced)
         self._stopping = False
         self._pull: asyncio.Future | None = None
+        self._dispatching: asyncio.Future | None = None  # the last answer's dispatch, still running
         self._checkpointed_ms = clock.wall_ms()
 
     @property
@@ -75,7 +80,7 @@ class Follower:
 
     def request(self):
         apb = self.client.apb
-        tail_from, crc = position.tail(self.store, self.commit)
+        tail_from, crc = self._tail
         return apb.PullRequest(
             node_id=self.node_id, endpoint=self.endpoint, tail_from=tail_from, tail_crc=crc, wait_ms=WAIT_MS,
             max_bytes=MAX_BYTES, snapshot_versions=self.snapshot_versions,
@@ -84,6 +89,12 @@ class Follower:
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> None:
+        try:
+            await self._follow()
+        finally:
+            await self._settle()
+
+    async def _follow(self) -> None:
         import grpc
 
         backoff = RETRY_MIN_S
@@ -114,8 +125,18 @@ class Follower:
                 backoff = min(RETRY_MAX_S, backoff * 2)
                 continue
             backoff = RETRY_MIN_S
-            # Not cancelled by ``stop``: a write in progress finishes before the store closes.
-            await asyncio.get_running_loop().run_in_executor(None, self.apply, resp)
+            # Not cancelled by ``stop``: a write in progress finishes before the store closes. The
+            # dispatch runs while the next pull (which reports the position) is under way.
+            loop = asyncio.get_running_loop()
+            await self._settle()
+            await loop.run_in_executor(None, self.write, resp)
+            self._dispatching = loop.run_in_executor(None, self.dispatch, resp)
+
+    async def _settle(self) -> None:
+        """Wait for the last answer's dispatch (before the next write, and before the store closes)."""
+        if self._dispatching is not None:
+            dispatching, self._dispatching = self._dispatching, None
+            await asyncio.shield(dispatching)
 
     async def _sleep(self, seconds: float) -> None:
         for _ in range(int(seconds / 0.05) + 1):
@@ -130,14 +151,13 @@ class Follower:
             self._pull.cancel()
 
     # ------------------------------------------------------------------ applying an answer
-    def apply(self, resp) -> None:
+    def write(self, resp) -> None:
         """Write what ``resp`` carries, durably, in order: commit log, POP log, snapshots."""
         store = self.store
         if resp.commit_bytes:
             store.append_shipped(resp.commit_offset, resp.segment_base, resp.commit_bytes)
             store.sync()
-            store.dispatch_shipped()
-            self.epoch = position.current_epoch(store)
+            self._tail = position.tail(store, store.log.synced)
         if resp.pop_generation:
             self._apply_pop(resp.pop_generation, resp.pop_offset, resp.pop_bytes)
         for snap in resp.snapshots:
@@ -157,9 +177,18 @@ class Follower:
             self.state = "caught up"
         else:
             self.state = "following"
+
+    def dispatch(self, resp) -> None:
+        """The copied records into the consume queues (``Store.dispatch_shipped``); a checkpoint
+        every ``checkpoint_interval_ms`` (the queues durable: a restart replays less)."""
+        store = self.store
+        if resp.commit_bytes:
+            store.dispatch_shipped()
+            self.epoch = position.current_epoch(store)
+        now = self.clock.wall_ms()
         if now - self._checkpointed_ms >= self.checkpoint_interval_ms:
             self._checkpointed_ms = now
-            store.checkpoint()  # consume queues durable: a restart replays less
+            store.checkpoint()
 
     def _apply_pop(self, generation: int, offset: int, data: bytes) -> None:
         path = position.pop_file(self.data_dir, generation)
