@@ -134,7 +134,8 @@ async def failover(primary_proc, replica: str, topic: str) -> dict:
 
 async def run_round(args, root: str, round_no: int) -> None:
     rates: dict[tuple[str, str], float] = {}
-    for mode in ("none", "async", "sync"):
+    modes = ("none", "async", "sync")
+    for mode in modes[round_no % 3:] + modes[:round_no % 3]:  # each mode first in turn: no order bias
         base = os.path.join(root, f"{mode}-{round_no}")
         config = f'replication = "{mode if mode != "none" else "async"}"\n'
         primary_proc, primary = start(base + "-p", config)
@@ -149,9 +150,6 @@ async def run_round(args, root: str, round_no: int) -> None:
                 ctx = {"mode": mode, "shape": shape, "batch": batch, "concurrency": args.concurrency,
                        "seconds": args.seconds, "round": round_no}
                 emit(f"replication_send_{shape}", round(out["rate"]), "msgs/s", **ctx)
-                if mode != "none":
-                    emit(f"replication_{shape}_ratio", round(out["rate"] / rates[("none", shape)], 3),
-                         "x of no replica", **ctx)
                 if out["lags"]:
                     emit("replication_lag_under_load_p50", statistics.median(out["lags"]), "bytes", **ctx)
                     emit("replication_lag_under_load_max", max(out["lags"]), "bytes", **ctx)
@@ -167,6 +165,13 @@ async def run_round(args, root: str, round_no: int) -> None:
             for proc in (replica_proc, primary_proc):
                 if proc is not None:
                     stop(proc)
+    for shape in ("batched", "single"):  # the ratios once the round's three modes ran
+        none = rates[("none", shape)]
+        for mode in ("async", "sync"):
+            emit(f"replication_{shape}_ratio", round(rates[(mode, shape)] / none, 3), "x of no replica",
+                 mode=mode, shape=shape, round=round_no)
+        emit(f"replication_{shape}_sync_vs_async", round(rates[("sync", shape)] / rates[("async", shape)], 3),
+             "x of async", shape=shape, round=round_no)
 
 
 def main() -> None:
