@@ -41,6 +41,10 @@ from chronoq.store.store import Prepared, Store
 # tests/unit/test_replication.py holds the names to those constants.
 SNAPSHOT_FILES = ("topics.json", "offsets.json", "groups.json", "schedules.json", "staging.json",
                   "commitlog/lost.json")
+# Configuration that names no log position: shipped in every answer after it changed, so even a
+# replica that never caught up opens with the primary's topics and groups at promotion. The
+# others go only with an answer that reaches the durable end (``chronoq.replication.shipper``).
+CONFIG_FILES = ("topics.json", "groups.json")
 TAIL_BYTES = 4096
 EPOCH_TOPIC = "CHRONOQ_EPOCH"
 PROP_EPOCH = "__EPOCH"

@@ -2,8 +2,9 @@
 
 A pull names the replica's durable position (``chronoq.replication.position``). The answer
 carries, from what is fsynced here only: the commit-log bytes from that position (whole records,
-one segment, at most ``max_bytes``: ``Store.read_durable``), and, when those bytes reach the
-durable end, the POP log bytes the replica lacks and the snapshot files that changed. POP log
+one segment, at most ``max_bytes``: ``Store.read_durable``), the configuration snapshots that
+changed (``position.CONFIG_FILES``: they name no log position), and, when those bytes reach the
+durable end, the POP log bytes the replica lacks and the other snapshot files that changed. POP log
 and snapshots are read *before* the durable end is taken, all on the event loop without a pause
 between (the only thread that writes them or compacts the POP log), so what a replica receives in
 one answer is the primary's state at one moment, with the commit log at least as far as the POP
@@ -134,21 +135,18 @@ class PrimaryNode:
                                 commit_offset=at, commit_bytes=data, primary_synced=synced, epoch=self.epoch,
                                 node_id=self.node_id, wall_ms=self.broker.clock.wall_ms())
         news = bool(data)
-        if at + len(data) < synced:
-            return resp, news  # POP log and snapshots only with a commit log that reaches them
+        caught_up = at + len(data) >= synced
+        for name, version in changed:  # POP log and most snapshots only with a log that reaches them
+            if caught_up or name in position.CONFIG_FILES:
+                resp.snapshots.append(_snapshot(self.data_dir, name, version))
+                news = True
+        if not caught_up:
+            return resp, news
         have_gen, have_off = req.position.pop_generation, req.position.pop_offset
         if pop_gen and (have_gen != pop_gen or have_off != pop_size):
             start = have_off if have_gen == pop_gen and have_off < pop_size else 0
             resp.pop_generation, resp.pop_offset = pop_gen, start
             resp.pop_bytes = _read_file(pop_log.path, start, pop_size)
-            news = True
-        for name, version in changed:
-            path = os.path.join(self.data_dir, name)
-            content = b""
-            if version:
-                with open(path, "rb") as fh:
-                    content = fh.read()
-            resp.snapshots.append(apb.SnapshotFile(name=name, version=version, content=content))
             news = True
         return resp, news
 
@@ -213,6 +211,14 @@ class PrimaryNode:
 
 def _ok() -> apb.Status:
     return apb.Status(code=codes.OK, message="OK")
+
+
+def _snapshot(data_dir: str, name: str, version: str) -> apb.SnapshotFile:
+    content = b""
+    if version:
+        with open(os.path.join(data_dir, name), "rb") as fh:
+            content = fh.read()
+    return apb.SnapshotFile(name=name, version=version, content=content)
 
 
 def _read_file(path: str, start: int, end: int) -> bytes:

@@ -146,3 +146,28 @@ def test_replication_sits_below_the_shells():
         bad = {n for n in names for shell in ("chronoq.server", "chronoq.cli", "chronoq.console", "chronoq.spark")
                if n == shell or n.startswith(shell + ".")}
         assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_a_lagging_answer_carries_configuration_only(tmp_path):
+    """Topics and groups travel with any answer; what names log positions only with the log that
+    reaches it (``PrimaryNode._answer``)."""
+    from chronoq.broker.broker import Broker, OutgoingMessage
+    from chronoq.core.config import BrokerConfig
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.replication.shipper import PrimaryNode
+
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p")))
+    try:
+        broker.send_batch([OutgoingMessage("orders", b"x" * 500) for _ in range(20)])
+        for name in ("offsets.json", "schedules.json"):  # (contents do not matter here)
+            with open(tmp_path / "p" / name, "wb") as fh:
+                fh.write(b"{}")
+        node = PrimaryNode(broker, None, "primary")
+        lagging, _ = node._answer(apb.PullRequest(node_id="r", max_bytes=600))
+        assert lagging.commit_bytes and len(lagging.commit_bytes) < broker.store.log.synced
+        assert {s.name for s in lagging.snapshots} == {"topics.json"}
+        whole, _ = node._answer(apb.PullRequest(node_id="r"))
+        assert len(whole.commit_bytes) == broker.store.log.synced
+        assert {"topics.json", "offsets.json", "schedules.json"} <= {s.name for s in whole.snapshots}
+    finally:
+        broker.close()
