@@ -176,28 +176,31 @@ def _refused(data_dir: str, config: str, target: str, expect: str) -> None:
     assert _sources(data_dir) == before
 
 
+QUIET = CONFIG + "trace_enabled = false\n"  # a primary that writes nothing of its own accord
+
+
 def test_refusals_change_nothing_on_either_side(tmp_path):
-    a = ChronoqProcess(str(tmp_path / "a"), CONFIG)
-    b = ChronoqProcess(str(tmp_path / "b"), CONFIG)
+    a = ChronoqProcess(str(tmp_path / "a"), QUIET)
+    b = ChronoqProcess(str(tmp_path / "b"), QUIET)
     follower = None
     try:
         for proc, n in ((a, 30), (b, 50)):  # two clusters, with different histories
             with producer(proc.endpoint, "orders") as p:
                 for i in range(n):
                     p.send(make_message("orders", f"{proc.endpoint}-{i}".encode()))
-        follower = ChronoqProcess(str(tmp_path / "r"), CONFIG, extra_args=("--replica-of", a.endpoint))
+        follower = ChronoqProcess(str(tmp_path / "r"), QUIET, extra_args=("--replica-of", a.endpoint))
         wait_caught_up(follower, cluster_status(a.endpoint).commit_end)
         a_before, b_before = _sources(a.data_dir), _sources(b.data_dir)
 
         # At another replica: refused by it (and it is left as it was).
-        _refused(str(tmp_path / "r2"), CONFIG, follower.endpoint, "is a replica (of")
+        _refused(str(tmp_path / "r2"), QUIET, follower.endpoint, "is a replica (of")
         # At a primary whose log this one's does not prefix (b has other bytes where a's end).
         follower.stop()
         follower = None
-        _refused(str(tmp_path / "r"), CONFIG, b.endpoint, "not a prefix")
+        _refused(str(tmp_path / "r"), QUIET, b.endpoint, "not a prefix")
         # At itself, by a name the configuration check cannot see through ("localhost").
         me = str(tmp_path / "self")
-        port_probe = ChronoqProcess(me, CONFIG)  # a data directory with a log, and a known-free port
+        port_probe = ChronoqProcess(me, QUIET)  # a data directory with a log, and a known-free port
         port = port_probe.port
         port_probe.stop()
         before = _sources(me)
