@@ -260,9 +260,13 @@ def test_pulls_are_authenticated_when_access_control_is_on(tmp_path):
                                  'replication_secret_key = "root-secret-5d03"\n',
                                  extra_args=("--replica-of", primary.endpoint))
         root = {"access_key": "root", "secret_key": "root-secret-5d03"}
+        sent = cli("send", "--endpoint", primary.endpoint, "orders", "signed",
+                   env={"CHRONOQ_ACCESS_KEY": "app", "CHRONOQ_SECRET_KEY": "app-secret-0b7e"})
+        assert sent.returncode == 0, sent.stderr
         end = cluster_status(primary.endpoint, **root).commit_end
-        wait_until(lambda: cluster_status(replica.endpoint).commit_end >= end, 20, what="the replica to follow")
-        assert cluster_status(replica.endpoint).state == "caught up"
+        assert end > 0
+        wait_until(lambda: (lambda st: st.state == "caught up" and st.commit_end >= end)(
+            cluster_status(replica.endpoint)), 20, what="the replica to follow")
     finally:
         if replica is not None:
             replica.stop()
