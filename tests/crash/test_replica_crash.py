@@ -55,15 +55,17 @@ def test_replica_killed_mid_append_resumes_without_a_torn_record(tmp_path):
     rng = random.Random(SEED)
     primary = ChronoqProcess(str(tmp_path / "p"), CONFIG)
     try:
-        async def fill():  # ~12 MiB in appends of 40 records: many appends per 4 MiB pull
+        async def fill(batches: int):  # appends of 40 records of ~1 KiB: several in each pull
             async with Client(primary.endpoint) as client:
-                for b in range(300):
+                for b in range(batches):
                     await client.send_batch([OutgoingMessage("bulk", bytes([b % 251]) * 1000 + b"%d" % i)
                                              for i in range(40)])
-        run(fill())
-        end = cluster_status(primary.endpoint).commit_end
         replica_dir = str(tmp_path / "r")
         for attempt in range(RUNS):
+            # A backlog of several segments (1 MiB each: a pull never spans two) for this run to tear
+            # into, whatever the last run's replica copied before it stopped.
+            run(fill(150))
+            end = cluster_status(primary.endpoint).commit_end
             seed, which = rng.randrange(1 << 30), rng.randint(1, 3)
             child = subprocess.run([sys.executable, os.path.abspath(__file__), replica_dir, primary.endpoint,
                                     str(seed), str(which)], cwd=os.path.dirname(os.path.abspath(__file__)),

@@ -275,7 +275,7 @@ def test_pulls_are_authenticated_when_access_control_is_on(tmp_path):
 
 # ------------------------------------------------------------------------------------ sync acks
 def test_sync_replication_acknowledges_only_what_a_replica_holds(tmp_path):
-    config = CONFIG + 'replication = "sync"\nreplication_sync_timeout_ms = 1500\n'
+    config = CONFIG + 'replication = "sync"\nreplication_sync_timeout_ms = 3000\n'
     primary = ChronoqProcess(str(tmp_path / "p"), config)
     replica = None
     topic, group = unique("sync"), unique("g")
