@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.grpc_shell import start_server  # noqa: E402
 from chronoq.client.client import Client, OutgoingMessage  # noqa: E402
 from chronoq.replication.client import ReplicationClient  # noqa: E402
 
@@ -46,27 +46,14 @@ def emit(metric: str, value, unit: str, **ctx) -> None:
     print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(data_dir: str, config: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    path = data_dir + ".toml"
-    with open(path, "w") as fh:
-        fh.write(config)
-    proc = subprocess.Popen([sys.executable, "-m", "chronoq", "serve", "--data-dir", data_dir, "--port", str(port),
-                             "--host", "127.0.0.1", "--http-port", "off", "--log-level", "warning", "--config",
-                             path, *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        if "chronoq is ready" in line:
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-    return proc, f"127.0.0.1:{port}"
+def start(data_dir: str, replication: str, replica_of: str = "") -> tuple[subprocess.Popen, str]:
+    """``chronoq serve`` (bench.grpc_shell.start_server), configured through its environment."""
+    os.environ.update(CHRONOQ_REPLICATION=replication, CHRONOQ_REPLICA_OF=replica_of, CHRONOQ_HTTP_PORT="off")
+    try:
+        return start_server(data_dir, "sync")
+    finally:
+        for key in ("CHRONOQ_REPLICATION", "CHRONOQ_REPLICA_OF", "CHRONOQ_HTTP_PORT"):
+            os.environ.pop(key, None)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -137,12 +124,12 @@ async def run_round(args, root: str, round_no: int) -> None:
     modes = ("none", "async", "sync")
     for mode in modes[round_no % 3:] + modes[:round_no % 3]:  # each mode first in turn: no order bias
         base = os.path.join(root, f"{mode}-{round_no}")
-        config = f'replication = "{mode if mode != "none" else "async"}"\n'
-        primary_proc, primary = start(base + "-p", config)
+        replication = "async" if mode == "none" else mode
+        primary_proc, primary = start(base + "-p", replication)
         replica_proc = None
         try:
             if mode != "none":
-                replica_proc, replica = start(base + "-r", config, "--replica-of", primary)
+                replica_proc, replica = start(base + "-r", replication, primary)
             for shape, batch in (("batched", args.batch), ("single", 1)):
                 out = await load(primary, f"bench-{shape}", args.seconds, args.concurrency, batch,
                                  lag_of=primary if mode == "async" and shape == "batched" else "")
