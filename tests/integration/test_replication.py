@@ -171,8 +171,10 @@ def _sources(data_dir: str) -> dict[str, bytes]:
 def _refused(data_dir: str, config: str, target: str, expect: str) -> None:
     before = _sources(data_dir)
     proc = ChronoqProcess(data_dir, config, extra_args=("--replica-of", target))
-    proc.proc.wait(30)
-    proc.stop(check=False)
+    try:
+        proc.proc.wait(30)
+    finally:
+        proc.stop(check=False)  # (SIGTERM, then SIGKILL: never left running when the refusal is missing)
     assert proc.proc.returncode == 1, proc.output()
     assert expect in proc.output(), proc.output()
     assert _sources(data_dir) == before
