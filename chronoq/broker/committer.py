@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 
 from chronoq.core import errors
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
@@ -95,6 +95,9 @@ class GroupCommitter:
         self._logs: list[Callable[[], None]] = []
         self._dispatch_failures = 0
         self._dispatch_retry: asyncio.TimerHandle | None = None
+        # ``replication = "sync"``: ``replicated(ticket)`` returns once a replica holds the log up to
+        # the ticket durably (chronoq.replication.shipper.PrimaryNode.replicated); None: async.
+        self.replicated: Callable[[int], Awaitable[None]] | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -146,12 +149,17 @@ class GroupCommitter:
 
     async def barrier(self) -> None:
         """Return once everything written so far is acknowledged under the flush policy: durable
-        and dispatched (``sync``), or dispatched (``async``)."""
-        if not self.sync_policy:
+        and dispatched (``sync``), or dispatched (``async``); with ``replicated`` set (``replication
+        = "sync"``), also durable on a replica (raises ``errors.ReplicaTimeout`` when none says so
+        in time: the records stay stored here)."""
+        if not self.sync_policy and self.replicated is None:
             self.store.dispatch()
             self.broker.notify_arrivals()
             return
-        await self.durable(self.store.log.written)
+        ticket = self.store.log.written
+        await self.durable(ticket)
+        if self.replicated is not None:  # sync replication: a replica's too (one report answers a group)
+            await self.replicated(ticket)
 
     async def durable(self, ticket: int) -> None:
         """Return once the commit log is fsynced to at least ``ticket`` and dispatched below it

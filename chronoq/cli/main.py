@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli import audit, dlq, groups, message, schedule, send_receive, serve, stats, timers, topics
+from chronoq.cli import audit, cluster, dlq, groups, message, schedule, send_receive, serve, stats, timers, topics
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,5 +32,6 @@ def main() -> None:
 
 
 for command in (serve.serve, topics.topic, groups.group, send_receive.send, send_receive.receive, timers.timers,
-                stats.stats, message.message, audit.audit, schedule.schedule, dlq.dlq):
+                stats.stats, message.message, audit.audit, schedule.schedule, dlq.dlq,
+                cluster.cluster, cluster.promote):
     main.add_command(command)

@@ -31,14 +31,18 @@ from chronoq.core.config import load_config
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="text (default): time, level, logger, message; json: one object a line, for log shippers "
                    "(env CHRONOQ_LOG_FORMAT).")
+@click.option("--replica-of", default=None, metavar="HOST:PORT",
+              help="Run as a replica of the primary at HOST:PORT: follow its log, serve no clients "
+                   "(env CHRONOQ_REPLICA_OF; docs/replication.md).")
 def serve(data_dir, port, host, http_port, http_host, config_file, flush_policy, quarantine, log_level,
-          log_format) -> None:
+          log_format, replica_of) -> None:
     """Run the broker until SIGTERM or SIGINT."""
     try:
         cfg = load_config(config_file, overrides={
             "data_dir": data_dir, "port": port, "host": host, "http_port": http_port, "http_host": http_host,
             "flush_policy": flush_policy,
             "quarantine": quarantine, "log_level": log_level, "log_format": log_format,
+            "replica_of": replica_of,
         })
     except errors.ChronoqError as exc:
         raise click.UsageError(exc.message) from None

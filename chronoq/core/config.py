@@ -124,6 +124,17 @@ class BrokerConfig:
     # a process that renices itself surprises the operators who set it. On a host whose CPUs are
     # shared with busy clients a boost trims timer lateness's tail a little (docs/timers.md).
     priority_boost: int = 0
+    # Replication (chronoq.replication; docs/replication.md). ``replica_of`` "host:port": this broker is
+    # a replica of that primary (empty: a primary). The replica's pulls are signed with these
+    # credentials when the primary has access control on (an admin user there).
+    replica_of: str = ""
+    # A primary's acknowledgements: "async" (after its own fsync) or "sync" (also after a replica
+    # reported the record durable; none in sync within replication_sync_timeout_ms: the send is
+    # answered SLAVE_PERSISTENCE_TIMEOUT, the record stays stored here).
+    replication: str = "async"
+    replication_sync_timeout_ms: int = 5000
+    replication_access_key: str = ""
+    replication_secret_key: str = field(default="", repr=False)
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -158,6 +169,7 @@ class BrokerConfig:
             raise errors.ClientError(f"log_format must be 'text' or 'json', not {self.log_format!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise errors.ClientError(f"log_level must be debug, info, warning or error, not {self.log_level!r}")
+        self._validate_replication()
         if not 0 <= self.priority_boost <= 20:
             raise errors.ClientError(f"priority_boost must be 0 to 20 nice steps, not {self.priority_boost}")
         if not 1000 <= self.push_invisible_ms <= 12 * 3600 * 1000:
@@ -165,6 +177,21 @@ class BrokerConfig:
         if not 0 <= self.auto_renew_max_ms <= 24 * 3600 * 1000:
             raise errors.ClientError(f"auto_renew_max_ms must be 0 to 24 h, not {self.auto_renew_max_ms}")
         return self
+
+    def _validate_replication(self) -> None:
+        if self.replication not in ("async", "sync"):
+            raise errors.ClientError(f"replication must be 'async' or 'sync', not {self.replication!r}")
+        if not 100 <= self.replication_sync_timeout_ms <= 600_000:
+            raise errors.ClientError("replication_sync_timeout_ms must be 100 ms to 10 min, not "
+                                     f"{self.replication_sync_timeout_ms}")
+        if not self.replica_of:
+            return
+        host, sep, port = self.replica_of.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise errors.ClientError(f"replica_of must be host:port of the primary, not {self.replica_of!r}")
+        if self.replica_of in (f"{self.host}:{self.port}", self.endpoint):
+            raise errors.ClientError(f"replica_of {self.replica_of} is this broker's own address: a replica "
+                                     "follows another broker, its primary")
 
     def _validate_security(self) -> None:
         if self.grpc_server not in ("chronoq", "grpcio"):

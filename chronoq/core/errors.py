@@ -195,3 +195,19 @@ class NotYetImplemented(ChronoqError):
     """A feature chronoq will have but this build does not (delay, transactions, recall, ...)."""
 
     kind = "not_implemented"
+
+
+class PreconditionFailed(ChronoqError):
+    """The request is well formed but this node's role or state refuses it (a send to a replica,
+    a replica pointed at itself, at another replica, or at a primary whose log its own does not
+    prefix: ``chronoq.replication``)."""
+
+    kind = "precondition_failed"
+
+
+class ReplicaTimeout(ChronoqError):
+    """``replication = "sync"``: the record is durable here, but no in-sync replica reported it
+    durable in time (``chronoq.replication.shipper``). A resend with the same message id is
+    answered from the dedupe window, not stored twice."""
+
+    kind = "replica_timeout"

@@ -83,6 +83,10 @@ class GrpcFrontEnd:
                 self.service.AckAndReceive, request_deserializer=AckAndReceiveRequest.parse),
         }),))
         admin.add_to_server(server, broker, pop, self.runtime.committer, getattr(self.runtime, "schedules", None))
+        if getattr(self.runtime, "replication", None) is not None:  # chronoq.v1.Replication (docs/replication.md)
+            from chronoq.replication import service as replication
+
+            replication.add_to_server(server, self.runtime.replication)
         host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
         self.bound = f"{host}:{cfg.port}"
         try:

@@ -54,6 +54,11 @@ class Runtime:
         self._early: list = []  # front ends started before recovery (HTTP: /healthz)
         # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
         self.front_ends: list = []
+        # Replication (chronoq.replication): this process's node id, and the primary's side once serving.
+        from chronoq.replication.position import new_node_id
+
+        self.node_id = new_node_id()
+        self.replication = None  # chronoq.replication.shipper.PrimaryNode
 
     def open_broker(self) -> Broker:
         from chronoq.core.clock import SYSTEM_CLOCK
@@ -232,9 +237,23 @@ class Runtime:
             loop.add_signal_handler(sig, self.request_stop)
         if self.config.priority_boost:
             self.say(raise_priority(self.config.priority_boost))
+        epoch = 0
+        if self.config.replica_of:  # a replica until promoted (chronoq.server.replica)
+            from chronoq.server.replica import serve_replica
+
+            epoch = await serve_replica(self)
+            if epoch is None:
+                self.say("chronoq stopped cleanly")
+                return
+            self.say(f"promoted to primary: epoch {epoch}; opening the broker")
         broker = await self._recover()
         self.committer = GroupCommitter(broker)
         self.committer.start()
+        if epoch:  # the epoch record, durable before anything else is served
+            from chronoq.replication.position import epoch_record
+
+            written = broker.store.write([epoch_record(epoch, self.node_id, broker.clock.wall_ms())])[-1]
+            await self.committer.durable(written.commit_offset + written.size)
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends
@@ -247,6 +266,11 @@ class Runtime:
         try:
             self.open_consumers()
             self._start_history(loop)
+            from chronoq.replication.shipper import PrimaryNode
+
+            self.replication = PrimaryNode(broker, self.pop, self.node_id)
+            if self.config.replication == "sync":  # acknowledgements wait for a replica too
+                self.committer.replicated = self.replication.replicated
             from chronoq.server.scheduling import open_schedules, run_schedules
 
             self.schedules, wake = open_schedules(broker), asyncio.Event()

@@ -65,6 +65,9 @@ class ServiceCollector(Collector):
         if source is None:
             return
         yield from self._transport(source)
+        replication = getattr(source, "replication", None)  # chronoq.replication.shipper.PrimaryNode
+        if replication is not None:
+            yield from self._replication(replication)
         txns = source.txns
         if txns is not None:
             yield GaugeMetricFamily("chronoq_transaction_halves_pending", "Transactional half messages "
@@ -84,6 +87,21 @@ class ServiceCollector(Collector):
                                 "below this (disk_reserve_bytes; 0: no reserve).", value=disk.reserve_bytes)
         yield GaugeMetricFamily("chronoq_disk_reserve_low", "1 while free space is below the reserve and new "
                                 "sends are refused (as of the last look), else 0.", value=int(disk.low))
+
+    @staticmethod
+    def _replication(node) -> Iterator[Metric]:
+        yield GaugeMetricFamily("chronoq_replication_epoch", "This primary's epoch (0 until a promotion).",
+                                value=node.epoch)
+        lag_bytes = GaugeMetricFamily("chronoq_replication_lag_bytes", "Bytes of the durable commit log a "
+                                      "replica lacked at its last pull (what async replication can lose).",
+                                      labels=["replica"])
+        lag_seconds = GaugeMetricFamily("chronoq_replication_lag_seconds", "Seconds since a replica last held "
+                                        "the whole durable commit log (0 while it does).", labels=["replica"])
+        for replica, (behind, seconds) in sorted(node.lag_figures().items()):
+            lag_bytes.add_metric([replica], behind)
+            lag_seconds.add_metric([replica], seconds)
+        yield lag_bytes
+        yield lag_seconds
 
     @staticmethod
     def _recalls(broker) -> Iterator[Metric]:

@@ -178,11 +178,25 @@ class CommitLog:
         target: a single append larger than that makes a segment of its own, as large)."""
         return max(0, self.segment_bytes - self.segments[-1].size)
 
-    def append(self, blob: bytes) -> int:
-        """Write ``blob`` (whole records, one append) at the end of the log; return its start offset."""
+    def append(self, blob: bytes, segment_base: int | None = None) -> int:
+        """Write ``blob`` (whole records, one append) at the end of the log; return its start offset.
+
+        ``segment_base``: bytes a replica copies from its primary (``chronoq.replication``) go
+        into the segment they belong to there, so segments roll where the primary's did (at that
+        base, which is the active segment's end), never by size; an empty log starts at that base
+        (a primary whose oldest segments retention deleted)."""
         assert self._active_fd >= 0, "start_writing() first"
         active = self.segments[-1]
-        if active.size and active.size + len(blob) > self.segment_bytes:
+        if segment_base is not None and segment_base != active.base:
+            if active.size == 0 and len(self.segments) == 1 and segment_base > active.base:
+                self._restart_empty_at(segment_base)
+            elif segment_base == active.end:
+                self._roll()
+            else:
+                raise errors.ClientError(f"bytes of segment {segment_base} cannot follow the active segment "
+                                         f"{active.base}..{active.end}")
+            active = self.segments[-1]
+        elif segment_base is None and active.size and active.size + len(blob) > self.segment_bytes:
             self._roll()
             active = self.segments[-1]
         view = memoryview(blob)
@@ -250,6 +264,24 @@ class CommitLog:
         self._active_fd = self._fds[old.end]
         self._allocated = 0
         assert self.segments[-1].base == old.end and self.segments[-1].size == 0
+
+    def _restart_empty_at(self, base: int) -> None:
+        """Replace the empty only segment by an empty one at ``base`` (a replica whose primary's
+        log no longer starts at 0): the new file is durable before the old one goes."""
+        old = self.segments[-1]
+        assert old.size == 0 and len(self.segments) == 1 and base > old.base
+        try:
+            self._create_segment(base)
+            self.segments.pop(0)
+            self._bases.pop(0)
+            os.close(self._fds.pop(old.base))
+            os.unlink(old.path)
+            fsutil.fsync_dir(self.directory)
+        except OSError as exc:
+            raise fsutil.storage_error(exc, self.directory) from exc
+        self._active_fd = self._fds[base]
+        self._allocated = 0
+        self.written = self.synced = base
 
     def sync(self) -> int:
         """fsync what has been written; return the offset now durable. Safe from another thread."""

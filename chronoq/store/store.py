@@ -381,6 +381,61 @@ class Store(StoreWriter):
             self.dispatch()
         return out
 
+    # ----------------------------------------------------------------- replication (chronoq.replication)
+    def read_durable(self, offset: int, max_bytes: int) -> tuple[int, bytes]:
+        """``(segment base, bytes)`` a replica at ``offset`` copies next: whole records of one
+        segment below the fsynced end, ending at an append's end when one lies within
+        ``max_bytes`` (else at a record's; a first record larger than ``max_bytes`` comes whole).
+        Empty at the fsynced end. ``offset`` must be a record boundary (a replica's log end)."""
+        log_, end = self.log, self.log.synced
+        if offset >= end or not log_.segments:
+            return (log_.active.base if log_.segments else 0), b""
+        if log_.lost:
+            raise errors.Unsupported("this log has quarantined ranges (commitlog/lost.json); replicas cannot copy it")
+        seg = log_.segment_for(offset)  # NotFound below the oldest segment
+        avail = min(seg.end, end) - offset
+        data = log_.read(offset, min(avail, max(max_bytes, record.HEADER_SIZE)))
+        pos = cut = 0
+        while pos + 4 <= len(data):
+            length = int.from_bytes(data[pos:pos + 4], "little")
+            if not record.HEADER_SIZE <= length <= record.RECORD_SIZE_MAX:
+                raise errors.CorruptionError(seg.path, offset - seg.base + pos, f"record length {length}")
+            if pos + length > len(data):
+                if pos == 0:  # a record larger than max_bytes: it alone
+                    return seg.base, log_.read(offset, length)
+                break
+            pos += length
+            if not record.continues(data, pos - length):
+                cut = pos
+        return seg.base, data[:cut or pos]
+
+    def append_shipped(self, offset: int, segment_base: int, blob: bytes) -> int:
+        """Append records a replica copied from its primary, unchanged, at ``offset`` (this log's
+        end) in the segment ``segment_base`` (``CommitLog.append``); every record is checked
+        first, so nothing invalid is written. Page cache only: ``sync`` then ``dispatch_shipped``.
+        Returns the new end."""
+        empty = self.log.written == self.log.min_offset  # (an empty log starts where the primary's does)
+        if offset != self.log.written and not (empty and offset == segment_base):
+            raise errors.ClientError(f"shipped bytes start at {offset}, this log ends at {self.log.written}")
+        pos = 0
+        while pos < len(blob):
+            try:
+                pos += record.check(blob, pos, len(blob))
+            except record.RecordError as exc:
+                raise errors.CorruptionError(f"bytes shipped for offset {offset}", pos, exc.reason) from None
+        self.log.append(blob, segment_base=segment_base)
+        return self.log.written
+
+    def dispatch_shipped(self) -> int:
+        """Make the fsynced shipped records visible in their consume queues, as recovery's replay
+        does (``_replay``: positional writes, the same entries the primary wrote). Returns the
+        dispatched offset."""
+        end = self.log.synced
+        if end > self.dispatched:
+            self._replay(max(self.dispatched, self.log.min_offset), None, end)
+            self.dispatched = end
+        return self.dispatched
+
     # ----------------------------------------------------------------- reading
     def queue_ids(self, topic: str) -> list[int]:
         return sorted(q for (t, q) in self.queues if t == topic)

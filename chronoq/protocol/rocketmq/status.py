@@ -64,6 +64,8 @@ KIND_TO_CODE: dict[str, int] = {
     "internal": Code.INTERNAL_ERROR,
     "not_implemented": Code.NOT_IMPLEMENTED,
     "unsupported": Code.UNSUPPORTED,
+    "precondition_failed": Code.PRECONDITION_FAILED,
+    "replica_timeout": Code.SLAVE_PERSISTENCE_TIMEOUT,
 }
 
 # Kinds whose cause is on the server side: worth a log line (without the traceback).

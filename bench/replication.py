@@ -1,0 +1,180 @@
+"""Replication's cost and failover time (docs/replication.md; issue 22).
+
+Starts ``chronoq serve`` on loopback three ways, one after the other in the same run: a primary
+alone ("none"), a primary with a replica and ``replication = "async"``, and with ``"sync"``. In
+each, chronoq.client.client sends 1 KiB messages from ``--concurrency`` tasks of one process,
+batched (``--batch`` messages a call) and single (one a call), each for ``--seconds``: msgs/s,
+and the ratio to "none" of the same run. Under async load the primary's view of the replica's
+lag (ClusterStatus, every 100 ms) is sampled: p50 and max bytes. Last, failover: the async
+primary is killed with SIGKILL, ``chronoq promote`` is run on the replica, and the time from the
+kill to the first acknowledged send and to the first message received there is measured.
+
+Prints one JSON object per line: {"metric", "value", "unit", ...context}. Every phase is bounded
+in count and time. The load runs in one client process: on a 2-core machine shared with others,
+compare ratios of alternating runs, not rates.
+
+    .venv/bin/python bench/replication.py
+    .venv/bin/python bench/replication.py --seconds 10 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.grpc_shell import start_server  # noqa: E402
+from chronoq.client.client import Client, OutgoingMessage  # noqa: E402
+from chronoq.replication.client import ReplicationClient  # noqa: E402
+
+BODY = b"x" * 1024
+MESSAGES_MAX = 2_000_000  # a bound on each phase besides its time
+
+
+def emit(metric: str, value, unit: str, **ctx) -> None:
+    print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
+
+
+def start(data_dir: str, replication: str, replica_of: str = "") -> tuple[subprocess.Popen, str]:
+    """``chronoq serve`` (bench.grpc_shell.start_server), configured through its environment."""
+    os.environ.update(CHRONOQ_REPLICATION=replication, CHRONOQ_REPLICA_OF=replica_of, CHRONOQ_HTTP_PORT="off")
+    try:
+        return start_server(data_dir, "sync")
+    finally:
+        for key in ("CHRONOQ_REPLICATION", "CHRONOQ_REPLICA_OF", "CHRONOQ_HTTP_PORT"):
+            os.environ.pop(key, None)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def load(endpoint: str, topic: str, seconds: float, concurrency: int, batch: int, lag_of: str = "") -> dict:
+    sent, lags = 0, []
+    deadline = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal sent
+        async with Client(endpoint, request_timeout_s=30) as client:
+            while time.monotonic() < deadline and sent < MESSAGES_MAX:
+                await client.send_batch([OutgoingMessage(topic, BODY) for _ in range(batch)])
+                sent += batch
+
+    async def sample() -> None:
+        async with ReplicationClient(lag_of) as rc:
+            while time.monotonic() < deadline:
+                st = await rc.status()
+                lags.extend(r.lag_bytes for r in st.replicas)
+                await asyncio.sleep(0.1)
+
+    began = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)), *([sample()] if lag_of else []))
+    return {"rate": sent / (time.monotonic() - began), "lags": lags}
+
+
+async def caught_up(replica: str, primary: str, timeout_s: float = 60) -> None:
+    async with ReplicationClient(primary) as p, ReplicationClient(replica) as r:
+        end = (await p.status()).commit_end
+        deadline = time.monotonic() + timeout_s
+        while (await r.status()).commit_end < end and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
+async def failover(primary_proc, replica: str, topic: str) -> dict:
+    killed = time.monotonic()
+    primary_proc.send_signal(signal.SIGKILL)
+    primary_proc.wait(10)
+    promote = subprocess.run([sys.executable, "-m", "chronoq", "promote", "--endpoint", replica], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert promote.returncode == 0, promote.stderr
+    first_send = first_receive = None
+    deadline = time.monotonic() + 120
+    while first_send is None and time.monotonic() < deadline:
+        try:
+            async with Client(replica, request_timeout_s=5) as client:
+                await client.send_batch([OutgoingMessage(topic, b"after")])
+                first_send = time.monotonic() - killed
+                while first_receive is None and time.monotonic() < deadline:
+                    if await client.receive("bench-failover", topic, max_messages=1, wait_s=2):
+                        first_receive = time.monotonic() - killed
+        except Exception:  # noqa: BLE001 - not serving yet
+            await asyncio.sleep(0.05)
+    return {"send": first_send, "receive": first_receive}
+
+
+async def run_round(args, root: str, round_no: int) -> None:
+    rates: dict[tuple[str, str], float] = {}
+    modes = ("none", "async", "sync")
+    for mode in modes[round_no % 3:] + modes[:round_no % 3]:  # each mode first in turn: no order bias
+        base = os.path.join(root, f"{mode}-{round_no}")
+        replication = "async" if mode == "none" else mode
+        primary_proc, primary = start(base + "-p", replication)
+        replica_proc = None
+        try:
+            if mode != "none":
+                replica_proc, replica = start(base + "-r", replication, primary)
+            for shape, batch in (("batched", args.batch), ("single", 1)):
+                out = await load(primary, f"bench-{shape}", args.seconds, args.concurrency, batch,
+                                 lag_of=primary if mode == "async" and shape == "batched" else "")
+                rates[(mode, shape)] = out["rate"]
+                ctx = {"mode": mode, "shape": shape, "batch": batch, "concurrency": args.concurrency,
+                       "seconds": args.seconds, "round": round_no}
+                emit(f"replication_send_{shape}", round(out["rate"]), "msgs/s", **ctx)
+                if out["lags"]:
+                    emit("replication_lag_under_load_p50", statistics.median(out["lags"]), "bytes", **ctx)
+                    emit("replication_lag_under_load_max", max(out["lags"]), "bytes", **ctx)
+            if mode == "async":
+                await caught_up(replica, primary)
+                times = await failover(primary_proc, replica, "bench-batched")
+                log_mb = sum(os.path.getsize(os.path.join(base + "-r", "commitlog", n))
+                             for n in os.listdir(os.path.join(base + "-r", "commitlog"))) / 1e6
+                for what, value in times.items():
+                    emit(f"failover_to_first_{what}", None if value is None else round(value, 2), "s",
+                         log_mb=round(log_mb, 1), round=round_no)
+        finally:
+            for proc in (replica_proc, primary_proc):
+                if proc is not None:
+                    stop(proc)
+    for shape in ("batched", "single"):  # the ratios once the round's three modes ran
+        none = rates[("none", shape)]
+        for mode in ("async", "sync"):
+            emit(f"replication_{shape}_ratio", round(rates[(mode, shape)] / none, 3), "x of no replica",
+                 mode=mode, shape=shape, round=round_no)
+        emit(f"replication_{shape}_sync_vs_async", round(rates[("sync", shape)] / rates[("async", shape)], 3),
+             "x of async", shape=shape, round=round_no)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    root = tempfile.mkdtemp(prefix="chronoq-bench-repl-")
+    try:
+        for r in range(args.rounds):
+            asyncio.run(run_round(args, root, r))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

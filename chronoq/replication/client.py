@@ -1,0 +1,50 @@
+"""``chronoq.v1.Replication`` from the calling side: the replica's pulls, ``chronoq cluster
+status`` and ``chronoq promote``. The channel (TLS, request signing) is the official path's
+(``chronoq.client.client``), so a pull is authenticated like any other call."""
+
+from __future__ import annotations
+
+from chronoq.client.client import ClientError, _open_channel, _Signer
+from chronoq.protocol.rocketmq import status as codes
+
+
+class ReplicationClient:
+    def __init__(self, endpoint: str, *, request_timeout_s: float = 10.0, access_key: str = "",
+                 secret_key: str = "", tls: bool = False, tls_ca_file: str = ""):
+        from chronoq.proto import chronoq_admin_pb2, chronoq_admin_pb2_grpc
+
+        self.apb = chronoq_admin_pb2
+        self.endpoint = endpoint
+        self.timeout = request_timeout_s
+        signer = [_Signer(access_key, secret_key)] if access_key else None
+        self._channel = _open_channel(endpoint, tls, tls_ca_file, interceptors=signer,
+                                      options=[("grpc.max_receive_message_length", -1)])
+        self._stub = chronoq_admin_pb2_grpc.ReplicationStub(self._channel)
+
+    async def __aenter__(self) -> "ReplicationClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def pull(self, request, wait_s: float):
+        """One pull; the answer whatever its status (the follower decides what a refusal means)."""
+        return await self._stub.Pull(request, timeout=self.timeout + wait_s)
+
+    async def status(self):
+        resp = await self._stub.ClusterStatus(self.apb.ClusterStatusRequest(), timeout=self.timeout)
+        _check(resp.status)
+        return resp
+
+    async def promote(self):
+        resp = await self._stub.Promote(self.apb.PromoteRequest(), timeout=self.timeout)
+        _check(resp.status)
+        return resp
+
+
+def _check(status) -> None:
+    if status.code != codes.OK:
+        raise ClientError(status.code, status.message)

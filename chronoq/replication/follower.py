@@ -1,0 +1,215 @@
+"""The replica's side: pull from the primary, append the bytes unchanged, fsync, report back.
+
+One loop (``run``): a pull names this replica's durable position (``position``); the answer's
+commit-log bytes are appended in the segment they belong to (``Store.append_shipped``, the
+store's own append), fsynced, then dispatched into the consume queues as recovery's replay
+would (``Store.dispatch_shipped``); then the POP log bytes (a new generation is written to a
+temporary file, fsynced and renamed into place, as the primary's own compaction does; an
+appended batch is written at the file's end and fsynced) and the changed snapshot files
+(atomically, as their owners write them). The next pull reports the new position: that is the
+report of what is durable here. The file work runs on worker threads, one at a time: ``write`` (commit
+log, POP log, snapshots, durable) then ``dispatch`` (the consume queues, and a checkpoint now and
+then), which runs while the next pull is under way, so the report of a durable position does not
+wait for the consume queues.
+
+A crash anywhere leaves a state the store's recovery repairs (a torn commit-log tail is cut:
+``chronoq.store.recovery``; a torn POP log tail likewise at promotion: ``chronoq.pop.poplog``)
+and a position the next pull resumes from. Nothing past the primary's fsynced end is ever here.
+
+A refusal (``PRECONDITION_FAILED``: pointed at itself, at a replica, not a prefix; or refused
+credentials) stops the loop with ``refused`` set: nothing was written. Unreachable primaries
+are retried with back-off, for ever (promotion is an operator's decision, ``chronoq promote``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from chronoq.core import fsutil
+from chronoq.protocol.rocketmq import status as codes
+from chronoq.replication import position
+
+log = logging.getLogger("chronoq.replication")
+
+WAIT_MS = 1000
+MAX_BYTES = 4 << 20
+RETRY_MIN_S, RETRY_MAX_S = 0.1, 2.0
+# Answers that stop following: the primary (or what it is) will not ship to this replica.
+REFUSALS = frozenset({codes.Code.PRECONDITION_FAILED, codes.Code.UNAUTHORIZED, codes.Code.FORBIDDEN})
+
+
+class Follower:
+    def __init__(self, store, data_dir: str, client, node_id: str, endpoint: str, clock,
+                 checkpoint_interval_ms: int = 1000) -> None:
+        self.store = store
+        self.data_dir = data_dir
+        self.client = client  # chronoq.replication.client.ReplicationClient to the primary
+        self.node_id = node_id
+        self.endpoint = endpoint
+        self.clock = clock
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.pop_generation, self.pop_offset = position.pop_position(data_dir)
+        self.snapshot_versions: dict[str, str] = {}  # the primary's versions held here
+        self.state = "connecting"
+        self.refused: str | None = None
+        self.primary_synced = -1
+        self.primary_epoch = -1
+        self.caught_up_ms: int | None = None  # last time this replica held all the primary had
+        self.pulls = 0
+        # Kept by the writer thread (``write``, ``dispatch``): the store is theirs while they run.
+        self.epoch = position.current_epoch(store)
+        self._tail = position.tail(store, store.log.synced)
+        self._stopping = False
+        self._pull: asyncio.Future | None = None
+        self._dispatching: asyncio.Future | None = None  # the last answer's dispatch, still running
+        self._checkpointed_ms = clock.wall_ms()
+
+    @property
+    def commit(self) -> int:
+        return self.store.log.synced
+
+    def lag_bytes(self) -> int:
+        return max(0, self.primary_synced - self.commit) if self.primary_synced >= 0 else -1
+
+    def lag_ms(self) -> int:
+        if self.caught_up_ms is None:
+            return -1
+        return 0 if self.lag_bytes() == 0 else max(0, self.clock.wall_ms() - self.caught_up_ms)
+
+    def request(self):
+        apb = self.client.apb
+        tail_from, crc = self._tail
+        return apb.PullRequest(
+            node_id=self.node_id, endpoint=self.endpoint, tail_from=tail_from, tail_crc=crc, wait_ms=WAIT_MS,
+            max_bytes=MAX_BYTES, snapshot_versions=self.snapshot_versions,
+            position=apb.LogPosition(commit=self.commit, pop_generation=self.pop_generation,
+                                     pop_offset=self.pop_offset))
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> None:
+        try:
+            await self._follow()
+        finally:
+            await self._settle()
+
+    async def _follow(self) -> None:
+        import grpc
+
+        backoff = RETRY_MIN_S
+        while not self._stopping:
+            self._pull = asyncio.ensure_future(self.client.pull(self.request(), WAIT_MS / 1000))
+            try:
+                resp = await self._pull
+            except asyncio.CancelledError:
+                if self._stopping:
+                    break
+                raise
+            except grpc.aio.AioRpcError as exc:
+                self.state = f"unreachable: {exc.code().name}: {(exc.details() or '').strip()}"
+                log.warning("replica: pulling from %s failed (%s); retrying", self.client.endpoint, self.state)
+                await self._sleep(backoff)
+                backoff = min(RETRY_MAX_S, backoff * 2)
+                continue
+            finally:
+                self._pull = None
+            if resp.status.code != codes.OK:
+                if resp.status.code in REFUSALS:
+                    self.refused = f"{codes.Code.Name(resp.status.code)}: {resp.status.message}"
+                    self.state = f"refused: {self.refused}"
+                    log.error("replica: %s refuses to ship to this replica: %s", self.client.endpoint, self.refused)
+                    return
+                self.state = f"primary error: {resp.status.message}"
+                await self._sleep(backoff)
+                backoff = min(RETRY_MAX_S, backoff * 2)
+                continue
+            backoff = RETRY_MIN_S
+            # Not cancelled by ``stop``: a write in progress finishes before the store closes. The
+            # dispatch runs while the next pull (which reports the position) is under way.
+            loop = asyncio.get_running_loop()
+            await self._settle()
+            await loop.run_in_executor(None, self.write, resp)
+            self._dispatching = loop.run_in_executor(None, self.dispatch, resp)
+
+    async def _settle(self) -> None:
+        """Wait for the last answer's dispatch (before the next write, and before the store closes)."""
+        if self._dispatching is not None:
+            dispatching, self._dispatching = self._dispatching, None
+            await asyncio.shield(dispatching)
+
+    async def _sleep(self, seconds: float) -> None:
+        for _ in range(int(seconds / 0.05) + 1):
+            if self._stopping:
+                return
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """End the loop after the write in progress (a pull waiting for news is dropped)."""
+        self._stopping = True
+        if self._pull is not None:
+            self._pull.cancel()
+
+    # ------------------------------------------------------------------ applying an answer
+    def write(self, resp) -> None:
+        """Write what ``resp`` carries, durably, in order: commit log, POP log, snapshots."""
+        store = self.store
+        if resp.commit_bytes:
+            store.append_shipped(resp.commit_offset, resp.segment_base, resp.commit_bytes)
+            store.sync()
+            self._tail = position.tail(store, store.log.synced)
+        if resp.pop_generation:
+            self._apply_pop(resp.pop_generation, resp.pop_offset, resp.pop_bytes)
+        for snap in resp.snapshots:
+            path = os.path.join(self.data_dir, snap.name)
+            if snap.version:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fsutil.atomic_write(path, snap.content)
+            elif os.path.exists(path):
+                os.unlink(path)
+                fsutil.fsync_dir(os.path.dirname(path))
+            self.snapshot_versions[snap.name] = snap.version
+        self.pulls += 1
+        self.primary_synced, self.primary_epoch = resp.primary_synced, resp.epoch
+        now = self.clock.wall_ms()
+        if self.commit >= resp.primary_synced:
+            self.caught_up_ms = now
+            self.state = "caught up"
+        else:
+            self.state = "following"
+
+    def dispatch(self, resp) -> None:
+        """The copied records into the consume queues (``Store.dispatch_shipped``); a checkpoint
+        every ``checkpoint_interval_ms`` (the queues durable: a restart replays less)."""
+        store = self.store
+        if resp.commit_bytes:
+            store.dispatch_shipped()
+            self.epoch = position.current_epoch(store)
+        now = self.clock.wall_ms()
+        if now - self._checkpointed_ms >= self.checkpoint_interval_ms:
+            self._checkpointed_ms = now
+            store.checkpoint()
+
+    def _apply_pop(self, generation: int, offset: int, data: bytes) -> None:
+        path = position.pop_file(self.data_dir, generation)
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        if offset == 0:  # a whole file (a new generation, or sent again): in place at once, or not at all
+            fsutil.atomic_write(path, data)
+            for name in os.listdir(directory):
+                if name.endswith(position.POP_SUFFIX) and os.path.join(directory, name) != path:
+                    os.unlink(os.path.join(directory, name))
+            fsutil.fsync_dir(directory)
+        else:
+            assert generation == self.pop_generation and offset == self.pop_offset, (generation, offset)
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                view = memoryview(data)
+                pos = offset
+                while view:
+                    n = os.pwrite(fd, view, pos)
+                    view, pos = view[n:], pos + n
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self.pop_generation, self.pop_offset = generation, offset + len(data)

@@ -1,0 +1,232 @@
+"""The primary's side of replication: answer a replica's pull with what it lacks.
+
+A pull names the replica's durable position (``chronoq.replication.position``). The answer
+carries, from what is fsynced here only: the commit-log bytes from that position (whole records,
+one segment, at most ``max_bytes``: ``Store.read_durable``), the configuration snapshots that
+changed (``position.CONFIG_FILES``: they name no log position), and, when those bytes reach the
+durable end, the POP log bytes the replica lacks and the other snapshot files that changed. POP log
+and snapshots are read *before* the durable end is taken, all on the event loop without a pause
+between (the only thread that writes them or compacts the POP log), so what a replica receives in
+one answer is the primary's state at one moment, with the commit log at least as far as the POP
+log and the snapshots refer to (the committer fsyncs the POP log after the commit log).
+
+Long poll: with nothing new the pull waits up to ``wait_ms`` (at most ``WAIT_MAX_MS``), woken by
+each dispatch (``Broker.add_arrival_listener``) and looking again every ``WAIT_TICK_S`` (a
+snapshot file rewritten, or an fsync under the ``async`` flush policy, which wakes nobody).
+
+Refused, changing nothing on either side (``errors.PreconditionFailed``): a pull from this
+node's own id (a replica pointed at itself), a replica past this log's durable end or whose last
+bytes differ from this log's at the same offsets (not a prefix: another cluster or a diverged
+history), and a replica behind this log's oldest segment (retention deleted what it lacks: it
+needs a fresh copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+
+import google_crc32c
+
+from chronoq.core import errors
+from chronoq.proto import chronoq_admin_pb2 as apb
+from chronoq.protocol.rocketmq import status as codes
+from chronoq.replication import position
+
+WAIT_MAX_MS = 30_000
+WAIT_TICK_S = 0.05
+MAX_BYTES_DEFAULT = 4 << 20
+MAX_BYTES_LIMIT = 64 << 20
+REPLICA_FORGET_MS = 600_000  # a replica that has not pulled for this long leaves status and metrics
+
+
+class PrimaryNode:
+    role = "primary"
+
+    def __init__(self, broker, pop, node_id: str) -> None:
+        self.broker = broker
+        self.pop = pop
+        self.store = broker.store
+        self.data_dir = broker.config.data_dir
+        self.node_id = node_id
+        self.epoch = position.current_epoch(self.store)
+        # node id -> the replica's last pull: (endpoint, durable position, wall ms)
+        self.replicas: dict[str, tuple[str, int, int]] = {}
+        self._caught_up_ms: dict[str, int] = {}  # node id -> when it last held the whole durable log
+        self._wake: asyncio.Event | None = None
+        broker.add_arrival_listener(self._arrived)
+        # Sync replication (``replicated``): the highest position a replica reported durable, and
+        # the acknowledgements waiting for one: a heap of (ticket, sequence, future).
+        self.sync_timeout_ms = broker.config.replication_sync_timeout_ms
+        self.acked = 0
+        self._acks: list[tuple[int, int, asyncio.Future]] = []
+        self._ack_seq = itertools.count()
+
+    def _arrived(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ pull
+    async def pull(self, req) -> apb.PullResponse:
+        if req.node_id == self.node_id:
+            raise errors.PreconditionFailed(
+                f"the replica is pointed at itself (node {self.node_id}): --replica-of must name its primary")
+        self._check_prefix(req)
+        now = self.broker.clock.wall_ms()
+        self.replicas[req.node_id] = (req.endpoint, req.position.commit, now)
+        if len(self.replicas) > 1:  # a node id per replica process: forget the ones gone quiet (bounded)
+            for node in [n for n, (_e, _p, seen) in self.replicas.items() if now - seen > REPLICA_FORGET_MS]:
+                del self.replicas[node]
+                self._caught_up_ms.pop(node, None)
+        self._replica_acked(req.position.commit)
+        if req.position.commit >= self.store.log.synced or req.node_id not in self._caught_up_ms:
+            self._caught_up_ms[req.node_id] = now
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(req.wait_ms, 0), WAIT_MAX_MS) / 1000
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        while True:
+            self._wake.clear()
+            resp, news = self._answer(req)
+            if news or loop.time() >= deadline:
+                return resp
+            try:
+                await asyncio.wait_for(self._wake.wait(), min(WAIT_TICK_S, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                pass
+
+    def _check_prefix(self, req) -> None:
+        log, at = self.store.log, req.position.commit
+        synced = log.synced
+        if at > synced:
+            raise errors.PreconditionFailed(
+                f"the replica's log ends at {at}, past this primary's durable end {synced}: it is not a "
+                "prefix of this log (another cluster, or a history that diverged); refusing to ship")
+        if at < log.min_offset and at != 0:
+            raise errors.PreconditionFailed(
+                f"the replica's log ends at {at}, before this primary's oldest segment ({log.min_offset}): "
+                "retention deleted what it lacks; it needs a fresh copy of the data directory")
+        if at > log.min_offset:
+            tail_from = req.tail_from
+            if not (log.segment_for(at - 1).base <= tail_from < at and at - tail_from <= position.TAIL_BYTES):
+                raise errors.PreconditionFailed(f"tail range {tail_from}..{at} is not within one segment here")
+            if google_crc32c.value(log.read(tail_from, at - tail_from)) != req.tail_crc:
+                raise errors.PreconditionFailed(
+                    f"the replica's last bytes before {at} differ from this primary's: its log is not a prefix "
+                    "of this one (another cluster, or a history that diverged); refusing to ship")
+
+    def _answer(self, req) -> tuple[apb.PullResponse, bool]:
+        """The answer now, and whether it carries anything new. No await inside: one moment."""
+        journal = self.pop._journal if self.pop is not None else None
+        pop_log = journal.log if journal is not None else None
+        pop_gen, pop_size = (pop_log.generation, pop_log.size) if pop_log is not None else (0, 0)
+        changed = []
+        for name in position.SNAPSHOT_FILES:
+            version = position.snapshot_version(os.path.join(self.data_dir, name))
+            if version != req.snapshot_versions.get(name, ""):
+                changed.append((name, version))
+        synced = self.store.log.synced
+        at = max(req.position.commit, self.store.log.min_offset)
+        wanted = req.max_bytes if 0 < req.max_bytes <= MAX_BYTES_LIMIT else MAX_BYTES_DEFAULT
+        base, data = self.store.read_durable(at, wanted)
+        resp = apb.PullResponse(status=_ok(), segment_base=base,
+                                commit_offset=at, commit_bytes=data, primary_synced=synced, epoch=self.epoch,
+                                node_id=self.node_id, wall_ms=self.broker.clock.wall_ms())
+        news = bool(data)
+        caught_up = at + len(data) >= synced
+        for name, version in changed:  # POP log and most snapshots only with a log that reaches them
+            if caught_up or name in position.CONFIG_FILES:
+                resp.snapshots.append(_snapshot(self.data_dir, name, version))
+                news = True
+        if not caught_up:
+            return resp, news
+        have_gen, have_off = req.position.pop_generation, req.position.pop_offset
+        if pop_gen and (have_gen != pop_gen or have_off != pop_size):
+            start = have_off if have_gen == pop_gen and have_off < pop_size else 0
+            resp.pop_generation, resp.pop_offset = pop_gen, start
+            resp.pop_bytes = _read_file(pop_log.path, start, pop_size)
+            news = True
+        return resp, news
+
+    # ------------------------------------------------------------------ sync replication
+    async def replicated(self, ticket: int) -> None:
+        """Return once a replica reported the log durable up to ``ticket`` (its next pull after it
+        copied it: one report answers every acknowledgement waiting at or below it, so group commit
+        covers the round trip). Raises ``errors.ReplicaTimeout`` at once when no replica pulled in
+        the last ``replication_sync_timeout_ms`` (none in sync), or when none reports in that time."""
+        if self.acked >= ticket:
+            return
+        now, timeout_ms = self.broker.clock.wall_ms(), self.sync_timeout_ms
+        if not any(now - seen <= timeout_ms for _ep, _pos, seen in self.replicas.values()):
+            raise errors.ReplicaTimeout(
+                f"replication = sync and no replica is in sync (none pulled in the last {timeout_ms} ms): "
+                "the message is stored on this primary only")
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._acks, (ticket, next(self._ack_seq), fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise errors.ReplicaTimeout(
+                f"replication = sync: no replica reported offset {ticket} durable within {timeout_ms} ms "
+                "(replication_sync_timeout_ms): the message is stored on this primary") from None
+
+    def _replica_acked(self, position_: int) -> None:
+        if position_ <= self.acked:
+            return
+        self.acked = position_
+        acks = self._acks
+        while acks and acks[0][0] <= position_:
+            fut = heapq.heappop(acks)[2]
+            if not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------------ status and promotion
+    async def status(self, _req=None) -> apb.ClusterStatusResponse:
+        synced = self.store.log.synced
+        journal = self.pop._journal if self.pop is not None else None
+        gen, size = (journal.log.generation, journal.log.size) if journal is not None else (0, 0)
+        replicas = [apb.ReplicaState(node_id=node, endpoint=ep, position=pos, lag_bytes=max(0, synced - pos),
+                                     last_pull_ms=seen)
+                    for node, (ep, pos, seen) in sorted(self.replicas.items())]
+        return apb.ClusterStatusResponse(status=_ok(), role=self.role, epoch=self.epoch, node_id=self.node_id,
+                                         commit_end=synced, pop_generation=gen, pop_offset=size,
+                                         replicas=replicas)
+
+    async def promote(self, _req=None):
+        raise errors.PreconditionFailed(f"this node is already the primary (epoch {self.epoch}); "
+                                        "promote a replica")
+
+    def lag_figures(self) -> dict[str, tuple[int, float]]:
+        """Per replica (endpoint, or node id): (bytes of the durable log it lacks, seconds since it
+        last held all of it), as of its last pull (for /metrics)."""
+        synced, now = self.store.log.synced, self.broker.clock.wall_ms()
+        out = {}
+        for node, (ep, pos, _seen) in self.replicas.items():
+            behind = max(0, synced - pos)
+            out[ep or node] = (behind, (now - self._caught_up_ms.get(node, now)) / 1000 if behind else 0.0)
+        return out
+
+
+def _ok() -> apb.Status:
+    return apb.Status(code=codes.OK, message="OK")
+
+
+def _snapshot(data_dir: str, name: str, version: str) -> apb.SnapshotFile:
+    content = b""
+    if version:
+        with open(os.path.join(data_dir, name), "rb") as fh:
+            content = fh.read()
+    return apb.SnapshotFile(name=name, version=version, content=content)
+
+
+def _read_file(path: str, start: int, end: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
+    if len(data) != end - start:
+        raise errors.StorageError(f"short read of {path}: {len(data)} of {end - start} bytes at {start}")
+    return data

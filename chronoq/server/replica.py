@@ -1,0 +1,192 @@
+"""The replica role of ``chronoq serve --replica-of HOST:PORT`` (docs/replication.md).
+
+``serve_replica(runtime)`` runs until a stop (returns None), a promotion (returns the new
+epoch: the runtime then opens the broker on the same data directory and serves as a primary),
+or a refusal by the primary (raises ``errors.PreconditionFailed``: ``chronoq serve`` says why and
+exits 1, nothing written). Meanwhile:
+
+* the data directory is open as a ``Store`` only (the lock, recovery of a torn tail, consume
+  queues kept by ``Store.dispatch_shipped``): no timer, no POP service, nothing fires;
+* ``chronoq.replication.follower.Follower`` pulls and writes;
+* the gRPC port serves ``chronoq.v1.Replication`` (status, promote; a pull from another replica
+  is refused) and answers every ``MessagingService`` and ``chronoq.v1.Admin`` call with
+  ``PRECONDITION_FAILED`` naming the primary, behind the same access gate as a primary's port.
+
+Promotion (``ReplicaNode.promote``): the follower stops after the write in progress; the new
+epoch is the larger of this log's and the primary's last known, plus one; the answer goes out,
+then this front end stops, the store closes (a clean checkpoint), and the runtime opens the full
+broker, whose recovery rebuilds the rest from the shipped logs (the timer replays the log from
+its cursor, the POP service loads the POP log), and appends the epoch record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from google.protobuf import message_factory
+
+from chronoq.core import errors
+from chronoq.core.clock import SYSTEM_CLOCK
+from chronoq.core.refusals import Refusals
+from chronoq.proto import chronoq_admin_pb2 as apb
+from chronoq.protocol.rocketmq import status as codes
+from chronoq.replication import position, service
+from chronoq.replication.client import ReplicationClient
+from chronoq.replication.follower import Follower
+from chronoq.server import auth, h2grpc, h2limits
+from chronoq.store.store import Store, StoreOptions
+
+log = logging.getLogger("chronoq.replication")
+
+
+class ReplicaNode:
+    role = "replica"
+
+    def __init__(self, config, store: Store, follower: Follower, node_id: str) -> None:
+        self.config = config
+        self.store = store
+        self.follower = follower
+        self.node_id = node_id
+        self.promoted = asyncio.Event()
+        self.epoch = 0  # set by promote
+        self.follow_task: asyncio.Task | None = None
+
+    def refusal(self) -> str:
+        return (f"this broker is a replica of {self.config.replica_of}: it accepts no sends and serves no "
+                f"consumers; use the primary, {self.config.replica_of}")
+
+    async def pull(self, req):
+        if req.node_id == self.node_id:
+            raise errors.PreconditionFailed(
+                f"the replica is pointed at itself (node {self.node_id}): --replica-of must name its primary")
+        raise errors.PreconditionFailed(
+            f"this node is a replica (of {self.config.replica_of}), not a primary: point --replica-of at "
+            f"the primary, {self.config.replica_of}")
+
+    async def status(self, _req=None):
+        f = self.follower
+        return apb.ClusterStatusResponse(
+            status=apb.Status(code=codes.OK, message="OK"), role=self.role,
+            epoch=f.epoch, node_id=self.node_id, commit_end=f.commit,
+            pop_generation=f.pop_generation, pop_offset=f.pop_offset, following=self.config.replica_of,
+            state=f.state, primary_synced=f.primary_synced, lag_bytes=f.lag_bytes(), lag_ms=f.lag_ms())
+
+    async def promote(self, _req=None):
+        if self.promoted.is_set():
+            raise errors.PreconditionFailed(f"this replica is already being promoted (epoch {self.epoch})")
+        await self.follower.stop()
+        if self.follow_task is not None:
+            await asyncio.wait([self.follow_task])
+        self.epoch = max(position.current_epoch(self.store), self.follower.primary_epoch) + 1
+        self.promoted.set()
+        log.warning("promoted to primary at epoch %d: log end %d (the primary had %d)", self.epoch,
+                    self.follower.commit, self.follower.primary_synced)
+        return apb.PromoteResponse(status=apb.Status(code=codes.OK, message="OK"), epoch=self.epoch,
+                                   commit_end=self.follower.commit)
+
+
+class _Refuse(grpc.GenericRpcHandler):
+    """Every method of the client-facing services, answered with PRECONDITION_FAILED."""
+
+    def __init__(self, message: str) -> None:
+        from rocketmq.grpc_protocol import service_pb2
+
+        self._handlers = {}
+        for descriptor in (service_pb2.DESCRIPTOR.services_by_name["MessagingService"],
+                           apb.DESCRIPTOR.services_by_name["Admin"]):
+            for method in descriptor.methods:
+                path = f"/{descriptor.full_name}/{method.name}"
+                self._handlers[path] = _handler(method, message)
+
+    def service(self, details):
+        return self._handlers.get(details.method)
+
+
+def _handler(method, message: str):
+    request = message_factory.GetMessageClass(method.input_type)
+    response = message_factory.GetMessageClass(method.output_type)
+
+    def answer():
+        return response(status={"code": codes.Code.PRECONDITION_FAILED, "message": message})
+
+    if not method.client_streaming and not method.server_streaming:
+        async def unary(_request, _context):
+            return answer()
+        return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=request.FromString,
+                                                   response_serializer=response.SerializeToString)
+    if not method.client_streaming:
+        async def server_stream(_request, _context):
+            yield answer()
+        return grpc.unary_stream_rpc_method_handler(server_stream, request_deserializer=request.FromString,
+                                                    response_serializer=response.SerializeToString)
+
+    async def bidi(_requests, _context):
+        yield answer()
+    return grpc.stream_stream_rpc_method_handler(bidi, request_deserializer=request.FromString,
+                                                 response_serializer=response.SerializeToString)
+
+
+def _server(cfg, node: ReplicaNode):
+    gate, tls = auth.build_gate(cfg, Refusals(SYSTEM_CLOCK.monotonic_ns)), auth.server_credentials(cfg)
+    if cfg.grpc_server == "chronoq":
+        server = h2grpc.Server(interceptors=[gate], limits=h2limits.Limits.from_config(cfg))
+    else:
+        server = grpc.aio.server(interceptors=[gate], options=[("grpc.so_reuseport", 0)])
+    service.add_to_server(server, node)
+    server.add_generic_rpc_handlers((_Refuse(node.refusal()),))
+    host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
+    bound = f"{host}:{cfg.port}"
+    try:
+        port = server.add_secure_port(bound, tls) if tls else server.add_insecure_port(bound)
+    except RuntimeError:
+        port = 0
+    if not port:
+        raise errors.ClientError(f"cannot listen on {bound}: the address is in use or not local")
+    return server, bound
+
+
+def _open_store(cfg) -> Store:
+    return Store(cfg.data_dir, StoreOptions(segment_bytes=cfg.segment_bytes, cq_entries_per_file=cfg.cq_entries_per_file,
+                                            verify_extra_segments=cfg.verify_extra_segments,
+                                            quarantine=cfg.quarantine))
+
+
+async def serve_replica(runtime) -> int | None:
+    cfg, loop = runtime.config, asyncio.get_running_loop()
+    runtime.state = "recovering"
+    store = await loop.run_in_executor(None, _open_store, cfg)
+    runtime.say(f"chronoq data directory: {cfg.data_dir}")
+    runtime.say(f"recovery: {store.report.summary()}")
+    client = ReplicationClient(cfg.replica_of, access_key=cfg.replication_access_key,
+                               secret_key=cfg.replication_secret_key)
+    follower = Follower(store, cfg.data_dir, client, runtime.node_id, cfg.endpoint, SYSTEM_CLOCK,
+                        cfg.checkpoint_interval_ms)
+    node = ReplicaNode(cfg, store, follower, runtime.node_id)
+    server = None
+    try:
+        server, bound = _server(cfg, node)
+        await server.start()
+        node.follow_task = loop.create_task(follower.run(), name="chronoq-follower")
+        runtime.state = "replica"
+        runtime.say(f"chronoq is ready (a replica of {cfg.replica_of}: no sends, no consumers, no timers); "
+                    f"replication on {bound} (log end {follower.commit})")
+        stop = loop.create_task(runtime._stop.wait())
+        promoted = loop.create_task(node.promoted.wait())
+        await asyncio.wait([stop, promoted, node.follow_task], return_when=asyncio.FIRST_COMPLETED)
+        for task in (stop, promoted):
+            task.cancel()
+    finally:
+        if server is not None:
+            await server.stop(1.0)
+        await follower.stop()
+        if node.follow_task is not None:
+            await asyncio.gather(node.follow_task, return_exceptions=True)
+        await client.close()
+        await loop.run_in_executor(None, store.close)
+    if follower.refused is not None:
+        raise errors.PreconditionFailed(f"a replica cannot follow {cfg.replica_of}: {follower.refused}")
+    if node.follow_task.done() and not node.follow_task.cancelled() and node.follow_task.exception():
+        raise node.follow_task.exception()
+    return node.epoch if node.promoted.is_set() else None

@@ -1,0 +1,173 @@
+"""The store's side of replication, in process: what a primary ships (``Store.read_durable``),
+how a replica appends it (``Store.append_shipped``, ``CommitLog.append`` with a segment base),
+the prefix check's tail, the epoch record, and the package's place in the layers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from chronoq.core import errors
+from chronoq.replication import position
+from chronoq.store import record
+from chronoq.store.digest import queue_digest
+
+from storekit import SMALL_SEGMENT, body_for, fill, open_store, prep
+from test_layers import imports_of
+
+
+def copy(primary, replica, max_bytes: int = 1 << 20) -> int:
+    """What a follower does, without the network: pull until nothing is left; the pulls made."""
+    pulls = 0
+    while True:
+        at = max(replica.log.synced, primary.log.min_offset)  # (an empty replica: the primary's start)
+        base, data = primary.read_durable(at, max_bytes)
+        if not data:
+            return pulls
+        replica.append_shipped(at, base, data)
+        replica.sync()
+        replica.dispatch_shipped()
+        pulls += 1
+
+
+def segment_files(store) -> dict[str, bytes]:
+    out = {}
+    for seg in store.log.segments:
+        with open(seg.path, "rb") as fh:
+            out[os.path.basename(seg.path)] = fh.read()[:seg.size]
+    return out
+
+
+def test_a_copy_is_the_log_byte_for_byte_with_the_same_segments_and_queues(tmp_path):
+    primary = open_store(tmp_path / "p", segment_bytes=SMALL_SEGMENT)
+    replica = open_store(tmp_path / "r", segment_bytes=1 << 30)  # its own setting never decides a roll
+    fill(primary, 400, batch=9)
+    assert len(primary.log.segments) > 3
+    assert copy(primary, replica, max_bytes=20_000) > len(primary.log.segments)
+    assert segment_files(replica) == segment_files(primary)
+    assert queue_digest(replica) == queue_digest(primary)
+    assert position.tail(replica, replica.log.synced) == position.tail(primary, primary.log.synced)
+
+
+def test_only_fsynced_bytes_are_shipped(tmp_path):
+    primary = open_store(tmp_path / "p")
+    fill(primary, 20)
+    durable = primary.log.synced
+    primary.write([prep("a", 0, b"not yet durable", "late")])
+    assert primary.log.written > durable
+    base, data = primary.read_durable(0, 1 << 20)
+    assert (base, len(data)) == (0, durable)
+    assert primary.read_durable(durable, 1 << 20)[1] == b""
+
+
+def test_a_pull_ends_at_an_append_boundary_or_a_whole_record(tmp_path):
+    primary = open_store(tmp_path / "p")
+    primary.append([prep("a", 0, body_for(f"m{i}", 1000), f"m{i}") for i in range(10)])  # one append
+    one = primary.log.synced
+    primary.append([prep("a", 0, body_for("n", 1000), "n")])
+    base, data = primary.read_durable(0, one + 500)  # room for the first append, not the second
+    assert len(data) == one
+    base, data = primary.read_durable(0, 2500)  # less than the append: whole records, no torn one
+    pos = 0
+    while pos < len(data):
+        pos += record.check(data, pos, len(data))
+    assert pos == len(data) and 0 < len(data) <= 2500
+    base, data = primary.read_durable(0, 10)  # less than a record: that record, whole
+    assert record.check(data, 0, len(data)) == len(data)
+
+
+def test_bad_shipments_write_nothing(tmp_path):
+    primary, replica = open_store(tmp_path / "p"), open_store(tmp_path / "r")
+    fill(primary, 10)
+    base, data = primary.read_durable(0, 1 << 20)
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 0x40
+    with pytest.raises(errors.CorruptionError):
+        replica.append_shipped(0, base, bytes(damaged))
+    with pytest.raises(errors.ClientError):
+        replica.append_shipped(100, base, data)  # not where this log ends
+    with pytest.raises(errors.ChronoqError):
+        replica.append_shipped(0, base, data[:-3])  # a torn record
+    assert replica.log.written == 0 and os.path.getsize(replica.log.active.path) == 0
+
+
+def test_an_empty_replica_starts_where_the_primary_log_starts(tmp_path):
+    primary = open_store(tmp_path / "p", segment_bytes=SMALL_SEGMENT)
+    fill(primary, 200, batch=5)
+    primary.log.delete_before(primary.log.segments[2].base)  # what retention does
+    replica = open_store(tmp_path / "r")
+    copy(primary, replica)
+    assert replica.log.min_offset == primary.log.min_offset > 0
+    assert segment_files(replica) == segment_files(primary)
+    assert sorted(os.listdir(tmp_path / "r" / "commitlog")) == sorted(os.listdir(tmp_path / "p" / "commitlog"))
+
+
+def test_the_tail_tells_a_diverged_log(tmp_path):
+    a, b = open_store(tmp_path / "a"), open_store(tmp_path / "b")
+    fill(a, 10)
+    copy(a, b)
+    end = b.log.synced
+    assert position.tail(a, end) == position.tail(b, end)
+    a.append([prep("a", 0, b"primary's", "x1")])
+    b.append([prep("a", 0, b"replica's", "x1")])  # same length, other bytes
+    assert a.log.synced == b.log.synced
+    assert position.tail(a, a.log.synced) != position.tail(b, b.log.synced)
+
+
+def test_the_epoch_is_the_newest_epoch_record(tmp_path):
+    store = open_store(tmp_path / "s")
+    assert position.current_epoch(store) == 0
+    store.append([position.epoch_record(1, "n1", 1)])
+    fill(store, 3)
+    store.append([position.epoch_record(2, "n2", 2)])
+    assert position.current_epoch(store) == 2
+    replica = open_store(tmp_path / "r")
+    copy(store, replica)
+    assert position.current_epoch(replica) == 2  # rebuilt from the shipped log
+
+
+def test_snapshot_names_are_their_owners():
+    from chronoq.broker.offsets import OFFSETS_FILE
+    from chronoq.broker.topics import TOPICS_FILE
+    from chronoq.features.schedules.book import STATE_FILE as SCHEDULES
+    from chronoq.features.staging import STATE_FILE as STAGING
+    from chronoq.pop.groups import GROUPS_FILE
+    from chronoq.pop.poplog import POP_DIR, SUFFIX
+    from chronoq.store.commitlog import LOST_FILE
+
+    assert position.SNAPSHOT_FILES == (TOPICS_FILE, OFFSETS_FILE, GROUPS_FILE, SCHEDULES, STAGING,
+                                       f"commitlog/{LOST_FILE}")
+    assert (position.POP_DIR, position.POP_SUFFIX) == (POP_DIR, SUFFIX)
+
+
+def test_replication_sits_below_the_shells():
+    for module, names in imports_of("replication").items():
+        bad = {n for n in names for shell in ("chronoq.server", "chronoq.cli", "chronoq.console", "chronoq.spark")
+               if n == shell or n.startswith(shell + ".")}
+        assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_a_lagging_answer_carries_configuration_only(tmp_path):
+    """Topics and groups travel with any answer; what names log positions only with the log that
+    reaches it (``PrimaryNode._answer``)."""
+    from chronoq.broker.broker import Broker, OutgoingMessage
+    from chronoq.core.config import BrokerConfig
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.replication.shipper import PrimaryNode
+
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p")))
+    try:
+        broker.send_batch([OutgoingMessage("orders", b"x" * 500) for _ in range(20)])
+        for name in ("offsets.json", "schedules.json"):  # (contents do not matter here)
+            with open(tmp_path / "p" / name, "wb") as fh:
+                fh.write(b"{}")
+        node = PrimaryNode(broker, None, "primary")
+        lagging, _ = node._answer(apb.PullRequest(node_id="r", max_bytes=600))
+        assert lagging.commit_bytes and len(lagging.commit_bytes) < broker.store.log.synced
+        assert {s.name for s in lagging.snapshots} == {"topics.json"}
+        whole, _ = node._answer(apb.PullRequest(node_id="r"))
+        assert len(whole.commit_bytes) == broker.store.log.synced
+        assert {"topics.json", "offsets.json", "schedules.json"} <= {s.name for s in whole.snapshots}
+    finally:
+        broker.close()
