@@ -225,6 +225,10 @@ class Runtime:
         broker = await self._recover()
         self.committer = GroupCommitter(broker)
         self.committer.start()
+        # The schedule files' journal and .done fsyncs on the committer's thread (timer/schedfiles.py).
+        timer, committer = broker.timer, self.committer
+        remove_files_log = committer.add_log(timer.files.sync_side)
+        timer.attach_files_syncer(lambda: committer.after_durable(lambda _synced, _exc: timer.files_synced()))
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends
@@ -268,6 +272,8 @@ class Runtime:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            timer.attach_files_syncer(None)  # the close's checkpoint fsyncs in place
+            remove_files_log()
             await self.committer.close()
             broker.close()
             gc.set_threshold(*gc_thresholds)  # the process is the caller's again

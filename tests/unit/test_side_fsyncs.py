@@ -261,3 +261,235 @@ def test_a_compaction_under_the_committer_fsyncs_only_on_its_thread(tmp_path, mo
     finally:
         pop.close()
         b.close()
+
+
+# ------------------------------------------------------------------------------ schedule files
+class FileEvents(Fsyncs):
+    """``Fsyncs`` plus every ``os.write`` to a bucket file and every ``os.unlink``, in one list of
+    (what, thread name, path)."""
+
+    def __init__(self, monkeypatch):
+        super().__init__(monkeypatch)
+        self.events: list[tuple[str, str, str]] = []
+        fsync, write, unlink = os.fsync, os.write, os.unlink
+
+        def recording_fsync(fd):
+            self.events.append(("fsync", threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
+            return fsync(fd)
+
+        def recording_write(fd, data):
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if path.endswith(".sch"):
+                self.events.append(("write", threading.current_thread().name, path))
+            return write(fd, data)
+
+        def recording_unlink(path, *args, **kwargs):
+            self.events.append(("unlink", threading.current_thread().name, os.fspath(path)))
+            return unlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        monkeypatch.setattr(os, "write", recording_write)
+        monkeypatch.setattr(os, "unlink", recording_unlink)
+
+    def first(self, what: str, predicate) -> int:
+        return next(i for i, (w, _t, p) in enumerate(self.events) if w == what and predicate(p))
+
+    def threads(self, what: str, predicate) -> set[str]:
+        return {t for w, t, p in self.events if w == what and predicate(p)}
+
+
+def _journal(path: str) -> bool:
+    return path.endswith(os.path.join("timer", "appends.journal"))
+
+
+def _serve_timer(b, body, *, fail_side=None):
+    """Run ``body(committer)`` on a loop with a started committer wired to the timer as the
+    server wires it (``Runtime.serve``); ``fail_side(path)``: fsyncs of those paths raise EIO
+    on the committer's thread."""
+    import asyncio
+
+    from chronoq.broker.committer import GroupCommitter
+
+    timer = b.timer
+    if fail_side is not None:
+        real_sync_side = timer.files.sync_side
+        fsync = os.fsync
+
+        def failing_sync_side():
+            def failing(fd):
+                if fail_side(os.readlink(f"/proc/self/fd/{fd}")):
+                    raise OSError(5, "injected EIO")
+                return fsync(fd)
+            os.fsync = failing
+            try:
+                real_sync_side()
+            finally:
+                os.fsync = fsync
+        sync_side = failing_sync_side
+    else:
+        sync_side = timer.files.sync_side
+
+    async def main():
+        committer = GroupCommitter(b)
+        committer.start()
+        remove = committer.add_log(sync_side)
+        timer.attach_files_syncer(lambda: committer.after_durable(lambda _s, _e: timer.files_synced()))
+        try:
+            return await body(committer)
+        finally:
+            timer.attach_files_syncer(None)
+            remove()
+            await committer.close()
+
+    return asyncio.run(main())
+
+
+async def _maintain(b, committer, rounds: int, until=lambda: False) -> None:
+    """``rounds`` passes of the server's periodic work (jobs on a worker thread) and timer ticks
+    (their tickets handed to the committer, as ``Runtime._timer_loop`` does)."""
+    import asyncio
+
+    def synced(upto: int, exc: BaseException | None) -> None:
+        if exc is None:
+            b.timer_synced(upto)
+        else:
+            b.timer_sync_failed(exc)
+
+    for _ in range(rounds):
+        for job in b.maintenance_jobs():
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, job.run)
+            except BaseException as exc:  # noqa: BLE001 - the job keeps its state for a retry
+                job.finish(exc)
+            else:
+                job.finish(None)
+        if b.timer_step().ticket:
+            committer.after_durable(synced)
+        await asyncio.sleep(0.005)
+        if until():
+            return
+
+
+def test_bucket_files_are_appended_to_only_after_their_journal_record_is_fsynced_on_the_committers_thread(
+        tmp_path, monkeypatch):
+    from timerkit import T0, TOPIC, open_broker
+
+    from chronoq.core.clock import FakeClock
+
+    clock = FakeClock(T0)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    for i in range(3):  # three far buckets, written by maintenance
+        b.send(TOPIC, f"far{i}".encode(), deliver_at_ms=T0 + 3_600_000 + i * 60_000)
+    events = FileEvents(monkeypatch)
+
+    async def body(committer):
+        clock.advance(10_000)  # a timer checkpoint is due: its buckets are written
+        await _maintain(b, committer, 200, until=lambda: len(b.timer.files._journaled) >= 3 and not b.timer._buffered_starts)
+
+    _serve_timer(b, body)
+    assert events.threads("fsync", _journal) == {FSYNC_THREAD}
+    journal_synced = events.first("fsync", _journal)
+    assert events.first("write", lambda p: True) > journal_synced  # no byte before its rollback point
+    assert len({p for w, _t, p in events.events if w == "write"}) == 3
+    b.close()
+
+
+def test_a_failed_journal_fsync_keeps_the_entries_buffered_and_a_crash_then_loses_nothing(tmp_path, monkeypatch):
+    """Crash window: journal records written, their fsync failed (or not reported yet). No bucket
+    file was appended to; a restart replays the messages from the commit log, each delivered once
+    and none before it is due."""
+    from timerkit import T0, TOPIC, crash, drain, open_broker, visible
+
+    from chronoq.core.clock import FakeClock
+
+    clock = FakeClock(T0)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    due = [T0 + 3_600_000 + i * 60_000 for i in range(3)]
+    for i, at in enumerate(due):
+        b.send(TOPIC, f"far{i}".encode(), deliver_at_ms=at)
+    events = FileEvents(monkeypatch)
+
+    async def body(committer):
+        clock.advance(10_000)
+        await _maintain(b, committer, 30, until=lambda: bool(b.timer._files_retry_ms))
+
+    _serve_timer(b, body, fail_side=_journal)
+    assert b.timer._files_retry_ms  # the failure reached the timer ...
+    assert [e for e in events.events if e[0] == "write"] == []  # ... and no bucket file was written
+    assert not events.threads("fsync", _journal) - {FSYNC_THREAD}
+    crash(b)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    for i, at in enumerate(due):
+        clock.set(at - 1)
+        drain(b)
+        assert len(visible(b)) == i  # nothing early
+        clock.set(at)
+        drain(b)
+        assert sorted(m.body for m in visible(b)) == [f"far{j}".encode() for j in range(i + 1)]
+    b.close()
+
+
+def test_a_finished_buckets_file_goes_only_after_its_done_file_is_fsynced_on_the_committers_thread(
+        tmp_path, monkeypatch):
+    from timerkit import T0, TOPIC, crash, open_broker, visible
+
+    from chronoq.core.clock import FakeClock
+    from chronoq.timer.service import RecallOutcome
+
+    clock = FakeClock(T0)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    handle = b.send(TOPIC, b"gone", deliver_at_ms=T0 + 1_000).recall_handle
+    b.send(TOPIC, b"kept", deliver_at_ms=T0 + 2_000)
+    assert b.recall(handle).outcome is RecallOutcome.CANCELLED
+    b.checkpoint()  # the bucket file holds the message and its tombstone
+    events = FileEvents(monkeypatch)
+
+    def is_done(p):
+        return p.endswith(".done")
+
+    async def body(committer):
+        clock.advance(180_000)  # the bucket is due, delivered and finished
+        await _maintain(b, committer, 300, until=lambda: any(w == "unlink" and p.endswith(".sch") for w, _t, p in events.events))
+
+    _serve_timer(b, body)
+    assert events.threads("fsync", is_done) == {FSYNC_THREAD}
+    assert events.first("fsync", is_done) < events.first("unlink", lambda p: p.endswith(".sch"))
+    assert [m.body for m in visible(b)] == [b"kept"]
+    crash(b)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    assert b.recall(handle).outcome is RecallOutcome.CANCELLED  # the .done file answers a late recall
+    assert [m.body for m in visible(b)] == [b"kept"]
+    b.close()
+
+
+def test_a_crash_before_the_done_file_is_fsynced_keeps_the_bucket_file(tmp_path, monkeypatch):
+    """Crash window: the ``.done`` file written, its fsync failed (or not reported): the bucket
+    file is still there, so the restart finishes the bucket again from it; the recalled message
+    stays recalled, the delivered one is not delivered again."""
+    from timerkit import T0, TOPIC, crash, drain, open_broker, visible
+
+    from chronoq.core.clock import FakeClock
+    from chronoq.timer.service import RecallOutcome
+
+    clock = FakeClock(T0)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    handle = b.send(TOPIC, b"gone", deliver_at_ms=T0 + 1_000).recall_handle
+    b.send(TOPIC, b"kept", deliver_at_ms=T0 + 2_000)
+    assert b.recall(handle).outcome is RecallOutcome.CANCELLED
+    b.checkpoint()
+    events = FileEvents(monkeypatch)
+
+    async def body(committer):
+        clock.advance(180_000)
+        await _maintain(b, committer, 60, until=lambda: bool(b.timer._files_retry_ms))
+
+    _serve_timer(b, body, fail_side=lambda p: p.endswith(".done"))
+    assert b.timer._files_retry_ms and b.timer.buckets_finished == 1
+    sch = [name for name in os.listdir(b.timer.sched_dir) if name.endswith(".sch")]
+    assert sch and not [e for e in events.events if e[0] == "unlink" and e[2].endswith(".sch")]
+    crash(b)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=0)
+    drain(b)
+    assert [m.body for m in visible(b)] == [b"kept"]  # not delivered twice, the recalled one never
+    assert b.recall(handle).outcome is RecallOutcome.CANCELLED
+    b.close()
