@@ -115,7 +115,7 @@ class Runtime:
                 now = asyncio.get_running_loop().time()
                 if now - last_retention >= self.config.retention_interval_s:
                     last_retention = now
-                    for path in self.broker.retention():
+                    for path in await self.committer.retention():  # (roll-forward fsync off the loop)
                         log.info("retention deleted %s", path)
             except Exception:  # keep serving; the next tick retries
                 log.exception("periodic maintenance failed")
