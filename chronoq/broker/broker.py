@@ -518,7 +518,7 @@ class Broker:
         durable on the committer's thread, then ``retention_apply`` (``GroupCommitter.retention``)."""
         return self.store.retention_plan(*self._retention_limits())
 
-    def retention_apply(self, plan, durable: bool = True) -> list[str]:
+    def retention_apply(self, plan, durable: bool = True) -> tuple[list[str], Job | None]:
         return self.store.retention_apply(plan, durable)
 
     def _retention_limits(self) -> tuple[int | None, int | None]:

@@ -47,6 +47,7 @@ import threading
 from typing import Callable, Iterable
 
 from chronoq.core import errors
+from chronoq.core.jobs import Job
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.core.model import SendResult
 from chronoq.timer.service import RecallResult, RescheduleResult
@@ -138,10 +139,12 @@ class GroupCommitter:
         await self.durable(answer.ticket)
         return self.broker.timer_answered(answer)
 
-    async def retention(self) -> list[str]:
+    async def retention(self) -> tuple[list[str], Job | None]:
         """``Broker.retention`` with the roll-forward's fsync on the flusher thread: the records
         the timer still needs from the range to delete are written at the head, and the range is
-        deleted once they are durable (their fsync failed: only what lies below the first)."""
+        deleted once they are durable (their fsync failed: only what lies below the first).
+        Returns the deleted paths and the store checkpoint to run on a worker thread next
+        (``Store.retention_apply``)."""
         plan = self.broker.retention_plan()
         durable = True
         if plan.ticket:

@@ -115,8 +115,11 @@ class Runtime:
                 now = asyncio.get_running_loop().time()
                 if now - last_retention >= self.config.retention_interval_s:
                     last_retention = now
-                    for path in await self.committer.retention():  # (roll-forward fsync off the loop)
+                    deleted, job = await self.committer.retention()  # (roll-forward fsync off the loop)
+                    for path in deleted:
                         log.info("retention deleted %s", path)
+                    if job is not None:  # the store checkpoint naming the queues' new starts
+                        await _run_job(job)
             except Exception:  # keep serving; the next tick retries
                 log.exception("periodic maintenance failed")
 

@@ -450,7 +450,10 @@ class Store(StoreWriter):
                 durable = False
                 log.warning("retention keeps the log from %d: syncing %d records it still needs failed (%s)",
                             plan.fallback, plan.kept, exc)
-        return self.retention_apply(plan, durable)
+        deleted, job = self.retention_apply(plan, durable)
+        if job is not None:
+            job.run_here()
+        return deleted
 
     def retention_plan(self, max_age_ms: int | None, max_bytes: int | None,
                        now_s: float | None = None) -> "RetentionPlan":
@@ -476,18 +479,19 @@ class Store(StoreWriter):
             return self._keep_before(cut)
         return RetentionPlan(cut, 0, cut, 0)
 
-    def retention_apply(self, plan: "RetentionPlan", durable: bool = True) -> list[str]:
+    def retention_apply(self, plan: "RetentionPlan", durable: bool = True) -> tuple[list[str], Job | None]:
         """``retention``'s second step, once the plan's records are durable (``durable``; else
-        only what lies below the first of them goes)."""
+        only what lies below the first of them goes). Returns the deleted paths and, when any
+        went, the checkpoint recording the queues' new starts (else the next recovery takes them
+        for lost files, R8) as a job (``checkpoint_job``: its fsyncs on any thread)."""
         cut = plan.cut if durable else plan.fallback
         assert not (durable and plan.ticket) or self.log.synced >= plan.ticket, "roll records not durable"
         deleted = self.log.delete_before(cut)
-        if deleted:
-            for cq in self.queues.values():
-                cq.delete_below(self.log.min_offset)
-            # Record the queues' new starts, or the next recovery takes them for lost files (R8).
-            self.checkpoint()
-        return [s.path for s in deleted]
+        if not deleted:
+            return [], None
+        for cq in self.queues.values():
+            cq.delete_below(self.log.min_offset)
+        return [s.path for s in deleted], self.checkpoint_job()
 
     def _keep_before(self, cut: int) -> "RetentionPlan":
         """Append what the keepers still need below ``cut`` (page cache). The plan deletes to

@@ -493,3 +493,49 @@ def test_a_crash_before_the_done_file_is_fsynced_keeps_the_bucket_file(tmp_path,
     assert [m.body for m in visible(b)] == [b"kept"]  # not delivered twice, the recalled one never
     assert b.recall(handle).outcome is RecallOutcome.CANCELLED
     b.close()
+
+
+# ------------------------------------------------------------------------------ retention
+def test_served_retention_fsyncs_its_roll_records_on_the_committers_thread_and_checkpoints_off_the_loop(
+        tmp_path, monkeypatch):
+    """``GroupCommitter.retention``: the roll records fsynced on the committer's thread before any
+    segment goes; the checkpoint naming the queues' new starts returned as a job (run here on a
+    worker thread, as ``Runtime._periodic`` does); the pending timer survives in the log."""
+    import asyncio
+
+    from timerkit import T0
+
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.broker.digest import derived_digest
+    from chronoq.broker.outgoing import OutgoingMessage
+    from chronoq.core.clock import FakeClock
+
+    clock = FakeClock(T0)
+    cfg = BrokerConfig(data_dir=str(tmp_path), segment_bytes=64 * 1024, retention_max_bytes=1)
+    b = Broker(cfg, clock=clock)
+    b.send("later", b"far", deliver_at_ms=T0 + 3_600_000)
+    for _ in range(20):  # a few segments of plain messages after it
+        b.send_batch([OutgoingMessage("orders", bytes(1024)) for _ in range(16)])
+    b.timer.checkpoint()
+    b.checkpoint()
+    pending = derived_digest(b)["timers"]
+    fsyncs = Fsyncs(monkeypatch)
+
+    async def main():
+        committer = GroupCommitter(b)
+        committer.start()
+        try:
+            deleted, job = await committer.retention()
+            assert deleted and job is not None
+            await asyncio.get_running_loop().run_in_executor(None, job.run)
+            job.finish(None)
+        finally:
+            await committer.close()
+
+    asyncio.run(main())
+    commitlog = os.path.join(str(tmp_path), "commitlog") + os.sep
+    assert set(fsyncs.on(lambda p: p.startswith(commitlog))) == {FSYNC_THREAD}  # the roll records
+    checkpoint_doc = os.path.join(str(tmp_path), store_checkpoint.CHECKPOINT_FILE + ".tmp")
+    assert fsyncs.on(lambda p: p == checkpoint_doc) and "MainThread" not in fsyncs.on(lambda p: p == checkpoint_doc)
+    assert b.store.log.min_offset > 0 and derived_digest(b)["timers"] == pending
+    b.close()
