@@ -10,9 +10,8 @@ the log: they are acked while still in the in-memory merge buffer (``inflight.py
 Files: ``<data>/pop/<generation, 20 digits>.poplog``. One file is current. Each open and each
 compaction writes a snapshot of the live CKs to ``<next generation>.poplog.tmp``, fsyncs it,
 renames it into place, fsyncs the directory and then deletes older generations, so the newest
-file is always a complete snapshot followed by appended batches. (A compaction encodes its
-snapshot on the loop and makes the file on the committer's thread, after the old file's last
-sync: ``PopLog.prepare``.) CK ids embed the generation
+file is always a complete snapshot followed by appended batches (a compaction's is encoded on
+the loop, its file made after the old one's last sync: ``PopLog.prepare``). CK ids embed the generation
 (``inflight.py`` I4).
 
 File header (32 bytes, little-endian)::
@@ -374,8 +373,7 @@ class PopLog:
         self._chunks: list[tuple[bytes, list]] = []
         self._synced: list = []
         self._error: BaseException | None = None
-        # Until the file exists (``prepare``): its snapshot's bytes, and the generation it replaces,
-        # whose last records ``sync`` writes first (both touched only under ``_io``).
+        # Until the file exists (``prepare``): its bytes, and the generation it replaces (under ``_io``).
         self._snapshot: bytes | None = None
         self._prior: PopLog | None = None
 
@@ -396,10 +394,9 @@ class PopLog:
     def prepare(cls, directory: str, generation: int, cks: Iterable, created_ms: int,
                 seen: Iterable[tuple[str, str, int, Iterable[int]]] = (),
                 prior: "PopLog | None" = None) -> "PopLog":
-        """``create`` without I/O (a compaction, on the loop): the snapshot is encoded now and the
-        file made by the first ``sync`` (the committer's thread), after ``prior`` (the generation
-        it replaces, sealed) has synced its last chunks. Records added meanwhile wait for the file.
-        Until ``made``, ``take_synced`` also hands back what ``prior`` made durable."""
+        """``create`` without I/O (a compaction, on the loop): the file is made by the first ``sync``
+        (the committer's thread) once ``prior`` (the generation it replaces, sealed) synced its last
+        chunks; records added meanwhile wait for it, and ``take_synced`` hands back ``prior``'s."""
         header = _header(generation, created_ms)
         salt = struct.unpack_from("<I", header, HEADER_CRC_START)[0]
         writer = cls(directory, generation, -1, salt, 0, {})
@@ -420,8 +417,7 @@ class PopLog:
         return self._snapshot is None
 
     def _make_file(self) -> None:
-        """Write the snapshot to a temp file, fsync, rename into place, fsync the directory, then
-        delete older generations (under ``_io``). Raises StorageError; a retry starts over."""
+        """Temp file, fsync, rename, fsync the directory, delete older generations (under ``_io``)."""
         data = self._snapshot
         assert data is not None
         directory = self.directory
@@ -508,9 +504,8 @@ class PopLog:
 
     def sync(self) -> None:
         """Write the sealed chunks as one batch and fsync (any thread). Never raises: the CKs made
-        durable, or the error, wait for ``take_synced``. A prepared log first has ``prior`` sync
-        its last chunks, then makes its file (``prepare``); a failure of either is retried by the
-        next ``sync``, and nothing of this generation is written before its file is in place."""
+        durable, or the error, wait for ``take_synced``. A prepared log makes its file first
+        (``_make_current``; a failure is retried by the next ``sync``)."""
         with self._io:
             if self._snapshot is not None and not self._make_current():
                 return
@@ -546,9 +541,8 @@ class PopLog:
                     self._synced.extend(cks)
 
     def _make_current(self) -> bool:
-        """(under ``_io``) The old generation's last chunks synced, then this file made: True
-        once it is in place. Crash before the new file's directory fsync: the old generation is
-        the newest on disk and holds every record acknowledged durable (synced just before)."""
+        """(under ``_io``) ``prior``'s last chunks synced, then this file made: True once in place.
+        A crash before: the old generation is the newest on disk, with every record synced."""
         prior = self._prior
         if prior is not None:
             prior.sync()
