@@ -613,8 +613,19 @@ class Broker:
         return jobs
 
     def retention(self) -> list[str]:
+        return self.store.retention(*self._retention_limits())
+
+    def retention_plan(self):
+        """``retention``'s first step (``Store.retention_plan``); the server makes its ticket
+        durable on the committer's thread, then ``retention_apply`` (``GroupCommitter.retention``)."""
+        return self.store.retention_plan(*self._retention_limits())
+
+    def retention_apply(self, plan, durable: bool = True) -> tuple[list[str], Job | None]:
+        return self.store.retention_apply(plan, durable)
+
+    def _retention_limits(self) -> tuple[int | None, int | None]:
         max_age = self.config.retention_max_age_hours * 3600 * 1000 if self.config.retention_max_age_hours else None
-        return self.store.retention(max_age, self.config.retention_max_bytes or None)
+        return max_age, self.config.retention_max_bytes or None
 
     def close(self) -> None:
         if self.closed:

@@ -32,7 +32,7 @@ Callers: client sends of every type (``send_batch``; ``send`` for objects), tran
 (``barrier``), staged publishes and trace flushes (``durable`` with the log's end as ticket), the
 timer's delivered copies (``after_durable``, from the runtime's timer loop), recall and reschedule
 (``recall``/``reschedule``: the record's ticket; the timer keeps the target from delivery until
-the dispatch applies it), POP's retry and DLQ copies (``after_durable`` and ``durable``,
+the dispatch applies it), retention's roll-forward (``retention``: deletion after its records' fsync), POP's retry and DLQ copies (``after_durable`` and ``durable``,
 ``chronoq.server.consumers``), and the POP log, a second log this thread fsyncs right after the
 commit log (``add_log``). The embedded one-call paths (``Broker.send_batch``/``flush``/``durable``,
 ``Broker.timer_tick``, ``PopService.tick_durably``) do the same fsync then dispatch in log order
@@ -47,6 +47,7 @@ import threading
 from typing import Awaitable, Callable, Iterable
 
 from chronoq.core import errors
+from chronoq.core.jobs import Job
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.core.model import SendResult
 from chronoq.timer.service import RecallResult, RescheduleResult
@@ -146,6 +147,23 @@ class GroupCommitter:
         answer = self.broker.timer_cancel_by_key(topic, key)
         await self.durable(answer.ticket)
         return self.broker.timer_key_answered(answer)
+
+    async def retention(self) -> tuple[list[str], Job | None]:
+        """``Broker.retention`` with the roll-forward's fsync on the flusher thread: the records
+        the timer still needs from the range to delete are written at the head, and the range is
+        deleted once they are durable (their fsync failed: only what lies below the first).
+        Returns the deleted paths and the store checkpoint to run on a worker thread next
+        (``Store.retention_apply``)."""
+        plan = self.broker.retention_plan()
+        durable = True
+        if plan.ticket:
+            try:
+                await self.durable(plan.ticket)
+            except (errors.StorageError, OSError) as exc:
+                durable = False
+                log.warning("retention keeps the log from %d: syncing %d records it still needs failed (%s)",
+                            plan.fallback, plan.kept, exc)
+        return self.broker.retention_apply(plan, durable)
 
     async def barrier(self) -> None:
         """Return once everything written so far is acknowledged under the flush policy: durable

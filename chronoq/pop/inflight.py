@@ -177,6 +177,11 @@ class Inflight:
         self._id_base = generation << 32
         self._seq = 0
 
+    @property
+    def generation(self) -> int:
+        """The generation new CK ids carry."""
+        return self._id_base >> 32
+
     def _new_id(self) -> int:
         self._seq += 1
         assert self._seq < 1 << 32, "CK sequence exhausted; compaction starts a new generation"

@@ -10,7 +10,7 @@ path). At most one such request is out at a time; records sealed meanwhile go wi
 failed sync is retried one interval later. Consume offsets that moved (``Inflight.dirty``) are
 handed to ``Broker.commit_offset`` (durable at its next checkpoint). Past ``COMPACT_MIN_BYTES``,
 and ``COMPACT_RATIO`` times the live CKs' size, the log is rewritten as a snapshot of the live CKs
-and the restart skip sets (on the loop: rare, and it waits for a sync in progress first).
+and the restart skip sets (encoded on the loop, the file made on the committer's thread).
 """
 
 from __future__ import annotations
@@ -93,9 +93,13 @@ class PopJournal:
         """After a sync (on the loop): mark the CKs durable, commit offsets; retry a failure one
         interval later; ask again for records sealed meanwhile."""
         self._syncing = False
-        cks, exc = self.log.take_synced()
+        logf = self.log
+        cks, exc = logf.take_synced()
         if cks:
             self.inflight.mark_durable(cks)
+        if logf.made and logf.generation > self.inflight.generation:  # a compaction's file is in place
+            self.inflight.set_generation(logf.generation)
+            log.info("POP log compacted to generation %d", logf.generation)
         if exc is not None:
             log.warning("POP log flush failed (will retry): %s", getattr(exc, "message", exc))
             self._retry_at = self.broker.clock.wall_ms() + self.flush_interval_ms
@@ -125,20 +129,20 @@ class PopJournal:
         dirty.clear()
 
     def maybe_compact(self, now: int, *, force: bool = False) -> None:
-        """Compact when the log is large enough; ``force``: now (an operator dropped state)."""
+        """Past the size limits (``force``: now, an operator dropped state), start a new
+        generation: its snapshot encoded here, its file made by the next sync (the committer's
+        thread; ``PopLog.prepare``), which first syncs the old file's last records. New records go
+        to the new log at once. CK ids move to the new generation only once its file is in place
+        (``synced``): a crash before leaves the old generation newest, and the restart's
+        generation, one past it, must not meet ids minted in this process (I4)."""
         logf = self.log
-        if logf.size < COMPACT_MIN_BYTES and not force:
+        if (logf.size < COMPACT_MIN_BYTES and not force) or not logf.made:
+            return
             return
         live = [ck for ck in self.inflight.cks.values() if ck.logged]
         if logf.size < COMPACT_RATIO * (poplog.HEADER_SIZE + CK_BYTES_ESTIMATE * len(live)) and not force:
             return
         logf.seal()
-        logf.sync()  # on this thread, after a sync in progress: the old file must be complete
-        self.synced()
-        if logf.pending or logf.queued:
-            return  # the sync failed: compact later
-        new = poplog.PopLog.create(self.pop_dir, logf.generation + 1, live, now, skips(self.inflight))
-        logf.close()
+        new = poplog.PopLog.prepare(self.pop_dir, logf.generation + 1, live, now, skips(self.inflight), prior=logf)
         self.log = self.inflight.sink = new
-        self.inflight.set_generation(new.generation)
-        log.info("POP log compacted to generation %d (%d checkpoints)", new.generation, len(live))
+        self.flush(now, force=True)  # have it made now (it holds the old file's last records)

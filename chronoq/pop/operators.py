@@ -57,5 +57,14 @@ def forget(pop: PopService, group: str | None = None, topics: tuple[str, ...] = 
 
 def rewrite_log(pop: PopService) -> None:
     """After ``reset_position`` or ``forget``: rewrite the POP log now as a snapshot of the live
-    CKs and the skip sets as they are (its older records name offsets a restart would skip)."""
+    CKs and the skip sets as they are (its older records name offsets a restart would skip).
+    Embedded, the new file is made and synced here; in the server the committer's thread makes
+    it: the operator is answered once ``log_in_place`` (and a rewrite starts only when it is:
+    ``maybe_compact`` does nothing while a new generation waits for its file)."""
     pop._journal.maybe_compact(pop.clock.wall_ms(), force=True)
+
+
+def log_in_place(pop: PopService) -> bool:
+    """Whether the POP log's current generation has its file (no rewrite or compaction waits for
+    the committer's thread): after ``rewrite_log``, the snapshot is durable and a restart reads it."""
+    return pop._journal.log.made

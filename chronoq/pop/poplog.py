@@ -10,7 +10,8 @@ the log: they are acked while still in the in-memory merge buffer (``inflight.py
 Files: ``<data>/pop/<generation, 20 digits>.poplog``. One file is current. Each open and each
 compaction writes a snapshot of the live CKs to ``<next generation>.poplog.tmp``, fsyncs it,
 renames it into place, fsyncs the directory and then deletes older generations, so the newest
-file is always a complete snapshot followed by appended batches. CK ids embed the generation
+file is always a complete snapshot followed by appended batches (a compaction's is encoded on
+the loop, its file made after the old one's last sync: ``PopLog.prepare``). CK ids embed the generation
 (``inflight.py`` I4).
 
 File header (32 bytes, little-endian)::
@@ -372,26 +373,56 @@ class PopLog:
         self._chunks: list[tuple[bytes, list]] = []
         self._synced: list = []
         self._error: BaseException | None = None
+        # Until the file exists (``prepare``): its bytes, and the generation it replaces (under ``_io``).
+        self._snapshot: bytes | None = None
+        self._prior: PopLog | None = None
 
     @classmethod
     def create(cls, directory: str, generation: int, cks: Iterable, created_ms: int,
                seen: Iterable[tuple[str, str, int, Iterable[int]]] = ()) -> "PopLog":
         """Write a snapshot of ``cks`` (and the ``seen`` offsets, as (group, popped topic,
-        queue id, offsets)) as generation ``generation`` and make it current.
+        queue id, offsets)) as generation ``generation`` and make it current, on this thread.
 
         Older generations are deleted once the new file is in place (see the module docstring).
         """
-        os.makedirs(directory, exist_ok=True)
+        writer = cls.prepare(directory, generation, cks, created_ms, seen)
+        with writer._io:
+            writer._make_file()
+        return writer
+
+    @classmethod
+    def prepare(cls, directory: str, generation: int, cks: Iterable, created_ms: int,
+                seen: Iterable[tuple[str, str, int, Iterable[int]]] = (),
+                prior: "PopLog | None" = None) -> "PopLog":
+        """``create`` without I/O (a compaction, on the loop): the file is made by the first ``sync``
+        (the committer's thread) once ``prior`` (the generation it replaces, sealed) synced its last
+        chunks; records added meanwhile wait for it, and ``take_synced`` hands back ``prior``'s."""
         header = _header(generation, created_ms)
         salt = struct.unpack_from("<I", header, HEADER_CRC_START)[0]
-        writer = cls(directory, generation, -1, salt, HEADER_SIZE, {})
+        writer = cls(directory, generation, -1, salt, 0, {})
         writer._pending += _record(salt, T_BATCH, BATCH.pack(0, HEADER_SIZE))
         for group, popped, queue_id, offsets in seen:
             writer._add_seen(group, popped, queue_id, sorted(offsets))
         for ck in cks:
             writer.add_ck(ck)
-        data = header + bytes(writer._pending)
-        tmp = writer.path + TMP_SUFFIX
+        writer._snapshot = header + bytes(writer._pending)
+        writer._pending = bytearray()
+        writer._pending_cks = []
+        writer._prior = prior
+        return writer
+
+    @property
+    def made(self) -> bool:
+        """The file is in place (its snapshot durable, older generations deleted)."""
+        return self._snapshot is None
+
+    def _make_file(self) -> None:
+        """Temp file, fsync, rename, fsync the directory, delete older generations (under ``_io``)."""
+        data = self._snapshot
+        assert data is not None
+        directory = self.directory
+        os.makedirs(directory, exist_ok=True)
+        tmp = self.path + TMP_SUFFIX
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -401,22 +432,20 @@ class PopLog:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, writer.path)
+            os.replace(tmp, self.path)
             fsutil.fsync_dir(directory)
         except OSError as exc:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise fsutil.storage_error(exc, writer.path) from exc
+            raise fsutil.storage_error(exc, self.path) from exc
         for old in _generations(directory):
-            if old < generation:
+            if old < self.generation:
                 os.unlink(os.path.join(directory, file_name(old)))
-        writer._fd = os.open(writer.path, os.O_WRONLY)
-        writer.size = len(data)
-        writer._pending = bytearray()
-        writer._pending_cks = []
-        return writer
+        self._fd = os.open(self.path, os.O_WRONLY)
+        self.size = len(data)
+        self._snapshot = None
 
     # ----------------------------------------------------------------- the Sink interface
     def _name(self, name: str) -> int:
@@ -460,8 +489,8 @@ class PopLog:
 
     @property
     def queued(self) -> bool:
-        """Chunks sealed and not yet synced (or whose sync failed)."""
-        return bool(self._chunks)
+        """Chunks sealed and not yet synced (or whose sync failed), or the file still to make."""
+        return bool(self._chunks) or self._snapshot is not None
 
     def seal(self) -> None:
         """Close the buffer into a chunk for the next ``sync`` (no I/O)."""
@@ -475,8 +504,11 @@ class PopLog:
 
     def sync(self) -> None:
         """Write the sealed chunks as one batch and fsync (any thread). Never raises: the CKs made
-        durable, or the error, wait for ``take_synced``."""
+        durable, or the error, wait for ``take_synced``. A prepared log makes its file first
+        (``_make_current``; a failure is retried by the next ``sync``)."""
         with self._io:
+            if self._snapshot is not None and not self._make_current():
+                return
             with self._lock:
                 chunks, self._chunks = self._chunks, []
             if not chunks or self._fd < 0:  # nothing to do, or closed (``close`` synced what it had)
@@ -508,6 +540,30 @@ class PopLog:
                 for _, cks in chunks:
                     self._synced.extend(cks)
 
+    def _make_current(self) -> bool:
+        """(under ``_io``) ``prior``'s last chunks synced, then this file made: True once in place.
+        A crash before: the old generation is the newest on disk, with every record synced."""
+        prior = self._prior
+        if prior is not None:
+            prior.sync()
+            cks, exc = prior.take_synced()
+            with self._lock:
+                self._synced.extend(cks)
+                if exc is not None:
+                    self._error = exc
+            if exc is not None or prior.queued:
+                return False
+        try:
+            self._make_file()
+        except errors.StorageError as exc:
+            with self._lock:
+                self._error = exc
+            return False
+        if prior is not None:
+            prior.close()
+            self._prior = None
+        return True
+
     def take_synced(self) -> tuple[list, BaseException | None]:
         """(the CKs made durable since the last call, the last sync's error or None)."""
         with self._lock:
@@ -527,6 +583,8 @@ class PopLog:
 
     def close(self) -> None:
         with self._io:  # after a sync in progress on another thread
+            if self._prior is not None:  # never made (its sync failed): the old file stays current
+                self._prior.close()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -537,4 +595,6 @@ class PopLog:
         self._pending_cks = []
         with self._lock:
             self._chunks = []
+        if self._prior is not None:
+            self._prior.abandon()
         self.close()

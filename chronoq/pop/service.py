@@ -5,7 +5,8 @@ handles, ``names.py`` rules, ``poplog.py`` durable format). It reads and writes 
 the ``Broker`` API and owns two files: ``groups.json`` (``groups.py``: group settings) and
 ``pop/<generation>.poplog`` (the durable CK/ACK log; when it is flushed and compacted:
 ``journal.py``). Its parts: ``reading.py`` (what a receive reads from one queue), ``copies.py``
-(retry and dead-letter copies, the consumer's view of one), ``reports.py`` (lag, in flight),
+(retry and dead-letter copies, the consumer's view of one), ``handout.py`` (a receive's pass over
+the queues: which messages go into which new CK), ``reports.py`` (lag, in flight),
 ``revive.py`` (retry, dead-letter or redeliver what timed out), ``renew.py`` (auto-renew
 rules); this module receives, settles and ticks.
 
@@ -90,16 +91,15 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from chronoq.core import errors, model, validate
-from chronoq.broker.broker import PROP_MESSAGE_GROUP, Broker
+from chronoq.core import errors, validate
+from chronoq.broker.broker import Broker
 from chronoq.core.clock import Clock
-from chronoq.core.model import Message
-from chronoq.pop import copies, journal, names, poplog, reading, renew, reports
+from chronoq.pop import journal, names, poplog, renew, reports
 from chronoq.pop import handle as handles
 from chronoq.pop.counters import PopCounters
 from chronoq.pop.groups import GroupBook, GroupConfig
+from chronoq.pop.handout import HandOut, Popped
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
-from chronoq.pop.names import PROP_DLQ_ORIGIN_TOPIC, PROP_ORIGIN_TOPIC
 from chronoq.pop.revive import Revival, Reviver
 
 log = logging.getLogger("chronoq.pop")
@@ -114,15 +114,6 @@ _NAMES_CACHE_MAX = 10_000
 
 
 @dataclass(slots=True)
-class Popped:
-    message: Message          # retried/dead-lettered: origin topic and id; queue_id/offset: where read
-    receipt_handle: str       # opaque printable ASCII
-    delivery_attempt: int     # >= 1 (previous deliveries + 1)
-    invisible_until_ms: int
-    message_group: str | None  # FIFO group, if any
-
-
-@dataclass(slots=True)
 class PopEffects:
     """What ``tick`` or ``forward_to_dlq_effects`` asks of its shell. With ``revival``: write its
     copies (``write_copies``), make them durable (the committer, or ``Broker.flush``), then call
@@ -134,7 +125,7 @@ class PopEffects:
 
 
 @dataclass
-class PopService:
+class PopService(HandOut):
     def __init__(self, broker: Broker, clock: Clock | None = None, *, buffer_ms: int = BUFFER_MS,
                  flush_interval_ms: int = FLUSH_INTERVAL_MS, push_invisible_ms: int = PUSH_INVISIBLE_MS,
                  auto_renew_max_ms: int = AUTO_RENEW_MAX_MS, retry_delays_ms: tuple[int, ...] | None = None):
@@ -262,93 +253,6 @@ class PopService:
         """The client terminated: its messages are no longer renewed; they revive at their
         current deadline unless acked first."""
         self.renewals.gone(client_id)
-
-    def _pop_topic(self, gcfg: GroupConfig, topic: str, tcfg: model.TopicConfig, out: list[Popped],
-                   refs: list, limit: int, now: int, invisible_ms: int, tags: frozenset[str] | None,
-                   start: int, retry: bool) -> None:
-        queues = tcfg.queues
-        for i in range(queues):
-            if len(out) >= limit:
-                return
-            self._pop_queue(gcfg, topic, tcfg.name, (start + i) % queues, out, refs, limit, now,
-                            invisible_ms, tags, retry)
-
-    def _pop_queue(self, gcfg: GroupConfig, topic: str, popped: str, qid: int, out: list[Popped],
-                   refs: list, limit: int, now: int, invisible_ms: int, tags: frozenset[str] | None,
-                   retry: bool) -> None:
-        qs = self._queue_state(gcfg.name, popped, qid)
-        if gcfg.fifo and qs.fifo_inflight:
-            return  # an earlier message of this queue is in flight (I5)
-        if qs.blocked_until:
-            if qs.blocked_until > now:
-                return
-            qs.blocked_until = 0
-            self._blocked.discard(qs)
-        lo, hi = self.broker.queue_bounds(popped, qid)
-        if qs.pop_offset < lo:  # retention removed what this group had not read
-            qs.pop_offset = lo
-            self._inflight.dirty.add(qs)
-        if qs.pop_offset >= hi and not qs.pending:
-            return
-        need = limit - len(out)
-        fresh, next_offset = reading.read_fresh(self.broker, self._blocked, qs, topic, popped, qid, hi, need, now,
-                                                 tags, retry)
-        if qs.pending:
-            chosen, next_offset = reading.merge_pending(qs, fresh, next_offset, need)
-        else:
-            chosen = fresh
-        if qs.skip:
-            qs.skip = {o for o in qs.skip if o >= next_offset}
-        if next_offset != qs.pop_offset:
-            qs.pop_offset = next_offset
-            self._inflight.dirty.add(qs)
-        if chosen:
-            self._hand_out(gcfg, topic, qs, chosen, out, refs, now, invisible_ms)
-
-    def _hand_out(self, gcfg: GroupConfig, topic: str, qs: QueueState, chosen: list, out: list[Popped],
-                  refs: list, now: int, invisible_ms: int) -> None:
-        inflight = self._inflight
-        offsets, attempts, messages, sources = [], [], [], []
-        aging_ms = None
-        log_now = False
-        for m, attempt, src, index in chosen:
-            if src is not None:  # an expired FIFO entry: read it again, settle it once handed on
-                m = copies.read_one(self.broker, qs.topic, qs.queue_id, src.offsets[index])
-                if m is None:
-                    inflight.settle(src, index)
-                    continue
-                sources.append((src, index))
-                aging_ms = src.aging_ms if aging_ms is None else min(aging_ms, src.aging_ms)
-                log_now = log_now or src.logged
-            offsets.append(m.queue_offset)
-            attempts.append(attempt)
-            messages.append(m)
-        if not messages:
-            return
-        ck = inflight.open(qs, topic, offsets, attempts, now, invisible_ms, fifo=gcfg.fifo,
-                           aging_ms=aging_ms, log_now=log_now)
-        for src, index in sources:
-            inflight.settle(src, index, ck)
-        encode = handles.encode
-        ck_id, qid, deadline = ck.ck_id, qs.queue_id, ck.deadline_ms
-        for i, m in enumerate(messages):
-            props = m.properties
-            view = copies.view(m) if props and (PROP_ORIGIN_TOPIC in props or PROP_DLQ_ORIGIN_TOPIC in props) else m
-            out.append(Popped(view, encode(ck_id, i, qid, m.queue_offset), attempts[i], deadline,
-                              view.properties.get(PROP_MESSAGE_GROUP) if props else None))
-            refs.append((ck, i))
-
-    def _queue_state(self, group: str, topic: str, qid: int) -> QueueState:
-        qs = self._inflight.queues.get((group, topic, qid))
-        if qs is None:
-            committed = self.broker.get_offset(group, topic, qid)
-            lo, hi = self.broker.queue_bounds(topic, qid)
-            if committed is None:  # a new group starts at the oldest retained message
-                qs = QueueState(group, topic, qid, lo, -1)
-            else:
-                qs = QueueState(group, topic, qid, min(max(committed, lo), hi), min(committed, hi))
-            self._inflight.add_queue(qs)
-        return qs
 
     # ----------------------------------------------------------------- settling
     def _locate(self, group: str, topic: str, receipt_handle: str) -> tuple[Checkpoint, int]:

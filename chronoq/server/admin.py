@@ -38,8 +38,9 @@ Choices:
   ``chronoq.server.auth``). ``DeleteTopic`` first waits until everything written is durable and
   dispatched (a send slipping in between is retried a few times, then TOO_MANY_REQUESTS);
   ``ResendDeadLetters`` writes through ``Broker.write`` (the one send path), waits until that is
-  durable whatever the flush policy, and only then moves the resend cursor (fsync). Offsets and
-  the POP log they change are written on the loop, like Recall's fsync (rare operator actions).
+  durable whatever the flush policy, and only then moves the resend cursor (fsync). Offsets are
+  written on the loop (rare operator actions); the POP log's rewrite is made on the committer's
+  thread and awaited before the answer.
 - ``ListPending`` (``chronoq timers list``, the Spark source's ``pending`` read) is
   ``Broker.pending``: a page of pending delayed messages (``chronoq.timer.pending``). Admins only.
 """
@@ -56,6 +57,7 @@ from chronoq.broker.trace import FLAG_DELAYED
 from chronoq.timer.stats import LATENESS_BOUNDS_MS
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
+from chronoq.pop import operators as pop_operators
 from chronoq.protocol.rocketmq import status
 from chronoq.server import pendingpb
 from chronoq.server.pipeline import PipelineRpcs
@@ -63,6 +65,7 @@ from chronoq.server.pipeline import PipelineRpcs
 TIMER_STATS_MINUTES_DEFAULT = 10
 TIMER_STATS_MINUTES_MAX = 10_080  # a week of one-minute buckets (the timer's own cap)
 DELETE_ATTEMPTS = 5  # DeleteTopic: fsync, then delete, while sends keep slipping in between
+POP_REWRITE_WAIT_S = 30.0  # an operator's change waits this long for the POP log's rewrite to be durable
 
 
 def add_to_server(server, broker, pop, committer=None, schedules=None) -> "AdminService":
@@ -347,31 +350,49 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
     async def _delete_topic(self, request) -> apb.DeleteTopicResponse:
         for attempt in range(DELETE_ATTEMPTS):  # a send may slip in between the fsync and the delete
             await self._durable()
+            await self._pop_log_in_place()  # then no await until the operation: its rewrite starts
             try:
                 d = operations.delete_topic(self.broker, self.pop, request.topic, request.force)
             except errors.TooManyRequests:
                 if attempt == DELETE_ATTEMPTS - 1:
                     raise
                 continue
+            await self._pop_log_in_place()
             return apb.DeleteTopicResponse(status=_ok(), messages=d.messages, deleted=d.deleted, groups=d.groups)
         raise AssertionError("unreachable")
 
-    async def ResetOffset(self, request, context):
-        return _answer(apb.ResetOffsetResponse, "ResetOffset", self._reset_offset, request)
+    async def _pop_log_in_place(self) -> None:
+        """Wait until the POP log's current generation has its file (made on the committer's
+        thread). Before an operation: its rewrite (``pop.operators.rewrite_log``) can start; after:
+        it is durable, so an operator's reset or delete is answered only once a restart keeps it."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + POP_REWRITE_WAIT_S
+        while not pop_operators.log_in_place(self.pop):
+            if loop.time() > give_up:
+                raise errors.StorageError("the POP log's rewrite is not durable yet (a sync keeps failing: see the "
+                                          "broker's log); the change is in force and will be saved when it succeeds")
+            await asyncio.sleep(0.005)
 
-    def _reset_offset(self, request) -> apb.ResetOffsetResponse:
+    async def ResetOffset(self, request, context):
+        return await _answer_awaiting(apb.ResetOffsetResponse, "ResetOffset", self._reset_offset, request)
+
+    async def _reset_offset(self, request) -> apb.ResetOffsetResponse:
         queue = request.queue_id if request.HasField("queue_id") else None
+        await self._pop_log_in_place()
         rows = operations.reset_offset(self.broker, self.pop, request.group, request.topic, request.to,
                                        request.timestamp_ms, queue)
+        await self._pop_log_in_place()
         return apb.ResetOffsetResponse(status=_ok(), queues=[
             apb.QueueReset(queue_id=r.queue_id, old_offset=r.old_offset, new_offset=r.new_offset) for r in rows])
 
     async def DeleteGroup(self, request, context):
-        return _answer(apb.DeleteGroupResponse, "DeleteGroup", self._delete_group, request)
+        return await _answer_awaiting(apb.DeleteGroupResponse, "DeleteGroup", self._delete_group, request)
 
-    def _delete_group(self, request) -> apb.DeleteGroupResponse:
-        return apb.DeleteGroupResponse(status=_ok(), topics=operations.delete_group(self.broker, self.pop,
-                                                                                     request.group))
+    async def _delete_group(self, request) -> apb.DeleteGroupResponse:
+        await self._pop_log_in_place()
+        topics = operations.delete_group(self.broker, self.pop, request.group)
+        await self._pop_log_in_place()
+        return apb.DeleteGroupResponse(status=_ok(), topics=topics)
 
     async def ListDeadLetters(self, request, context):
         return _answer(apb.ListDeadLettersResponse, "ListDeadLetters", self._list_dead_letters, request)

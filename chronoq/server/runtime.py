@@ -130,8 +130,11 @@ class Runtime:
                 now = asyncio.get_running_loop().time()
                 if now - last_retention >= self.config.retention_interval_s:
                     last_retention = now
-                    for path in self.broker.retention():
+                    deleted, job = await self.committer.retention()  # (roll-forward fsync off the loop)
+                    for path in deleted:
                         log.info("retention deleted %s", path)
+                    if job is not None:  # the store checkpoint naming the queues' new starts
+                        await _run_job(job)
             except Exception:  # keep serving; the next tick retries
                 log.exception("periodic maintenance failed")
 
@@ -254,6 +257,10 @@ class Runtime:
 
             written = broker.store.write([epoch_record(epoch, self.node_id, broker.clock.wall_ms())])[-1]
             await self.committer.durable(written.commit_offset + written.size)
+        # The schedule files' journal and .done fsyncs on the committer's thread (timer/schedfiles.py).
+        timer, committer = broker.timer, self.committer
+        remove_files_log = committer.add_log(timer.files.sync_side)
+        timer.attach_files_syncer(lambda: committer.after_durable(lambda _synced, _exc: timer.files_synced()))
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends
@@ -303,6 +310,8 @@ class Runtime:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            timer.attach_files_syncer(None)  # the close's checkpoint fsyncs in place
+            remove_files_log()
             await self.committer.close()
             broker.close()
             gc.set_threshold(*gc_thresholds)  # the process is the caller's again

@@ -37,6 +37,7 @@ ENTRY_SIZE = 24
 assert ENTRY.size == ENTRY_SIZE
 CQ_SUFFIX = ".cq"
 _ZERO_ENTRY = bytes(ENTRY_SIZE)
+DIR_INDEX = -1  # ``take_dirty``'s index for the queue's directory
 
 
 class ConsumeQueue:
@@ -48,7 +49,9 @@ class ConsumeQueue:
         self.per_file = entries_per_file
         self.file_bytes = entries_per_file * ENTRY_SIZE
         self._fds: dict[int, int] = {}  # file index -> fd
-        self._dir_unsynced = False  # a file was made but the directory fsync after it failed
+        # A file was made since the directory's last fsync. Derived data: until a checkpoint names
+        # its entries (after syncing the directory: ``take_dirty``) a lost file is rebuilt from the log.
+        self._dir_unsynced = False
         self._dirty: set[int] = set()
         self.min_offset = 0
         self.next_offset = 0  # one past the last valid entry
@@ -93,14 +96,8 @@ class ConsumeQueue:
             path = self._path(index)
             created = not os.path.exists(path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if created or self._dir_unsynced:  # the fd is kept once the file's entry is durable
+            if created:  # its directory entry is fsynced with the file, by the next checkpoint
                 self._dir_unsynced = True
-                try:
-                    fsutil.fsync_dir(self.directory)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._dir_unsynced = False
             self._fds[index] = fd
         return fd
 
@@ -257,17 +254,28 @@ class ConsumeQueue:
             if fd is not None:
                 os.fsync(fd)
         self._dirty.clear()
+        if self._dir_unsynced:
+            fsutil.fsync_dir(self.directory)
+            self._dir_unsynced = False
 
     def take_dirty(self) -> list[tuple[int, str]]:
-        """(index, path) of the files written since the last sync; they count as clean from now
-        on (the caller syncs them by path, from any thread, or gives them back with
+        """(index, path) of the files written since the last sync, then ``(DIR_INDEX, the
+        directory)`` when a file was made since its last fsync; they count as clean from now on
+        (the caller syncs them by path, from any thread, in this order, or gives them back with
         ``mark_dirty`` when that failed)."""
         taken = [(index, self._path(index)) for index in sorted(self._dirty)]
         self._dirty.clear()
+        if self._dir_unsynced:
+            taken.append((DIR_INDEX, self.directory))
+            self._dir_unsynced = False
         return taken
 
     def mark_dirty(self, indexes) -> None:
-        self._dirty.update(indexes)
+        for index in indexes:
+            if index == DIR_INDEX:
+                self._dir_unsynced = True
+            else:
+                self._dirty.add(index)
 
     def close(self) -> None:
         for fd in self._fds.values():

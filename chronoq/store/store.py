@@ -49,6 +49,16 @@ _HOLE_FILL_MAX = 1 << 16
 _pack_entry = ENTRY.pack
 
 
+@dataclass(frozen=True)
+class RetentionPlan:
+    """What ``Store.retention_plan`` decided: delete the log below ``cut`` once it is durable to
+    ``ticket`` (the keepers' records' end; 0: none written), else below ``fallback``."""
+    cut: int
+    ticket: int
+    fallback: int
+    kept: int
+
+
 @dataclass
 class StoreOptions:
     segment_bytes: int = 1 << 30
@@ -508,8 +518,28 @@ class Store(StoreWriter):
         Never deletes the active segment, anything not yet dispatched, or anything at or above
         the lowest offset a retention guard still needs. What a retention keeper still needs
         from the deleted range is appended at the head first, and fsynced, before any segment
-        goes (``_keep_before``).
+        goes (``_keep_before``). The one-call path: ``retention_plan``, the fsync here, then
+        ``retention_apply`` (the server fsyncs on the committer's thread between the two).
         """
+        plan = self.retention_plan(max_age_ms, max_bytes, now_s)
+        durable = True
+        if plan.ticket:
+            try:
+                self.dispatch(self.sync())
+            except errors.StorageError as exc:
+                durable = False
+                log.warning("retention keeps the log from %d: syncing %d records it still needs failed (%s)",
+                            plan.fallback, plan.kept, exc)
+        deleted, job = self.retention_apply(plan, durable)
+        if job is not None:
+            job.run_here()
+        return deleted
+
+    def retention_plan(self, max_age_ms: int | None, max_bytes: int | None,
+                       now_s: float | None = None) -> "RetentionPlan":
+        """``retention``'s first step: how far the log may go, with what the keepers still need
+        from below there written at the head (page cache): ``RetentionPlan.ticket``, to make
+        durable before ``retention_apply`` deletes anything."""
         floor = self.dispatched
         for guard in self._guards:
             needed = guard()
@@ -526,34 +556,41 @@ class Store(StoreWriter):
             cut = seg.end
             total -= seg.size
         if cut > self.log.min_offset and self._keepers:
-            cut = self._keep_before(cut)
-        deleted = self.log.delete_before(cut)
-        if deleted:
-            for cq in self.queues.values():
-                cq.delete_below(self.log.min_offset)
-            # Record the queues' new starts, or the next recovery takes them for lost files (R8).
-            self.checkpoint()
-        return [s.path for s in deleted]
+            return self._keep_before(cut)
+        return RetentionPlan(cut, 0, cut, 0)
 
-    def _keep_before(self, cut: int) -> int:
-        """Append (and fsync) what the keepers still need below ``cut``; return how far the log
-        may now be deleted: ``cut``, or, when that write or fsync fails (a full disk), the start
-        of the first segment holding something to keep (what lies below it goes all the same).
-        A crash after the write and before the deletion leaves both copies: the keepers' records
-        are idempotent (``chronoq.timer.roll``)."""
+    def retention_apply(self, plan: "RetentionPlan", durable: bool = True) -> tuple[list[str], Job | None]:
+        """``retention``'s second step, once the plan's records are durable (``durable``; else
+        only what lies below the first of them goes). Returns the deleted paths and, when any
+        went, the checkpoint recording the queues' new starts (else the next recovery takes them
+        for lost files, R8) as a job (``checkpoint_job``: its fsyncs on any thread)."""
+        cut = plan.cut if durable else plan.fallback
+        assert not (durable and plan.ticket) or self.log.synced >= plan.ticket, "roll records not durable"
+        deleted = self.log.delete_before(cut)
+        if not deleted:
+            return [], None
+        for cq in self.queues.values():
+            cq.delete_below(self.log.min_offset)
+        return [s.path for s in deleted], self.checkpoint_job()
+
+    def _keep_before(self, cut: int) -> "RetentionPlan":
+        """Append what the keepers still need below ``cut`` (page cache). The plan deletes to
+        ``cut`` once they are durable; when that write or its fsync fails (a full disk), to the
+        start of the first segment holding something to keep (what lies below it goes all the
+        same). A crash after the write and before the deletion leaves both copies: the keepers'
+        records are idempotent (``chronoq.timer.roll``)."""
         kept = [pair for keeper in self._keepers for pair in keeper(self.log.min_offset, cut)]
         if not kept:
-            return cut
+            return RetentionPlan(cut, 0, cut, 0)
+        floor = self.log.segment_for(min(offset for offset, _p in kept)).base
         try:
             self.write([p for _offset, p in kept])
-            self.dispatch(self.sync())
         except errors.StorageError as exc:
-            floor = self.log.segment_for(min(offset for offset, _p in kept)).base
             log.warning("retention keeps the log from %d: writing %d records it still needs failed (%s)",
                         floor, len(kept), exc)
-            return floor
+            return RetentionPlan(floor, 0, floor, 0)
         log.info("retention rolled %d records forward before deleting the log below %d", len(kept), cut)
-        return cut
+        return RetentionPlan(cut, self.log.written, floor, len(kept))
 
     def close(self) -> None:
         self.dispatch(self.sync())

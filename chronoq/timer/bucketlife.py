@@ -18,6 +18,7 @@ import bisect
 import heapq
 import logging
 import os
+from typing import Callable
 
 from chronoq.core import errors
 from chronoq.timer import schedlog
@@ -44,6 +45,12 @@ class BucketLife:
     ``_readers``, ``_wheel_fill``, ``_loaded``, ``_loaded_horizon``, ``_index``, ``_done``,
     ``_buffered``, ``_buffered_starts``), the checkpoint's ``_ckpt_pending``/``_ckpt_syncing``,
     the metrics' ``_horizon_cache``, and ``_wake``."""
+
+    # Deferred schedule-file fsyncs (``attach_files_syncer``): the request, whether one is out,
+    # and when to ask again after a failed one. Class defaults: set per service once attached.
+    _files_request: Callable[[], None] | None = None
+    _files_asked = False
+    _files_retry_ms = 0
 
     def _path(self, start: int, suffix: str = schedlog.PENDING_SUFFIX) -> str:
         return self.files.path(start, suffix)
@@ -77,7 +84,7 @@ class BucketLife:
             for ident, due in removed:
                 self.wheel.remove(ident, due)
                 self._index.pop(ident, None)
-        if self._buffered > BUFFER_HARD_MAX and not self._ckpt_syncing:
+        if self._buffered > BUFFER_HARD_MAX and not self._ckpt_syncing and not self._files_asked:
             try:
                 self._flush_buffers()
             except errors.StorageError as exc:  # kept in memory; the next checkpoint retries
@@ -167,10 +174,11 @@ class BucketLife:
         bisect.insort(self._loaded, start)
         self._loading.append(b)
 
-    def _flush_buffers(self) -> None:
-        """Write every buffered entry to its bucket file (page cache; fsync is ``checkpoint``'s)."""
-        self._flush_starts(sorted(self._buffered_starts))
-        assert self._buffered == 0
+    def _flush_buffers(self, here: bool = False) -> None:
+        """Write every buffered entry to its bucket file (page cache; fsync is ``checkpoint``'s).
+        ``here``: the journal's fsync on this thread too, so every buffer is written."""
+        self._flush_starts(sorted(self._buffered_starts), here)
+        assert self._buffered == 0 or not here
 
     def _flush_some(self, limit: int) -> None:
         """Write up to ``limit`` buffered buckets, those a pending checkpoint waits for first."""
@@ -179,11 +187,17 @@ class BucketLife:
             chosen += sorted(self._buffered_starts - self._ckpt_pending)[:limit - len(chosen)]
         self._flush_starts(chosen)
 
-    def _flush_starts(self, starts: list[int]) -> None:
-        """Write these buckets' buffers to their files (``ScheduleFiles.write`` journals first)."""
+    def _flush_starts(self, starts: list[int], here: bool = False) -> None:
+        """Write these buckets' buffers to their files (``ScheduleFiles.write`` journals first).
+        Those whose journal record is not durable yet keep their buffers: the committer's thread
+        fsyncs it and ``files_synced`` writes them."""
         items = [(start, bytes(self.buckets[start].buffer)) for start in starts
                  if start in self.buckets and self.buckets[start].buffer]
-        self.files.write(items)
+        waiting = self.files.write(items, here=here)
+        if waiting:
+            self._ask_files_sync()
+            held = set(waiting)
+            starts = [start for start in starts if start not in held]
         for start in starts:
             self._ckpt_pending.discard(start)
             self._buffered_starts.discard(start)
@@ -196,7 +210,44 @@ class BucketLife:
             if b.state == UNLOADED and start not in self._readers:  # far future: keep nothing in memory
                 del self.buckets[start]
 
+    # ----------------------------------------------------------------- deferred fsyncs
+    def attach_files_syncer(self, request: Callable[[], None] | None) -> None:
+        """Have the schedule files' journal and ``.done`` fsyncs done elsewhere: ``request()``
+        asks for ``self.files.sync_side`` to run (any thread: the committer's flusher, after a
+        commit-log fsync) and ``files_synced`` to follow on this thread. None: fsync in place."""
+        self._files_request = request
+        self.files.defer = request is not None
+
+    def _ask_files_sync(self) -> None:
+        if self._files_request is not None and not self._files_asked:
+            self._files_asked = True
+            self._files_request()
+
+    def files_synced(self) -> None:
+        """After ``files.sync_side`` (on this thread): write the buffers whose journal record is
+        durable now (bucket files whose ``.done`` is durable go at the next tick)."""
+        self._files_asked = False
+        ready, exc = self.files.take_synced()
+        if exc is not None:
+            log.warning("schedule journal or .done fsync failed (retried): %s", exc)
+            self._files_retry_ms = self._now() + self.opts.retry_backoff_ms
+        if ready and not self._ckpt_syncing and not self.closed:
+            try:
+                self._flush_starts(ready)
+            except errors.StorageError as exc:  # kept in memory; a later flush retries
+                log.warning("schedule log write failed: %s", exc)
+        if exc is None and self.files.side_waiting:  # written after that sync began: ask again
+            self._ask_files_sync()
+
     def _finish_buckets(self, now: int) -> None:
+        for start in self.files.take_removable():  # their .done is durable now
+            if start not in self.buckets:  # (made again meanwhile: its next finish deletes it)
+                try:
+                    self.files.remove(start)
+                except OSError as exc:
+                    log.warning("deleting finished schedule bucket %d failed: %s", start, exc)
+        if self.files.side_waiting and now >= self._files_retry_ms:
+            self._ask_files_sync()
         while self._loaded:
             b = self.buckets[self._loaded[0]]
             if not b.finishable(now, self.width):
@@ -214,11 +265,15 @@ class BucketLife:
             # Finished before: a replay after a crash re-created the bucket from the records after
             # the cursor only, so keep what the earlier .done recorded (recalls before the cursor).
             done = self._done_entries_on_disk(b.start) + done
+        durable = True
         if done:
-            self.files.write_done(b.start, done)
+            durable = self.files.write_done(b.start, done)
             if b.start not in self._done:
                 bisect.insort(self._done, b.start)
-        self.files.remove(b.start)
+        if durable:
+            self.files.remove(b.start)
+        else:  # deleted once its .done is durable (``_finish_buckets``), unless made again meanwhile
+            self._ask_files_sync()
         self._buffered -= len(b.buffer)
         self._buffered_starts.discard(b.start)
         self._ckpt_pending.discard(b.start)  # its entries are no longer needed

@@ -129,7 +129,7 @@ class Checkpoints:
         assert not self._ckpt_syncing, "a checkpoint job is still running"
         self._absorb_durable()
         target = self._covered()
-        self._flush_buffers()
+        self._flush_buffers(here=True)  # (the journal's fsync in place: this call blocks anyway)
         self._checkpoint_job(target, clean).run_here()
 
     def _checkpoint_step(self, now: int) -> Job | None:

@@ -33,7 +33,9 @@ Why this is safe (each case a rebuild from the log alone must agree with the liv
 * A message claimed but not yet durably delivered is rolled too: if its copy is lost to a crash,
   the roll record still holds it; if not, the copy's reference retires it wherever it is read.
 * Idempotent and crash-safe: roll records are written and fsynced before any segment is deleted
-  (``chronoq.store.store.Store.retention``); a crash in between leaves the message twice in the
+  (``chronoq.store.store.Store.retention``: embedded, the fsync in place; the server writes them
+  on the loop and awaits the committer's fsync, on its thread, before deleting:
+  ``GroupCommitter.retention``); a crash in between leaves the message twice in the
   log (harmless: one set fact) and the next pass rolls its old copy again, so the extra copy
   lives on until the message is delivered. A message is rolled once per pass.
 * Each pass rolls only the messages whose copy is in the range being deleted, so a message is

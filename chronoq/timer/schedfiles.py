@@ -5,6 +5,18 @@ small LRU of append descriptors, remembers which files were written since the la
 (``dirty``) and which are recorded in the append journal (``journaled``), and syncs them all at a
 checkpoint: file by file, or with one ``syncfs`` when many far-future buckets were touched (10k
 separate fsyncs would stall the broker for seconds).
+
+Two fsyncs order writes that follow them: a bucket file is appended to only once its journal
+record is durable (a power loss must find the rollback point of every byte appended), and a
+finished bucket's file is deleted only once its ``.done`` file (its cancellations, for late
+recalls) is durable. Embedded, both fsyncs run in place. Under the server (``defer``, set by
+``TimerService.attach_files_syncer``) they run on the committer's flusher thread
+(``sync_side``): ``write`` writes the journal records (page cache) and leaves the buckets whose
+record is not durable yet to the caller, who writes them once ``take_synced`` says it is;
+``write_done`` writes the ``.done`` file without an fsync and the bucket file is deleted once
+``take_removable`` hands it back. A crash in between: the bucket file was not appended to (its
+entries come back from the commit log after the cursor), or was not deleted (its bucket is
+finished again after the restart, merging the ``.done`` file's entries).
 """
 
 from __future__ import annotations
@@ -13,9 +25,10 @@ import ctypes
 import logging
 import os
 import shutil
+import threading
 from collections import OrderedDict
 
-from chronoq.core import fsutil
+from chronoq.core import errors, fsutil
 from chronoq.timer import schedlog
 from chronoq.timer.schedlog import Damage
 
@@ -54,6 +67,22 @@ class ScheduleFiles:
         self._dir_dirty = False
         self._journal_fd = -1
         self._journal_path = os.path.join(timer_dir, schedlog.JOURNAL_FILE)
+        # Deferred fsyncs (module docstring). On the loop: ``_intents`` start -> the journal's end
+        # after its record (not known durable yet), ``_done_waiting`` start -> the number of its
+        # latest ``.done`` write (not known durable yet), ``_removable`` bucket files whose
+        # ``.done`` is durable. Shared with ``sync_side``'s thread, under ``_lock``: the journal's
+        # end and generation, ``.done`` paths to fsync, what the last ``sync_side`` made durable.
+        self.defer = False
+        self._lock = threading.Lock()
+        self._intents: dict[int, int] = {}
+        self._journal_end = 0
+        self._done_seq = 0
+        self._done_waiting: dict[int, int] = {}
+        self._done_paths: list[str] = []
+        self._removable: list[int] = []
+        self._journal_synced = (0, 0)  # (generation, journal end) durable
+        self._done_synced = 0
+        self._side_error: BaseException | None = None
 
     def path(self, start: int, suffix: str = schedlog.PENDING_SUFFIX) -> str:
         return os.path.join(self.dir, schedlog.file_name(start, suffix))
@@ -132,17 +161,32 @@ class ScheduleFiles:
         return data[schedlog.FILE_HEAD_SIZE:]
 
     # ----------------------------------------------------------------- writing
-    def write(self, items: list[tuple[int, bytes]]) -> None:
+    def write(self, items: list[tuple[int, bytes]], *, here: bool = False) -> list[int]:
         """Append ``blob`` to each bucket ``start`` (page cache). The journal records first the
-        length of every file not yet written in this checkpoint cycle, and is fsynced."""
-        self._journal([start for start, _ in items if start not in self._journaled])
+        length of every file not yet written in this checkpoint cycle, and is fsynced before
+        the file is appended to: here (embedded, or ``here``), or by ``sync_side`` (``defer``).
+        Returns the starts not written: their record is not durable yet (``take_synced``)."""
+        self._journal([start for start, _ in items if start not in self._journaled and start not in self._intents])
+        if self._intents and (here or not self.defer):
+            try:
+                os.fsync(self._journal_fd)
+            except OSError as exc:
+                raise fsutil.storage_error(exc, self._journal_path) from exc
+            self._journaled.update(self._intents)
+            self._intents.clear()
+        waiting = []
         for start, blob in items:
+            if start not in self._journaled:
+                waiting.append(start)
+                continue
             path = self.path(start)
             fd = self._fd(start, path)
             _write_all(fd, blob, path, os.fstat(fd).st_size)
             self._dirty.add(start)
+        return waiting
 
     def _journal(self, starts: list[int]) -> None:
+        """Write the journal records of ``starts`` (page cache; ``write`` has them fsynced)."""
         if not starts:
             return
         path = self._journal_path
@@ -151,10 +195,67 @@ class ScheduleFiles:
                 self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             blob = b"".join(schedlog.encode_intent(self.generation, start, self.size(start)) for start in starts)
             _write_all(self._journal_fd, blob, path, os.fstat(self._journal_fd).st_size)
-            os.fsync(self._journal_fd)
         except OSError as exc:
             raise fsutil.storage_error(exc, path) from exc
-        self._journaled.update(starts)
+        with self._lock:
+            self._journal_end += len(blob)
+            end = self._journal_end
+        for start in starts:
+            self._intents[start] = end
+
+    @property
+    def side_waiting(self) -> bool:
+        """Journal records or ``.done`` files written and not yet known durable."""
+        return bool(self._intents or self._done_waiting)
+
+    def sync_side(self) -> None:
+        """fsync the journal and the ``.done`` files written so far, then the directory (any
+        thread: the committer's flusher runs it after each commit-log fsync). Never raises: what
+        it made durable, or its error, waits for ``take_synced``."""
+        with self._lock:
+            generation, end, fd, seq = self.generation, self._journal_end, self._journal_fd, self._done_seq
+            paths, self._done_paths = self._done_paths, []
+            if not paths and (end == 0 or self._journal_synced == (generation, end)):
+                return
+        try:
+            if end > 0 and self._journal_synced != (generation, end):
+                os.fsync(fd)
+            for path in paths:
+                fsutil.fsync_path(path)
+            if paths:
+                fsutil.fsync_dir(self.dir)
+        except (OSError, errors.StorageError) as exc:
+            with self._lock:
+                self._done_paths[:0] = paths
+                self._side_error = exc
+            return
+        with self._lock:
+            if generation == self.generation:  # else a checkpoint voided those records meanwhile
+                self._journal_synced = (generation, end)
+            self._done_synced = max(self._done_synced, seq)
+
+    def take_synced(self) -> tuple[list[int], BaseException | None]:
+        """(on the loop, after ``sync_side``) The starts whose journal record is now durable: their
+        buffers may be written. Buckets whose ``.done`` is durable go to ``take_removable``."""
+        with self._lock:
+            (generation, end), seq = self._journal_synced, self._done_synced
+            exc, self._side_error = self._side_error, None
+        ready = []
+        if generation == self.generation:
+            ready = [start for start, at in self._intents.items() if at <= end]
+            for start in ready:
+                del self._intents[start]
+            self._journaled.update(ready)
+        for start, n in list(self._done_waiting.items()):
+            if n <= seq:
+                del self._done_waiting[start]
+                self._removable.append(start)
+        return ready, exc
+
+    def take_removable(self) -> list[int]:
+        """Finished buckets whose ``.done`` file is durable: their files may be deleted now."""
+        out, self._removable = self._removable, []
+        return out
 
     def _fd(self, start: int, path: str) -> int:
         fd = self._fds.get(start)
@@ -181,6 +282,7 @@ class ScheduleFiles:
             os.close(fd)
         self._dirty.discard(start)
         self._journaled.discard(start)
+        self._intents.pop(start, None)
         try:
             os.unlink(self.path(start))
         except FileNotFoundError:
@@ -194,8 +296,32 @@ class ScheduleFiles:
             pass
         self._dir_dirty = True
 
-    def write_done(self, start: int, entries: bytes) -> None:
-        fsutil.atomic_write(self.path(start, schedlog.DONE_SUFFIX), schedlog.encode_header(start, self.width) + entries)
+    def write_done(self, start: int, entries: bytes) -> bool:
+        """Write a finished bucket's ``.done`` file. True: durable now, the bucket file may go;
+        False (``defer``): written, fsynced by ``sync_side``, the file goes after that
+        (``take_removable``; a temp file renamed into place, so a crash leaves the old or the
+        new one, or, after a power loss before the fsync, a torn one: read as empty, and the
+        bucket file, still there, holds its entries)."""
+        path = self.path(start, schedlog.DONE_SUFFIX)
+        data = schedlog.encode_header(start, self.width) + entries
+        if not self.defer:
+            fsutil.atomic_write(path, data)
+            return True
+        tmp = f"{path}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, data, tmp, 0)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise fsutil.storage_error(exc, path) from exc
+        with self._lock:
+            self._done_seq += 1
+            self._done_waiting[start] = self._done_seq
+            self._done_paths.append(path)
+        return False
 
     # ----------------------------------------------------------------- checkpoints
     def sync(self) -> None:
@@ -234,10 +360,13 @@ class ScheduleFiles:
     def new_generation(self, generation: int) -> None:
         """The checkpoint of ``generation`` is durable: older journal records are void."""
         assert generation == self.generation + 1
-        self.generation = generation
-        self._journaled.clear()
-        if self._journal_fd >= 0:
+        if self._journal_fd >= 0:  # before the new generation is visible to ``sync_side``
             os.ftruncate(self._journal_fd, 0)
+        with self._lock:
+            self.generation = generation
+            self._journal_end = 0
+        self._journaled.clear()
+        self._intents.clear()
 
     def close(self) -> None:
         for fd in self._fds.values():

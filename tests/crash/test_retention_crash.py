@@ -6,7 +6,11 @@ past them, and runs retention with a fault hook that SIGKILLs it at one bad mome
 
 * ``tear-roll``: inside the ``pwrite`` of the roll records (a seeded prefix reaches the file);
 * ``unlink-1``: roll records durable, before the first segment is deleted;
-* ``unlink-2``: after the first segment (the one the timers were sent in) is deleted.
+* ``unlink-2``: after the first segment (the one the timers were sent in) is deleted;
+* ``served-fsync``, ``served-unlink-1``: retention as the server runs it (``GroupCommitter.retention``:
+  the roll records written on the loop, fsynced on the committer's thread, the deletion after),
+  killed on that thread just before its fsync, or before the first deletion; there the child
+  also reports which threads fsynced the commit log since retention began (only the committer's).
 
 Then, on copies of the directory: the ordinary restart and a rebuild from the logs alone (every
 derived file deleted) must both hold exactly the timers pending before the kill (same idents,
@@ -38,7 +42,8 @@ from tests.integration.test_rebuild_from_log import _delete_derived  # noqa: E40
 from writer import tear_next_log_write  # noqa: E402
 
 START_MS = 1_700_000_000_000
-MOMENTS = ("tear-roll", "unlink-1", "unlink-2")
+MOMENTS = ("tear-roll", "unlink-1", "unlink-2", "served-fsync", "served-unlink-1")
+FSYNC_THREAD = "chronoq-fsync"  # chronoq/broker/committer.py
 
 
 def _config(data_dir: str) -> BrokerConfig:
@@ -66,9 +71,44 @@ def _child(data_dir: str, moment: str, seed: int) -> None:
     broker.checkpoint()
     pending = derived_digest(broker)["timers"]
     print(f"pending {len(pending)} {clock.wall_ms()}", flush=True)
-    _arm(broker, moment, rng)
-    broker.retention()
+    if moment.startswith("served-"):
+        _served(broker, moment.split("-", 1)[1])
+    else:
+        _arm(broker, moment, rng)
+        broker.retention()
     print("done", flush=True)  # the hook did not fire: the parent fails the run
+
+
+def _served(broker: Broker, moment: str) -> None:
+    """Retention through a started committer (the server's path), killed at ``moment``."""
+    import asyncio
+    import threading
+
+    from chronoq.broker.committer import GroupCommitter
+
+    threads = []  # the threads that fsynced the commit log since retention began
+    real_sync = broker.store.sync
+
+    def sync():
+        threads.append(threading.current_thread().name)
+        if moment == "fsync" and broker.store.log.written > broker.store.log.synced:
+            print("threads", *sorted(set(threads)), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_sync()
+
+    def kill_at_unlink(path, *args, **kwargs):
+        print("threads", *sorted(set(threads)), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    async def main():
+        committer = GroupCommitter(broker)
+        committer.start()
+        broker.store.sync = sync
+        if moment == "unlink-1":
+            commitlog.os.unlink = kill_at_unlink
+        await committer.retention()
+
+    asyncio.run(main())
 
 
 def _arm(broker: Broker, moment: str, rng: random.Random) -> None:
@@ -107,6 +147,8 @@ def test_kill_9_during_retention_keeps_every_pending_timer_in_the_log(tmp_path, 
     lines = child.stdout.split()
     assert child.returncode == -signal.SIGKILL, f"{child.returncode}: {child.stdout}\n{child.stderr[-3000:]}"
     assert lines[0] == "pending" and "done" not in lines, child.stdout
+    if moment.startswith("served-"):  # every commit-log fsync of retention on the committer's thread
+        assert lines[3] == "threads" and lines[4:] == [FSYNC_THREAD], child.stdout
     count, now_ms = int(lines[1]), int(lines[2])
     assert count == 35  # 40 sent, 5 recalled (3 moved: new idents, still pending)
 

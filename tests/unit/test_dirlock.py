@@ -142,11 +142,16 @@ def test_the_lock_descriptor_does_not_leak_into_children(tmp_path):
 
 
 def test_a_forked_child_does_not_keep_a_killed_parents_lock(tmp_path):
+    # The child closes its copy of the lock's descriptor in the fork hook, before ``fork``
+    # returns there; the parent names itself only once the child says it got that far (a pipe),
+    # so the kill below never races a child the scheduler has not run yet.
     script = _holder_script(str(tmp_path)).replace(
         "print(os.getpid(), flush=True)",
+        "r, w = os.pipe()\n"
         "child = os.fork()\n"
         "if child == 0:\n"
-        "    time.sleep(60); os._exit(0)\n"
+        "    os.write(w, b'x'); time.sleep(60); os._exit(0)\n"
+        "assert os.read(r, 1) == b'x'\n"
         "print(os.getpid(), child, flush=True)")
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pid, child = map(int, holder.stdout.readline().split())

@@ -83,18 +83,28 @@ def test_a_failed_segment_roll_keeps_the_log_whole_and_rolls_later(tmp_path, mon
 
 
 def test_a_consume_queue_file_whose_directory_fsync_failed_is_synced_again(tmp_path, monkeypatch):
+    """A new file's directory entry is fsynced with the files by the checkpoint (off the loop:
+    ``take_dirty`` hands the directory after the files); a failed fsync gives it back."""
     from chronoq.store import consumequeue
 
     cq = consumequeue.ConsumeQueue(str(tmp_path / "q"), "a", 0, 4)
+    directory = (consumequeue.DIR_INDEX, str(tmp_path / "q"))
     entry = bytes(range(consumequeue.ENTRY_SIZE))
-    cq.put(0, entry)
-    synced = []
     monkeypatch.setattr(consumequeue.fsutil, "fsync_dir", lambda _path: _enospc())
-    with pytest.raises(errors.StorageError):
-        cq.put(4, entry)  # a new file; its directory entry cannot be made durable
+    cq.put(0, entry)  # a new file: no fsync here
+    assert cq.take_dirty()[-1] == directory
+    cq.put(1, entry)
+    assert directory not in cq.take_dirty()  # the same file: nothing more for the directory
+    cq.put(4, entry)  # a new file
+    taken = cq.take_dirty()
+    assert taken[-1] == directory
+    cq.mark_dirty(index for index, _path in taken)  # the checkpoint's fsync failed: given back
+    with pytest.raises(OSError):
+        cq.sync()
+    synced = []
     monkeypatch.setattr(consumequeue.fsutil, "fsync_dir", synced.append)
-    cq.put(4, entry)  # retried: the file exists now, and the directory is fsynced all the same
+    cq.sync()  # retried
     assert synced == [str(tmp_path / "q")]
-    cq.put(5, entry)
+    cq.sync()
     assert synced == [str(tmp_path / "q")]  # once
     cq.close()
