@@ -1,3 +1,96 @@
-"""chronoq: a durable message broker for delayed and scheduled messages."""
+"""chronoq: a durable message broker for delayed and scheduled messages.
+
+The compiled hot path: the modules named in ``COMPILED_MODULES`` are plain Python source that the
+install (setup.py) also compiles with Cython into extension modules beside it, from the same file.
+Python's own import prefers an extension module to a ``.py`` of the same name, so an installed
+chronoq runs them compiled. One seam decides otherwise, ``_SourceFirst`` below, a finder placed
+first on ``sys.meta_path`` that loads such a module from its ``.py`` source when:
+
+- ``CHRONOQ_PURE_PYTHON=1`` is set (the pure-Python fallback: the protocol and codec tests run
+  against both builds; a machine without a C compiler installs and runs chronoq this way); or
+- the ``.py`` is newer than its compiled module (an edit or a checkout since the last install):
+  compiled code from an older source must never run; a warning names the modules and says to
+  re-run ``scripts/setup``.
+
+``compiled()`` says which build runs (the ``chronoq_build_info`` metric carries it).
+"""
+
+from __future__ import annotations
+
+import os as _os
+import sys as _sys
 
 __version__ = "0.1.0"
+
+# The one list of compiled modules: setup.py reads it (without importing chronoq) to build them.
+# A module here is a pure codec or core, or measured to pay (docs/install.md "The compiled build").
+COMPILED_MODULES = (
+    "chronoq.protocol.h2.frames",
+    "chronoq.protocol.h2.flow",
+    "chronoq.protocol.h2.hpackdec",
+    "chronoq.protocol.h2.hpackenc",
+    "chronoq.protocol.h2.grpcmsg",
+    "chronoq.protocol.rocketmq.fields",
+    "chronoq.protocol.rocketmq.send",
+    "chronoq.protocol.rocketmq.receive",
+    "chronoq.protocol.rocketmq.ack",
+    "chronoq.protocol.rocketmq.outgoing",
+    "chronoq.store.record",
+    "chronoq.timer.schedlog",
+    "chronoq.client.h2channel",
+)
+
+PURE_PYTHON_ENV = "CHRONOQ_PURE_PYTHON"
+_PURE = _os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
+
+
+class _SourceFirst:
+    """Loads a module of COMPILED_MODULES from its ``.py`` when the pure build is asked for or
+    the compiled module is older than its source; otherwise defers to the normal finders (which
+    pick the extension module)."""
+
+    names = frozenset(COMPILED_MODULES)
+    stale: list[str] = []  # modules whose compiled build was older than their source
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname not in cls.names or not path:
+            return None
+        from importlib.machinery import EXTENSION_SUFFIXES
+        from importlib.util import spec_from_file_location
+
+        leaf = fullname.rpartition(".")[2]
+        for entry in path:
+            source = _os.path.join(entry, leaf + ".py")
+            try:
+                source_mtime = _os.stat(source).st_mtime_ns
+            except OSError:
+                continue
+            if not _PURE:
+                built = [_os.path.join(entry, leaf + suffix) for suffix in EXTENSION_SUFFIXES]
+                built_mtime = max((_os.stat(b).st_mtime_ns for b in built if _os.path.exists(b)), default=None)
+                if built_mtime is None or built_mtime >= source_mtime:
+                    return None  # compiled and current, or never compiled: the normal finders decide
+                cls.stale.append(fullname)
+                import warnings
+                warnings.warn(f"chronoq: {fullname} changed since it was compiled; running its Python source "
+                              "(slower). Re-run scripts/setup to compile it again.", RuntimeWarning, stacklevel=2)
+            return spec_from_file_location(fullname, source)
+        return None
+
+
+_sys.meta_path.insert(0, _SourceFirst)
+
+
+def compiled_modules() -> dict[str, bool]:
+    """Each module of COMPILED_MODULES (imported here if it was not yet) -> whether it runs compiled."""
+    import importlib
+    from importlib.machinery import ExtensionFileLoader
+
+    return {name: isinstance(importlib.import_module(name).__spec__.loader, ExtensionFileLoader)
+            for name in COMPILED_MODULES}
+
+
+def compiled() -> bool:
+    """Whether this chronoq runs its hot path compiled: every module of COMPILED_MODULES."""
+    return all(compiled_modules().values())
