@@ -144,9 +144,13 @@ def test_the_lock_descriptor_does_not_leak_into_children(tmp_path):
 def test_a_forked_child_does_not_keep_a_killed_parents_lock(tmp_path):
     script = _holder_script(str(tmp_path)).replace(
         "print(os.getpid(), flush=True)",
+        # The parent speaks once the child is past its fork hooks (a pipe): otherwise the parent
+        # can be killed and the lock tried before the child has closed its copy of the lock.
+        "r, w = os.pipe()\n"
         "child = os.fork()\n"
         "if child == 0:\n"
-        "    time.sleep(60); os._exit(0)\n"
+        "    os.write(w, b'.'); time.sleep(60); os._exit(0)\n"
+        "os.read(r, 1)\n"
         "print(os.getpid(), child, flush=True)")
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pid, child = map(int, holder.stdout.readline().split())
