@@ -12,7 +12,7 @@ first on ``sys.meta_path`` that loads such a module from its ``.py`` source when
   compiled code from an older source must never run; a warning names the modules and says to
   re-run ``scripts/setup``.
 
-``compiled()`` says which build runs (the ``chronoq_build_info`` metric carries it).
+``compiled()`` and ``build()`` say which build runs (the ``chronoq_build_info`` metric carries it).
 """
 
 from __future__ import annotations
@@ -91,6 +91,13 @@ def compiled_modules() -> dict[str, bool]:
             for name in COMPILED_MODULES}
 
 
+def build() -> str:
+    """Which build runs: "compiled" (every module of COMPILED_MODULES), "pure" (none: the fallback
+    forced, or an install without the compiled build) or "mixed" (some stale, see _SourceFirst)."""
+    kinds = set(compiled_modules().values())
+    return "mixed" if len(kinds) > 1 else "compiled" if True in kinds else "pure"
+
+
 def compiled() -> bool:
     """Whether this chronoq runs its hot path compiled: every module of COMPILED_MODULES."""
-    return all(compiled_modules().values())
+    return build() == "compiled"
