@@ -9,6 +9,8 @@
    the source or ``CHRONOQ_PURE_PYTHON=1`` is set. ``CHRONOQ_PURE_PYTHON=1`` at install time
    builds nothing (the pure-Python install, for a machine without a C compiler); otherwise a
    failed compile fails the install with a message that says so, never a silently slow broker.
+   A compiled module of a module no longer listed (or any, for a pure install) is deleted from
+   the source tree, where an editable install leaves them.
 """
 
 import ast
@@ -51,8 +53,20 @@ def compile_protos() -> None:
             raise RuntimeError(f"protoc failed on {proto}")
 
 
+def drop_built(keep: tuple[str, ...]) -> None:
+    """Delete compiled modules in the source tree (an editable install's) other than ``keep``'s: one
+    no longer listed, or all of them for a pure install, would otherwise still be imported."""
+    keep_paths = {os.path.join(HERE, *name.split(".")) for name in keep}
+    for path in glob.glob(os.path.join(HERE, "chronoq", "**", "*.so"), recursive=True):
+        module = os.path.join(os.path.dirname(path), os.path.basename(path).split(".", 1)[0])
+        if module not in keep_paths:
+            os.remove(path)
+            print(f"chronoq: removed {os.path.relpath(path, HERE)} (not compiled by this build)")
+
+
 def extensions() -> list:
     if PURE:
+        drop_built(())
         return []
     try:
         from Cython.Build import cythonize
@@ -87,6 +101,7 @@ class BuildExt(build_ext):
                 f"chronoq: compiling the hot path (Cython -> C) failed: {e}\n"
                 "chronoq: it needs a C compiler and the Python headers (Debian: apt-get install gcc python3-dev).\n"
                 "chronoq: or install the slower pure-Python build: CHRONOQ_PURE_PYTHON=1 scripts/setup") from e
+        drop_built(compiled_modules())
 
 
 class Develop(develop):

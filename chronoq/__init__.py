@@ -23,7 +23,7 @@ import sys as _sys
 __version__ = "0.1.0"
 
 # The one list of compiled modules: setup.py reads it (without importing chronoq) to build them.
-# A module here is a pure codec or core, or measured to pay (docs/install.md "The compiled build").
+# A module here is a pure codec or core, or measured to pay (README "The compiled hot path").
 COMPILED_MODULES = (
     "chronoq.protocol.h2.frames",
     "chronoq.protocol.h2.flow",
