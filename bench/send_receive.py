@@ -155,11 +155,11 @@ def _gather(q, procs, seconds: float) -> tuple[int, float]:
 
 # ----------------------------------------------------------------------------- (b) batched producers
 def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
-                   start, spread_ms: int = 0) -> None:
+                   start, spread_ms: int = 0, lanes: int = 0) -> None:
     from chronoq.client.client import Client, OutgoingMessage, run
 
-    async def go() -> int:
-        body = os.urandom(1024)
+    async def go() -> tuple:
+        body, times = os.urandom(1024), []
         sent = 0
         async with Client(endpoint, transport=_transport()) as client:
             await client.route(topic)  # connected (and the topic known) before the clock starts
@@ -178,9 +178,11 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
                                 for i in range(batch)]
                     else:
                         msgs = [OutgoingMessage(topic, body) for _ in range(batch)]
+                    t0 = time.perf_counter()
                     await client.send_batch(msgs)
-            await asyncio.gather(*(lane() for _ in range(_lanes())))  # a few requests in flight
-        return sent, time.process_time() - cpu0
+                    times.append(time.perf_counter() - t0)
+            await asyncio.gather(*(lane() for _ in range(lanes or _lanes())))  # a few requests in flight
+        return sent, time.process_time() - cpu0, sorted(times)[len(times) // 2] if times else 0.0
 
     out.put(run(go()))
 
@@ -261,29 +263,6 @@ def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch:
 
 
 # ----------------------------------------------------------------------------- (f) one message per call
-def _single_producer_proc(endpoint: str, topic: str, count: int, seconds: float, out: mp.Queue, start,
-                          spread_ms: int) -> None:
-    from chronoq.client.client import Client, run
-
-    async def go() -> tuple:
-        body, times = os.urandom(1024), []
-        async with Client(endpoint, transport=_transport()) as client:
-            await client.route(topic)  # connected (and the topic known) before the clock starts
-            start.wait(seconds + 60)
-            cpu0 = time.process_time()
-            deadline = time.perf_counter() + seconds
-            base_ms = int(time.time() * 1000) + 60_000  # due a minute on at the earliest: none fires here
-            step = spread_ms / max(count, 1)
-            while len(times) < count and time.perf_counter() < deadline:  # one call at a time
-                t0 = time.perf_counter()
-                await client.send(topic, body, deliver_at_ms=base_ms + int(len(times) * step))
-                times.append(time.perf_counter() - t0)
-            cpu = time.process_time() - cpu0
-        return len(times), cpu, sorted(times)[len(times) // 2] if times else 0.0
-
-    out.put(run(go()))
-
-
 def _single_consumer_proc(endpoint: str, group: str, topic: str, count: int, seconds: float, out: mp.Queue,
                           start) -> None:
     from chronoq.client.client import Client, run
@@ -328,9 +307,10 @@ def phase_single(endpoint: str, pid: int, messages: int, producers: int, consume
     for kind, n in (("send", producers), ("receive_ack", consumers)):
         q, start = _MP.Queue(), _MP.Barrier(n + 1)
         if kind == "send":
-            args = [(endpoint, f"{topic}-delayed", messages // n, seconds, q, start, int(spread_s * 1000))
+            # one message per call, one call at a time (a lane)
+            args = [(endpoint, f"{topic}-delayed", messages // n, 1, seconds, q, start, int(spread_s * 1000), 1)
                     for _ in range(n)]
-            target = _single_producer_proc
+            target = _producer_proc
         else:
             _fill(endpoint, topic, messages)
             group = f"bench-g-{uuid.uuid4().hex[:6]}"
