@@ -5,8 +5,9 @@
 2. The compiled hot path: the modules of ``chronoq.COMPILED_MODULES`` (HTTP/2 framing and HPACK,
    the RocketMQ codecs, the record codec, ...) compiled by Cython (a build requirement) from their
    own .py files into extension modules installed beside them (in place for an editable install).
-   The .py stays the one source; chronoq/__init__.py falls back to it when the build is older than
-   the source or ``CHRONOQ_PURE_PYTHON=1`` is set. ``CHRONOQ_PURE_PYTHON=1`` at install time
+   The .py stays the one source; chronoq/__init__.py falls back to it when it is not the source
+   the build was made from (chronoq/compiled-sources.json records their SHA-256) or
+   ``CHRONOQ_PURE_PYTHON=1`` is set. ``CHRONOQ_PURE_PYTHON=1`` at install time
    builds nothing (the pure-Python install, for a machine without a C compiler); otherwise a
    failed compile fails the install with a message that says so, never a silently slow broker.
    A compiled module of a module no longer listed (or any, for a pure install) is deleted from
@@ -15,6 +16,8 @@
 
 import ast
 import glob
+import hashlib
+import json
 import os
 
 from setuptools import Extension, setup
@@ -24,6 +27,7 @@ from setuptools.command.develop import develop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PURE = os.environ.get("CHRONOQ_PURE_PYTHON", "") not in ("", "0")
+BUILT_SOURCES_FILE = "compiled-sources.json"  # chronoq.BUILT_SOURCES_FILE
 # Cython's directives for the compiled modules. annotation_typing off: the sources' type hints are
 # documentation, not C types (compiled, ``data: bytes`` would refuse a memoryview the Python
 # accepts); both builds behave the same.
@@ -57,6 +61,8 @@ def drop_built(keep: tuple[str, ...]) -> None:
     """Delete compiled modules in the source tree (an editable install's) other than ``keep``'s: one
     no longer listed, or all of them for a pure install, would otherwise still be imported."""
     keep_paths = {os.path.join(HERE, *name.split(".")) for name in keep}
+    if not keep and os.path.exists(os.path.join(HERE, "chronoq", BUILT_SOURCES_FILE)):
+        os.remove(os.path.join(HERE, "chronoq", BUILT_SOURCES_FILE))
     for path in glob.glob(os.path.join(HERE, "chronoq", "**", "*.so"), recursive=True):
         module = os.path.join(os.path.dirname(path), os.path.basename(path).split(".", 1)[0])
         if module not in keep_paths:
@@ -73,7 +79,14 @@ def extensions() -> list:
     except ImportError as e:
         raise SystemExit("chronoq: Cython is missing: it is a build requirement (pyproject.toml); "
                          "install with pip, or set CHRONOQ_PURE_PYTHON=1 for the pure-Python build") from e
-    modules = [Extension(name, [os.path.join(*name.split(".")) + ".py"]) for name in compiled_modules()]
+    names = compiled_modules()
+    modules = [Extension(name, [os.path.join(*name.split(".")) + ".py"]) for name in names]
+    # What each module is compiled from, for chronoq/__init__.py to tell a current build from a
+    # stale one (its source_digest, repeated here: setup.py must not import chronoq).
+    built = {name: hashlib.sha256(open(os.path.join(HERE, *name.split(".")) + ".py", "rb").read()).hexdigest()
+             for name in names}
+    with open(os.path.join(HERE, "chronoq", BUILT_SOURCES_FILE), "w", encoding="utf-8") as fh:
+        json.dump(built, fh, indent=1, sort_keys=True)
     # The generated C goes under build/, not beside the sources.
     return cythonize(modules, build_dir="build/cython", compiler_directives=DIRECTIVES,
                      nthreads=os.cpu_count() or 1, quiet=True)

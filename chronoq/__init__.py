@@ -8,9 +8,10 @@ first on ``sys.meta_path`` that loads such a module from its ``.py`` source when
 
 - ``CHRONOQ_PURE_PYTHON=1`` is set (the pure-Python fallback: the protocol and codec tests run
   against both builds; a machine without a C compiler installs and runs chronoq this way); or
-- the ``.py`` is newer than its compiled module (an edit or a checkout since the last install):
-  compiled code from an older source must never run; a warning names the modules and says to
-  re-run ``scripts/setup``.
+- the ``.py`` is not the source its compiled module was built from (an edit or a checkout since
+  the last install; the install records each source's SHA-256 in ``compiled-sources.json``):
+  compiled code of another source must never run; a warning names the module and says to re-run
+  ``scripts/setup``.
 
 ``compiled()`` and ``build()`` say which build runs (the ``chronoq_build_info`` metric carries it).
 """
@@ -47,13 +48,27 @@ PURE_PYTHON_ENV = "CHRONOQ_PURE_PYTHON"
 _PURE = _os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 
 
+# Written by the install beside this file: {module: SHA-256 of the .py it was compiled from}.
+BUILT_SOURCES_FILE = "compiled-sources.json"
+
+
+def source_digest(path: str) -> str:
+    """What BUILT_SOURCES_FILE records of a module's source (setup.py computes it the same way)."""
+    import hashlib
+
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
 class _SourceFirst:
     """Loads a module of COMPILED_MODULES from its ``.py`` when the pure build is asked for or
-    the compiled module is older than its source; otherwise defers to the normal finders (which
-    pick the extension module)."""
+    the compiled module was built from another source than the one beside it (the content, not
+    the times: a checkout or a wheel's unpacking sets times in any order); otherwise defers to
+    the normal finders, which pick the extension module."""
 
     names = frozenset(COMPILED_MODULES)
-    stale: list[str] = []  # modules whose compiled build was older than their source
+    stale: list[str] = []  # modules whose compiled build was not of their source
+    built: dict | None = None  # BUILT_SOURCES_FILE, read on first use
 
     @classmethod
     def find_spec(cls, fullname, path=None, target=None):
@@ -65,21 +80,31 @@ class _SourceFirst:
         leaf = fullname.rpartition(".")[2]
         for entry in path:
             source = _os.path.join(entry, leaf + ".py")
-            try:
-                source_mtime = _os.stat(source).st_mtime_ns
-            except OSError:
+            if not _os.path.exists(source):
                 continue
             if not _PURE:
-                built = [_os.path.join(entry, leaf + suffix) for suffix in EXTENSION_SUFFIXES]
-                built_mtime = max((_os.stat(b).st_mtime_ns for b in built if _os.path.exists(b)), default=None)
-                if built_mtime is None or built_mtime >= source_mtime:
-                    return None  # compiled and current, or never compiled: the normal finders decide
+                if not any(_os.path.exists(_os.path.join(entry, leaf + suffix)) for suffix in EXTENSION_SUFFIXES):
+                    return None  # never compiled: the normal finders load the source
+                if cls._built().get(fullname) == source_digest(source):
+                    return None  # compiled from this very source: the normal finders load it
                 cls.stale.append(fullname)
                 import warnings
                 warnings.warn(f"chronoq: {fullname} changed since it was compiled; running its Python source "
                               "(slower). Re-run scripts/setup to compile it again.", RuntimeWarning, stacklevel=2)
             return spec_from_file_location(fullname, source)
         return None
+
+    @classmethod
+    def _built(cls) -> dict:
+        if cls.built is None:
+            import json
+
+            try:
+                with open(_os.path.join(_os.path.dirname(__file__), BUILT_SOURCES_FILE), encoding="utf-8") as fh:
+                    cls.built = json.load(fh)
+            except (OSError, ValueError):
+                cls.built = {}  # no record of the build: no compiled module can be trusted
+        return cls.built
 
 
 _sys.meta_path.insert(0, _SourceFirst)

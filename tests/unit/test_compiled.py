@@ -2,7 +2,7 @@
 
 The normal build must run compiled (so a test run cannot silently be a pure-Python one), the
 fallback must be what ``CHRONOQ_PURE_PYTHON=1`` gives, the protocol and codec tests must pass on
-it too, and a compiled module older than its source must never run.
+it too, and a compiled module built from another source than the one beside it must never run.
 """
 
 from __future__ import annotations
@@ -73,30 +73,37 @@ def test_the_codec_tests_pass_on_the_pure_build(tmp_path):
 
 
 @pure_run
-@pytest.mark.parametrize("compiled_is_older", [True, False])
-def test_a_compiled_module_older_than_its_source_is_not_run(tmp_path, compiled_is_older):
+@pytest.mark.parametrize("case", ["built from this source", "built from another", "not built"])
+def test_a_compiled_module_runs_only_if_built_from_its_source(tmp_path, case):
     name = chronoq.COMPILED_MODULES[0]
     leaf = name.rpartition(".")[2]
-    source, built = tmp_path / f"{leaf}.py", tmp_path / f"{leaf}{EXTENSION_SUFFIXES[0]}"
+    source = tmp_path / f"{leaf}.py"
     source.write_text("X = 1\n")
-    built.write_bytes(b"")
-    older, newer = 1_000_000_000, 1_000_000_100
-    os.utime(source, (newer, newer) if compiled_is_older else (older, older))
-    os.utime(built, (older, older) if compiled_is_older else (newer, newer))
-    stale_before = list(_SourceFirst.stale)
+    if case != "not built":
+        (tmp_path / f"{leaf}{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    digest = chronoq.source_digest(str(source))
+    built_before, stale_before = _SourceFirst.built, list(_SourceFirst.stale)
+    _SourceFirst.built = {name: digest if case == "built from this source" else "0" * 64}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             spec = _SourceFirst.find_spec(name, [str(tmp_path)])
-        if compiled_is_older:
+        if case == "built from another":
             assert spec is not None and spec.origin == str(source)
             assert _SourceFirst.stale[-1] == name
             assert any("scripts/setup" in str(w.message) for w in caught)
         else:
-            assert spec is None  # the normal finders pick the extension module
+            assert spec is None  # the normal finders pick the extension module, or the source
             assert not caught and _SourceFirst.stale == stale_before
     finally:
-        _SourceFirst.stale[:] = stale_before
+        _SourceFirst.built, _SourceFirst.stale[:] = built_before, stale_before
+
+
+@pure_run
+def test_the_install_records_the_sources_it_compiled():
+    with open(ROOT / "chronoq" / chronoq.BUILT_SOURCES_FILE) as fh:
+        built = json.load(fh)
+    assert sorted(built) == sorted(chronoq.COMPILED_MODULES)
 
 
 def test_other_modules_are_left_to_the_normal_finders(tmp_path):
