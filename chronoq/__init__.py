@@ -28,7 +28,8 @@ __version__ = "0.1.0"
 # without C types, Cython pays on byte and integer work (varints, frames, HPACK, records) and not
 # on attribute-heavy classes and coroutines, where CPython 3.11's specialising interpreter is as
 # fast (callgrind, bench/h2_path.py: h2/flow.py compiled cost the server 1% more instructions a
-# call, and server/h2server.py 2%; the server's h2 call machinery, messaging/ and pop/ no gain).
+# call, server/h2server.py 2%, the rest of the server's h2 call machinery nothing; with server/
+# messaging/, broker/sending, store/writing and pop/ compiled too, bench/official_replay.py ran slower).
 COMPILED_MODULES = (
     "chronoq.protocol.h2.frames",
     "chronoq.protocol.h2.hpackdec",
