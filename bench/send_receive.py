@@ -13,7 +13,11 @@ Starts ``chronoq serve`` (default durable flush) on loopback, then:
   (e) one client, one 1 KiB message per call, one call at a time, on an idle broker: the call's
       latency (p50, p99) and the broker's CPU per send, under the ``sync`` and the ``async`` flush
       policy (a broker of each, one after the other, in the same run), beside a raw append+fsync of
-      1 KiB on the same disk (what ``sync`` adds at the least).
+      1 KiB on the same disk (what ``sync`` adds at the least);
+  (f) one message per call, one call at a time in each process: P producer processes sending
+      delayed messages (delivery times spread as in (d)), then C consumer processes that receive one
+      message and ack it (two calls) from a topic filled beforehand: msgs/s, the call's p50, the
+      broker's and the clients' CPU per message (issue 24's figures; ``build`` says compiled or pure).
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Every phase is bounded
 in count and time.
@@ -24,6 +28,8 @@ in count and time.
     .venv/bin/python bench/send_receive.py --phase c --client-transport grpc   # load through grpc.aio
     .venv/bin/python bench/send_receive.py --phase d --rounds 3     # delayed batched enqueue
     .venv/bin/python bench/send_receive.py --phase e                # lone sends: sync vs async
+    .venv/bin/python bench/send_receive.py --phase f --rounds 3     # one message per call, issue 24
+    CHRONOQ_PURE_PYTHON=1 .venv/bin/python bench/send_receive.py --phase f   # the pure-Python build
 
 The load processes connect first and start together: interpreter start-up is not timed.
 Each line carries the broker's CPU time per message (user + system, and system alone) and the
@@ -45,6 +51,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import chronoq  # noqa: E402
 from bench.grpc_shell import server_cpu_split_s, start_server  # noqa: E402
 from bench.machine import MachineLoad, python_speed  # noqa: E402
 
@@ -67,6 +74,7 @@ def emit(metric: str, value, unit: str, **ctx) -> None:
         ctx.setdefault("client_transport", _transport())
         ctx.setdefault("lanes", _lanes())
     ctx.setdefault("cpus", os.cpu_count())
+    ctx.setdefault("build", chronoq.build())  # compiled, or pure (CHRONOQ_PURE_PYTHON=1)
     print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
 
 
@@ -147,11 +155,11 @@ def _gather(q, procs, seconds: float) -> tuple[int, float]:
 
 # ----------------------------------------------------------------------------- (b) batched producers
 def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: float, out: mp.Queue,
-                   start, spread_ms: int = 0) -> None:
+                   start, spread_ms: int = 0, lanes: int = 0) -> None:
     from chronoq.client.client import Client, OutgoingMessage, run
 
-    async def go() -> int:
-        body = os.urandom(1024)
+    async def go() -> tuple:
+        body, times = os.urandom(1024), []
         sent = 0
         async with Client(endpoint, transport=_transport()) as client:
             await client.route(topic)  # connected (and the topic known) before the clock starts
@@ -170,9 +178,11 @@ def _producer_proc(endpoint: str, topic: str, count: int, batch: int, seconds: f
                                 for i in range(batch)]
                     else:
                         msgs = [OutgoingMessage(topic, body) for _ in range(batch)]
+                    t0 = time.perf_counter()
                     await client.send_batch(msgs)
-            await asyncio.gather(*(lane() for _ in range(_lanes())))  # a few requests in flight
-        return sent, time.process_time() - cpu0
+                    times.append(time.perf_counter() - t0)
+            await asyncio.gather(*(lane() for _ in range(lanes or _lanes())))  # a few requests in flight
+        return sent, time.process_time() - cpu0, sorted(times)[len(times) // 2] if times else 0.0
 
     out.put(run(go()))
 
@@ -252,6 +262,82 @@ def phase_receive(endpoint: str, pid: int, messages: int, consumers: int, batch:
          **cpu.per_message(got), client_cpu_us_per_msg=round(client_cpu / max(got, 1) * 1e6, 1))
 
 
+# ----------------------------------------------------------------------------- (f) one message per call
+def _single_consumer_proc(endpoint: str, group: str, topic: str, count: int, seconds: float, out: mp.Queue,
+                          start) -> None:
+    from chronoq.client.client import Client, run
+
+    async def go() -> tuple:
+        times = []
+        async with Client(endpoint, transport=_transport()) as client:
+            await client.route(topic)
+            start.wait(seconds + 60)
+            cpu0 = time.process_time()
+            deadline = time.perf_counter() + seconds
+            while len(times) < count and time.perf_counter() < deadline:  # receive one, ack it: two calls
+                t0 = time.perf_counter()
+                msgs = await client.receive(group, topic, max_messages=1, invisible_s=60, wait_s=0)
+                if not msgs:  # everything was sent (and is visible) before: the topic is drained
+                    break
+                await client.ack(group, topic, msgs)
+                times.append(time.perf_counter() - t0)
+            cpu = time.process_time() - cpu0
+        return len(times), cpu, sorted(times)[len(times) // 2] if times else 0.0
+
+    out.put(run(go()))
+
+
+def _fill(endpoint: str, topic: str, count: int) -> None:
+    """``count`` plain one-KiB messages on ``topic``, in batches, untimed: what (f)'s consumers take."""
+    from chronoq.client.client import Client, OutgoingMessage, run
+
+    async def go() -> None:
+        body = os.urandom(1024)
+        async with Client(endpoint, transport=_transport()) as client:
+            for first in range(0, count, 100):
+                await client.send_batch([OutgoingMessage(topic, body) for _ in range(min(100, count - first))])
+
+    run(go())
+
+
+def phase_single(endpoint: str, pid: int, messages: int, producers: int, consumers: int, seconds: float,
+                 topic: str, spread_s: float) -> None:
+    """One message per call, one call at a time per process: delayed sends, then receive+ack of
+    plain messages (issue 24's must-show, the way the official clients and most applications work)."""
+    for kind, n in (("send", producers), ("receive_ack", consumers)):
+        q, start = _MP.Queue(), _MP.Barrier(n + 1)
+        if kind == "send":
+            # one message per call, one call at a time (a lane)
+            args = [(endpoint, f"{topic}-delayed", messages // n, 1, seconds, q, start, int(spread_s * 1000), 1)
+                    for _ in range(n)]
+            target = _producer_proc
+        else:
+            _fill(endpoint, topic, messages)
+            group = f"bench-g-{uuid.uuid4().hex[:6]}"
+            args = [(endpoint, group, topic, messages // n, seconds, q, start) for _ in range(n)]
+            target = _single_consumer_proc
+        procs = [_MP.Process(target=target, args=a) for a in args]
+        for p in procs:
+            p.start()
+        start.wait(seconds + 60)  # every process connected: interpreter start-up is not timed
+        cpu, t0 = ServerCpu(pid), time.perf_counter()
+        results = [q.get(timeout=seconds + 60) for _ in procs]
+        elapsed = time.perf_counter() - t0
+        for p in procs:
+            p.join()
+        done, client_cpu = sum(r[0] for r in results), sum(r[1] for r in results)
+        p50_ms = round(sum(r[2] for r in results) / len(results) * 1e3, 3)
+        if kind == "send":
+            emit("single_delayed_send_rate", round(done / elapsed), "msgs/s", target=6200, producers=n,
+                 delay_spread_s=spread_s, call_p50_ms=p50_ms, messages=done, seconds=round(elapsed, 2),
+                 **cpu.per_message(done),
+                 client_cpu_us_per_msg=round(client_cpu / max(done, 1) * 1e6, 1))
+        else:
+            emit("single_receive_ack_rate", round(done / elapsed), "msgs/s", target=4900, consumers=n,
+                 receive_ack_p50_ms=p50_ms, messages=done, seconds=round(elapsed, 2),
+                 **cpu.per_message(done), client_cpu_us_per_msg=round(client_cpu / max(done, 1) * 1e6, 1))
+
+
 # ----------------------------------------------------------------------------- (e) lone sends
 def _raw_append_fsync_us(directory: str, count: int) -> float:
     """p50 of writing 1 KiB at the end of a file and fsyncing it: the disk's floor for a durable send."""
@@ -321,11 +407,12 @@ def phase_lone(data_dir: str, count: int, seconds: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phase", choices=["a", "b", "c", "d", "e", "all"], default="all")
+    ap.add_argument("--phase", choices=["a", "b", "c", "d", "e", "f", "all"], default="all")
     ap.add_argument("--delay-spread-s", type=float, default=600.0, help="(d): delivery times spread over this window")
     ap.add_argument("--lone-messages", type=int, default=3000, help="(e): sends per flush policy")
     ap.add_argument("--official-messages", type=int, default=3000)
     ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--single-messages", type=int, default=30_000, help="(f): messages each way")
     ap.add_argument("--producers", type=int, default=2)
     ap.add_argument("--send-batch", type=int, default=100)
     ap.add_argument("--consumers", type=int, default=2)
@@ -355,6 +442,12 @@ def main() -> None:
         try:
             if args.phase in ("a", "all"):
                 phase_official(endpoint, proc.pid, args.official_messages, args.seconds)
+            if args.phase in ("f", "all"):
+                for _ in range(args.rounds):  # a fresh topic each round
+                    phase_single(endpoint, proc.pid, args.single_messages, args.producers, args.consumers,
+                                 args.seconds, f"bench-single-{uuid.uuid4().hex[:6]}", args.delay_spread_s)
+                if args.phase == "f":
+                    return
             for _ in range(args.rounds if args.phase != "a" else 0):  # a fresh topic each round
                 topic = f"bench-{uuid.uuid4().hex[:6]}"
                 if args.phase in ("d", "all"):

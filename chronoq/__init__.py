@@ -1,3 +1,132 @@
-"""chronoq: a durable message broker for delayed and scheduled messages."""
+"""chronoq: a durable message broker for delayed and scheduled messages.
+
+The compiled hot path: the modules named in ``COMPILED_MODULES`` are plain Python source that the
+install (setup.py) also compiles with Cython into extension modules beside it, from the same file.
+Python's own import prefers an extension module to a ``.py`` of the same name, so an installed
+chronoq runs them compiled. One seam decides otherwise, ``_SourceFirst`` below, a finder placed
+first on ``sys.meta_path`` that loads such a module from its ``.py`` source when:
+
+- ``CHRONOQ_PURE_PYTHON=1`` is set (the pure-Python fallback: the protocol and codec tests run
+  against both builds; a machine without a C compiler installs and runs chronoq this way); or
+- the ``.py`` is not the source its compiled module was built from (an edit or a checkout since
+  the last install; the install records each source's SHA-256 in ``compiled-sources.json``):
+  compiled code of another source must never run; a warning names the module and says to re-run
+  ``scripts/setup``.
+
+``compiled()`` and ``build()`` say which build runs (the ``chronoq_build_info`` metric carries it).
+"""
+
+from __future__ import annotations
+
+import os as _os
+import sys as _sys
 
 __version__ = "0.1.0"
+
+# The one list of compiled modules: setup.py reads it (without importing chronoq) to build them.
+# A module here is a codec or a core measured to pay (README "The compiled hot path"): compiled
+# without C types, Cython pays on byte and integer work (varints, frames, HPACK, records) and not
+# on attribute-heavy classes and coroutines, where CPython 3.11's specialising interpreter is as
+# fast (callgrind, bench/h2_path.py: h2/flow.py compiled cost the server 1% more instructions a
+# call, server/h2server.py 2%, the rest of the server's h2 call machinery nothing; with server/
+# messaging/, broker/sending, store/writing and pop/ compiled too, bench/official_replay.py ran slower).
+COMPILED_MODULES = (
+    "chronoq.protocol.h2.frames",
+    "chronoq.protocol.h2.hpackdec",
+    "chronoq.protocol.h2.hpackenc",
+    "chronoq.protocol.h2.grpcmsg",
+    "chronoq.protocol.rocketmq.fields",
+    "chronoq.protocol.rocketmq.send",
+    "chronoq.protocol.rocketmq.receive",
+    "chronoq.protocol.rocketmq.ack",
+    "chronoq.protocol.rocketmq.outgoing",
+    "chronoq.store.record",
+    "chronoq.timer.schedlog",
+    "chronoq.client.h2channel",
+)
+
+PURE_PYTHON_ENV = "CHRONOQ_PURE_PYTHON"
+_PURE = _os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
+
+
+# Written by the install beside this file: {module: SHA-256 of the .py it was compiled from}.
+BUILT_SOURCES_FILE = "compiled-sources.json"
+
+
+def source_digest(path: str) -> str:
+    """What BUILT_SOURCES_FILE records of a module's source (setup.py computes it the same way)."""
+    import hashlib
+
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+class _SourceFirst:
+    """Loads a module of COMPILED_MODULES from its ``.py`` when the pure build is asked for or
+    the compiled module was built from another source than the one beside it (the content, not
+    the times: a checkout or a wheel's unpacking sets times in any order); otherwise defers to
+    the normal finders, which pick the extension module."""
+
+    names = frozenset(COMPILED_MODULES)
+    stale: list[str] = []  # modules whose compiled build was not of their source
+    built: dict | None = None  # BUILT_SOURCES_FILE, read on first use
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname not in cls.names or not path:
+            return None
+        from importlib.machinery import EXTENSION_SUFFIXES
+        from importlib.util import spec_from_file_location
+
+        leaf = fullname.rpartition(".")[2]
+        for entry in path:
+            source = _os.path.join(entry, leaf + ".py")
+            if not _os.path.exists(source):
+                continue
+            if not _PURE:
+                if not any(_os.path.exists(_os.path.join(entry, leaf + suffix)) for suffix in EXTENSION_SUFFIXES):
+                    return None  # never compiled: the normal finders load the source
+                if cls._built().get(fullname) == source_digest(source):
+                    return None  # compiled from this very source: the normal finders load it
+                cls.stale.append(fullname)
+                import warnings
+                warnings.warn(f"chronoq: {fullname} changed since it was compiled; running its Python source "
+                              "(slower). Re-run scripts/setup to compile it again.", RuntimeWarning, stacklevel=2)
+            return spec_from_file_location(fullname, source)
+        return None
+
+    @classmethod
+    def _built(cls) -> dict:
+        if cls.built is None:
+            import json
+
+            try:
+                with open(_os.path.join(_os.path.dirname(__file__), BUILT_SOURCES_FILE), encoding="utf-8") as fh:
+                    cls.built = json.load(fh)
+            except (OSError, ValueError):
+                cls.built = {}  # no record of the build: no compiled module can be trusted
+        return cls.built
+
+
+_sys.meta_path.insert(0, _SourceFirst)
+
+
+def compiled_modules() -> dict[str, bool]:
+    """Each module of COMPILED_MODULES (imported here if it was not yet) -> whether it runs compiled."""
+    import importlib
+    from importlib.machinery import ExtensionFileLoader
+
+    return {name: isinstance(importlib.import_module(name).__spec__.loader, ExtensionFileLoader)
+            for name in COMPILED_MODULES}
+
+
+def build() -> str:
+    """Which build runs: "compiled" (every module of COMPILED_MODULES), "pure" (none: the fallback
+    forced, or an install without the compiled build) or "mixed" (some stale, see _SourceFirst)."""
+    kinds = set(compiled_modules().values())
+    return "mixed" if len(kinds) > 1 else "compiled" if True in kinds else "pure"
+
+
+def compiled() -> bool:
+    """Whether this chronoq runs its hot path compiled: every module of COMPILED_MODULES."""
+    return build() == "compiled"

@@ -52,9 +52,9 @@ class ServiceCollector(Collector):
         self.source = source
 
     def collect(self) -> Iterator[Metric]:
-        build = GaugeMetricFamily("chronoq_build_info", "The running chronoq: its version (value 1).",
-                                  labels=["version"])
-        build.add_metric([chronoq.__version__], 1)
+        build = GaugeMetricFamily("chronoq_build_info", "The running chronoq: its version and whether its hot "
+                                  "path runs compiled or as pure Python (value 1).", labels=["version", "build"])
+        build.add_metric([chronoq.__version__, chronoq.build()], 1)
         yield build
         broker = self.broker
         if broker.closed:

@@ -8,6 +8,7 @@ import time
 
 import grpc
 
+import chronoq
 from chronoq import __version__
 from chronoq.client.client import Client
 
@@ -31,7 +32,7 @@ def test_transport_and_service_series(chronoq_process):
     server = chronoq_process()
     url = server.http_url
     samples = scrape(url)
-    assert value(samples, "chronoq_build_info", version=__version__) == 1
+    assert value(samples, "chronoq_build_info", version=__version__, build=chronoq.build()) == 1  # as this process
     assert value(samples, "process_resident_memory_bytes") > 0 and value(samples, "process_open_fds") > 0
     assert value(samples, "chronoq_grpc_connections") == 0 and value(samples, "chronoq_parked_polls") == 0
     assert value(samples, "chronoq_disk_free_bytes") > 0 and value(samples, "chronoq_disk_reserve_low") == 0

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import chronoq
 from chronoq.broker.broker import Broker, OutgoingMessage
 from chronoq.core.clock import FakeClock
 from chronoq.core import errors
@@ -323,7 +324,7 @@ def test_service_figures_of_an_embedded_broker(tmp_path):
     metrics = BrokerMetrics(broker, source=SimpleNamespace(front_ends=[], txns=txns))
     try:
         samples = scrape(metrics)
-        assert value(samples, "chronoq_build_info", version=__version__) == 1
+        assert value(samples, "chronoq_build_info", version=__version__, build=chronoq.build()) == 1
         assert value(samples, "process_resident_memory_bytes") > 0  # the process collector
         assert value(samples, "process_cpu_seconds_total") > 0
         assert value(samples, "chronoq_disk_free_bytes") > 0
