@@ -1,7 +1,12 @@
 """Message ids in the RocketMQ 5 format the official clients generate.
 
-34 uppercase hex characters: ``01`` (version), 12 hex MAC address, 4 hex low 16 bits of the pid,
-8 hex seconds since 2021-01-01T00:00:00Z (mod 2**32), 8 hex per-process counter.
+34 uppercase hex characters: ``01`` (version), 12 hex MAC address, 4 hex process field, 8 hex
+seconds since 2021-01-01T00:00:00Z (mod 2**32), 8 hex per-process counter.
+
+The process field is the low 16 bits of the pid with the top bit flipped. The official clients use
+the pid as it is, with a counter from 0 as ours: an application that sends with both
+``chronoq.client`` and the official client in one process would otherwise mint the same ids in the
+same second, and the broker's dedupe window would drop one message as a resend of the other.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ _counter = itertools.count()
 
 def _prefix() -> str:
     mac = uuid.getnode() & 0xFFFFFFFFFFFF
-    return f"01{mac:012X}{os.getpid() & 0xFFFF:04X}"
+    return f"01{mac:012X}{(os.getpid() & 0xFFFF) ^ 0x8000:04X}"
 
 
 _PREFIX = _prefix()
@@ -60,7 +65,7 @@ def parse_message_id(message_id: str) -> dict | None:
         return None
     return {
         "mac": message_id[2:14],
-        "pid": int(message_id[14:18], 16),
+        "process": int(message_id[14:18], 16),  # the official clients' pid & 0xFFFF; ours flips bit 15
         "seconds_since_2021": int(message_id[18:26], 16),
         "sequence": int(message_id[26:34], 16),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -269,7 +270,7 @@ def test_generated_message_ids_have_the_rocketmq5_format(broker):
         assert re.fullmatch(r"01[0-9A-F]{32}", mid), mid
         fields = parse_message_id(mid)
         assert fields is not None
-        assert fields["pid"] == os.getpid() & 0xFFFF
+        assert fields["process"] == (os.getpid() & 0xFFFF) ^ 0x8000
         assert fields["seconds_since_2021"] == NOW_MS // 1000 - EPOCH_2021_S
     seqs = [parse_message_id(m)["sequence"] for m in ids]
     assert seqs == sorted(seqs)
@@ -277,6 +278,19 @@ def test_generated_message_ids_have_the_rocketmq5_format(broker):
     r = broker.send("orders", b"y")
     got = broker.read("orders", r.queue_id, r.queue_offset, 1).messages[0]
     assert got.message_id == r.message_id
+
+
+def test_ids_differ_from_the_official_clients_in_the_same_process():
+    # The official client's codec and ours, one process, one second: the same MAC, pid and a
+    # counter from 0 would mint the same ids, and the dedupe window would drop one message.
+    from rocketmq.v5.util.message_id_codec import MessageIdCodec
+
+    from chronoq.core.msgid import new_message_id
+
+    theirs = {MessageIdCodec().next_message_id() for _ in range(50)}
+    ours = {new_message_id(int(time.time() * 1000)) for _ in range(50)}
+    assert {m[:18] for m in theirs} != {m[:18] for m in ours}
+    assert not theirs & ours
 
 
 def test_consumer_offsets_survive_a_clean_restart(tmp_path):
