@@ -255,7 +255,7 @@ class Runtime:
         if epoch:  # the epoch record, durable before anything else is served
             from chronoq.replication.position import epoch_record
 
-            written = broker.store.write([epoch_record(epoch, self.node_id, broker.clock.wall_ms())])[-1]
+            written = broker.write_records([epoch_record(epoch, self.node_id, broker.clock.wall_ms())])[-1]
             await self.committer.durable(written.commit_offset + written.size)
         # The schedule files' journal and .done fsyncs on the committer's thread (timer/schedfiles.py).
         timer, committer = broker.timer, self.committer
