@@ -39,6 +39,13 @@ class ReplicationClient:
         _check(resp.status)
         return resp
 
+    async def forward(self, path: str, request, response_type, timeout_s: float):
+        """One unary call of another service on the primary, answered as it comes (a replica
+        passes the official clients' route calls on: ``chronoq.server.replica``)."""
+        call = self._channel.unary_unary(path, request_serializer=type(request).SerializeToString,
+                                         response_deserializer=response_type.FromString)
+        return await call(request, timeout=timeout_s)
+
     async def promote(self):
         resp = await self._stub.Promote(self.apb.PromoteRequest(), timeout=self.timeout)
         _check(resp.status)

@@ -10,7 +10,12 @@ exits 1, nothing written). Meanwhile:
 * ``chronoq.replication.follower.Follower`` pulls and writes;
 * the gRPC port serves ``chronoq.v1.Replication`` (status, promote; a pull from another replica
   is refused) and answers every ``MessagingService`` and ``chronoq.v1.Admin`` call with
-  ``PRECONDITION_FAILED`` naming the primary, behind the same access gate as a primary's port.
+  ``PRECONDITION_FAILED`` naming the primary, behind the same access gate as a primary's port,
+  except the route calls (``QueryRoute``, ``QueryAssignment``): those are passed on to the
+  primary and its answer returned, so an official client given the replica's address is routed
+  to the primary (the clients ask their configured address for routes only, every 30 s for the
+  Python one, and send everything else to the route's endpoints). A primary that cannot be
+  reached: ``PRECONDITION_FAILED`` saying so (the clients keep their last route).
 
 Promotion (``ReplicaNode.promote``): the follower stops after the write in progress; the new
 epoch is the larger of this log's and the primary's last known, plus one; the answer goes out,
@@ -87,10 +92,16 @@ class ReplicaNode:
                                    commit_end=self.follower.commit)
 
 
-class _Refuse(grpc.GenericRpcHandler):
-    """Every method of the client-facing services, answered with PRECONDITION_FAILED."""
+# What the official clients ask their configured address (the rest goes to the route's endpoints).
+_ROUTE_CALLS = frozenset({"QueryRoute", "QueryAssignment"})
+_FORWARD_TIMEOUT_S = 5.0
 
-    def __init__(self, message: str) -> None:
+
+class _Refuse(grpc.GenericRpcHandler):
+    """Every method of the client-facing services answered with PRECONDITION_FAILED, but the
+    route calls, passed on to the primary through ``client``."""
+
+    def __init__(self, message: str, client: ReplicationClient) -> None:
         from rocketmq.grpc_protocol import service_pb2
 
         self._handlers = {}
@@ -98,19 +109,36 @@ class _Refuse(grpc.GenericRpcHandler):
                            apb.DESCRIPTOR.services_by_name["Admin"]):
             for method in descriptor.methods:
                 path = f"/{descriptor.full_name}/{method.name}"
-                self._handlers[path] = _handler(method, message)
+                routed = descriptor.name == "MessagingService" and method.name in _ROUTE_CALLS
+                self._handlers[path] = _handler(method, message, client if routed else None, path)
 
     def service(self, details):
         return self._handlers.get(details.method)
 
 
-def _handler(method, message: str):
+def _handler(method, message: str, client: ReplicationClient | None = None, path: str = ""):
     request = message_factory.GetMessageClass(method.input_type)
     response = message_factory.GetMessageClass(method.output_type)
 
-    def answer():
-        return response(status={"code": codes.Code.PRECONDITION_FAILED, "message": message})
+    def answer(text: str = message):
+        return response(status={"code": codes.Code.PRECONDITION_FAILED, "message": text})
 
+    if client is not None:
+        assert not method.client_streaming and not method.server_streaming, path
+
+        async def forward(req, context):
+            # The caller passed this port's access gate; the primary sees the replica's own
+            # (replication) credentials, as for its pulls.
+            left = context.time_remaining()
+            timeout = _FORWARD_TIMEOUT_S if left is None else max(0.1, min(left, _FORWARD_TIMEOUT_S))
+            try:
+                return await client.forward(path, req, response, timeout)
+            except Exception as exc:  # noqa: BLE001 - the primary unreachable: a status, not a crash
+                log.debug("%s passed on to %s failed: %r", method.name, client.endpoint, exc)
+                return answer(f"this broker is a replica of {client.endpoint}, which cannot be reached "
+                              f"for routes ({type(exc).__name__}); try again, or promote this replica")
+        return grpc.unary_unary_rpc_method_handler(forward, request_deserializer=request.FromString,
+                                                   response_serializer=response.SerializeToString)
     if not method.client_streaming and not method.server_streaming:
         async def unary(_request, _context):
             return answer()
@@ -128,14 +156,14 @@ def _handler(method, message: str):
                                                  response_serializer=response.SerializeToString)
 
 
-def _server(cfg, node: ReplicaNode):
+def _server(cfg, node: ReplicaNode, client: ReplicationClient):
     gate, tls = auth.build_gate(cfg, Refusals(SYSTEM_CLOCK.monotonic_ns)), auth.server_credentials(cfg)
     if cfg.grpc_server == "chronoq":
         server = h2grpc.Server(interceptors=[gate], limits=h2limits.Limits.from_config(cfg))
     else:
         server = grpc.aio.server(interceptors=[gate], options=[("grpc.so_reuseport", 0)])
     service.add_to_server(server, node)
-    server.add_generic_rpc_handlers((_Refuse(node.refusal()),))
+    server.add_generic_rpc_handlers((_Refuse(node.refusal(), client),))
     host = f"[{cfg.host}]" if ":" in cfg.host and not cfg.host.startswith("[") else cfg.host
     bound = f"{host}:{cfg.port}"
     try:
@@ -166,7 +194,7 @@ async def serve_replica(runtime) -> int | None:
     node = ReplicaNode(cfg, store, follower, runtime.node_id)
     server = None
     try:
-        server, bound = _server(cfg, node)
+        server, bound = _server(cfg, node, client)
         await server.start()
         node.follow_task = loop.create_task(follower.run(), name="chronoq-follower")
         runtime.state = "replica"
