@@ -12,6 +12,7 @@ import signal
 import time
 
 import grpc
+import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
@@ -23,31 +24,40 @@ from .test_official_python_client import make_message, producer, receive_all, si
 from .test_replication import CONFIG, cli, cluster_status, kill_9, wait_caught_up
 
 
-def test_a_client_given_the_replica_is_routed_to_the_primary(tmp_path):
+@pytest.fixture
+def pair(tmp_path):
+    """A primary and its replica (left running, SIGCONT first, and stopped after the test)."""
     primary = ChronoqProcess(str(tmp_path / "p"), CONFIG)
     replica = None
     try:
         replica = ChronoqProcess(str(tmp_path / "r"), CONFIG, extra_args=("--replica-of", primary.endpoint))
-        topic, group = unique("routed"), unique("g")
-        with producer(replica.endpoint, topic) as p:
-            ids = {p.send(make_message(topic, b"m%d" % i)).message_id for i in range(5)}
-        with simple_consumer(replica.endpoint, group, topic) as c:
-            got = receive_all(c, len(ids), timeout_s=20)
-            for m in got:
-                c.ack(m)
-        assert {m.message_id for m in got} == ids
-        # They went to the primary: it wrote them, the replica copied them.
-        wait_caught_up(replica, cluster_status(primary.endpoint).commit_end)
-        # Anything but a route call is still refused by the replica, naming the primary.
-        with grpc.insecure_channel(replica.endpoint) as channel:
-            resp = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
-                sv.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name=topic), body=b"x")]), timeout=10)
-        assert resp.status.code == codes.Code.PRECONDITION_FAILED
-        assert primary.endpoint in resp.status.message
+        yield primary, replica
     finally:
         if replica is not None:
+            if replica.proc.poll() is None:
+                os.kill(replica.proc.pid, signal.SIGCONT)
             replica.stop()
         primary.stop(check=False)
+
+
+def test_a_client_given_the_replica_is_routed_to_the_primary(pair):
+    primary, replica = pair
+    topic, group = unique("routed"), unique("g")
+    with producer(replica.endpoint, topic) as p:
+        ids = {p.send(make_message(topic, b"m%d" % i)).message_id for i in range(5)}
+    with simple_consumer(replica.endpoint, group, topic) as c:
+        got = receive_all(c, len(ids), timeout_s=20)
+        for m in got:
+            c.ack(m)
+    assert {m.message_id for m in got} == ids
+    # They went to the primary: it wrote them, the replica copied them.
+    wait_caught_up(replica, cluster_status(primary.endpoint).commit_end)
+    # Anything but a route call is still refused by the replica, naming the primary.
+    with grpc.insecure_channel(replica.endpoint) as channel:
+        resp = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
+            sv.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name=topic), body=b"x")]), timeout=10)
+    assert resp.status.code == codes.Code.PRECONDITION_FAILED
+    assert primary.endpoint in resp.status.message
 
 
 def _ack(endpoint: str, group: str, topic: str, message) -> int:
@@ -78,71 +88,62 @@ def _pop_copied(primary: ChronoqProcess, replica: ChronoqProcess) -> bool:
     return (r.pop_generation, r.pop_offset) == (p.pop_generation, p.pop_offset) and r.commit_end >= p.commit_end
 
 
-def test_after_failover_clients_given_the_replica_carry_on_and_old_receipt_handles_are_answered(tmp_path):
-    primary = ChronoqProcess(str(tmp_path / "p"), CONFIG)
-    replica = None
-    try:
-        replica = ChronoqProcess(str(tmp_path / "r"), CONFIG, extra_args=("--replica-of", primary.endpoint))
-        topic, group = unique("failover"), unique("g")
-        # Clients that live across the failover, both given the replica's address.
-        with producer(replica.endpoint, topic) as p, simple_consumer(replica.endpoint, group, topic) as c:
-            p.send(make_message(topic, b"copied"))
-            p.send(make_message(topic, b"not-copied"))
-            before = _pop_position(primary)
-            first = _receive_one(c)
-            assert [m.body for m in first] == [b"copied"]
-            # Its CK reaches the POP log once it is buffer_ms (2 s) old, then the replica.
-            wait_until(lambda: _pop_position(primary) != before and _pop_copied(primary, replica), 30,
-                       interval_s=0.1, what="the delivery's CK in the POP log, copied")
-            replica.proc.send_signal(signal.SIGSTOP)  # what the primary does now, the replica never gets
+def test_after_failover_clients_given_the_replica_carry_on_and_old_receipt_handles_are_answered(pair):
+    primary, replica = pair
+    topic, group = unique("failover"), unique("g")
+    # Clients that live across the failover, both given the replica's address.
+    with producer(replica.endpoint, topic) as p, simple_consumer(replica.endpoint, group, topic) as c:
+        p.send(make_message(topic, b"copied"))
+        p.send(make_message(topic, b"not-copied"))
+        before = _pop_position(primary)
+        first = _receive_one(c)
+        assert [m.body for m in first] == [b"copied"]
+        # Its CK reaches the POP log once it is buffer_ms (2 s) old, then the replica.
+        wait_until(lambda: _pop_position(primary) != before and _pop_copied(primary, replica), 30,
+                   interval_s=0.1, what="the delivery's CK in the POP log, copied")
+        replica.proc.send_signal(signal.SIGSTOP)  # what the primary does now, the replica never gets
+        try:
+            second = _receive_one(c)
+            assert [m.body for m in second] == [b"not-copied"]
+            kill_9(primary)
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+
+        promoted_at = time.monotonic()
+        promoted = cli("promote", "--endpoint", replica.endpoint)
+        assert promoted.returncode == 0, promoted.stderr
+        # The old primary's handles: the copied delivery is acked, the other is unknown here.
+        assert _ack(replica.endpoint, group, topic, first[0]) == codes.Code.OK
+        assert _ack(replica.endpoint, group, topic, second[0]) == codes.Code.INVALID_RECEIPT_HANDLE
+
+        with producer(replica.endpoint, topic) as fresh:  # a client started after the promotion
+            fresh.send(make_message(topic, b"fresh"))
+        fresh_s = time.monotonic() - promoted_at
+
+        # The client that was routed to the old primary: its sends fail until its next route
+        # refresh (every 30 s in the Python client) names the promoted node.
+        attempts, deadline = 0, time.monotonic() + 90
+        while True:
+            attempts += 1
             try:
-                second = _receive_one(c)
-                assert [m.body for m in second] == [b"not-copied"]
-                kill_9(primary)
-            finally:
-                replica.proc.send_signal(signal.SIGCONT)
+                p.send(make_message(topic, b"after"))
+                break
+            except Exception:  # noqa: BLE001 - the dead primary: try again, bounded by the deadline
+                assert time.monotonic() < deadline, "the producer never reached the promoted node"
+                time.sleep(0.2)
+        switch_s = time.monotonic() - promoted_at
+        print(f"\nfailover routing: promote to first send of a client started after it {fresh_s:.2f} s; "
+              f"of a client routed to the old primary {switch_s:.2f} s ({attempts} attempts)")
 
-            promoted_at = time.monotonic()
-            promoted = cli("promote", "--endpoint", replica.endpoint)
-            assert promoted.returncode == 0, promoted.stderr
-            # The old primary's handles: the copied delivery is acked, the other is unknown here.
-            assert _ack(replica.endpoint, group, topic, first[0]) == codes.Code.OK
-            assert _ack(replica.endpoint, group, topic, second[0]) == codes.Code.INVALID_RECEIPT_HANDLE
-
-            with producer(replica.endpoint, topic) as fresh:  # a client started after the promotion
-                fresh.send(make_message(topic, b"fresh"))
-            fresh_s = time.monotonic() - promoted_at
-
-            # The client that was routed to the old primary: its sends fail until its next route
-            # refresh (every 30 s in the Python client) names the promoted node.
-            attempts, deadline = 0, time.monotonic() + 90
-            while True:
-                attempts += 1
-                try:
-                    p.send(make_message(topic, b"after"))
-                    break
-                except Exception:  # noqa: BLE001 - the dead primary: try again, bounded by the deadline
-                    assert time.monotonic() < deadline, "the producer never reached the promoted node"
-                    time.sleep(0.2)
-            switch_s = time.monotonic() - promoted_at
-            print(f"\nfailover routing: promote to first send of a client started after it {fresh_s:.2f} s; "
-                  f"of a client routed to the old primary {switch_s:.2f} s ({attempts} attempts)")
-
-            # The acked one is not read again; the one whose delivery was not copied comes back at once.
-            bodies, deadline = [], time.monotonic() + 60
-            while len(bodies) < 3 and time.monotonic() < deadline:
-                try:  # (the consumer's own route refresh may come later than the producer's)
-                    got = c.receive(32, 30)
-                except Exception:  # noqa: BLE001 - the dead primary, until then
-                    time.sleep(0.2)
-                    continue
-                for m in got:
-                    bodies.append(m.body)
-                    c.ack(m)
-            assert sorted(bodies) == [b"after", b"fresh", b"not-copied"]
-    finally:
-        if replica is not None:
-            if replica.proc.poll() is None:
-                os.kill(replica.proc.pid, signal.SIGCONT)
-            replica.stop()
-        primary.stop(check=False)
+        # The acked one is not read again; the one whose delivery was not copied comes back at once.
+        bodies, deadline = [], time.monotonic() + 60
+        while len(bodies) < 3 and time.monotonic() < deadline:
+            try:  # (the consumer's own route refresh may come later than the producer's)
+                got = c.receive(32, 30)
+            except Exception:  # noqa: BLE001 - the dead primary, until then
+                time.sleep(0.2)
+                continue
+            for m in got:
+                bodies.append(m.body)
+                c.ack(m)
+        assert sorted(bodies) == [b"after", b"fresh", b"not-copied"]
