@@ -78,6 +78,20 @@ def _receive_one(consumer) -> list:
     return got
 
 
+def _send_until_ok(client, message, timeout_s: float = 90.0) -> tuple[float, int]:
+    """Send ``message`` until it is acknowledged: (the monotonic time then, attempts); bounded by
+    ``timeout_s``."""
+    start, attempts = time.monotonic(), 0
+    while True:
+        attempts += 1
+        try:
+            client.send(message)
+            return time.monotonic(), attempts
+        except Exception:  # noqa: BLE001 - the dead primary: try again, bounded by the deadline
+            assert time.monotonic() - start < timeout_s, "the producer never reached the promoted node"
+            time.sleep(0.2)
+
+
 def _pop_position(node: ChronoqProcess) -> tuple[int, int]:
     st = cluster_status(node.endpoint)
     return st.pop_generation, st.pop_offset
@@ -92,7 +106,8 @@ def test_after_failover_clients_given_the_replica_carry_on_and_old_receipt_handl
     primary, replica = pair
     topic, group = unique("failover"), unique("g")
     # Clients that live across the failover, both given the replica's address.
-    with producer(replica.endpoint, topic) as p, simple_consumer(replica.endpoint, group, topic) as c:
+    with producer(replica.endpoint, topic) as p, simple_consumer(replica.endpoint, group, topic) as c, \
+            producer(f"{primary.endpoint};{replica.endpoint}", topic) as both:
         p.send(make_message(topic, b"copied"))
         p.send(make_message(topic, b"not-copied"))
         before = _pop_position(primary)
@@ -120,24 +135,18 @@ def test_after_failover_clients_given_the_replica_carry_on_and_old_receipt_handl
             fresh.send(make_message(topic, b"fresh"))
         fresh_s = time.monotonic() - promoted_at
 
-        # The client that was routed to the old primary: its sends fail until its next route
-        # refresh (every 30 s in the Python client) names the promoted node.
-        attempts, deadline = 0, time.monotonic() + 90
-        while True:
-            attempts += 1
-            try:
-                p.send(make_message(topic, b"after"))
-                break
-            except Exception:  # noqa: BLE001 - the dead primary: try again, bounded by the deadline
-                assert time.monotonic() < deadline, "the producer never reached the promoted node"
-                time.sleep(0.2)
-        switch_s = time.monotonic() - promoted_at
+        # The clients that were routed to the old primary: their sends fail until their next
+        # route refresh (every 30 s in the Python client) names the promoted node.
+        switch_at, attempts = _send_until_ok(p, make_message(topic, b"after"))
+        both_at, both_attempts = _send_until_ok(both, make_message(topic, b"after-both"))
+        switch_s, both_s = switch_at - promoted_at, both_at - promoted_at
         print(f"\nfailover routing: promote to first send of a client started after it {fresh_s:.2f} s; "
-              f"of a client routed to the old primary {switch_s:.2f} s ({attempts} attempts)")
+              f"of a client given the replica and routed to the old primary {switch_s:.2f} s ({attempts} attempts); "
+              f"of one given both addresses {both_s:.2f} s ({both_attempts} attempts)")
 
         # The acked one is not read again; the one whose delivery was not copied comes back at once.
         bodies, deadline = [], time.monotonic() + 60
-        while len(bodies) < 3 and time.monotonic() < deadline:
+        while len(bodies) < 4 and time.monotonic() < deadline:
             try:  # (the consumer's own route refresh may come later than the producer's)
                 got = c.receive(32, 30)
             except Exception:  # noqa: BLE001 - the dead primary, until then
@@ -146,4 +155,4 @@ def test_after_failover_clients_given_the_replica_carry_on_and_old_receipt_handl
             for m in got:
                 bodies.append(m.body)
                 c.ack(m)
-        assert sorted(bodies) == [b"after", b"fresh", b"not-copied"]
+        assert sorted(bodies) == [b"after", b"after-both", b"fresh", b"not-copied"]
