@@ -11,6 +11,13 @@ the server's connection set.
 The method is the handler's full path (``/apache.rocketmq.v2.MessagingService/SendMessage``),
 set only once a handler was found for it (``h2calls``), so the label values are the broker's own
 methods, never what a client typed; a call with no handler counts under ``UNKNOWN_METHOD``.
+
+RocketMQ answers most refusals inside an OK call: its response's ``Status`` carries the code
+(``BAD_REQUEST``, ``TOO_MANY_REQUESTS``, ...). So a MessagingService call is also counted by the
+RocketMQ code of its last answer (``answers``): ``answer_code`` peeks at the first bytes of an
+answer (every MessagingService response has ``Status status = 1``, and encoders write field 1
+first) and costs a few byte comparisons per answer message. The label is bounded: the broker's
+own answers carry codes of the ``Code`` enum only, and any other value counts as ``OTHER``.
 """
 
 from __future__ import annotations
@@ -22,12 +29,45 @@ from bisect import bisect_left
 CALL_BOUNDS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                  2.5, 5.0, 10.0, 30.0, 60.0)
 UNKNOWN_METHOD = ""
+MESSAGING_PREFIX = "/apache.rocketmq.v2.MessagingService/"
+NO_ANSWER = -1       # a call without a RocketMQ answer (another service, or no answer message)
+_STATUS_TAG = 0x0A   # field 1, length-delimited: the response's Status
+_CODE_TAG = 0x08     # field 1, varint: the Status's code
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    """(value, index after it); (-1, len) when it runs past the end or over 10 bytes."""
+    value = shift = 0
+    end = min(len(data), i + 10)
+    while i < end:
+        b = data[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return value, i
+        shift += 7
+    return -1, len(data)
+
+
+def answer_code(data: bytes) -> int:
+    """The RocketMQ status code of one serialized MessagingService answer, ``NO_ANSWER`` when it
+    does not start with a Status (a ReceiveMessage stream's message entries). A Status without a
+    code field has code 0 (CODE_UNSPECIFIED), as protobuf reads it."""
+    if len(data) < 2 or data[0] != _STATUS_TAG:
+        return NO_ANSWER
+    length, i = _varint(data, 1)
+    if length < 0:
+        return NO_ANSWER
+    if length == 0 or data[i] != _CODE_TAG:
+        return 0
+    code, _ = _varint(data, i + 1)
+    return code if code >= 0 else NO_ANSWER
 
 
 class CallStats:
     """Counters of one gRPC server; every field is a plain int or a dict of ints."""
 
-    __slots__ = ("bytes_in", "bytes_out", "calls", "latency", "latency_sum_s")
+    __slots__ = ("answers", "bytes_in", "bytes_out", "calls", "latency", "latency_sum_s")
 
     def __init__(self) -> None:
         self.bytes_in = 0   # bytes read from clients (TLS: decrypted), all connections, since start
@@ -35,12 +75,17 @@ class CallStats:
         self.calls: dict[tuple[str, int], int] = {}       # (method path, grpc status) -> calls ended
         self.latency: dict[str, list[int]] = {}           # method -> calls per bucket (+Inf last)
         self.latency_sum_s: dict[str, float] = {}
+        self.answers: dict[tuple[str, int], int] = {}     # (method path, RocketMQ code) -> calls ended
 
-    def call_ended(self, method: str, code: int, seconds: float) -> None:
-        """One call ended with gRPC status ``code`` after ``seconds`` (from its HEADERS)."""
+    def call_ended(self, method: str, code: int, seconds: float, answer: int = NO_ANSWER) -> None:
+        """One call ended with gRPC status ``code`` after ``seconds`` (from its HEADERS); ``answer``:
+        the RocketMQ code of its last answer (``answer_code``), if it had one."""
         key = (method, code)
         calls = self.calls
         calls[key] = calls.get(key, 0) + 1
+        if answer != NO_ANSWER:
+            key = (method, answer)
+            self.answers[key] = self.answers.get(key, 0) + 1
         buckets = self.latency.get(method)
         if buckets is None:
             buckets = self.latency[method] = [0] * (len(CALL_BOUNDS_S) + 1)

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 import chronoq
+from chronoq.protocol.rocketmq.status import Code
 from chronoq.server.callstats import CALL_BOUNDS_S, UNKNOWN_METHOD
 
 log = logging.getLogger("chronoq.metrics")
@@ -36,6 +37,15 @@ GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEED
 
 def grpc_code_name(code: int) -> str:
     return GRPC_CODES[code] if 0 <= code < len(GRPC_CODES) else str(code)
+
+
+_ROCKETMQ_CODES = frozenset(Code.values())
+
+
+def rocketmq_code_name(code: int) -> str:
+    """The ``Code`` enum's name (``OK``, ``BAD_REQUEST``, ...); ``OTHER`` for a value outside it,
+    so the label keeps the enum's bounded set of values."""
+    return Code.Name(code) if code in _ROCKETMQ_CODES else "OTHER"
 
 
 def split_method(path: str) -> tuple[str, str]:
@@ -140,6 +150,12 @@ class ServiceCollector(Collector):
         for (path, code), n in sorted(stats.calls.items()):
             calls.add_metric([*split_method(path), grpc_code_name(code)], n)
         yield calls
+        answers = CounterMetricFamily("chronoq_grpc_answers", "MessagingService calls ended, by method and the "
+                                      "RocketMQ status code of their (last) answer.",
+                                      labels=["service", "method", "rocketmq_code"])
+        for (path, code), n in sorted(stats.answers.items()):
+            answers.add_metric([*split_method(path), rocketmq_code_name(code)], n)
+        yield answers
         latency = HistogramMetricFamily("chronoq_grpc_call_seconds", "Time from a call's request headers to its "
                                         "status (long polls included).", labels=["service", "method"])
         for path, counts in sorted(stats.latency.items()):
