@@ -39,6 +39,14 @@ def grpc_code_name(code: int) -> str:
     return GRPC_CODES[code] if 0 <= code < len(GRPC_CODES) else str(code)
 
 
+def _calls_by_code(name: str, text: str, label: str, counts: dict[tuple[str, int], int], namer) -> Metric:
+    """A counter of calls by service, method and a status code (``namer`` gives the code's name)."""
+    family = CounterMetricFamily(name, text, labels=["service", "method", label])
+    for (path, code), n in sorted(counts.items()):
+        family.add_metric([*split_method(path), namer(code)], n)
+    return family
+
+
 _ROCKETMQ_CODES = frozenset(Code.values())
 
 
@@ -144,18 +152,10 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily("chronoq_grpc_streams", "Open HTTP/2 streams (calls under way).", value=streams)
         yield CounterMetricFamily("chronoq_grpc_received_bytes", "Bytes read from gRPC clients.", value=stats.bytes_in)
         yield CounterMetricFamily("chronoq_grpc_sent_bytes", "Bytes written to gRPC clients.", value=stats.bytes_out)
-        calls = CounterMetricFamily("chronoq_grpc_calls", "gRPC calls ended, by method and gRPC status "
-                                    "(RocketMQ answers most errors inside an OK call's response).",
-                                    labels=["service", "method", "code"])
-        for (path, code), n in sorted(stats.calls.items()):
-            calls.add_metric([*split_method(path), grpc_code_name(code)], n)
-        yield calls
-        answers = CounterMetricFamily("chronoq_grpc_answers", "MessagingService calls ended, by method and the "
-                                      "RocketMQ status code of their (last) answer.",
-                                      labels=["service", "method", "rocketmq_code"])
-        for (path, code), n in sorted(stats.answers.items()):
-            answers.add_metric([*split_method(path), rocketmq_code_name(code)], n)
-        yield answers
+        yield _calls_by_code("chronoq_grpc_calls", "gRPC calls ended, by method and gRPC status (RocketMQ answers "
+                             "most errors inside an OK call's response).", "code", stats.calls, grpc_code_name)
+        yield _calls_by_code("chronoq_grpc_answers", "MessagingService calls ended, by method and the RocketMQ status "
+                             "code of their (last) answer.", "rocketmq_code", stats.answers, rocketmq_code_name)
         latency = HistogramMetricFamily("chronoq_grpc_call_seconds", "Time from a call's request headers to its "
                                         "status (long polls included).", labels=["service", "method"])
         for path, counts in sorted(stats.latency.items()):
