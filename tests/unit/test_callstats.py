@@ -28,6 +28,14 @@ def test_a_receive_stream_is_counted_by_its_status_not_its_messages():
     assert answer_code(receive_status(d.Code.OK, "OK")) == d.Code.OK
 
 
+def test_codes_outside_the_enum_and_other_buffers_are_decoded():
+    for code in (7, 300, 70000, 3_000_000):
+        data = s.SendMessageResponse(status=d.Status(code=code, message="m")).SerializeToString()
+        assert answer_code(data) == code
+    data = s.SendMessageResponse(status=d.Status(code=d.Code.TOO_MANY_REQUESTS)).SerializeToString()
+    assert answer_code(bytearray(data)) == answer_code(memoryview(data)) == d.Code.TOO_MANY_REQUESTS
+
+
 def test_truncated_bytes_are_no_answer():
     whole = s.SendMessageResponse(status=d.Status(code=d.Code.OK)).SerializeToString()
     assert answer_code(whole[:1]) == NO_ANSWER
