@@ -16,8 +16,9 @@ RocketMQ answers most refusals inside an OK call: its response's ``Status`` carr
 (``BAD_REQUEST``, ``TOO_MANY_REQUESTS``, ...). So a MessagingService call is also counted by the
 RocketMQ code of its last answer (``answers``): ``answer_code`` peeks at the first bytes of an
 answer (every MessagingService response has ``Status status = 1``, and encoders write field 1
-first) and costs about 0.25 µs per answer message (a table of the enum's varint bytes). The label is bounded: the broker's
-own answers carry codes of the ``Code`` enum only, and any other value counts as ``OTHER``.
+first) and costs about 0.25 µs per answer message (a table of the enum's varint bytes). The
+label is bounded: the broker's own answers carry codes of the ``Code`` enum only, and any other
+value counts as ``OTHER``.
 """
 
 from __future__ import annotations
