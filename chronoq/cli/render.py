@@ -37,6 +37,15 @@ def _console():
     return console
 
 
+def echo_wrapped(text: str, indent: str = "  ") -> None:
+    """A line of text for people, folded at word boundaries to the console's width (as tables:
+    the terminal or ``COLUMNS``); folded lines are indented by ``indent``."""
+    import textwrap
+
+    click.echo(textwrap.fill(text, width=_console().width, subsequent_indent=indent, break_long_words=False,
+                             break_on_hyphens=False))
+
+
 def fit_columns(width: int, columns: list[str], rows: list[list], wrap: tuple[str, ...],
                 optional: tuple[str, ...]) -> list[str]:
     """The columns to show in ``width`` characters: all of them if they fit, else without the

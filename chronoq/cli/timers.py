@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from chronoq.cli.remote import admin_call, remote_options
-from chronoq.cli.render import bars, duration_text, iso_ms, plural, print_json, print_table
+from chronoq.cli.render import bars, duration_text, echo_wrapped, iso_ms, plural, print_json, print_table
 
 TIMERS_MINUTES_MAX = 10_080  # a week (the broker's limit)
 
@@ -56,9 +56,9 @@ def _timers_json(st) -> dict:
 
 def _print_timers(st, minutes: int) -> None:
     h = st.lateness
-    click.echo(f"timer clock {iso_ms(st.now_ms)}; buckets of {duration_text(st.bucket_ms)}; "
-               f"{st.wheel_entries:,} timers in memory, {st.buckets_on_disk:,} buckets waiting on disk; "
-               f"cursor {st.cursor:,}")
+    echo_wrapped(f"timer clock {iso_ms(st.now_ms)}; buckets of {duration_text(st.bucket_ms)}; "
+                 f"{plural(st.wheel_entries, 'timer')} in memory, {plural(st.buckets_on_disk, 'bucket')} waiting "
+                 f"on disk; cursor {st.cursor:,}")
     lane = st.timer_lane
     print_table(None, ["LANE", "DELIVERED", "IN FLIGHT", "BACKLOG", "NEXT DUE", "STATE"],
                  [["timer (deliver_at)", lane.delivered, lane.pending, sum(b.pending for b in st.due_by_bucket)
@@ -67,11 +67,11 @@ def _print_timers(st, minutes: int) -> None:
                    lv.backlog, iso_ms(lv.head_due_ms) if lv.backlog else None, _lane_state(lv.lane)]
                   for lv in st.levels],
                  right=("DELIVERED", "IN FLIGHT", "BACKLOG"), wrap=("STATE",))
-    click.echo("(timer backlog: within the next %d minutes, plus %d overdue)" % (minutes, st.overdue_pending))
+    echo_wrapped(f"(timer backlog: within the next {plural(minutes, 'minute')}, plus {st.overdue_pending:,} overdue)")
     click.echo("")
     if h.count:
-        click.echo(f"lateness (visible - due) of {h.count:,} deliveries: p50 <= {h.p50_ms} ms, p99 <= {h.p99_ms} ms, "
-                   f"p99.9 <= {h.p999_ms} ms, max {h.max_ms} ms, early {h.early}")
+        echo_wrapped(f"lateness (visible - due) of {plural(h.count, 'delivery', 'deliveries')}: p50 <= {h.p50_ms} ms, "
+                     f"p99 <= {h.p99_ms} ms, p99.9 <= {h.p999_ms} ms, max {h.max_ms} ms, early {h.early}")
         rows = []
         prev = None
         for b in h.buckets:
@@ -85,11 +85,11 @@ def _print_timers(st, minutes: int) -> None:
         click.echo("lateness: nothing delivered since the broker started")
     click.echo("")
     per_minute = _by_minute(st.due_by_bucket)
-    click.echo(f"timer messages due per minute, next {minutes} minutes "
-               f"({sum(m['pending'] for m in per_minute):,} pending; overdue now: {st.overdue_pending:,}):")
+    echo_wrapped(f"timer messages due per minute, next {plural(minutes, 'minute')} "
+                 f"({sum(m['pending'] for m in per_minute):,} pending; overdue now: {st.overdue_pending:,}):")
     bars([(iso_ms(m["start_ms"])[11:16] + "Z", m["pending"]) for m in per_minute])
     for note in st.notes:
-        click.echo(f"note: {note}")
+        echo_wrapped(f"note: {note}")
 
 
 @click.group(invoke_without_command=True)

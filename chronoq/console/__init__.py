@@ -14,11 +14,14 @@
 ``GET  /console/static/…``   the style sheet and the auto-refresh script (gzip, ETag, max-age)
 ===========================  =====================================================================
 
+``GET /console/dlq/GROUP`` and ``POST /console/dlq/GROUP/resend`` (``dlq``): a group's dead letters,
+resent by an admin (``chronoq.features.deadletters``).
+
 ``GET|POST /console/cancel-by-key`` (``cancelkey``): cancel every pending timer message of a topic
 that carries a message key (the form; cancelling needs an admin).
 
 Modules: ``access`` (who may do what), ``horizon``, ``lateness``, ``charts`` (SVG by pygal) and
-``body`` (a message body as text or hex) are pure; ``views``, ``topics``, ``schedules`` and ``cancelkey``
+``body`` (a message body as text or hex) are pure; ``views``, ``topics``, ``schedules``, ``dlq`` and ``cancelkey``
 (handlers) and ``app`` (routes, templates, static files, the sampler task) are the shell. The
 overview's traffic charts read ``runtime.history`` (``chronoq.server.history``). The
 message lookup is ``chronoq.features.lookup`` and ``chronoq.features.lifeline``, shared with the Admin RPC

@@ -14,7 +14,7 @@ import jinja2
 from aiohttp import web
 
 from chronoq.core import acl
-from chronoq.console import cancelkey, charts, pending, schedules, topics, views
+from chronoq.console import cancelkey, charts, dlq, pending, schedules, topics, views
 from chronoq.core import console_settings
 from chronoq.console.lateness import LatenessRing
 
@@ -94,6 +94,8 @@ def setup(app: web.Application, runtime) -> None:
     r.add_post(PREFIX + "/topics", views.create_topic, name="console-create-topic")
     r.add_get(PREFIX + "/cancel-by-key", cancelkey.cancel_form, name="console-cancel-form")
     r.add_post(PREFIX + "/cancel-by-key", cancelkey.cancel_by_key, name="console-cancel-by-key")
+    r.add_get(PREFIX + "/dlq/{group}", dlq.dlq_page, name="console-dlq")
+    r.add_post(PREFIX + "/dlq/{group}/resend", dlq.resend, name="console-dlq-resend")
     r.add_get(PREFIX + "/static/{name}", _serve_static(_static_files()), name="console-static")
 
     async def sampler(_app: web.Application):

@@ -17,7 +17,7 @@ import grpc
 from chronoq.core import refusals as R
 from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, StreamWindows, UnsupportedEncoding, cut_messages,
                                  frame, headers_frame, literal_block, trailers)
-from chronoq.server.callstats import UNKNOWN_METHOD
+from chronoq.server.callstats import MESSAGING_PREFIX, NO_ANSWER, UNKNOWN_METHOD, answer_code
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 
@@ -41,7 +41,7 @@ class Stream(StreamWindows):
 
     __slots__ = ("conn", "id", "buf", "queue", "half_closed", "cancelled", "ended", "headers_sent",
                  "blocked", "window_open", "task", "deserializer", "serializer", "encoding", "ready", "counted",
-                 "method", "started")
+                 "method", "started", "answer")
 
     def __init__(self, conn, stream_id: int, send_window: int) -> None:
         self.send_window = send_window  # (StreamWindows' counters, set here: no call per stream)
@@ -64,6 +64,7 @@ class Stream(StreamWindows):
         self.counted = 0                # request bytes held for a unary call (the connection's cap)
         self.method = UNKNOWN_METHOD    # the handler's path, once one was found (h2calls)
         self.started = conn.loop.time()  # for the call's latency; 0.0 once it was counted
+        self.answer = NO_ANSWER         # RocketMQ code of the last MessagingService answer (callstats)
 
     # ------------------------------------------------------------------ requests
     def messages(self) -> list[bytes]:
@@ -108,6 +109,10 @@ class Stream(StreamWindows):
     async def send_message(self, data: bytes) -> None:
         if self.ended or self.cancelled:
             raise StreamClosed("the call has ended")
+        if self.method.startswith(MESSAGING_PREFIX):
+            code = answer_code(data)
+            if code != NO_ANSWER:
+                self.answer = code
         self.conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
         if self.blocked:
             await self._drain()
@@ -136,7 +141,7 @@ class Stream(StreamWindows):
 
     def count_end(self, code: int) -> None:
         """Count the call once, with the status it ended with (chronoq.server.callstats)."""
-        self.conn.server.stats.call_ended(self.method, code, self.conn.loop.time() - self.started)
+        self.conn.server.stats.call_ended(self.method, code, self.conn.loop.time() - self.started, self.answer)
         self.started = 0.0
 
 

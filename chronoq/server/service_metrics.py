@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 import chronoq
+from chronoq.protocol.rocketmq.status import Code
 from chronoq.server.callstats import CALL_BOUNDS_S, UNKNOWN_METHOD
 
 log = logging.getLogger("chronoq.metrics")
@@ -36,6 +37,23 @@ GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEED
 
 def grpc_code_name(code: int) -> str:
     return GRPC_CODES[code] if 0 <= code < len(GRPC_CODES) else str(code)
+
+
+def _calls_by_code(name: str, text: str, label: str, counts: dict[tuple[str, int], int], namer) -> Metric:
+    """A counter of calls by service, method and a status code (``namer`` gives the code's name)."""
+    family = CounterMetricFamily(name, text, labels=["service", "method", label])
+    for (path, code), n in sorted(counts.items()):
+        family.add_metric([*split_method(path), namer(code)], n)
+    return family
+
+
+_ROCKETMQ_CODES = frozenset(Code.values())
+
+
+def rocketmq_code_name(code: int) -> str:
+    """The ``Code`` enum's name (``OK``, ``BAD_REQUEST``, ...); ``OTHER`` for a value outside it,
+    so the label keeps the enum's bounded set of values."""
+    return Code.Name(code) if code in _ROCKETMQ_CODES else "OTHER"
 
 
 def split_method(path: str) -> tuple[str, str]:
@@ -134,12 +152,10 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily("chronoq_grpc_streams", "Open HTTP/2 streams (calls under way).", value=streams)
         yield CounterMetricFamily("chronoq_grpc_received_bytes", "Bytes read from gRPC clients.", value=stats.bytes_in)
         yield CounterMetricFamily("chronoq_grpc_sent_bytes", "Bytes written to gRPC clients.", value=stats.bytes_out)
-        calls = CounterMetricFamily("chronoq_grpc_calls", "gRPC calls ended, by method and gRPC status "
-                                    "(RocketMQ answers most errors inside an OK call's response).",
-                                    labels=["service", "method", "code"])
-        for (path, code), n in sorted(stats.calls.items()):
-            calls.add_metric([*split_method(path), grpc_code_name(code)], n)
-        yield calls
+        yield _calls_by_code("chronoq_grpc_calls", "gRPC calls ended, by method and gRPC status (RocketMQ answers "
+                             "most errors inside an OK call's response).", "code", stats.calls, grpc_code_name)
+        yield _calls_by_code("chronoq_grpc_answers", "MessagingService calls ended, by method and the RocketMQ status "
+                             "code of their (last) answer.", "rocketmq_code", stats.answers, rocketmq_code_name)
         latency = HistogramMetricFamily("chronoq_grpc_call_seconds", "Time from a call's request headers to its "
                                         "status (long polls included).", labels=["service", "method"])
         for path, counts in sorted(stats.latency.items()):

@@ -19,9 +19,30 @@ import pytest
 
 from chronoq.client.client import Client, ClientError, OutgoingMessage
 
-from .conftest import ROOT
+from .conftest import ROOT, wait_until
 
 CLI_TIMEOUT_S = 30
+def test_timers_overview_says_one_delivery_and_fits_80_columns(chronoq_process):
+    """A fresh broker with exactly one timer delivery: singular words, no line over 80 columns."""
+    ep = chronoq_process().endpoint
+
+    def run(*args: str) -> str:
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   CHRONOQ_ENDPOINT=ep, COLUMNS="80")
+        proc = subprocess.run([sys.executable, "-m", "chronoq", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=CLI_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr.decode()
+        return proc.stdout.decode()
+
+    run("send", unique("cli-plural"), "x", "--delay", "1s")
+    wait_until(lambda: json.loads(run("timers", "--json"))["lateness"]["count"] == 1, 20, what="one timer delivery")
+    out = run("timers", "--minutes", "1")
+    assert "of 1 delivery:" in out and "1 deliveries" not in out
+    assert "next 1 minute " in out and "within the next 1 minute," in out
+    too_long = [line for line in out.splitlines() if len(line) > 80]
+    assert not too_long, too_long
+
+
 EXIT_NOT_DONE = 4
 
 

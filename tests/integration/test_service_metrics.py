@@ -10,7 +10,7 @@ import grpc
 
 import chronoq
 from chronoq import __version__
-from chronoq.client.client import Client
+from chronoq.client.client import Client, ClientError
 
 from .conftest import wait_until
 from .test_metrics import scrape, value
@@ -52,6 +52,12 @@ def test_transport_and_service_series(chronoq_process):
                                                 "a parked long poll")
             await client.send("svc-empty", b"wake")
             assert len(await poll) == 1
+            try:  # refused inside an OK call: the RocketMQ code tells
+                await client.send("svc-orders", b"")
+            except ClientError:
+                pass
+            else:
+                raise AssertionError("an empty body was accepted")
         # A method the broker does not serve, through a plain gRPC channel.
         async with grpc.aio.insecure_channel(server.endpoint) as channel:
             try:
@@ -68,13 +74,20 @@ def test_transport_and_service_series(chronoq_process):
 
     samples = scrape_when(url, "chronoq_grpc_connections", 0, "the clients' connections to close")
     sends = value(samples, "chronoq_grpc_calls_total", service=MS, method="SendMessage", code="OK")
-    assert sends == SENDS + 2  # the delayed one and the wake-up
     assert value(samples, "chronoq_grpc_call_seconds_count", service=MS, method="SendMessage") == sends
     assert value(samples, "chronoq_grpc_call_seconds_bucket", service=MS, method="SendMessage", le="+Inf") == sends
     assert value(samples, "chronoq_grpc_calls_total", service=MS, method="RecallMessage", code="OK") == 1
     assert value(samples, "chronoq_grpc_calls_total", service="unknown", method="unknown", code="UNIMPLEMENTED") == 1
     assert not [labels for name, labels in samples if name == "chronoq_grpc_calls_total"
                 and ("service", "nope.Service") in labels]  # a client's path is never a label value
+    # The RocketMQ status code of each MessagingService answer (the refused send is an OK gRPC call).
+    answers = {dict(labels)["rocketmq_code"]: n for (name, labels), n in samples.items()
+               if name == "chronoq_grpc_answers_total" and ("method", "SendMessage") in labels}
+    assert answers == {"OK": SENDS + 2, "MESSAGE_BODY_EMPTY": 1}, answers
+    assert sends == SENDS + 3  # (the refused one too: gRPC says OK)
+    assert value(samples, "chronoq_grpc_answers_total", service=MS, method="RecallMessage", rocketmq_code="OK") == 1
+    assert not [labels for name, labels in samples if name == "chronoq_grpc_answers_total"
+                and ("service", "unknown") in labels]  # no RocketMQ answer, no count
     assert value(samples, "chronoq_timer_recalls_total", outcome="cancelled") == 1
     assert value(samples, "chronoq_messages_sent_total", topic="svc-orders") == SENDS + 1
     assert value(samples, "chronoq_grpc_received_bytes_total") > SENDS * 2
