@@ -50,7 +50,7 @@ from chronoq.store.store import Prepared
 from chronoq.timer import copies, schedlog
 from chronoq.timer import handle as handles
 from chronoq.timer.buckets import LOADED, LOADING
-from chronoq.timer.keys import CAPACITY_MIN, MESSAGE_KEY, REPLACE, KeyIndex, key_hash
+from chronoq.timer.keys import MESSAGE_KEY, REPLACE, KeyIndex, key_hash
 from chronoq.timer.schedlog import CANCELLED, MESSAGE
 
 REPLACE_PROP = "CHRONOQ_REPLACE_KEY"
@@ -60,6 +60,8 @@ _REPLACE_MARK = REPLACE_PROP.encode()
 REPLACE_KEY_CHARS_MAX = 1024
 CANCEL_BY_KEY_MAX = 10_000  # messages one cancel-by-key call cancels at most (``truncated`` beyond)
 _FLAG_DELAYED = record.FLAG_DELAYED
+# Schedule-file bytes the index build reads per ``maintenance`` call (every 200 ms): ~20 ms of CPU.
+KEY_BUILD_BYTES_PER_STEP = 4 << 20
 
 # Answers of a replacing send (``SendResult.replaced``): "none", or one of these and a message id.
 REPLACED = "replaced"
@@ -155,6 +157,16 @@ def _keyed_pending(file_data: bytes, buffered: bytes) -> list[tuple[int, bytes, 
     return [m for ident, m in messages.items() if ident not in resolved]
 
 
+def _hashes(topic: str, keys: bytes, props: bytes) -> list[int]:
+    """The index hashes of a message: one a message key, and its replace key's."""
+    hashes = [key_hash(MESSAGE_KEY, topic, k) for k in record.decode_keys(keys)] if keys else []
+    if _REPLACE_MARK in props:
+        value = copies.get_prop(props, REPLACE_PROP)
+        if value:
+            hashes.append(key_hash(REPLACE, topic, value))
+    return hashes
+
+
 def has_replace_keys(properties: list) -> bool:
     """Whether any message of a batch (its user properties dicts) carries a replace key."""
     return any(pr and REPLACE_PROP in pr for pr in properties)
@@ -166,46 +178,80 @@ class Keyed:
     ``_locate_timer`` and ``_held``; owns ``keys`` (None until built)."""
 
     keys: KeyIndex | None = None
+    _keys_todo: list[int] = ()  # type: ignore[assignment]  # bucket starts the build has not read yet
+    _keys_gone: set[int] = frozenset()  # type: ignore[assignment]  # idents removed while building
 
     # ================================================================= the index
     def _keys_ready(self) -> KeyIndex:
+        """The index, its build begun: empty, with every bucket there is now still to read."""
         if self.keys is None:
             pending, _done = schedlog.list_dir(self.sched_dir)
-            holds = self._in_flight.holds_timer
-            found: list[tuple[int, list]] = []
-            for start in sorted(set(pending) | set(self.buckets)):
-                b = self.buckets.get(start)
-                buffered = bytes(b.buffer) if b is not None else b""
-                found.append((start, _keyed_pending(schedlog.read_file(self.files.path(start)), buffered)))
-            count = sum(len(msgs) for _s, msgs in found)
-            # Sized for what it will hold (no growth while building): a key a message, mostly.
-            index = KeyIndex(self.width, self._now(), max(CAPACITY_MIN, count * 3 // 2))
-            topics: dict[bytes, str] = {}
-            add, change = index.add, self._index_change
-            for start, msgs in found:
-                for ident, topic, keys, props in msgs:
-                    if holds(ident):
-                        continue
-                    name = topics.get(topic)
-                    if name is None:
-                        name = topics[topic] = topic.decode()
-                    if props:  # (a replace key, rare: the general way)
-                        change(index, True, ident, name, keys, props, start)
-                        continue
-                    for k in record.decode_keys(keys):  # (the bulk: message keys)
-                        add(key_hash(MESSAGE_KEY, name, k), ident, start)
-            self.keys = index
+            # Popped from the end: the earliest buckets (due soonest) are read first.
+            self._keys_todo = sorted(set(pending) | set(self.buckets), reverse=True)
+            self._keys_gone = set()
+            self.keys = KeyIndex(self.width, self._now())
         return self.keys
+
+    @property
+    def keys_building(self) -> bool:
+        """Whether some bucket is not read into the index yet (``keys_step``)."""
+        return self.keys is None or bool(self._keys_todo)
+
+    def keys_step(self, budget: int = KEY_BUILD_BYTES_PER_STEP) -> int:
+        """Read buckets into the index until ``budget`` schedule-file bytes were read (a bucket
+        at least): the build's bounded share of one ``maintenance`` call. Returns bytes read."""
+        index = self._keys_ready()
+        todo, holds, gone = self._keys_todo, self._in_flight.holds_timer, self._keys_gone
+        read = 0
+        while todo and read < budget:
+            start = todo.pop()
+            data, buffered = self._bucket_bytes(start)
+            read += len(data) + len(buffered) + 1
+            for ident, topic, keys, props in _keyed_pending(data, buffered):
+                if holds(ident) or ident in gone:
+                    continue
+                name = topic.decode()
+                if props:  # (a replace key, rare: the general way)
+                    self._index_change(index, True, ident, name, keys, props, start)
+                    continue
+                for k in record.decode_keys(keys):  # (the bulk: message keys)
+                    index.add(key_hash(MESSAGE_KEY, name, k), ident, start)
+        if not todo:
+            self._keys_gone = set()
+        return read
+
+    def _bucket_bytes(self, start: int) -> tuple[bytes, bytes]:
+        """A bucket's schedule file and write buffer (empty when finished meanwhile)."""
+        b = self.buckets.get(start)
+        buffered = bytes(b.buffer) if b is not None else b""
+        return schedlog.read_file(self.files.path(start)), buffered
+
+    def _unread_candidates(self, h: int, topic: str, key: str) -> list[tuple[int, int]]:
+        """``KeyIndex.candidates`` among the buckets the build has not read yet: each one's bytes
+        searched for the key (C speed), and only a bucket holding them walked."""
+        needle, name = key.encode(), topic.encode()
+        gone = self._keys_gone
+        out = []
+        for start in self._keys_todo:
+            data, buffered = self._bucket_bytes(start)
+            if needle not in data and needle not in buffered:
+                continue
+            for ident, t, keys, props in _keyed_pending(data, buffered):
+                if t == name and ident not in gone and h in _hashes(topic, keys, props):
+                    out.append((ident, start))
+        return out
+
+    def _forget(self, ident: int) -> None:
+        """A removal while the build runs: remembered, so the later read of that message's
+        bucket (written before the removal reached it, or never told of it: a delivery) does
+        not index it again."""
+        if self._keys_todo:
+            self._keys_gone.add(ident)
 
     @staticmethod
     def _index_change(index: KeyIndex, add: bool, ident: int, topic: str, keys: bytes, props: bytes, start: int) -> None:
         """Add (or remove) ``ident`` under each of its message keys and its replace key."""
-        hashes = [key_hash(MESSAGE_KEY, topic, k) for k in record.decode_keys(keys)] if keys else []
-        if _REPLACE_MARK in props:
-            value = copies.get_prop(props, REPLACE_PROP)
-            if value:
-                hashes.append(key_hash(REPLACE, topic, value))
-        for h in hashes:
+        for h in _hashes(topic, keys, props):
             if add:
                 index.add(h, ident, start)
             else:
@@ -213,6 +259,7 @@ class Keyed:
 
     def _unindex_raw(self, ident: int, raw: bytes) -> None:
         if self.keys is not None:
+            self._forget(ident)
             parts = copies.split(raw)
             self._index_change(self.keys, False, ident, parts.topic.decode(), parts.keys, parts.properties, 0)
 
@@ -234,11 +281,12 @@ class Keyed:
         longer pending. A held copy not yet due stays indexed until its release, so replace and
         cancel answer it as delivered (``_target``) rather than forget it."""
         index = self.keys
-        if index is None or not index.live:
+        if index is None or not (index.live or self._keys_todo):
             return
         for d in completed:
             p = d.prepared
             if p is not None and d.due_ms <= now and (p[7] or _REPLACE_MARK in p[8]):
+                self._forget(d.ref[1])
                 self._index_change(index, False, d.ref[1], p[0], p[7], p[8], 0)
 
     def _target(self, ident: int, start: int | None, topic: str, namespace: str, key: str,
@@ -291,8 +339,15 @@ class Keyed:
 
     def _targets(self, namespace: str, topic: str, key: str, now: int) -> list[_Target]:
         index = self._keys_ready()
-        found = []
-        for ident, start in index.candidates(key_hash(namespace, topic, key)):
+        h = key_hash(namespace, topic, key)
+        candidates = index.candidates(h)
+        if self._keys_todo:  # the build is partial: the buckets it has not read yet too
+            candidates += self._unread_candidates(h, topic, key)
+        found, seen = [], set()
+        for ident, start in candidates:
+            if ident in seen:
+                continue
+            seen.add(ident)
             t = self._target(ident, start, topic, namespace, key, now)
             if t is not None:
                 found.append(t)
