@@ -40,6 +40,7 @@ messages are not indexed (recall them by handle).
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -167,6 +168,13 @@ def _hashes(topic: str, keys: bytes, props: bytes) -> list[int]:
     return hashes
 
 
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def has_replace_keys(properties: list) -> bool:
     """Whether any message of a batch (its user properties dicts) carries a replace key."""
     return any(pr and REPLACE_PROP in pr for pr in properties)
@@ -179,7 +187,7 @@ class Keyed:
 
     keys: KeyIndex | None = None
     _keys_todo: list[int] = ()  # type: ignore[assignment]  # bucket starts the build has not read yet
-    _keys_gone: set[int] = frozenset()  # type: ignore[assignment]  # idents removed while building
+    _keys_todo_bytes = 0  # their size when the build began (until the first read sizes the index)
 
     # ================================================================= the index
     def _keys_ready(self) -> KeyIndex:
@@ -188,7 +196,7 @@ class Keyed:
             pending, _done = schedlog.list_dir(self.sched_dir)
             # Popped from the end: the earliest buckets (due soonest) are read first.
             self._keys_todo = sorted(set(pending) | set(self.buckets), reverse=True)
-            self._keys_gone = set()
+            self._keys_todo_bytes = sum(_file_size(self.files.path(s)) for s in pending)
             self.keys = KeyIndex(self.width, self._now())
         return self.keys
 
@@ -201,14 +209,14 @@ class Keyed:
         """Read buckets into the index until ``budget`` schedule-file bytes were read (a bucket
         at least): the build's bounded share of one ``maintenance`` call. Returns bytes read."""
         index = self._keys_ready()
-        todo, holds, gone = self._keys_todo, self._in_flight.holds_timer, self._keys_gone
-        read = 0
+        todo, holds = self._keys_todo, self._in_flight.holds_timer
+        first, read = self._keys_todo_bytes, 0
         while todo and read < budget:
             start = todo.pop()
             data, buffered = self._bucket_bytes(start)
             read += len(data) + len(buffered) + 1
             for ident, topic, keys, props in _keyed_pending(data, buffered):
-                if holds(ident) or ident in gone:
+                if holds(ident):
                     continue
                 name = topic.decode()
                 if props:  # (a replace key, rare: the general way)
@@ -216,8 +224,9 @@ class Keyed:
                     continue
                 for k in record.decode_keys(keys):  # (the bulk: message keys)
                     index.add(key_hash(MESSAGE_KEY, name, k), ident, start)
-        if not todo:
-            self._keys_gone = set()
+            if first and index.live:  # sized once, from the keys a byte of the first bucket read: no growth after
+                index.reserve(len(index) * first // read)
+                first = self._keys_todo_bytes = 0
         return read
 
     def _bucket_bytes(self, start: int) -> tuple[bytes, bytes]:
@@ -230,23 +239,15 @@ class Keyed:
         """``KeyIndex.candidates`` among the buckets the build has not read yet: each one's bytes
         searched for the key (C speed), and only a bucket holding them walked."""
         needle, name = key.encode(), topic.encode()
-        gone = self._keys_gone
         out = []
         for start in self._keys_todo:
             data, buffered = self._bucket_bytes(start)
             if needle not in data and needle not in buffered:
                 continue
             for ident, t, keys, props in _keyed_pending(data, buffered):
-                if t == name and ident not in gone and h in _hashes(topic, keys, props):
+                if t == name and h in _hashes(topic, keys, props):
                     out.append((ident, start))
         return out
-
-    def _forget(self, ident: int) -> None:
-        """A removal while the build runs: remembered, so the later read of that message's
-        bucket (written before the removal reached it, or never told of it: a delivery) does
-        not index it again."""
-        if self._keys_todo:
-            self._keys_gone.add(ident)
 
     @staticmethod
     def _index_change(index: KeyIndex, add: bool, ident: int, topic: str, keys: bytes, props: bytes, start: int) -> None:
@@ -259,7 +260,6 @@ class Keyed:
 
     def _unindex_raw(self, ident: int, raw: bytes) -> None:
         if self.keys is not None:
-            self._forget(ident)
             parts = copies.split(raw)
             self._index_change(self.keys, False, ident, parts.topic.decode(), parts.keys, parts.properties, 0)
 
@@ -286,7 +286,6 @@ class Keyed:
         for d in completed:
             p = d.prepared
             if p is not None and d.due_ms <= now and (p[7] or _REPLACE_MARK in p[8]):
-                self._forget(d.ref[1])
                 self._index_change(index, False, d.ref[1], p[0], p[7], p[8], 0)
 
     def _target(self, ident: int, start: int | None, topic: str, namespace: str, key: str,
