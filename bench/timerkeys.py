@@ -123,7 +123,7 @@ def child(args, emit, rss_kb) -> None:
         steps += 1
     built, built_cpu = time.perf_counter() - start, time.process_time() - cpu
     emit("key_index_build_after_restart", round(built, 3), "s", cpu_s=round(built_cpu, 3), maintenance_calls=steps,
-         longest_maintenance_s=round(longest, 3), keys=len(broker.timer.keys),
+         longest_maintenance_s=round(longest, 3), keys=len(broker.timer.keys), capacity=broker.timer.keys.capacity,
          note="the build's work spread over maintenance calls (every 200 ms in a broker)", **ctx)
     print(json.dumps({"done": True}), flush=True)
     os._exit(0)
