@@ -30,12 +30,17 @@ a recall record (``copies.control``), all in one write, each target in flight un
 
 **The index** (``chronoq.timer.keys``) maps (topic, key) hashes to idents. It is exact: a
 message is in it from the write of its record until it is delivered (``_complete``), recalled,
-replaced, cancelled or moved (the new record is indexed instead). It is built on first use
-(``_keys_ready``) from the pending messages of every bucket (``_keyed_pending``), skipping
-the ones in flight: before that no keyed delayed record was written in this process (writing one
-builds it first), so the buckets plus the in-flight marks are the whole truth. (Reading every
-bucket once: ~4 s of CPU per million pending keyed timers; ``bench/timers.py --parts g``.) Delay-level
-messages are not indexed (recall them by handle).
+replaced, cancelled or moved (the new record is indexed instead). Its build begins on first use
+(``_keys_ready``: an empty index and the list of buckets, ``_keys_todo``); before that no keyed
+delayed record was written in this process (writing one begins it first). ``maintenance`` then
+reads a few MB of buckets a call (``keys_step``, ``_keyed_pending``), skipping the messages in
+flight, and until the last one is read a keyed call also searches the unread buckets for its key
+(``_unread_candidates``). Exact at each bucket read, whatever happened since the build began: a
+bucket's file and buffer plus the in-flight marks are that bucket's whole truth at any moment (a
+delivery appends its DISPATCHED entry in the step that unindexes it; a recall, cancel or replace
+target is in flight until its CANCELLED entry is appended), and a message written since is
+already indexed (an add is idempotent). Delay-level messages are not indexed (recall them by
+handle).
 """
 
 from __future__ import annotations
