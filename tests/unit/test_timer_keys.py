@@ -204,6 +204,19 @@ def test_keyed_calls_right_after_a_restart_answer_while_the_index_is_partly_buil
     b.close()
 
 
+def test_maintenance_finishes_the_key_index_build_a_restart_begins(tmp_path, clock):
+    b = _open(tmp_path, clock)
+    ids = [_send(b, b"m%d" % i, T0 + (10 + i) * MIN, keys=[f"k{i}"]).message_id for i in range(3)]
+    b.close()
+    b = _open(tmp_path, clock)
+    assert b.cancel_by_key(TOPIC, "k0").cancelled == [(ids[0], T0 + 10 * MIN)]
+    assert b.timer.keys_building and len(b.timer.keys) == 0
+    b.maintenance()
+    assert not b.timer.keys_building and len(b.timer.keys) == 2
+    assert _fire_all(b, clock, T0 + 15 * MIN) == [b"m1", b"m2"]
+    b.close()
+
+
 def test_two_sends_of_one_key_in_a_batch_leave_the_last(tmp_path, clock):
     b = _open(tmp_path, clock)
     msgs = [OutgoingMessage(TOPIC, body, deliver_at_ms=T0 + MIN, properties={REPLACE_PROP: "k"})
