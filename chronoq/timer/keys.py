@@ -24,7 +24,8 @@ probe compares 48 bits of the hash before the record is read. ``ident`` must be 
 Size: 16 B a slot. The table grows by half when live plus deleted cells pass 3/4 of it (and is
 rebuilt at the same size when deleted cells are most of them), so it is between 1/2 and 3/4
 full: at most 32 B of RAM per indexed key (about 21 B just before a growth; 24 B measured at
-1,000,000 keys, bench/timers.py --parts g).
+1,000,000 keys, bench/timers.py --parts g). A build that can estimate its size makes room once
+(``reserve``: the restart build, chronoq.timer.keyed), so no growth stalls it on the way.
 
 Invariants (``check`` asserts them): every live cell is reachable from its home slot without
 crossing an empty one; ``live`` and ``deleted`` count the cells that are so.
