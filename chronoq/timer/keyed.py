@@ -66,7 +66,8 @@ _REPLACE_MARK = REPLACE_PROP.encode()
 REPLACE_KEY_CHARS_MAX = 1024
 CANCEL_BY_KEY_MAX = 10_000  # messages one cancel-by-key call cancels at most (``truncated`` beyond)
 _FLAG_DELAYED = record.FLAG_DELAYED
-# Schedule-file bytes the index build reads per ``maintenance`` call (every 200 ms): ~20 ms of CPU.
+# Schedule-file bytes the index build reads per ``maintenance`` call (every 200 ms), a bucket at
+# least: ~80 ms of CPU for 4 MB (~17,000 keyed timers; bench/timers.py --parts g).
 KEY_BUILD_BYTES_PER_STEP = 4 << 20
 
 # Answers of a replacing send (``SendResult.replaced``): "none", or one of these and a message id.
@@ -286,7 +287,7 @@ class Keyed:
         longer pending. A held copy not yet due stays indexed until its release, so replace and
         cancel answer it as delivered (``_target``) rather than forget it."""
         index = self.keys
-        if index is None or not (index.live or self._keys_todo):
+        if index is None or not index.live:
             return
         for d in completed:
             p = d.prepared
