@@ -52,7 +52,8 @@ f  memory per remembered message id and per pending timer: --count messages due 
 
 g  keys (bench/timerkeys.py): --count timers with a message key each (memory of the key index
    per key, RSS per keyed timer), cancel by key of one of them (latency), replace by key
-   (sends/s), the index rebuilt after a restart. Not in the default --parts.
+   (sends/s), the first keyed call after a restart and the index build that follows. Not in the
+   default --parts.
 
 --big makes d and e use 10,000,000 timers (a keeps --count, f too).
 """

@@ -200,6 +200,8 @@ class Checkpoints:
             stale = [q for q, (_k, due) in lane.cancelled.items() if q < lane.offset and due + memory < now]
             for q in stale:
                 del lane.cancelled[q]
+        if self._keys_todo:  # the key index's build, begun by a first keyed call (chronoq.timer.keyed)
+            self.keys_step()
         job = self._checkpoint_step(now)
         if job is None and self._ckpt_target is None and self._buffered_starts:
             self._flush_some(FLUSH_FILES_PER_MAINTENANCE)

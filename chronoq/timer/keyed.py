@@ -30,16 +30,22 @@ a recall record (``copies.control``), all in one write, each target in flight un
 
 **The index** (``chronoq.timer.keys``) maps (topic, key) hashes to idents. It is exact: a
 message is in it from the write of its record until it is delivered (``_complete``), recalled,
-replaced, cancelled or moved (the new record is indexed instead). It is built on first use
-(``_keys_ready``) from the pending messages of every bucket (``_keyed_pending``), skipping
-the ones in flight: before that no keyed delayed record was written in this process (writing one
-builds it first), so the buckets plus the in-flight marks are the whole truth. (Reading every
-bucket once: ~4 s of CPU per million pending keyed timers; ``bench/timers.py --parts g``.) Delay-level
-messages are not indexed (recall them by handle).
+replaced, cancelled or moved (the new record is indexed instead). Its build begins on first use
+(``_keys_ready``: an empty index and the list of buckets, ``_keys_todo``); before that no keyed
+delayed record was written in this process (writing one begins it first). ``maintenance`` then
+reads a few MB of buckets a call (``keys_step``, ``_keyed_pending``), skipping the messages in
+flight, and until the last one is read a keyed call also searches the unread buckets for its key
+(``_unread_candidates``). Exact at each bucket read, whatever happened since the build began: a
+bucket's file and buffer plus the in-flight marks are that bucket's whole truth at any moment (a
+delivery appends its DISPATCHED entry in the step that unindexes it; a recall, cancel or replace
+target is in flight until its CANCELLED entry is appended), and a message written since is
+already indexed (an add is idempotent). Delay-level messages are not indexed (recall them by
+handle).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -50,7 +56,7 @@ from chronoq.store.store import Prepared
 from chronoq.timer import copies, schedlog
 from chronoq.timer import handle as handles
 from chronoq.timer.buckets import LOADED, LOADING
-from chronoq.timer.keys import CAPACITY_MIN, MESSAGE_KEY, REPLACE, KeyIndex, key_hash
+from chronoq.timer.keys import MESSAGE_KEY, REPLACE, KeyIndex, key_hash
 from chronoq.timer.schedlog import CANCELLED, MESSAGE
 
 REPLACE_PROP = "CHRONOQ_REPLACE_KEY"
@@ -60,6 +66,9 @@ _REPLACE_MARK = REPLACE_PROP.encode()
 REPLACE_KEY_CHARS_MAX = 1024
 CANCEL_BY_KEY_MAX = 10_000  # messages one cancel-by-key call cancels at most (``truncated`` beyond)
 _FLAG_DELAYED = record.FLAG_DELAYED
+# Schedule-file bytes the index build reads per ``maintenance`` call (every 200 ms), a bucket at
+# least: ~80 ms of CPU for 4 MB (~17,000 keyed timers; bench/timers.py --parts g).
+KEY_BUILD_BYTES_PER_STEP = 4 << 20
 
 # Answers of a replacing send (``SendResult.replaced``): "none", or one of these and a message id.
 REPLACED = "replaced"
@@ -155,6 +164,23 @@ def _keyed_pending(file_data: bytes, buffered: bytes) -> list[tuple[int, bytes, 
     return [m for ident, m in messages.items() if ident not in resolved]
 
 
+def _hashes(topic: str, keys: bytes, props: bytes) -> list[int]:
+    """The index hashes of a message: one a message key, and its replace key's."""
+    hashes = [key_hash(MESSAGE_KEY, topic, k) for k in record.decode_keys(keys)] if keys else []
+    if _REPLACE_MARK in props:
+        value = copies.get_prop(props, REPLACE_PROP)
+        if value:
+            hashes.append(key_hash(REPLACE, topic, value))
+    return hashes
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def has_replace_keys(properties: list) -> bool:
     """Whether any message of a batch (its user properties dicts) carries a replace key."""
     return any(pr and REPLACE_PROP in pr for pr in properties)
@@ -166,46 +192,73 @@ class Keyed:
     ``_locate_timer`` and ``_held``; owns ``keys`` (None until built)."""
 
     keys: KeyIndex | None = None
+    _keys_todo: list[int] = ()  # type: ignore[assignment]  # bucket starts the build has not read yet
+    _keys_todo_bytes = 0  # their size when the build began (until the first read sizes the index)
 
     # ================================================================= the index
     def _keys_ready(self) -> KeyIndex:
+        """The index, its build begun: empty, with every bucket there is now still to read."""
         if self.keys is None:
             pending, _done = schedlog.list_dir(self.sched_dir)
-            holds = self._in_flight.holds_timer
-            found: list[tuple[int, list]] = []
-            for start in sorted(set(pending) | set(self.buckets)):
-                b = self.buckets.get(start)
-                buffered = bytes(b.buffer) if b is not None else b""
-                found.append((start, _keyed_pending(schedlog.read_file(self.files.path(start)), buffered)))
-            count = sum(len(msgs) for _s, msgs in found)
-            # Sized for what it will hold (no growth while building): a key a message, mostly.
-            index = KeyIndex(self.width, self._now(), max(CAPACITY_MIN, count * 3 // 2))
-            topics: dict[bytes, str] = {}
-            add, change = index.add, self._index_change
-            for start, msgs in found:
-                for ident, topic, keys, props in msgs:
-                    if holds(ident):
-                        continue
-                    name = topics.get(topic)
-                    if name is None:
-                        name = topics[topic] = topic.decode()
-                    if props:  # (a replace key, rare: the general way)
-                        change(index, True, ident, name, keys, props, start)
-                        continue
-                    for k in record.decode_keys(keys):  # (the bulk: message keys)
-                        add(key_hash(MESSAGE_KEY, name, k), ident, start)
-            self.keys = index
+            # Popped from the end: the earliest buckets (due soonest) are read first.
+            self._keys_todo = sorted(set(pending) | set(self.buckets), reverse=True)
+            self._keys_todo_bytes = sum(_file_size(self.files.path(s)) for s in pending)
+            self.keys = KeyIndex(self.width, self._now())
         return self.keys
+
+    @property
+    def keys_building(self) -> bool:
+        """Whether some bucket is not read into the index yet (``keys_step``)."""
+        return self.keys is None or bool(self._keys_todo)
+
+    def keys_step(self, budget: int = KEY_BUILD_BYTES_PER_STEP) -> int:
+        """Read buckets into the index until ``budget`` schedule-file bytes were read (a bucket
+        at least): the build's bounded share of one ``maintenance`` call. Returns bytes read."""
+        index = self._keys_ready()
+        todo, holds = self._keys_todo, self._in_flight.holds_timer
+        first, read = self._keys_todo_bytes, 0
+        while todo and read < budget:
+            start = todo.pop()
+            data, buffered = self._bucket_bytes(start)
+            read += len(data) + len(buffered) + 1
+            for ident, topic, keys, props in _keyed_pending(data, buffered):
+                if holds(ident):
+                    continue
+                name = topic.decode()
+                if props:  # (a replace key, rare: the general way)
+                    self._index_change(index, True, ident, name, keys, props, start)
+                    continue
+                for k in record.decode_keys(keys):  # (the bulk: message keys)
+                    index.add(key_hash(MESSAGE_KEY, name, k), ident, start)
+            if first and index.live:  # sized once, from the keys a byte of the first bucket read: no growth after
+                index.reserve(len(index) * first // read)
+                first = self._keys_todo_bytes = 0
+        return read
+
+    def _bucket_bytes(self, start: int) -> tuple[bytes, bytes]:
+        """A bucket's schedule file and write buffer (empty when finished meanwhile)."""
+        b = self.buckets.get(start)
+        buffered = bytes(b.buffer) if b is not None else b""
+        return schedlog.read_file(self.files.path(start)), buffered
+
+    def _unread_candidates(self, h: int, topic: str, key: str) -> list[tuple[int, int]]:
+        """``KeyIndex.candidates`` among the buckets the build has not read yet: each one's bytes
+        searched for the key (C speed), and only a bucket holding them walked."""
+        needle, name = key.encode(), topic.encode()
+        out = []
+        for start in self._keys_todo:
+            data, buffered = self._bucket_bytes(start)
+            if needle not in data and needle not in buffered:
+                continue
+            for ident, t, keys, props in _keyed_pending(data, buffered):
+                if t == name and h in _hashes(topic, keys, props):
+                    out.append((ident, start))
+        return out
 
     @staticmethod
     def _index_change(index: KeyIndex, add: bool, ident: int, topic: str, keys: bytes, props: bytes, start: int) -> None:
         """Add (or remove) ``ident`` under each of its message keys and its replace key."""
-        hashes = [key_hash(MESSAGE_KEY, topic, k) for k in record.decode_keys(keys)] if keys else []
-        if _REPLACE_MARK in props:
-            value = copies.get_prop(props, REPLACE_PROP)
-            if value:
-                hashes.append(key_hash(REPLACE, topic, value))
-        for h in hashes:
+        for h in _hashes(topic, keys, props):
             if add:
                 index.add(h, ident, start)
             else:
@@ -291,8 +344,15 @@ class Keyed:
 
     def _targets(self, namespace: str, topic: str, key: str, now: int) -> list[_Target]:
         index = self._keys_ready()
-        found = []
-        for ident, start in index.candidates(key_hash(namespace, topic, key)):
+        h = key_hash(namespace, topic, key)
+        candidates = index.candidates(h)
+        if self._keys_todo:  # the build is partial: the buckets it has not read yet too
+            candidates += self._unread_candidates(h, topic, key)
+        found, seen = [], set()
+        for ident, start in candidates:
+            if ident in seen:
+                continue
+            seen.add(ident)
             t = self._target(ident, start, topic, namespace, key, now)
             if t is not None:
                 found.append(t)

@@ -24,7 +24,8 @@ probe compares 48 bits of the hash before the record is read. ``ident`` must be 
 Size: 16 B a slot. The table grows by half when live plus deleted cells pass 3/4 of it (and is
 rebuilt at the same size when deleted cells are most of them), so it is between 1/2 and 3/4
 full: at most 32 B of RAM per indexed key (about 21 B just before a growth; 24 B measured at
-1,000,000 keys, bench/timers.py --parts g).
+1,000,000 keys, bench/timers.py --parts g). A build that can estimate its size makes room once
+(``reserve``: the restart build, chronoq.timer.keyed), so no growth stalls it on the way.
 
 Invariants (``check`` asserts them): every live cell is reachable from its home slot without
 crossing an empty one; ``live`` and ``deleted`` count the cells that are so.
@@ -163,11 +164,18 @@ class KeyIndex:
             if slot == cap:
                 slot = 0
 
-    def _rebuild(self) -> None:
-        """Half again the capacity (or the same, when deleted cells were most of the load), the
-        live cells re-placed from their stored low hash bits: O(capacity), amortized O(1) a key."""
+    def reserve(self, count: int) -> None:
+        """Make room for ``count`` keys at once (a build that can estimate its size): no growth
+        on the way there, each growth being O(capacity) in one call."""
+        if count * 3 // 2 > self.capacity:
+            self._rebuild(count * 3 // 2)
+
+    def _rebuild(self, capacity: int = 0) -> None:
+        """Half again the capacity (or the same, when deleted cells were most of the load; or
+        ``capacity``), the live cells re-placed from their stored low hash bits: O(capacity),
+        amortized O(1) a key."""
         old_cells, old_lows, old_starts, old_cap = self._cells, self._lows, self._starts, self.capacity
-        cap = old_cap + old_cap // 2 if self.live * 2 > old_cap else old_cap
+        cap = capacity or (old_cap + old_cap // 2 if self.live * 2 > old_cap else old_cap)
         self._alloc(cap)
         cells, lows, starts = self._cells, self._lows, self._starts
         for slot in range(old_cap):

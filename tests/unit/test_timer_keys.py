@@ -164,6 +164,59 @@ def test_the_index_is_rebuilt_after_a_restart(tmp_path, clock):
     b.close()
 
 
+@pytest.mark.parametrize("kill", [False, True])
+def test_keyed_calls_right_after_a_restart_answer_while_the_index_is_partly_built(tmp_path, clock, kill):
+    # 30 keyed messages over 15 buckets; after the restart the first keyed call begins the build
+    # (nothing read yet): the answers must come from the buckets the build has not read.
+    b = _open(tmp_path, clock)
+    ids = {}
+    for i in range(30):
+        due = T0 + (10 + i // 2) * MIN + i
+        ids[i] = _send(b, b"m%d" % i, due, replace=f"r{i}" if i % 3 == 0 else None, keys=[f"order-{i}"]).message_id
+    b.timer.checkpoint()
+    crash(b) if kill else b.close()
+    b = _open(tmp_path, clock)
+    got = b.cancel_by_key(TOPIC, "order-7")
+    assert b.timer.keys_building and len(b.timer.keys) == 0
+    assert [m for m, _ in got.cancelled] == [ids[7]]
+    r = _send(b, b"new-27", T0 + 40 * MIN, replace="r27")
+    assert r.replaced == f"replaced:{ids[27]}"
+    # The build goes on a bucket at a time; removals meanwhile (cancels of messages in unread
+    # buckets, a replace) must not come back when their buckets are read.
+    b.timer.keys_step(budget=1)
+    assert b.timer.keys_building
+    assert [m for m, _ in b.cancel_by_key(TOPIC, "order-20").cancelled] == [ids[20]]
+    r2 = _send(b, b"new-24", T0 + 41 * MIN, replace="r24")
+    assert r2.replaced == f"replaced:{ids[24]}"
+    steps = 1
+    while b.timer.keys_building:
+        b.timer.keys_step(budget=1)
+        steps += 1
+    assert steps == 15
+    b.timer.keys.check()
+    for key in ("order-7", "order-20", "order-24", "order-27"):
+        assert b.cancel_by_key(TOPIC, key).cancelled == []
+    assert [m for m, _ in b.cancel_by_key(TOPIC, "order-5").cancelled] == [ids[5]]
+    # The index holds each pending message once a key: 30 - 5 gone, the two new ones.
+    assert len(b.timer.keys) == sum(1 if i % 3 else 2 for i in ids if i not in (5, 7, 20, 24, 27)) + 2
+    fired = _fire_all(b, clock, T0 + 45 * MIN)
+    assert fired == sorted([b"m%d" % i for i in ids if i not in (5, 7, 20, 24, 27)] + [b"new-24", b"new-27"])
+    b.close()
+
+
+def test_maintenance_finishes_the_key_index_build_a_restart_begins(tmp_path, clock):
+    b = _open(tmp_path, clock)
+    ids = [_send(b, b"m%d" % i, T0 + (10 + i) * MIN, keys=[f"k{i}"]).message_id for i in range(3)]
+    b.close()
+    b = _open(tmp_path, clock)
+    assert b.cancel_by_key(TOPIC, "k0").cancelled == [(ids[0], T0 + 10 * MIN)]
+    assert b.timer.keys_building and len(b.timer.keys) == 0
+    b.maintenance()
+    assert not b.timer.keys_building and len(b.timer.keys) == 2
+    assert _fire_all(b, clock, T0 + 15 * MIN) == [b"m1", b"m2"]
+    b.close()
+
+
 def test_two_sends_of_one_key_in_a_batch_leave_the_last(tmp_path, clock):
     b = _open(tmp_path, clock)
     msgs = [OutgoingMessage(TOPIC, body, deliver_at_ms=T0 + MIN, properties={REPLACE_PROP: "k"})
