@@ -188,8 +188,8 @@ def has_replace_keys(properties: list) -> bool:
 
 class Keyed:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``,
-    ``sched_dir``, ``_in_flight``, ``_burst_lead_ms``, ``_now``, ``_append``, ``_finish_loading``,
-    ``_locate_timer`` and ``_held``; owns ``keys`` (None until built)."""
+    ``sched_dir``, ``_in_heap``, ``_in_flight``, ``_burst_lead_ms``, ``_now``, ``_append``,
+    ``_finish_loading``, ``_locate_timer`` and ``_held``; owns ``keys`` (None until built)."""
 
     keys: KeyIndex | None = None
     _keys_todo: list[int] = ()  # type: ignore[assignment]  # bucket starts the build has not read yet
@@ -238,6 +238,13 @@ class Keyed:
     def _bucket_bytes(self, start: int) -> tuple[bytes, bytes]:
         """A bucket's schedule file and write buffer (empty when finished meanwhile)."""
         b = self.buckets.get(start)
+        if b is None and start not in self._in_heap:
+            # Finished: nothing pending (as ``pending`` and ``horizon`` read it). Its file may
+            # outlive it until its .done is durable (the server fsyncs that on the committer's
+            # thread, ``schedfiles.take_removable``), and it lacks the entries only buffered at
+            # the finish (a replaced message's CANCELLED): read, it would index that message
+            # again, and a later replace would answer it "already delivered".
+            return b"", b""
         buffered = bytes(b.buffer) if b is not None else b""
         return schedlog.read_file(self.files.path(start)), buffered
 

@@ -113,7 +113,8 @@ class InFlight:
 
 class Recall:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``, ``_index``,
-    ``_done``, ``level_lanes``, ``_now``, ``_path``, ``_finish_loading`` and ``_level_record``;
+    ``_done``, ``_in_heap``, ``level_lanes``, ``_now``, ``_path``, ``_finish_loading`` and
+    ``_level_record``;
     marks its ``_in_flight`` (``InFlight``)."""
 
     def _locate_timer(self, h: handles.RecallHandle) -> tuple[int | None, int, bytes | None]:
@@ -128,7 +129,10 @@ class Recall:
             self._finish_loading(b)
         if b is not None and b.state == LOADED:
             return b.state_of(ident), start, b.record_of(ident)
-        file_data = schedlog.read_file(self._path(start))
+        # A finished bucket's file may outlive it until its .done is durable, without the entries
+        # only buffered at the finish (``chronoq.timer.keyed._bucket_bytes``): the .done says.
+        live = b is not None or start in self._in_heap
+        file_data = schedlog.read_file(self._path(start)) if live else b""
         extra = bytes(b.buffer) if b is not None else b""
         if file_data or extra:
             state, raw = lookup(self._path(start), start, file_data, extra, ident)

@@ -14,6 +14,7 @@ from chronoq.core.clock import FakeClock
 from chronoq.timer import keys as keyindex
 from chronoq.timer.keyed import REPLACE_PROP
 from chronoq.timer.keys import KeyIndex, key_hash
+from chronoq.timer.recall import RecallOutcome
 from tests.unit.timerkit import T0, TOPIC, crash, drain, open_broker, visible
 
 MIN = 60_000
@@ -329,4 +330,27 @@ def test_cancel_by_key_refuses_what_is_not_a_key(tmp_path, clock):
     with pytest.raises(errors.ClientError):
         b.cancel_by_key("", "k")
     assert b.cancel_by_key("nowhere", "k").cancelled == []
+    b.close()
+
+
+def test_a_finished_bucket_whose_file_awaits_deletion_holds_no_key(tmp_path, clock):
+    # The server fsyncs the .done files on the committer's thread (``attach_files_syncer``): a
+    # finished bucket's file stays until its .done is durable, without the entries that were only
+    # buffered when it finished (the CANCELLED of a replaced message). The key index's build (begun
+    # by a restart, that bucket not read yet) must not take that file for pending messages.
+    b = _open(tmp_path, clock)
+    r1 = _send(b, b"a", T0 + 10 * MIN + 500, "k")
+    b.timer.checkpoint()  # its MESSAGE entry in the bucket file
+    b.close()
+    b = _open(tmp_path, clock)
+    b.timer.attach_files_syncer(lambda: None)  # the committer never gets to the fsyncs
+    r2 = _send(b, b"b", T0 + 10 * MIN + 100, "k")
+    assert r2.replaced == f"replaced:{r1.message_id}"
+    assert _fire_all(b, clock, T0 + 12 * MIN) == [b"b"]
+    assert b.timer.keys_building and b.timer.buckets_finished == 1
+    r3 = _send(b, b"c", T0 + 20 * MIN, "k")
+    assert r3.replaced == "none"  # b was delivered (the index forgot it), a was replaced
+    assert b.recall(r1.recall_handle).outcome == RecallOutcome.CANCELLED  # (its .done says; not its file)
+    b.timer.attach_files_syncer(None)
+    assert _fire_all(b, clock, T0 + 21 * MIN) == [b"b", b"c"]
     b.close()
