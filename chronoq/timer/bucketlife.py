@@ -239,13 +239,17 @@ class BucketLife:
         if exc is None and self.files.side_waiting:  # written after that sync began: ask again
             self._ask_files_sync()
 
-    def _finish_buckets(self, now: int) -> None:
-        for start in self.files.take_removable():  # their .done is durable now
+    def _remove_finished(self) -> None:
+        """Delete the files of finished buckets whose ``.done`` is durable now."""
+        for start in self.files.take_removable():
             if start not in self.buckets:  # (made again meanwhile: its next finish deletes it)
                 try:
                     self.files.remove(start)
                 except OSError as exc:
                     log.warning("deleting finished schedule bucket %d failed: %s", start, exc)
+
+    def _finish_buckets(self, now: int) -> None:
+        self._remove_finished()
         if self.files.side_waiting and now >= self._files_retry_ms:
             self._ask_files_sync()
         while self._loaded:

@@ -130,6 +130,12 @@ class Checkpoints:
         self._absorb_durable()
         target = self._covered()
         self._flush_buffers(here=True)  # (the journal's fsync in place: this call blocks anyway)
+        if self.files.finishing:  # finished buckets' files go first (``ScheduleFiles.finishing``)
+            self.files.sync_side()
+            _ready, exc = self.files.take_synced()
+            if exc is not None:
+                raise exc
+            self._remove_finished()
         self._checkpoint_job(target, clean).run_here()
 
     def _checkpoint_step(self, now: int) -> Job | None:
@@ -145,7 +151,11 @@ class Checkpoints:
             self._ckpt_pending = set(self._buffered_starts)
         if self._ckpt_pending:
             self._flush_starts(sorted(self._ckpt_pending)[:FLUSH_FILES_PER_MAINTENANCE])
-        if not self._ckpt_pending:
+        # Not while a finished bucket's file awaits deletion (``ScheduleFiles.finishing``): it
+        # lacks the entries buffered at its finish (DISPATCHED, CANCELLED), and a kill -9 after
+        # this checkpoint would load it again with a cursor past the records that made them
+        # (delivered twice, a replaced message delivered). No bucket finishes while the job runs.
+        if not self._ckpt_pending and not self.files.finishing:
             return self._checkpoint_job(self._ckpt_target, False)
         return None
 

@@ -204,6 +204,14 @@ class ScheduleFiles:
             self._intents[start] = end
 
     @property
+    def finishing(self) -> bool:
+        """Finished buckets' files not deleted yet: their ``.done`` is not known durable, or
+        ``take_removable`` has not handed them back. Such a file lacks the entries that were only
+        buffered at the finish (``TimerService._finish``), so no timer checkpoint may complete
+        while one is there: a restart past its cursor would load it as a live bucket."""
+        return bool(self._done_waiting or self._removable)
+
+    @property
     def side_waiting(self) -> bool:
         """Journal records or ``.done`` files written and not yet known durable."""
         return bool(self._intents or self._done_waiting)

@@ -354,3 +354,35 @@ def test_a_finished_bucket_whose_file_awaits_deletion_holds_no_key(tmp_path, clo
     b.timer.attach_files_syncer(None)
     assert _fire_all(b, clock, T0 + 21 * MIN) == [b"b", b"c"]
     b.close()
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_no_checkpoint_completes_while_a_finished_bucket_file_awaits_deletion(tmp_path, clock, blocking):
+    # That file lacks the entries buffered at the finish (p's DISPATCHED, a's CANCELLED): a kill -9
+    # after a checkpoint past their records would load it as a live bucket and deliver p twice, a.
+    b = _open(tmp_path, clock)
+    r1 = _send(b, b"a", T0 + 10 * MIN + 500, "k")
+    _send(b, b"p", T0 + 10 * MIN + 700)
+    b.timer.checkpoint()  # a's and p's MESSAGE entries in the bucket file
+    b.close()
+    b = _open(tmp_path, clock)
+    b.timer.attach_files_syncer(lambda: None)  # the committer gets to the fsyncs when told below
+    assert _send(b, b"b", T0 + 10 * MIN + 100, "k").replaced == f"replaced:{r1.message_id}"
+    assert _fire_all(b, clock, T0 + 12 * MIN) == [b"b", b"p"]
+    assert b.timer.buckets_finished == 1 and b.timer.files.finishing
+    if blocking:
+        b.timer.checkpoint()  # (the .done fsync in place, the file deleted, then the checkpoint)
+    else:
+        clock.advance(MIN)
+        assert b.timer.maintenance_job() is None  # waits for the file's deletion
+        b.timer.files.sync_side()  # (the committer's thread)
+        b.timer.files_synced()
+        b.timer_tick()  # deletes it
+        job = b.timer.maintenance_job()
+        assert job is not None
+        job.run_here()
+    assert not b.timer.files.finishing
+    crash(b)
+    b = _open(tmp_path, clock)
+    assert _fire_all(b, clock, T0 + 15 * MIN) == [b"b", b"p"]
+    b.close()
