@@ -56,6 +56,17 @@ def server_nice(pid: int) -> int:
     return int(_stat_fields(pid)[16])
 
 
+def stop_server(proc: subprocess.Popen, wait_s: float = 30.0) -> None:
+    """SIGTERM, wait ``wait_s``, then SIGKILL: a broker a bench started stops by itself."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def start_server(data_dir: str, policy: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

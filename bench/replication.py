@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.grpc_shell import start_server  # noqa: E402
+from bench.grpc_shell import start_server, stop_server  # noqa: E402
 from chronoq.client.client import Client, OutgoingMessage  # noqa: E402
 from chronoq.replication.client import ReplicationClient  # noqa: E402
 
@@ -56,14 +56,7 @@ def start(data_dir: str, replication: str, replica_of: str = "") -> tuple[subpro
             os.environ.pop(key, None)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+stop = stop_server
 
 
 async def load(endpoint: str, topic: str, seconds: float, concurrency: int, batch: int, lag_of: str = "") -> dict:

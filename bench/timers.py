@@ -68,7 +68,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -319,13 +318,11 @@ def _server(workdir: str, name: str):
     return proc, endpoint
 
 
+
+
 def _stop_server(proc) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    from bench.grpc_shell import stop_server
+    stop_server(proc, 60)
 
 
 def _delivery_metrics(rows: list, part: str, **ctx) -> None:
