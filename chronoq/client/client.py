@@ -428,26 +428,19 @@ class Client:
         return resp.receipt_handle
 
 
-class AdminClient:
-    """``chronoq.v1.Admin``: topics and consumer groups (lag per topic); timer stats, recall and
-    reschedule of delayed messages.
-
-    Answers are the protobuf messages of ``chronoq_admin.proto``; a non-OK status raises
-    ``ClientError`` with the same ``apache.rocketmq.v2.Code`` values as the messaging calls.
-    """
+class SignedChannel:
+    """A channel to a chronoq node for the operator-side clients (``AdminClient``,
+    ``chronoq.replication.client``): TLS as configured, every call signed when keys are given.
+    ``async with`` closes it."""
 
     def __init__(self, endpoint: str, *, request_timeout_s: float = 10.0, access_key: str = "",
-                 secret_key: str = "", tls: bool = False, tls_ca_file: str = ""):
-        from chronoq.proto import chronoq_admin_pb2, chronoq_admin_pb2_grpc
-
-        self._apb = chronoq_admin_pb2
+                 secret_key: str = "", tls: bool = False, tls_ca_file: str = "", options=None):
         self.endpoint = endpoint
         self.timeout = request_timeout_s
         signer = [_Signer(access_key, secret_key)] if access_key else None
-        self._channel = _open_channel(endpoint, tls, tls_ca_file, interceptors=signer)
-        self._stub = chronoq_admin_pb2_grpc.AdminStub(self._channel)
+        self._channel = _open_channel(endpoint, tls, tls_ca_file, options=options, interceptors=signer)
 
-    async def __aenter__(self) -> "AdminClient":
+    async def __aenter__(self):
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -455,6 +448,22 @@ class AdminClient:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+class AdminClient(SignedChannel):
+    """``chronoq.v1.Admin``: topics and consumer groups (lag per topic); timer stats, recall and
+    reschedule of delayed messages.
+
+    Answers are the protobuf messages of ``chronoq_admin.proto``; a non-OK status raises
+    ``ClientError`` with the same ``apache.rocketmq.v2.Code`` values as the messaging calls.
+    """
+
+    def __init__(self, endpoint: str, **connection):
+        from chronoq.proto import chronoq_admin_pb2, chronoq_admin_pb2_grpc
+
+        super().__init__(endpoint, **connection)
+        self._apb = chronoq_admin_pb2
+        self._stub = chronoq_admin_pb2_grpc.AdminStub(self._channel)
 
     async def call(self, rpc: str, **fields):
         """Any Admin RPC by name with its request's fields (``chronoq_admin.proto``): the response,

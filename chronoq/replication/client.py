@@ -4,31 +4,18 @@ status`` and ``chronoq promote``. The channel (TLS, request signing) is the offi
 
 from __future__ import annotations
 
-from chronoq.client.client import ClientError, _open_channel, _Signer
+from chronoq.client.client import ClientError, SignedChannel
 from chronoq.protocol.rocketmq import status as codes
 
 
-class ReplicationClient:
-    def __init__(self, endpoint: str, *, request_timeout_s: float = 10.0, access_key: str = "",
-                 secret_key: str = "", tls: bool = False, tls_ca_file: str = ""):
+class ReplicationClient(SignedChannel):
+    def __init__(self, endpoint: str, **connection):
         from chronoq.proto import chronoq_admin_pb2, chronoq_admin_pb2_grpc
 
+        # A pull answers up to a 4 MiB chunk plus snapshot files: no receive limit.
+        super().__init__(endpoint, options=[("grpc.max_receive_message_length", -1)], **connection)
         self.apb = chronoq_admin_pb2
-        self.endpoint = endpoint
-        self.timeout = request_timeout_s
-        signer = [_Signer(access_key, secret_key)] if access_key else None
-        self._channel = _open_channel(endpoint, tls, tls_ca_file, interceptors=signer,
-                                      options=[("grpc.max_receive_message_length", -1)])
         self._stub = chronoq_admin_pb2_grpc.ReplicationStub(self._channel)
-
-    async def __aenter__(self) -> "ReplicationClient":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._channel.close()
 
     async def pull(self, request, wait_s: float):
         """One pull; the answer whatever its status (the follower decides what a refusal means)."""
