@@ -1,5 +1,5 @@
 """The console's cancel-by-key form (chronoq.console.cancelkey) against ``chronoq serve`` with access
-control on, over plain HTTP: the form for any user, the cancelling for admins from the console's own
+control on, over plain HTTP: the page for any user, the form and the cancelling for admins from the console's own
 page, and a definite answer."""
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ def test_cancel_by_key_from_the_console_needs_an_admin_and_answers_what_it_cance
     finally:
         p.shutdown()
     status, _h, body = request(base, "GET", "/console/cancel-by-key", auth=VIEWER)
+    # A viewer sees the page but not a form it could not use (issue 25: no buttons a visitor cannot use).
+    assert status == 200 and 'action="/console/cancel-by-key"' not in body and 'id="read-only"' in body
+    status, _h, body = request(base, "GET", "/console/cancel-by-key", auth=ADMIN)
     assert status == 200 and 'action="/console/cancel-by-key"' in body and "Cancel by key" in body
     form = {"topic": topic, "key": "order-5"}
     status, _h, body = request(base, "POST", "/console/cancel-by-key", auth=VIEWER, form=form, headers={"Origin": base})
