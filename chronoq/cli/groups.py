@@ -52,7 +52,7 @@ def group_list(only_group, only_topic, endpoint, timeout, as_json) -> None:
     else:
         print_table(None, ["GROUP", "FIFO", "MAX ATTEMPTS", "TOPIC", "LAG", "IN FLIGHT"],
                     [[r.group.name, "yes" if r.group.fifo else "no", r.group.max_attempts, r.topic or "-",
-                      r.lag, r.inflight] for r in rows], right=("MAX ATTEMPTS", "LAG", "IN FLIGHT"),
+                      f"{r.lag:,}", f"{r.inflight:,}"] for r in rows], right=("MAX ATTEMPTS", "LAG", "IN FLIGHT"),
                     optional=("MAX ATTEMPTS", "FIFO"))
 
 

@@ -16,8 +16,9 @@ BORDER = 3                  # characters a rich table adds per column ("│ " + 
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
-    """``1 message``, ``2 messages``; ``words`` for an irregular plural."""
-    return f"{n} {word if n == 1 else (words or word + 's')}"
+    """``1 message``, ``2 messages``, ``12,345 messages``; ``words`` for an irregular plural.
+    (People read these; ``--json`` keeps the raw numbers.)"""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
 
 
 def print_json(value) -> None:

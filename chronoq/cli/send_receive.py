@@ -162,7 +162,7 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, at, lev
             call(endpoint, timeout, work(advance))
     finally:
         if receipts and len(receipts) < count:  # a later batch failed: say what is stored
-            click.echo(f"chronoq: {len(receipts)} of {plural(count, 'message')} were sent before the error", err=True)
+            click.echo(f"chronoq: {len(receipts):,} of {plural(count, 'message')} were sent before the error", err=True)
     elapsed_s = time.monotonic() - started
     if as_json:
         print_json({"topic": topic, "sent": len(receipts), "elapsed_s": round(elapsed_s, 3), "messages": [
@@ -289,5 +289,5 @@ def _print_received(got: list, group: str, topic: str, invisible: float, wait: f
     if acked == len(got):
         click.echo(f"received and acknowledged {plural(len(got), 'message')}")
     else:
-        click.echo(f"received {plural(len(got), 'message')}, acknowledged {acked}; the others become visible again "
+        click.echo(f"received {plural(len(got), 'message')}, acknowledged {acked:,}; the others become visible again "
                    f"{invisible:g} s after they were received")

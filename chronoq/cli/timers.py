@@ -61,10 +61,10 @@ def _print_timers(st, minutes: int) -> None:
                  f"on disk; cursor {st.cursor:,}")
     lane = st.timer_lane
     print_table(None, ["LANE", "DELIVERED", "IN FLIGHT", "BACKLOG", "NEXT DUE", "STATE"],
-                 [["timer (deliver_at)", lane.delivered, lane.pending, sum(b.pending for b in st.due_by_bucket)
-                   + st.overdue_pending, None, _lane_state(lane)]] +
-                 [[f"level {lv.level} ({duration_text(lv.delay_ms)})", lv.lane.delivered, lv.lane.pending,
-                   lv.backlog, iso_ms(lv.head_due_ms) if lv.backlog else None, _lane_state(lv.lane)]
+                 [["timer (deliver_at)", f"{lane.delivered:,}", f"{lane.pending:,}",
+                   f"{sum(b.pending for b in st.due_by_bucket) + st.overdue_pending:,}", None, _lane_state(lane)]] +
+                 [[f"level {lv.level} ({duration_text(lv.delay_ms)})", f"{lv.lane.delivered:,}", f"{lv.lane.pending:,}",
+                   f"{lv.backlog:,}", iso_ms(lv.head_due_ms) if lv.backlog else None, _lane_state(lv.lane)]
                   for lv in st.levels],
                  right=("DELIVERED", "IN FLIGHT", "BACKLOG"), wrap=("STATE",))
     echo_wrapped(f"(timer backlog: within the next {plural(minutes, 'minute')}, plus {st.overdue_pending:,} overdue)")

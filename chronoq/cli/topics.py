@@ -73,11 +73,11 @@ def topic_describe(name, endpoint, timeout, as_json) -> None:
     click.echo(f"topic {r.topic.name}: type {r.topic.message_type}, {plural(r.topic.queues, 'queue')}, "
                f"{plural(r.messages, 'message')}")
     print_table(None, ["QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "OLDEST (UTC)", "NEWEST (UTC)"],
-                [[q.queue_id, q.min_offset, q.max_offset, q.messages, iso_ms(q.oldest_ms) or "-",
+                [[q.queue_id, q.min_offset, q.max_offset, f"{q.messages:,}", iso_ms(q.oldest_ms) or "-",
                   iso_ms(q.newest_ms) or "-"] for q in r.queues],
                 right=("QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES"), optional=("OLDEST (UTC)", "MIN OFFSET"))
     if r.groups:
-        print_table(None, ["GROUP", "LAG", "IN FLIGHT"], [[g.group.name, g.lag, g.inflight] for g in r.groups],
+        print_table(None, ["GROUP", "LAG", "IN FLIGHT"], [[g.group.name, f"{g.lag:,}", f"{g.inflight:,}"] for g in r.groups],
                     right=("LAG", "IN FLIGHT"))
     else:
         click.echo("no consumer group consumes it")

@@ -347,3 +347,19 @@ def test_serve_on_a_taken_port_names_the_setting(tmp_path, taken, words):
 def test_a_bad_endpoint_from_the_environment_names_it():
     proc = make_cli("no-port-here")("topic", "list", expect=2)
     assert "CHRONOQ_ENDPOINT" in proc.err and "host:port" in proc.err
+
+
+# ----------------------------------------------------------------------------- counts for people
+def test_counts_of_a_thousand_and_more_have_separators_json_stays_raw(cli):
+    topic, group = unique("cli-many"), unique("cli-many-g")
+    cli("topic", "create", topic, "--queues", "1")
+    assert f"sent 1,234 messages to {topic}" in cli("send", topic, "x", "--count", "1234").out
+    out = cli("topic", "describe", topic).out
+    assert f"topic {topic}: type mixed, 1 queue, 1,234 messages" in out
+    assert table_rows(out)["0"][3] == "1,234"  # MESSAGES (offsets stay plain: they are typed back)
+    d = cli.json("topic", "describe", topic)
+    assert d["messages"] == 1234 and d["per_queue"][0]["messages"] == 1234
+    cli("receive", group, topic, "--max", "1")
+    [row] = [r for r in cli.json("group", "list", "--group", group) if r["topic"] == topic]
+    assert row["lag"] == 1233
+    assert table_rows(cli("group", "list", "--group", group).out)[group][4] == "1,233"  # LAG
