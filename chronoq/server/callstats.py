@@ -13,10 +13,11 @@ set only once a handler was found for it (``h2calls``), so the label values are 
 methods, never what a client typed; a call with no handler counts under ``UNKNOWN_METHOD``.
 
 RocketMQ answers most refusals inside an OK call: its response's ``Status`` carries the code
-(``BAD_REQUEST``, ``TOO_MANY_REQUESTS``, ...). So a MessagingService call is also counted by the
-RocketMQ code of its last answer (``answers``): ``answer_code`` peeks at the first bytes of an
-answer (every MessagingService response has ``Status status = 1``, and encoders write field 1
-first) and costs about 0.25 µs per answer message (a table of the enum's varint bytes). The
+(``BAD_REQUEST``, ``TOO_MANY_REQUESTS``, ...); chronoq's Admin and Replication services answer the
+same way. So a call of these (``STATUS_ANSWER_PREFIXES``) is also counted by the RocketMQ code of
+its last answer (``answers``): ``answer_code`` peeks at the first bytes of an answer (every
+response of theirs has ``Status status = 1``, and encoders write field 1 first) and costs about
+0.25 µs per answer message (a table of the enum's varint bytes). The
 label is bounded: the broker's own answers carry codes of the ``Code`` enum only, and any other
 value counts as ``OTHER``.
 """
@@ -32,7 +33,10 @@ from chronoq.protocol.rocketmq.status import Code
 CALL_BOUNDS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                  2.5, 5.0, 10.0, 30.0, 60.0)
 UNKNOWN_METHOD = ""
-MESSAGING_PREFIX = "/apache.rocketmq.v2.MessagingService/"
+# The services whose every answer begins with a Status (field 1) holding the code (its field 1):
+# RocketMQ's MessagingService, and chronoq's own Admin and Replication (``chronoq.v1.Status``,
+# the same layout and the same code values; tests/unit/test_callstats.py checks each response).
+STATUS_ANSWER_PREFIXES = ("/apache.rocketmq.v2.MessagingService/", "/chronoq.v1.Admin/", "/chronoq.v1.Replication/")
 NO_ANSWER = -1       # a call without a RocketMQ answer (another service, or no answer message)
 _STATUS_TAG = 0x0A   # field 1, length-delimited: the response's Status
 _CODE_TAG = 0x08     # field 1, varint: the Status's code
@@ -63,7 +67,7 @@ _THREE_BYTE_CODES = {_three_byte_varint(n): n for n in Code.values() if (1 << 14
 
 
 def answer_code(data: bytes) -> int:
-    """The RocketMQ status code of one serialized MessagingService answer, ``NO_ANSWER`` when it
+    """The RocketMQ status code of one serialized answer (``STATUS_ANSWER_PREFIXES``), ``NO_ANSWER`` when it
     does not start with a Status (a ReceiveMessage stream's message entries). A Status without a
     code field has code 0 (CODE_UNSPECIFIED), as protobuf reads it."""
     if len(data) < 2 or data[0] != _STATUS_TAG:

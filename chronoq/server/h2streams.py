@@ -17,7 +17,7 @@ import grpc
 from chronoq.core import refusals as R
 from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, StreamWindows, UnsupportedEncoding, cut_messages,
                                  frame, headers_frame, literal_block, trailers)
-from chronoq.server.callstats import MESSAGING_PREFIX, NO_ANSWER, UNKNOWN_METHOD, answer_code
+from chronoq.server.callstats import NO_ANSWER, STATUS_ANSWER_PREFIXES, UNKNOWN_METHOD, answer_code
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
 
@@ -109,7 +109,7 @@ class Stream(StreamWindows):
     async def send_message(self, data: bytes) -> None:
         if self.ended or self.cancelled:
             raise StreamClosed("the call has ended")
-        if self.method.startswith(MESSAGING_PREFIX):
+        if self.method.startswith(STATUS_ANSWER_PREFIXES):
             code = answer_code(data)
             if code != NO_ANSWER:
                 self.answer = code

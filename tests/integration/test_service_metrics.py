@@ -13,6 +13,7 @@ from chronoq import __version__
 from chronoq.client.client import Client, ClientError
 
 from .conftest import wait_until
+from .test_cli import make_cli
 from .test_metrics import scrape, value
 
 MS = "apache.rocketmq.v2.MessagingService"
@@ -93,3 +94,24 @@ def test_transport_and_service_series(chronoq_process):
     assert value(samples, "chronoq_grpc_received_bytes_total") > SENDS * 2
     assert value(samples, "chronoq_grpc_sent_bytes_total") > 0
     assert value(samples, "chronoq_parked_polls") == 0 and value(samples, "chronoq_grpc_streams") == 0
+
+
+def test_admin_and_replication_answers_are_counted_by_their_code(chronoq_process):
+    """``chronoq_grpc_answers_total`` counts chronoq's own services through the same path as
+    MessagingService: the CLI's Admin calls and ``cluster status`` (Replication), refusals too."""
+    server = chronoq_process()
+    cli = make_cli(server.endpoint)
+    cli("topic", "create", "svc-admin", "--queues", "2")
+    cli("topic", "list")
+    assert cli("topic", "describe", "svc-nope", expect=1).err.startswith("chronoq: error: TOPIC_NOT_FOUND")
+    cli("cluster", "status")
+    samples = scrape(server.http_url)
+    admin = "chronoq.v1.Admin"
+    assert value(samples, "chronoq_grpc_answers_total", service=admin, method="CreateTopic", rocketmq_code="OK") == 1
+    assert value(samples, "chronoq_grpc_answers_total", service=admin, method="ListTopics", rocketmq_code="OK") == 1
+    assert value(samples, "chronoq_grpc_answers_total", service=admin, method="DescribeTopic",
+                 rocketmq_code="TOPIC_NOT_FOUND") == 1
+    assert value(samples, "chronoq_grpc_answers_total", service="chronoq.v1.Replication", method="ClusterStatus",
+                 rocketmq_code="OK") == 1
+    # Each call is counted once here and once (gRPC status) in chronoq_grpc_calls_total.
+    assert value(samples, "chronoq_grpc_calls_total", service=admin, method="DescribeTopic", code="OK") == 1

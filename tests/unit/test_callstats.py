@@ -51,3 +51,20 @@ def test_counted_per_method_and_code_with_a_bounded_label():
     stats.call_ended("/chronoq.v1.Admin/ListTopics", 0, 0.001)
     assert stats.answers == {(SEND, d.Code.OK): 2, (SEND, d.Code.MESSAGE_BODY_EMPTY): 1}
     assert rocketmq_code_name(d.Code.OK) == "OK" and rocketmq_code_name(12345) == "OTHER"
+
+
+def test_every_admin_and_replication_answer_begins_with_a_status():
+    """The peek is right for chronoq's own services: each response's field 1 is a
+    ``chronoq.v1.Status`` whose field 1 is the code (``STATUS_ANSWER_PREFIXES``)."""
+    from chronoq.proto import chronoq_admin_pb2 as a
+    from chronoq.server.callstats import STATUS_ANSWER_PREFIXES
+
+    services = a.DESCRIPTOR.services_by_name
+    assert {f"/{services[n].full_name}/" for n in ("Admin", "Replication")} <= set(STATUS_ANSWER_PREFIXES)
+    for name in ("Admin", "Replication"):
+        for method in services[name].methods:
+            status = method.output_type.fields_by_number[1]
+            assert status.message_type is a.Status.DESCRIPTOR, method.full_name
+    assert a.Status.DESCRIPTOR.fields_by_number[1].name == "code"
+    answer = a.DeleteGroupResponse(status=a.Status(code=d.Code.CONSUMER_GROUP_NOT_FOUND, message="m"), topics=["t"])
+    assert answer_code(answer.SerializeToString()) == d.Code.CONSUMER_GROUP_NOT_FOUND
