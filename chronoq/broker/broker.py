@@ -95,7 +95,7 @@ class Broker(TimerOperations):
                               self.clock)
         self.topic_registry = TopicRegistry(self.data_dir, self.config)
         self.topics: dict[str, TopicConfig] = self.topic_registry.topics
-        self.topic_registry.load(self.store.queues)
+        self.topic_registry.load(self.store.queues, self.recovery.notes)
         self.consumer_offsets = ConsumerOffsets(self.data_dir)
         self.consumer_offsets.load()
         self._last_checkpoint_ms = self.clock.wall_ms()

@@ -4,11 +4,25 @@ File ``topics.json`` in the data directory (``fsutil.write_json``, written whole
 
     {"topics": [{"name", "queues", "message_type"}, ...]}
 
-sorted by name. Queues found in the store but missing from it (lost metadata) are adopted on open.
+sorted by name. It is a source (docs/storage.md): nothing else records a topic's queue count or
+type. On open, the topics of queues found in the store but missing from it (the file lost, or a
+crash between a topic's first record and the file) are adopted and the file saved again:
+
+* a system topic with the queues the store has (up to its highest queue id): its owner asks for
+  the count it needs before it writes there (``create(..., system=True)`` only grows, never
+  refuses), so it ends as its owner made it (the trace topic at open, the delay-level topic at
+  the next level send);
+* a user topic with at least ``default_queues`` (more if the store has more) and type mixed (it
+  accepts every type): a guess, said in the recovery report (``notes``). Queues that never held
+  a message leave no trace, and the type is in no record.
+
+A damaged file refuses the open (``CorruptionError`` naming it and what to do): guessing there
+would hide the damage.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable, Iterable
 
@@ -17,6 +31,13 @@ from chronoq.core.config import BrokerConfig
 from chronoq.core.model import MessageType, TopicConfig
 
 TOPICS_FILE = "topics.json"
+# What an operator can do about a damaged topics.json (the refusal says it).
+DAMAGED_ADVICE = ("It holds the topic configurations (queue counts, types). Restore it from a backup or from a replica's data directory (replicas keep a copy), "
+                  "or move it aside to rebuild the topic table from the store: system topics as their owners "
+                  "make them, user topics with at least default_queues queues and type mixed (docs/storage.md).")
+ADOPTED_SHOWN_MAX = 10  # topic names a recovery note lists
+
+log = logging.getLogger("chronoq.broker.broker")
 
 
 class TopicRegistry:
@@ -31,21 +52,43 @@ class TopicRegistry:
         self.user_cache: dict[str, TopicConfig] = {}
         self.system_cache: dict[str, TopicConfig] = {}
 
-    def load(self, store_queues: Iterable[tuple[str, int]]) -> None:
+    def load(self, store_queues: Iterable[tuple[str, int]], notes: list[str] | None = None) -> None:
+        """Read the file, then adopt the store's queues it lacks (module docstring); what was
+        adopted is appended to ``notes`` (the recovery report) and logged."""
+        found = os.path.exists(self.path)
+        data = fsutil.read_source(self.path, DAMAGED_ADVICE)
         try:
-            data = fsutil.read_json(self.path)
-        except ValueError as exc:
-            raise errors.CorruptionError(self.path, 0, str(exc)) from None
-        for item in (data or {}).get("topics", []):
-            cfg = TopicConfig.from_json(item)
-            self.topics[cfg.name] = cfg
-        # Queues found in the store but missing from topics.json (e.g. lost metadata) are adopted.
+            for item in data.get("topics", []):
+                cfg = TopicConfig.from_json(item)
+                self.topics[cfg.name] = cfg
+        except (AttributeError, KeyError, TypeError, ValueError, errors.ClientError) as exc:
+            raise errors.CorruptionError(self.path, 0, f"a topic entry is not as written ({exc})",
+                                         DAMAGED_ADVICE) from None
+        highest: dict[str, int] = {}
         for (topic, qid) in list(store_queues):
+            highest[topic] = max(highest.get(topic, 0), qid + 1)
+        adopted = []
+        for topic, count in sorted(highest.items()):
             cfg = self.topics.get(topic)
             if cfg is None:
-                self.topics[topic] = TopicConfig(topic, max(self.config.default_queues, qid + 1))
-            elif qid >= cfg.queues:
-                cfg.queues = qid + 1
+                queues = count if model.is_system_topic(topic) else max(self.config.default_queues, count)
+                self.topics[topic] = TopicConfig(topic, queues)
+                adopted.append(f"{topic} ({queues})")
+            elif count > cfg.queues:
+                cfg.queues = count
+                adopted.append(f"{topic} ({count}, grown)")
+        if not adopted:
+            return
+        self.save()
+        shown = ", ".join(adopted[:ADOPTED_SHOWN_MAX]) + (
+            f" and {len(adopted) - ADOPTED_SHOWN_MAX} more" if len(adopted) > ADOPTED_SHOWN_MAX else "")
+        note = (f"{TOPICS_FILE} {'lacked' if found else 'was missing:'} {len(adopted)} topic(s) the store has, "
+                f"adopted with their queue counts: {shown}; a user topic adopted has at least default_queues "
+                f"queues and type mixed (check `chronoq topic list`; restore {self.path} from a backup for "
+                "the exact ones)")
+        log.warning("%s", note)
+        if notes is not None:
+            notes.append(note)
 
     def save(self) -> None:
         fsutil.write_json(self.path,
@@ -67,6 +110,10 @@ class TopicRegistry:
             raise errors.InvalidQueue(f"queue count must be between 1 and {self.config.max_queues}, not {queues!r}")
         existing = self.topics.get(name)
         if existing is not None:
+            if system and queues < existing.queues:
+                # A system topic's owner asks for the queues it needs; more (an older adoption
+                # of lost metadata made it default_queues) are left empty, never refused.
+                queues = existing.queues
             if queues < existing.queues:
                 raise errors.InvalidQueue(f"topic {name} has {existing.queues} queues; the count can only grow")
             if existing.queues == queues and existing.message_type == message_type:

@@ -172,11 +172,13 @@ class CorruptionError(ChronoqError):
 
     kind = "corruption"
 
-    def __init__(self, path: str, offset: int, reason: str):
+    def __init__(self, path: str, offset: int, reason: str, advice: str | None = None):
+        # ``advice``: what to do, for a file that is not a log (a damaged topics.json has no part
+        # to quarantine); by default the log's.
         super().__init__(
-            f"corrupt data in {path} at byte {offset}: {reason}. chronoq will not truncate the "
-            f"middle of the log. Inspect or back up the file, then restart with --quarantine to move "
-            f"the damaged part aside and continue (the lost range is reported)."
+            f"corrupt data in {path} at byte {offset}: {reason}. " + (advice or (
+                "chronoq will not truncate the middle of the log. Inspect or back up the file, then restart "
+                "with --quarantine to move the damaged part aside and continue (the lost range is reported)."))
         )
         self.path = path
         self.offset = offset

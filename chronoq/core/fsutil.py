@@ -99,6 +99,22 @@ def read_json(path: str) -> object | None:
     return json.loads(body)
 
 
+def read_source(path: str, advice: str) -> dict:
+    """A source file's document (``read_json``), ``{}`` when it does not exist. A damaged one
+    (bad checksum, or not a JSON object) refuses the open: ``CorruptionError`` naming the file,
+    with the owner's ``advice`` (what the file holds, what the operator can do): a source cannot
+    be rebuilt exactly, so nothing is guessed without them."""
+    try:
+        data = read_json(path)
+    except ValueError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+    else:
+        if data is None or isinstance(data, dict):
+            return data or {}
+        reason = f"a JSON {type(data).__name__}, not an object"
+    raise errors.CorruptionError(path, 0, reason, advice)
+
+
 def read_state(path: str, log, what: str, fallback: str) -> dict:
     """A state file's document, ``{}`` when it does not exist or is damaged. A damaged one is
     logged as a warning naming ``what`` it held and the ``fallback`` its owner takes (a replay

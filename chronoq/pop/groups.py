@@ -21,6 +21,12 @@ from chronoq.pop.names import DEFAULT_MAX_ATTEMPTS
 
 GROUPS_FILE = "groups.json"
 GROUPS_VERSION = 1
+# What an operator can do about a damaged groups.json (the refusal to open says it). Only the
+# settings are here: offsets and POP state are in offsets.json and the POP log.
+DAMAGED_ADVICE = ("It holds the consumer groups' settings. Restore it from a backup or from a replica's data directory (replicas keep a copy), or "
+                  "move it aside: every group then takes the default settings (not FIFO, max_attempts "
+                  f"{DEFAULT_MAX_ATTEMPTS}) until set again (chronoq group create, or [groups.*] of the "
+                  "config file, applied at start); offsets and deliveries in flight are kept.")
 
 
 @dataclass
@@ -50,13 +56,13 @@ class GroupBook:
 
     def _load(self) -> None:
         path = os.path.join(self.data_dir, GROUPS_FILE)
+        data = fsutil.read_source(path, DAMAGED_ADVICE)
         try:
-            data = fsutil.read_json(path) or {}
-        except ValueError as exc:
-            raise errors.CorruptionError(path, 0, str(exc)) from None
-        for name, item in (data.get("groups") or {}).items():  # type: ignore[union-attr]
-            self._groups[name] = self._new(name, bool(item.get("fifo", False)),
-                                           int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
+            for name, item in (data.get("groups") or {}).items():
+                self._groups[name] = self._new(name, bool(item.get("fifo", False)),
+                                               int(item.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise errors.CorruptionError(path, 0, f"a group entry is not as written ({exc})", DAMAGED_ADVICE) from None
 
     def _new(self, name: str, fifo: bool = False, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> GroupConfig:
         return GroupConfig(name, fifo, max_attempts, self.retry_delays_ms)

@@ -363,3 +363,41 @@ def test_counts_of_a_thousand_and_more_have_separators_json_stays_raw(cli):
     [row] = [r for r in cli.json("group", "list", "--group", group) if r["topic"] == topic]
     assert row["lag"] == 1233
     assert table_rows(cli("group", "list", "--group", group).out)[group][4] == "1,233"  # LAG
+
+
+# ----------------------------------------------------------------------------- lost or damaged topics.json / groups.json
+def test_serve_reopens_a_data_dir_whose_topics_json_is_lost(chronoq_process):
+    """The trace is on by default, so every served data directory holds CHRONOQ_TRACE records:
+    without topics.json it did not open ("topic CHRONOQ_TRACE has 4 queues; the count can only
+    grow"). Now the table is rebuilt from the store and the start says so."""
+    server = chronoq_process()
+    topic = unique("cli-lost")
+    make_cli(server.endpoint)("send", topic, "kept", "--count", "3")
+    server.stop()  # a clean stop writes the trace buffer
+    assert os.path.isdir(os.path.join(server.data_dir, "consumequeue", "CHRONOQ_TRACE"))
+    os.remove(os.path.join(server.data_dir, "topics.json"))
+    again = chronoq_process()  # the same data directory ("data")
+    d = make_cli(again.endpoint).json("topic", "describe", topic)
+    assert (d["messages"], d["message_type"]) == (3, "mixed")
+    assert any("recovery:" in line and "topics.json was missing" in line for line in again.lines), again.output()
+
+
+@pytest.mark.parametrize("name, words", [("topics.json", "topic configurations"),
+                                         ("groups.json", "consumer groups' settings")])
+def test_serve_on_a_damaged_topics_or_groups_file_exits_2_naming_it(chronoq_process, name, words):
+    server = chronoq_process()
+    cli = make_cli(server.endpoint)
+    cli("topic", "create", unique("cli-damaged"))
+    cli("group", "create", unique("cli-damaged-g"), "--fifo")
+    server.stop()
+    path = os.path.join(server.data_dir, name)
+    with open(path, "r+b") as fh:  # cut in the middle, as a copy that ran out of space
+        fh.truncate(os.path.getsize(path) // 2)
+    proc = subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", server.data_dir,
+                           "--host", "127.0.0.1", "--port", str(free_port()), "--http-port", "-1"],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"chronoq: cannot start: corrupt data in {path} at byte 0: " in proc.stderr
+    assert words in proc.stderr and "Restore it from a backup" in proc.stderr and "move it aside" in proc.stderr
+    assert "Traceback" not in proc.stderr and "--quarantine" not in proc.stderr
