@@ -17,6 +17,9 @@ The broker (``Broker.delete_topic``, ``set_offsets``, ``drop_group_offsets``) an
   the first message stored at or after a time. Deliveries in flight stay in flight.
 - ``delete_group`` drops the group's settings, offsets and POP state; refused while deliveries
   are in flight. Its ``%RETRY%`` and ``%DLQ%`` topics are kept (``dlq list|resend`` still work).
+  Refused for a group the config file defines (``[groups.<name>]``): every start applies those
+  tables, so the group would come back at the next restart; the config file is the place to
+  remove it (then restart, then delete what the broker still keeps of it).
 """
 
 from __future__ import annotations
@@ -158,6 +161,11 @@ def delete_group(broker, pop, group: str) -> list[str]:
     offsets for."""
     catalog.check_open(broker, pop)
     group = _known_group(broker, pop, group)
+    configured = broker.config.extra.get("groups")
+    if isinstance(configured, dict) and group in configured:
+        raise errors.ClientError(f"group {group} is defined in the config file ([groups.{group}]) and would come back "
+                                 f"at the next start: remove [groups.{group}] from the config file, restart the "
+                                 "broker, then delete the group")
     busy = operators.in_flight(pop, group)
     if busy:
         raise errors.ClientError(f"{busy} deliveries of group {group} are in flight; delete it once they are acked "

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from . import test_security
-from .conftest import ROOT, free_port, wait_until
+from .conftest import ROOT, free_port, groups_toml, wait_until
 from .test_cli import make_cli, table_rows, unique
 
 DAY_MS = 86_400_000
@@ -401,3 +401,31 @@ def test_serve_on_a_damaged_topics_or_groups_file_exits_2_naming_it(chronoq_proc
     assert f"chronoq: cannot start: corrupt data in {path} at byte 0: " in proc.stderr
     assert words in proc.stderr and "Restore it from a backup" in proc.stderr and "move it aside" in proc.stderr
     assert "Traceback" not in proc.stderr and "--quarantine" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- groups of the config file
+def test_group_delete_of_a_config_file_group_is_refused_until_the_config_drops_it(chronoq_process):
+    """A group of the config file came back after ``group delete`` and a restart (every start
+    applies ``[groups.*]``). Now the delete says where the group is defined; once the table is
+    gone from the config file, the group deleted stays deleted across restarts."""
+    group, topic = unique("cli-cfg-g"), unique("cli-cfg")
+    config = groups_toml({group: {"fifo": True, "max_attempts": 3}})
+    server = chronoq_process(config)
+    cli = make_cli(server.endpoint)
+    cli("send", topic, "x")
+    cli("receive", group, topic)
+    proc = cli("group", "delete", group, expect=1)
+    assert proc.err.startswith("chronoq: error: BAD_REQUEST: ") and f"[groups.{group}]" in proc.err
+    assert "config file" in proc.err and "restart" in proc.err
+    [row] = cli.json("group", "list", "--group", group)  # nothing was dropped
+    assert (row["fifo"], row["max_attempts"], row["topic"]) == (True, 3, topic)
+    server.stop()
+
+    server = chronoq_process("")  # the operator removed the table and restarted
+    cli = make_cli(server.endpoint)
+    assert cli.json("group", "list", "--group", group)[0]["fifo"] is True  # kept in groups.json until deleted
+    assert cli.json("group", "delete", group) == {"deleted": group, "topics": [topic]}
+    server.stop()
+    server = chronoq_process("")
+    cli = make_cli(server.endpoint)
+    cli("group", "list", "--group", group, expect=1)  # deleted stays deleted
