@@ -32,9 +32,10 @@ from chronoq.core.model import MessageType, TopicConfig
 
 TOPICS_FILE = "topics.json"
 # What an operator can do about a damaged topics.json (the refusal says it).
-DAMAGED_ADVICE = ("It holds the topic configurations (queue counts, types). Restore it from a backup or from a replica's data directory (replicas keep a copy), "
-                  "or move it aside to rebuild the topic table from the store: system topics as their owners "
-                  "make them, user topics with at least default_queues queues and type mixed (docs/storage.md).")
+DAMAGED_ADVICE = ("It holds the topic configurations (queue counts, types). Restore it from a backup or "
+                  "from a replica's data directory (replicas keep a copy), or move it aside to rebuild the "
+                  "topic table from the store: system topics as their owners make them, user topics with "
+                  "at least default_queues queues and type mixed (docs/storage.md).")
 ADOPTED_SHOWN_MAX = 10  # topic names a recovery note lists
 
 log = logging.getLogger("chronoq.broker.broker")

@@ -77,8 +77,8 @@ def topic_describe(name, endpoint, timeout, as_json) -> None:
                   iso_ms(q.newest_ms) or "-"] for q in r.queues],
                 right=("QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES"), optional=("OLDEST (UTC)", "MIN OFFSET"))
     if r.groups:
-        print_table(None, ["GROUP", "LAG", "IN FLIGHT"], [[g.group.name, f"{g.lag:,}", f"{g.inflight:,}"] for g in r.groups],
-                    right=("LAG", "IN FLIGHT"))
+        print_table(None, ["GROUP", "LAG", "IN FLIGHT"],
+                    [[g.group.name, f"{g.lag:,}", f"{g.inflight:,}"] for g in r.groups], right=("LAG", "IN FLIGHT"))
     else:
         click.echo("no consumer group consumes it")
 

@@ -23,10 +23,11 @@ GROUPS_FILE = "groups.json"
 GROUPS_VERSION = 1
 # What an operator can do about a damaged groups.json (the refusal to open says it). Only the
 # settings are here: offsets and POP state are in offsets.json and the POP log.
-DAMAGED_ADVICE = ("It holds the consumer groups' settings. Restore it from a backup or from a replica's data directory (replicas keep a copy), or "
-                  "move it aside: every group then takes the default settings (not FIFO, max_attempts "
-                  f"{DEFAULT_MAX_ATTEMPTS}) until set again (chronoq group create, or [groups.*] of the "
-                  "config file, applied at start); offsets and deliveries in flight are kept.")
+DAMAGED_ADVICE = ("It holds the consumer groups' settings. Restore it from a backup or from a replica's "
+                  "data directory (replicas keep a copy), or move it aside: every group then takes the "
+                  f"default settings (not FIFO, max_attempts {DEFAULT_MAX_ATTEMPTS}) until set again "
+                  "(chronoq group create, or [groups.*] of the config file, applied at start); offsets "
+                  "and deliveries in flight are kept.")
 
 
 @dataclass

@@ -17,9 +17,9 @@ RocketMQ answers most refusals inside an OK call: its response's ``Status`` carr
 same way. So a call of these (``STATUS_ANSWER_PREFIXES``) is also counted by the RocketMQ code of
 its last answer (``answers``): ``answer_code`` peeks at the first bytes of an answer (every
 response of theirs has ``Status status = 1``, and encoders write field 1 first) and costs about
-0.25 µs per answer message (a table of the enum's varint bytes). The
-label is bounded: the broker's own answers carry codes of the ``Code`` enum only, and any other
-value counts as ``OTHER``.
+0.25 µs per answer message (a table of the enum's varint bytes). The label is bounded: the
+broker's own answers carry codes of the ``Code`` enum only, and any other value counts as
+``OTHER``.
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ _THREE_BYTE_CODES = {_three_byte_varint(n): n for n in Code.values() if (1 << 14
 
 
 def answer_code(data: bytes) -> int:
-    """The RocketMQ status code of one serialized answer (``STATUS_ANSWER_PREFIXES``), ``NO_ANSWER`` when it
-    does not start with a Status (a ReceiveMessage stream's message entries). A Status without a
-    code field has code 0 (CODE_UNSPECIFIED), as protobuf reads it."""
+    """The RocketMQ status code of one serialized answer (``STATUS_ANSWER_PREFIXES``), ``NO_ANSWER``
+    when it does not start with a Status (a ReceiveMessage stream's message entries). A Status
+    without a code field has code 0 (CODE_UNSPECIFIED), as protobuf reads it."""
     if len(data) < 2 or data[0] != _STATUS_TAG:
         return NO_ANSWER
     if type(data) is bytes and data[1] < 0x80 and len(data) >= 6 and data[2] == _CODE_TAG:  # (every Code value is a 3-byte varint)

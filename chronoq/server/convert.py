@@ -76,26 +76,24 @@ _valid_topics: set[str] = set()
 _valid_groups: set[str] = set()
 
 
+def _validated(name: str, valid: set[str], check) -> str:
+    """``name`` once ``check`` passed it, now or before (``valid`` remembers, up to the bound)."""
+    if name not in valid:
+        check(name)
+        if len(valid) >= _NAMES_CACHE_MAX:
+            valid.clear()
+        valid.add(name)
+    return name
+
+
 def topic_name(resource) -> str:
     """The topic named by a ``Resource``; validated (ILLEGAL_TOPIC when malformed)."""
-    name = resource.name
-    if name not in _valid_topics:
-        validate.topic_name(name)
-        if len(_valid_topics) >= _NAMES_CACHE_MAX:
-            _valid_topics.clear()
-        _valid_topics.add(name)
-    return name
+    return _validated(resource.name, _valid_topics, validate.topic_name)
 
 
 def group_name(resource) -> str:
     """The consumer group named by a ``Resource``; validated (ILLEGAL_CONSUMER_GROUP)."""
-    name = resource.name
-    if name not in _valid_groups:
-        validate.group_name(name)
-        if len(_valid_groups) >= _NAMES_CACHE_MAX:
-            _valid_groups.clear()
-        _valid_groups.add(name)
-    return name
+    return _validated(resource.name, _valid_groups, validate.group_name)
 
 
 # ------------------------------------------------------------------------------------ sending

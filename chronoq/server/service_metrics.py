@@ -155,7 +155,8 @@ class ServiceCollector(Collector):
         yield _calls_by_code("chronoq_grpc_calls", "gRPC calls ended, by method and gRPC status (RocketMQ answers "
                              "most errors inside an OK call's response).", "code", stats.calls, grpc_code_name)
         yield _calls_by_code("chronoq_grpc_answers", "Calls of MessagingService, Admin and Replication ended, by "
-                             "method and the RocketMQ status code of their (last) answer.", "rocketmq_code", stats.answers, rocketmq_code_name)
+                             "method and the RocketMQ status code of their (last) answer.", "rocketmq_code",
+                             stats.answers, rocketmq_code_name)
         latency = HistogramMetricFamily("chronoq_grpc_call_seconds", "Time from a call's request headers to its "
                                         "status (long polls included).", labels=["service", "method"])
         for path, counts in sorted(stats.latency.items()):

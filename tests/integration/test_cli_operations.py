@@ -365,7 +365,7 @@ def test_counts_of_a_thousand_and_more_have_separators_json_stays_raw(cli):
     assert table_rows(cli("group", "list", "--group", group).out)[group][4] == "1,233"  # LAG
 
 
-# ----------------------------------------------------------------------------- lost or damaged topics.json / groups.json
+# ----------------------------------------------------------------------------- lost or damaged topics/groups.json
 def test_serve_reopens_a_data_dir_whose_topics_json_is_lost(chronoq_process):
     """The trace is on by default, so every served data directory holds CHRONOQ_TRACE records:
     without topics.json it did not open ("topic CHRONOQ_TRACE has 4 queues; the count can only
