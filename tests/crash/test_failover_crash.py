@@ -3,7 +3,9 @@ in one chain (issue 22; docs/replication.md, "What the failover test shows").
 
 Round i: primary P_i and its replica R_i (``replication = "sync"``: a send is answered only once
 R_i has it durable), under the mixed load of ``failover_load.Load`` through the official Python
-client. At a seeded moment P_i is killed with SIGKILL; after a seeded pause (timers fall due
+client. At a seeded moment P_i is killed with SIGKILL, in half the rounds (seeded) while R_i is
+stopped with SIGSTOP for a seeded 0.2-1.5 s (a replica lagging: what P_i wrote meanwhile never
+reaches it; with acknowledgements that did not wait for a replica, this is where they are lost); after a seeded pause (timers fall due
 while no primary runs) the test, acting as the operator, promotes R_i (``PROMOTE``: one function,
 so an automatic promotion can take its place), then starts a new, empty replica R_{i+1} following
 it (it copies the log from the start) and waits until it has caught up: round i+1 has R_i as its
@@ -30,6 +32,7 @@ from collections import defaultdict
 import pytest
 
 from tests.crash.failover_load import FIFO_GROUP, INVISIBLE_S, Ledger, Load
+from tests.integration import conftest
 from tests.integration.conftest import ChronoqProcess, groups_toml, wait_until
 from tests.integration.test_replication import cli, cluster_status
 
@@ -44,7 +47,8 @@ CONFIG = ('replication = "sync"\nreplication_sync_timeout_ms = 3000\n'
 # its delivery (or ack): the POP log takes a delivery's checkpoint once it is buffer_ms (2 s)
 # old, and the replica copies it with a pull that reaches the primary's durable end (at most a
 # long poll, 1 s, after it); the timer's delivery record of a due message likewise. So the earlier
-# delivery of a duplicate was made by a primary that was killed, at most this long before its kill.
+# delivery of a duplicate was made by a primary that was killed, at most this long before its
+# replica's last copy (the kill, or the replica's SIGSTOP before it).
 DUPLICATE_WINDOW_S = 4.0
 
 
@@ -69,11 +73,15 @@ def start_replica(path: str, primary: ChronoqProcess) -> ChronoqProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sigkill_of_the_primary_under_mixed_load_loses_nothing_acknowledged(tmp_path):
+def test_sigkill_of_the_primary_under_mixed_load_loses_nothing_acknowledged(tmp_path, monkeypatch):
+    # A node's start (a Python process importing chronoq) took over 30 s with the two cores shared
+    # by several test runs: a slow start is not what this test is about.
+    monkeypatch.setattr(conftest, "READY_TIMEOUT_S", 120.0)
     print(f"\nfailover crash test: seed {SEED} (CHRONOQ_CRASH_SEED), {KILLS} kills")
     rng = random.Random(SEED)
     ledger = Ledger()
-    outages: list[tuple[float, float, int]] = []  # (kill, promoted) wall times, the round killed
+    # (replica stopped copying, primary killed, replica promoted) wall times, the round killed
+    outages: list[tuple[float, float, float, int]] = []
     began = time.monotonic()
     nodes = [ChronoqProcess(str(tmp_path / "n0"), CONFIG)]
     load = None
@@ -83,22 +91,30 @@ def test_sigkill_of_the_primary_under_mixed_load_loses_nothing_acknowledged(tmp_
             primary, replica = nodes[-2], nodes[-1]
             load = Load(primary.endpoint, ledger, round_no, random.Random(rng.randrange(1 << 30)))
             time.sleep(rng.uniform(1.0, 4.0))  # the seeded moment, into the load
+            stall = rng.uniform(0.2, 1.5) if rng.random() < 0.5 else 0.0
+            cut = time.time()  # the last moment the replica copied
+            if stall:  # the replica stops copying for a while first (a stalled disk, a pause)
+                replica.proc.send_signal(signal.SIGSTOP)
+                time.sleep(stall)
             primary.proc.send_signal(signal.SIGKILL)
             killed = time.time()
             primary.proc.wait(10)
+            if stall:  # it never gets what the primary wrote meanwhile
+                replica.proc.send_signal(signal.SIGCONT)
             load.close()
             assert not load.errors, load.errors
             load = None
             primary.stop(check=False)
             time.sleep(rng.uniform(0.0, 1.5))  # the outage: timers fall due with no primary
             PROMOTE(primary, replica)
-            outages.append((killed, time.time(), round_no))
+            outages.append((cut, killed, time.time(), round_no))
             nodes.append(start_replica(str(tmp_path / f"n{round_no + 2}"), replica))
         # Drain: every message that must come, and what comes back meanwhile.
         load = Load(nodes[-2].endpoint, ledger, KILLS, random.Random(0), produce=False)
         last_due = max((s.due for s in ledger.sends.values() if s.due), default=0)
-        wait_until(lambda: not missing(ledger) and time.time() > last_due, 60 + INVISIBLE_S, interval_s=0.5,
-                   what="every acknowledged message to be delivered")
+        deadline = time.monotonic() + 60 + INVISIBLE_S  # (then ``check`` names what never came)
+        while (missing(ledger) or time.time() <= last_due) and time.monotonic() < deadline:
+            time.sleep(0.5)
         time.sleep(3)  # (a redelivery in flight is counted too)
         load.close()
         load = None
@@ -106,6 +122,8 @@ def test_sigkill_of_the_primary_under_mixed_load_loses_nothing_acknowledged(tmp_
         if load is not None:
             load.close()
         for node in nodes:
+            if node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
             node.stop(check=False)
     print(f"failover crash test: {len(outages)} kills in {time.monotonic() - began:.0f} s")
     check(ledger, outages)
@@ -135,9 +153,9 @@ def missing(ledger: Ledger) -> list[bytes]:
     return [s.body for s in must_arrive(ledger) if s.body not in seen]
 
 
-def check(ledger: Ledger, outages: list[tuple[float, float, int]]) -> None:
+def check(ledger: Ledger, outages: list[tuple[float, float, float, int]]) -> None:
     sends, firsts = ledger.sends, first_deliveries(ledger)
-    kills = {r: k for k, _, r in outages}
+    cuts = {r: cut for cut, _, _, r in outages}
     counts = defaultdict(int)
     for s in sends.values():
         counts[f"{s.kind}{'' if s.acked else ' unacknowledged'}"] += 1
@@ -173,11 +191,12 @@ def check(ledger: Ledger, outages: list[tuple[float, float, int]]) -> None:
             continue
         duplicates += 1
         assert prev.epoch < d.epoch, f"{d.body} delivered twice by one primary (round {d.epoch})"
-        age = kills[prev.epoch] - prev.at
+        age = cuts[prev.epoch] - prev.at
         ages.append(age)
-        assert age <= DUPLICATE_WINDOW_S, f"{d.body}: delivered again after a kill {age:.1f} s after its delivery"
-    print(f"duplicates: {duplicates} of {len(firsts)} messages; earliest before its kill: "
-          f"{max(ages, default=0):.2f} s")
+        assert age <= DUPLICATE_WINDOW_S, \
+            f"{d.body}: delivered again, its delivery {age:.1f} s older than the replica's last copy"
+    print(f"duplicates: {duplicates} of {len(firsts)} messages; the oldest earlier delivery: "
+          f"{max(ages, default=0):.2f} s before the replica's last copy")
 
     # FIFO: per message group, first deliveries in send order.
     for group in {s.group for s in sends.values() if s.kind == "fifo"}:
@@ -186,7 +205,7 @@ def check(ledger: Ledger, outages: list[tuple[float, float, int]]) -> None:
 
     # Every timer due during an outage: delivered, by a later primary.
     fell_due = 0
-    for killed, promoted, round_no in outages:
+    for _cut, killed, promoted, round_no in outages:
         for s in must_arrive(ledger):
             if s.kind == "delayed" and killed <= s.due <= promoted:
                 fell_due += 1
