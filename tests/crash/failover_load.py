@@ -5,13 +5,14 @@ One round's load runs on threads until the test stops it (at the kill): a produc
 delayed (due 1-5 s ahead), FIFO (four message groups) and transactional messages (commit or
 rollback, some left for the broker's check), recalling some delayed ones; and two simple
 consumers (a plain group over the plain, delayed and transactional topics; a FIFO group over the
-FIFO topic) receiving and acking at once. Every body is unique and says its kind, so a delivery
+FIFO topic) receiving and acking at once; recalls run on a thread of their own. Every body is unique and says its kind, so a delivery
 names its send. The producer's choices come from the round's seeded ``random.Random``; what the
 threads manage before the kill depends on the machine's speed (the kill moment is seeded).
 """
 
 from __future__ import annotations
 
+import queue
 import random
 import threading
 import time
@@ -107,8 +108,11 @@ class Load:
         for c in self.consumers:
             c.startup()
         self.threads = [threading.Thread(target=self._consume, args=(c,), daemon=True) for c in self.consumers]
+        # Recalls on a thread of their own: they go on while a send waits for the replica.
+        self.recalls: queue.Queue = queue.Queue()
         if produce:
-            self.threads.append(threading.Thread(target=self._produce, daemon=True))
+            self.threads += [threading.Thread(target=self._produce, daemon=True),
+                             threading.Thread(target=self._recall_loop, daemon=True)]
         for t in self.threads:
             t.start()
 
@@ -143,7 +147,6 @@ class Load:
     # ------------------------------------------------------------------ the producer
     def _produce(self) -> None:
         rng, n = self.rng, 0
-        pending_recalls: list[tuple[Send, str]] = []
         while not self.stop.is_set() and n < SENDS_MAX:
             n += 1
             kind = rng.choices(("plain", "delayed", "fifo", "txn"), (3, 4, 2, 2))[0]
@@ -155,7 +158,7 @@ class Load:
                     s.due = int(time.time()) + rng.randint(2, 5)  # (whole seconds: the client's unit)
                     receipt = self._send(s, due=int(s.due))
                     if receipt is not None and receipt.recall_handle and rng.random() < 0.3:
-                        pending_recalls.append((s, receipt.recall_handle))
+                        self.recalls.put((time.time() + rng.uniform(0.0, 1.0), s, receipt.recall_handle))
                 elif kind == "fifo":
                     group = rng.choice(MESSAGE_GROUPS)
                     seq = self.ledger.fifo_seq.get(group, 0)
@@ -165,12 +168,6 @@ class Load:
                     self._send(s, group=group)
                 else:
                     self._transaction(n)
-                # Recall the delayed messages picked, a moment after their send (never within 1 s
-                # of their due time: a recall then cancels, unless the primary dies meanwhile).
-                while pending_recalls and rng.random() < 0.5:
-                    s, handle = pending_recalls.pop(0)
-                    if time.time() < s.due - 1.2:
-                        self._recall(s, handle)
             except Exception as exc:  # noqa: BLE001 - a bug in this loop, not the broker's failure
                 self.errors.append(repr(exc))
                 return
@@ -198,6 +195,19 @@ class Load:
         except Exception:  # noqa: BLE001 - the broker's check resolves it (with the intent)
             return
         s.end = "acked"
+
+    def _recall_loop(self) -> None:
+        """Recall the delayed messages picked, up to 1 s after their send (never within 1.2 s of
+        their due time: a recall then cancels, unless the primary dies meanwhile)."""
+        while not self.stop.is_set():
+            try:
+                at, s, handle = self.recalls.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            while time.time() < at and not self.stop.is_set():
+                time.sleep(0.02)
+            if not self.stop.is_set() and time.time() < s.due - 1.2:
+                self._recall(s, handle)
 
     def _recall(self, s: Send, handle: str) -> None:
         s.recall = "unknown"
