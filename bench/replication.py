@@ -7,7 +7,10 @@ batched (``--batch`` messages a call) and single (one a call), each for ``--seco
 and the ratio to "none" of the same run. Under async load the primary's view of the replica's
 lag (ClusterStatus, every 100 ms) is sampled: p50 and max bytes. Last, failover: the async
 primary is killed with SIGKILL, ``chronoq promote`` is run on the replica, and the time from the
-kill to the first acknowledged send and to the first message received there is measured.
+kill to the first acknowledged send and to the first message received there is measured: in
+even rounds with chronoq.client.client, in odd rounds with the official Python client
+(``failover_to_first_official_send``, ``..._receive``: its clients given the replica's address,
+started again until they work); ``--rounds 2`` or more gives both.
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Every phase is bounded
 in count and time. The load runs in one client process: on a 2-core machine shared with others,
@@ -29,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,13 +94,68 @@ async def caught_up(replica: str, primary: str, timeout_s: float = 60) -> None:
             await asyncio.sleep(0.05)
 
 
-async def failover(primary_proc, replica: str, topic: str) -> dict:
+def official_failover(replica: str, topic: str, killed: float, out: dict) -> None:
+    """The official Python client from the kill on: a producer and a simple consumer given the
+    replica's address, started again (0.2 s apart) until they work, as an application restarting
+    its clients would; fills ``out`` with the kill to the first acknowledged send and to the first
+    message received (the topic's backlog). A client that lived across the failover would wait
+    for its route refresh as well (30 s period: docs/replication.md, "Routes and failover")."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+    def attempt(make, use):
+        client = None
+        try:
+            client = make()
+            client.startup()
+            return use(client)
+        except Exception:  # noqa: BLE001 - the primary is dead and the replica not promoted yet
+            return None
+        finally:
+            if client is not None:
+                try:
+                    client.shutdown()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def send(p):
+        m = Message()
+        m.topic, m.body = topic, b"after-official"
+        return p.send(m)
+
+    # The client makes some grpc.aio calls from the calling thread, and grpc asks for its loop.
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    config = ClientConfiguration(replica, Credentials("", ""), request_timeout=3)
+    deadline = killed + 120
+    while "official_send" not in out and time.monotonic() < deadline:
+        if attempt(lambda: Producer(config, (topic,)), send) is not None:
+            out["official_send"] = time.monotonic() - killed
+        else:
+            time.sleep(0.2)
+    while "official_receive" not in out and time.monotonic() < deadline:
+        if attempt(lambda: SimpleConsumer(config, "bench-failover-official", {topic: FilterExpression("*")},
+                                          await_duration=2), lambda c: c.receive(1, 30)):
+            out["official_receive"] = time.monotonic() - killed
+        else:
+            time.sleep(0.2)
+
+
+async def failover(primary_proc, replica: str, topic: str, official: bool) -> dict:
+    """Kill, promote, and time the first send and receive there: with chronoq.client.client, or
+    (``official``) the official Python client, whose clients try from the kill on (on a thread
+    of their own). One client kind a round: the two side by side slowed each other."""
     killed = time.monotonic()
     primary_proc.send_signal(signal.SIGKILL)
     primary_proc.wait(10)
+    if official:
+        out: dict = {}
+        watcher = threading.Thread(target=official_failover, args=(replica, topic, killed, out), daemon=True)
+        watcher.start()
     promote = subprocess.run([sys.executable, "-m", "chronoq", "promote", "--endpoint", replica], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert promote.returncode == 0, promote.stderr
+    if official:
+        await asyncio.to_thread(watcher.join, 130)
+        return {"official_send": out.get("official_send"), "official_receive": out.get("official_receive")}
     first_send = first_receive = None
     deadline = time.monotonic() + 120
     while first_send is None and time.monotonic() < deadline:
@@ -135,7 +194,7 @@ async def run_round(args, root: str, round_no: int) -> None:
                     emit("replication_lag_under_load_max", max(out["lags"]), "bytes", **ctx)
             if mode == "async":
                 await caught_up(replica, primary)
-                times = await failover(primary_proc, replica, "bench-batched")
+                times = await failover(primary_proc, replica, "bench-batched", official=round_no % 2 == 1)
                 log_mb = sum(os.path.getsize(os.path.join(base + "-r", "commitlog", n))
                              for n in os.listdir(os.path.join(base + "-r", "commitlog"))) / 1e6
                 for what, value in times.items():

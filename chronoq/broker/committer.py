@@ -134,19 +134,34 @@ class GroupCommitter:
         once it is durable and applied (under either flush policy: a recall is always durable)."""
         answer = self.broker.timer_recall(handle)
         await self.durable(answer.ticket)
-        return self.broker.timer_answered(answer)
+        result = self.broker.timer_answered(answer)
+        await self._on_a_replica(answer.ticket)
+        return result
 
     async def reschedule(self, handle: str, deliver_at_ms: int) -> RescheduleResult:
         """``Broker.reschedule`` as ``recall``: the moved record durable before the new handle."""
         answer = self.broker.timer_reschedule(handle, deliver_at_ms)
         await self.durable(answer.ticket)
-        return self.broker.timer_answered(answer)
+        result = self.broker.timer_answered(answer)
+        await self._on_a_replica(answer.ticket)
+        return result
 
     async def cancel_by_key(self, topic: str, key: str):
         """``Broker.cancel_by_key`` as ``recall``: the recall records durable before the answer."""
         answer = self.broker.timer_cancel_by_key(topic, key)
         await self.durable(answer.ticket)
-        return self.broker.timer_key_answered(answer)
+        result = self.broker.timer_key_answered(answer)
+        await self._on_a_replica(answer.ticket)
+        return result
+
+    async def _on_a_replica(self, ticket: int) -> None:
+        """``replication = "sync"``: a recall's (reschedule's) record is on a replica before it is
+        answered, as a send is (``barrier``): one answered by the primary alone would be undone by
+        a failover, and the promoted node deliver what its producer was told was cancelled. The
+        record is applied here all the same (raises ``errors.ReplicaTimeout``: outcome unknown,
+        as any refused write; recalling again answers from the stored record)."""
+        if self.replicated is not None and ticket > 0:
+            await self.replicated(ticket)
 
     async def retention(self) -> tuple[list[str], Job | None]:
         """``Broker.retention`` with the roll-forward's fsync on the flusher thread: the records

@@ -310,3 +310,45 @@ def test_sync_replication_acknowledges_only_what_a_replica_holds(tmp_path):
         if replica is not None:
             replica.stop()
         primary.stop(check=False)
+
+
+def test_sync_replication_answers_a_recall_only_once_a_replica_holds_it(tmp_path):
+    """A recall (like a send) is answered OK under ``sync`` only once a replica has its record: one
+    answered by the primary alone is lost with it, and the promoted replica delivers the message
+    its producer was told was cancelled."""
+    config = CONFIG + 'replication = "sync"\nreplication_sync_timeout_ms = 2000\n'
+    primary = ChronoqProcess(str(tmp_path / "p"), config)
+    replica = None
+    topic, group = unique("recall-sync"), unique("g")
+    try:
+        replica = ChronoqProcess(str(tmp_path / "r"), config, extra_args=("--replica-of", primary.endpoint))
+        wait_until(lambda: cluster_status(primary.endpoint).replicas, 20, what="the replica's first pull")
+        due = int(time.time()) + 6
+        with producer(primary.endpoint, topic) as p:
+            receipts = []
+            for body in (b"kept", b"recalled"):
+                m = make_message(topic, body)
+                m.delivery_timestamp = due
+                receipts.append(p.send(m))
+            os.kill(replica.proc.pid, signal.SIGSTOP)  # the replica copies nothing more
+            try:
+                with pytest.raises(Exception) as info:
+                    p.recall_message(topic, receipts[1].recall_handle)
+                assert "replication = sync" in str(info.value), info.value  # (SLAVE_PERSISTENCE_TIMEOUT)
+            finally:
+                os.kill(replica.proc.pid, signal.SIGCONT)
+            resumed_ms = time.time() * 1000
+            wait_until(lambda: cluster_status(primary.endpoint).replicas[0].last_pull_ms > resumed_ms, 20,
+                       what="the resumed replica to pull again (back in sync)")
+            # Recalled again: the record is stored already, the answer waited for the replica.
+            assert p.recall_message(topic, receipts[1].recall_handle) == receipts[1].message_id
+        kill_9(primary)
+        promoted = cli("promote", "--endpoint", replica.endpoint)
+        assert promoted.returncode == 0, promoted.stderr
+        with simple_consumer(replica.endpoint, group, topic) as c:
+            got = receive_all(c, 2, timeout_s=max(0.0, due - time.time()) + 8)
+        assert [m.body for m in got] == [b"kept"]
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop(check=False)
