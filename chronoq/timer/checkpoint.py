@@ -135,6 +135,8 @@ class Checkpoints:
             if exc is not None:
                 raise exc
             self.files.remove_finished()
+            if self.files.finishing:  # (an unlink failed, logged): retried by the next checkpoint
+                raise errors.StorageError(f"a finished schedule bucket's file in {self.sched_dir} could not be deleted")
         self._flush_buffers(here=True)  # (the journal's fsync in place: this call blocks anyway)
         self._checkpoint_job(target, clean).run_here()
 

@@ -18,6 +18,7 @@ import os
 
 import pytest
 
+from chronoq.core import errors
 from chronoq.core.clock import FakeClock
 from chronoq.timer.recall import RecallOutcome
 from tests.unit.timerkit import T0, TOPIC, crash, drain, open_broker, visible
@@ -119,5 +120,39 @@ def test_the_scenario_runs_to_its_end_without_a_kill(tmp_path):
     assert list(_scenario(b, clock, {})) == STEPS  # (every step's assertions held)
     b.close()
     b = _open(tmp_path, clock)
+    assert sorted(m.body for m in visible(b)) == [b"a", b"x"]
+    b.close()
+
+
+def test_while_the_old_file_cannot_be_deleted_the_new_entries_stay_off_it(tmp_path, monkeypatch):
+    clock = FakeClock(T0)
+    b = _open(tmp_path, clock)
+    b.timer.attach_files_syncer(lambda: None)
+    run = _scenario(b, clock, {})
+    while next(run) != "remade":
+        pass
+    file = b.timer.files.path(B)
+    size = os.path.getsize(file)
+    unlink = os.unlink
+
+    def failing_unlink(path, *args, **kwargs):
+        if os.fspath(path) == file:
+            raise OSError(5, "injected EIO")
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", failing_unlink)
+    _side_sync(b)
+    _step_without_fsync(b)  # the deletion fails (logged): kept for the next try
+    assert os.path.getsize(file) == size and b.timer.files.awaits_deletion(B)
+    with pytest.raises(errors.StorageError):
+        b.timer.checkpoint()  # would otherwise claim what the old file lacks
+    assert os.path.getsize(file) == size
+    monkeypatch.setattr(os, "unlink", unlink)
+    b.timer.checkpoint()
+    assert not b.timer.files.awaits_deletion(B)
+    crash(b)
+    b = _open(tmp_path, clock)
+    clock.advance(2 * MIN)
+    drain(b)
     assert sorted(m.body for m in visible(b)) == [b"a", b"x"]
     b.close()
