@@ -239,17 +239,10 @@ class BucketLife:
         if exc is None and self.files.side_waiting:  # written after that sync began: ask again
             self._ask_files_sync()
 
-    def _remove_finished(self) -> None:
-        """Delete the files of finished buckets whose ``.done`` is durable now."""
-        for start in self.files.take_removable():
-            if start not in self.buckets:  # (made again meanwhile: its next finish deletes it)
-                try:
-                    self.files.remove(start)
-                except OSError as exc:
-                    log.warning("deleting finished schedule bucket %d failed: %s", start, exc)
-
     def _finish_buckets(self, now: int) -> None:
-        self._remove_finished()
+        # The files of finished buckets whose .done is durable now (a bucket made again meanwhile
+        # kept its new entries in memory, ``ScheduleFiles.write``: they go to a new file).
+        self.files.remove_finished()
         if self.files.side_waiting and now >= self._files_retry_ms:
             self._ask_files_sync()
         while self._loaded:
@@ -276,7 +269,7 @@ class BucketLife:
                 bisect.insort(self._done, b.start)
         if durable:
             self.files.remove(b.start)
-        else:  # deleted once its .done is durable (``_finish_buckets``), unless made again meanwhile
+        else:  # deleted once its .done is durable (``_finish_buckets``)
             self._ask_files_sync()
         self._buffered -= len(b.buffer)
         self._buffered_starts.discard(b.start)

@@ -129,13 +129,15 @@ class Checkpoints:
         assert not self._ckpt_syncing, "a checkpoint job is still running"
         self._absorb_durable()
         target = self._covered()
-        self._flush_buffers(here=True)  # (the journal's fsync in place: this call blocks anyway)
-        if self.files.finishing:  # finished buckets' files go first (``ScheduleFiles.finishing``)
-            self.files.sync_side()
+        if self.files.finishing:  # finished buckets' files go first (``ScheduleFiles.finishing``;
+            self.files.sync_side()  # a bucket made again meanwhile is written to a new file)
             _ready, exc = self.files.take_synced()
             if exc is not None:
                 raise exc
-            self._remove_finished()
+            self.files.remove_finished()
+            if self.files.finishing:  # (an unlink failed, logged): retried by the next checkpoint
+                raise errors.StorageError(f"a finished schedule bucket's file in {self.sched_dir} could not be deleted")
+        self._flush_buffers(here=True)  # (the journal's fsync in place: this call blocks anyway)
         self._checkpoint_job(target, clean).run_here()
 
     def _checkpoint_step(self, now: int) -> Job | None:

@@ -74,7 +74,8 @@ def bucket_pending(timer, start: int) -> dict[int, tuple[int, bytes]]:
     """ident -> (due, record) of the messages pending in bucket ``start`` (its file plus its write
     buffer; none when it has neither). A message claimed but not yet durably delivered counts."""
     path = timer.files.path(start)
-    file_data = schedlog.read_file(path)
+    # (a finished bucket's file awaiting deletion holds nothing pending, ``ScheduleFiles.write``)
+    file_data = b"" if timer.files.awaits_deletion(start) else schedlog.read_file(path)
     b = timer.buckets.get(start)
     buffered = bytes(b.buffer) if b is not None else b""
     states: list[tuple[int, int]] = []

@@ -241,11 +241,13 @@ class Keyed:
         if b is None and start not in self._in_heap:
             # Finished: nothing pending (as ``pending`` and ``horizon`` read it). Its file may
             # outlive it until its .done is durable (the server fsyncs that on the committer's
-            # thread, ``schedfiles.take_removable``), and it lacks the entries only buffered at
+            # thread, ``schedfiles.remove_finished``), and it lacks the entries only buffered at
             # the finish (a replaced message's CANCELLED): read, it would index that message
             # again, and a later replace would answer it "already delivered".
             return b"", b""
         buffered = bytes(b.buffer) if b is not None else b""
+        if self.files.awaits_deletion(start):  # made again meanwhile: all it has is in memory
+            return b"", buffered
         return schedlog.read_file(self.files.path(start)), buffered
 
     def _unread_candidates(self, h: int, topic: str, key: str) -> list[tuple[int, int]]:

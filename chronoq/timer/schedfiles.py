@@ -14,9 +14,15 @@ recalls) is durable. Embedded, both fsyncs run in place. Under the server (``def
 (``sync_side``): ``write`` writes the journal records (page cache) and leaves the buckets whose
 record is not durable yet to the caller, who writes them once ``take_synced`` says it is;
 ``write_done`` writes the ``.done`` file without an fsync and the bucket file is deleted once
-``take_removable`` hands it back. A crash in between: the bucket file was not appended to (its
+``remove_finished`` deletes it. A crash in between: the bucket file was not appended to (its
 entries come back from the commit log after the cursor), or was not deleted (its bucket is
 finished again after the restart, merging the ``.done`` file's entries).
+
+A finished bucket can be made again before its file is deleted: an entry lands in it (a record
+written before the bucket's end and absorbed after its finish, once the committer fsynced it).
+Its file then holds the first life's entries without those only buffered at the finish, so it
+is never appended to: ``write`` leaves such a bucket to the caller (``awaits_deletion``) until
+the file is deleted, and the new life's entries go to a new file, journaled at length 0.
 """
 
 from __future__ import annotations
@@ -165,7 +171,12 @@ class ScheduleFiles:
         """Append ``blob`` to each bucket ``start`` (page cache). The journal records first the
         length of every file not yet written in this checkpoint cycle, and is fsynced before
         the file is appended to: here (embedded, or ``here``), or by ``sync_side`` (``defer``).
-        Returns the starts not written: their record is not durable yet (``take_synced``)."""
+        Returns the starts not written: their record is not durable yet (``take_synced``), or
+        their file awaits deletion (``awaits_deletion``: written once ``remove_finished`` deleted
+        it)."""
+        held = [start for start, _ in items if self.awaits_deletion(start)]
+        if held:
+            items = [(start, blob) for start, blob in items if start not in held]
         self._journal([start for start, _ in items if start not in self._journaled and start not in self._intents])
         if self._intents and (here or not self.defer):
             try:
@@ -174,7 +185,7 @@ class ScheduleFiles:
                 raise fsutil.storage_error(exc, self._journal_path) from exc
             self._journaled.update(self._intents)
             self._intents.clear()
-        waiting = []
+        waiting = held
         for start, blob in items:
             if start not in self._journaled:
                 waiting.append(start)
@@ -206,10 +217,15 @@ class ScheduleFiles:
     @property
     def finishing(self) -> bool:
         """Finished buckets' files not deleted yet: their ``.done`` is not known durable, or
-        ``take_removable`` has not handed them back. Such a file lacks the entries that were only
+        ``remove_finished`` has not deleted them. Such a file lacks the entries that were only
         buffered at the finish (``TimerService._finish``), so no timer checkpoint may complete
         while one is there: a restart past its cursor would load it as a live bucket."""
         return bool(self._done_waiting or self._removable)
+
+    def awaits_deletion(self, start: int) -> bool:
+        """A finished bucket's file not deleted yet (``finishing``): what it holds is retired,
+        and a bucket made again at ``start`` meanwhile keeps its entries in memory until then."""
+        return start in self._done_waiting or start in self._removable
 
     @property
     def side_waiting(self) -> bool:
@@ -244,7 +260,7 @@ class ScheduleFiles:
 
     def take_synced(self) -> tuple[list[int], BaseException | None]:
         """(on the loop, after ``sync_side``) The starts whose journal record is now durable: their
-        buffers may be written. Buckets whose ``.done`` is durable go to ``take_removable``."""
+        buffers may be written. Buckets whose ``.done`` is durable go to ``remove_finished``."""
         with self._lock:
             (generation, end), seq = self._journal_synced, self._done_synced
             exc, self._side_error = self._side_error, None
@@ -260,10 +276,16 @@ class ScheduleFiles:
                 self._removable.append(start)
         return ready, exc
 
-    def take_removable(self) -> list[int]:
-        """Finished buckets whose ``.done`` file is durable: their files may be deleted now."""
-        out, self._removable = self._removable, []
-        return out
+    def remove_finished(self) -> None:
+        """Delete the files of finished buckets whose ``.done`` file is durable; one that fails
+        stays for the next call (a bucket made again meanwhile still must not write to it)."""
+        removable, self._removable = self._removable, []
+        for start in removable:
+            try:
+                self.remove(start)
+            except OSError as exc:
+                log.warning("deleting finished schedule bucket %d failed: %s", start, exc)
+                self._removable.append(start)
 
     def _fd(self, start: int, path: str) -> int:
         fd = self._fds.get(start)
@@ -307,7 +329,7 @@ class ScheduleFiles:
     def write_done(self, start: int, entries: bytes) -> bool:
         """Write a finished bucket's ``.done`` file. True: durable now, the bucket file may go;
         False (``defer``): written, fsynced by ``sync_side``, the file goes after that
-        (``take_removable``; a temp file renamed into place, so a crash leaves the old or the
+        (``remove_finished``; a temp file renamed into place, so a crash leaves the old or the
         new one, or, after a power loss before the fsync, a torn one: read as empty, and the
         bucket file, still there, holds its entries)."""
         path = self.path(start, schedlog.DONE_SUFFIX)
@@ -325,6 +347,8 @@ class ScheduleFiles:
             os.replace(tmp, path)
         except OSError as exc:
             raise fsutil.storage_error(exc, path) from exc
+        if start in self._removable:  # finished again before its file went: wait for this .done
+            self._removable.remove(start)
         with self._lock:
             self._done_seq += 1
             self._done_waiting[start] = self._done_seq

@@ -61,6 +61,8 @@ CRASH_AT = st.sampled_from(["idle", "intent", "written", "synced"])
 
 
 class ScheduleMachine(RuleBasedStateMachine):
+    prewrite_ms = PREWRITE_MS
+
     def __init__(self):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="chronoq-sched-prop-")
@@ -80,7 +82,7 @@ class ScheduleMachine(RuleBasedStateMachine):
             self.create(which, policy)
 
     def _open(self):
-        self.broker = open_broker(self.dir, self.clock, timer_prewrite_ms=PREWRITE_MS)
+        self.broker = open_broker(self.dir, self.clock, timer_prewrite_ms=self.prewrite_ms)
         self.book = ScheduleBook(self.broker, horizon_ms=HORIZON_MS, ahead_max=8, catch_up_max=3)
 
     def teardown(self):
@@ -200,7 +202,7 @@ class ScheduleMachine(RuleBasedStateMachine):
             state = "yes" if kind == "resume" else ("maybe-end", t)
         if state != "yes":
             _kind, t = state
-            return "maybe" if at <= t + PREWRITE_MS + 1 else "no"
+            return "maybe" if at <= t + self.prewrite_ms + 1 else "no"
         for crashed, reopened in self.downs:
             if crashed < at <= reopened:
                 if at <= crashed + HORIZON_MS:

@@ -45,11 +45,16 @@ class TimerMachine(RuleBasedStateMachine):
     burst_lead_ms = 0
     burst_due_min: int | None = None  # set: the burst threshold, scaled down to these few messages
 
-    def __init__(self):
+    def __init__(self, broker=None):
+        """``broker``: drive that one (its clock a ``FakeClock``) as a part of a bigger machine
+        (test_timers_combined_property.py), which opens, crashes and closes it."""
         super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="chronoq-timer-prop-")
-        self.clock = FakeClock(T0)
-        self.broker = self._open()
+        self.dir = None
+        if broker is None:
+            self.dir = tempfile.mkdtemp(prefix="chronoq-timer-prop-")
+            broker = self._open_at(self.dir, FakeClock(T0))
+        self.clock = broker.clock
+        self.broker = broker
         self.broker.create_topic(TOPIC, 2)
         # message id -> {"due": ms, "handle": str, "cancelled": bool}
         self.model: dict[str, dict] = {}
@@ -57,14 +62,20 @@ class TimerMachine(RuleBasedStateMachine):
         self.count = 0
 
     def _open(self):
-        b = open_broker(self.dir, self.clock, timer_delay_levels=LEVELS, timer_pending_max=4,
-                        timer_load_batch=16, timer_checkpoint_interval_ms=20_000, timer_prewrite_ms=self.prewrite_ms,
-                        timer_burst_lead_ms=self.burst_lead_ms)
-        if self.burst_due_min is not None:
-            b.timer.burst_due_min = self.burst_due_min
+        return self._open_at(self.dir, self.clock)
+
+    @classmethod
+    def _open_at(cls, path, clock, **cfg):
+        b = open_broker(path, clock, timer_delay_levels=LEVELS, timer_pending_max=4,
+                        timer_load_batch=16, timer_checkpoint_interval_ms=20_000, timer_prewrite_ms=cls.prewrite_ms,
+                        timer_burst_lead_ms=cls.burst_lead_ms, **cfg)
+        if cls.burst_due_min is not None:
+            b.timer.burst_due_min = cls.burst_due_min
         return b
 
     def teardown(self):
+        if self.dir is None:  # a part of a bigger machine: it owns the broker
+            return
         if not self.broker.closed:
             self.broker.close()
         shutil.rmtree(self.dir, ignore_errors=True)
