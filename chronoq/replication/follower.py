@@ -138,6 +138,7 @@ class Follower:
 
         backoff = RETRY_MIN_S
         while not self._stopping:
+            asked = self.history[-1]
             self._pull = asyncio.ensure_future(self.client.pull(self.request(), WAIT_MS / 1000))
             try:
                 resp = await self._pull
@@ -165,6 +166,10 @@ class Follower:
                 continue
             backoff = RETRY_MIN_S
             loop = asyncio.get_running_loop()
+            if resp.HasField("divergence"):
+                await self._settle()  # (the epoch history follows the dispatch of the copied records)
+                if asked != self.history[-1]:
+                    continue  # the pull named an epoch this log has passed since: ask again
             refusal = self._refusal(resp)
             if refusal is not None:
                 self.refused = refusal

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import grpc
 from google.protobuf import message_factory
@@ -190,6 +191,7 @@ async def serve_replica(runtime) -> int | None:
     cfg, loop = runtime.config, asyncio.get_running_loop()
     runtime.state = "recovering"
     # Held here, not by the store: a rejoin closes the store, truncates and opens it again.
+    os.makedirs(cfg.data_dir, exist_ok=True)
     lock = DirLock.acquire(cfg.data_dir)
     try:
         store = await loop.run_in_executor(None, _open_store, cfg, lock)
