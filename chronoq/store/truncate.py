@@ -112,6 +112,7 @@ def plan(data_dir: str, p: Plan) -> None:
     assert all(not os.path.isabs(r) and ".." not in r.split(os.sep) for r in p.remove), p.remove
     fsutil.write_json(os.path.join(data_dir, MARKER), {
         "version": VERSION, "offset": p.offset, "log_end": p.log_end, "remove": list(p.remove), "note": p.note})
+    _step("marker")
 
 
 def pending(data_dir: str) -> Plan | None:
@@ -150,6 +151,7 @@ def run(data_dir: str, p: Plan) -> None:
         else:
             continue
         fsutil.fsync_dir(os.path.dirname(path))
+        _step(f"remove {rel}")
     _step("remove")
     _cut(os.path.join(data_dir, COMMITLOG_DIR), p.offset)
     _step("cut")
