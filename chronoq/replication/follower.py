@@ -93,6 +93,7 @@ class Follower:
         self.refused: str | None = None
         self.primary_synced = -1
         self.primary_epoch = -1
+        self.primary_pop_generation = 0  # the newest POP log generation the primary reported
         self.caught_up_ms: int | None = None  # last time this replica held all the primary had
         self.pulls = 0
         # Kept by the writer thread (``write``, ``dispatch``): the store is theirs while they run.
@@ -278,6 +279,7 @@ class Follower:
             self.snapshot_versions[snap.name] = snap.version
         self.pulls += 1
         self.primary_synced, self.primary_epoch = resp.primary_synced, resp.epoch
+        self.primary_pop_generation = max(self.primary_pop_generation, resp.pop_generation_now)
         now = self.clock.wall_ms()
         if self.commit >= resp.primary_synced:
             self.caught_up_ms = now

@@ -158,7 +158,8 @@ class PrimaryNode:
         base, data = self.store.read_durable(at, wanted)
         resp = apb.PullResponse(status=_ok(), segment_base=base,
                                 commit_offset=at, commit_bytes=data, primary_synced=synced, epoch=self.epoch,
-                                node_id=self.node_id, wall_ms=self.broker.clock.wall_ms())
+                                node_id=self.node_id, wall_ms=self.broker.clock.wall_ms(),
+                                pop_generation_now=pop_gen)
         news = bool(data)
         caught_up = at + len(data) >= synced
         for name, version in changed:  # POP log and most snapshots only with a log that reaches them

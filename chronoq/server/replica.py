@@ -88,9 +88,11 @@ class ReplicaNode:
             await asyncio.wait([self.follow_task])
         self.epoch = max(position.current_epoch(self.follower.store), self.follower.primary_epoch) + 1
         # Stored before the answer: restarted with its old --replica-of, this directory stays the primary.
+        f = self.follower
+        pop_floor = max(f.pop_generation, f.primary_pop_generation) + role.POP_GENERATION_GAP
         await asyncio.get_running_loop().run_in_executor(
             None, role.write_promoted, self.config.data_dir, self.epoch, self.config.replica_of, self.node_id,
-            SYSTEM_CLOCK.wall_ms())
+            SYSTEM_CLOCK.wall_ms(), pop_floor)
         self.promoted.set()
         log.warning("promoted to primary at epoch %d: log end %d (the primary had %d)", self.epoch,
                     self.follower.commit, self.follower.primary_synced)

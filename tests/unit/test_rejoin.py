@@ -193,3 +193,34 @@ def test_divergence_is_pure():
     from test_layers import imports_of
 
     assert imports_of("replication")["chronoq/replication/divergence.py"] == set()
+
+
+# ------------------------------------------------------------------------- the POP generation floor
+def test_a_promoted_nodes_pop_log_starts_past_every_generation_its_old_primary_reported(tmp_path):
+    """The old primary compacted its POP log (generation G) after the copy this node holds (g <
+    G); handles it minted in G, G + 1, ... must never name a checkpoint the promoted node mints:
+    its POP service opens past the floor stored at promotion (``role.json``)."""
+    from popkit import Node
+
+    from chronoq.pop import handle
+    from chronoq.replication import role
+    from chronoq.server.consumers import open_consumers
+
+    n = Node(str(tmp_path)).open()
+    n.broker.send("orders", b"m")
+    copied = n.pop._journal.log.generation  # what the replica copied
+    n.close()
+    reported = copied + 5  # the primary compacted five times since
+    floor = max(copied, reported) + role.POP_GENERATION_GAP
+    role.write_promoted(str(tmp_path), 1, "old:1", "n", 0, floor)
+    n = Node(str(tmp_path)).open()
+    n.pop.close()  # (the popkit's own service: replaced by the one the server opens)
+    pop, _txns = open_consumers(n.broker, n.broker.config)
+    try:
+        got = pop.receive("g", "orders", max_messages=1, invisible_ms=30_000)
+        ck_id = handle.decode(got[0].receipt_handle)[0]
+        assert ck_id >> 32 == pop._journal.log.generation > reported + role.POP_GENERATION_GAP - 1
+        assert role.pop_generation_floor(str(tmp_path)) == floor
+    finally:
+        pop.close()
+        n.broker.close()
