@@ -224,3 +224,50 @@ def test_a_promoted_nodes_pop_log_starts_past_every_generation_its_old_primary_r
     finally:
         pop.close()
         n.broker.close()
+
+
+# ------------------------------------------------------------------------- the replica's checks
+def _follower(store, data_dir: str, **kw):
+    from types import SimpleNamespace
+
+    from chronoq.core.clock import FakeClock
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.replication.follower import Follower
+
+    return Follower(store, data_dir, SimpleNamespace(endpoint="b:1", apb=apb), "me", "", FakeClock(),
+                    reopen=lambda: open_store(data_dir, segment_bytes=SMALL_SEGMENT), **kw)
+
+
+def _answer(epoch: int, offset: int, tail: tuple[int, int]):
+    from chronoq.proto import chronoq_admin_pb2 as apb
+
+    return apb.PullResponse(epoch=epoch, divergence=apb.Divergence(offset=offset, epoch=epoch, tail_from=tail[0],
+                                                                   tail_crc=tail[1]))
+
+
+def test_the_replica_checks_the_bytes_before_the_point_and_the_bound_before_it_cuts(tmp_path):
+    a, b, boundary = _failover(tmp_path)
+    data_dir = str(tmp_path / "a")
+    f = _follower(a, data_dir)
+    good = _answer(1, boundary, position.tail(b, boundary))
+    assert f._refusal(good) is None
+    tail_from, crc = position.tail(b, boundary)
+    assert "differ from the primary's" in f._refusal(_answer(1, boundary, (tail_from, crc ^ 1)))
+    small = _follower(a, data_dir, max_cut_bytes=a.log.synced - boundary - 1)
+    assert "more than rejoin_max_truncate_bytes" in small._refusal(good)
+    assert "more than rejoin_max_truncate_bytes" in _follower(a, data_dir, max_cut_bytes=0)._refusal(good)
+    before = segment_files(a)
+    f.rejoin(good.divergence)  # (what the follower does once nothing refuses)
+    assert f.store.log.synced == boundary and segment_files(f.store) != before
+    assert f.history == [(0, 0)] and f.pop_generation == 0 and "40 records" in f.rejoined[0]
+
+
+def test_a_promoted_replica_does_not_follow_an_older_primary(tmp_path):
+    from chronoq.proto import chronoq_admin_pb2 as apb
+
+    store = open_store(tmp_path / "s")
+    fill(store, 3)
+    store.append([position.epoch_record(2, "me", 1)])
+    f = _follower(store, str(tmp_path / "s"))
+    assert "older than this node's 2" in f._refusal(apb.PullResponse(epoch=1))
+    assert f._refusal(apb.PullResponse(epoch=2)) is None
