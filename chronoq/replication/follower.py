@@ -248,6 +248,7 @@ class Follower:
         truncate.run(self.data_dir, plan)
         self.store = store = self.reopen()
         assert store.log.synced <= div.offset, (store.log.synced, div.offset)
+        log.warning("replica: cut at %d; reopened: %s", div.offset, store.report.summary())
         self.history = position.epoch_history(store)
         self.epoch = self.history[-1][0]
         self._tail = position.tail(store, store.log.synced)

@@ -21,7 +21,11 @@ Promotion (``ReplicaNode.promote``): the follower stops after the write in progr
 epoch is the larger of this log's and the primary's last known, plus one; the answer goes out,
 then this front end stops, the store closes (a clean checkpoint), and the runtime opens the full
 broker, whose recovery rebuilds the rest from the shipped logs (the timer replays the log from
-its cursor, the POP service loads the POP log), and appends the epoch record.
+its cursor, the POP service loads the POP log), and appends the epoch record. The role is
+stored first (``chronoq.replication.role``: ``role.json``, with the POP generation floor).
+
+The data directory's lock is held here for the whole replica time, not by the store: a rejoin
+(``Follower.rejoin``) closes the store, truncates and opens it again.
 """
 
 from __future__ import annotations
