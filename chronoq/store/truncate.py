@@ -91,8 +91,7 @@ def describe(log, offset: int, end: int) -> CutSummary:
                 at += length
             if at == 0:  # one record longer than a step
                 length = int.from_bytes(data[:4], "little")
-                data = log.read(pos, record.HEADER_SIZE)
-                topic = _topic(data, 0)
+                topic = _topic(log.read(pos, min(length, record.HEADER_SIZE + 255)), 0)  # (a topic: < 256 bytes)
                 topics[topic] = topics.get(topic, 0) + 1
                 records += 1
                 at = length

@@ -271,3 +271,15 @@ def test_a_promoted_replica_does_not_follow_an_older_primary(tmp_path):
     f = _follower(store, str(tmp_path / "s"))
     assert "older than this node's 2" in f._refusal(apb.PullResponse(epoch=1))
     assert f._refusal(apb.PullResponse(epoch=2)) is None
+
+
+def test_describe_counts_records_longer_than_its_read_step(tmp_path, monkeypatch):
+    from storekit import prep
+
+    store = open_store(tmp_path / "s")
+    fill(store, 3)
+    start = store.log.written
+    store.append([prep("big", 0, b"x" * 5000, "m1"), prep("small", 0, b"y", "m2"), prep("big", 0, b"z" * 6000, "m3")])
+    monkeypatch.setattr(truncate, "_READ_STEP", 4096)
+    summary = truncate.describe(store.log, start, store.log.written)
+    assert (summary.records, summary.topics) == (3, {"big": 2, "small": 1})
