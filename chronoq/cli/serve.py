@@ -34,15 +34,18 @@ from chronoq.core.config import load_config
 @click.option("--replica-of", default=None, metavar="HOST:PORT",
               help="Run as a replica of the primary at HOST:PORT: follow its log, serve no clients "
                    "(env CHRONOQ_REPLICA_OF; docs/replication.md).")
+@click.option("--rejoin", is_flag=True, default=None,
+              help="With --replica-of: follow it even if this data directory was promoted to primary "
+                   "(it truncates at the epoch boundary; env CHRONOQ_REJOIN).")
 def serve(data_dir, port, host, http_port, http_host, config_file, flush_policy, quarantine, log_level,
-          log_format, replica_of) -> None:
+          log_format, replica_of, rejoin) -> None:
     """Run the broker until SIGTERM or SIGINT."""
     try:
         cfg = load_config(config_file, overrides={
             "data_dir": data_dir, "port": port, "host": host, "http_port": http_port, "http_host": http_host,
             "flush_policy": flush_policy,
             "quarantine": quarantine, "log_level": log_level, "log_format": log_format,
-            "replica_of": replica_of,
+            "replica_of": replica_of, "rejoin": rejoin,
         })
     except errors.ChronoqError as exc:
         raise click.UsageError(exc.message) from None

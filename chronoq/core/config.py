@@ -135,6 +135,12 @@ class BrokerConfig:
     replication_sync_timeout_ms: int = 5000
     replication_access_key: str = ""
     replication_secret_key: str = field(default="", repr=False)
+    # Rejoining (docs/replication.md, "Rejoining after a failover"): a replica cuts at most this
+    # much of its log at an epoch boundary (0: never cuts; refused instead). ``rejoin``: a data
+    # directory that was promoted (role.json) follows ``replica_of`` only when this is set
+    # (``--rejoin``); otherwise it serves as the primary it became.
+    rejoin_max_truncate_bytes: int = 256 << 20
+    rejoin: bool = False
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -184,6 +190,8 @@ class BrokerConfig:
         if not 100 <= self.replication_sync_timeout_ms <= 600_000:
             raise errors.ClientError("replication_sync_timeout_ms must be 100 ms to 10 min, not "
                                      f"{self.replication_sync_timeout_ms}")
+        if self.rejoin_max_truncate_bytes < 0:
+            raise errors.ClientError(f"rejoin_max_truncate_bytes must be >= 0, not {self.rejoin_max_truncate_bytes}")
         if not self.replica_of:
             return
         host, sep, port = self.replica_of.rpartition(":")

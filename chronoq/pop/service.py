@@ -128,9 +128,11 @@ class PopEffects:
 class PopService(HandOut):
     def __init__(self, broker: Broker, clock: Clock | None = None, *, buffer_ms: int = BUFFER_MS,
                  flush_interval_ms: int = FLUSH_INTERVAL_MS, push_invisible_ms: int = PUSH_INVISIBLE_MS,
-                 auto_renew_max_ms: int = AUTO_RENEW_MAX_MS, retry_delays_ms: tuple[int, ...] | None = None):
+                 auto_renew_max_ms: int = AUTO_RENEW_MAX_MS, retry_delays_ms: tuple[int, ...] | None = None,
+                 generation_floor: int = 0):
         """``retry_delays_ms``: the retry back-off table; None (the rule): the broker's
-        ``timer_delay_levels``."""
+        ``timer_delay_levels``. ``generation_floor``: the POP log opens at a generation past it
+        (a promoted replica: past every generation its old primary may have minted handles in)."""
         if buffer_ms < 0 or flush_interval_ms < 0:
             raise errors.ClientError("buffer_ms and flush_interval_ms must not be negative")
         names.check_receive_invisible(push_invisible_ms)
@@ -155,9 +157,10 @@ class PopService(HandOut):
         now = self.clock.wall_ms()
         recovered = poplog.load(self.pop_dir)
         self.recovery = recovered
-        self._inflight = Inflight(None, generation=recovered.generation + 1, buffer_ms=buffer_ms)
+        generation = max(recovered.generation, generation_floor) + 1
+        self._inflight = Inflight(None, generation=generation, buffer_ms=buffer_ms)
         restored = self._restore(recovered)
-        logf = poplog.PopLog.create(self.pop_dir, recovered.generation + 1, restored, now,
+        logf = poplog.PopLog.create(self.pop_dir, generation, restored, now,
                                     journal.skips(self._inflight))
         self._inflight.sink = logf
         self._journal = journal.PopJournal(broker, self._inflight, logf, self.pop_dir, flush_interval_ms)

@@ -19,6 +19,16 @@ and a position the next pull resumes from. Nothing past the primary's fsynced en
 A refusal (``PRECONDITION_FAILED``: pointed at itself, at a replica, not a prefix; or refused
 credentials) stops the loop with ``refused`` set: nothing was written. Unreachable primaries
 are retried with back-off, for ever (promotion is an operator's decision, ``chronoq promote``).
+
+Rejoining after a failover (``chronoq.replication.divergence``): each pull names this node's
+newest epoch and where it began; a primary whose next epoch began before this log's end answers
+with a ``Divergence`` instead of bytes. ``rejoin`` then checks the bytes before the point are the
+primary's (else refused, nothing changed), and that the cut stays within ``max_cut_bytes`` (else
+refused, saying what it would cut), says what it cuts, closes the store, truncates
+(``chronoq.store.truncate``: the intent first, the cut bytes kept aside, the derived state and
+the copies the primary ships again deleted, the log cut, the intent cleared; a crash anywhere
+is finished at the next open), opens the store again (recovery rebuilds the consume queues from
+the remaining log) and follows from the point.
 """
 
 from __future__ import annotations
@@ -29,7 +39,8 @@ import os
 
 from chronoq.core import fsutil
 from chronoq.protocol.rocketmq import status as codes
-from chronoq.replication import position
+from chronoq.replication import position, role
+from chronoq.store import truncate
 
 log = logging.getLogger("chronoq.replication")
 
@@ -38,12 +49,38 @@ MAX_BYTES = 4 << 20
 RETRY_MIN_S, RETRY_MAX_S = 0.1, 2.0
 # Answers that stop following: the primary (or what it is) will not ship to this replica.
 REFUSALS = frozenset({codes.Code.PRECONDITION_FAILED, codes.Code.UNAUTHORIZED, codes.Code.FORBIDDEN})
+# A rejoin cuts at most this much of the log unless configured otherwise (rejoin_max_truncate_bytes).
+MAX_CUT_BYTES = 256 << 20
+# What a rejoin deletes besides the cut bytes (paths relative to the data directory): state
+# derived from the log that may name cut records (rebuilt from the remaining log: the consume
+# queues and their checkpoint at the next open, the timer's files and the transactions' and
+# staging cursors at promotion), and the copies of the primary's POP log and position-bearing
+# snapshots, which the primary ships again whole (a local one of the same generation or name
+# would otherwise be kept, or appended to). Kept: topics.json and groups.json (configuration,
+# shipped when the primary has them), commitlog/lost.json (an operator's decision), the timer's
+# quarantine (forensic copies). ``rejoin_paths`` adds the timer's files.
+REJOIN_REMOVE = ("consumequeue", "checkpoint.json", "transactions.json", "staging.json", "offsets.json",
+                 "schedules.json", position.POP_DIR)
+TIMER_DIR, TIMER_KEEP = "timer", ("quarantine",)
+
+
+def rejoin_paths(data_dir: str) -> tuple[str, ...]:
+    try:
+        timer = sorted(os.listdir(os.path.join(data_dir, TIMER_DIR)))
+    except FileNotFoundError:
+        timer = []
+    return REJOIN_REMOVE + tuple(os.path.join(TIMER_DIR, n) for n in timer if n not in TIMER_KEEP)
 
 
 class Follower:
     def __init__(self, store, data_dir: str, client, node_id: str, endpoint: str, clock,
-                 checkpoint_interval_ms: int = 1000) -> None:
+                 checkpoint_interval_ms: int = 1000, reopen=None, max_cut_bytes: int = MAX_CUT_BYTES,
+                 sync_acks: bool = False) -> None:
         self.store = store
+        self.reopen = reopen  # () -> Store on the same directory (a rejoin closes and truncates it)
+        self.max_cut_bytes = max_cut_bytes
+        self.sync_acks = sync_acks  # this node acknowledged under replication = sync (what a cut may lose)
+        self.rejoined: list[str] = []  # what each rejoin cut, as said in the log
         self.data_dir = data_dir
         self.client = client  # chronoq.replication.client.ReplicationClient to the primary
         self.node_id = node_id
@@ -56,10 +93,12 @@ class Follower:
         self.refused: str | None = None
         self.primary_synced = -1
         self.primary_epoch = -1
+        self.primary_pop_generation = 0  # the newest POP log generation the primary reported
         self.caught_up_ms: int | None = None  # last time this replica held all the primary had
         self.pulls = 0
         # Kept by the writer thread (``write``, ``dispatch``): the store is theirs while they run.
-        self.epoch = position.current_epoch(store)
+        self.history = position.epoch_history(store)
+        self.epoch = self.history[-1][0]
         self._tail = position.tail(store, store.log.synced)
         self._stopping = False
         self._pull: asyncio.Future | None = None
@@ -85,7 +124,8 @@ class Follower:
             node_id=self.node_id, endpoint=self.endpoint, tail_from=tail_from, tail_crc=crc, wait_ms=WAIT_MS,
             max_bytes=MAX_BYTES, snapshot_versions=self.snapshot_versions,
             position=apb.LogPosition(commit=self.commit, pop_generation=self.pop_generation,
-                                     pop_offset=self.pop_offset))
+                                     pop_offset=self.pop_offset),
+            epoch=self.history[-1][0], epoch_start=self.history[-1][1])
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> None:
@@ -99,6 +139,7 @@ class Follower:
 
         backoff = RETRY_MIN_S
         while not self._stopping:
+            asked = self.history[-1]
             self._pull = asyncio.ensure_future(self.client.pull(self.request(), WAIT_MS / 1000))
             try:
                 resp = await self._pull
@@ -125,9 +166,23 @@ class Follower:
                 backoff = min(RETRY_MAX_S, backoff * 2)
                 continue
             backoff = RETRY_MIN_S
+            loop = asyncio.get_running_loop()
+            if resp.HasField("divergence"):
+                await self._settle()  # (the epoch history follows the dispatch of the copied records)
+                if asked != self.history[-1]:
+                    continue  # the pull named an epoch this log has passed since: ask again
+            refusal = self._refusal(resp)
+            if refusal is not None:
+                self.refused = refusal
+                self.state = f"refused: {refusal}"
+                log.error("replica: cannot follow %s: %s", self.client.endpoint, refusal)
+                return
+            if resp.HasField("divergence"):
+                await self._settle()
+                await loop.run_in_executor(None, self.rejoin, resp.divergence)
+                continue
             # Not cancelled by ``stop``: a write in progress finishes before the store closes. The
             # dispatch runs while the next pull (which reports the position) is under way.
-            loop = asyncio.get_running_loop()
             await self._settle()
             await loop.run_in_executor(None, self.write, resp)
             self._dispatching = loop.run_in_executor(None, self.dispatch, resp)
@@ -150,10 +205,64 @@ class Follower:
         if self._pull is not None:
             self._pull.cancel()
 
+    # ------------------------------------------------------------------ rejoining
+    def _refusal(self, resp) -> str | None:
+        """Why this node must not apply ``resp`` (None: it may). Checked before anything changes."""
+        if resp.epoch < self.epoch:
+            return (f"{self.client.endpoint} is at epoch {resp.epoch}, older than this node's {self.epoch}: this node "
+                    "was promoted after that one's term; it will not follow an older primary (serve it as the "
+                    "primary, or point --replica-of at the newest one)")
+        if not resp.HasField("divergence"):
+            return None
+        div, end = resp.divergence, self.commit
+        if not self.store.log.min_offset <= div.offset < end or self.reopen is None:
+            return f"the primary's divergence point {div.offset} is not within this log ({self.store.log.min_offset}..{end})"
+        mine = position.tail(self.store, div.offset)
+        if mine != (div.tail_from, div.tail_crc):
+            return (f"this log's bytes before the epoch boundary {div.offset} differ from the primary's: a history "
+                    "the epochs do not explain (another cluster, or one that diverged); nothing was cut")
+        if end - div.offset > self.max_cut_bytes:
+            return (f"rejoining would cut {end - div.offset} bytes of this log past the "
+                    f"start of the primary's epoch {div.epoch} at {div.offset}, more than rejoin_max_truncate_bytes "
+                    f"({self.max_cut_bytes}); nothing was cut (raise it, or copy the primary's data directory afresh)")
+        return None
+
+    def rejoin(self, div) -> None:
+        """Truncate this log at ``div.offset`` and open it again (``_refusal`` passed). Worker thread."""
+        store, end = self.store, self.commit
+        summary = truncate.describe(store.log, div.offset, end)
+        cut_epochs = [e for e, start in self.history if start >= div.offset]
+        topics = ", ".join(f"{t} {n}" for t, n in sorted(summary.topics.items(), key=lambda kv: -kv[1])[:8])
+        plan = truncate.Plan(div.offset, end, rejoin_paths(self.data_dir),
+                             note=f"rejoin {self.client.endpoint} at epoch {div.epoch}")
+        acked = ("none of them was acknowledged to a client (replication = sync)" if self.sync_acks else
+                 "any of them acknowledged to a client (replication = async) is lost from the cluster")
+        said = (f"rejoining {self.client.endpoint}: its epoch {div.epoch} began at {div.offset}; this log ends at "
+                f"{end}: cutting {summary.bytes} bytes, {summary.records} records ({topics or 'none'})"
+                f"{f', epochs {cut_epochs}' if cut_epochs else ''} written here after that point; {acked}; "
+                f"the cut bytes are kept in {os.path.join(self.data_dir, plan.aside)}")
+        log.warning("replica: %s", said)
+        self.rejoined.append(said)
+        store.close()
+        truncate.plan(self.data_dir, plan)
+        truncate.run(self.data_dir, plan)
+        self.store = store = self.reopen()
+        assert store.log.synced <= div.offset, (store.log.synced, div.offset)
+        log.warning("replica: cut at %d; reopened: %s", div.offset, store.report.summary())
+        self.history = position.epoch_history(store)
+        self.epoch = self.history[-1][0]
+        self._tail = position.tail(store, store.log.synced)
+        self.pop_generation, self.pop_offset = position.pop_position(self.data_dir)
+        self.snapshot_versions = {}
+        self.state = "rejoined"
+
     # ------------------------------------------------------------------ applying an answer
     def write(self, resp) -> None:
         """Write what ``resp`` carries, durably, in order: commit log, POP log, snapshots."""
         store = self.store
+        if self.pulls == 0 and role.clear(self.data_dir):  # following now: no longer the primary it was
+            log.warning("replica: %s answered: this data directory follows it now (role.json removed)",
+                        self.client.endpoint)
         if resp.commit_bytes:
             store.append_shipped(resp.commit_offset, resp.segment_base, resp.commit_bytes)
             store.sync()
@@ -171,6 +280,7 @@ class Follower:
             self.snapshot_versions[snap.name] = snap.version
         self.pulls += 1
         self.primary_synced, self.primary_epoch = resp.primary_synced, resp.epoch
+        self.primary_pop_generation = max(self.primary_pop_generation, resp.pop_generation_now)
         now = self.clock.wall_ms()
         if self.commit >= resp.primary_synced:
             self.caught_up_ms = now
@@ -184,7 +294,8 @@ class Follower:
         store = self.store
         if resp.commit_bytes:
             store.dispatch_shipped()
-            self.epoch = position.current_epoch(store)
+            self.history = position.epoch_history(store)
+            self.epoch = self.history[-1][0]
         now = self.clock.wall_ms()
         if now - self._checkpointed_ms >= self.checkpoint_interval_ms:
             self._checkpointed_ms = now

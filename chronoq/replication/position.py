@@ -106,10 +106,26 @@ def epoch_record(epoch: int, node_id: str, now_ms: int) -> Prepared:
 
 def current_epoch(store: Store) -> int:
     """The newest epoch record's number in ``store``'s dispatched log (0: none yet)."""
-    _first, nxt = store.bounds(EPOCH_TOPIC, 0)
-    if nxt == 0:
-        return 0
-    entries = store.entries(EPOCH_TOPIC, 0, nxt - 1, 1)
-    if not entries:
-        return 0
-    return int(store.read_properties(entries[0][0]).get(PROP_EPOCH, "0"))
+    return epoch_history(store)[-1][0]
+
+
+def epoch_history(store: Store) -> list[tuple[int, int]]:
+    """``[(epoch, start), ...]`` ascending, ``(0, 0)`` first: each epoch and the commit-log offset of
+    its record (``chronoq.replication.divergence`` defines the boundary). Entry n of the epoch
+    queue is epoch n + 1 when its record is gone (retention): promotions add one."""
+    first, nxt = store.bounds(EPOCH_TOPIC, 0)
+    history = [(0, 0)]
+    entries: list = []
+    while first + len(entries) < nxt:  # (a read never crosses a consume-queue file)
+        got = store.entries(EPOCH_TOPIC, 0, first + len(entries), nxt - first - len(entries))
+        if not got:
+            break
+        entries.extend(got)
+    for n, (commit_offset, _size, _tag, _t) in enumerate(entries, start=first):
+        try:
+            epoch = int(store.read_properties(commit_offset).get(PROP_EPOCH, "0"))
+        except Exception:  # noqa: BLE001 - the record deleted by retention: the queue's numbering
+            epoch = n + 1
+        if epoch > history[-1][0] and commit_offset > history[-1][1]:
+            history.append((epoch, commit_offset))
+    return history

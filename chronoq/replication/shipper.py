@@ -14,11 +14,17 @@ Long poll: with nothing new the pull waits up to ``wait_ms`` (at most ``WAIT_MAX
 each dispatch (``Broker.add_arrival_listener``) and looking again every ``WAIT_TICK_S`` (a
 snapshot file rewritten, or an fsync under the ``async`` flush policy, which wakes nobody).
 
+Rejoining (``chronoq.replication.divergence``): a replica whose log runs past the start of this
+primary's first epoch after the replica's own is answered OK with a ``Divergence`` (the point,
+that epoch, the CRC-32C of the bytes before the point) and no bytes: it truncates there and
+pulls again, then as any replica.
+
 Refused, changing nothing on either side (``errors.PreconditionFailed``): a pull from this
-node's own id (a replica pointed at itself), a replica past this log's durable end or whose last
-bytes differ from this log's at the same offsets (not a prefix: another cluster or a diverged
-history), and a replica behind this log's oldest segment (retention deleted what it lacks: it
-needs a fresh copy).
+node's own id (a replica pointed at itself), a replica at an epoch this primary does not have
+(newer than its own, or unknown, or begun elsewhere: ``divergence.decide``), a replica past this
+log's durable end or whose last bytes differ from this log's at the same offsets (not a prefix
+the epochs explain: another cluster or a diverged history), and a replica behind this log's
+oldest segment (retention deleted what it lacks: it needs a fresh copy).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import google_crc32c
 from chronoq.core import errors
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.protocol.rocketmq import status as codes
-from chronoq.replication import position
+from chronoq.replication import divergence, position
 
 WAIT_MAX_MS = 30_000
 WAIT_TICK_S = 0.05
@@ -51,7 +57,8 @@ class PrimaryNode:
         self.store = broker.store
         self.data_dir = broker.config.data_dir
         self.node_id = node_id
-        self.epoch = position.current_epoch(self.store)
+        self._history = position.epoch_history(self.store)  # [(epoch, start)]: chronoq.replication.divergence
+        self.epoch = self._history[-1][0]
         # node id -> the replica's last pull: (endpoint, durable position, wall ms)
         self.replicas: dict[str, tuple[str, int, int]] = {}
         self._caught_up_ms: dict[str, int] = {}  # node id -> when it last held the whole durable log
@@ -73,6 +80,11 @@ class PrimaryNode:
         if req.node_id == self.node_id:
             raise errors.PreconditionFailed(
                 f"the replica is pointed at itself (node {self.node_id}): --replica-of must name its primary")
+        div = self._divergence(req)
+        if div is not None:  # nothing recorded of this replica yet: its position is about to move back
+            return apb.PullResponse(status=_ok(), divergence=div, commit_offset=req.position.commit,
+                                    primary_synced=self.store.log.synced, epoch=self.epoch, node_id=self.node_id,
+                                    wall_ms=self.broker.clock.wall_ms())
         self._check_prefix(req)
         now = self.broker.clock.wall_ms()
         self.replicas[req.node_id] = (req.endpoint, req.position.commit, now)
@@ -96,6 +108,19 @@ class PrimaryNode:
                 await asyncio.wait_for(self._wake.wait(), min(WAIT_TICK_S, deadline - loop.time()))
             except asyncio.TimeoutError:
                 pass
+
+    def _divergence(self, req) -> apb.Divergence | None:
+        """The point a rejoining replica must truncate at first (None: none), or a refusal."""
+        if self._history[-1][0] != self.epoch:  # (read once per term: a few records)
+            self._history = position.epoch_history(self.store)
+        try:
+            cut = divergence.decide(self._history, req.epoch, req.epoch_start, req.position.commit)
+        except divergence.Unexplained as exc:
+            raise errors.PreconditionFailed(str(exc)) from None
+        if cut is None:
+            return None
+        tail_from, crc = position.tail(self.store, cut.offset)
+        return apb.Divergence(offset=cut.offset, epoch=cut.epoch, tail_from=tail_from, tail_crc=crc)
 
     def _check_prefix(self, req) -> None:
         log, at = self.store.log, req.position.commit
@@ -133,7 +158,8 @@ class PrimaryNode:
         base, data = self.store.read_durable(at, wanted)
         resp = apb.PullResponse(status=_ok(), segment_base=base,
                                 commit_offset=at, commit_bytes=data, primary_synced=synced, epoch=self.epoch,
-                                node_id=self.node_id, wall_ms=self.broker.clock.wall_ms())
+                                node_id=self.node_id, wall_ms=self.broker.clock.wall_ms(),
+                                pop_generation_now=pop_gen)
         news = bool(data)
         caught_up = at + len(data) >= synced
         for name, version in changed:  # POP log and most snapshots only with a log that reaches them

@@ -35,7 +35,10 @@ TXN_SCAN_S = 1.0   # how often unresolved transactions are looked at
 
 def open_consumers(broker, config) -> tuple[PopService, Transactions]:
     """(the POP service, the transactions' book) of an open broker; nothing stays open on failure."""
-    pop = PopService(broker, push_invisible_ms=config.push_invisible_ms, auto_renew_max_ms=config.auto_renew_max_ms)
+    from chronoq.replication.role import pop_generation_floor
+
+    pop = PopService(broker, push_invisible_ms=config.push_invisible_ms, auto_renew_max_ms=config.auto_renew_max_ms,
+                     generation_floor=pop_generation_floor(config.data_dir))
     try:
         apply_group_config(pop, config.extra.get("groups", {}))
         txns = Transactions(broker)

@@ -21,13 +21,18 @@ Promotion (``ReplicaNode.promote``): the follower stops after the write in progr
 epoch is the larger of this log's and the primary's last known, plus one; the answer goes out,
 then this front end stops, the store closes (a clean checkpoint), and the runtime opens the full
 broker, whose recovery rebuilds the rest from the shipped logs (the timer replays the log from
-its cursor, the POP service loads the POP log), and appends the epoch record.
+its cursor, the POP service loads the POP log), and appends the epoch record. The role is
+stored first (``chronoq.replication.role``: ``role.json``, with the POP generation floor).
+
+The data directory's lock is held here for the whole replica time, not by the store: a rejoin
+(``Follower.rejoin``) closes the store, truncates and opens it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import grpc
 from google.protobuf import message_factory
@@ -37,10 +42,11 @@ from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.core.refusals import Refusals
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.protocol.rocketmq import status as codes
-from chronoq.replication import position, service
+from chronoq.replication import position, role, service
 from chronoq.replication.client import ReplicationClient
 from chronoq.replication.follower import Follower
 from chronoq.server import auth, h2grpc, h2limits
+from chronoq.store.dirlock import DirLock
 from chronoq.store.store import Store, StoreOptions
 
 log = logging.getLogger("chronoq.replication")
@@ -84,7 +90,13 @@ class ReplicaNode:
         await self.follower.stop()
         if self.follow_task is not None:
             await asyncio.wait([self.follow_task])
-        self.epoch = max(position.current_epoch(self.store), self.follower.primary_epoch) + 1
+        self.epoch = max(position.current_epoch(self.follower.store), self.follower.primary_epoch) + 1
+        # Stored before the answer: restarted with its old --replica-of, this directory stays the primary.
+        f = self.follower
+        pop_floor = max(f.pop_generation, f.primary_pop_generation) + role.POP_GENERATION_GAP
+        await asyncio.get_running_loop().run_in_executor(
+            None, role.write_promoted, self.config.data_dir, self.epoch, self.config.replica_of, self.node_id,
+            SYSTEM_CLOCK.wall_ms(), pop_floor)
         self.promoted.set()
         log.warning("promoted to primary at epoch %d: log end %d (the primary had %d)", self.epoch,
                     self.follower.commit, self.follower.primary_synced)
@@ -175,22 +187,30 @@ def _server(cfg, node: ReplicaNode, client: ReplicationClient):
     return server, bound
 
 
-def _open_store(cfg) -> Store:
+def _open_store(cfg, lock: DirLock) -> Store:
     return Store(cfg.data_dir, StoreOptions(segment_bytes=cfg.segment_bytes, cq_entries_per_file=cfg.cq_entries_per_file,
                                             verify_extra_segments=cfg.verify_extra_segments,
-                                            quarantine=cfg.quarantine))
+                                            quarantine=cfg.quarantine), dir_lock=lock)
 
 
 async def serve_replica(runtime) -> int | None:
     cfg, loop = runtime.config, asyncio.get_running_loop()
     runtime.state = "recovering"
-    store = await loop.run_in_executor(None, _open_store, cfg)
+    # Held here, not by the store: a rejoin closes the store, truncates and opens it again.
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    lock = DirLock.acquire(cfg.data_dir)
+    try:
+        store = await loop.run_in_executor(None, _open_store, cfg, lock)
+    except BaseException:
+        lock.release()
+        raise
     runtime.say(f"chronoq data directory: {cfg.data_dir}")
     runtime.say(f"recovery: {store.report.summary()}")
     client = ReplicationClient(cfg.replica_of, access_key=cfg.replication_access_key,
                                secret_key=cfg.replication_secret_key)
     follower = Follower(store, cfg.data_dir, client, runtime.node_id, cfg.endpoint, SYSTEM_CLOCK,
-                        cfg.checkpoint_interval_ms)
+                        cfg.checkpoint_interval_ms, reopen=lambda: _open_store(cfg, lock),
+                        max_cut_bytes=cfg.rejoin_max_truncate_bytes, sync_acks=cfg.replication == "sync")
     node = ReplicaNode(cfg, store, follower, runtime.node_id)
     server = None
     try:
@@ -212,7 +232,8 @@ async def serve_replica(runtime) -> int | None:
         if node.follow_task is not None:
             await asyncio.gather(node.follow_task, return_exceptions=True)
         await client.close()
-        await loop.run_in_executor(None, store.close)
+        await loop.run_in_executor(None, follower.store.close)
+        lock.release()
     if follower.refused is not None:
         raise errors.PreconditionFailed(f"a replica cannot follow {cfg.replica_of}: {follower.refused}")
     if node.follow_task.done() and not node.follow_task.cancelled() and node.follow_task.exception():

@@ -241,6 +241,15 @@ class Runtime:
         if self.config.priority_boost:
             self.say(raise_priority(self.config.priority_boost))
         epoch = 0
+        if self.config.replica_of and not self.config.rejoin:  # a promoted directory stays the primary
+            import dataclasses
+
+            from chronoq.replication.role import serve_as_primary_message
+
+            stays = serve_as_primary_message(self.config.data_dir, self.config.replica_of)
+            if stays is not None:
+                self.say(stays)
+                self.config = dataclasses.replace(self.config, replica_of="")
         if self.config.replica_of:  # a replica until promoted (chronoq.server.replica)
             from chronoq.server.replica import serve_replica
 

@@ -31,7 +31,7 @@ from chronoq.core import errors, fsutil
 from chronoq.core.jobs import Job
 from chronoq.core.model import Message
 from chronoq.store import checkpoint as checkpoint_file
-from chronoq.store import reading, record
+from chronoq.store import reading, record, truncate
 from chronoq.store.checkpoint import CHECKPOINT_FILE, CHECKPOINT_VERSION
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
@@ -105,6 +105,8 @@ class Store(StoreWriter):
 
     def _open(self, progress) -> None:
         data_dir = self.data_dir
+        # A rejoining node's truncation a crash interrupted is finished before the log is read.
+        cut = truncate.finish(data_dir)
         self.log = CommitLog(os.path.join(data_dir, "commitlog"), self.options.segment_bytes,
                              self.clock.monotonic_ns)
         self.cq_dir = os.path.join(data_dir, "consumequeue")
@@ -125,6 +127,8 @@ class Store(StoreWriter):
         self._held: dict[tuple[str, int], ConsumeQueue] = {}
         self.released = 0
         self.report = self._recover(progress)
+        if cut is not None:
+            self.report.notes.append(f"finished an interrupted truncation of the log at {cut.offset} ({cut.note})")
         self.log.start_writing()
         self.dispatched = self.log.written
         self._restore_holds()
