@@ -1,0 +1,179 @@
+"""Automatic failover through a real etcd on loopback (docs/replication.md, "Automatic failover
+with etcd"): real ``chronoq serve`` processes given ``etcd_endpoints`` and no ``--replica-of``,
+the official RocketMQ 5 Python client, ``kill -9`` and SIGSTOP of the primary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT, ChronoqProcess, free_port, wait_until
+from .etcd_fixture import etcd  # noqa: F401 - the fixture
+from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique
+from .test_replication import cluster_status, kill_9
+
+SYNC_BOUND = "replication_sync_timeout_ms = 1000\n"  # a replica leaves the in-sync set after 1 s silent
+
+
+def start(tmp_path, name: str, config: str, port: int | None = None) -> ChronoqProcess:
+    args = ("--port", str(port)) if port else ()
+    node = ChronoqProcess(str(tmp_path / name), config, extra_args=args)
+    if port:  # (the last --port wins)
+        node.port, node.endpoint = port, f"127.0.0.1:{port}"
+    return node
+
+
+def in_sync(etcd, cluster: str, node: ChronoqProcess) -> bool:  # noqa: F811 - the fixture's value
+    view = etcd.view(cluster)
+    return view.insync is not None and node.endpoint in view.insync.members
+
+
+def role_of(node: ChronoqProcess) -> str | None:
+    """The node's role (None while it restarts its front end: a promotion)."""
+    try:
+        return cluster_status(node.endpoint).role
+    except Exception:  # noqa: BLE001 - not listening at this moment
+        return None
+
+
+def stderr_has(node: ChronoqProcess, text: str) -> bool:
+    with open(node.stderr_path, errors="replace") as fh:
+        return text in fh.read()
+
+
+def commit_log_bytes(data_dir: str) -> bytes:
+    directory = os.path.join(data_dir, "commitlog")
+    out = b""
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".log"):
+            with open(os.path.join(directory, name), "rb") as fh:
+                out += fh.read()
+    return out
+
+
+def first_acknowledged_send(endpoint: str, topic: str, since: float, limit_s: float = 60.0) -> float:
+    """Seconds from ``since`` to the first send a new official producer got acknowledged at
+    ``endpoint`` (tried every 0.2 s: before the promotion the route or the send fails)."""
+    while time.monotonic() - since < limit_s:
+        try:
+            with producer(endpoint, topic) as p:
+                p.send(make_message(topic, b"after the failover"))
+                return time.monotonic() - since
+        except Exception:  # noqa: BLE001 - not promoted yet
+            time.sleep(0.2)
+    raise AssertionError(f"no send acknowledged at {endpoint} within {limit_s} s of the kill")
+
+
+def test_two_nodes_elect_a_primary_and_the_replica_takes_over_after_kill_9(tmp_path, etcd):  # noqa: F811
+    cluster, topic, group = unique("c"), unique("t"), unique("g")
+    config = etcd.config(cluster)
+    a = start(tmp_path, "a", config)
+    b = None
+    try:
+        assert any(f"leads {cluster}/default at epoch 1" in line for line in a.lines), a.output()
+        b = start(tmp_path, "b", config)
+        assert any(f"a replica of {a.endpoint}" in line for line in b.lines), b.output()
+        view = etcd.view(cluster)
+        assert (view.leader.endpoint, view.epoch) == (a.endpoint, 1)
+        assert {"127.0.0.1:%d" % n.port for n in (a, b)} <= set(view.members)
+        wait_until(lambda: in_sync(etcd, cluster, b), 20, what="the replica in the in-sync set")
+        with producer(a.endpoint, topic) as p:
+            acked = {p.send(make_message(topic, b"m%d" % i)).message_id for i in range(20)}
+        end = cluster_status(a.endpoint).commit_end
+        wait_until(lambda: cluster_status(b.endpoint).commit_end >= end, 20, what="the replica to catch up")
+        killed = time.monotonic()
+        kill_9(a)
+        took = first_acknowledged_send(b.endpoint, topic, killed)
+        print(f"\nkill -9 of the primary -> first send acknowledged by the promoted replica: {took:.2f} s "
+              f"(lease_ttl_ms 2000)")
+        view = etcd.view(cluster)
+        assert (view.leader.endpoint, view.epoch) == (b.endpoint, 2)
+        status = cluster_status(b.endpoint)
+        assert (status.role, status.epoch) == ("primary", 2)
+        with simple_consumer(b.endpoint, group, topic) as c:
+            got = {m.message_id for m in receive_all(c, len(acked) + 1, timeout_s=10)}
+        assert acked <= got, len(acked - got)
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop(check=False)
+
+
+def test_a_paused_primary_is_fenced_and_acknowledges_nothing_more(tmp_path, etcd):  # noqa: F811
+    cluster, topic = unique("c"), unique("t")
+    config = etcd.config(cluster)
+    a = start(tmp_path, "a", config)
+    b = None
+    try:
+        b = start(tmp_path, "b", config)
+        wait_until(lambda: in_sync(etcd, cluster, b), 20, what="the replica in the in-sync set")
+        with producer(a.endpoint, topic) as p:
+            p.send(make_message(topic, b"before the pause"))
+        os.kill(a.proc.pid, signal.SIGSTOP)  # a partition: the primary alive but silent past its lease
+        try:
+            wait_until(lambda: role_of(b) == "primary", 40, interval_s=0.2,
+                       what="the replica to take over")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        assert etcd.view(cluster).leader.endpoint == b.endpoint
+        with producer(a.endpoint, topic) as p:  # straight to the old primary (its route names itself)
+            with pytest.raises(Exception) as info:
+                p.send(make_message(topic, b"sent to the fenced primary"))
+        assert "lost leadership" in str(info.value), info.value
+        wait_until(lambda: stderr_has(a, "acknowledges nothing more"), 20, what="the fenced primary's log line")
+        assert etcd.view(cluster).leader.endpoint == b.endpoint  # (it did not take the lead back)
+        with producer(b.endpoint, topic) as p:
+            p.send(make_message(topic, b"sent to the new primary"))
+        a.stop(check=False)
+        old = commit_log_bytes(a.data_dir)
+        assert b"before the pause" in old and b"sent to the fenced primary" not in old
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop(check=False)
+
+
+def test_a_replica_out_of_the_in_sync_set_does_not_take_over(tmp_path, etcd):  # noqa: F811
+    cluster = unique("c")
+    config = etcd.config(cluster) + SYNC_BOUND
+    a = start(tmp_path, "a", config)
+    b = again = None
+    try:
+        b = start(tmp_path, "b", config)
+        wait_until(lambda: in_sync(etcd, cluster, b), 20, what="the replica in the in-sync set")
+        os.kill(b.proc.pid, signal.SIGSTOP)  # silent past the bound: the primary publishes the set without it
+        try:
+            wait_until(lambda: not in_sync(etcd, cluster, b), 20, what="the in-sync set to shrink")
+            kill_9(a)
+        finally:
+            os.kill(b.proc.pid, signal.SIGCONT)
+        wait_until(lambda: stderr_has(b, "this replica does not campaign"), 30, what="the replica to decline")
+        assert etcd.view(cluster).leader is None
+        assert cluster_status(b.endpoint).role == "replica"
+        # The old primary restarted (same address: the same node) is in the set: it leads again, b follows it.
+        again = start(tmp_path, "a", config, port=a.port)
+        assert any(f"leads {cluster}/default at epoch 2" in line for line in again.lines), again.output()
+        wait_until(lambda: cluster_status(b.endpoint).following == again.endpoint, 30, interval_s=0.2,
+                   what="the replica to follow the new leader")
+    finally:
+        for node in (b, again):
+            if node is not None:
+                node.stop()
+        a.stop(check=False)
+
+
+def test_an_unreachable_etcd_stops_the_start_and_says_so(tmp_path):
+    data_dir = tmp_path / "a"
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", str(data_dir),
+                           "--port", str(free_port()), "--http-port", "off", "--etcd-endpoints", dead],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert f"etcd cannot be reached ({dead}" in done.stderr, done.stderr[-2000:]
+    assert not (data_dir / "commitlog").exists()  # nothing opened, nothing written
