@@ -251,3 +251,24 @@ class EtcdCoordinator:
 
 def _prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def read_view(endpoints: list[str], cluster: str, group: str, timeout_s: float = CONNECT_TIMEOUT_S) -> co.View:
+    """What etcd says of a group, read once without a lease (``chronoq cluster status --etcd``,
+    tests). Runs its own event loop: call it from a thread that has none running."""
+    from chronoq.core.clock import SYSTEM_CLOCK
+
+    async def read() -> co.View:
+        failures = []
+        for endpoint in endpoints:
+            reader = EtcdCoordinator([endpoint], cluster, group, 2000, "reader", "", SYSTEM_CLOCK)
+            try:
+                await asyncio.wait_for(reader._connect(), timeout_s)
+                return await asyncio.wait_for(reader.view(), timeout_s)
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - the next endpoint
+                failures.append(f"{endpoint}: {type(exc).__name__}")
+            finally:
+                await reader._drop()
+        raise errors.ClientError(f"etcd cannot be reached ({'; '.join(failures)})")
+
+    return asyncio.run(read())

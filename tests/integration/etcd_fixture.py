@@ -14,7 +14,6 @@ scripts/setup when it can be; the tests skip and say why when it cannot be had).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import shutil
@@ -65,19 +64,10 @@ class Etcd:
     def view(self, cluster: str, group: str = "default"):
         """What etcd says of a group (``chronoq.replication.coordinator.View``), read on a thread of
         its own (the official client wants the test thread's event loop left alone)."""
-        from chronoq.core.clock import SYSTEM_CLOCK
-        from chronoq.replication.etcd import EtcdCoordinator
-
-        async def read():
-            coord = EtcdCoordinator([self.endpoint], cluster, group, LEASE_TTL_MS, "test-reader", "", SYSTEM_CLOCK)
-            await coord._connect()
-            try:
-                return await asyncio.wait_for(coord.view(), 5)
-            finally:
-                await coord._drop()
+        from chronoq.replication.etcd import read_view
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, read()).result(30)
+            return pool.submit(read_view, [self.endpoint], cluster, group).result(30)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -4,18 +4,20 @@ the official RocketMQ 5 Python client, ``kill -9`` and SIGSTOP of the primary.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
-from .conftest import ROOT, ChronoqProcess, free_port, wait_until
+from .conftest import HTTP_ANNOUNCED, ROOT, ChronoqProcess, free_port, wait_until
 from .etcd_fixture import etcd  # noqa: F401 - the fixture
 from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique
-from .test_replication import cluster_status, kill_9
+from .test_replication import cli, cluster_status, kill_9
 
 SYNC_BOUND = "replication_sync_timeout_ms = 1000\n"  # a replica leaves the in-sync set after 1 s silent
 
@@ -95,6 +97,13 @@ def test_two_nodes_elect_a_primary_and_the_replica_takes_over_after_kill_9(tmp_p
         assert (view.leader.endpoint, view.epoch) == (b.endpoint, 2)
         status = cluster_status(b.endpoint)
         assert (status.role, status.epoch) == ("primary", 2)
+        shown = cli("cluster", "status", "--etcd", etcd.endpoint, "--cluster-name", cluster, "--json")
+        assert shown.returncode == 0, shown.stderr
+        shown = json.loads(shown.stdout)
+        assert (shown["leader"]["endpoint"], shown["epoch"]) == (b.endpoint, 2)
+        url = [HTTP_ANNOUNCED.search(line) for line in b.lines if HTTP_ANNOUNCED.search(line)][-1].group(1)
+        metrics = urllib.request.urlopen(f"{url}metrics", timeout=10).read().decode()  # (the promoted node's listener)
+        assert "chronoq_cluster_leader 1.0" in metrics and "chronoq_cluster_epoch 2.0" in metrics
         with simple_consumer(b.endpoint, group, topic) as c:
             got = {m.message_id for m in receive_all(c, len(acked) + 1, timeout_s=10)}
         assert acked <= got, len(acked - got)
