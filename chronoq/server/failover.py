@@ -212,12 +212,14 @@ class PrimaryDuty:
                 "is stored on this primary only")
         fut = asyncio.get_running_loop().create_future()
         self._acks.append((ticket, fut))
+        # Twice the bound: a member silent for the bound is dropped (published first), then the
+        # rest answer; only a set that neither answers nor shrinks in that time gets a refusal.
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.sync_timeout_ms / 1000)
+            await asyncio.wait_for(asyncio.shield(fut), 2 * self.sync_timeout_ms / 1000)
         except asyncio.TimeoutError:
             raise errors.ReplicaTimeout(
                 f"replication = sync: the in-sync replicas did not report offset {ticket} durable within "
-                f"{self.sync_timeout_ms} ms: the message is stored on this primary") from None
+                f"{2 * self.sync_timeout_ms} ms: the message is stored on this primary") from None
 
     def _release(self) -> None:
         keep = []

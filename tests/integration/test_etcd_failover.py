@@ -186,3 +186,32 @@ def test_an_unreachable_etcd_stops_the_start_and_says_so(tmp_path):
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert f"etcd cannot be reached ({dead}" in done.stderr, done.stderr[-2000:]
     assert not (data_dir / "commitlog").exists()  # nothing opened, nothing written
+
+
+def test_sync_acknowledges_only_once_etcd_no_longer_names_a_replica_that_lacks_the_message(tmp_path, etcd):  # noqa: F811
+    """replication = "sync" with etcd: an acknowledgement waits for every replica of the in-sync
+    set; one that falls silent is dropped from the set in etcd *before* anything it lacks is
+    acknowledged, so whichever member etcd names could take over without losing it."""
+    cluster, topic = unique("c"), unique("t")
+    config = etcd.config(cluster) + SYNC_BOUND + 'replication = "sync"\n'
+    a = start(tmp_path, "a", config)
+    b = c = None
+    try:
+        b = start(tmp_path, "b", config)
+        c = start(tmp_path, "c", config)
+        wait_until(lambda: in_sync(etcd, cluster, b) and in_sync(etcd, cluster, c), 20,
+                   what="both replicas in the in-sync set")
+        with producer(a.endpoint, topic) as p:
+            p.send(make_message(topic, b"both have it"))
+            os.kill(c.proc.pid, signal.SIGSTOP)
+            try:
+                p.send(make_message(topic, b"c lacks it"))  # waits for c to leave the set, in etcd first
+                members = set(etcd.view(cluster).insync.members)
+            finally:
+                os.kill(c.proc.pid, signal.SIGCONT)
+        assert members == {a.endpoint, b.endpoint}, members
+    finally:
+        for node in (b, c):
+            if node is not None:
+                node.stop()
+        a.stop()

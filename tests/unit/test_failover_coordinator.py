@@ -189,3 +189,67 @@ def test_etcd_settings_are_checked():
                       ({"force_leader": True}, "force_leader needs etcd_endpoints")):
         with pytest.raises(errors.ClientError, match=text):
             load_config(env={}, overrides=bad)
+
+
+# ------------------------------------------------------------------------------ the leader's duty
+class _Coord:
+    """An etcd session whose in-sync writes wait for ``gate`` (etcd slow to answer)."""
+
+    cluster, group = "c", "g"
+
+    def __init__(self, clock) -> None:
+        self.deadline = co.LeaseDeadline(clock, 1_000_000)
+        self.deadline.renewed(clock.monotonic_ns(), 1000)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.published: list[set] = []
+
+    async def call(self, coro):
+        return await coro
+
+    async def register(self, *_args) -> None:
+        pass
+
+    async def publish_insync(self, insync) -> bool:
+        await self.gate.wait()
+        self.published.append(set(insync.members))
+        return True
+
+
+def test_a_sync_acknowledgement_a_leaving_replica_lacks_waits_until_etcd_no_longer_names_it():
+    from types import SimpleNamespace
+
+    from chronoq.server.failover import PrimaryDuty
+
+    async def scenario():
+        clock = FakeClock()
+        store = SimpleNamespace(log=SimpleNamespace(synced=100))
+        runtime = SimpleNamespace(
+            config=SimpleNamespace(endpoint="a:1", replication_sync_timeout_ms=1000), _stop=asyncio.Event(),
+            broker=SimpleNamespace(store=store, clock=clock), coordinator=_Coord(clock))
+        coord = runtime.coordinator
+        duty = PrimaryDuty(runtime, 1)
+        task = asyncio.ensure_future(duty.run())
+        duty.report("b:1", 100)
+        duty.report("c:1", 100)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if duty.tracker.published == {"b:1", "c:1"}:
+                break
+        assert coord.published[-1] == {"a:1", "b:1", "c:1"}
+        coord.gate.clear()  # etcd is slow from here on
+        store.log.synced = 200
+        clock.advance(100)
+        duty.report("b:1", 200)  # b has the new record, c falls silent
+        ack = asyncio.ensure_future(duty.replicated(200))
+        clock.advance(1001)  # c silent past the bound: it must leave the set
+        duty.report("b:1", 200)  # (b keeps pulling)
+        await asyncio.sleep(0.5)
+        assert not ack.done(), "acknowledged while etcd still names a replica lacking the record"
+        coord.gate.set()
+        await asyncio.wait_for(ack, 5)
+        assert coord.published[-1] == {"a:1", "b:1"} and duty.tracker.required == {"b:1"}
+        runtime._stop.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(scenario())
