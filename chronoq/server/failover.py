@@ -36,7 +36,8 @@ from chronoq.replication.etcd import EtcdCoordinator
 log = logging.getLogger("chronoq.failover")
 
 WATCH_S = 5.0        # a leader watch is renewed this often (the etcd session is checked with it)
-PUBLISH_TICK_S = 0.1  # the in-sync set is looked at this often (and at each replica report)
+PUBLISH_TICK_S = 0.1
+ETCD_RETRY_S = 1.0   # after a failed etcd call  # the in-sync set is looked at this often (and at each replica report)
 
 
 class Leadership:
@@ -85,7 +86,12 @@ async def take_role(runtime) -> int | None:
     coord = runtime.coordinator
     waiting_said = None
     while not runtime._stop.is_set():
-        view = await coord.call(coord.view())
+        try:
+            view = await coord.call(coord.view())
+        except Exception as exc:  # noqa: BLE001 - etcd unavailable for a moment: no role without it
+            log.warning("etcd: reading the group failed (%r); trying again", exc)
+            await _wait(runtime, asyncio.sleep(ETCD_RETRY_S))
+            continue
         position = log_epoch = 0
         if view.leader is None:
             position, log_epoch = await loop.run_in_executor(None, _local_position, cfg)
@@ -95,7 +101,13 @@ async def take_role(runtime) -> int | None:
             if cfg.force_leader and view.epoch:
                 log.warning("forced campaign (force_leader): %s; what the last primary acknowledged and this node "
                             "lacks is lost", why)
-            if await coord.call(coord.campaign(view, epoch, cfg.endpoint, position)):
+            try:
+                won = await coord.call(coord.campaign(view, epoch, cfg.endpoint, position))
+            except Exception as exc:  # noqa: BLE001 - as above
+                log.warning("etcd: the campaign failed (%r); trying again", exc)
+                await _wait(runtime, asyncio.sleep(ETCD_RETRY_S))
+                continue
+            if won:
                 runtime.say(f"etcd: this node leads {cfg.cluster_name}/{cfg.group_name} at epoch {epoch} ({why})")
                 return epoch
             continue  # another node won meanwhile: look again
@@ -136,7 +148,7 @@ async def _replica_watch(runtime, node, leader: co.Leader) -> None:
     follows whoever leads) when another node leads."""
     cfg, coord = runtime.config, runtime.coordinator
     follower = node.follower
-    await coord.call(coord.register("replica", cfg.endpoint, follower.commit, follower.epoch))
+    await _register(coord, "replica", cfg.endpoint, follower.commit, follower.epoch)
 
     async def elect() -> int:
         view = await coord.call(coord.view())
@@ -159,7 +171,12 @@ async def _replica_watch(runtime, node, leader: co.Leader) -> None:
     node.elect = lambda: elect(False)
     seen = leader
     while True:
-        current = await coord.call(coord.wait_leader_change(seen, WATCH_S))
+        try:
+            current = await coord.call(coord.wait_leader_change(seen, WATCH_S))
+        except Exception as exc:  # noqa: BLE001 - etcd unavailable for a moment: keep following
+            log.warning("etcd: watching the leader failed (%r); trying again", exc)
+            await asyncio.sleep(ETCD_RETRY_S)
+            continue
         if current == seen:
             continue
         if current is not None:
@@ -167,13 +184,22 @@ async def _replica_watch(runtime, node, leader: co.Leader) -> None:
             return
         try:
             epoch = await elect()
-        except errors.PreconditionFailed as exc:
+        except Exception as exc:  # noqa: BLE001 - not eligible, lost the race, or etcd unavailable
+            if not isinstance(exc, errors.PreconditionFailed):
+                exc = errors.PreconditionFailed(f"etcd failed: {exc!r}")
             log.warning("etcd: the leader %s is gone; this replica does not campaign: %s", leader.node, exc.message)
             seen = None  # wait for whoever wins
             continue
         runtime.say(f"etcd: the leader {leader.node} is gone; this replica won epoch {epoch}: promoting")
         await node.promote(epoch=epoch)
         return
+
+
+async def _register(coord: EtcdCoordinator, role: str, endpoint: str, position: int, epoch: int) -> None:
+    try:
+        await coord.call(coord.register(role, endpoint, position, epoch))
+    except Exception as exc:  # noqa: BLE001 - membership is information: serve without it
+        log.warning("etcd: registering this node as %s failed: %r", role, exc)
 
 
 # ------------------------------------------------------------------------------------ the primary
@@ -238,7 +264,7 @@ class PrimaryDuty:
 
     async def run(self) -> None:
         coord, tracker = self.coord, self.tracker
-        await coord.call(coord.register("primary", self.node, self.store.log.synced, self.epoch))
+        await _register(coord, "primary", self.node, self.store.log.synced, self.epoch)
         while not self.runtime._stop.is_set():
             if not self.leadership.holds():
                 coord.deadline.lose("its lease deadline passed (no keep-alive answered in time, or the process "
