@@ -168,7 +168,7 @@ async def _replica_watch(runtime, node, leader: co.Leader) -> None:
 
     # ``chronoq promote``: a campaign on an operator's word, eligible nodes only (an unclean one: restart
     # the node with --force-leader).
-    node.elect = lambda: elect(False)
+    node.elect = elect
     seen = leader
     while True:
         try:

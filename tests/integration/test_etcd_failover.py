@@ -164,6 +164,9 @@ def test_a_replica_out_of_the_in_sync_set_does_not_take_over(tmp_path, etcd):  #
         wait_until(lambda: stderr_has(b, "this replica does not campaign"), 30, what="the replica to decline")
         assert etcd.view(cluster).leader is None
         assert cluster_status(b.endpoint).role == "replica"
+        refused = cli("promote", "--endpoint", b.endpoint)  # an operator's promote asks for the force
+        assert refused.returncode != 0 and "not in the in-sync set" in refused.stderr, refused.stderr
+        assert "--force-leader" in refused.stderr and etcd.view(cluster).leader is None
         # The old primary restarted (same address: the same node) is in the set: it leads again, b follows it.
         again = start(tmp_path, "a", config, port=a.port)
         assert any(f"leads {cluster}/default at epoch 2" in line for line in again.lines), again.output()

@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
-from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage
-from chronoq.broker.committer import GroupCommitter
+from chronoq.broker.broker import OutgoingBatch, OutgoingMessage
 from chronoq.core import errors
 from chronoq.core.clock import FakeClock
-from chronoq.core.config import BrokerConfig, load_config
+from chronoq.core.config import load_config
 from chronoq.replication import coordinator as co
+from tests.unit.test_committer import _run  # a broker and a started committer on a temporary directory
 
 S = 1_000_000_000  # ns
 
@@ -137,23 +137,9 @@ class _Lease:
         return "this broker lost leadership of c/g (epoch 1): test"
 
 
-def _run(tmp_path, scenario):
-    async def main():
-        broker = Broker(BrokerConfig(data_dir=str(tmp_path), segment_bytes=1 << 20).validate())
-        committer = GroupCommitter(broker)
-        committer.leadership = _Lease()
-        committer.start()
-        try:
-            return await asyncio.wait_for(scenario(broker, committer), 20)
-        finally:
-            await committer.close()
-            broker.close()
-
-    return asyncio.run(main())
-
-
 def test_a_fenced_committer_acknowledges_nothing_and_writes_no_new_send(tmp_path):
     async def scenario(broker, committer):
+        committer.leadership = _Lease()
         await committer.send([OutgoingMessage("orders", b"held")])
         committer.leadership.held = False
         assert committer.fenced
@@ -167,6 +153,7 @@ def test_a_fenced_committer_acknowledges_nothing_and_writes_no_new_send(tmp_path
 
 def test_writes_waiting_for_their_fsync_when_the_lease_lapses_are_refused_and_not_made_visible(tmp_path):
     async def scenario(broker, committer):
+        committer.leadership = _Lease()
         sent = broker.write_batch(OutgoingBatch.of([OutgoingMessage("orders", b"pending")]))  # (written, no fsync yet)
         ticket = broker.store.log.written
         committer.leadership.held = False  # lapses before the fsync is reported
