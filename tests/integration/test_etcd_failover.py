@@ -218,3 +218,30 @@ def test_sync_acknowledges_only_once_etcd_no_longer_names_a_replica_that_lacks_t
             if node is not None:
                 node.stop()
         a.stop()
+
+
+def test_a_node_outside_the_in_sync_set_waits_unless_forced(tmp_path, etcd):  # noqa: F811
+    cluster = unique("c")
+    config = etcd.config(cluster)
+    a = start(tmp_path, "a", config)
+    kill_9(a)  # the set was {a}: no other node may take over without losing what a acknowledged
+    wait_until(lambda: etcd.view(cluster).leader is None, 20, interval_s=0.2, what="a's lease to expire")
+    config_path = tmp_path / "b.toml"
+    config_path.write_text(config)
+    waiting = subprocess.Popen([sys.executable, "-m", "chronoq", "serve", "--data-dir", str(tmp_path / "b"),
+                                "--port", str(free_port()), "--http-port", "off", "--config", str(config_path)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        line = waiting.stdout.readline()
+        assert "etcd: waiting for a leader" in line and "not in the in-sync set" in line, line
+    finally:
+        waiting.terminate()
+        assert waiting.wait(30) == 0  # (a clean stop while waiting)
+    assert etcd.view(cluster).leader is None
+    b = start(tmp_path, "b", config + "force_leader = true\n")
+    try:
+        assert any(f"leads {cluster}/default at epoch 2" in line for line in b.lines), b.output()
+        assert stderr_has(b, "forced campaign") and stderr_has(b, "lacks is lost")
+    finally:
+        b.stop()
