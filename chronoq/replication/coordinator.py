@@ -12,7 +12,8 @@ key                 value (JSON unless said)                                  le
                     with ``leader``, in one transaction)
 ``insync``          ``{"epoch", "leader", "members": {node: position}}``: the   none
                     nodes that hold everything the leader acknowledged (the
-                    leader itself among them) and the log position each had
+                    leader itself among them) and the durable log position
+                    each had (refreshed every second while they move)
 ``members/<node>``  ``{"node", "node_id", "role", "endpoint", "position",       that node's
                     "epoch"}``: who is alive (issue 23 builds membership on it)
 =================== ========================================================= ===============

@@ -37,7 +37,8 @@ log = logging.getLogger("chronoq.failover")
 
 WATCH_S = 5.0        # a leader watch is renewed this often (the etcd session is checked with it)
 PUBLISH_TICK_S = 0.1
-ETCD_RETRY_S = 1.0   # after a failed etcd call  # the in-sync set is looked at this often (and at each replica report)
+ETCD_RETRY_S = 1.0
+POSITIONS_EVERY_MS = 1000  # the in-sync set's recorded positions are refreshed this often (when they moved)   # after a failed etcd call  # the in-sync set is looked at this often (and at each replica report)
 
 
 class Leadership:
@@ -265,26 +266,34 @@ class PrimaryDuty:
     async def run(self) -> None:
         coord, tracker = self.coord, self.tracker
         await _register(coord, "primary", self.node, self.store.log.synced, self.epoch)
+        published, published_ms = {}, self.clock.wall_ms()
         while not self.runtime._stop.is_set():
             if not self.leadership.holds():
                 coord.deadline.lose("its lease deadline passed (no keep-alive answered in time, or the process "
                                     "was paused)")  # (final: a lapse is not undone by a later keep-alive)
                 await self._fenced()
                 return
-            want = tracker.wanted(self.clock.wall_ms())
-            if want != tracker.published:
-                tracker.required |= want  # (a joiner gates acknowledgements before etcd names it)
-                members = {self.node: self.store.log.synced, **tracker.positions(want)}
+            now = self.clock.wall_ms()
+            want = tracker.wanted(now)
+            changed = want != tracker.published
+            members = {self.node: self.store.log.synced, **tracker.positions(want)}
+            # The recorded positions are refreshed too (every POSITIONS_EVERY_MS when they moved): a
+            # node whose directory is older than its recorded position may not campaign.
+            if changed or (members != published and now - published_ms >= POSITIONS_EVERY_MS):
+                if changed:
+                    tracker.required |= want  # (a joiner gates acknowledgements before etcd names it)
                 try:
                     ok = await coord.call(coord.publish_insync(co.InSync(self.epoch, self.node, members)))
                 except Exception as exc:  # noqa: BLE001 - the set stays as published; retried next tick
                     log.warning("publishing the in-sync set failed: %r", exc)
                     ok = None
                 if ok:
-                    log.info("in-sync set of epoch %d: %s", self.epoch, ", ".join(sorted(members)))
-                    tracker.published = want
-                    tracker.required = set(want)  # (a leaver stops gating only now that etcd no longer names it)
-                    self._release()
+                    published, published_ms = members, now
+                    if changed:
+                        log.info("in-sync set of epoch %d: %s", self.epoch, ", ".join(sorted(members)))
+                        tracker.published = want
+                        tracker.required = set(want)  # (a leaver stops gating only now etcd no longer names it)
+                        self._release()
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), PUBLISH_TICK_S)
