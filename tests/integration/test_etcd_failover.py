@@ -114,15 +114,21 @@ def test_two_nodes_elect_a_primary_and_the_replica_takes_over_after_kill_9(tmp_p
 
 
 def test_a_paused_primary_is_fenced_and_acknowledges_nothing_more(tmp_path, etcd):  # noqa: F811
-    cluster, topic = unique("c"), unique("t")
+    cluster, topic, delayed, group = unique("c"), unique("t"), unique("d"), unique("g")
+    due_body = f"due while fenced {unique('m')}".encode()
     config = etcd.config(cluster)
     a = start(tmp_path, "a", config)
     b = None
     try:
         b = start(tmp_path, "b", config)
         wait_until(lambda: in_sync(etcd, cluster, b), 20, what="the replica in the in-sync set")
-        with producer(a.endpoint, topic) as p:
+        with producer(a.endpoint, topic, delayed) as p:
             p.send(make_message(topic, b"before the pause"))
+            m = make_message(delayed, due_body)
+            m.delivery_timestamp = int(time.time()) + 10  # falls due after the takeover
+            p.send(m)
+        end = cluster_status(a.endpoint).commit_end
+        wait_until(lambda: cluster_status(b.endpoint).commit_end >= end, 20, what="the replica to catch up")
         os.kill(a.proc.pid, signal.SIGSTOP)  # a partition: the primary alive but silent past its lease
         try:
             wait_until(lambda: role_of(b) == "primary", 40, interval_s=0.2,
@@ -138,9 +144,12 @@ def test_a_paused_primary_is_fenced_and_acknowledges_nothing_more(tmp_path, etcd
         assert etcd.view(cluster).leader.endpoint == b.endpoint  # (it did not take the lead back)
         with producer(b.endpoint, topic) as p:
             p.send(make_message(topic, b"sent to the new primary"))
+        with simple_consumer(b.endpoint, group, delayed) as c:  # the new primary fires the timer ...
+            assert [m.body for m in receive_all(c, 1, timeout_s=30)] == [due_body]
         a.stop(check=False)
         old = commit_log_bytes(a.data_dir)
         assert b"before the pause" in old and b"sent to the fenced primary" not in old
+        assert old.count(due_body) == 1  # ... the fenced one wrote no copy of it (the original only)
     finally:
         if b is not None:
             b.stop()
