@@ -6,7 +6,7 @@ import time
 
 import click
 
-from chronoq.cli.remote import EXIT_NOT_DONE, call, connection, fail, remote_options
+from chronoq.cli.remote import EXIT_NOT_DONE, EXIT_UNREACHABLE, call, connection, fail, remote_options
 from chronoq.cli.render import print_json, print_table, size_text
 
 PROMOTE_WAIT_S = 120.0  # how long ``promote`` waits for the new primary to serve
@@ -57,7 +57,7 @@ def _etcd_status(etcd, cluster_name, group_name, timeout, as_json) -> None:
     try:
         view = read_view(endpoints, cluster_name, group_name, timeout)
     except errors.ChronoqError as exc:
-        fail(exc.message, EXIT_NOT_DONE)
+        fail(exc.message, EXIT_UNREACHABLE)
     if as_json:
         print_json(etcd_json(view))
         return
