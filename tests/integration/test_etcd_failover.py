@@ -254,3 +254,25 @@ def test_a_node_outside_the_in_sync_set_waits_unless_forced(tmp_path, etcd):  # 
         assert stderr_has(b, "forced campaign") and stderr_has(b, "lacks is lost")
     finally:
         b.stop()
+
+
+def test_a_primary_that_loses_etcd_fences_itself(tmp_path, etcd):  # noqa: F811
+    """It cannot tell a partition from a slow etcd: past its lease deadline it refuses."""
+    cluster, topic = unique("c"), unique("t")
+    a = start(tmp_path, "a", etcd.config(cluster))
+    try:
+        with producer(a.endpoint, topic) as p:
+            p.send(make_message(topic, b"while etcd answers"))
+            etcd.stop()
+
+            def refused() -> str | None:
+                try:
+                    p.send(make_message(topic, b"after etcd went away"))
+                except Exception as exc:  # noqa: BLE001 - the refusal we wait for
+                    return str(exc)
+                return None
+            why = wait_until(refused, 30, interval_s=0.2, what="the primary to refuse without etcd")
+        assert "lost leadership" in why, why
+        a.stop()  # a clean stop all the same (its lease is left to expire)
+    finally:
+        a.stop(check=False)
