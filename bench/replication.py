@@ -10,7 +10,11 @@ primary is killed with SIGKILL, ``chronoq promote`` is run on the replica, and t
 kill to the first acknowledged send and to the first message received there is measured: in
 even rounds with chronoq.client.client, in odd rounds with the official Python client
 (``failover_to_first_official_send``, ``..._receive``: its clients given the replica's address,
-started again until they work); ``--rounds 2`` or more gives both.
+started again until they work); ``--rounds 2`` or more gives both. Then,
+when etcd is installed (``/usr/bin/etcd``), automatic failover: an etcd on loopback, two nodes
+given ``etcd_endpoints`` (``--lease-ttl-ms``), a batched load, ``kill -9`` of the primary, and the
+time to the first send acknowledged through the official RocketMQ Python client by a producer
+started at the kill (it retries until the replica promoted itself).
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Every phase is bounded
 in count and time. The load runs in one client process: on a 2-core machine shared with others,
@@ -18,6 +22,7 @@ compare ratios of alternating runs, not rates.
 
     .venv/bin/python bench/replication.py
     .venv/bin/python bench/replication.py --seconds 10 --rounds 3
+    .venv/bin/python bench/replication.py --etcd-only --rounds 5
 """
 
 from __future__ import annotations
@@ -50,13 +55,15 @@ def emit(metric: str, value, unit: str, **ctx) -> None:
     print(json.dumps({"metric": metric, "value": value, "unit": unit, **ctx}), flush=True)
 
 
-def start(data_dir: str, replication: str, replica_of: str = "") -> tuple[subprocess.Popen, str]:
+def start(data_dir: str, replication: str, replica_of: str = "", **settings: str) -> tuple[subprocess.Popen, str]:
     """``chronoq serve`` (bench.grpc_shell.start_server), configured through its environment."""
-    os.environ.update(CHRONOQ_REPLICATION=replication, CHRONOQ_REPLICA_OF=replica_of, CHRONOQ_HTTP_PORT="off")
+    env = dict(CHRONOQ_REPLICATION=replication, CHRONOQ_REPLICA_OF=replica_of, CHRONOQ_HTTP_PORT="off",
+               **{f"CHRONOQ_{k.upper()}": v for k, v in settings.items()})
+    os.environ.update(env)
     try:
         return start_server(data_dir, "sync")
     finally:
-        for key in ("CHRONOQ_REPLICATION", "CHRONOQ_REPLICA_OF", "CHRONOQ_HTTP_PORT"):
+        for key in env:
             os.environ.pop(key, None)
 
 
@@ -213,17 +220,85 @@ async def run_round(args, root: str, round_no: int) -> None:
              "x of async", shape=shape, round=round_no)
 
 
+ETCD = "/usr/bin/etcd"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def etcd_failover(args, root: str, round_no: int) -> None:
+    """Automatic failover through etcd: kill -9 of the primary to the first send acknowledged
+    through the official Python client."""
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    base = os.path.join(root, f"etcd-{round_no}")
+    port = free_port()
+    url, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"
+    etcd = subprocess.Popen([ETCD, "--name", "b", "--data-dir", base + "-etcd", "--listen-client-urls", url,
+                             "--advertise-client-urls", url, "--listen-peer-urls", peer,
+                             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"b={peer}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = []
+    try:
+        time.sleep(1.5)  # (etcd's first election; a node that cannot reach it stops and says so)
+        settings = {"etcd_endpoints": f"127.0.0.1:{port}", "lease_ttl_ms": str(args.lease_ttl_ms)}
+        primary_proc, primary = start(base + "-a", "async", **settings)
+        procs.append(primary_proc)
+        replica_proc, replica = start(base + "-b", "async", **settings)
+        procs.append(replica_proc)
+        asyncio.run(load(primary, "bench-etcd", min(args.seconds, 3.0), args.concurrency, args.batch))
+        asyncio.run(caught_up(replica, primary))
+        time.sleep(1.5)  # the replica's next pull reports it caught up: in the in-sync set
+        killed = time.monotonic()
+        primary_proc.send_signal(signal.SIGKILL)
+        primary_proc.wait(10)
+        took, attempts = None, 0
+        while took is None and time.monotonic() - killed < 60:
+            attempts += 1
+            producer = Producer(ClientConfiguration(replica, Credentials("", ""), request_timeout=3), ("bench-etcd",))
+            try:
+                producer.startup()
+                message = Message()
+                message.topic, message.body = "bench-etcd", b"after"
+                producer.send(message)
+                took = time.monotonic() - killed
+            except Exception:  # noqa: BLE001 - not promoted yet
+                time.sleep(0.2)
+            finally:
+                try:
+                    producer.shutdown()
+                except Exception:  # noqa: BLE001 - a producer that never started
+                    pass
+        emit("etcd_failover_to_first_official_send", None if took is None else round(took, 2), "s",
+             lease_ttl_ms=args.lease_ttl_ms, attempts=attempts, round=round_no)
+    finally:
+        for proc in procs:
+            stop(proc)
+        etcd.terminate()
+        etcd.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--lease-ttl-ms", type=int, default=2000, help="etcd failover: the lease's TTL")
+    parser.add_argument("--etcd-only", action="store_true", help="only the etcd automatic failover")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="chronoq-bench-repl-")
     try:
         for r in range(args.rounds):
-            asyncio.run(run_round(args, root, r))
+            if not args.etcd_only:
+                asyncio.run(run_round(args, root, r))
+            if os.path.exists(ETCD):
+                etcd_failover(args, root, r)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

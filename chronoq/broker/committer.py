@@ -99,6 +99,10 @@ class GroupCommitter:
         # ``replication = "sync"``: ``replicated(ticket)`` returns once a replica holds the log up to
         # the ticket durably (chronoq.replication.shipper.PrimaryNode.replicated); None: async.
         self.replicated: Callable[[int], Awaitable[None]] | None = None
+        # Automatic failover (etcd): ``leadership.holds()`` while this primary surely holds its lease;
+        # once it does not, nothing more is acknowledged (``_check_leader``): every waiter is answered
+        # ``leadership.refusal()``, nothing more is made visible. None: no etcd, always the primary.
+        self.leadership = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -118,6 +122,7 @@ class GroupCommitter:
         while the disk is below its reserve.
         """
         self.broker.check_space()
+        self._check_leader()  # (a fenced node does not even write what it will not acknowledge)
         try:
             sent = self.broker.write_batch(batch, system=system)
         except errors.DiskFull:  # the disk filled between looks: look again at the next send
@@ -186,6 +191,7 @@ class GroupCommitter:
         = "sync"``), also durable on a replica (raises ``errors.ReplicaTimeout`` when none says so
         in time: the records stay stored here)."""
         if not self.sync_policy and self.replicated is None:
+            self._check_leader()
             self.store.dispatch()
             self.broker.notify_arrivals()
             return
@@ -193,6 +199,7 @@ class GroupCommitter:
         await self.durable(ticket)
         if self.replicated is not None:  # sync replication: a replica's too (one report answers a group)
             await self.replicated(ticket)
+            self._check_leader()  # (the wait may have outlasted the lease)
 
     async def durable(self, ticket: int) -> None:
         """Return once the commit log is fsynced to at least ``ticket`` and dispatched below it
@@ -201,10 +208,21 @@ class GroupCommitter:
         records are durable, so the caller is answered without waiting for it."""
         store = self.store
         if store.log.synced >= ticket and store.dispatched >= ticket:
+            self._check_leader()
             return
         fut = self._loop.create_future()
         self._generation_for(ticket).waiters.append(fut)
         await fut
+
+    @property
+    def fenced(self) -> bool:
+        """This node may have lost its leadership: it acknowledges nothing (timers need not tick)."""
+        return self.leadership is not None and not self.leadership.holds()
+
+    def _check_leader(self) -> None:
+        """Where writes are acknowledged (with ``_synced``): refuse once leadership may be lost."""
+        if self.leadership is not None and not self.leadership.holds():
+            raise errors.PreconditionFailed(self.leadership.refusal())
 
     def after_durable(self, callback: Callable[[int, BaseException | None], None]) -> None:
         """Ask for an fsync of everything written now; ``callback(synced, None)`` runs on the loop
@@ -269,6 +287,12 @@ class GroupCommitter:
 
     # ------------------------------------------------------------------ on the loop, after an fsync
     def _synced(self, synced: int, exc: BaseException | None) -> None:
+        if exc is None and self.leadership is not None and not self.leadership.holds():
+            # Fenced: another node may lead by now. Nothing written since is made visible or
+            # acknowledged (timer copies included: their deliveries fail and stay pending).
+            exc = errors.PreconditionFailed(self.leadership.refusal())
+            self._fail_all(exc)
+            return
         if exc is not None:
             log.error("fsync failed: %s", exc)
             self._fail_all(exc)

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from chronoq.cli.remote import EXIT_NOT_DONE, call, connection, fail, remote_options
+from chronoq.cli.remote import EXIT_NOT_DONE, EXIT_UNREACHABLE, call, connection, fail, remote_options
 from chronoq.cli.render import print_json, print_table, size_text
 
 PROMOTE_WAIT_S = 120.0  # how long ``promote`` waits for the new primary to serve
@@ -39,11 +39,54 @@ def cluster() -> None:
     """Replication: roles, epochs, positions and lag."""
 
 
+def etcd_json(view) -> dict:
+    leader = view.leader
+    return {"leader": None if leader is None else {"node": leader.node, "endpoint": leader.endpoint,
+                                                   "node_id": leader.node_id, "epoch": leader.epoch},
+            "epoch": view.epoch,
+            "insync": None if view.insync is None else {"epoch": view.insync.epoch, "leader": view.insync.leader,
+                                                        "members": view.insync.members},
+            "members": view.members}
+
+
+def _etcd_status(etcd, cluster_name, group_name, timeout, as_json) -> None:
+    from chronoq.core import errors
+    from chronoq.replication.etcd import read_view
+
+    endpoints = [e.strip() for e in etcd.split(",") if e.strip()]
+    try:
+        view = read_view(endpoints, cluster_name, group_name, timeout)
+    except errors.ChronoqError as exc:
+        fail(exc.message, EXIT_UNREACHABLE)
+    if as_json:
+        print_json(etcd_json(view))
+        return
+    leader = view.leader
+    insync = view.insync
+    rows = [["leader", "none (no lease holds the leader key)" if leader is None
+             else f"{leader.endpoint} (node id {leader.node_id})"],
+            ["epoch", str(view.epoch)],
+            ["in-sync set", "none recorded" if insync is None else
+             f"epoch {insync.epoch}: " + ", ".join(f"{n} (from {p:,})" for n, p in sorted(insync.members.items()))]]
+    print_table(f"etcd view of {cluster_name}/{group_name}", ["WHAT", "VALUE"], rows, wrap=("VALUE",))
+    print_table("members (alive: their lease holds)", ["NODE", "ROLE", "EPOCH", "POSITION AT REGISTRATION"],
+                [[n, str(m.get("role", "")), str(m.get("epoch", "")), f"{m.get('position', 0):,}"]
+                 for n, m in sorted(view.members.items())] or [["(none)", "", "", ""]],
+                right=("POSITION AT REGISTRATION",))
+
+
 @cluster.command("status")
 @remote_options
-def status(endpoint, timeout, as_json) -> None:
+@click.option("--etcd", default=None, metavar="HOST:PORT[,...]",
+              help="Show the group as etcd records it (leader, epoch, in-sync set, members) instead of one node's view.")
+@click.option("--cluster-name", default="chronoq", show_default=True, help="With --etcd: the cluster's name.")
+@click.option("--group-name", default="default", show_default=True, help="With --etcd: the broker group's name.")
+def status(endpoint, timeout, as_json, etcd, cluster_name, group_name) -> None:
     """This node's role and epoch, its durable log position, and lag (a replica's behind its
-    primary; a primary's replicas behind it)."""
+    primary; a primary's replicas behind it). With --etcd: the group's view in etcd."""
+    if etcd:
+        _etcd_status(etcd, cluster_name, group_name, timeout, as_json)
+        return
     st = _replication_call(endpoint, timeout, "status")
     if as_json:
         print_json(status_json(st))

@@ -37,15 +37,24 @@ from chronoq.core.config import load_config
 @click.option("--rejoin", is_flag=True, default=None,
               help="With --replica-of: follow it even if this data directory was promoted to primary "
                    "(it truncates at the epoch boundary; env CHRONOQ_REJOIN).")
+@click.option("--etcd-endpoints", default=None, metavar="HOST:PORT[,...]",
+              help="Take this node's role from etcd and fail over automatically (env CHRONOQ_ETCD_ENDPOINTS; "
+                   "docs/replication.md, \"Automatic failover with etcd\").")
+@click.option("--cluster-name", default=None, help="With etcd: the cluster's name (default chronoq).")
+@click.option("--group-name", default=None, help="With etcd: this broker group's name (default default).")
+@click.option("--force-leader", is_flag=True, default=None,
+              help="With etcd: lead even when not in the recorded in-sync set (an unclean promotion: what the "
+                   "last primary acknowledged and this node lacks is lost).")
 def serve(data_dir, port, host, http_port, http_host, config_file, flush_policy, quarantine, log_level,
-          log_format, replica_of, rejoin) -> None:
+          log_format, replica_of, rejoin, etcd_endpoints, cluster_name, group_name, force_leader) -> None:
     """Run the broker until SIGTERM or SIGINT."""
     try:
         cfg = load_config(config_file, overrides={
             "data_dir": data_dir, "port": port, "host": host, "http_port": http_port, "http_host": http_host,
             "flush_policy": flush_policy,
             "quarantine": quarantine, "log_level": log_level, "log_format": log_format,
-            "replica_of": replica_of, "rejoin": rejoin,
+            "replica_of": replica_of, "rejoin": rejoin, "etcd_endpoints": etcd_endpoints,
+            "cluster_name": cluster_name, "group_name": group_name, "force_leader": force_leader,
         })
     except errors.ChronoqError as exc:
         raise click.UsageError(exc.message) from None

@@ -141,6 +141,18 @@ class BrokerConfig:
     # (``--rejoin``); otherwise it serves as the primary it became.
     rejoin_max_truncate_bytes: int = 256 << 20
     rejoin: bool = False
+    # Automatic failover through etcd (chronoq.replication.etcd; docs/replication.md, "Automatic
+    # failover with etcd"). ``etcd_endpoints`` "host:port,host:port" (empty: off, nothing changes):
+    # the node's role comes from etcd, the primary holds a leader key on a lease of ``lease_ttl_ms``
+    # (rounded up to whole seconds; etcd grants at least its own minimum, 2 s by default) and
+    # acknowledges nothing once it may have lost it. Keys live under /chronoq/<cluster>/<group>/.
+    etcd_endpoints: str = ""
+    cluster_name: str = "chronoq"
+    group_name: str = "default"
+    lease_ttl_ms: int = 5000
+    # Start as the primary even when this node is not in the recorded in-sync set (an unclean
+    # promotion: what the last primary acknowledged and this node lacks is lost). Usually a flag.
+    force_leader: bool = False
     # Tables of the config file ([groups.*], [auth], ...). Not in the repr: [auth] holds secrets.
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -192,6 +204,7 @@ class BrokerConfig:
                                      f"{self.replication_sync_timeout_ms}")
         if self.rejoin_max_truncate_bytes < 0:
             raise errors.ClientError(f"rejoin_max_truncate_bytes must be >= 0, not {self.rejoin_max_truncate_bytes}")
+        self._validate_etcd()
         if not self.replica_of:
             return
         host, sep, port = self.replica_of.rpartition(":")
@@ -200,6 +213,29 @@ class BrokerConfig:
         if self.replica_of in (f"{self.host}:{self.port}", self.endpoint):
             raise errors.ClientError(f"replica_of {self.replica_of} is this broker's own address: a replica "
                                      "follows another broker, its primary")
+
+    def _validate_etcd(self) -> None:
+        for name in ("cluster_name", "group_name"):
+            value = getattr(self, name)
+            if not value or not all(c.isalnum() or c in "-_." for c in value):
+                raise errors.ClientError(f"{name} must be letters, digits, '-', '_' or '.', not {value!r}")
+        if not 1000 <= self.lease_ttl_ms <= 300_000:
+            raise errors.ClientError(f"lease_ttl_ms must be 1000 ms to 5 min, not {self.lease_ttl_ms}")
+        for endpoint in self.etcd_list:
+            host, sep, port = endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise errors.ClientError(f"etcd_endpoints must be host:port[,host:port...], not {self.etcd_endpoints!r}")
+        if self.etcd_list and self.replica_of:
+            raise errors.ClientError("replica_of and etcd_endpoints exclude each other: with etcd a node's role "
+                                     "(and its primary) comes from etcd")
+        if self.force_leader and not self.etcd_list:
+            raise errors.ClientError("force_leader needs etcd_endpoints (without etcd, promote a replica with "
+                                     "`chronoq promote`)")
+
+    @property
+    def etcd_list(self) -> list[str]:
+        """``etcd_endpoints`` split (empty: no etcd)."""
+        return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
 
     def _validate_security(self) -> None:
         if self.grpc_server not in ("chronoq", "grpcio"):

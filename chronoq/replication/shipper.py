@@ -70,6 +70,8 @@ class PrimaryNode:
         self.acked = 0
         self._acks: list[tuple[int, int, asyncio.Future]] = []
         self._ack_seq = itertools.count()
+        # With etcd: ``on_report(endpoint, position)`` at each pull (chronoq.server.failover's in-sync set).
+        self.on_report = None
 
     def _arrived(self) -> None:
         if self._wake is not None:
@@ -93,6 +95,8 @@ class PrimaryNode:
                 del self.replicas[node]
                 self._caught_up_ms.pop(node, None)
         self._replica_acked(req.position.commit)
+        if self.on_report is not None:
+            self.on_report(req.endpoint, req.position.commit)
         if req.position.commit >= self.store.log.synced or req.node_id not in self._caught_up_ms:
             self._caught_up_ms[req.node_id] = now
         loop = asyncio.get_running_loop()

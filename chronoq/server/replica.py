@@ -63,6 +63,10 @@ class ReplicaNode:
         self.promoted = asyncio.Event()
         self.epoch = 0  # set by promote
         self.follow_task: asyncio.Task | None = None
+        # With etcd (chronoq.server.failover): ``await elect()`` campaigns and returns the epoch won,
+        # raising ``errors.PreconditionFailed`` when this node may not lead; None: no etcd.
+        self.elect = None
+        self.promoting = False
 
     def refusal(self) -> str:
         return (f"this broker is a replica of {self.config.replica_of}: it accepts no sends and serves no "
@@ -84,13 +88,19 @@ class ReplicaNode:
             pop_generation=f.pop_generation, pop_offset=f.pop_offset, following=self.config.replica_of,
             state=f.state, primary_synced=f.primary_synced, lag_bytes=f.lag_bytes(), lag_ms=f.lag_ms())
 
-    async def promote(self, _req=None):
+    async def promote(self, _req=None, epoch: int | None = None):
+        """Stop following and become the primary; ``epoch``: the one won in etcd (else, or with
+        etcd through ``elect``, one past what this log and its primary knew)."""
         if self.promoted.is_set():
             raise errors.PreconditionFailed(f"this replica is already being promoted (epoch {self.epoch})")
+        if epoch is None and self.elect is not None:
+            epoch = await self.elect()
+        self.promoting = True  # (the follower's end below is not a reason to stop: serve_replica)
         await self.follower.stop()
         if self.follow_task is not None:
             await asyncio.wait([self.follow_task])
-        self.epoch = max(position.current_epoch(self.follower.store), self.follower.primary_epoch) + 1
+        self.epoch = epoch if epoch is not None else max(position.current_epoch(self.follower.store),
+                                                         self.follower.primary_epoch) + 1
         # Stored before the answer: restarted with its old --replica-of, this directory stays the primary.
         f = self.follower
         pop_floor = max(f.pop_generation, f.primary_pop_generation) + role.POP_GENERATION_GAP
@@ -193,7 +203,7 @@ def _open_store(cfg, lock: DirLock) -> Store:
                                             quarantine=cfg.quarantine), dir_lock=lock)
 
 
-async def serve_replica(runtime) -> int | None:
+async def serve_replica(runtime, on_start=None) -> int | None:
     cfg, loop = runtime.config, asyncio.get_running_loop()
     runtime.state = "recovering"
     # Held here, not by the store: a rejoin closes the store, truncates and opens it again.
@@ -222,9 +232,19 @@ async def serve_replica(runtime) -> int | None:
                     f"replication on {bound} (log end {follower.commit})")
         stop = loop.create_task(runtime._stop.wait())
         promoted = loop.create_task(node.promoted.wait())
-        await asyncio.wait([stop, promoted, node.follow_task], return_when=asyncio.FIRST_COMPLETED)
-        for task in (stop, promoted):
-            task.cancel()
+        # ``on_start(node)``: a coroutine beside the follower (etcd: chronoq.server.failover); when it
+        # returns without a promotion, this replica stops following (its primary changed).
+        watch = loop.create_task(on_start(node)) if on_start is not None else None
+        await asyncio.wait([stop, promoted, node.follow_task] + ([watch] if watch else []),
+                           return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        promoted.cancel()
+        if watch is not None:
+            if not node.promoting:
+                watch.cancel()  # (a promotion it began finishes: it returns right after)
+            for result in await asyncio.gather(watch, return_exceptions=True):
+                if isinstance(result, Exception):
+                    log.error("the etcd watch beside this replica failed: %r", result)
     finally:
         if server is not None:
             await server.stop(1.0)

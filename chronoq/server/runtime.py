@@ -59,6 +59,10 @@ class Runtime:
 
         self.node_id = new_node_id()
         self.replication = None  # chronoq.replication.shipper.PrimaryNode
+        # Automatic failover (etcd_endpoints; chronoq.server.failover): the etcd session, and the
+        # primary's duties (in-sync set, fencing) while it leads.
+        self.coordinator = None  # chronoq.replication.etcd.EtcdCoordinator
+        self.duty = None  # chronoq.server.failover.PrimaryDuty
 
     def open_broker(self) -> Broker:
         from chronoq.core.clock import SYSTEM_CLOCK
@@ -189,6 +193,9 @@ class Runtime:
 
         failures = 0
         while not self._stop.is_set():
+            if committer.fenced:  # a primary that lost its lease fires nothing (its copies are writes too)
+                await asyncio.sleep(TIMER_IDLE_S)
+                continue
             wake.clear()  # before the tick: a deadline added during it ends the next wait at once
             try:
                 tick = broker.timer_step()
@@ -250,7 +257,21 @@ class Runtime:
             if stays is not None:
                 self.say(stays)
                 self.config = dataclasses.replace(self.config, replica_of="")
-        if self.config.replica_of:  # a replica until promoted (chronoq.server.replica)
+        if self.config.etcd_list:  # the role comes from etcd (chronoq.server.failover)
+            from chronoq.server import failover
+
+            self.coordinator = await loop.run_in_executor(None, failover.start_coordinator, self.config,
+                                                          self.node_id)
+            try:
+                epoch = await failover.take_role(self)
+            except BaseException:
+                await loop.run_in_executor(None, self.coordinator.close)
+                raise
+            if epoch is None:
+                await loop.run_in_executor(None, self.coordinator.close)
+                self.say("chronoq stopped cleanly")
+                return
+        elif self.config.replica_of:  # a replica until promoted (chronoq.server.replica)
             from chronoq.server.replica import serve_replica
 
             epoch = await serve_replica(self)
@@ -258,8 +279,18 @@ class Runtime:
                 self.say("chronoq stopped cleanly")
                 return
             self.say(f"promoted to primary: epoch {epoch}; opening the broker")
-        broker = await self._recover()
+        try:
+            broker = await self._recover()
+        except BaseException:
+            if self.coordinator is not None:
+                await loop.run_in_executor(None, self.coordinator.close)
+            raise
         self.committer = GroupCommitter(broker)
+        if self.coordinator is not None:  # acknowledge only while the lease holds (from the epoch record on)
+            from chronoq.server.failover import PrimaryDuty
+
+            self.duty = PrimaryDuty(self, epoch)
+            self.committer.leadership = self.duty.leadership
         self.committer.start()
         if epoch:  # the epoch record, durable before anything else is served
             from chronoq.replication.position import epoch_record
@@ -287,6 +318,11 @@ class Runtime:
             self.replication = PrimaryNode(broker, self.pop, self.node_id)
             if self.config.replication == "sync":  # acknowledgements wait for a replica too
                 self.committer.replicated = self.replication.replicated
+            if self.duty is not None:  # etcd: the in-sync set, published; under sync every member acks
+                self.replication.on_report = self.duty.report
+                if self.config.replication == "sync":
+                    self.committer.replicated = self.duty.replicated
+                self._tasks.append(loop.create_task(self.duty.run(), name="chronoq-leader"))
             from chronoq.server.scheduling import open_schedules, run_schedules
 
             self.schedules, wake = open_schedules(broker), asyncio.Event()
@@ -323,6 +359,8 @@ class Runtime:
             remove_files_log()
             await self.committer.close()
             broker.close()
+            if self.coordinator is not None:  # after the last acknowledgement: the lease (and leader key) go now
+                await loop.run_in_executor(None, self.coordinator.close)
             gc.set_threshold(*gc_thresholds)  # the process is the caller's again
             gc.unfreeze()
             sys.setswitchinterval(switch_interval)

@@ -86,6 +86,9 @@ class ServiceCollector(Collector):
         replication = getattr(source, "replication", None)  # chronoq.replication.shipper.PrimaryNode
         if replication is not None:
             yield from self._replication(replication)
+        duty = getattr(source, "duty", None)  # chronoq.server.failover.PrimaryDuty (etcd)
+        if duty is not None:
+            yield from self._leadership(duty)
         txns = source.txns
         if txns is not None:
             yield GaugeMetricFamily("chronoq_transaction_halves_pending", "Transactional half messages "
@@ -120,6 +123,19 @@ class ServiceCollector(Collector):
             lag_seconds.add_metric([replica], seconds)
         yield lag_bytes
         yield lag_seconds
+
+    @staticmethod
+    def _leadership(duty) -> Iterator[Metric]:
+        lease = duty.coord.deadline
+        yield GaugeMetricFamily("chronoq_cluster_leader", "1 while this primary surely holds its etcd lease and "
+                                "acknowledges writes; 0 once fenced (it acknowledges nothing more).",
+                                value=int(lease.holds()))
+        yield GaugeMetricFamily("chronoq_cluster_epoch", "The epoch this primary won in etcd.", value=duty.epoch)
+        yield GaugeMetricFamily("chronoq_cluster_lease_remaining_seconds", "Seconds of leadership left before "
+                                "this primary refuses writes unless a keep-alive is answered.",
+                                value=lease.remaining_ms() / 1000)
+        yield GaugeMetricFamily("chronoq_cluster_in_sync_replicas", "Replicas in the in-sync set as published "
+                                "in etcd (not counting this primary).", value=len(duty.tracker.published))
 
     @staticmethod
     def _recalls(broker) -> Iterator[Metric]:

@@ -1,0 +1,274 @@
+"""The one module that talks to etcd (``aetcd``: etcd's v3 gRPC API over grpc.aio).
+
+``EtcdCoordinator`` runs on a thread of its own with its own (standard asyncio) event loop: the
+lease's keep-alives must go out on time however busy the broker's loop is, and whatever that
+loop's implementation (uvloop). The broker's loop calls the coroutines below through ``call``
+(they run on the coordinator's loop); the lease deadline (``coordinator.LeaseDeadline``) is
+read from any thread (a few attributes under the GIL).
+
+Keys and values: ``chronoq.replication.coordinator``. One lease per process, granted at start:
+the member key always hangs on it, and the leader key once this node wins a campaign. A
+follower whose lease expired (a long pause) is granted a new one; a leader's lease that expired
+is final (``LeaseDeadline.lose``): the node is fenced for the rest of its life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+
+from chronoq.core import errors
+from chronoq.replication import coordinator as co
+
+log = logging.getLogger("chronoq.replication.etcd")
+
+CONNECT_TIMEOUT_S = 5.0
+KEEPALIVES_PER_TTL = 3  # a keep-alive every third of the TTL: two may be lost before the deadline
+
+
+class EtcdCoordinator:
+    def __init__(self, endpoints: list[str], cluster: str, group: str, ttl_ms: int, node: str, node_id: str,
+                 clock) -> None:
+        assert endpoints
+        self.endpoints = endpoints
+        self.cluster, self.group = cluster, group
+        self.node, self.node_id = node, node_id
+        self.clock = clock
+        self.ttl_s = co.lease_seconds(ttl_ms)
+        self.deadline = co.LeaseDeadline(clock, self.ttl_s * 1000)
+        self.lease_id = 0
+        self.leader: co.Leader | None = None  # this node's leader value once it won
+        self.member: bytes | None = None      # this node's member value (re-put with a new lease)
+        self._index = 0
+        self._client = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._keepalive: asyncio.Task | None = None
+        self.keys = (co.leader_key(cluster, group), co.epoch_key(cluster, group), co.insync_key(cluster, group),
+                     co.member_key(cluster, group, node), co.members_prefix(cluster, group))
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> None:
+        """Start the thread, connect and take a lease; ``errors.ClientError`` naming the endpoints
+        when no etcd answers within ``CONNECT_TIMEOUT_S`` (each)."""
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            ready.set()
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="chronoq-etcd", daemon=True)
+        self._thread.start()
+        ready.wait()
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), self._loop).result()
+        except BaseException:
+            self.close()
+            raise
+
+    async def call(self, coro):
+        """Run ``coro`` (one of this object's coroutines) on the coordinator's loop; await it here."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def close(self) -> None:
+        """Revoke the lease (a leader's key goes at once: a clean stop hands over without waiting
+        for the TTL; call it only once this node acknowledges nothing more) and stop the thread."""
+        if self._loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(CONNECT_TIMEOUT_S + 1)
+        except Exception as exc:  # noqa: BLE001 - the lease then expires on its own
+            log.warning("closing the etcd session failed (the lease expires on its own): %r", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._loop = None
+
+    # ------------------------------------------------------------------ on the coordinator's loop
+    async def _start(self) -> None:
+        failures = []
+        for _ in range(len(self.endpoints)):
+            try:
+                await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_S)
+                await asyncio.wait_for(self._grant(), CONNECT_TIMEOUT_S)
+                break
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - try the next endpoint
+                failures.append(f"{self.endpoints[self._index]}: {type(exc).__name__}")
+                await self._drop()
+                self._index = (self._index + 1) % len(self.endpoints)
+        else:
+            raise errors.ClientError(
+                f"etcd cannot be reached ({'; '.join(failures)}): etcd_endpoints is set, so this node takes its "
+                "role from etcd and does not start without it (start etcd, or fix etcd_endpoints)")
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(), name="chronoq-etcd-keepalive")
+
+    async def _connect(self) -> None:
+        import aetcd
+
+        host, _, port = self.endpoints[self._index].rpartition(":")
+        self._client = aetcd.Client(host=host, port=int(port), timeout=max(0.5, self.ttl_s / KEEPALIVES_PER_TTL))
+        await self._client.connect()
+
+    async def _drop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.close()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
+
+    async def _grant(self) -> None:
+        sent = self.clock.monotonic_ns()
+        lease = await self._client.lease(self.ttl_s)
+        self.lease_id = lease.id
+        if self.leader is None:  # (a leader's lost lease stays lost)
+            self.deadline.deadline_ns = 0
+            self.deadline.renewed(sent, lease.ttl)
+        if self.member is not None:
+            await self._client.put(self.keys[3], self.member, lease=self.lease_id)
+
+    async def _keep_alive(self) -> None:
+        period = self.ttl_s / KEEPALIVES_PER_TTL
+        while True:
+            await asyncio.sleep(period)
+            sent = self.clock.monotonic_ns()
+            try:
+                if self._client is None:
+                    await self._connect()
+                reply = await asyncio.wait_for(self._client.refresh_lease(self.lease_id), period)
+            except Exception as exc:  # noqa: BLE001 - try again (another endpoint); the deadline runs on
+                log.warning("etcd keep-alive failed (%s: %s); %d ms of lease left", type(exc).__name__, exc,
+                            self.deadline.remaining_ms())
+                await self._drop()
+                self._index = (self._index + 1) % len(self.endpoints)
+                continue
+            if reply is not None and reply.TTL > 0:
+                self.deadline.renewed(sent, reply.TTL)
+                continue
+            if self.leader is not None:
+                self.deadline.lose(f"its etcd lease expired (epoch {self.leader.epoch})")
+                log.error("this node lost leadership of %s/%s: its etcd lease expired", self.cluster, self.group)
+                return
+            log.warning("the etcd lease expired (a pause longer than its TTL?): taking a new one")
+            try:
+                await self._grant()
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.warning("taking a new etcd lease failed: %r", exc)
+
+    async def _close(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        try:
+            if self._client is not None and self.lease_id:
+                await asyncio.wait_for(self._client.revoke_lease(self.lease_id), CONNECT_TIMEOUT_S)
+        finally:
+            await self._drop()
+
+    # ------------------------------------------------------------------ operations (via ``call``)
+    async def view(self) -> co.View:
+        kv = await self._kv()
+        leader_key, epoch_key, insync_key, _member, members = self.keys
+        ok, answers = await kv.transaction(compare=[], success=[
+            kv.transactions.get(leader_key), kv.transactions.get(epoch_key), kv.transactions.get(insync_key),
+            kv.transactions.get(members, range_end=_prefix_end(members))], failure=[])
+        leader, epoch, insync, nodes = answers
+        epoch_value, epoch_revision = (int(epoch[0][0]), epoch[0][1].mod_revision) if epoch else (0, 0)
+        return co.View(co.Leader.decode(leader[0][0] if leader else None), epoch_value, epoch_revision,
+                       co.InSync.decode(insync[0][0] if insync else None),
+                       {meta.key.decode()[len(members):]: json.loads(value) for value, meta in nodes})
+
+    async def campaign(self, view: co.View, epoch: int, endpoint: str, position: int) -> bool:
+        """One compare-and-swap: the leader key is absent and the epoch key unchanged since
+        ``view``; then the leader key (on this node's lease), the epoch and an in-sync set of this
+        node alone are written together. True: this node leads ``epoch``."""
+        kv = await self._kv()
+        leader_key, epoch_key, insync_key, _m, _p = self.keys
+        leader = co.Leader(self.node, self.node_id, endpoint, epoch)
+        won, _ = await kv.transaction(
+            compare=[kv.transactions.create(leader_key) == 0, kv.transactions.mod(epoch_key) == view.epoch_revision],
+            success=[kv.transactions.put(leader_key, leader.encode(), lease=self.lease_id),
+                     kv.transactions.put(epoch_key, str(epoch).encode()),
+                     kv.transactions.put(insync_key, co.InSync(epoch, self.node, {self.node: position}).encode())],
+            failure=[])
+        if won:
+            self.leader = leader
+            if not self.deadline.holds():  # the lease aged past our deadline while we asked: fenced at once
+                self.deadline.lose("its lease deadline passed while it campaigned")
+        return won
+
+    async def publish_insync(self, insync: co.InSync) -> bool:
+        """Write the in-sync set if this node still leads (the leader key is still its own)."""
+        assert self.leader is not None
+        kv = await self._kv()
+        ok, _ = await kv.transaction(compare=[kv.transactions.value(self.keys[0]) == self.leader.encode()],
+                                     success=[kv.transactions.put(self.keys[2], insync.encode())], failure=[])
+        if not ok:
+            self.deadline.lose("the leader key no longer names it")
+        return ok
+
+    async def register(self, role: str, endpoint: str, position: int, epoch: int) -> None:
+        """This node's member key (on its lease): issue 23's membership."""
+        self.member = co.member_value(self.node, self.node_id, role, endpoint, position, epoch)
+        kv = await self._kv()
+        await kv.put(self.keys[3], self.member, lease=self.lease_id)
+
+    async def wait_leader_change(self, seen: co.Leader | None, timeout_s: float) -> co.Leader | None:
+        """Return the leader once it differs from ``seen`` (a deletion: None), or after
+        ``timeout_s`` whatever it is. The watch is created (etcd confirmed it) before the key is
+        read, so a change between the two is not missed."""
+        kv = await self._kv()
+        watch = await kv.watch(self.keys[0])
+        try:
+            current = await self._leader(kv)
+            if current != seen:
+                return current
+
+            async def first():
+                async for _event in watch:
+                    return
+            try:
+                await asyncio.wait_for(first(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            await watch.cancel()
+        return await self._leader(kv)
+
+    async def _leader(self, kv) -> co.Leader | None:
+        value = await kv.get(self.keys[0])
+        return co.Leader.decode(value.value if value is not None else None)
+
+    async def _kv(self):
+        if self._client is None:
+            await self._connect()
+        return self._client
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def read_view(endpoints: list[str], cluster: str, group: str, timeout_s: float = CONNECT_TIMEOUT_S) -> co.View:
+    """What etcd says of a group, read once without a lease (``chronoq cluster status --etcd``,
+    tests). Runs its own event loop: call it from a thread that has none running."""
+    from chronoq.core.clock import SYSTEM_CLOCK
+
+    async def read() -> co.View:
+        failures = []
+        for endpoint in endpoints:
+            reader = EtcdCoordinator([endpoint], cluster, group, 2000, "reader", "", SYSTEM_CLOCK)
+            try:
+                await asyncio.wait_for(reader._connect(), timeout_s)
+                return await asyncio.wait_for(reader.view(), timeout_s)
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - the next endpoint
+                failures.append(f"{endpoint}: {type(exc).__name__}")
+            finally:
+                await reader._drop()
+        raise errors.ClientError(f"etcd cannot be reached ({'; '.join(failures)})")
+
+    return asyncio.run(read())

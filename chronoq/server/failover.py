@@ -1,0 +1,317 @@
+"""Automatic failover through etcd: the role a node takes, its promotion, its fencing.
+
+With ``etcd_endpoints`` set, ``Runtime.serve`` asks ``take_role`` what to be (docs/replication.md,
+"Automatic failover with etcd"; the decisions are ``chronoq.replication.coordinator.decide``):
+
+* a leader exists: follow it (``chronoq.server.replica.serve_replica`` with the leader's
+  endpoint), while watching the leader key. When the key goes (its lease expired) and this node
+  is in the recorded in-sync set with its log reaching the recorded position, it campaigns; the
+  winner promotes through the replica's own path (``ReplicaNode.promote``) with the epoch it won;
+  a loser follows the new leader (``take_role`` runs again). ``chronoq promote`` on such a
+  replica is an operator's forced campaign (it still needs the leader key gone);
+* no leader and no epoch ever: campaign; no leader but an epoch: campaign if in the in-sync set
+  (or ``force_leader``), else wait for a leader to follow.
+
+As the primary (``run_primary``): the committer acknowledges only while the lease surely holds
+(``Leadership``, checked by ``chronoq.broker.committer``); the in-sync set is published (a shrink
+*before* any acknowledgement a removed replica lacks: ``chronoq.replication.coordinator.InSyncTracker``);
+under ``replication = "sync"`` an acknowledgement waits for every replica in the set. A primary
+that lost its lease stays fenced: every write is refused naming the new primary when known, no
+timer fires, and it never campaigns again (its old epoch is over); the operator restarts it, and it
+then follows the new leader (a log that diverged at the epoch boundary needs the rejoin's
+truncation, not built here: the new primary refuses to ship to it and says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from chronoq.core import errors
+from chronoq.core.clock import SYSTEM_CLOCK
+from chronoq.replication import coordinator as co
+from chronoq.replication.etcd import EtcdCoordinator
+
+log = logging.getLogger("chronoq.failover")
+
+WATCH_S = 5.0        # a leader watch is renewed this often (the etcd session is checked with it)
+PUBLISH_TICK_S = 0.1
+ETCD_RETRY_S = 1.0
+POSITIONS_EVERY_MS = 1000  # the in-sync set's recorded positions are refreshed this often (when they moved)   # after a failed etcd call  # the in-sync set is looked at this often (and at each replica report)
+
+
+class Leadership:
+    """What the committer asks before it acknowledges (``GroupCommitter.leadership``)."""
+
+    def __init__(self, coord: EtcdCoordinator, epoch: int) -> None:
+        self.coord = coord
+        self.epoch = epoch
+        self.new_leader: str | None = None  # learnt once fenced
+
+    def holds(self) -> bool:
+        return self.coord.deadline.holds()
+
+    def refusal(self) -> str:
+        why = self.coord.deadline.lost or "its etcd lease may have expired (no keep-alive answered in time)"
+        now = f"; the primary is now {self.new_leader}" if self.new_leader else ""
+        return (f"this broker lost leadership of {self.coord.cluster}/{self.coord.group} (epoch {self.epoch}): {why}"
+                f"{now}; nothing is acknowledged here")
+
+
+def start_coordinator(cfg, node_id: str) -> EtcdCoordinator:
+    coord = EtcdCoordinator(cfg.etcd_list, cfg.cluster_name, cfg.group_name, cfg.lease_ttl_ms, cfg.endpoint,
+                            node_id, SYSTEM_CLOCK)
+    coord.start()
+    return coord
+
+
+def _local_position(cfg) -> tuple[int, int]:
+    """(durable log end, epoch) of this node's data directory (opened as a store, then closed)."""
+    from chronoq.replication.position import current_epoch
+    from chronoq.server.replica import _open_store
+
+    store = _open_store(cfg)
+    try:
+        return store.log.synced, current_epoch(store)
+    finally:
+        store.close()
+
+
+async def take_role(runtime) -> int | None:
+    """Follow, wait or campaign until this node leads (returns the epoch it won: the runtime
+    opens the broker and records it) or is stopped (None)."""
+    from chronoq.server.replica import serve_replica
+
+    cfg, loop = runtime.config, asyncio.get_running_loop()
+    coord = runtime.coordinator
+    waiting_said = None
+    while not runtime._stop.is_set():
+        try:
+            view = await coord.call(coord.view())
+        except Exception as exc:  # noqa: BLE001 - etcd unavailable for a moment: no role without it
+            log.warning("etcd: reading the group failed (%r); trying again", exc)
+            await _wait(runtime, asyncio.sleep(ETCD_RETRY_S))
+            continue
+        position = log_epoch = 0
+        if view.leader is None:
+            position, log_epoch = await loop.run_in_executor(None, _local_position, cfg)
+        kind, why = co.decide(view, cfg.endpoint, position, cfg.force_leader)
+        if kind == co.CAMPAIGN:
+            epoch = co.next_epoch(view, log_epoch)
+            if cfg.force_leader and view.epoch:
+                log.warning("forced campaign (force_leader): %s; what the last primary acknowledged and this node "
+                            "lacks is lost", why)
+            try:
+                won = await coord.call(coord.campaign(view, epoch, cfg.endpoint, position))
+            except Exception as exc:  # noqa: BLE001 - as above
+                log.warning("etcd: the campaign failed (%r); trying again", exc)
+                await _wait(runtime, asyncio.sleep(ETCD_RETRY_S))
+                continue
+            if won:
+                runtime.say(f"etcd: this node leads {cfg.cluster_name}/{cfg.group_name} at epoch {epoch} ({why})")
+                return epoch
+            continue  # another node won meanwhile: look again
+        if kind == co.WAIT:
+            if why != waiting_said:
+                runtime.say(f"etcd: waiting for a leader: {why}")
+                waiting_said = why
+            await _wait(runtime, coord.call(coord.wait_leader_change(view.leader, WATCH_S)))
+            continue
+        leader = view.leader
+        runtime.say(f"etcd: following {leader.endpoint} (epoch {leader.epoch})")
+        saved = runtime.config
+        runtime.config = dataclasses.replace(cfg, replica_of=leader.endpoint)
+        try:
+            epoch = await serve_replica(runtime, on_start=lambda node: _replica_watch(runtime, node, leader))
+        finally:
+            runtime.config = saved
+        if epoch is not None:
+            return epoch
+    return None
+
+
+async def _wait(runtime, coro) -> None:
+    task = asyncio.ensure_future(coro)
+    stop = asyncio.ensure_future(runtime._stop.wait())
+    await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if not task.done():
+        task.cancel()
+    elif task.exception() is not None:
+        log.warning("watching the leader key failed: %r", task.exception())
+        await asyncio.sleep(1)
+
+
+async def _replica_watch(runtime, node, leader: co.Leader) -> None:
+    """Beside a following replica: register it, watch its leader; when the leader key goes,
+    campaign if eligible and promote on a win; return (the replica then stops and ``take_role``
+    follows whoever leads) when another node leads."""
+    cfg, coord = runtime.config, runtime.coordinator
+    follower = node.follower
+    await _register(coord, "replica", cfg.endpoint, follower.commit, follower.epoch)
+
+    async def elect() -> int:
+        view = await coord.call(coord.view())
+        if view.leader is not None:
+            raise errors.PreconditionFailed(
+                f"{view.leader.node} leads {cfg.cluster_name}/{cfg.group_name} (epoch {view.leader.epoch}) and holds "
+                "its lease: stop it first (its lease then expires) before promoting this replica")
+        ok, why = co.eligibility(view, cfg.endpoint, follower.commit)
+        if not ok:
+            raise errors.PreconditionFailed(
+                f"{why}; to promote it all the same, restart it with --force-leader (what the last primary "
+                "acknowledged and this node lacks is then lost)")
+        epoch = co.next_epoch(view, follower.epoch)
+        if not await coord.call(coord.campaign(view, epoch, cfg.endpoint, follower.commit)):
+            raise errors.PreconditionFailed("another node won the campaign: this replica follows it")
+        return epoch
+
+    # ``chronoq promote``: a campaign on an operator's word, eligible nodes only (an unclean one: restart
+    # the node with --force-leader).
+    node.elect = elect
+    seen = leader
+    while True:
+        try:
+            current = await coord.call(coord.wait_leader_change(seen, WATCH_S))
+        except Exception as exc:  # noqa: BLE001 - etcd unavailable for a moment: keep following
+            log.warning("etcd: watching the leader failed (%r); trying again", exc)
+            await asyncio.sleep(ETCD_RETRY_S)
+            continue
+        if current == seen:
+            continue
+        if current is not None:
+            log.info("etcd: %s now leads (epoch %d); following it", current.node, current.epoch)
+            return
+        try:
+            epoch = await elect()
+        except Exception as exc:  # noqa: BLE001 - not eligible, lost the race, or etcd unavailable
+            if not isinstance(exc, errors.PreconditionFailed):
+                exc = errors.PreconditionFailed(f"etcd failed: {exc!r}")
+            log.warning("etcd: the leader %s is gone; this replica does not campaign: %s", leader.node, exc.message)
+            seen = None  # wait for whoever wins
+            continue
+        runtime.say(f"etcd: the leader {leader.node} is gone; this replica won epoch {epoch}: promoting")
+        await node.promote(epoch=epoch)
+        return
+
+
+async def _register(coord: EtcdCoordinator, role: str, endpoint: str, position: int, epoch: int) -> None:
+    try:
+        await coord.call(coord.register(role, endpoint, position, epoch))
+    except Exception as exc:  # noqa: BLE001 - membership is information: serve without it
+        log.warning("etcd: registering this node as %s failed: %r", role, exc)
+
+
+# ------------------------------------------------------------------------------------ the primary
+class PrimaryDuty:
+    """The leader's side while it serves: the in-sync set (published, and gating ``sync``
+    acknowledgements), its member key, and noticing that it was fenced."""
+
+    def __init__(self, runtime, epoch: int) -> None:
+        cfg = runtime.config
+        self.runtime = runtime
+        self.coord: EtcdCoordinator = runtime.coordinator
+        self.node = cfg.endpoint
+        self.epoch = epoch
+        self.leadership = Leadership(self.coord, epoch)
+        self.tracker = co.InSyncTracker(cfg.replication_sync_timeout_ms)
+        self.sync_timeout_ms = cfg.replication_sync_timeout_ms
+        self.store = runtime.broker.store
+        self.clock = runtime.broker.clock
+        self._acks: list[tuple[int, asyncio.Future]] = []
+        self._wake = asyncio.Event()
+
+    def report(self, node: str, position: int) -> None:
+        """A replica's pull (``PrimaryNode.on_report``)."""
+        if node:
+            self.tracker.report(node, position, self.store.log.synced, self.clock.wall_ms())
+            self._release()
+            self._wake.set()
+
+    async def replicated(self, ticket: int) -> None:
+        """``replication = "sync"`` with etcd: every replica of the in-sync set holds ``ticket``."""
+        if self.tracker.acked(ticket):
+            return
+        if not self.tracker.required:
+            raise errors.ReplicaTimeout(
+                "replication = sync and no replica is in sync (the in-sync set is this primary alone): the message "
+                "is stored on this primary only")
+        fut = asyncio.get_running_loop().create_future()
+        self._acks.append((ticket, fut))
+        # Twice the bound: a member silent for the bound is dropped (published first), then the
+        # rest answer; only a set that neither answers nor shrinks in that time gets a refusal.
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), 2 * self.sync_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise errors.ReplicaTimeout(
+                f"replication = sync: the in-sync replicas did not report offset {ticket} durable within "
+                f"{2 * self.sync_timeout_ms} ms: the message is stored on this primary") from None
+
+    def _release(self) -> None:
+        keep = []
+        for ticket, fut in self._acks:
+            if fut.done():
+                continue
+            if self.tracker.acked(ticket):
+                fut.set_result(None)
+            elif not self.tracker.required:
+                fut.set_exception(errors.ReplicaTimeout(
+                    "replication = sync: every replica left the in-sync set: the message is stored on this primary only"))
+                fut.exception()
+            else:
+                keep.append((ticket, fut))
+        self._acks = keep
+
+    async def run(self) -> None:
+        coord, tracker = self.coord, self.tracker
+        await _register(coord, "primary", self.node, self.store.log.synced, self.epoch)
+        published, published_ms = {}, self.clock.wall_ms()
+        while not self.runtime._stop.is_set():
+            if not self.leadership.holds():
+                coord.deadline.lose("its lease deadline passed (no keep-alive answered in time, or the process "
+                                    "was paused)")  # (final: a lapse is not undone by a later keep-alive)
+                await self._fenced()
+                return
+            now = self.clock.wall_ms()
+            want = tracker.wanted(now)
+            changed = want != tracker.published
+            members = {self.node: self.store.log.synced, **tracker.positions(want)}
+            # The recorded positions are refreshed too (every POSITIONS_EVERY_MS when they moved): a
+            # node whose directory is older than its recorded position may not campaign.
+            if changed or (members != published and now - published_ms >= POSITIONS_EVERY_MS):
+                if changed:
+                    tracker.required |= want  # (a joiner gates acknowledgements before etcd names it)
+                try:
+                    ok = await coord.call(coord.publish_insync(co.InSync(self.epoch, self.node, members)))
+                except Exception as exc:  # noqa: BLE001 - the set stays as published; retried next tick
+                    log.warning("publishing the in-sync set failed: %r", exc)
+                    ok = None
+                if ok:
+                    published, published_ms = members, now
+                    if changed:
+                        log.info("in-sync set of epoch %d: %s", self.epoch, ", ".join(sorted(members)))
+                        tracker.published = want
+                        tracker.required = set(want)  # (a leaver stops gating only now etcd no longer names it)
+                        self._release()
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), PUBLISH_TICK_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _fenced(self) -> None:
+        coord = self.coord
+        try:
+            view = await coord.call(coord.view())
+            if view.leader is not None and view.leader.node != self.node:
+                self.leadership.new_leader = view.leader.endpoint
+        except Exception:  # noqa: BLE001 - the refusal then names no successor
+            pass
+        for fut in [f for _t, f in self._acks if not f.done()]:
+            fut.set_exception(errors.PreconditionFailed(self.leadership.refusal()))
+            fut.exception()
+        self._acks = []
+        log.error("%s. This node acknowledges nothing more and never campaigns again with its old epoch: "
+                  "restart it (with etcd it then follows the new primary; a log that diverged at the epoch "
+                  "boundary must be truncated there first)", self.leadership.refusal())
