@@ -197,7 +197,8 @@ def _server(cfg, node: ReplicaNode, client: ReplicationClient):
     return server, bound
 
 
-def _open_store(cfg, lock: DirLock) -> Store:
+def _open_store(cfg, lock: DirLock | None = None) -> Store:
+    """The data directory as a store; ``lock`` held by the caller (None: the store takes it)."""
     return Store(cfg.data_dir, StoreOptions(segment_bytes=cfg.segment_bytes, cq_entries_per_file=cfg.cq_entries_per_file,
                                             verify_extra_segments=cfg.verify_extra_segments,
                                             quarantine=cfg.quarantine), dir_lock=lock)
