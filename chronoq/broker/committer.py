@@ -66,10 +66,11 @@ class _Generation:
     go would hand the same future to two tasks after both awaited it, and the second task's step
     fails ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
 
-    __slots__ = ("target", "waiters", "callbacks")
+    __slots__ = ("target", "rung", "waiters", "callbacks")
 
     def __init__(self) -> None:
-        self.target = -1  # set when the fsync is asked for
+        self.target = -1  # set when the fsync is asked for, raised when the thread is rung
+        self.rung = False  # the thread was rung for it: later writes wait for the next one
         self.waiters: list[asyncio.Future] = []
         self.callbacks: list[Callable[[int, BaseException | None], None]] = []
 
@@ -204,8 +205,8 @@ class GroupCommitter:
 
     def _generation_for(self, ticket: int) -> _Generation:
         running = self._running
-        if running is not None and ticket <= running.target:
-            return running
+        if running is not None and (ticket <= running.target or not running.rung):
+            return running  # (not rung yet: the ring raises its target to what is written then)
         if self._waiting is None:
             self._waiting = _Generation()
             if running is None:
@@ -215,10 +216,27 @@ class GroupCommitter:
         return self._waiting
 
     def _ask(self, gen: _Generation) -> None:
-        """Hand ``gen`` to the flusher thread: it fsyncs at least to what is written now."""
+        """Make ``gen`` the running generation; the flusher thread is rung at the end of this loop
+        pass (``_ring_running``) and fsyncs at least to what is written then.
+
+        Why not ring now: the thread wakes within microseconds and its first step needs the GIL,
+        which this thread still holds for the rest of the pass (the call's task, other reads).
+        Rung now, the two threads trade the GIL back and forth before the fsync starts (futex
+        waits and wake-ups on both, each a context switch: measured on a lone sync send,
+        bench/send_receive.py --phase e). Rung as the pass's last callback, the loop thread is
+        about to sleep in epoll when the thread wakes. Writes made during the rest of the pass
+        join ``gen`` (group commit over everything one pass read)."""
         assert self._running is None
         gen.target = self.store.log.written
         self._running = gen
+        self._loop.call_soon(self._ring_running)
+
+    def _ring_running(self) -> None:
+        gen = self._running
+        if gen is None or gen.rung:  # failed (``_fail_all``) or closed meanwhile
+            return
+        gen.target = self.store.log.written  # what the pass wrote joins; the thread reads it after this
+        gen.rung = True
         self._ring()
 
     def _ring(self) -> None:
@@ -261,8 +279,10 @@ class GroupCommitter:
         self.fsyncs += 1
         self._dispatch(synced)  # (under ``async`` sends dispatched already; other writers had not)
         running = self._running
-        if running is None or running.target > synced:
-            return  # a periodic fsync (async), or one begun before the running one's target
+        if running is None or not running.rung or running.target > synced:
+            # A periodic fsync (async), or one begun before the running one's target; before the
+            # ring the target is not final (writers still join): the rung fsync's report finishes it.
+            return
         self._running = None
         self._finish(running, synced, None)
         if self._waiting is not None:
