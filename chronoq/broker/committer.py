@@ -10,11 +10,17 @@ binary semaphore: one futex wake, not an executor round trip). While one fsync r
 arrives joins the next one (group commit): at most one fsync runs and at most one waits, each a
 *generation* with the futures of all its waiters. The thread reports each fsync back with
 one ``call_soon_threadsafe``; on the loop the committer then dispatches in commit-log order and
-resolves the generation. Measured on a lone 1 KiB send (bench/send_receive.py --phase e), the
-thread's round trip (two wake-ups and a task for the waiting call) still costs about 100-150 µs of
-broker CPU beyond the fsync's own 50-100 µs. An fsync on the loop thread for a lone writer on a
-quiet loop saves most of that when the disk is idle, but was measured slower and erratic (loop
-stalls of 1-5 ms) when other processes share the disk, so every fsync stays on this thread.
+resolves the generation. The thread is rung at the end of a loop pass (``_ask``), when the loop
+thread is about to sleep, so the two do not trade the GIL before the fsync.
+
+What a lone durable send costs beyond an ``async`` one (bench/send_receive.py --phase e, per thread
+from /proc/<pid>/task/*/schedstat, on this project's 2-vCPU VM): the flusher thread 120-200 µs (the
+fsync's kernel path, its device waits and the bell), the loop thread 150-400 µs more, which is
+what any wait in the middle of a call costs here: the same broker under ``async`` with a 1 ms timer
+sleep in the send path costs the loop thread as much, and bench/fsync_floor.py's ``pause`` way
+(no disk, a 1 ms timer) about 100 µs over ``none``. The task for the waiting call is ~20 µs of
+it. An fsync on the loop thread sleeps as well (the device), measured no cheaper and erratic
+(loop stalls of 1-5 ms) when other processes share the disk, so every fsync stays on this thread.
 
 Under the ``async`` flush policy sends are answered once written and dispatched; the thread fsyncs
 every ``flush_interval_ms`` (or sooner when someone asks: the timer's copies, a barrier).
