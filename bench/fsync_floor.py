@@ -8,12 +8,16 @@ appends each request to a file and answers it in one of three ways:
   inline  ``os.fsync`` on the event loop thread, then answer
   thread  ring a flusher thread (a lock as bell, as ``chronoq.broker.committer`` does), which
           fsyncs and reports back with ``call_soon_threadsafe``; answer when it has
+  pause   no fsync: the request waits on a 1 ms timer, then is answered (``--pause-ms``)
 
 For each: the request's round trip (p50, p99, from a client in another process) and the server's
 CPU per request (user + system, all threads). The difference between ``inline`` and ``none`` is
 what the fsync itself costs this process in kernel time; ``thread`` adds the hand-off. Issue 21
 asks chronoq's ``sync`` send to cost at most 1.2x the CPU of its ``async`` one: this bench shows
-how much of that budget the fsync alone takes on a given disk.
+how much of that budget the fsync alone takes on a given disk. ``pause`` shows what any wait in the
+middle of a request costs this process with no disk at all: the loop thread sleeps and is woken, and
+the rest of the request runs after it (on a virtual machine whose wake-ups are dear, most of what
+``thread`` adds over ``none`` is there already).
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Bounded in count.
 
@@ -58,7 +62,7 @@ def _client(port: int, count: int, go, out) -> None:
     out.put((times[len(times) // 2] * 1e3, times[int(len(times) * 0.99)] * 1e3))
 
 
-async def _serve(way: str, count: int, data_dir: str) -> dict:
+async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
     fd = os.open(os.path.join(data_dir, f"log-{way}"), os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     loop = asyncio.get_running_loop()
     bell, waiting, end = threading.Lock(), [], [0]
@@ -92,6 +96,8 @@ async def _serve(way: str, count: int, data_dir: str) -> dict:
                     await fut
                 elif way == "inline":
                     os.fsync(fd)
+                elif way == "pause":
+                    await asyncio.sleep(pause_s)
                 writer.write(ANSWER)
         except asyncio.IncompleteReadError:  # the client is done
             writer.close()
@@ -124,12 +130,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the log files go (default: a temp dir here)")
+    ap.add_argument("--pause-ms", type=float, default=1.0,
+                    help="(pause): the wait, about one fsync here (the loop's timers count whole ms)")
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="fsync-floor-", dir=args.dir or os.getcwd())
     try:
         for round_no in range(args.rounds):
-            for way in ("none", "inline", "thread"):
-                f = uvloop.run(_serve(way, args.requests, data_dir))
+            for way in ("none", "inline", "thread", "pause"):
+                f = uvloop.run(_serve(way, args.requests, data_dir, args.pause_ms / 1000))
                 for metric, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("cpu_us", "us"), ("sys_us", "us")):
                     print(json.dumps({"metric": f"fsync_floor_{way}_{metric[:-3]}",
                                       "value": round(f[metric], 3), "unit": unit, "way": way, "round": round_no,

@@ -10,11 +10,17 @@ binary semaphore: one futex wake, not an executor round trip). While one fsync r
 arrives joins the next one (group commit): at most one fsync runs and at most one waits, each a
 *generation* with the futures of all its waiters. The thread reports each fsync back with
 one ``call_soon_threadsafe``; on the loop the committer then dispatches in commit-log order and
-resolves the generation. Measured on a lone 1 KiB send (bench/send_receive.py --phase e), the
-thread's round trip (two wake-ups and a task for the waiting call) still costs about 100-150 µs of
-broker CPU beyond the fsync's own 50-100 µs. An fsync on the loop thread for a lone writer on a
-quiet loop saves most of that when the disk is idle, but was measured slower and erratic (loop
-stalls of 1-5 ms) when other processes share the disk, so every fsync stays on this thread.
+resolves the generation. The thread is rung at the end of a loop pass (``_ask``), when the loop
+thread is about to sleep, so the two do not trade the GIL before the fsync.
+
+What a lone durable send costs beyond an ``async`` one (bench/send_receive.py --phase e, per thread
+from /proc/<pid>/task/*/schedstat, on this project's 2-vCPU VM): the flusher thread 120-200 µs (the
+fsync's kernel path, its device waits and the bell), the loop thread 150-400 µs more, which is
+what any wait in the middle of a call costs here: the same broker under ``async`` with a 1 ms timer
+sleep in the send path costs the loop thread as much, and bench/fsync_floor.py's ``pause`` way
+(no disk, a 1 ms timer) about 100 µs over ``none``. The task for the waiting call is ~20 µs of
+it. An fsync on the loop thread sleeps as well (the device), measured no cheaper and erratic
+(loop stalls of 1-5 ms) when other processes share the disk, so every fsync stays on this thread.
 
 Under the ``async`` flush policy sends are answered once written and dispatched; the thread fsyncs
 every ``flush_interval_ms`` (or sooner when someone asks: the timer's copies, a barrier).
@@ -66,10 +72,11 @@ class _Generation:
     go would hand the same future to two tasks after both awaited it, and the second task's step
     fails ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
 
-    __slots__ = ("target", "waiters", "callbacks")
+    __slots__ = ("target", "rung", "waiters", "callbacks")
 
     def __init__(self) -> None:
-        self.target = -1  # set when the fsync is asked for
+        self.target = -1  # set when the fsync is asked for, raised when the thread is rung
+        self.rung = False  # the thread was rung for it: later writes wait for the next one
         self.waiters: list[asyncio.Future] = []
         self.callbacks: list[Callable[[int, BaseException | None], None]] = []
 
@@ -237,8 +244,8 @@ class GroupCommitter:
 
     def _generation_for(self, ticket: int) -> _Generation:
         running = self._running
-        if running is not None and ticket <= running.target:
-            return running
+        if running is not None and (ticket <= running.target or not running.rung):
+            return running  # (not rung yet: the ring raises its target to what is written then)
         if self._waiting is None:
             self._waiting = _Generation()
             if running is None:
@@ -248,10 +255,27 @@ class GroupCommitter:
         return self._waiting
 
     def _ask(self, gen: _Generation) -> None:
-        """Hand ``gen`` to the flusher thread: it fsyncs at least to what is written now."""
+        """Make ``gen`` the running generation; the flusher thread is rung at the end of this loop
+        pass (``_ring_running``) and fsyncs at least to what is written then.
+
+        Why not ring now: the thread wakes within microseconds and its first step needs the GIL,
+        which this thread still holds for the rest of the pass (the call's task, other reads).
+        Rung now, the two threads trade the GIL back and forth before the fsync starts (futex
+        waits and wake-ups on both, each a context switch: measured on a lone sync send,
+        bench/send_receive.py --phase e). Rung as the pass's last callback, the loop thread is
+        about to sleep in epoll when the thread wakes. Writes made during the rest of the pass
+        join ``gen`` (group commit over everything one pass read)."""
         assert self._running is None
         gen.target = self.store.log.written
         self._running = gen
+        self._loop.call_soon(self._ring_running)
+
+    def _ring_running(self) -> None:
+        gen = self._running
+        if gen is None or gen.rung:  # failed (``_fail_all``) or closed meanwhile
+            return
+        gen.target = self.store.log.written  # what the pass wrote joins; the thread reads it after this
+        gen.rung = True
         self._ring()
 
     def _ring(self) -> None:
@@ -300,8 +324,10 @@ class GroupCommitter:
         self.fsyncs += 1
         self._dispatch(synced)  # (under ``async`` sends dispatched already; other writers had not)
         running = self._running
-        if running is None or running.target > synced:
-            return  # a periodic fsync (async), or one begun before the running one's target
+        if running is None or not running.rung or running.target > synced:
+            # A periodic fsync (async), or one begun before the running one's target; before the
+            # ring the target is not final (writers still join): the rung fsync's report finishes it.
+            return
         self._running = None
         self._finish(running, synced, None)
         if self._waiting is not None:

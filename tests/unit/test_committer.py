@@ -68,6 +68,23 @@ def test_writers_after_a_lone_send_join_one_group(tmp_path):
     assert _run(tmp_path, scenario) <= 5
 
 
+def test_writers_of_one_loop_pass_share_one_fsync(tmp_path):
+    """The flusher is rung at the end of a loop pass, not by the pass's first writer: every writer
+    that runs in the same pass joins the one fsync (rung by the first, the others would wait
+    for a second one)."""
+    async def scenario(broker, committer):
+        await committer.send([OutgoingMessage("orders", b"first")])  # nothing in flight after it
+        before = committer.fsyncs
+        # Tasks made together take their first step in one pass: each writes, then waits.
+        sends = [asyncio.ensure_future(committer.send([OutgoingMessage("orders", f"p{i}".encode())]))
+                 for i in range(20)]
+        await asyncio.gather(*sends)
+        assert broker.store.log.synced == broker.store.log.written
+        return committer.fsyncs - before
+
+    assert _run(tmp_path, scenario) == 1
+
+
 def test_durable_waits_for_a_ticket_written_outside_a_send(tmp_path):
     """A writer that appended by itself (a recall's tombstone, a transaction's records) holds the
     log position its records end at and awaits it."""
