@@ -97,6 +97,19 @@ def test_stored_events_of_a_batch_are_the_events_one_at_a_time(rows, level_recor
     assert recorder.events.consistent()
 
 
+def test_a_plain_or_delayed_batch_of_one_topic_adds_the_events_stored_gives():
+    """TraceRecorder.stored_plain (a batch of one topic, all plain or all delayed: the send path's
+    batches) adds exactly the events ``stored`` gives for the same records."""
+    ids = [b"ID%d" % i for i in range(5)]
+    dues = [NOW + 60_000 + i for i in range(5)]
+    for flags, due_col in ((0, [0] * 5), (record.FLAG_DELAYED, dues)):
+        rows = [Prepared("t", 0, flags, NOW, d, m, b"", b"", b"", b"x") for d, m in zip(due_col, ids)]
+        by_rows, by_batch = trace.TraceRecorder(1000, "%DELAY%"), trace.TraceRecorder(1000, "%DELAY%")
+        by_rows.stored(rows, NOW)
+        by_batch.stored_plain("t", ids, NOW, due_col if flags else None)
+        assert by_batch.events.tuples() == by_rows.events.tuples() and by_batch.events.consistent()
+
+
 def test_the_store_queues_dispatched_delayed_records_for_the_timer_to_take(tmp_path):
     """A store with no timer attached dispatches delayed records onto ``delayed_dispatched``
     (the store calls nothing above it), in log order, once each, only once they are dispatched."""
