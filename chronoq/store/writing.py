@@ -213,9 +213,10 @@ class StoreWriter:
         commits = list(itertools.accumulate(sizes, initial=pos))
         pos = commits.pop()  # (the append's end)
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-        delayed_bytes = data
+        delayed_bytes, delayed_heads = data, None
         if kind == delayed_flag:  # the delayed batch: no consume-queue entry until due
             delayed_records = list(zip(commits, sizes, dues))
+            delayed_heads = b"".join(pieces[1::3])
         else:
             delayed_records = []
             entries = list(map(_pack_entry, commits, sizes, map(tag_hashes.__getitem__, tags), stamps))
@@ -232,9 +233,10 @@ class StoreWriter:
             for key, (first, parts) in runs.items():
                 self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
             if delayed_records:  # a mixed batch (rare): its delayed records' bytes, back to back
-                delayed_bytes = b"".join(itertools.chain.from_iterable(
-                    pieces[3 * i:3 * i + 3] for i, key in enumerate(qkeys) if key is None))
-        # The timer takes the delayed records with their bytes (``Store.delayed_dispatched``):
-        # it never reads back what was just written.
-        self._pending.append((pos, batch, (delayed_records, delayed_bytes) if delayed_records else None))
+                delayed = [i for i, key in enumerate(qkeys) if key is None]
+                delayed_bytes = b"".join(itertools.chain.from_iterable(pieces[3 * i:3 * i + 3] for i in delayed))
+                delayed_heads = b"".join([pieces[3 * i + 1] for i in delayed])
+        # The timer takes the delayed records with their bytes, and their heads (all but the
+        # bodies) apart (``Store.delayed_dispatched``): it never reads back what was just written.
+        self._pending.append((pos, batch, (delayed_records, delayed_bytes, delayed_heads) if delayed_records else None))
         return commits, qoffs, sizes

@@ -118,22 +118,24 @@ class SendSide:
         queue = self._unabsorbed
         upto = self.store.log.synced
         while queue and queue[0][0] + queue[0][1] <= upto:
-            _first, _span, records, data = queue[0]
-            self._absorb_run(data, records)
+            _first, _span, records, data, heads = queue[0]
+            self._absorb_run(data, records, heads)
             # Only now: a failure above leaves the append queued (absorbing again is idempotent),
             # so the cursor never passes a record that was not absorbed.
             queue.popleft()
 
-    def _absorb_run(self, blob: bytes, records: list[tuple[int, int, int]]) -> None:
+    def _absorb_run(self, blob: bytes, records: list[tuple[int, int, int]], heads: bytes | None = None) -> None:
         """Absorb ``records`` (``(offset, size, due)``), held back to back in ``blob``.
 
         Plain timer messages, the bulk of a delayed publish, are encoded together and appended
         with one call per bucket (``schedlog.encode_messages``). A run that may hold a recall, a
-        move or a replacing send (their markers appear somewhere in it) goes one record at a time,
-        in order.
+        move or a replacing send (their markers appear somewhere in it: in a topic or in the
+        properties, so in ``heads``, the records' heads without their bodies, when the store gave
+        them; a tenth of the bytes to search) goes one record at a time, in order.
         """
-        if (_CONTROL_TOPIC in blob or _MOVED_MARKERS[0] in blob or _MOVED_MARKERS[1] in blob
-                or _REPLACED_MARKER in blob):
+        scan = blob if heads is None else heads
+        if (_CONTROL_TOPIC in scan or _MOVED_MARKERS[0] in scan or _MOVED_MARKERS[1] in scan
+                or _REPLACED_MARKER in scan):
             pos = 0
             for offset, size, _due in records:
                 self._absorb_record(offset, blob[pos:pos + size])

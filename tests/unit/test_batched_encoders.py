@@ -129,10 +129,12 @@ def test_the_store_queues_dispatched_delayed_records_for_the_timer_to_take(tmp_p
         # One entry per append: its delayed records and their bytes back to back (the timer reads
         # nothing back), the span from the first one's offset to the last one's end.
         read = [store.log.read(w.commit_offset, w.size) for w in delayed]
+        heads = [r[record.CRC_START:len(r) - 1] for r in read]  # (each body is one byte)
         first, last = delayed[0], delayed[1]
         assert list(store.delayed_dispatched) == [
-            (first.commit_offset, last.commit_offset + last.size - first.commit_offset, records[:2], read[0] + read[1]),
-            (delayed[2].commit_offset, delayed[2].size, records[2:], read[2])]
+            (first.commit_offset, last.commit_offset + last.size - first.commit_offset, records[:2], read[0] + read[1],
+             heads[0] + heads[1]),
+            (delayed[2].commit_offset, delayed[2].size, records[2:], read[2], heads[2])]
         assert store.bounds("t", 0) == (0, 1)  # only the plain record has a consume-queue entry
     finally:
         store.close()
