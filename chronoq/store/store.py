@@ -371,8 +371,8 @@ class Store(StoreWriter):
             pending.popleft()
             if delayed_records:
                 records, data, heads = delayed_records
-                first, (last, last_size, _due) = records[0][0], records[-1]
-                self.delayed_dispatched.append((first, last + last_size - first, records, data, heads))
+                first, last = records[0][0], records[-1]
+                self.delayed_dispatched.append((first, last[0] + last[1] - first, records, data, heads))
             self.dispatched = end
         return self.dispatched
 
