@@ -486,8 +486,12 @@ class Sender:
         n = len(ids)
         topics = cols.topics
         if self.trace is not None and n:
-            if not system and not any(cols.deliver_at_ms) and topics.count(topics[0]) == n:
+            flags = cols.flags
+            one_topic = not system and topics.count(topics[0]) == n
+            if one_topic and not any(cols.deliver_at_ms):
                 self.trace.stored_plain(topics[0], cols.message_ids, now)
+            elif one_topic and flags[0] == _FLAG_DELAYED and flags.count(flags[0]) == n:  # the delayed batch
+                self.trace.stored_plain(topics[0], cols.message_ids, now, cols.deliver_at_ms)
             else:
                 self.trace.stored(zip(*cols), now)
         fresh = self._answers(cols, ids, commits, qoffs)

@@ -279,11 +279,16 @@ class TraceRecorder:
         self._add_stored(array("I", [delayed_head if f & marked else STORED for f in flags]), topics, message_ids,
                          array("q", dues), now_ms)
 
-    def stored_plain(self, topic: str, message_ids: list[bytes], now_ms: int) -> None:
-        """``stored`` for a batch of plain (not delayed, not system) messages of one topic: the
-        same events, a few column extends per batch (``Sender.write_batch``'s plain batches)."""
+    def stored_plain(self, topic: str, message_ids: list[bytes], now_ms: int, delayed_dues: list | None = None) -> None:
+        """``stored`` for a batch of messages of one topic, not system, all plain or (with their
+        ``delayed_dues``) all delayed: the same events, a few column extends per batch
+        (``Sender.write_batch``'s plain and delayed batches)."""
         n = len(message_ids)
-        self._add_stored(array("I", (STORED,)) * n, [topic] * n, message_ids, array("q", (0,)) * n, now_ms)
+        if delayed_dues is None:
+            heads, dues = array("I", (STORED,)) * n, array("q", (0,)) * n
+        else:
+            heads, dues = array("I", (STORED | FLAG_DELAYED << 8,)) * n, array("q", delayed_dues)
+        self._add_stored(heads, [topic] * n, message_ids, dues, now_ms)
 
     def _add_stored(self, heads: array, topics, message_ids, dues: array, now_ms: int) -> None:
         """STORED events from their columns (the rest: no group, no reference, ``now_ms``)."""

@@ -119,10 +119,16 @@ class Store(StoreWriter):
         self.dispatched = 0
         self._guards: list[Callable[[], int | None]] = []
         self._keepers: list[Callable[[int, int], list[tuple[int, Prepared]]]] = []
-        # (commit offset, size, deliver_at_ms) of each FLAG_DELAYED record once it is dispatched,
-        # in log order: such records get no consume-queue entry. The timer drains this queue
-        # (chronoq.timer.absorb); the store never calls up into it.
-        self.delayed_dispatched: deque[tuple[int, int, int]] = deque()
+        # The FLAG_DELAYED records of each append once it is dispatched, in log order (such records
+        # get no consume-queue entry): ``(first offset, span, records, data, heads)``, ``records``
+        # their ``(commit offset, size, deliver_at_ms)``, ``data`` their bytes back to back (as the
+        # append wrote them), ``heads`` their heads (each record's bytes after the CRC up to its
+        # body: flags, fields, topic, id, tag, keys, properties) back to back, ``span`` from the
+        # first one's offset to the last one's end (so
+        # ``q[0][0]`` is the oldest record queued and ``q[-1][0] + q[-1][1]`` the end of the
+        # newest). The timer drains this queue (chronoq.timer.absorb) without reading the log
+        # back; the store never calls up into it.
+        self.delayed_dispatched: deque[tuple[int, int, list[tuple[int, int, int]], bytes, bytes]] = deque()
         # Queues with held entries; ``released`` counts releases (readers' wake-ups key on it).
         self._held: dict[tuple[str, int], ConsumeQueue] = {}
         self.released = 0
@@ -368,7 +374,9 @@ class Store(StoreWriter):
                 pending[0] = (end, None, delayed_records)
             pending.popleft()
             if delayed_records:
-                self.delayed_dispatched.extend(delayed_records)
+                records, data, heads = delayed_records
+                first, last = records[0][0], records[-1]
+                self.delayed_dispatched.append((first, last[0] + last[1] - first, records, data, heads))
             self.dispatched = end
         return self.dispatched
 

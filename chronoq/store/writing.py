@@ -3,7 +3,7 @@
 ``StoreWriter.write_columns`` appends a batch given as ``Columns`` (page cache only); ``write``
 is the same for a list of ``Prepared`` records (the timer's copies, POP, features). Each written
 batch waits in ``Store._pending`` (its consume-queue entries, and the FLAG_DELAYED records the
-timer absorbs) until ``Store.dispatch`` makes it visible; ``Store.sync`` makes it durable. The
+timer absorbs, with their bytes) until ``Store.dispatch`` makes it visible; ``Store.sync`` makes it durable. The
 record layout is ``chronoq.store.record``'s: ``write_columns`` holds the one loop that encodes
 records on the write path (``record.encode_parts`` inlined: a call per message costs as much as
 its body), and the record-equivalence tests hold it to the codec's bytes.
@@ -197,8 +197,9 @@ class StoreWriter:
                 tag_hashes[tag] = zlib.crc32(tag)
         # One append, never split over segments (CommitLog.append rolls before it when it does not
         # fit the active one): on disk whole or not at all, as its CONTINUES marks say.
+        data = b"".join(pieces)
         try:
-            pos = self.log.append(b"".join(pieces))
+            pos = self.log.append(data)
         except errors.StorageError:
             for key, qoff in zip(qkeys, qoffs):  # give back the offsets of what was not written
                 if key is not None:  # (delayed records took no queue offset)
@@ -212,8 +213,10 @@ class StoreWriter:
         commits = list(itertools.accumulate(sizes, initial=pos))
         pos = commits.pop()  # (the append's end)
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+        delayed_bytes, delayed_heads = data, None
         if kind == delayed_flag:  # the delayed batch: no consume-queue entry until due
             delayed_records = list(zip(commits, sizes, dues))
+            delayed_heads = b"".join(pieces[1::3])
         else:
             delayed_records = []
             entries = list(map(_pack_entry, commits, sizes, map(tag_hashes.__getitem__, tags), stamps))
@@ -229,5 +232,11 @@ class StoreWriter:
                     run[1].append(entry)
             for key, (first, parts) in runs.items():
                 self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
-        self._pending.append((pos, batch, delayed_records))
+            if delayed_records:  # a mixed batch (rare): its delayed records' bytes, back to back
+                delayed = [i for i, key in enumerate(qkeys) if key is None]
+                delayed_bytes = b"".join(itertools.chain.from_iterable(pieces[3 * i:3 * i + 3] for i in delayed))
+                delayed_heads = b"".join([pieces[3 * i + 1] for i in delayed])
+        # The timer takes the delayed records with their bytes, and their heads (all but the
+        # bodies) apart (``Store.delayed_dispatched``): it never reads back what was just written.
+        self._pending.append((pos, batch, (delayed_records, delayed_bytes, delayed_heads) if delayed_records else None))
         return commits, qoffs, sizes

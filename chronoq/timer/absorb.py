@@ -6,9 +6,10 @@ Sending: the broker validates a message and asks here for its due time (``due_ms
 delay level, its level record (``prepare_delayed``); after the batch is written it asks for the
 answers, recall handles encoded for the whole batch at once (``send_results``).
 
-Absorbing: the store never calls the timer. ``Store.dispatch`` puts each dispatched
-``FLAG_DELAYED`` record's ``(commit offset, size, due)`` on ``store.delayed_dispatched``, a queue
-the store fills and the timer drains (it is the timer's ``_unabsorbed``). The timer absorbs
+Absorbing: the store never calls the timer. ``Store.dispatch`` puts the dispatched
+``FLAG_DELAYED`` records of each append, their ``(commit offset, size, due)`` and their bytes, on
+``store.delayed_dispatched``, a queue the store fills and the timer drains (it is the timer's
+``_unabsorbed``): the timer never reads back a record just written. The timer absorbs
 from it whenever it runs: after every dispatch (the broker's arrival hook, ``on_arrivals``),
 and before it ticks, answers a recall or checkpoints. A record is absorbed only once it is also
 fsynced (under the async flush policy dispatch runs ahead of fsync), and leaves the queue only
@@ -17,7 +18,6 @@ once absorbed, so the cursor (``_covered``) never passes a record that is not in
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 from chronoq.core import errors
@@ -36,7 +36,6 @@ _CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
 _MOVED_MARKERS = (copies.PROP_TIMER_MOVED_FROM.encode(), copies.PROP_DELAY_MOVED_FROM.encode())
 _REPLACED_MARKER = copies.PROP_TIMER_REPLACED.encode()
 _FLAG_DELAYED = record.FLAG_DELAYED
-ABSORB_RUN_MAX = 4096  # records absorbed from one read of the log at most
 
 
 class SendSide:
@@ -113,37 +112,30 @@ class SendSide:
     def _absorb_durable(self) -> None:
         """Absorb dispatched records that are also fsynced (under the async flush policy dispatch
         runs ahead of fsync; absorbing a record that a power loss could take back would let its
-        commit offset, the entry's identity, be reused)."""
+        commit offset, the entry's identity, be reused). The queue holds each append's delayed
+        records with their bytes (``Store.delayed_dispatched``): one ``_absorb_run`` per append,
+        nothing read back from the log."""
         queue = self._unabsorbed
-        if not queue:
-            return
         upto = self.store.log.synced
         while queue and queue[0][0] + queue[0][1] <= upto:
-            first = queue[0][0]
-            count, end = 0, first
-            # One read per run of adjacent records (a run never crosses a segment boundary).
-            limit = min(upto, self.store.log.segment_for(first).end)
-            while (count < len(queue) and count < ABSORB_RUN_MAX and queue[count][0] == end
-                   and end + queue[count][1] <= limit):
-                end += queue[count][1]
-                count += 1
-            blob = self.store.log.read(first, end - first)
-            self._absorb_run(blob, list(itertools.islice(queue, count)))
-            # Only now: a failure above leaves the run queued (absorbing again is idempotent), so
-            # the cursor never passes a record that was not absorbed.
-            for _ in range(count):
-                queue.popleft()
+            _first, _span, records, data, heads = queue[0]
+            self._absorb_run(data, records, heads)
+            # Only now: a failure above leaves the append queued (absorbing again is idempotent),
+            # so the cursor never passes a record that was not absorbed.
+            queue.popleft()
 
-    def _absorb_run(self, blob: bytes, records: list[tuple[int, int, int]]) -> None:
+    def _absorb_run(self, blob: bytes, records: list[tuple[int, int, int]], heads: bytes | None = None) -> None:
         """Absorb ``records`` (``(offset, size, due)``), held back to back in ``blob``.
 
         Plain timer messages, the bulk of a delayed publish, are encoded together and appended
         with one call per bucket (``schedlog.encode_messages``). A run that may hold a recall, a
-        move or a replacing send (their markers appear somewhere in it) goes one record at a time,
-        in order.
+        move or a replacing send (their markers appear somewhere in it: in a topic or in the
+        properties, so in ``heads``, the records' heads without their bodies, when the store gave
+        them; a tenth of the bytes to search) goes one record at a time, in order.
         """
-        if (_CONTROL_TOPIC in blob or _MOVED_MARKERS[0] in blob or _MOVED_MARKERS[1] in blob
-                or _REPLACED_MARKER in blob):
+        scan = blob if heads is None else heads
+        if (_CONTROL_TOPIC in scan or _MOVED_MARKERS[0] in scan or _MOVED_MARKERS[1] in scan
+                or _REPLACED_MARKER in scan):
             pos = 0
             for offset, size, _due in records:
                 self._absorb_record(offset, blob[pos:pos + size])

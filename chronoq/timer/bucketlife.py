@@ -22,7 +22,7 @@ from typing import Callable
 
 from chronoq.core import errors
 from chronoq.timer import schedlog
-from chronoq.timer.buckets import LOADED, UNLOADED, Bucket
+from chronoq.timer.buckets import LOADED, UNLOADED, Bucket, WriteBuffer
 from chronoq.timer.schedfiles import BucketReader
 from chronoq.timer.schedlog import CANCELLED, MOVED
 
@@ -191,7 +191,7 @@ class BucketLife:
         """Write these buckets' buffers to their files (``ScheduleFiles.write`` journals first).
         Those whose journal record is not durable yet keep their buffers: the committer's thread
         fsyncs it and ``files_synced`` writes them."""
-        items = [(start, bytes(self.buckets[start].buffer)) for start in starts
+        items = [(start, self.buckets[start].buffer.chunks) for start in starts
                  if start in self.buckets and self.buckets[start].buffer]
         waiting = self.files.write(items, here=here)
         if waiting:
@@ -205,7 +205,7 @@ class BucketLife:
             if b is None:
                 continue
             self._buffered -= len(b.buffer)
-            b.buffer = bytearray()
+            b.buffer = WriteBuffer()
             self._horizon_cache.pop(start, None)  # its file grew (pending_by_horizon)
             if b.state == UNLOADED and start not in self._readers:  # far future: keep nothing in memory
                 del self.buckets[start]

@@ -20,6 +20,37 @@ LOADED = 2
 STATE_NAMES = {UNLOADED: "unloaded", LOADING: "loading", LOADED: "loaded"}
 
 
+class WriteBuffer:
+    """A bucket's entries not yet in its file, as the chunks they were appended in (an absorbed
+    batch's entries for this bucket, a tombstone): never copied into one buffer, written to the
+    file as they are (``schedfiles.ScheduleFiles.write``: one ``writev``). A bulk delayed publish
+    appends ~1 KB per message here, and growing one bytearray copied every byte twice more (its
+    growth and the ``bytes()`` for the write) and faulted in fresh pages each cycle.
+
+    ``len`` is the byte count; ``bytes(buffer)`` the entries as one string (the readers that scan
+    a bucket's unwritten entries; it keeps that string as the one chunk)."""
+
+    __slots__ = ("chunks", "size")
+
+    def __init__(self):
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def append(self, chunk: bytes) -> None:
+        assert type(chunk) is bytes, "a chunk is kept, not copied: it must not change"
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        chunks = self.chunks
+        if len(chunks) > 1:
+            chunks[:] = [b"".join(chunks)]
+        return chunks[0] if chunks else b""
+
+
 class Bucket:
     __slots__ = ("start", "buffer", "data", "parse_pos", "pending", "claimed", "resolved", "state",
                  "path", "message_entries")
@@ -27,7 +58,7 @@ class Bucket:
     def __init__(self, start: int, path: str):
         self.start = start
         self.path = path
-        self.buffer = bytearray()  # entries not yet written to the file (a suffix of the file-to-be)
+        self.buffer = WriteBuffer()  # entries not yet written to the file (a suffix of the file-to-be)
         self.data: bytearray | None = None  # LOADING/LOADED: every entry, file order, no file header
         self.parse_pos = 0
         self.pending: dict[int, tuple[int, int, int]] = {}  # ident -> (due_ms, pos in data, entry length)
@@ -41,7 +72,7 @@ class Bucket:
     # ----------------------------------------------------------------- building
     def append(self, entry: bytes) -> None:
         """Add an entry (file order): to the write buffer, and to ``data`` when loading/loaded."""
-        self.buffer += entry
+        self.buffer.append(entry)
         if self.data is not None:
             self.data += entry
 
@@ -52,7 +83,7 @@ class Bucket:
         if self.state != LOADED or not self.parsed or not self.claimed.issuperset(idents):
             return False
         assert self.data is not None
-        self.buffer += blob
+        self.buffer.append(blob)
         self.data += blob
         self.parse_pos = len(self.data)
         self.claimed.difference_update(idents)
@@ -63,7 +94,8 @@ class Bucket:
         assert self.state == UNLOADED and self.data is None
         # A bytearray (``schedfiles.BucketReader``) is taken over, not copied: it can be ~70 MB.
         self.data = file_entries if type(file_entries) is bytearray else bytearray(file_entries)
-        self.data += self.buffer
+        for chunk in self.buffer.chunks:
+            self.data += chunk
         self.parse_pos = 0
         self.state = LOADING
 

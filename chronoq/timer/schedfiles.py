@@ -167,8 +167,8 @@ class ScheduleFiles:
         return data[schedlog.FILE_HEAD_SIZE:]
 
     # ----------------------------------------------------------------- writing
-    def write(self, items: list[tuple[int, bytes]], *, here: bool = False) -> list[int]:
-        """Append ``blob`` to each bucket ``start`` (page cache). The journal records first the
+    def write(self, items: list[tuple[int, list[bytes]]], *, here: bool = False) -> list[int]:
+        """Append ``chunks`` (in order) to each bucket ``start`` (page cache). The journal records first the
         length of every file not yet written in this checkpoint cycle, and is fsynced before
         the file is appended to: here (embedded, or ``here``), or by ``sync_side`` (``defer``).
         Returns the starts not written: their record is not durable yet (``take_synced``), or
@@ -176,7 +176,7 @@ class ScheduleFiles:
         it)."""
         held = [start for start, _ in items if self.awaits_deletion(start)]
         if held:
-            items = [(start, blob) for start, blob in items if start not in held]
+            items = [(start, chunks) for start, chunks in items if start not in held]
         self._journal([start for start, _ in items if start not in self._journaled and start not in self._intents])
         if self._intents and (here or not self.defer):
             try:
@@ -186,13 +186,13 @@ class ScheduleFiles:
             self._journaled.update(self._intents)
             self._intents.clear()
         waiting = held
-        for start, blob in items:
+        for start, chunks in items:
             if start not in self._journaled:
                 waiting.append(start)
                 continue
             path = self.path(start)
             fd = self._fd(start, path)
-            _write_all(fd, blob, path, os.fstat(fd).st_size)
+            _write_chunks(fd, chunks, path, os.fstat(fd).st_size)
             self._dirty.add(start)
         return waiting
 
@@ -413,17 +413,31 @@ class ScheduleFiles:
         self.close()
 
 
-def _write_all(fd: int, blob: bytes, path: str, size_before: int) -> None:
-    view = memoryview(blob)
+# Buffers one ``writev`` takes at most (POSIX IOV_MAX; Linux's is 1024).
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+
+
+def _write_chunks(fd: int, chunks: list[bytes], path: str, size_before: int) -> None:
+    """``_write_all`` of the chunks one after the other, gathered by ``writev`` (no copy of them
+    into one buffer first). A short write (rare on a regular file) goes on from where it stopped."""
     try:
-        while view:
-            view = view[os.write(fd, view):]
+        for first in range(0, len(chunks), _IOV_MAX):
+            group = chunks[first:first + _IOV_MAX]
+            done = os.writev(fd, group)
+            if done < sum(map(len, group)):
+                view = memoryview(b"".join(group))[done:]
+                while view:
+                    view = view[os.write(fd, view):]
     except OSError as exc:
         try:  # never leave half an entry behind: cut back to where this write began
             os.ftruncate(fd, size_before)
         except OSError:
             pass
         raise fsutil.storage_error(exc, path) from exc
+
+
+def _write_all(fd: int, blob: bytes, path: str, size_before: int) -> None:
+    _write_chunks(fd, [blob], path, size_before)
 
 
 class BucketReader:

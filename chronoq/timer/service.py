@@ -158,7 +158,7 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self._ckpt_syncing = False  # a checkpoint job's run() may be syncing the schedule files
         self._buffered = 0
         # Delayed records dispatched by the store, not yet absorbed (chronoq.timer.absorb).
-        self._unabsorbed: deque[tuple[int, int, int]] = store.delayed_dispatched
+        self._unabsorbed: deque[tuple[int, int, list, bytes]] = store.delayed_dispatched
         self._absorb_retry_at_ms = 0  # after a failed fsync for them (no busy loop on a bad disk)
         self._hwm_ms = 0
         self.cursor = 0

@@ -97,6 +97,19 @@ def test_stored_events_of_a_batch_are_the_events_one_at_a_time(rows, level_recor
     assert recorder.events.consistent()
 
 
+def test_a_plain_or_delayed_batch_of_one_topic_adds_the_events_stored_gives():
+    """TraceRecorder.stored_plain (a batch of one topic, all plain or all delayed: the send path's
+    batches) adds exactly the events ``stored`` gives for the same records."""
+    ids = [b"ID%d" % i for i in range(5)]
+    dues = [NOW + 60_000 + i for i in range(5)]
+    for flags, due_col in ((0, [0] * 5), (record.FLAG_DELAYED, dues)):
+        rows = [Prepared("t", 0, flags, NOW, d, m, b"", b"", b"", b"x") for d, m in zip(due_col, ids)]
+        by_rows, by_batch = trace.TraceRecorder(1000, "%DELAY%"), trace.TraceRecorder(1000, "%DELAY%")
+        by_rows.stored(rows, NOW)
+        by_batch.stored_plain("t", ids, NOW, due_col if flags else None)
+        assert by_batch.events.tuples() == by_rows.events.tuples() and by_batch.events.consistent()
+
+
 def test_the_store_queues_dispatched_delayed_records_for_the_timer_to_take(tmp_path):
     """A store with no timer attached dispatches delayed records onto ``delayed_dispatched``
     (the store calls nothing above it), in log order, once each, only once they are dispatched."""
@@ -112,8 +125,16 @@ def test_the_store_queues_dispatched_delayed_records_for_the_timer_to_take(tmp_p
         store.dispatch(store.sync())
         store.dispatch(store.sync())  # nothing new: nothing queued twice
         delayed = [w for w, p in zip(written, [rows[0], plain, rows[1], rows[2]]) if p.flags]
-        assert list(store.delayed_dispatched) == [(w.commit_offset, w.size, NOW + 60_000 + i)
-                                                  for i, w in enumerate(delayed)]
+        records = [(w.commit_offset, w.size, NOW + 60_000 + i) for i, w in enumerate(delayed)]
+        # One entry per append: its delayed records and their bytes back to back (the timer reads
+        # nothing back), the span from the first one's offset to the last one's end.
+        read = [store.log.read(w.commit_offset, w.size) for w in delayed]
+        heads = [r[record.CRC_START:len(r) - 1] for r in read]  # (each body is one byte)
+        first, last = delayed[0], delayed[1]
+        assert list(store.delayed_dispatched) == [
+            (first.commit_offset, last.commit_offset + last.size - first.commit_offset, records[:2], read[0] + read[1],
+             heads[0] + heads[1]),
+            (delayed[2].commit_offset, delayed[2].size, records[2:], read[2], heads[2])]
         assert store.bounds("t", 0) == (0, 1)  # only the plain record has a consume-queue entry
     finally:
         store.close()

@@ -271,7 +271,7 @@ class FileEvents(Fsyncs):
     def __init__(self, monkeypatch):
         super().__init__(monkeypatch)
         self.events: list[tuple[str, str, str]] = []
-        fsync, write, unlink = os.fsync, os.write, os.unlink
+        fsync, write, writev, unlink = os.fsync, os.write, os.writev, os.unlink
 
         def recording_fsync(fd):
             self.events.append(("fsync", threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}")))
@@ -283,12 +283,19 @@ class FileEvents(Fsyncs):
                 self.events.append(("write", threading.current_thread().name, path))
             return write(fd, data)
 
+        def recording_writev(fd, buffers):  # (bucket files are appended to by writev)
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if path.endswith(".sch"):
+                self.events.append(("write", threading.current_thread().name, path))
+            return writev(fd, buffers)
+
         def recording_unlink(path, *args, **kwargs):
             self.events.append(("unlink", threading.current_thread().name, os.fspath(path)))
             return unlink(path, *args, **kwargs)
 
         monkeypatch.setattr(os, "fsync", recording_fsync)
         monkeypatch.setattr(os, "write", recording_write)
+        monkeypatch.setattr(os, "writev", recording_writev)
         monkeypatch.setattr(os, "unlink", recording_unlink)
 
     def first(self, what: str, predicate) -> int:
