@@ -63,6 +63,7 @@ class Runtime:
         # primary's duties (in-sync set, fencing) while it leads.
         self.coordinator = None  # chronoq.replication.etcd.EtcdCoordinator
         self.duty = None  # chronoq.server.failover.PrimaryDuty
+        self.cluster = None  # chronoq.server.cluster.ClusterKeeper: placement and the route over every group
 
     def open_broker(self) -> Broker:
         from chronoq.core.clock import SYSTEM_CLOCK
@@ -314,6 +315,14 @@ class Runtime:
                 if self.config.replication == "sync":
                     self.committer.replicated = self.duty.replicated
                 self._tasks.append(loop.create_task(self.duty.run(), name="chronoq-leader"))
+                from chronoq.server.cluster import ClusterKeeper  # broker groups: placement, one route
+
+                self.cluster = ClusterKeeper(self)
+                self.cluster.start()
+                try:  # (the first snapshot: a route asked at once names every group)
+                    await asyncio.wait_for(self.cluster.ready.wait(), 5)
+                except asyncio.TimeoutError:
+                    log.warning("no snapshot of the cluster from etcd within 5 s: routes are local until one comes")
             from chronoq.server.scheduling import open_schedules, run_schedules
 
             self.schedules, wake = open_schedules(broker), asyncio.Event()
@@ -342,6 +351,8 @@ class Runtime:
             self.state = "stopping"
             for front_end in reversed(self.front_ends):
                 await front_end.stop()
+            if self.cluster is not None:
+                self.cluster.stop()
             self.close_consumers()
             for task in self._tasks:
                 task.cancel()

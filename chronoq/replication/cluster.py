@@ -1,0 +1,107 @@
+"""The cluster-wide keys in etcd: read them, watch them, write a topic's placement.
+
+Beside ``chronoq.replication.etcd`` (one group's session: lease, leader key, in-sync set), and
+through its connection: these coroutines run on the coordinator's own loop (``coord.call``). The
+keys and the policy are ``chronoq.replication.placement`` (pure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from chronoq.core import errors
+from chronoq.replication import placement as pl
+
+log = logging.getLogger("chronoq.replication.cluster")
+
+WRITE_ATTEMPTS = 8   # a placement write lost to another writer is computed again this many times
+REREAD_S = 5.0       # the watched snapshot is read again this often even without an event
+
+
+async def read(coord) -> pl.Snapshot:
+    """Every key under ``/chronoq/<cluster>/`` at one revision."""
+    kv = await coord._kv()
+    found = await kv.get_prefix(pl.cluster_prefix(coord.cluster))
+    return pl.parse(coord.cluster, found.header.revision, [(m.key, m.value, m.mod_revision) for m in found])
+
+
+async def watch(coord, deliver) -> None:
+    """Call ``deliver(snapshot)`` (on this loop; it must not block) now and after every change
+    under the cluster's prefix (changes close together are read once), and every ``REREAD_S``;
+    runs until cancelled. The watch is created before each read, so no change is missed."""
+    changed = asyncio.Event()
+
+    async def follow(w) -> None:
+        async for _event in w:
+            changed.set()
+
+    while True:
+        w = task = None
+        try:
+            kv = await coord._kv()
+            w = await kv.watch_prefix(pl.cluster_prefix(coord.cluster))
+            task = asyncio.ensure_future(follow(w))
+            while not task.done():
+                changed.clear()
+                deliver(await read(coord))
+                waiter = asyncio.ensure_future(changed.wait())
+                await asyncio.wait([waiter, task], timeout=REREAD_S, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+            task.result()  # (a watch that ended: raise why, then start again)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - etcd unreachable for a moment: watch again
+            log.warning("watching cluster %s in etcd failed (%r); again in 1 s", coord.cluster, exc)
+            await asyncio.sleep(1)
+        finally:
+            if task is not None:
+                task.cancel()
+            if w is not None:
+                try:
+                    await w.cancel()
+                except Exception:  # noqa: BLE001 - the connection is gone anyway
+                    pass
+
+
+async def write_placement(coord, topic: str, compute) -> pl.Placement:
+    """Write ``compute(snapshot)`` (a ``Placement``, or raise a refusal) as ``topic``'s record, in a
+    transaction comparing the record's mod revision with the snapshot's; lost to another writer:
+    read and compute again. Returns the record as written (its revision set)."""
+    key = pl.topic_key(coord.cluster, topic)
+    for _ in range(WRITE_ATTEMPTS):
+        snap = await read(coord)
+        existing = snap.placements.get(topic)
+        new = compute(snap)
+        if existing is not None and new.encode() == existing.encode():
+            return existing  # (nothing to change: idempotent)
+        kv = await coord._kv()
+        ok, answers = await kv.transaction(
+            compare=[kv.transactions.mod(key) == (existing.revision if existing is not None else 0)],
+            success=[kv.transactions.put(key, new.encode())], failure=[])
+        if ok:
+            return pl.Placement(new.topic, new.message_type, new.groups, new.draining, snap.revision + 1)
+    raise errors.TooManyRequests(f"the placement of {topic} kept changing under this writer ({WRITE_ATTEMPTS} "
+                                 "attempts): try again")
+
+
+def read_once(endpoints: list[str], cluster: str, timeout_s: float = 5.0) -> pl.Snapshot:
+    """The cluster read once without a lease (``chronoq cluster groups --etcd``, tests). Runs its
+    own event loop: call it from a thread that has none running."""
+    from chronoq.core.clock import SYSTEM_CLOCK
+    from chronoq.replication.etcd import EtcdCoordinator
+
+    async def go() -> pl.Snapshot:
+        failures = []
+        for endpoint in endpoints:
+            reader = EtcdCoordinator([endpoint], cluster, "reader", 2000, "reader", "", SYSTEM_CLOCK)
+            try:
+                await asyncio.wait_for(reader._connect(), timeout_s)
+                return await asyncio.wait_for(read(reader), timeout_s)
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - the next endpoint
+                failures.append(f"{endpoint}: {type(exc).__name__}")
+            finally:
+                await reader._drop()
+        raise errors.ClientError(f"etcd cannot be reached ({'; '.join(failures)})")
+
+    return asyncio.run(go())

@@ -1,0 +1,136 @@
+"""Two broker groups in one cluster, a topic spread over both, one route (docs/cluster.md): real
+``chronoq serve`` processes, a real etcd on loopback, the official RocketMQ 5 Python client."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+from .conftest import ChronoqProcess, wait_until
+from .etcd_fixture import etcd  # noqa: F401 - the fixture
+from .test_official_python_client import make_message, producer, simple_consumer, unique
+from .test_replication import cli
+
+PLAIN, FIFO_GROUPS, FIFO_EACH, DELAYED = 1200, 8, 40, 200
+
+
+def group_node(tmp_path, etcd, cluster: str, group: str) -> ChronoqProcess:  # noqa: F811 - the fixture's value
+    return ChronoqProcess(str(tmp_path / group), etcd.config(cluster) + f'group_name = "{group}"\n')
+
+
+def topic_messages(node: ChronoqProcess, topic: str) -> int:
+    shown = cli("topic", "describe", topic, "--endpoint", node.endpoint, "--json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)["messages"]
+
+
+def local_queues(node: ChronoqProcess, topic: str) -> int | None:
+    shown = cli("topic", "list", "--endpoint", node.endpoint, "--json")
+    assert shown.returncode == 0, shown.stderr
+    return {t["name"]: t["queues"] for t in json.loads(shown.stdout)}.get(topic)
+
+
+def test_a_topic_spread_over_two_groups_is_sent_and_received_through_one_route(tmp_path, etcd):  # noqa: F811
+    cluster, topic, consumers = unique("c"), unique("t"), unique("g")
+    a = group_node(tmp_path, etcd, cluster, "g1")
+    b = None
+    try:
+        b = group_node(tmp_path, etcd, cluster, "g2")
+        made = cli("topic", "create", topic, "--queues", "4", "--endpoint", a.endpoint, "--json")
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["queues"] == 8  # 4 on each live group
+        wait_until(lambda: local_queues(b, topic) == 4, 20, what="g2's primary to create its part (the watch)")
+        assert local_queues(a, topic) == 4
+        shown = cli("cluster", "groups", "--endpoint", b.endpoint, "--json")
+        assert shown.returncode == 0, shown.stderr
+        shown = json.loads(shown.stdout)
+        assert {g["name"]: (g["live"], g["leader"]) for g in shown["groups"]} == {
+            "g1": (True, a.endpoint), "g2": (True, b.endpoint)}
+        assert [(p["topic"], p["groups"]) for p in shown["placements"]] == [(topic, {"g1": 4, "g2": 4})]
+        described = cli("topic", "describe", topic, "--endpoint", a.endpoint)
+        assert "8 queues over 2 broker groups" in described.stdout, described.stdout
+
+        # The official producer, given g1's address only: its route names both groups' primaries.
+        sent_at = time.time()
+        due = {}
+        fifo = [b"f%d-%d" % (g, i) for i in range(FIFO_EACH) for g in range(FIFO_GROUPS)]
+        with producer(a.endpoint, topic) as p:
+            plain = {p.send(make_message(topic, b"p%d" % i)).message_id for i in range(PLAIN)}
+            for body in fifo:
+                p.send(make_message(topic, body, group="mg-" + body[1:body.index(b"-")].decode()))
+            for i in range(DELAYED):
+                m = make_message(topic, b"d%d" % i)
+                m.delivery_timestamp = due[m.body] = int(sent_at) + 3 + i % 4
+                p.send(m)
+        total = PLAIN + len(fifo) + DELAYED
+        on_a, on_b = topic_messages(a, topic), topic_messages(b, topic)
+        assert on_a > total // 4 and on_b > total // 4, (on_a, on_b)  # round robin over both groups
+
+        # One simple consumer given g2's address receives from both groups, each message once.
+        bodies, seen_at, ids = [], {}, Counter()
+        deadline = time.monotonic() + 90
+        with simple_consumer(b.endpoint, consumers, topic) as c:
+            while len(ids) < total and time.monotonic() < deadline:
+                for m in c.receive(32, 60):
+                    ids[m.message_id] += 1
+                    bodies.append(m.body)
+                    seen_at.setdefault(m.body, time.time())
+                    c.ack(m)
+            time.sleep(1)
+            for m in c.receive(32, 60):  # nothing more
+                ids[m.message_id] += 1
+        assert len(ids) == total and max(ids.values()) == 1, (len(ids), total, ids.most_common(3))
+        assert plain <= set(ids)
+        for g in range(FIFO_GROUPS):  # each message group in its order (one queue of one group)
+            mine = [x for x in bodies if x.startswith(b"f%d-" % g)]
+            assert mine == [b"f%d-%d" % (g, i) for i in range(FIFO_EACH)], mine[:10]
+        early = {x: due[x] - seen_at[x] for x in due if seen_at[x] < due[x]}
+        assert not early, f"delivered early (s): {early}"
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+
+
+def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etcd):  # noqa: F811
+    cluster, topic, other = unique("c"), unique("t"), unique("t")
+    a = group_node(tmp_path, etcd, cluster, "g1")
+    b = None
+    try:
+        b = group_node(tmp_path, etcd, cluster, "g2")
+        unknown = cli("topic", "create", topic, "--groups", "g1,g9", "--endpoint", a.endpoint)
+        assert unknown.returncode == 1 and "unknown broker group 'g9'" in unknown.stderr, unknown.stderr
+        made = cli("topic", "create", topic, "--groups", "g2", "--queues", "2", "--endpoint", a.endpoint, "--json")
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["groups"] == {"g2": 2}
+        wait_until(lambda: local_queues(b, topic) == 2, 20, what="g2's part")
+        assert local_queues(a, topic) is None  # g1 holds none of it
+        last = cli("cluster", "drain", topic, "--group", "g2", "--endpoint", a.endpoint)
+        assert last.returncode == 1 and "last group taking sends" in last.stderr, last.stderr
+        added = cli("topic", "add-queues", topic, "--group", "g1", "--endpoint", b.endpoint, "--json")
+        assert added.returncode == 0, added.stderr
+        assert json.loads(added.stdout)["groups"] == {"g1": 2, "g2": 2}
+        wait_until(lambda: local_queues(a, topic) == 2, 20, what="g1's part")
+        drained = cli("cluster", "drain", topic, "--group", "g2", "--endpoint", a.endpoint, "--json")
+        assert drained.returncode == 0 and json.loads(drained.stdout)["draining"] == ["g2"], drained.stderr
+        with producer(a.endpoint, topic) as p:  # a draining group takes no sends
+            for i in range(20):
+                p.send(make_message(topic, b"x%d" % i))
+        assert (topic_messages(a, topic), topic_messages(b, topic)) == (20, 0)
+
+        b.stop()  # a clean stop revokes g2's lease: its leader key goes at once
+        wait_until(lambda: etcd.view(cluster, "g2").leader is None, 20, what="g2's leader key to go")
+        dead = cli("topic", "create", other, "--groups", "g2", "--endpoint", a.endpoint)
+        assert dead.returncode == 1 and "broker group 'g2' has no primary now" in dead.stderr, dead.stderr
+        default = cli("topic", "create", other, "--queues", "3", "--endpoint", a.endpoint, "--json")
+        assert default.returncode == 0 and json.loads(default.stdout)["queues"] == 3, default.stderr  # g1 only
+        with producer(a.endpoint, topic) as p:  # the route names g1 alone now: every send lands there
+            for i in range(10):
+                p.send(make_message(topic, b"y%d" % i))
+        assert topic_messages(a, topic) == 30
+        b = None
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
