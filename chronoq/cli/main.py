@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli import audit, cluster, dlq, groups, message, placement, schedule, send_receive, serve, stats, timers, topics
+from chronoq.cli import (audit, cluster, dlq, groups, message, placement, schedule, send_receive, serve, stats, timers,
+                         topics)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,9 +8,12 @@ keys and the policy are ``chronoq.replication.placement`` (pure).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import uuid
 
-from chronoq.core import errors
+from chronoq.core import errors, fsutil
 from chronoq.replication import placement as pl
 
 log = logging.getLogger("chronoq.replication.cluster")
@@ -83,6 +86,38 @@ async def write_placement(coord, topic: str, compute) -> pl.Placement:
             return pl.Placement(new.topic, new.message_type, new.groups, new.draining, snap.revision + 1)
     raise errors.TooManyRequests(f"the placement of {topic} kept changing under this writer ({WRITE_ATTEMPTS} "
                                  "attempts): try again")
+
+
+async def claim_group(coord, data_dir: str, now_ms: int) -> str:
+    """Check this node's group name against the group's identity in etcd (``placement.claim``):
+    record it when the group is new, keep it in the data directory's ``cluster.json``; raise
+    ``errors.PreconditionFailed`` when the directory belongs to another group or cluster."""
+    path = os.path.join(data_dir, pl.IDENTITY_FILE)
+    try:
+        local = fsutil.read_json(path)
+    except ValueError as exc:
+        raise errors.CorruptionError(path, 0, str(exc)) from None
+    key = pl.identity_key(coord.cluster, coord.group)
+    for _ in range(WRITE_ATTEMPTS):
+        kv = await coord._kv()
+        got = await kv.get(key)
+        recorded = json.loads(got.value) if got is not None else None
+        identity, why = pl.claim(coord.cluster, coord.group, local, recorded)
+        if why:
+            raise errors.PreconditionFailed(why)
+        if recorded is None:
+            identity = identity or uuid.uuid4().hex
+            created, _ = await kv.transaction(
+                compare=[kv.transactions.version(key) == 0],
+                success=[kv.transactions.put(key, json.dumps({"id": identity, "created_ms": now_ms}).encode())],
+                failure=[])
+            if not created:
+                continue  # another node of the group recorded it first: check against that
+        if local is None or local.get("id") != identity:
+            os.makedirs(data_dir, exist_ok=True)
+            fsutil.write_json(path, {"cluster": coord.cluster, "group": coord.group, "id": identity})
+        return identity
+    raise errors.TooManyRequests(f"the identity of group {coord.group} kept changing in etcd: try again")
 
 
 def read_once(endpoints: list[str], cluster: str, timeout_s: float = 5.0) -> pl.Snapshot:

@@ -4,17 +4,23 @@ The shell that reads, watches and writes these keys is ``chronoq.replication.clu
 broker's side (local parts, the route) is ``chronoq.server.cluster``. docs/cluster.md describes
 the whole. Beside each group's own keys (``chronoq.replication.coordinator``: ``leader``,
 ``epoch``, ``insync``, ``members/<node>`` under ``/chronoq/<cluster>/<group>/``) one cluster-wide
-record per topic:
+record per topic and one per group:
 
-=============================== ===================================================== =====
-key                             value (JSON)                                          lease
-=============================== ===================================================== =====
-``/chronoq/<c>/@topics/<name>`` ``{"type": "mixed", "groups": {"<group>": queues},     none
-                                "draining": ["<group>", ...]}``: which groups hold
-                                the topic's queues, and how many each (the group's
-                                local queue ids ``0..queues-1``); a draining group
-                                is routed for receives only
-=============================== ===================================================== =====
+================================= =================================================== =====
+key                               value (JSON)                                        lease
+================================= =================================================== =====
+``/chronoq/<c>/@topics/<name>``   ``{"type": "mixed", "groups": {"<group>": queues},   none
+                                  "draining": ["<group>", ...]}``: which groups hold
+                                  the topic's queues, and how many each (the group's
+                                  local queue ids ``0..queues-1``); a draining group
+                                  is routed for receives only
+``/chronoq/<c>/@groups/<group>``  ``{"id", "created_ms"}``: the group's identity,      none
+                                  created once (a transaction) by its first node and
+                                  kept in each member's data directory
+                                  (``cluster.json``: ``{"cluster", "group", "id"}``);
+                                  a directory bound to another identity is refused
+                                  the name: two groups cannot claim one name
+================================= =================================================== =====
 
 ``@`` cannot start a group name (``cluster_name``/``group_name`` are letters, digits, ``-``,
 ``_``, ``.``), so the record never collides with a group's keys. Every write of a record is an
@@ -35,11 +41,17 @@ from chronoq.core import errors
 from chronoq.replication import coordinator as co
 
 TOPICS = "@topics/"
+GROUPS = "@groups/"
+IDENTITY_FILE = "cluster.json"
 TOPIC_TYPES = ("mixed", "normal", "fifo", "delay", "transaction")
 
 
 def cluster_prefix(cluster: str) -> bytes:
     return f"/chronoq/{cluster}/".encode()
+
+
+def identity_key(cluster: str, group: str) -> bytes:
+    return f"/chronoq/{cluster}/{GROUPS}{group}".encode()
 
 
 def topic_key(cluster: str, topic: str) -> bytes:
@@ -82,6 +94,7 @@ class Snapshot:
     revision: int = 0
     groups: dict = field(default_factory=dict)      # name -> GroupState
     placements: dict = field(default_factory=dict)  # topic -> Placement
+    identities: dict = field(default_factory=dict)  # group -> its identity record
 
     def live(self) -> list[str]:
         return sorted(g for g, s in self.groups.items() if s.leader is not None)
@@ -101,7 +114,13 @@ def parse(cluster: str, revision: int, kvs) -> Snapshot:
                 continue  # (a record this version cannot read is ignored, not fatal)
             continue
         group, _, what = rel.partition("/")
-        if not group or not what:
+        if group == GROUPS[:-1]:
+            try:
+                snap.identities[what] = json.loads(value)
+            except ValueError:
+                pass
+            continue
+        if not group or not what or group.startswith("@"):
             continue
         state = snap.groups.setdefault(group, GroupState(group))
         try:
@@ -121,9 +140,9 @@ def _check_groups(snap: Snapshot, wanted: list[str], cluster: str) -> None:
     live = snap.live()
     for g in wanted:
         if g not in snap.groups:
-            raise errors.ClientError(
-                f"unknown broker group {g!r} in cluster {cluster} (groups: {', '.join(sorted(snap.groups)) or 'none'}): "
-                "start its primary with --group-name first")
+            known = ", ".join(sorted(snap.groups)) or "none"
+            raise errors.ClientError(f"unknown broker group {g!r} in cluster {cluster} (groups: {known}): start its "
+                                     "primary with --group-name first")
         if g not in live:
             raise errors.ClientError(
                 f"broker group {g!r} has no primary now (no leader key in etcd; live groups: "
@@ -210,3 +229,22 @@ def route(snap: Snapshot, topic: str) -> list[tuple[str, str, int, bool]] | None
         writable = group not in placement.draining
         out.extend((group, state.leader.endpoint, q, writable) for q in range(placement.groups[group]))
     return out
+
+
+# ------------------------------------------------------------------------------ a group's identity
+def claim(cluster: str, group: str, local: dict | None, recorded: dict | None) -> tuple[str, str | None]:
+    """A starting node's check of its group name: ``(identity, None)`` to go on with (the
+    identity to record, in etcd when ``recorded`` is None and in the data directory), or
+    ``("", why)`` to refuse. ``local``: the data directory's ``cluster.json`` (None: a fresh or
+    a pre-cluster directory, which joins whatever identity the name has)."""
+    if local is not None and (local.get("cluster"), local.get("group")) != (cluster, group):
+        return "", (f"this data directory belongs to broker group {local.get('group')!r} of cluster "
+                    f"{local.get('cluster')!r}, not {group!r} of {cluster!r}: start it with its own --cluster-name and "
+                    "--group-name (or give the new group a fresh data directory)")
+    if recorded is None:
+        return (local or {}).get("id") or "", None
+    if local is not None and local.get("id") and local["id"] != recorded.get("id"):
+        return "", (f"broker group name {group!r} of cluster {cluster!r} is taken in etcd by another group (identity "
+                    f"{recorded.get('id')}); this data directory belongs to a group of the same name with identity "
+                    f"{local['id']}: two groups cannot share a name, choose another --group-name")
+    return str(recorded.get("id", "")), None

@@ -255,6 +255,10 @@ class Runtime:
             self.coordinator = await loop.run_in_executor(None, failover.start_coordinator, self.config,
                                                           self.node_id)
             try:
+                from chronoq.replication.cluster import claim_group  # two groups cannot share a name
+
+                coord = self.coordinator
+                await coord.call(claim_group(coord, self.config.data_dir, coord.clock.wall_ms()))
                 epoch = await failover.take_role(self)
             except BaseException:
                 await loop.run_in_executor(None, self.coordinator.close)

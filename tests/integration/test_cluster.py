@@ -134,3 +134,49 @@ def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etc
         if b is not None:
             b.stop()
         a.stop()
+
+
+def test_two_groups_cannot_claim_one_name(tmp_path, etcd):  # noqa: F811
+    """A data directory keeps its group's identity (cluster.json); started under a name that etcd
+    gives another group, or under another cluster's name, it is refused and changes nothing."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT, free_port
+
+    ours, theirs = unique("c"), unique("c")
+    a = group_node(tmp_path, etcd, ours, "g1")
+    other = None
+    (tmp_path / "other").mkdir()
+    try:
+        other = group_node(tmp_path / "other", etcd, theirs, "g1")  # a group of the same name, another cluster
+        other.stop()
+        other = None
+        with open(tmp_path / "other" / "g1" / "cluster.json", "rb") as fh:
+            before = fh.read()
+
+        def serve(cluster: str) -> subprocess.CompletedProcess:
+            config = tmp_path / f"claim-{cluster}.toml"
+            config.write_text(etcd.config(cluster) + 'group_name = "g1"\n')
+            return subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", str(tmp_path / "other" / "g1"),
+                                   "--host", "127.0.0.1", "--port", str(free_port()), "--http-port", "off",
+                                   "--config", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+        moved = serve(ours)  # the other cluster's g1 pointed at ours: its identity differs from ours
+        assert moved.returncode == 1, moved.stderr[-2000:]
+        assert f"this data directory belongs to broker group 'g1' of cluster '{theirs}'" in moved.stderr, moved.stderr
+        with open(tmp_path / "other" / "g1" / "cluster.json", "rb") as fh:
+            assert fh.read() == before
+        # A directory of a g1 of ours with another identity (etcd was replaced since it last ran).
+        from chronoq.core import fsutil
+
+        fsutil.write_json(str(tmp_path / "other" / "g1" / "cluster.json"), {"cluster": ours, "group": "g1", "id": "x1"})
+        taken = serve(ours)
+        assert taken.returncode == 1, taken.stderr[-2000:]
+        assert f"broker group name 'g1' of cluster '{ours}' is taken in etcd by another group" in taken.stderr, \
+            taken.stderr
+        assert etcd.view(ours, "g1").leader.endpoint == a.endpoint  # ours still led by a
+    finally:
+        if other is not None:
+            other.stop()
+        a.stop()
