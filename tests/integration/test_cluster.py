@@ -25,6 +25,23 @@ def topic_messages(node: ChronoqProcess, topic: str) -> int:
     return json.loads(shown.stdout)["messages"]
 
 
+def route_of(endpoint: str, topic: str) -> list[tuple[str, str, int, int]]:
+    """QueryRoute's answer through chronoq's own client: (group, endpoint, queue id, permission)."""
+    import asyncio
+    import concurrent.futures
+
+    from chronoq.client.client import Client
+
+    async def ask():
+        async with Client(endpoint) as client:
+            queues = await client.route(topic)
+        return [(q.broker.name, f"{q.broker.endpoints.addresses[0].host}:{q.broker.endpoints.addresses[0].port}",
+                 q.id, q.permission) for q in queues]
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, ask()).result(30)
+
+
 def local_queues(node: ChronoqProcess, topic: str) -> int | None:
     shown = cli("topic", "list", "--endpoint", node.endpoint, "--json")
     assert shown.returncode == 0, shown.stderr
@@ -112,15 +129,26 @@ def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etc
         assert added.returncode == 0, added.stderr
         assert json.loads(added.stdout)["groups"] == {"g1": 2, "g2": 2}
         wait_until(lambda: local_queues(a, topic) == 2, 20, what="g1's part")
+        rw, read_only = 4, 2  # pb.READ_WRITE, pb.READ
+        assert route_of(b.endpoint, topic) == [("g1", a.endpoint, 0, rw), ("g1", a.endpoint, 1, rw),
+                                               ("g2", b.endpoint, 0, rw), ("g2", b.endpoint, 1, rw)]
+        with producer(a.endpoint, topic) as p:
+            for i in range(20):
+                p.send(make_message(topic, b"w%d" % i))
+        assert (topic_messages(a, topic), topic_messages(b, topic)) == (10, 10)  # round robin over 4 queues
         drained = cli("cluster", "drain", topic, "--group", "g2", "--endpoint", a.endpoint, "--json")
         assert drained.returncode == 0 and json.loads(drained.stdout)["draining"] == ["g2"], drained.stderr
         with producer(a.endpoint, topic) as p:  # a draining group takes no sends
             for i in range(20):
                 p.send(make_message(topic, b"x%d" % i))
-        assert (topic_messages(a, topic), topic_messages(b, topic)) == (20, 0)
+        assert (topic_messages(a, topic), topic_messages(b, topic)) == (30, 10)
+        assert [(g, q, perm) for g, _e, q, perm in route_of(a.endpoint, topic)] == [
+            ("g1", 0, rw), ("g1", 1, rw), ("g2", 0, read_only), ("g2", 1, read_only)]
 
         b.stop()  # a clean stop revokes g2's lease: its leader key goes at once
-        wait_until(lambda: etcd.view(cluster, "g2").leader is None, 20, what="g2's leader key to go")
+        assert etcd.view(cluster, "g2").leader is None
+        wait_until(lambda: [g for g, *_ in route_of(a.endpoint, topic)] == ["g1", "g1"], 10,
+                   what="g2 out of the route (the leader key's deletion, watched)")
         dead = cli("topic", "create", other, "--groups", "g2", "--endpoint", a.endpoint)
         assert dead.returncode == 1 and "broker group 'g2' has no primary now" in dead.stderr, dead.stderr
         default = cli("topic", "create", other, "--queues", "3", "--endpoint", a.endpoint, "--json")
@@ -128,7 +156,7 @@ def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etc
         with producer(a.endpoint, topic) as p:  # the route names g1 alone now: every send lands there
             for i in range(10):
                 p.send(make_message(topic, b"y%d" % i))
-        assert topic_messages(a, topic) == 30
+        assert topic_messages(a, topic) == 40
         b = None
     finally:
         if b is not None:
