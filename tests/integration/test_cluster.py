@@ -136,12 +136,15 @@ def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etc
             for i in range(20):
                 p.send(make_message(topic, b"w%d" % i))
         assert (topic_messages(a, topic), topic_messages(b, topic)) == (10, 10)  # round robin over 4 queues
+        sent = cli("send", topic, "c", "--count", "20", "--batch-size", "5", "--endpoint", b.endpoint)
+        assert sent.returncode == 0, sent.stderr  # chronoq send: batches round robin over the groups
+        assert (topic_messages(a, topic), topic_messages(b, topic)) == (20, 20)
         drained = cli("cluster", "drain", topic, "--group", "g2", "--endpoint", a.endpoint, "--json")
         assert drained.returncode == 0 and json.loads(drained.stdout)["draining"] == ["g2"], drained.stderr
         with producer(a.endpoint, topic) as p:  # a draining group takes no sends
             for i in range(20):
                 p.send(make_message(topic, b"x%d" % i))
-        assert (topic_messages(a, topic), topic_messages(b, topic)) == (30, 10)
+        assert (topic_messages(a, topic), topic_messages(b, topic)) == (40, 20)
         assert [(g, q, perm) for g, _e, q, perm in route_of(a.endpoint, topic)] == [
             ("g1", 0, rw), ("g1", 1, rw), ("g2", 0, read_only), ("g2", 1, read_only)]
 
@@ -156,7 +159,7 @@ def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etc
         with producer(a.endpoint, topic) as p:  # the route names g1 alone now: every send lands there
             for i in range(10):
                 p.send(make_message(topic, b"y%d" % i))
-        assert topic_messages(a, topic) == 40
+        assert topic_messages(a, topic) == 50
         b = None
     finally:
         if b is not None:
