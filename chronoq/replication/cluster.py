@@ -121,22 +121,8 @@ async def claim_group(coord, data_dir: str, now_ms: int) -> str:
 
 
 def read_once(endpoints: list[str], cluster: str, timeout_s: float = 5.0) -> pl.Snapshot:
-    """The cluster read once without a lease (``chronoq cluster groups --etcd``, tests). Runs its
-    own event loop: call it from a thread that has none running."""
-    from chronoq.core.clock import SYSTEM_CLOCK
-    from chronoq.replication.etcd import EtcdCoordinator
+    """The cluster read once without a lease (tools, tests). Runs its own event loop: call it
+    from a thread that has none running."""
+    from chronoq.replication.etcd import read_view
 
-    async def go() -> pl.Snapshot:
-        failures = []
-        for endpoint in endpoints:
-            reader = EtcdCoordinator([endpoint], cluster, "reader", 2000, "reader", "", SYSTEM_CLOCK)
-            try:
-                await asyncio.wait_for(reader._connect(), timeout_s)
-                return await asyncio.wait_for(read(reader), timeout_s)
-            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - the next endpoint
-                failures.append(f"{endpoint}: {type(exc).__name__}")
-            finally:
-                await reader._drop()
-        raise errors.ClientError(f"etcd cannot be reached ({'; '.join(failures)})")
-
-    return asyncio.run(go())
+    return read_view(endpoints, cluster, "reader", timeout_s, reading=read)

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 from collections import Counter
+from contextlib import contextmanager
+
+from chronoq.replication.cluster import read_once
 
 from .conftest import ChronoqProcess, wait_until
 from .etcd_fixture import etcd  # noqa: F401 - the fixture
@@ -17,6 +21,19 @@ PLAIN, FIFO_GROUPS, FIFO_EACH, DELAYED = 1200, 8, 40, 200
 
 def group_node(tmp_path, etcd, cluster: str, group: str) -> ChronoqProcess:  # noqa: F811 - the fixture's value
     return ChronoqProcess(str(tmp_path / group), etcd.config(cluster) + f'group_name = "{group}"\n')
+
+
+@contextmanager
+def two_groups(tmp_path, etcd):  # noqa: F811 - the fixture's value
+    """A new cluster of two groups, g1 and g2, each a primary: (cluster, g1's node, g2's node)."""
+    cluster = unique("c")
+    nodes = [group_node(tmp_path, etcd, cluster, "g1")]
+    try:
+        nodes.append(group_node(tmp_path, etcd, cluster, "g2"))
+        yield cluster, nodes[0], nodes[1]
+    finally:
+        for node in reversed(nodes):
+            node.stop()
 
 
 def topic_messages(node: ChronoqProcess, topic: str) -> int:
@@ -49,14 +66,15 @@ def local_queues(node: ChronoqProcess, topic: str) -> int | None:
 
 
 def test_a_topic_spread_over_two_groups_is_sent_and_received_through_one_route(tmp_path, etcd):  # noqa: F811
-    cluster, topic, consumers = unique("c"), unique("t"), unique("g")
-    a = group_node(tmp_path, etcd, cluster, "g1")
-    b = None
-    try:
-        b = group_node(tmp_path, etcd, cluster, "g2")
+    topic, consumers = unique("t"), unique("g")
+    with two_groups(tmp_path, etcd) as (cluster, a, b):
         made = cli("topic", "create", topic, "--queues", "4", "--endpoint", a.endpoint, "--json")
         assert made.returncode == 0, made.stderr
         assert json.loads(made.stdout)["queues"] == 8  # 4 on each live group
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the record in etcd itself
+            snap = pool.submit(read_once, [etcd.endpoint], cluster).result(30)
+        assert (snap.placements[topic].groups, snap.placements[topic].message_type) == ({"g1": 4, "g2": 4}, "mixed")
+        assert snap.live() == ["g1", "g2"] and set(snap.identities) == {"g1", "g2"}
         wait_until(lambda: local_queues(b, topic) == 4, 20, what="g2's primary to create its part (the watch)")
         assert local_queues(a, topic) == 4
         shown = cli("cluster", "groups", "--endpoint", b.endpoint, "--json")
@@ -104,18 +122,11 @@ def test_a_topic_spread_over_two_groups_is_sent_and_received_through_one_route(t
             assert mine == [b"f%d-%d" % (g, i) for i in range(FIFO_EACH)], mine[:10]
         early = {x: due[x] - seen_at[x] for x in due if seen_at[x] < due[x]}
         assert not early, f"delivered early (s): {early}"
-    finally:
-        if b is not None:
-            b.stop()
-        a.stop()
 
 
 def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etcd):  # noqa: F811
-    cluster, topic, other = unique("c"), unique("t"), unique("t")
-    a = group_node(tmp_path, etcd, cluster, "g1")
-    b = None
-    try:
-        b = group_node(tmp_path, etcd, cluster, "g2")
+    topic, other = unique("t"), unique("t")
+    with two_groups(tmp_path, etcd) as (cluster, a, b):
         unknown = cli("topic", "create", topic, "--groups", "g1,g9", "--endpoint", a.endpoint)
         assert unknown.returncode == 1 and "unknown broker group 'g9'" in unknown.stderr, unknown.stderr
         made = cli("topic", "create", topic, "--groups", "g2", "--queues", "2", "--endpoint", a.endpoint, "--json")
@@ -160,11 +171,6 @@ def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etc
             for i in range(10):
                 p.send(make_message(topic, b"y%d" % i))
         assert topic_messages(a, topic) == 50
-        b = None
-    finally:
-        if b is not None:
-            b.stop()
-        a.stop()
 
 
 def test_two_groups_cannot_claim_one_name(tmp_path, etcd):  # noqa: F811
