@@ -46,6 +46,7 @@ class ClusterKeeper:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._future = None
         self._applied: dict[str, tuple[int, str]] = {}  # topic -> (queues, type) made locally
+        self._failed: dict[str, tuple[int, str]] = {}   # topic -> the part that could not be made (said once)
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -94,7 +95,10 @@ class ClusterKeeper:
                 self._applied[topic] = want
                 log.info("cluster %s: created this group's part of %s: %d queues, %s", self.cluster, topic, queues,
                          placement.message_type)
-            except Exception as exc:  # noqa: BLE001 - said, and tried again with the next snapshot
+            except Exception as exc:  # noqa: BLE001 - said once, and tried again with each snapshot
+                if self._failed.get(topic) == want:
+                    continue
+                self._failed[topic] = want
                 log.error("cluster %s: cannot create this group's part of topic %s (%d queues, %s): %s",
                           self.cluster, topic, queues, placement.message_type, exc)
 
