@@ -13,7 +13,7 @@ from chronoq.replication.cluster import read_once
 
 from .conftest import ChronoqProcess, wait_until
 from .etcd_fixture import etcd  # noqa: F401 - the fixture
-from .test_official_python_client import make_message, producer, simple_consumer, unique
+from .test_official_python_client import Recorder, make_message, producer, push_consumer, simple_consumer, unique
 from .test_replication import cli
 
 PLAIN, FIFO_GROUPS, FIFO_EACH, DELAYED = 1200, 8, 40, 200
@@ -123,6 +123,16 @@ def test_a_topic_spread_over_two_groups_is_sent_and_received_through_one_route(t
         early = {x: due[x] - seen_at[x] for x in due if seen_at[x] < due[x]}
         assert not early, f"delivered early (s): {early}"
 
+        # A push consumer of another consumer group (QueryAssignment: one assignment per group)
+        # gets the whole topic too, each message once.
+        recorder = Recorder()
+        with push_consumer(a.endpoint, unique("push"), topic, recorder):
+            wait_until(lambda: len({d[1] for d in list(recorder.deliveries)}) >= total, 90,
+                       what="the push consumer to get every message from both groups")
+            time.sleep(1)
+        pushed = Counter(d[1] for d in recorder.deliveries)
+        assert set(pushed) == set(ids) and max(pushed.values()) == 1, pushed.most_common(3)
+
 
 def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etcd):  # noqa: F811
     topic, other = unique("t"), unique("t")
@@ -195,8 +205,9 @@ def test_two_groups_cannot_claim_one_name(tmp_path, etcd):  # noqa: F811
         def serve(cluster: str) -> subprocess.CompletedProcess:
             config = tmp_path / f"claim-{cluster}.toml"
             config.write_text(etcd.config(cluster) + 'group_name = "g1"\n')
-            return subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", str(tmp_path / "other" / "g1"),
-                                   "--host", "127.0.0.1", "--port", str(free_port()), "--http-port", "off",
+            directory = str(tmp_path / "other" / "g1")
+            return subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", directory, "--host",
+                                   "127.0.0.1", "--port", str(free_port()), "--http-port", "off",
                                    "--config", str(config)], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
         moved = serve(ours)  # the other cluster's g1 pointed at ours: its identity differs from ours
