@@ -9,6 +9,8 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 
+import pytest
+
 from chronoq.replication.cluster import read_once
 
 from .conftest import ChronoqProcess, wait_until
@@ -304,3 +306,24 @@ def test_a_groups_primary_killed_mid_run_its_replica_takes_over_and_no_acknowled
     finally:
         for node in reversed(list(nodes.values())):
             node.stop(check=False)
+
+
+def test_the_official_node_client_sends_to_and_receives_from_both_groups(tmp_path, etcd):  # noqa: F811
+    """The Node client 1.0.8 keeps only the route's queues whose *queue* id is 0 (it compares the
+    queue id with the master broker id): each group's local ids start at 0, so it still sends
+    round robin over every group's queue 0 and receives from each."""
+    from . import test_node_client as node
+
+    if node.NODE is None:
+        pytest.skip("node (Node.js) is not installed on this machine")
+    node._installed_client_version()
+    topic, group = unique("node"), unique("node-grp")
+    with two_groups(tmp_path, etcd) as (_cluster, a, b):
+        made = cli("topic", "create", topic, "--queues", "2", "--endpoint", a.endpoint)
+        assert made.returncode == 0, made.stderr
+        wait_until(lambda: local_queues(b, topic) == 2, 20, what="g2's part")
+        result = node.run_script(b.endpoint, topic, group)
+        sent = {s["messageId"] for s in result["sent"]}
+        assert len(sent) == node.COUNT and sorted(result["acked"]) == sorted(sent)
+        assert topic_messages(a, topic) > 0 and topic_messages(b, topic) > 0
+        assert topic_messages(a, topic) + topic_messages(b, topic) == node.COUNT
