@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli.remote import admin_call, remote_options
+from chronoq.cli.remote import EXIT_NOT_DONE, admin_call, fail, remote_options
 from chronoq.cli.render import print_json, print_table
 
 
@@ -61,19 +61,40 @@ def add_queues(name, group, queues, endpoint, timeout, as_json) -> None:
         print_placement(p)
 
 
+def _from_etcd(etcd: str, cluster_name: str, timeout: float):
+    """``ClusterGroups``' answer built from etcd itself (no node asked: all may be down)."""
+    from chronoq.core import errors
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.replication.cluster import read_once
+    from chronoq.server.cluster import groups_pb, placement_pb
+
+    try:
+        snap = read_once([e.strip() for e in etcd.split(",") if e.strip()], cluster_name, timeout)
+    except errors.ChronoqError as exc:
+        fail(exc.message, EXIT_NOT_DONE)
+    return apb.ClusterGroupsResponse(cluster=cluster_name, groups=groups_pb(snap),
+                                     placements=[placement_pb(snap.placements[t]) for t in sorted(snap.placements)])
+
+
 @click.command("groups")
 @remote_options
-def groups(endpoint, timeout, as_json) -> None:
+@click.option("--etcd", default=None, metavar="HOST:PORT[,...]",
+              help="Read etcd itself instead of asking the node at --endpoint (works with every node down).")
+@click.option("--cluster-name", default="chronoq", show_default=True, help="With --etcd: the cluster's name.")
+def groups(endpoint, timeout, as_json, etcd, cluster_name) -> None:
     """The broker groups of the cluster the node at --endpoint belongs to (from etcd): each
     group's primary, epoch and members, and every topic's placement."""
-    r = admin_call(endpoint, timeout, "call", "ClusterGroups")
+    if etcd:
+        r = _from_etcd(etcd, cluster_name, timeout)
+    else:
+        r = admin_call(endpoint, timeout, "call", "ClusterGroups")
     if as_json:
         print_json({"cluster": r.cluster, "group": r.group,
                     "groups": [{"name": g.name, "live": g.live, "leader": g.leader or None, "epoch": g.epoch,
                                 "members": list(g.members)} for g in r.groups],
                     "placements": [placement_json(p) for p in r.placements]})
         return
-    print_table(f"cluster {r.cluster} (asked {endpoint}, of group {r.group})",
+    print_table(f"cluster {r.cluster}" + (f" (asked {endpoint}, of group {r.group})" if r.group else " (etcd)"),
                 ["GROUP", "STATE", "PRIMARY", "EPOCH", "MEMBERS"],
                 [[g.name, "live" if g.live else "no primary", g.leader or "-", g.epoch, ", ".join(g.members) or "-"]
                  for g in r.groups] or [["(none)", "", "", "", ""]], right=("EPOCH",), wrap=("MEMBERS",))

@@ -170,9 +170,15 @@ class ClusterKeeper:
 _OK = apb.Status(code=status.OK, message="OK")
 
 
-def _placement_pb(p: pl.Placement):
+def placement_pb(p: pl.Placement):
     return apb.TopicPlacement(topic=p.topic, message_type=p.message_type, groups=p.groups,
                               draining=list(p.draining), revision=p.revision)
+
+
+def groups_pb(snap: pl.Snapshot) -> list:
+    return [apb.BrokerGroup(name=g.name, live=g.leader is not None, leader=g.leader.endpoint if g.leader else "",
+                            epoch=g.epoch, members=[f"{n} {m.get('role', '?')}" for n, m in sorted(g.members.items())])
+            for g in (snap.groups[n] for n in sorted(snap.groups))]
 
 
 class ClusterRpcs:
@@ -217,7 +223,7 @@ class ClusterRpcs:
             else:
                 raise errors.ClientError(f"unknown placement action {action!r} (create, add-queues, drain)")
             return apb.PlaceTopicResponse(status=_OK,
-                                          placement=_placement_pb(placed))
+                                          placement=placement_pb(placed))
         return await self._boundary(apb.PlaceTopicResponse, "PlaceTopic", work)
 
     async def ClusterGroups(self, request, context):
@@ -228,11 +234,7 @@ class ClusterRpcs:
                 placements = [keeper.placement_of(snap, request.topic)]
             else:
                 placements = [snap.placements[t] for t in sorted(snap.placements)]
-            groups = [apb.BrokerGroup(name=g.name, live=g.leader is not None,
-                                      leader=g.leader.endpoint if g.leader else "", epoch=g.epoch,
-                                      members=[f"{n} {m.get('role', '?')}" for n, m in sorted(g.members.items())])
-                      for g in (snap.groups[n] for n in sorted(snap.groups))]
             return apb.ClusterGroupsResponse(status=_OK, cluster=keeper.cluster,
-                                             group=keeper.group, groups=groups,
-                                             placements=[_placement_pb(p) for p in placements])
+                                             group=keeper.group, groups=groups_pb(snap),
+                                             placements=[placement_pb(p) for p in placements])
         return await self._boundary(apb.ClusterGroupsResponse, "ClusterGroups", work)

@@ -175,6 +175,11 @@ def test_a_dead_group_leaves_the_route_and_refusals_name_the_group(tmp_path, etc
         assert etcd.view(cluster, "g2").leader is None
         wait_until(lambda: [g for g, *_ in route_of(a.endpoint, topic)] == ["g1", "g1"], 10,
                    what="g2 out of the route (the leader key's deletion, watched)")
+        shown = cli("cluster", "groups", "--etcd", etcd.endpoint, "--cluster-name", cluster, "--json")
+        assert shown.returncode == 0, shown.stderr  # (etcd read directly: no node asked)
+        shown = json.loads(shown.stdout)
+        assert [(g["name"], g["live"]) for g in shown["groups"]] == [("g1", True), ("g2", False)]
+        assert shown["placements"][0]["groups"] == {"g1": 2, "g2": 2}
         dead = cli("topic", "create", other, "--groups", "g2", "--endpoint", a.endpoint)
         assert dead.returncode == 1 and "broker group 'g2' has no primary now" in dead.stderr, dead.stderr
         default = cli("topic", "create", other, "--queues", "3", "--endpoint", a.endpoint, "--json")
