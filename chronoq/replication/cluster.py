@@ -40,7 +40,7 @@ async def watch(coord, deliver) -> None:
             changed.set()
 
     while True:
-        w = task = None
+        w = task = waiter = None
         try:
             kv = await coord._kv()
             w = await kv.watch_prefix(pl.cluster_prefix(coord.cluster))
@@ -58,8 +58,9 @@ async def watch(coord, deliver) -> None:
             log.warning("watching cluster %s in etcd failed (%r); again in 1 s", coord.cluster, exc)
             await asyncio.sleep(1)
         finally:
-            if task is not None:
-                task.cancel()
+            for pending in (task, waiter):
+                if pending is not None:
+                    pending.cancel()
             if w is not None:
                 try:
                     await w.cancel()
