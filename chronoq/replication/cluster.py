@@ -20,6 +20,7 @@ log = logging.getLogger("chronoq.replication.cluster")
 
 WRITE_ATTEMPTS = 8   # a placement write lost to another writer is computed again this many times
 REREAD_S = 5.0       # the watched snapshot is read again this often even without an event
+RETRY_S = 0.25       # a placement write waits this long after etcd failed to answer
 
 
 async def read(coord) -> pl.Snapshot:
@@ -70,23 +71,35 @@ async def watch(coord, deliver) -> None:
 
 async def write_placement(coord, topic: str, compute) -> pl.Placement:
     """Write ``compute(snapshot)`` (a ``Placement``, or raise a refusal) as ``topic``'s record, in a
-    transaction comparing the record's mod revision with the snapshot's; lost to another writer:
-    read and compute again. Returns the record as written (its revision set)."""
+    transaction comparing the record's mod revision with the snapshot's; lost to another writer,
+    or etcd slow to answer: read and compute again (a transaction that timed out but was applied
+    is then found written: nothing to change). Returns the record as written (its revision set)."""
     key = pl.topic_key(coord.cluster, topic)
+    why = "it kept changing under this writer"
     for _ in range(WRITE_ATTEMPTS):
-        snap = await read(coord)
+        try:
+            snap = await read(coord)
+        except Exception as exc:  # noqa: BLE001 - etcd busy or reconnecting: again
+            why = f"etcd did not answer ({type(exc).__name__}: {exc})"
+            await asyncio.sleep(RETRY_S)
+            continue
         existing = snap.placements.get(topic)
-        new = compute(snap)
+        new = compute(snap)  # (a refusal raises here)
         if existing is not None and new.encode() == existing.encode():
             return existing  # (nothing to change: idempotent)
-        kv = await coord._kv()
-        ok, answers = await kv.transaction(
-            compare=[kv.transactions.mod(key) == (existing.revision if existing is not None else 0)],
-            success=[kv.transactions.put(key, new.encode())], failure=[])
+        try:
+            kv = await coord._kv()
+            ok, _answers = await kv.transaction(
+                compare=[kv.transactions.mod(key) == (existing.revision if existing is not None else 0)],
+                success=[kv.transactions.put(key, new.encode())], failure=[])
+        except Exception as exc:  # noqa: BLE001 - maybe applied: the next read tells
+            why = f"etcd did not answer ({type(exc).__name__}: {exc})"
+            await asyncio.sleep(RETRY_S)
+            continue
         if ok:
             return pl.Placement(new.topic, new.message_type, new.groups, new.draining, snap.revision + 1)
-    raise errors.TooManyRequests(f"the placement of {topic} kept changing under this writer ({WRITE_ATTEMPTS} "
-                                 "attempts): try again")
+    raise errors.TooManyRequests(f"the placement of {topic} was not written in {WRITE_ATTEMPTS} attempts: {why}; "
+                                 "try again")
 
 
 async def claim_group(coord, data_dir: str, now_ms: int) -> str:
@@ -99,26 +112,38 @@ async def claim_group(coord, data_dir: str, now_ms: int) -> str:
     except ValueError as exc:
         raise errors.CorruptionError(path, 0, str(exc)) from None
     key = pl.identity_key(coord.cluster, coord.group)
+    failed = "it kept changing"
     for _ in range(WRITE_ATTEMPTS):
-        kv = await coord._kv()
-        got = await kv.get(key)
+        try:
+            kv = await coord._kv()
+            got = await kv.get(key)
+        except Exception as exc:  # noqa: BLE001 - etcd busy: again
+            failed = f"etcd did not answer ({type(exc).__name__}: {exc})"
+            await asyncio.sleep(RETRY_S)
+            continue
         recorded = json.loads(got.value) if got is not None else None
         identity, why = pl.claim(coord.cluster, coord.group, local, recorded)
         if why:
             raise errors.PreconditionFailed(why)
         if recorded is None:
             identity = identity or uuid.uuid4().hex
-            created, _ = await kv.transaction(
-                compare=[kv.transactions.version(key) == 0],
-                success=[kv.transactions.put(key, json.dumps({"id": identity, "created_ms": now_ms}).encode())],
-                failure=[])
+            try:
+                created, _ = await kv.transaction(
+                    compare=[kv.transactions.version(key) == 0],
+                    success=[kv.transactions.put(key, json.dumps({"id": identity, "created_ms": now_ms}).encode())],
+                    failure=[])
+            except Exception as exc:  # noqa: BLE001 - maybe applied: the next read tells
+                failed = f"etcd did not answer ({type(exc).__name__}: {exc})"
+                await asyncio.sleep(RETRY_S)
+                continue
             if not created:
                 continue  # another node of the group recorded it first: check against that
         if local is None or local.get("id") != identity:
             os.makedirs(data_dir, exist_ok=True)
             fsutil.write_json(path, {"cluster": coord.cluster, "group": coord.group, "id": identity})
         return identity
-    raise errors.TooManyRequests(f"the identity of group {coord.group} kept changing in etcd: try again")
+    raise errors.ClientError(f"the identity of broker group {coord.group} could not be checked in etcd ({failed}): "
+                             "this node does not start without it")
 
 
 def read_once(endpoints: list[str], cluster: str, timeout_s: float = 5.0) -> pl.Snapshot:

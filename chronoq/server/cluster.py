@@ -157,7 +157,10 @@ class ClusterKeeper:
 
     async def fresh(self) -> pl.Snapshot:
         """The cluster read now (not the watched copy: an operator's view)."""
-        return await self.coord.call(etcd_cluster.read(self.coord))
+        try:
+            return await self.coord.call(etcd_cluster.read(self.coord))
+        except Exception as exc:  # noqa: BLE001 - say what it is, not "a chronoq bug"
+            raise errors.TooManyRequests(f"etcd did not answer ({type(exc).__name__}: {exc}); try again") from None
 
     def placement_of(self, snap: pl.Snapshot, topic: str) -> pl.Placement:
         found = snap.placements.get(topic)
