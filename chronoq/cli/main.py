@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli import audit, cluster, dlq, groups, message, schedule, send_receive, serve, stats, timers, topics
+from chronoq.cli import (audit, cluster, dlq, groups, message, placement, schedule, send_receive, serve, stats, timers,
+                         topics)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,3 +36,6 @@ for command in (serve.serve, topics.topic, groups.group, send_receive.send, send
                 stats.stats, message.message, audit.audit, schedule.schedule, dlq.dlq,
                 cluster.cluster, cluster.promote):
     main.add_command(command)
+for command in (placement.groups, placement.drain):  # a cluster of broker groups (docs/cluster.md)
+    cluster.cluster.add_command(command)
+topics.topic.add_command(placement.add_queues)

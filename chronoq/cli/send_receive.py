@@ -134,13 +134,15 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, at, lev
     if replace_key is not None and delay_ms is None and at_ms is None:
         raise click.UsageError("--replace-key needs --delay or --at: it replaces a pending delayed message")
     data = _read_body(body, file)
-    from chronoq.client.client import Client, OutgoingMessage
+    from chronoq.client.client import OutgoingMessage
+    from chronoq.client.routed import RoutedSender
 
     receipts: list = []
     due: list = []
 
     async def work(advance):
-        async with Client(endpoint, request_timeout_s=timeout, **connection()) as client:
+        # Over every broker group holding the topic (a cluster: docs/cluster.md), else --endpoint alone.
+        async with RoutedSender(endpoint, request_timeout_s=timeout, **connection()) as client:
             left = count
             while left:
                 n = min(left, batch_size)

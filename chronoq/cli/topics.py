@@ -34,9 +34,23 @@ def topic() -> None:
 @click.option("--force", is_flag=True,
               help="Change the type of a topic that holds messages (refused without it: its producers and "
                    "consumers were written for the old type).")
+@click.option("--groups", default=None, metavar="G1,G2",
+              help="A cluster (docs/cluster.md): the broker groups to hold the topic's queues (--queues on each). "
+                   "Default on a clustered node: every live group.")
 @remote_options
-def topic_create(name, queues, message_type, force, endpoint, timeout, as_json) -> None:
-    """Create topic NAME, or grow its queues / change its type. Idempotent."""
+def topic_create(name, queues, message_type, force, groups, endpoint, timeout, as_json) -> None:
+    """Create topic NAME, or grow its queues / change its type. Idempotent. On a node of a
+    cluster: its placement over the broker groups (--queues on each group)."""
+    if groups:
+        from chronoq.cli.placement import place, placement_json, print_placement
+
+        p = place(endpoint, timeout, "create", name, queues or 0, (message_type or "").lower(),
+                  tuple(g.strip() for g in groups.split(",") if g.strip()))
+        if as_json:
+            print_json(placement_json(p))
+        else:
+            print_placement(p)
+        return
     t = admin_call(endpoint, timeout, "create_topic", name, queues or 0, (message_type or "").lower(), force)
     if as_json:
         print_json(_topic_json(t))
@@ -63,14 +77,22 @@ def topic_list(system, endpoint, timeout, as_json) -> None:
 @remote_options
 def topic_describe(name, endpoint, timeout, as_json) -> None:
     """Queues of topic NAME (offsets, messages, oldest and newest) and the groups consuming it."""
+    from chronoq.cli.placement import placement_json, placement_or_none, print_placement
+
     r = admin_call(endpoint, timeout, "call", "DescribeTopic", topic=name)
+    placed = placement_or_none(endpoint, timeout, name)  # a cluster: which groups hold its queues
     if as_json:
-        print_json(dict(_topic_json(r.topic), messages=r.messages, per_queue=[
+        print_json(dict(_topic_json(r.topic), messages=r.messages,
+                        placement=placement_json(placed) if placed is not None else None, per_queue=[
             {"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset, "messages": q.messages,
              "oldest_ms": q.oldest_ms or None, "newest_ms": q.newest_ms or None} for q in r.queues],
             groups=[{"group": g.group.name, "lag": g.lag, "inflight": g.inflight} for g in r.groups]))
         return
-    click.echo(f"topic {r.topic.name}: type {r.topic.message_type}, {plural(r.topic.queues, 'queue')}, "
+    part = ""
+    if placed is not None:  # a cluster: the whole topic, then the answering node's part of it
+        print_placement(placed)
+        part = "this group's part of "
+    click.echo(f"{part}topic {r.topic.name}: type {r.topic.message_type}, {plural(r.topic.queues, 'queue')}, "
                f"{plural(r.messages, 'message')}")
     print_table(None, ["QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "OLDEST (UTC)", "NEWEST (UTC)"],
                 [[q.queue_id, q.min_offset, q.max_offset, f"{q.messages:,}", iso_ms(q.oldest_ms) or "-",

@@ -253,9 +253,11 @@ def _prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
-def read_view(endpoints: list[str], cluster: str, group: str, timeout_s: float = CONNECT_TIMEOUT_S) -> co.View:
+def read_view(endpoints: list[str], cluster: str, group: str, timeout_s: float = CONNECT_TIMEOUT_S,
+              reading=None) -> co.View:
     """What etcd says of a group, read once without a lease (``chronoq cluster status --etcd``,
-    tests). Runs its own event loop: call it from a thread that has none running."""
+    tests). Runs its own event loop: call it from a thread that has none running. ``reading``: a
+    coroutine function of the connected reader to run instead of ``view`` (chronoq.replication.cluster)."""
     from chronoq.core.clock import SYSTEM_CLOCK
 
     async def read() -> co.View:
@@ -264,7 +266,7 @@ def read_view(endpoints: list[str], cluster: str, group: str, timeout_s: float =
             reader = EtcdCoordinator([endpoint], cluster, group, 2000, "reader", "", SYSTEM_CLOCK)
             try:
                 await asyncio.wait_for(reader._connect(), timeout_s)
-                return await asyncio.wait_for(reader.view(), timeout_s)
+                return await asyncio.wait_for(reader.view() if reading is None else reading(reader), timeout_s)
             except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - the next endpoint
                 failures.append(f"{endpoint}: {type(exc).__name__}")
             finally:

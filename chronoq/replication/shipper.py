@@ -100,7 +100,11 @@ class PrimaryNode:
         if req.position.commit >= self.store.log.synced or req.node_id not in self._caught_up_ms:
             self._caught_up_ms[req.node_id] = now
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(req.wait_ms, 0), WAIT_MAX_MS) / 1000
+        # An idle pull is answered within half the sync bound: its answer is the replica's next
+        # report, and a caught-up replica parked in a long poll must not look silent to the in-sync
+        # set (chronoq.replication.coordinator.InSyncTracker drops one silent for the bound).
+        wait_ms = min(max(req.wait_ms, 0), WAIT_MAX_MS, self.sync_timeout_ms // 2)
+        deadline = loop.time() + wait_ms / 1000
         if self._wake is None:
             self._wake = asyncio.Event()
         while True:

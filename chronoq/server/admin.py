@@ -60,6 +60,7 @@ from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
 from chronoq.pop import operators as pop_operators
 from chronoq.protocol.rocketmq import status
 from chronoq.server import pendingpb
+from chronoq.server.cluster import ClusterRpcs
 from chronoq.server.pipeline import PipelineRpcs
 
 TIMER_STATS_MINUTES_DEFAULT = 10
@@ -102,8 +103,9 @@ def _topic_pb(cfg: model.TopicConfig) -> apb.Topic:
     return apb.Topic(name=cfg.name, queues=cfg.queues, message_type=cfg.message_type.name.lower())
 
 
-class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
+class AdminService(PipelineRpcs, ClusterRpcs, apb_grpc.AdminServicer):
     # PipelineRpcs: QueueOffsets, ReadMessages, Stage, Publish, Abort, FlushTrace (docs/spark.md).
+    # ClusterRpcs: PlaceTopic, ClusterGroups, and CreateTopic on a node with etcd (docs/cluster.md).
     def __init__(self, broker, pop, committer=None, schedules=None) -> None:
         self.broker = broker
         self.pop = pop
@@ -115,6 +117,8 @@ class AdminService(PipelineRpcs, apb_grpc.AdminServicer):
 
     # ------------------------------------------------------------------ topics
     async def CreateTopic(self, request, context):
+        if self.cluster is not None:  # a cluster: the topic's placement in etcd (chronoq.server.cluster)
+            return await self._create_placed_topic(request)
         return _answer(apb.CreateTopicResponse, "CreateTopic", self._create_topic, request)
 
     def _create_topic(self, request) -> apb.CreateTopicResponse:

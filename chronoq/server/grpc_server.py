@@ -82,7 +82,10 @@ class GrpcFrontEnd:
             "AckAndReceive": grpc.unary_stream_rpc_method_handler(
                 self.service.AckAndReceive, request_deserializer=AckAndReceiveRequest.parse),
         }),))
-        admin.add_to_server(server, broker, pop, self.runtime.committer, getattr(self.runtime, "schedules", None))
+        admin_service = admin.add_to_server(server, broker, pop, self.runtime.committer,
+                                            getattr(self.runtime, "schedules", None))
+        # A cluster of broker groups (etcd; chronoq.server.cluster): placement calls and the route.
+        admin_service.cluster = self.service.cluster = getattr(self.runtime, "cluster", None)
         if getattr(self.runtime, "replication", None) is not None:  # chronoq.v1.Replication (docs/replication.md)
             from chronoq.replication import service as replication
 

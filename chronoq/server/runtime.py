@@ -63,6 +63,7 @@ class Runtime:
         # primary's duties (in-sync set, fencing) while it leads.
         self.coordinator = None  # chronoq.replication.etcd.EtcdCoordinator
         self.duty = None  # chronoq.server.failover.PrimaryDuty
+        self.cluster = None  # chronoq.server.cluster.ClusterKeeper: placement and the route over every group
 
     def open_broker(self) -> Broker:
         from chronoq.core.clock import SYSTEM_CLOCK
@@ -263,6 +264,10 @@ class Runtime:
             self.coordinator = await loop.run_in_executor(None, failover.start_coordinator, self.config,
                                                           self.node_id)
             try:
+                from chronoq.replication.cluster import claim_group  # two groups cannot share a name
+
+                coord = self.coordinator
+                await coord.call(claim_group(coord, self.config.data_dir, coord.clock.wall_ms()))
                 epoch = await failover.take_role(self)
             except BaseException:
                 await loop.run_in_executor(None, self.coordinator.close)
@@ -323,6 +328,14 @@ class Runtime:
                 if self.config.replication == "sync":
                     self.committer.replicated = self.duty.replicated
                 self._tasks.append(loop.create_task(self.duty.run(), name="chronoq-leader"))
+                from chronoq.server.cluster import ClusterKeeper  # broker groups: placement, one route
+
+                self.cluster = ClusterKeeper(self)
+                self.cluster.start()
+                try:  # (the first snapshot: a route asked at once names every group)
+                    await asyncio.wait_for(self.cluster.ready.wait(), 5)
+                except asyncio.TimeoutError:
+                    log.warning("no snapshot of the cluster from etcd within 5 s: routes are local until one comes")
             from chronoq.server.scheduling import open_schedules, run_schedules
 
             self.schedules, wake = open_schedules(broker), asyncio.Event()
@@ -351,6 +364,8 @@ class Runtime:
             self.state = "stopping"
             for front_end in reversed(self.front_ends):
                 await front_end.stop()
+            if self.cluster is not None:
+                self.cluster.stop()
             self.close_consumers()
             for task in self._tasks:
                 task.cancel()

@@ -80,6 +80,10 @@ class ClientRpcs:
     @boundary(status_only(sv.QueryRouteResponse), "QueryRoute")
     async def QueryRoute(self, request, context):
         name = convert.topic_name(request.topic)
+        if self.cluster is not None:  # a placed topic: every group's queues (chronoq.server.cluster)
+            queues = self.cluster.route_queues(name, request.topic.resource_namespace)
+            if queues is not None:
+                return sv.QueryRouteResponse(status=self._ok, message_queues=queues)
         cfg = self.broker.topic(name)
         namespace = request.topic.resource_namespace
         key = (name, namespace)
@@ -98,6 +102,11 @@ class ClientRpcs:
     async def QueryAssignment(self, request, context):
         name = convert.topic_name(request.topic)
         group = convert.group_name(request.group)
+        if self.cluster is not None:  # a placed topic: every group's queues (chronoq.server.cluster)
+            queues = self.cluster.route_queues(name, request.topic.resource_namespace, self.pop.group(group).fifo)
+            if queues is not None:
+                return sv.QueryAssignmentResponse(status=self._ok,
+                                                  assignments=[pb.Assignment(message_queue=q) for q in queues])
         cfg = self.broker.topic(name)
         namespace = request.topic.resource_namespace
         # FIFO groups get one assignment per queue (the proxy's "orderly" answer); others one

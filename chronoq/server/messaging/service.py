@@ -81,6 +81,7 @@ class MessagingService(SendRpcs, ReceiveRpcs, AckRpcs, ClientRpcs, service_pb2_g
         self._store_host = config.endpoint
         self._store_host_field = store_host_field(config.endpoint)
         self._routes: dict[tuple[str, str], tuple[object, sv.QueryRouteResponse]] = {}
+        self.cluster = None  # chronoq.server.cluster.ClusterKeeper (etcd): routes over every broker group
         self._waker = Waker()
         self._stopping = False
         self._ok = pb.Status(code=status.OK, message="OK")
