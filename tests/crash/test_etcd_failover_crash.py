@@ -228,9 +228,12 @@ def test_a_paused_primary_under_load_is_fenced_and_rejoins(tmp_path, monkeypatch
         time.sleep(3)
         load.close()
         assert not load.errors, load.errors
+        print(f"\npartition: the load's last write answered OK {resumed - load.last_ok:.2f} s before the resume, "
+              f"its last ack {resumed - load.last_ack_ok:.2f} s before")
         assert load.last_ok < resumed, f"the fenced primary answered a write OK {load.last_ok - resumed:.2f} s after resuming"
-        print(f"\npartition: the load's last acknowledged write {resumed - load.last_ok:.2f} s before the resume; "
-              f"the last consumer ack answered OK {load.last_ack_ok - resumed:+.2f} s from the resume")
+        assert load.last_ack_ok < resumed, f"the fenced primary answered an ack OK {load.last_ack_ok - resumed:.2f} s after resuming"
+        handed = [d.body for d in ledger.deliveries if d.epoch == 0 and d.at >= resumed]
+        assert not handed, f"the fenced primary delivered {len(handed)} messages after resuming: {handed[:10]}"
         load = None
         a.end_life()
         assert etcd.view(CLUSTER).leader.endpoint == b.endpoint
