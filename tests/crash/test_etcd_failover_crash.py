@@ -27,7 +27,6 @@ Seed: ``CHRONOQ_CRASH_SEED`` (printed); kills: ``CHRONOQ_FAILOVER_KILLS`` (defau
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import time
