@@ -106,6 +106,15 @@ def wait_takeover(etcd, replica: Node, epoch: int) -> float:  # noqa: F811
     return promoted
 
 
+def tear_down(load: Load | None, *nodes: Node) -> None:
+    if load is not None:
+        load.close()
+    for node in nodes:
+        if node.proc is not None and node.proc.proc.poll() is None:
+            node.signal(signal.SIGCONT)  # (stopped mid-round by a failure)
+            node.proc.stop(check=False)
+
+
 def drain(ledger: Ledger, leader: Node, round_no: int) -> None:
     """Receives from ``leader`` until every message that must come came (and the last due time passed)."""
     load = Load(leader.endpoint, ledger, round_no, random.Random(0), produce=False)
@@ -189,12 +198,7 @@ def test_sigkill_of_the_primary_fails_over_through_etcd_and_the_killed_node_rejo
         drain(ledger, primary, KILLS)
         last_epoch = compare_logs(primary, replica)
     finally:
-        if load is not None:
-            load.close()
-        for node in (a, b):
-            if node.proc is not None and node.proc.proc.poll() is None:
-                node.signal(signal.SIGCONT)
-                node.proc.stop(check=False)
+        tear_down(load, a, b)
     cuts = a.cuts + b.cuts
     print(f"etcd failover crash test: {len(outages)} kills in {time.monotonic() - began:.0f} s; "
           f"{len(cuts)} rejoins cut their log at the epoch boundary; epochs 1..{last_epoch}")
@@ -241,11 +245,6 @@ def test_a_paused_primary_under_load_is_fenced_and_rejoins(tmp_path, monkeypatch
         drain(ledger, b, 1)
         assert compare_logs(b, a) == 2
     finally:
-        if load is not None:
-            load.close()
-        for node in (a, b):
-            if node.proc is not None and node.proc.proc.poll() is None:
-                node.signal(signal.SIGCONT)
-                node.proc.stop(check=False)
+        tear_down(load, a, b)
     print(f"partition: {len(a.cuts)} cut at the epoch boundary: {[c.strip()[:300] for c in a.cuts]}")
     check(ledger, [(cut, cut, promoted, 0)])
