@@ -107,7 +107,7 @@ class GroupCommitter:
         # the ticket durably (chronoq.replication.shipper.PrimaryNode.replicated); None: async.
         self.replicated: Callable[[int], Awaitable[None]] | None = None
         # Automatic failover (etcd): ``leadership.holds()`` while this primary surely holds its lease;
-        # once it does not, nothing more is acknowledged (``_check_leader``): every waiter is answered
+        # once it does not, nothing more is acknowledged (``check_leader``): every waiter is answered
         # ``leadership.refusal()``, nothing more is made visible. None: no etcd, always the primary.
         self.leadership = None
 
@@ -129,7 +129,7 @@ class GroupCommitter:
         while the disk is below its reserve.
         """
         self.broker.check_space()
-        self._check_leader()  # (a fenced node does not even write what it will not acknowledge)
+        self.check_leader()  # (a fenced node does not even write what it will not acknowledge)
         try:
             sent = self.broker.write_batch(batch, system=system)
         except errors.DiskFull:  # the disk filled between looks: look again at the next send
@@ -198,7 +198,7 @@ class GroupCommitter:
         = "sync"``), also durable on a replica (raises ``errors.ReplicaTimeout`` when none says so
         in time: the records stay stored here)."""
         if not self.sync_policy and self.replicated is None:
-            self._check_leader()
+            self.check_leader()
             self.store.dispatch()
             self.broker.notify_arrivals()
             return
@@ -206,7 +206,7 @@ class GroupCommitter:
         await self.durable(ticket)
         if self.replicated is not None:  # sync replication: a replica's too (one report answers a group)
             await self.replicated(ticket)
-            self._check_leader()  # (the wait may have outlasted the lease)
+            self.check_leader()  # (the wait may have outlasted the lease)
 
     async def durable(self, ticket: int) -> None:
         """Return once the commit log is fsynced to at least ``ticket`` and dispatched below it
@@ -215,7 +215,7 @@ class GroupCommitter:
         records are durable, so the caller is answered without waiting for it."""
         store = self.store
         if store.log.synced >= ticket and store.dispatched >= ticket:
-            self._check_leader()
+            self.check_leader()
             return
         fut = self._loop.create_future()
         self._generation_for(ticket).waiters.append(fut)
@@ -226,8 +226,10 @@ class GroupCommitter:
         """This node may have lost its leadership: it acknowledges nothing (timers need not tick)."""
         return self.leadership is not None and not self.leadership.holds()
 
-    def _check_leader(self) -> None:
-        """Where writes are acknowledged (with ``_synced``): refuse once leadership may be lost."""
+    def check_leader(self) -> None:
+        """Where writes are acknowledged (with ``_synced``), and before a receive takes messages or
+        an ack settles one (``chronoq.server.messaging``: a fenced node's deliveries and acks would
+        live on it only): refuse once leadership may be lost."""
         if self.leadership is not None and not self.leadership.holds():
             raise errors.PreconditionFailed(self.leadership.refusal())
 

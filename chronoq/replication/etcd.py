@@ -25,7 +25,11 @@ from chronoq.replication import coordinator as co
 log = logging.getLogger("chronoq.replication.etcd")
 
 CONNECT_TIMEOUT_S = 5.0
-KEEPALIVES_PER_TTL = 3  # a keep-alive every third of the TTL: two may be lost before the deadline
+# A keep-alive every third of the TTL. The leader's deadline is a TTL minus a margin after the last
+# one answered, so one that times out (after a period) leaves less than a period: it is retried at
+# once, not a period later (with lease_ttl_ms = 2000 a single slow answer lost the leadership).
+KEEPALIVES_PER_TTL = 3
+RETRY_PAUSE_S = 0.02  # between a keep-alive that failed after a normal tick and its retry (on the next endpoint)
 
 
 class EtcdCoordinator:
@@ -134,8 +138,12 @@ class EtcdCoordinator:
 
     async def _keep_alive(self) -> None:
         period = self.ttl_s / KEEPALIVES_PER_TTL
+        pause = period
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(pause)
+            # After a failure one quick retry, then a period again (an etcd that is down is not
+            # hammered; its warnings stay a few per second).
+            pause = RETRY_PAUSE_S if pause == period else period
             sent = self.clock.monotonic_ns()
             try:
                 if self._client is None:
@@ -149,6 +157,7 @@ class EtcdCoordinator:
                 continue
             if reply is not None and reply.TTL > 0:
                 self.deadline.renewed(sent, reply.TTL)
+                pause = period
                 continue
             if self.leader is not None:
                 self.deadline.lose(f"its etcd lease expired (epoch {self.leader.epoch})")

@@ -17,9 +17,10 @@ As the primary (``run_primary``): the committer acknowledges only while the leas
 *before* any acknowledgement a removed replica lacks: ``chronoq.replication.coordinator.InSyncTracker``);
 under ``replication = "sync"`` an acknowledgement waits for every replica in the set. A primary
 that lost its lease stays fenced: every write is refused naming the new primary when known, no
-timer fires, and it never campaigns again (its old epoch is over); the operator restarts it, and it
-then follows the new leader (a log that diverged at the epoch boundary needs the rejoin's
-truncation, not built here: the new primary refuses to ship to it and says why).
+timer fires, no receive takes a message and no ack is settled (``GroupCommitter.check_leader``),
+and it never campaigns again (its old epoch is over); the operator restarts it, and it then
+follows the new leader (a log that went past the epoch boundary is cut there:
+``chronoq.replication.follower``).
 """
 
 from __future__ import annotations

@@ -98,6 +98,9 @@ class Load:
         self.ledger, self.round, self.rng = ledger, round_no, rng
         self.stop = threading.Event()
         self.errors: list[str] = []
+        # Wall times of the last write the broker answered OK (a send, a transaction's end, a
+        # recall) and of the consumers' acks answered OK: a fenced primary must answer none.
+        self.last_ok = self.last_ack_ok = 0.0
         self.producer = Producer(client_config(endpoint), tuple(TOPICS.values()), Checker())
         self.consumers = [
             SimpleConsumer(client_config(endpoint), PLAIN_GROUP,
@@ -142,7 +145,8 @@ class Load:
                 try:
                     consumer.ack(m)
                 except Exception:  # noqa: BLE001 - it comes back (a duplicate the test bounds)
-                    pass
+                    continue
+                self.last_ack_ok = time.time()
 
     # ------------------------------------------------------------------ the producer
     def _produce(self) -> None:
@@ -179,6 +183,7 @@ class Load:
         except Exception:  # noqa: BLE001 - killed primary, or no replica in sync: not acknowledged
             return None
         s.message_id, s.acked = receipt.message_id, True
+        self.last_ok = time.time()
         return receipt
 
     def _transaction(self, n: int) -> None:
@@ -195,6 +200,7 @@ class Load:
         except Exception:  # noqa: BLE001 - the broker's check resolves it (with the intent)
             return
         s.end = "acked"
+        self.last_ok = time.time()
 
     def _recall_loop(self) -> None:
         """Recall the delayed messages picked, up to 1 s after their send (never within 1.2 s of
@@ -218,3 +224,4 @@ class Load:
                 s.recall = "late"
             return
         s.recall, s.recall_at = "ok", time.time()
+        self.last_ok = s.recall_at

@@ -41,6 +41,7 @@ class AckRpcs:
         Without ``entries`` a response where all succeeded carries the status alone."""
         group = convert.group_name(request.group)
         topic = convert.topic_name(request.topic)
+        self.committer.check_leader()  # (etcd: a fenced primary's ack would live on it only)
         pop = self.pop
         items = request.entries
         if not items:
@@ -63,6 +64,7 @@ class AckRpcs:
             pop = self.pop
             if not request.receipt_handle:
                 raise errors.InvalidReceiptHandle("the receipt handle is empty")
+            self.committer.check_leader()
             invisible_ms = convert.duration_ms(request.invisible_duration)
             handle = pop.change_invisible(group, topic, request.receipt_handle, invisible_ms)
         except Exception as exc:  # noqa: BLE001 - the boundary

@@ -243,6 +243,7 @@ class ReceiveRpcs:
             if not allowed:
                 raise self._refuse_answer(peer, "no message was taken")
             event = waker.current()  # taken before trying, so no arrival is missed
+            self.committer.check_leader()  # (etcd: a fenced primary hands out nothing more)
             popped = pop.receive(group, topic, max_messages=allowed, invisible_ms=invisible_ms,
                                  tag_filter=tag_filter, attempt_id=attempt_id, client_id=client_id,
                                  auto_renew=auto_renew)
