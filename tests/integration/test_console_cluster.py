@@ -1,0 +1,90 @@
+"""The console's cluster page (``/console/cluster``, chronoq.console.cluster) against real
+processes: a primary with a real replica (``chronoq serve --replica-of``) fed through the official
+Python client, and a single node with access control on. Read over plain HTTP: the page is
+tables and two server-drawn charts, nothing a script changes."""
+
+from __future__ import annotations
+
+import re
+
+from .conftest import ChronoqProcess, wait_until
+from .test_console import ADMIN, AUTH_CONFIG, VIEWER, request
+from .test_official_python_client import make_message, producer, unique
+from .test_replication import cluster_status
+
+HISTORY = "[console]\nhistory_interval_s = 0.2\n"
+
+
+def cell(body: str, row_id: str, cls: str) -> str:
+    found = re.search(rf'<tr id="{re.escape(row_id)}">.*?class="[^"]*\b{cls}\b[^"]*"[^>]*>([^<]*)<', body, re.S)
+    assert found, (row_id, cls, body[-3000:])
+    return found.group(1).strip()
+
+
+def card(body: str, id_: str) -> str:
+    found = re.search(rf'id="{id_}">([^<]*)<', body)
+    assert found, (id_, body[-3000:])
+    return found.group(1).strip()
+
+
+def test_cluster_page_shows_the_replica_its_position_and_in_sync(tmp_path):
+    primary = ChronoqProcess(str(tmp_path / "p"), HISTORY)
+    replica = None
+    try:
+        replica = ChronoqProcess(str(tmp_path / "r"), HISTORY, extra_args=("--replica-of", primary.endpoint))
+        assert replica.http_url is None  # a replica serves no HTTP listener (documented on the page)
+        topic = unique("repl")
+        with producer(primary.endpoint, topic) as p:
+            for i in range(50):
+                p.send(make_message(topic, b"m%d" % i + b"x" * 1000))
+        base = primary.http_url.rstrip("/")
+        row = f"replica-{replica.endpoint}"
+
+        def caught_up():
+            status, _h, body = request(base, "GET", "/console/cluster")
+            assert status == 200, body
+            if row not in body:
+                return None
+            end = int(card(body, "commit-end").replace(",", ""))
+            pos = int(cell(body, row, "position").replace(",", ""))
+            return body if pos == end and end > 50_000 and 'id="chart-repl-bytes"' in body else None
+
+        body = wait_until(caught_up, 30, 0.2, "the page to show the replica caught up")
+        assert cell(body, row, "endpoint") == replica.endpoint
+        assert cell(body, row, "insync") == "in sync"
+        assert cell(body, row, "lag-bytes") == "0"
+        assert card(body, "role") == "primary" and card(body, "epoch") == "0" and card(body, "mode") == "async"
+        assert card(body, "replica-count") == "1" and 'id="single-node"' not in body
+        assert "chronoq promote" in card_text(body, "read-only") and "<form" not in body  # read-only
+        # The replica holds what the page says it reported (its own status, asked over gRPC).
+        shown = int(cell(body, row, "position").replace(",", ""))
+        assert cluster_status(replica.endpoint).commit_end >= shown
+        assert [r.endpoint for r in cluster_status(primary.endpoint).replicas] == [replica.endpoint]
+        overview = request(base, "GET", "/console/")[2]
+        assert "primary, epoch 0: 1 replica(s), 1 in sync" in overview
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+def card_text(body: str, id_: str) -> str:
+    found = re.search(rf'id="{id_}">(.*?)</p>', body, re.S)
+    assert found, id_
+    return found.group(1)
+
+
+def test_single_node_page_says_so_and_a_viewer_may_read_it(chronoq_process):
+    broker = chronoq_process(AUTH_CONFIG)
+    base = broker.http_url.rstrip("/")
+    status, headers, _ = request(base, "GET", "/console/cluster")
+    assert status == 401 and headers["www-authenticate"].startswith("Basic realm=")
+    assert request(base, "GET", "/console/cluster", auth=(VIEWER[0], "wrong"))[0] == 401
+    for user in (VIEWER, ADMIN):
+        status, _h, body = request(base, "GET", "/console/cluster", auth=user)
+        assert status == 200, body
+        assert "Single node (no replicas)" in card_text(body, "single-node")
+        assert 'id="replicas"' not in body and card(body, "replica-count") == "0"
+        assert card(body, "role") == "primary" and 'id="etcd"' not in body
+    assert "single node (no replicas)" in request(base, "GET", "/console/", auth=VIEWER)[2]
+    assert request(base, "POST", "/console/cluster", auth=ADMIN)[0] == 405  # nothing to change here
