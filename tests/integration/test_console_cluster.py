@@ -1,14 +1,14 @@
 """The console's cluster page (``/console/cluster``, chronoq.console.cluster) against real
 processes: a primary with a real replica (``chronoq serve --replica-of``) fed through the official
 Python client, and a single node with access control on. Read over plain HTTP: the page is
-tables and two server-drawn charts, nothing a script changes."""
+tables and two server-drawn charts, nothing a script changes; Chromium only takes its picture."""
 
 from __future__ import annotations
 
 import re
 
 from .conftest import ChronoqProcess, wait_until
-from .test_console import ADMIN, AUTH_CONFIG, VIEWER, request
+from .test_console import ADMIN, AUTH_CONFIG, CHROMIUM, VIEWER, request, save_screenshot
 from .test_official_python_client import make_message, producer, unique
 from .test_replication import cluster_status
 
@@ -28,6 +28,8 @@ def card(body: str, id_: str) -> str:
 
 
 def test_cluster_page_shows_the_replica_its_position_and_in_sync(tmp_path):
+    """... and, with chromium on PATH, saves it as a PNG (docs/images/console-cluster.png with
+    ``CHRONOQ_UPDATE_SCREENSHOT=1``)."""
     primary = ChronoqProcess(str(tmp_path / "p"), HISTORY)
     replica = None
     try:
@@ -62,6 +64,8 @@ def test_cluster_page_shows_the_replica_its_position_and_in_sync(tmp_path):
         assert [r.endpoint for r in cluster_status(primary.endpoint).replicas] == [replica.endpoint]
         overview = request(base, "GET", "/console/")[2]
         assert "primary, epoch 0: 1 replica(s), 1 in sync" in overview
+        if CHROMIUM is not None:
+            save_screenshot(tmp_path, base, "/console/cluster", "console-cluster.png", 1250)
     finally:
         if replica is not None:
             replica.stop()
