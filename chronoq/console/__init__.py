@@ -9,6 +9,7 @@
 ``GET  /console/lateness``   timer lateness p50/p99/max per interval (in-memory ring)
 ``GET  /console/topic/NAME`` one topic: queues with min/max offsets, the groups reading it, their lag
 ``GET  /console/lookup?q=``  a message's records and life by message id or key
+``GET  /console/cluster``    replication: role, epoch, replicas and their lag, etcd's view (``cluster``)
 ``POST /console/recall``     recall a pending delayed message (admin)
 ``POST /console/topics``     create a topic or add queues (admin)
 ``GET  /console/static/…``   the style sheet and the auto-refresh script (gzip, ETag, max-age)
@@ -21,7 +22,7 @@ resent by an admin (``chronoq.features.deadletters``).
 that carries a message key (the form; cancelling needs an admin).
 
 Modules: ``access`` (who may do what), ``horizon``, ``lateness``, ``charts`` (SVG by pygal) and
-``body`` (a message body as text or hex) are pure; ``views``, ``topics``, ``schedules``, ``dlq`` and ``cancelkey``
+``body`` (a message body as text or hex) are pure; ``views``, ``topics``, ``schedules``, ``cluster``, ``dlq`` and ``cancelkey``
 (handlers) and ``app`` (routes, templates, static files, the sampler task) are the shell. The
 overview's traffic charts read ``runtime.history`` (``chronoq.server.history``). The
 message lookup is ``chronoq.features.lookup`` and ``chronoq.features.lifeline``, shared with the Admin RPC

@@ -14,7 +14,7 @@ import jinja2
 from aiohttp import web
 
 from chronoq.core import acl
-from chronoq.console import cancelkey, charts, dlq, pending, schedules, topics, views
+from chronoq.console import cancelkey, charts, cluster, dlq, pending, schedules, topics, views
 from chronoq.core import console_settings
 from chronoq.console.lateness import LatenessRing
 
@@ -90,6 +90,7 @@ def setup(app: web.Application, runtime) -> None:
     r.add_get(PREFIX + "/topic/{name}", topics.topic_page, name="console-topic")
     r.add_get(PREFIX + "/lookup", views.lookup_page, name="console-lookup")
     r.add_get(PREFIX + "/schedules", schedules.schedules, name="console-schedules")
+    r.add_get(PREFIX + "/cluster", cluster.cluster_page, name="console-cluster")
     r.add_post(PREFIX + "/recall", views.recall, name="console-recall")
     r.add_post(PREFIX + "/topics", views.create_topic, name="console-create-topic")
     r.add_get(PREFIX + "/cancel-by-key", cancelkey.cancel_form, name="console-cancel-form")

@@ -142,6 +142,10 @@ async def overview(request: web.Request, console: Console) -> web.Response:
                "inflight": sum(g["inflight"] for g in groups), "dlq": sum(g["dlq"] for g in groups),
                "log_bytes": log_bytes, "segments": segments,
                "timers_delivered": hist.count}
+    if console.runtime.replication is not None:  # the cluster line (chronoq.console.cluster imports this module)
+        from chronoq.console.cluster import gather
+
+        summary["cluster"] = gather(console)["summary"]
     history = getattr(console.runtime, "history", None)
     figs = None
     if history is not None:  # copies taken here, on the loop: the sampler appends to the ring on it

@@ -9,7 +9,10 @@ keeps (nothing is counted twice on a hot path) into one ``Sample``:
 - ``received``, ``acked``: deliveries handed to consumers and acknowledgements
   (``PopService.counters``), cumulative;
 - ``lag``, ``inflight``: messages the consumer groups have not received yet, and received but not
-  acked (the figures of ``chronoq group list``); ``timers``: delayed messages not yet due.
+  acked (the figures of ``chronoq group list``); ``timers``: delayed messages not yet due;
+- ``repl_bytes``, ``repl_s``: on a primary with replicas, the worst replica's lag (bytes of the
+  durable log it lacked at its last pull, seconds it has lacked something: ``PrimaryNode.lag_figures``,
+  what ``chronoq_replication_lag_*`` export); None without a replica.
 
 ``HistoryRing`` keeps the newest ``history_samples`` (720: an hour of 5 s samples; ~100 bytes
 each, so well under 1 MB) and turns consecutive samples into per-second rates. It lives in memory
@@ -38,6 +41,8 @@ class Sample:
     lag: int         # ... and levels at ts_ms
     inflight: int
     timers: int
+    repl_bytes: int | None = None    # worst replica's lag (None: no replica)
+    repl_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +86,18 @@ class HistoryRing:
         return out
 
 
-def take_sample(broker, pop, now_ms: int) -> Sample:
+def take_sample(broker, pop, now_ms: int, replication=None) -> Sample:
     """The broker's counters now. Reads what ``/metrics`` reads (lag per consumed topic, pending
-    timers through the timer's per-bucket cache), so a sample costs about a scrape."""
+    timers through the timer's per-bucket cache, the replicas' lag), so a sample costs about a
+    scrape. ``replication``: the runtime's ``PrimaryNode`` (None: not serving as a primary yet)."""
     sent = sum(broker.sent_by_topic.values())
     c = pop.counters
     lag = sum(pop.lag(group, topic) for group, topics in pop.consumed_topics().items() for topic in topics)
     inflight = sum(pop.inflight_by_topic().values())
     timers = broker.timer.pending_by_horizon(_PENDING_ALL)[0]
-    return Sample(now_ms, sent, sum(c.received.values()), sum(c.acked.values()), lag, inflight, timers)
+    lags = list(replication.lag_figures().values()) if replication is not None else []
+    return Sample(now_ms, sent, sum(c.received.values()), sum(c.acked.values()), lag, inflight, timers,
+                  max((b for b, _s in lags), default=None), max((s for _b, s in lags), default=None))
 
 
 async def run_sampler(runtime, ring: HistoryRing, stop: asyncio.Event) -> None:
@@ -101,7 +109,7 @@ async def run_sampler(runtime, ring: HistoryRing, stop: asyncio.Event) -> None:
             try:
                 now = broker.clock.wall_ms()
                 if not ring.samples or now > ring.samples[-1].ts_ms:
-                    ring.add(take_sample(broker, pop, now))
+                    ring.add(take_sample(broker, pop, now, runtime.replication))
             except Exception:  # noqa: BLE001 - a bad sample must not end the sampler
                 log.exception("traffic history sample failed")
         try:
