@@ -10,7 +10,9 @@ appended batch is written at the file's end and fsynced) and the changed snapsho
 report of what is durable here. The file work runs on worker threads, one at a time: ``write`` (commit
 log, POP log, snapshots, durable) then ``dispatch`` (the consume queues, and a checkpoint now and
 then), which runs while the next pull is under way, so the report of a durable position does not
-wait for the consume queues.
+wait for the consume queues. With a timer (``timer``, ``chronoq.server.replica``), ``dispatch``
+also feeds it the dispatched records (``TimerService.follow``: absorbed, never fired) and runs its
+``maintenance`` (its checkpoints); a rejoin closes it before the cut and opens it again after.
 
 A crash anywhere leaves a state the store's recovery repairs (a torn commit-log tail is cut:
 ``chronoq.store.recovery``; a torn POP log tail likewise at promotion: ``chronoq.pop.poplog``)
@@ -37,7 +39,7 @@ import asyncio
 import logging
 import os
 
-from chronoq.core import fsutil
+from chronoq.core import errors, fsutil
 from chronoq.protocol.rocketmq import status as codes
 from chronoq.replication import position, role
 from chronoq.store import truncate
@@ -309,7 +311,10 @@ class Follower:
             self.epoch = self.history[-1][0]
         if self.timer is not None:
             self.timer.follow()
-            self.timer.maintenance()
+            try:
+                self.timer.maintenance()
+            except errors.StorageError as exc:  # kept in memory; the next answer's call retries
+                log.warning("replica: the timer's checkpoint failed: %s", exc)
         now = self.clock.wall_ms()
         if now - self._checkpointed_ms >= self.checkpoint_interval_ms:
             self._checkpointed_ms = now

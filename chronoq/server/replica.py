@@ -5,8 +5,10 @@ epoch: the runtime then opens the broker on the same data directory and serves a
 or a refusal by the primary (raises ``errors.PreconditionFailed``: ``chronoq serve`` says why and
 exits 1, nothing written). Meanwhile:
 
-* the data directory is open as a ``Store`` only (the lock, recovery of a torn tail, consume
-  queues kept by ``Store.dispatch_shipped``): no timer, no POP service, nothing fires;
+* the data directory is open as a ``Store`` (the lock, recovery of a torn tail, consume
+  queues kept by ``Store.dispatch_shipped``) and a ``TimerService`` that follows
+  (``following``: its recovery, then ``follow`` and checkpoints, never a tick): no POP service,
+  nothing fires, nothing written to the commit log;
 * ``chronoq.replication.follower.Follower`` pulls and writes;
 * the gRPC port serves ``chronoq.v1.Replication`` (status, promote; a pull from another replica
   is refused) and answers every ``MessagingService`` and ``chronoq.v1.Admin`` call with
@@ -21,7 +23,8 @@ Promotion (``ReplicaNode.promote``): the follower stops after the write in progr
 epoch is the larger of this log's and the primary's last known, plus one; the answer goes out,
 then this front end stops, the store closes (a clean checkpoint), and the runtime opens the full
 broker, whose recovery rebuilds the rest from the shipped logs (the timer replays the log from
-its cursor, the POP service loads the POP log), and appends the epoch record. The role is
+its cursor: the replica's timer closed with a clean checkpoint, so only what came after it; the
+POP service loads the POP log), and appends the epoch record. The role is
 stored first (``chronoq.replication.role``: ``role.json``, with the POP generation floor).
 
 The data directory's lock is held here for the whole replica time, not by the store: a rejoin
