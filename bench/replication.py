@@ -23,6 +23,7 @@ compare ratios of alternating runs, not rates.
     .venv/bin/python bench/replication.py
     .venv/bin/python bench/replication.py --seconds 10 --rounds 3
     .venv/bin/python bench/replication.py --etcd-only --rounds 5
+    .venv/bin/python bench/replication.py --delayed 300000 --rounds 3   # promotion with pending timers
 """
 
 from __future__ import annotations
@@ -220,6 +221,60 @@ async def run_round(args, root: str, round_no: int) -> None:
              "x of async", shape=shape, round=round_no)
 
 
+async def delayed_failover(args, root: str, round_no: int) -> None:
+    """Failover with ``--delayed`` pending delayed messages (due hours ahead) in the log: kill -9
+    of the primary, ``chronoq promote``, the time to the first acknowledged send, and where the
+    promoted node's time went, from its own lines: opening the broker (store recovery and the
+    timer's replay from its checkpoint) up to its recovery line, and on to ready."""
+    base = os.path.join(root, f"delayed-{round_no}")
+    primary_proc, primary = start(base + "-p", "async")
+    replica_proc = None
+    try:
+        replica_proc, replica = start(base + "-r", "async", primary)
+        due = int(time.time() * 1000) + 3 * 3600 * 1000
+        per_call = max(1, args.batch * 8)
+        sent = 0
+
+        async def fill(worker: int) -> None:
+            nonlocal sent
+            async with Client(primary, request_timeout_s=60) as client:
+                while sent < args.delayed:
+                    n = min(per_call, args.delayed - sent)
+                    sent += n
+                    await client.send_batch([OutgoingMessage("bench-delayed", BODY[:200], deliver_at_ms=due + i)
+                                             for i in range(n)])
+
+        began = time.monotonic()
+        await asyncio.gather(*(fill(w) for w in range(4)))
+        filled_s = time.monotonic() - began
+        await caught_up(replica, primary, timeout_s=600)
+        await asyncio.sleep(3.0)  # (a replica's timer checkpoints every timer_checkpoint_interval_ms)
+        lines: list[tuple[float, str]] = []
+        reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in replica_proc.stdout),
+                                  daemon=True)
+        reader.start()
+        killed = time.monotonic()
+        times = await failover(primary_proc, replica, "bench-delayed", official=False)
+
+        def at(text: str) -> float | None:
+            return next((t for t, line in lines if text in line), None)
+
+        opening, recovered, ready = at("opening the broker"), at("recovery:"), at("chronoq is ready")
+        log_mb = sum(os.path.getsize(os.path.join(base + "-r", "commitlog", n))
+                     for n in os.listdir(os.path.join(base + "-r", "commitlog"))) / 1e6
+        ctx = {"delayed": args.delayed, "log_mb": round(log_mb, 1), "fill_s": round(filled_s, 1), "round": round_no}
+        emit("failover_delayed_to_first_send", None if times["send"] is None else round(times["send"], 2), "s", **ctx)
+        if opening is not None and recovered is not None:
+            emit("promotion_broker_open", round(recovered - opening, 2), "s", **ctx)
+            emit("promotion_kill_to_opening", round(opening - killed, 2), "s", **ctx)
+        if recovered is not None and ready is not None:
+            emit("promotion_recovered_to_ready", round(ready - recovered, 2), "s", **ctx)
+    finally:
+        for proc in (replica_proc, primary_proc):
+            if proc is not None:
+                stop(proc)
+
+
 ETCD = "/usr/bin/etcd"
 
 
@@ -291,10 +346,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--lease-ttl-ms", type=int, default=2000, help="etcd failover: the lease's TTL")
     parser.add_argument("--etcd-only", action="store_true", help="only the etcd automatic failover")
+    parser.add_argument("--delayed", type=int, default=0,
+                        help="only a failover with this many pending delayed messages in the log")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="chronoq-bench-repl-")
     try:
         for r in range(args.rounds):
+            if args.delayed:
+                asyncio.run(delayed_failover(args, root, r))
+                continue
             if not args.etcd_only:
                 asyncio.run(run_round(args, root, r))
             if os.path.exists(ETCD):

@@ -10,7 +10,9 @@ appended batch is written at the file's end and fsynced) and the changed snapsho
 report of what is durable here. The file work runs on worker threads, one at a time: ``write`` (commit
 log, POP log, snapshots, durable) then ``dispatch`` (the consume queues, and a checkpoint now and
 then), which runs while the next pull is under way, so the report of a durable position does not
-wait for the consume queues.
+wait for the consume queues. With a timer (``timer``, ``chronoq.server.replica``), ``dispatch``
+also feeds it the dispatched records (``TimerService.follow``: absorbed, never fired) and runs its
+``maintenance`` (its checkpoints); a rejoin closes it before the cut and opens it again after.
 
 A crash anywhere leaves a state the store's recovery repairs (a torn commit-log tail is cut:
 ``chronoq.store.recovery``; a torn POP log tail likewise at promotion: ``chronoq.pop.poplog``)
@@ -37,7 +39,7 @@ import asyncio
 import logging
 import os
 
-from chronoq.core import fsutil
+from chronoq.core import errors, fsutil
 from chronoq.protocol.rocketmq import status as codes
 from chronoq.replication import position, role
 from chronoq.store import truncate
@@ -75,8 +77,12 @@ def rejoin_paths(data_dir: str) -> tuple[str, ...]:
 class Follower:
     def __init__(self, store, data_dir: str, client, node_id: str, endpoint: str, clock,
                  checkpoint_interval_ms: int = 1000, reopen=None, max_cut_bytes: int = MAX_CUT_BYTES,
-                 sync_acks: bool = False) -> None:
+                 sync_acks: bool = False, timer=None, open_timer=None) -> None:
         self.store = store
+        # The replica's timer (``TimerService`` with ``following``): fed each dispatch, checkpointed
+        # by its own ``maintenance``; ``open_timer(store)`` makes it again after a rejoin's cut.
+        self.timer = timer
+        self.open_timer = open_timer
         self.reopen = reopen  # () -> Store on the same directory (a rejoin closes and truncates it)
         self.max_cut_bytes = max_cut_bytes
         self.sync_acks = sync_acks  # this node acknowledged under replication = sync (what a cut may lose)
@@ -243,11 +249,16 @@ class Follower:
                 f"the cut bytes are kept in {os.path.join(self.data_dir, plan.aside)}")
         log.warning("replica: %s", said)
         self.rejoined.append(said)
+        if self.timer is not None:  # (its files are removed with the cut: rebuilt from the remaining log)
+            self.timer.close()
+            self.timer = None
         store.close()
         truncate.plan(self.data_dir, plan)
         truncate.run(self.data_dir, plan)
         self.store = store = self.reopen()
         assert store.log.synced <= div.offset, (store.log.synced, div.offset)
+        if self.open_timer is not None:
+            self.timer = self.open_timer(store)
         log.warning("replica: cut at %d; reopened: %s", div.offset, store.report.summary())
         self.history = position.epoch_history(store)
         self.epoch = self.history[-1][0]
@@ -289,13 +300,21 @@ class Follower:
             self.state = "following"
 
     def dispatch(self, resp) -> None:
-        """The copied records into the consume queues (``Store.dispatch_shipped``); a checkpoint
-        every ``checkpoint_interval_ms`` (the queues durable: a restart replays less)."""
+        """The copied records into the consume queues (``Store.dispatch_shipped``) and the timer's
+        schedule log (``TimerService.follow``: absorbed, never fired); a checkpoint every
+        ``checkpoint_interval_ms`` (the queues durable: a restart replays less), the timer's by
+        its own ``maintenance`` (a promotion replays only what came after it)."""
         store = self.store
         if resp.commit_bytes:
             store.dispatch_shipped()
             self.history = position.epoch_history(store)
             self.epoch = self.history[-1][0]
+        if self.timer is not None:
+            self.timer.follow()
+            try:
+                self.timer.maintenance()
+            except errors.StorageError as exc:  # kept in memory; the next answer's call retries
+                log.warning("replica: the timer's checkpoint failed: %s", exc)
         now = self.clock.wall_ms()
         if now - self._checkpointed_ms >= self.checkpoint_interval_ms:
             self._checkpointed_ms = now

@@ -5,8 +5,10 @@ epoch: the runtime then opens the broker on the same data directory and serves a
 or a refusal by the primary (raises ``errors.PreconditionFailed``: ``chronoq serve`` says why and
 exits 1, nothing written). Meanwhile:
 
-* the data directory is open as a ``Store`` only (the lock, recovery of a torn tail, consume
-  queues kept by ``Store.dispatch_shipped``): no timer, no POP service, nothing fires;
+* the data directory is open as a ``Store`` (the lock, recovery of a torn tail, consume
+  queues kept by ``Store.dispatch_shipped``) and a ``TimerService`` that follows
+  (``following``: its recovery, then ``follow`` and checkpoints, never a tick): no POP service,
+  nothing fires, nothing written to the commit log;
 * ``chronoq.replication.follower.Follower`` pulls and writes;
 * the gRPC port serves ``chronoq.v1.Replication`` (status, promote; a pull from another replica
   is refused) and answers every ``MessagingService`` and ``chronoq.v1.Admin`` call with
@@ -21,7 +23,8 @@ Promotion (``ReplicaNode.promote``): the follower stops after the write in progr
 epoch is the larger of this log's and the primary's last known, plus one; the answer goes out,
 then this front end stops, the store closes (a clean checkpoint), and the runtime opens the full
 broker, whose recovery rebuilds the rest from the shipped logs (the timer replays the log from
-its cursor, the POP service loads the POP log), and appends the epoch record. The role is
+its cursor: the replica's timer closed with a clean checkpoint, so only what came after it; the
+POP service loads the POP log), and appends the epoch record. The role is
 stored first (``chronoq.replication.role``: ``role.json``, with the POP generation floor).
 
 The data directory's lock is held here for the whole replica time, not by the store: a rejoin
@@ -48,6 +51,7 @@ from chronoq.replication.follower import Follower
 from chronoq.server import auth, h2grpc, h2limits
 from chronoq.store.dirlock import DirLock
 from chronoq.store.store import Store, StoreOptions
+from chronoq.timer.service import TimerOptions, TimerService
 
 log = logging.getLogger("chronoq.replication")
 
@@ -204,6 +208,12 @@ def _open_store(cfg, lock: DirLock | None = None) -> Store:
                                             quarantine=cfg.quarantine), dir_lock=lock)
 
 
+def _open_timer(cfg, store: Store) -> TimerService:
+    """The replica's timer (``following``): its recovery as a primary's (journal roll-back, replay
+    from its checkpoint), then fed by the follower; it never ticks."""
+    return TimerService(store, TimerOptions.from_config(cfg), SYSTEM_CLOCK, cfg.data_dir, following=True)
+
+
 async def serve_replica(runtime, on_start=None) -> int | None:
     cfg, loop = runtime.config, asyncio.get_running_loop()
     runtime.state = "recovering"
@@ -215,13 +225,20 @@ async def serve_replica(runtime, on_start=None) -> int | None:
     except BaseException:
         lock.release()
         raise
+    try:
+        timer = await loop.run_in_executor(None, _open_timer, cfg, store)
+    except BaseException:
+        store.close()
+        lock.release()
+        raise
     runtime.say(f"chronoq data directory: {cfg.data_dir}")
     runtime.say(f"recovery: {store.report.summary()}")
     client = ReplicationClient(cfg.replica_of, access_key=cfg.replication_access_key,
                                secret_key=cfg.replication_secret_key)
     follower = Follower(store, cfg.data_dir, client, runtime.node_id, cfg.endpoint, SYSTEM_CLOCK,
                         cfg.checkpoint_interval_ms, reopen=lambda: _open_store(cfg, lock),
-                        max_cut_bytes=cfg.rejoin_max_truncate_bytes, sync_acks=cfg.replication == "sync")
+                        max_cut_bytes=cfg.rejoin_max_truncate_bytes, sync_acks=cfg.replication == "sync",
+                        timer=timer, open_timer=lambda opened: _open_timer(cfg, opened))
     node = ReplicaNode(cfg, store, follower, runtime.node_id)
     server = None
     try:
@@ -253,6 +270,8 @@ async def serve_replica(runtime, on_start=None) -> int | None:
         if node.follow_task is not None:
             await asyncio.gather(node.follow_task, return_exceptions=True)
         await client.close()
+        if follower.timer is not None:  # a clean timer checkpoint: a promotion replays from it
+            await loop.run_in_executor(None, follower.timer.close)
         await loop.run_in_executor(None, follower.store.close)
         lock.release()
     if follower.refused is not None:

@@ -116,6 +116,8 @@ class Checkpoints:
     def _covered(self) -> int:
         """The cursor a checkpoint may claim once every buffered entry is durable."""
         cursor = min(self.store.dispatched, self.store.log.synced)
+        if self.following:  # a replica's: what ``follow`` has absorbed (the store dispatches on its own)
+            cursor = min(cursor, self.replayed)
         if self._unabsorbed:
             cursor = min(cursor, self._unabsorbed[0][0])
         for lane in self._lanes():  # copies written but not yet completed are not covered yet

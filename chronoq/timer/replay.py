@@ -7,6 +7,11 @@ harmless) and re-marks what was delivered from the copies found there (``__TIMER
 ``__DELAY_REF``): the dispatch-once rule of ``chronoq.timer.service``. A roll record
 (``chronoq.timer.roll``) is absorbed as the message it carries, under that message's ident.
 
+A replica (``following``) keeps the same replay going over the records it is shipped
+(``follow``), never ticking, and checkpoints as a primary does: so a promotion replays only the
+records after its last checkpoint, and a replica killed at any moment recovers by the same rules
+(journal roll-back, replay from the cursor) as a primary.
+
 A mixin, like ``chronoq.timer.absorb``: the replay fills the very buckets, lanes and cursor the
 other parts work on, so it runs on the facade's state rather than on a copy handed to it.
 """
@@ -23,7 +28,8 @@ CATCH_UP_RUN = 4096  # delayed records absorbed together at start-up
 
 class Replay:
     """Mixed into ``TimerService``: uses its ``store``, ``cursor``, ``sched_dir``, ``level_lanes``,
-    ``_push``, ``_append`` and ``_absorb_run``; sets ``_done`` and ``caught_up``."""
+    ``following``, ``_unabsorbed``, ``_push``, ``_append`` and ``_absorb_run``; sets ``_done``,
+    ``caught_up``, ``followed`` and ``replayed``."""
 
     def _scan_dir(self) -> None:
         pending, done = schedlog.list_dir(self.sched_dir)
@@ -33,12 +39,32 @@ class Replay:
 
     def _catch_up(self) -> None:
         """Replay the commit log after the cursor: absorb delayed records, re-mark delivered copies."""
+        self.caught_up = self._replay_from(self.cursor)
+
+    def follow(self) -> int:
+        """A replica's timer (``chronoq.server.replica``): absorb the shipped records dispatched
+        since the last call, by the start-up replay's own path, firing nothing (no tick runs on a
+        replica: no claim, no copy, nothing written to the commit log). ``maintenance`` then
+        checkpoints as on a primary, so a promotion replays only what came after the last
+        checkpoint. Returns how many records were absorbed or re-marked."""
+        assert self.following and not self._unabsorbed, "follow is a replica's (the store dispatched nothing live)"
+        if self.store.dispatched <= self.replayed:
+            return 0
+        count = self._replay_from(self.replayed)
+        self.followed += count
+        return count
+
+    def _replay_from(self, start: int) -> int:
+        """Absorb the delayed records and re-mark the delivered copies from ``start`` to the log's
+        end; sets ``replayed`` (where it stopped) and returns how many it handled."""
         count = 0
+        end = start
         # Runs of delayed records go through the bulk path (``_absorb_run``), a run ending at
         # each delivered copy so entries keep commit-log order (a restart replays ~10 s of sends).
         raws: list[bytes] = []
         records: list[tuple[int, int, int]] = []
-        for offset, header, raw in self.store.scan(self.cursor):
+        for offset, header, raw in self.store.scan(start):
+            end = offset + len(raw)
             if header.flags & record.FLAG_DELAYED:
                 rolled = roll.unwrap(raw) if header.topic == copies.CONTROL_TOPIC else None
                 if rolled is not None:  # a pending message carried past retention: absorbed as itself
@@ -61,9 +87,10 @@ class Replay:
                 count += self._apply_ref(offset, raw)
         if records:
             self._absorb_run(b"".join(raws), records)
-        self.caught_up = count
+        self.replayed = max(self.replayed, end)
         for lane in self.level_lanes:
             lane.scan_offset = lane.offset
+        return count
 
     def _apply_ref(self, offset: int, raw: bytes) -> int:
         props = record.decode_properties(copies.split(raw).properties)

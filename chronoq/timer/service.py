@@ -122,8 +122,13 @@ FLUSH_TICK_MIN_BYTES = 256 * 1024
 class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, PendingList, SendSide,
                    Keyed):
     def __init__(self, store: Store, options: TimerOptions, clock, data_dir: str,
-                 ensure_delay_topic: Callable[[int], None] | None = None):
+                 ensure_delay_topic: Callable[[int], None] | None = None, following: bool = False):
         self.store = store
+        # A replica's timer (``following``): it absorbs shipped records (``follow``) and
+        # checkpoints, and is never ticked: nothing fires, nothing is written to the commit log.
+        self.following = following
+        self.replayed = 0  # the commit-log offset the replay (start-up, then ``follow``) reached
+        self.followed = 0  # records ``follow`` handled
         self.opts = options
         self.clock = clock
         self.levels = DelayLevels.parse(options.delay_levels)
@@ -231,6 +236,7 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         """
         if self.closed:
             raise errors.ClosedError("the timer is closed")
+        assert not self.following, "a replica's timer never ticks"
         now = self._now(now_ms)
         released = self._release(now)
         # Due work first: a tick that also loads a bucket ahead (parsing up to load_batch
