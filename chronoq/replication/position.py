@@ -126,6 +126,8 @@ def epoch_history(store: Store) -> list[tuple[int, int]]:
             epoch = int(store.read_properties(commit_offset).get(PROP_EPOCH, "0"))
         except Exception:  # noqa: BLE001 - the record deleted by retention: the queue's numbering
             epoch = n + 1
-        if epoch > history[-1][0] and commit_offset > history[-1][1]:
+        # (offsets ascend, except a first leader's record at offset 0: its log was empty, and
+        # epoch 0, the sentinel, holds no bytes)
+        if epoch > history[-1][0] and (commit_offset > history[-1][1] or history[-1] == (0, 0)):
             history.append((epoch, commit_offset))
     return history

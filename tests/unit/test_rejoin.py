@@ -65,6 +65,30 @@ def test_the_epoch_history_is_read_from_the_log(tmp_path):
     assert position.current_epoch(store) == 2
 
 
+def test_a_first_leaders_epoch_record_at_offset_0_is_its_epoch(tmp_path):
+    # A new group's first leader (etcd) writes its epoch record on an empty log, at offset 0.
+    store = open_store(tmp_path / "s")
+    store.append([position.epoch_record(1, "n1", 1)])
+    fill(store, 5)
+    assert position.epoch_history(store) == [(0, 0), (1, 0)]
+    assert position.current_epoch(store) == 1
+
+
+@pytest.mark.parametrize("epoch, start, end, expect", [
+    (0, 0, 0, None),              # a fresh replica of that leader: nothing to cut
+    (1, 0, 900, None),            # its own replica, later
+    (1, 0, 9000, Cut(5000, 2)),   # that leader, after a failover to epoch 2
+])
+def test_a_history_that_began_with_epoch_1_at_offset_0(epoch, start, end, expect):
+    assert decide([(0, 0), (1, 0), (2, 5000)], epoch, start, end) == expect
+
+
+def test_bytes_of_epoch_0_are_no_part_of_a_history_that_began_with_epoch_1_at_offset_0():
+    # (a node that served alone, pointed at a group whose first leader started on an empty log)
+    with pytest.raises(Unexplained, match="no part of its history"):
+        decide([(0, 0), (1, 0)], 0, 0, 700)
+
+
 # ------------------------------------------------------------------------- a failover, in process
 def _failover(tmp_path, ahead: int = 40):
     """A primary ``a`` copied by ``b``; ``a`` writes ``ahead`` more that ``b`` never gets; ``b`` is
