@@ -59,12 +59,12 @@ def test_bulk_send_and_receive_show_a_bar_on_a_terminal_only(chronoq_endpoint):
     code, out = run_on_terminal(chronoq_endpoint, "send", topic, "x", "--count", "1200", "--batch-size", "100")
     assert code == 0, out
     assert f"sending to {topic}" in out and "1200/1200" in out  # the bar, drawn to its end
-    assert f"sent 1200 messages to {topic}" in out
+    assert f"sent 1,200 messages to {topic}" in out
 
     code, out = run_on_terminal(chronoq_endpoint, "receive", group, topic, "--count", "1200", "--max", "32")
     assert code == 0, out
     assert f"receiving {topic} for {group}" in out and "1200/1200" in out
-    assert "received and acknowledged 1200 messages" in out
+    assert "received and acknowledged 1,200 messages" in out
 
     # Piped, or --json: no bar.
     cli = make_cli(chronoq_endpoint)
