@@ -15,7 +15,7 @@ primary whose history is ``H`` (``decide``):
 | ``e`` not in ``H``, or in ``H`` at a start other than ``s`` | refused: a history the epochs do not explain (another cluster, or two promotions to the same epoch) |
 | ``e`` is the primary's newest epoch | ``None``: no epoch boundary lies after the replica's; the prefix check decides as before (a replica past the primary's durable end is refused) |
 | the first epoch after ``e`` in ``H`` starts at ``S >= end`` | ``None``: the replica ends before the boundary; the prefix check decides |
-| it starts at ``S = 0 < end`` (the primary's first epoch began on an empty log) | refused: none of the replica's bytes are in the primary's history |
+| it starts at ``S = 0 < end`` (the primary's first epoch began on an empty log) | ``None``: the replica's bytes are that epoch's own first records (copied before its history caught up) or none of the primary's; the prefix check decides, never a cut |
 | it starts at ``0 < S < end`` | ``Cut(S, epoch)``: the replica's bytes ``[S, end)`` were written by the old primary in its term after the new one began: the replica truncates at ``S`` (after checking its bytes before ``S`` are the primary's) and follows from there |
 
 The bytes before ``S`` are checked by the replica (a CRC-32C of up to 4 KiB before ``S``, sent by
@@ -63,10 +63,12 @@ def decide(history: list[tuple[int, int]], epoch: int, epoch_start: int, end: in
     nxt_epoch, boundary = later[0]
     if boundary >= end:
         return None
-    if boundary == 0:  # the primary's first epoch began on an empty log: nothing here was ever its
-        raise Unexplained(
-            f"this primary's log began with its epoch {nxt_epoch}; the replica's {end} bytes of epoch {epoch} "
-            "are no part of its history (another cluster, or a node that served alone); refusing to ship")
+    if boundary == 0:
+        # The primary's first epoch began on an empty log: bytes of epoch 0 here are either its own
+        # first records, copied before this replica's epoch history caught up with them (a prefix),
+        # or no part of its history at all (a node that served alone): the prefix check tells
+        # which, and refuses the second. Never a cut: it would throw away a whole log.
+        return None
     return Cut(boundary, nxt_epoch)
 
 
