@@ -290,6 +290,10 @@ def test_a_groups_primary_killed_mid_run_its_replica_takes_over_and_no_acknowled
         wait_until(lambda: ("g1", nodes["a2"].endpoint) in {(g, e) for g, e, *_ in route_of(nodes["b1"].endpoint,
                                                                                               topic)}, 60,
                    what="g1's replica promoted and in the route")
+        # (the leader key, and so the route, names a2 from its campaign on; it serves a moment later,
+        # once its broker is open: a client's attempt on it meanwhile fails over to g2)
+        wait_until(lambda: cli("topic", "describe", topic, "--endpoint", nodes["a2"].endpoint).returncode == 0,
+                   60, what="g1's promoted replica serving")
         with producer(nodes["b1"].endpoint, topic) as p:  # a producer started now is routed to both at once
             after = {p.send(make_message(topic, b"n%d" % i)).message_id for i in range(40)}
         assert topic_messages(nodes["a2"], topic) > 0 and topic_messages(nodes["b1"], topic) > 0
