@@ -68,13 +68,14 @@ class TopicRegistry:
         highest: dict[str, int] = {}
         for (topic, qid) in list(store_queues):
             highest[topic] = max(highest.get(topic, 0), qid + 1)
-        adopted = []
+        adopted, users = [], 0
         for topic, count in sorted(highest.items()):
             cfg = self.topics.get(topic)
             if cfg is None:
                 queues = count if model.is_system_topic(topic) else max(self.config.default_queues, count)
                 self.topics[topic] = TopicConfig(topic, queues)
                 adopted.append(f"{topic} ({queues})")
+                users += not model.is_system_topic(topic)
             elif count > cfg.queues:
                 cfg.queues = count
                 adopted.append(f"{topic} ({count}, grown)")
@@ -87,7 +88,9 @@ class TopicRegistry:
                 f"adopted with their queue counts: {shown}; a user topic adopted has at least default_queues "
                 f"queues and type mixed (check `chronoq topic list`; restore {self.path} from a backup for "
                 "the exact ones)")
-        log.warning("%s", note)
+        # (system topics only, e.g. CHRONOQ_EPOCH on a promoted replica: their owners size them,
+        # nothing for an operator to check)
+        log.log(logging.WARNING if users else logging.INFO, "%s", note)
         if notes is not None:
             notes.append(note)
 
