@@ -76,8 +76,20 @@ class EtcdCoordinator:
             raise
 
     async def call(self, coro):
-        """Run ``coro`` (one of this object's coroutines) on the coordinator's loop; await it here."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        """Run ``coro`` (one of this object's coroutines) on the coordinator's loop; await it here.
+
+        A call whose gRPC channel is closed under it (the keep-alive drops a failed connection) ends
+        cancelled on that loop; it is raised here as ``ConnectionError``, never as a cancellation of
+        the caller's task: a replica's leader watch or a console page would otherwise end as if it had
+        been stopped (the watch then never campaigned; the page's connection was dropped unanswered)."""
+        done = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return await asyncio.wrap_future(done)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller itself was cancelled (wrap_future cancelled the call too)
+            raise ConnectionError("the etcd call was cut off (its connection was dropped)") from None
 
     def close(self) -> None:
         """Revoke the lease (a leader's key goes at once: a clean stop hands over without waiting
