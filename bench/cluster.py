@@ -33,8 +33,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.grpc_shell import stop_server  # noqa: E402
-from chronoq.client.client import AdminClient, OutgoingMessage  # noqa: E402
+from bench.grpc_shell import batch_load, stop_server  # noqa: E402
+from chronoq.client.client import AdminClient  # noqa: E402
 from chronoq.client.routed import RoutedSender  # noqa: E402
 from tests.integration.conftest import free_port  # noqa: E402
 from tests.integration.etcd_fixture import Etcd, etcd_available  # noqa: E402
@@ -73,19 +73,8 @@ async def create(endpoint: str, topic: str, queues: int) -> None:
 
 
 async def load(endpoint: str, topic: str, seconds: float, concurrency: int, batch: int) -> float:
-    sent = 0
-    deadline = time.monotonic() + seconds
-
-    async def worker() -> None:
-        nonlocal sent
-        async with RoutedSender(endpoint, request_timeout_s=30) as sender:
-            while time.monotonic() < deadline and sent < MESSAGES_MAX:
-                await sender.send_batch([OutgoingMessage(topic, BODY) for _ in range(batch)])
-                sent += batch
-
-    began = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return sent / (time.monotonic() - began)
+    return await batch_load(lambda: RoutedSender(endpoint, request_timeout_s=30), topic, BODY, seconds, concurrency,
+                            batch, MESSAGES_MAX)
 
 
 def run_mode(mode: str, etcd: Etcd, args, round_no: int) -> dict:

@@ -56,6 +56,28 @@ def server_nice(pid: int) -> int:
     return int(_stat_fields(pid)[16])
 
 
+async def batch_load(open_sender, topic: str, body: bytes, seconds: float, concurrency: int, batch: int,
+                     limit: int, beside=()) -> float:
+    """``concurrency`` senders (each ``open_sender()``: an async context manager with ``send_batch``,
+    as ``chronoq.client``'s Client and RoutedSender) send batches of ``batch`` messages until
+    ``seconds`` pass or ``limit`` messages went, ``beside`` (coroutines) running meanwhile; msgs/s."""
+    from chronoq.client.client import OutgoingMessage
+
+    sent = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal sent
+        async with open_sender() as sender:
+            while time.monotonic() < deadline and sent < limit:
+                await sender.send_batch([OutgoingMessage(topic, body) for _ in range(batch)])
+                sent += batch
+
+    began = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)), *beside)
+    return sent / (time.monotonic() - began)
+
+
 def stop_server(proc: subprocess.Popen, wait_s: float = 30.0) -> None:
     """SIGTERM, wait ``wait_s``, then SIGKILL: a broker a bench started stops by itself."""
     if proc.poll() is None:

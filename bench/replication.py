@@ -44,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.grpc_shell import start_server, stop_server  # noqa: E402
+from bench.grpc_shell import batch_load, start_server, stop_server  # noqa: E402
 from chronoq.client.client import Client, OutgoingMessage  # noqa: E402
 from chronoq.replication.client import ReplicationClient  # noqa: E402
 
@@ -72,15 +72,8 @@ stop = stop_server
 
 
 async def load(endpoint: str, topic: str, seconds: float, concurrency: int, batch: int, lag_of: str = "") -> dict:
-    sent, lags = 0, []
+    lags = []
     deadline = time.monotonic() + seconds
-
-    async def worker() -> None:
-        nonlocal sent
-        async with Client(endpoint, request_timeout_s=30) as client:
-            while time.monotonic() < deadline and sent < MESSAGES_MAX:
-                await client.send_batch([OutgoingMessage(topic, BODY) for _ in range(batch)])
-                sent += batch
 
     async def sample() -> None:
         async with ReplicationClient(lag_of) as rc:
@@ -89,9 +82,9 @@ async def load(endpoint: str, topic: str, seconds: float, concurrency: int, batc
                 lags.extend(r.lag_bytes for r in st.replicas)
                 await asyncio.sleep(0.1)
 
-    began = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(concurrency)), *([sample()] if lag_of else []))
-    return {"rate": sent / (time.monotonic() - began), "lags": lags}
+    rate = await batch_load(lambda: Client(endpoint, request_timeout_s=30), topic, BODY, seconds, concurrency, batch,
+                            MESSAGES_MAX, [sample()] if lag_of else [])
+    return {"rate": rate, "lags": lags}
 
 
 async def caught_up(replica: str, primary: str, timeout_s: float = 60) -> None:
