@@ -63,20 +63,32 @@ async def _summed_lag(endpoint: str, timeout: float, only_group: str, only_topic
     """``ListGroups`` of every live broker group's primary (``endpoint`` alone outside a cluster),
     lag and in-flight summed per (consumer group, topic); a group's settings as the first primary
     answering them says (each broker group keeps its own: docs/cluster.md)."""
-    from chronoq.client.client import AdminClient
+    from rocketmq.grpc_protocol.definition_pb2 import Code
+
+    from chronoq.client.client import AdminClient, ClientError
     from chronoq.client.routed import cluster_primaries
 
     summed: dict = {}
     primaries = await cluster_primaries(endpoint, request_timeout_s=timeout, **connection())
+    unknown = None
     for primary in primaries:
         async with AdminClient(primary, request_timeout_s=timeout, **connection()) as admin:
-            for r in await admin.list_groups(only_group, only_topic):
+            try:
+                rows = await admin.list_groups(only_group, only_topic)
+            except ClientError as exc:  # a consumer group that has not received from every group yet
+                if exc.code != Code.CONSUMER_GROUP_NOT_FOUND or len(primaries) == 1:
+                    raise
+                unknown = exc
+                continue
+            for r in rows:
                 seen = summed.get((r.group.name, r.topic))
                 if seen is None:
                     summed[(r.group.name, r.topic)] = r
                 else:
                     seen.lag += r.lag
                     seen.inflight += r.inflight
+    if unknown is not None and not summed:
+        raise unknown  # (no broker group knows it)
     return [summed[k] for k in sorted(summed)] if len(primaries) > 1 else list(summed.values())
 
 

@@ -207,6 +207,12 @@ def test_group_list_sums_lag_and_receive_takes_from_every_group(groups):
     assert len(ids) == 40 and max(ids.values()) == 1, ids.most_common(2)
     assert {m["message_id"] for m in sent["messages"]} == set(ids)
     assert lag() == 0
+    # A consumer group made on g1 only (not yet received from g2): g1's part, and no refusal.
+    only_g1 = unique("g")
+    made = cli("group", "create", only_g1, "--endpoint", a.endpoint)
+    assert made.returncode == 0, made.stderr
+    rows = cli_json("group", "list", "--group", only_g1, "--topic", topic, "--endpoint", b.endpoint)
+    assert [(r["name"], r["lag"]) for r in rows] == [(only_g1, 20)], rows
 
 
 def test_fifo_order_holds_per_message_group_across_two_groups(groups):
