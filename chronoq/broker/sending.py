@@ -520,7 +520,8 @@ class Sender:
         recalls = [""] * len(ids)
         qoffs = list(qoffs)
         if len(delayed) == len(ids):  # the delayed batch: every message a timer message
-            recalls = handles.encode_many(handles.TIMER, commits, dues, topics, cols.message_ids, self.timer.handle_group)
+            recalls = handles.encode_many(handles.TIMER, commits, dues, topics, cols.message_ids,
+                                          self.timer.handle_group)
             return Sent(ids, topics, queue_ids, [-1] * len(ids), commits, recalls)
         texts = iter(handles.encode_many(handles.TIMER, [commits[i] for i in delayed], [dues[i] for i in delayed],
                                          [topics[i] for i in delayed], [cols.message_ids[i] for i in delayed],

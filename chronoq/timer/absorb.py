@@ -79,7 +79,8 @@ class SendSide:
             text = handles.encode(handles.LEVEL, p.queue_id + 1, queue_offset, p.deliver_at_ms, topic, message_id,
                                   self.handle_group)
             return SendResult(message_id, topic, qid, -1, commit_offset, recall_handle=text)
-        text = handles.encode(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id, self.handle_group)
+        text = handles.encode(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id,
+                              self.handle_group)
         return SendResult(message_id, p.topic, p.queue_id, queue_offset, commit_offset, recall_handle=text)
 
     def send_results(self, prepared: list[Prepared], ids: list[str], written: list[Written]) -> list[SendResult]:

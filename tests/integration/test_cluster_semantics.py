@@ -102,6 +102,14 @@ def test_recall_reschedule_and_cancel_by_key_find_their_message_on_either_group(
             keyed.append(p.send(m).message_id)
         by_group = Counter(recall_handles.decode(r.recall_handle).group for _b, r in receipts)
         assert set(by_group) == {"g1", "g2"}, by_group  # round robin: both groups hold some
+        # The handles a group shows again (pending list, lookup) name it too.
+        for node, group in ((a, "g1"), (b, "g2")):
+            listed = admin(node, "list_pending", topic=topic).messages
+            assert len(listed) >= by_group[group] and {recall_handles.decode(m.recall_handle).group
+                                                       for m in listed} == {group}, listed
+        mine = next(r for _b, r in receipts if recall_handles.decode(r.recall_handle).group == "g2")
+        found = admin(b, "lookup_message", mine.message_id).messages[0].records
+        assert [r.recall_handle for r in found if r.recall_handle] == [mine.recall_handle], found
 
         # Recall: the official client sends every recall to its configured address (g1); four
         # consecutive sends over the route's four queues land on both groups.
