@@ -157,6 +157,9 @@ class ClusterKeeper:
         group = recall_handles.decode(text).group
         if not group or group == self.group:
             return None
+        if not self.ready.is_set():  # (starting: etcd not read yet)
+            raise errors.TooManyRequests(f"this recall handle belongs to broker group {group!r}; this node has not "
+                                         "read the cluster from etcd yet: try again")
         state = self.snapshot.groups.get(group)
         if state is None:
             raise errors.NotFound(f"this recall handle was minted by broker group {group!r}, which cluster "
