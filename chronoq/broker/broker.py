@@ -106,6 +106,8 @@ class Broker(TimerOperations):
         # falls due when ``timer_tick`` runs.
         self.timer = TimerService(self.store, TimerOptions.from_config(self.config), self.clock, self.data_dir,
                                   ensure_delay_topic=self._ensure_delay_topic)
+        if self.config.etcd_endpoints:  # in a cluster: recall handles name this broker group
+            self.timer.handle_group = self.config.group_name
         self.add_arrival_listener(self.timer.on_arrivals)
         # Retention rolls pending timer messages forward before it deletes their records.
         self.store.add_retention_keeper(lambda lo, hi: roll.keep(self.timer, lo, hi, self.clock.wall_ms()))

@@ -520,10 +520,12 @@ class Sender:
         recalls = [""] * len(ids)
         qoffs = list(qoffs)
         if len(delayed) == len(ids):  # the delayed batch: every message a timer message
-            recalls = handles.encode_many(handles.TIMER, commits, dues, topics, cols.message_ids)
+            recalls = handles.encode_many(handles.TIMER, commits, dues, topics, cols.message_ids,
+                                          self.timer.handle_group)
             return Sent(ids, topics, queue_ids, [-1] * len(ids), commits, recalls)
         texts = iter(handles.encode_many(handles.TIMER, [commits[i] for i in delayed], [dues[i] for i in delayed],
-                                         [topics[i] for i in delayed], [cols.message_ids[i] for i in delayed]))
+                                         [topics[i] for i in delayed], [cols.message_ids[i] for i in delayed],
+                                         self.timer.handle_group))
         topics, queue_ids = list(topics), list(queue_ids)
         for i, (f, due) in enumerate(zip(flags, dues)):
             if f & _FLAG_DELAYED:

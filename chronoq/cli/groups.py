@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli.remote import admin_call, remote_options
+from chronoq.cli.remote import admin_call, call, connection, remote_options
 from chronoq.cli.render import iso_ms, plural, print_json, print_table
 
 
@@ -42,8 +42,11 @@ def group_create(name, fifo, max_attempts, endpoint, timeout, as_json) -> None:
               help="Lag on this topic for every listed group, even one that has not received from it yet.")
 @remote_options
 def group_list(only_group, only_topic, endpoint, timeout, as_json) -> None:
-    """List consumer groups: per topic consumed, the lag (not yet received) and in-flight count."""
-    rows = admin_call(endpoint, timeout, "list_groups", only_group, only_topic)
+    """List consumer groups: per topic consumed, the lag (not yet received) and in-flight count.
+
+    On a node of a cluster: summed over every live broker group (each holds its own part of a
+    spread topic, and its own offsets)."""
+    rows = call(endpoint, timeout, _summed_lag(endpoint, timeout, only_group, only_topic))
     if as_json:
         print_json([dict(_group_json(r.group), topic=r.topic or None, lag=r.lag, inflight=r.inflight)
                     for r in rows])
@@ -54,6 +57,39 @@ def group_list(only_group, only_topic, endpoint, timeout, as_json) -> None:
                     [[r.group.name, "yes" if r.group.fifo else "no", r.group.max_attempts, r.topic or "-",
                       f"{r.lag:,}", f"{r.inflight:,}"] for r in rows], right=("MAX ATTEMPTS", "LAG", "IN FLIGHT"),
                     optional=("MAX ATTEMPTS", "FIFO"))
+
+
+async def _summed_lag(endpoint: str, timeout: float, only_group: str, only_topic: str) -> list:
+    """``ListGroups`` of every live broker group's primary (``endpoint`` alone outside a cluster),
+    lag and in-flight summed per (consumer group, topic); a group's settings as the first primary
+    answering them says (each broker group keeps its own: docs/cluster.md)."""
+    from rocketmq.grpc_protocol.definition_pb2 import Code
+
+    from chronoq.client.client import AdminClient, ClientError
+    from chronoq.client.routed import cluster_primaries
+
+    summed: dict = {}
+    primaries = await cluster_primaries(endpoint, request_timeout_s=timeout, **connection())
+    unknown = None
+    for primary in primaries:
+        async with AdminClient(primary, request_timeout_s=timeout, **connection()) as admin:
+            try:
+                rows = await admin.list_groups(only_group, only_topic)
+            except ClientError as exc:  # a consumer group that has not received from every group yet
+                if exc.code != Code.CONSUMER_GROUP_NOT_FOUND or len(primaries) == 1:
+                    raise
+                unknown = exc
+                continue
+            for r in rows:
+                seen = summed.get((r.group.name, r.topic))
+                if seen is None:
+                    summed[(r.group.name, r.topic)] = r
+                else:
+                    seen.lag += r.lag
+                    seen.inflight += r.inflight
+    if unknown is not None and not summed:
+        raise unknown  # (no broker group knows it)
+    return [summed[k] for k in sorted(summed)] if len(primaries) > 1 else list(summed.values())
 
 
 def _parse_to(text: str) -> tuple[str, int]:

@@ -241,13 +241,16 @@ def _body_preview(body: bytes) -> str:
 @remote_options
 def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_ack,
             endpoint, timeout, as_json) -> None:
-    """Receive (POP) messages of TOPIC for consumer GROUP, print and acknowledge them."""
-    from chronoq.client.client import Client
+    """Receive (POP) messages of TOPIC for consumer GROUP, print and acknowledge them.
+
+    A topic spread over several broker groups (a cluster) is received from every group holding
+    it, each acknowledgement going to the message's own group."""
+    from chronoq.client.routed import RoutedReceiver
 
     got: list[tuple[object, bool]] = []
 
     async def work(advance):
-        async with Client(endpoint, request_timeout_s=timeout, **connection()) as client:
+        async with RoutedReceiver(endpoint, request_timeout_s=timeout, **connection()) as client:
             want = count or max_messages
             while len(got) < want:
                 batch = await client.receive(group, topic, max_messages=min(max_messages, want - len(got)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli.remote import admin_call, remote_options
+from chronoq.cli.remote import admin_call, call, connection, remote_options
 from chronoq.cli.render import bars, duration_text, echo_wrapped, iso_ms, plural, print_json, print_table
 
 TIMERS_MINUTES_MAX = 10_080  # a week (the broker's limit)
@@ -118,17 +118,32 @@ def timers(ctx, minutes, endpoint, timeout, as_json) -> None:
                                            "carrying it is cancelled.")
 @remote_options
 def timers_cancel(topic, key, endpoint, timeout, as_json) -> None:
-    """Cancel every pending timer message of TOPIC carrying message key --key (admin only)."""
-    r = admin_call(endpoint, timeout, "cancel_by_key", topic, key)
-    cancelled = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for m in r.cancelled]
-    delivered = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for m in r.delivered]
+    """Cancel every pending timer message of TOPIC carrying message key --key (admin only).
+
+    A topic spread over several broker groups (a cluster): each live group holding it cancels
+    its own messages (keys live on the group that stored the message); the answer sums them."""
+    from chronoq.client.client import AdminClient
+    from chronoq.client.routed import topic_primaries
+
+    async def work():
+        answers = []
+        for primary in await topic_primaries(endpoint, topic, request_timeout_s=timeout, **connection()):
+            async with AdminClient(primary, request_timeout_s=timeout, **connection()) as admin:
+                answers.append(await admin.cancel_by_key(topic, key))
+        return answers
+
+    answers = call(endpoint, timeout, work())
+    cancelled = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for r in answers for m in r.cancelled]
+    delivered = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for r in answers for m in r.delivered]
+    truncated = any(r.truncated for r in answers)
     if as_json:
-        print_json({"topic": r.topic, "key": r.key, "cancelled": cancelled, "delivered": delivered,
-                    "truncated": r.truncated})
+        print_json({"topic": topic, "key": key, "cancelled": cancelled, "delivered": delivered,
+                    "truncated": truncated, "broker_groups": len(answers)})
         return
-    click.echo(f"{plural(len(cancelled), 'pending message')} of {r.topic} with key {r.key!r} cancelled"
+    click.echo(f"{plural(len(cancelled), 'pending message')} of {topic} with key {key!r} cancelled"
+               + (f" on {len(answers)} broker groups" if len(answers) > 1 else "")
                + (f"; {len(delivered)} already delivered" if delivered else "")
-               + ("; more remain: run it again" if r.truncated else ""))
+               + ("; more remain: run it again" if truncated else ""))
     rows = [[m["message_id"], iso_ms(m["deliver_at_ms"]), "cancelled"] for m in cancelled]
     rows += [[m["message_id"], iso_ms(m["deliver_at_ms"]), "already delivered"] for m in delivered]
     if rows:

@@ -95,8 +95,9 @@ def _resync(buf, pos: int, end: int) -> int | None:
     return None
 
 
-def scan_log(log, query: str, scan_bytes: int, now_ms: int) -> ScanReport:
-    """Records of the newest ``scan_bytes`` of ``log`` (a ``CommitLog``) that match ``query``."""
+def scan_log(log, query: str, scan_bytes: int, now_ms: int, group: str = "") -> ScanReport:
+    """Records of the newest ``scan_bytes`` of ``log`` (a ``CommitLog``) that match ``query``
+    (``group``: the broker group its recall handles name, ``TimerService.handle_group``)."""
     assert scan_bytes > 0
     needle = query.encode()
     segments = list(log.segments)
@@ -121,7 +122,7 @@ def scan_log(log, query: str, scan_bytes: int, now_ms: int) -> ScanReport:
                 report.scanned_from = seg.base + found
                 pos = found
             first = False
-            if not _scan_segment(log, seg, buf, pos, needle, query, report, now_ms):
+            if not _scan_segment(log, seg, buf, pos, needle, query, report, now_ms, group):
                 break
         finally:
             if hasattr(buf, "close"):
@@ -129,7 +130,8 @@ def scan_log(log, query: str, scan_bytes: int, now_ms: int) -> ScanReport:
     return report
 
 
-def _scan_segment(log, seg, buf, pos: int, needle: bytes, query: str, report: ScanReport, now_ms: int) -> bool:
+def _scan_segment(log, seg, buf, pos: int, needle: bytes, query: str, report: ScanReport, now_ms: int,
+                  group: str) -> bool:
     """Walk records from ``pos``; False when the scan must stop (damage or enough matches)."""
     size = seg.size
     hit = buf.find(needle, pos)
@@ -156,14 +158,14 @@ def _scan_segment(log, seg, buf, pos: int, needle: bytes, query: str, report: Sc
                     report.truncated = True
                     return False
                 report.records.append(_found(seg.base + pos, flags, qid, qoff, born, stored, deliver, topic, mid,
-                                             tag, keys, props, body, now_ms))
+                                             tag, keys, props, body, now_ms, group))
             hit = buf.find(needle, pos + total)
         pos += total
     return True
 
 
 def _found(offset, flags, qid, qoff, born, stored, deliver, topic, mid, tag, keys, props, body,
-           now_ms) -> Found:
+           now_ms, group) -> Found:
     kind = lifeline.record_kind(topic, flags, props)
     if flags & record.FLAG_HELD and stored > now_ms:  # stamped with its due time, hidden until then
         kind = lifeline.KIND_HELD_COPY
@@ -173,9 +175,9 @@ def _found(offset, flags, qid, qoff, born, stored, deliver, topic, mid, tag, key
         # rebuilt from where its record is: a timer message is named by its commit offset, a
         # delay-level message by its level and its offset in that level's queue.
         if topic == DELAY_TOPIC and copies.PROP_DELAY_TOPIC in props:
-            handle = handles.encode(handles.LEVEL, qid + 1, qoff, deliver, props[copies.PROP_DELAY_TOPIC], mid)
+            handle = handles.encode(handles.LEVEL, qid + 1, qoff, deliver, props[copies.PROP_DELAY_TOPIC], mid, group)
         elif flags & record.FLAG_DELAYED and not model.is_system_topic(topic):
-            handle = handles.encode(handles.TIMER, 0, offset, deliver, topic, mid)
+            handle = handles.encode(handles.TIMER, 0, offset, deliver, topic, mid, group)
     return Found(offset, topic, qid, qoff, mid, lifeline.origin_id(mid, props), lifeline.origin_topic(topic, props),
                  kind, tag, tuple(keys), born, stored, deliver, len(body), handle, bytes(body[:BODY_HEAD_BYTES]),
                  dict(props))
@@ -266,7 +268,7 @@ async def lookup_message(broker, durable: Callable[[], Awaitable[None]], query: 
     """
     query = check_query(query)
     now = broker.clock.wall_ms()
-    scan = scan_log(broker.commit_log, query, scan_bytes, now)
+    scan = scan_log(broker.commit_log, query, scan_bytes, now, broker.timer.handle_group)
     ids: list[str] = []
     for r in scan.records:
         if r.origin_id not in ids:

@@ -229,6 +229,11 @@ class AdminService(PipelineRpcs, ClusterRpcs, apb_grpc.AdminServicer):
     async def _recall(self, request) -> apb.RecallResponse:
         self._check_open()
         # A malformed handle raises ClientError. Embedded (no committer): the broker fsyncs in place.
+        if self.cluster is not None:  # a handle of another broker group: its primary answers
+            answer = await self.cluster.elsewhere(request.recall_handle, "/chronoq.v1.Admin/Recall", request,
+                                                  apb.RecallResponse)
+            if answer is not None:
+                return answer
         committer = self.committer
         r = await committer.recall(request.recall_handle) if committer else self.broker.recall(request.recall_handle)
         return apb.RecallResponse(status=_ok(), outcome=r.outcome.value, topic=r.topic, message_id=r.message_id,
@@ -241,6 +246,11 @@ class AdminService(PipelineRpcs, ClusterRpcs, apb_grpc.AdminServicer):
         self._check_open()
         if not request.recall_handle:
             raise errors.ClientError("recall_handle is missing")
+        if self.cluster is not None:  # a handle of another broker group: its primary answers
+            answer = await self.cluster.elsewhere(request.recall_handle, "/chronoq.v1.Admin/Reschedule", request,
+                                                  apb.RescheduleResponse)
+            if answer is not None:
+                return answer
         committer, handle, at = self.committer, request.recall_handle, request.deliver_at_ms
         r = await committer.reschedule(handle, at) if committer else self.broker.reschedule(handle, at)
         return apb.RescheduleResponse(status=_ok(), outcome=r.outcome.value, recall_handle=r.recall_handle,
@@ -269,8 +279,9 @@ class AdminService(PipelineRpcs, ClusterRpcs, apb_grpc.AdminServicer):
         self._check_open()
         page = self.broker.pending(pendingpb.query_from(request))
         span = self.broker.pending_span() if request.span else None
+        group = self.broker.timer.handle_group
         return apb.ListPendingResponse(
-            status=_ok(), messages=[pendingpb.pending_pb(m, request.bodies) for m in page.messages],
+            status=_ok(), messages=[pendingpb.pending_pb(m, request.bodies, group) for m in page.messages],
             next_cursor=page.next_cursor, scanned=page.scanned,
             span_from_ms=span[0] if span else 0, span_to_ms=span[1] if span else 0)
 

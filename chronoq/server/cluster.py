@@ -16,7 +16,12 @@ With ``etcd_endpoints`` set, the primary of each group runs one ``ClusterKeeper`
   primary's endpoint (QueryRoute and QueryAssignment, ``chronoq.server.messaging.clients``);
 * ``place``, ``add_queues``, ``drain``: an operator's change (``chronoq topic create`` on a
   clustered node, ``topic add-queues``, ``cluster drain``), written to etcd in a transaction; the
-  call waits (bounded) for this node's own local part.
+  call waits (bounded) for this node's own local part;
+* ``handle_owner`` and ``forward``: a recall or reschedule whose handle names another broker
+  group (``chronoq.timer.handle`` version 2) is passed on to that group's primary and its answer
+  returned (``RecallMessage`` of the messaging service, ``Recall``/``Reschedule`` of the Admin
+  one): the official clients send recalls to their configured address, not to the group that
+  stored the message, so the node asked must find it (docs/cluster.md, "Semantics across groups").
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from chronoq.replication import placement as pl
 log = logging.getLogger("chronoq.cluster")
 
 LOCAL_PART_WAIT_S = 5.0  # an operator's change waits this long for this node's own part
+FORWARD_TIMEOUT_S = 10.0  # a call passed on to another group's primary waits at most this long
 
 
 class ClusterKeeper:
@@ -47,6 +53,7 @@ class ClusterKeeper:
         self._future = None
         self._applied: dict[str, tuple[int, str]] = {}  # topic -> (queues, type) made locally
         self._failed: dict[str, tuple[int, str]] = {}   # topic -> the part that could not be made (said once)
+        self._peers: dict = {}  # endpoint -> ReplicationClient: channels to other groups' primaries
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -57,6 +64,10 @@ class ClusterKeeper:
         if self._future is not None:
             self._future.cancel()
             self._future = None
+        peers, self._peers = list(self._peers.values()), {}
+        if peers and self._loop is not None and not self._loop.is_closed():
+            for peer in peers:  # (closed on the loop; the runtime's own tasks are gathered after this)
+                self._loop.create_task(peer.close())
 
     def _deliver(self, snap: pl.Snapshot) -> None:
         """On the coordinator's loop: hand the snapshot to the broker's loop."""
@@ -132,6 +143,57 @@ class ClusterKeeper:
             out.append(pb.MessageQueue(topic=resource, id=qid if per_queue else -1, broker=broker,
                                        permission=pb.READ_WRITE if writable else pb.READ, accept_message_types=types))
         return out
+
+    # ------------------------------------------------------------------ calls for other groups
+    def handle_owner(self, text: str) -> str | None:
+        """The endpoint of the primary of the broker group that minted recall handle ``text`` when
+        that is another group (the caller passes the call on there); None when the handle is this
+        group's or names no group (version 1: minted outside a cluster, answered here as before).
+        A malformed handle raises ``ClientError`` as the local path would; a group etcd does not
+        know, ``NotFound``; a known group without a primary now, ``TooManyRequests`` (try again:
+        its replica is taking over, or its primary restarting)."""
+        from chronoq.timer import handle as recall_handles
+
+        group = recall_handles.decode(text).group
+        if not group or group == self.group:
+            return None
+        if not self.ready.is_set():  # (starting: etcd not read yet)
+            raise errors.TooManyRequests(f"this recall handle belongs to broker group {group!r}; this node has not "
+                                         "read the cluster from etcd yet: try again")
+        state = self.snapshot.groups.get(group)
+        if state is None:
+            raise errors.NotFound(f"this recall handle was minted by broker group {group!r}, which cluster "
+                                  f"{self.cluster} does not know (groups: {', '.join(sorted(self.snapshot.groups))})")
+        if state.leader is None:
+            raise errors.TooManyRequests(f"this recall handle belongs to broker group {group!r}, which has no "
+                                         "primary now (no leader key in etcd); try again once it has one")
+        return state.leader.endpoint
+
+    async def elsewhere(self, handle: str, path: str, request, response_type, time_remaining: float | None = None):
+        """The answer of the group that minted ``handle`` to ``request`` (``path``: its method)
+        when that is another group; None when the call is this group's to answer."""
+        owner = self.handle_owner(handle)
+        if owner is None:
+            return None
+        return await self.forward(owner, path, request, response_type, time_remaining)
+
+    async def forward(self, endpoint: str, path: str, request, response_type, time_remaining: float | None):
+        """One unary call passed on to ``endpoint`` (another group's primary), its answer returned
+        as it comes. The caller passed this node's access gate; the other primary sees this node's
+        replication credentials (``replication_access_key``), as a replica's calls to its primary."""
+        peer = self._peers.get(endpoint)
+        if peer is None:
+            from chronoq.replication.client import ReplicationClient
+
+            cfg = self.runtime.config
+            peer = self._peers[endpoint] = ReplicationClient(endpoint, access_key=cfg.replication_access_key,
+                                                             secret_key=cfg.replication_secret_key)
+        timeout = FORWARD_TIMEOUT_S if time_remaining is None else max(0.1, min(time_remaining, FORWARD_TIMEOUT_S))
+        try:
+            return await peer.forward(path, request, response_type, timeout)
+        except Exception as exc:  # noqa: BLE001 - the other primary unreachable: a status, not a crash
+            raise errors.TooManyRequests(f"the primary of the broker group holding this message ({endpoint}) "
+                                         f"did not answer ({type(exc).__name__}); try again") from None
 
     # ------------------------------------------------------------------ operators' changes
     async def _write(self, topic: str, compute) -> pl.Placement:

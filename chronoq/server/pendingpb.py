@@ -20,7 +20,7 @@ def query_from(request) -> PendingQuery:
                         limit=request.limit or LIMIT_DEFAULT, cursor=request.cursor)
 
 
-def pending_pb(m: PendingMessage, with_body: bool) -> apb.PendingMessage:
+def pending_pb(m: PendingMessage, with_body: bool, broker_group: str = "") -> apb.PendingMessage:
     parts = m.parts
     props = record.decode_properties(parts.properties)
     group = props.get(validate.PROP_MESSAGE_GROUP, "")
@@ -29,4 +29,4 @@ def pending_pb(m: PendingMessage, with_body: bool) -> apb.PendingMessage:
         message_id=parts.message_id.decode(), keys=record.decode_keys(parts.keys), tag=parts.tag.decode(),
         properties={k: v for k, v in props.items() if not k.startswith(_SYSTEM_PREFIX)},
         message_group=group, born_ms=parts.born_ms, stored_ms=parts.stored_ms, deliver_at_ms=parts.deliver_at_ms,
-        body_bytes=len(parts.body), body=parts.body if with_body else b"", recall_handle=m.recall_handle())
+        body_bytes=len(parts.body), body=parts.body if with_body else b"", recall_handle=m.recall_handle(broker_group))

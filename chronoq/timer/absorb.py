@@ -69,15 +69,18 @@ class SendSide:
     def send_result(self, p: Prepared, message_id: str, commit_offset: int, queue_offset: int) -> SendResult:
         """The answer to a delayed send (``p.deliver_at_ms`` is set), with its recall handle."""
         if p.flags & _FLAG_DELAYED:
-            text = handles.encode(handles.TIMER, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
+            text = handles.encode(handles.TIMER, 0, commit_offset, p.deliver_at_ms, p.topic, message_id,
+                                  self.handle_group)
             return SendResult(message_id, p.topic, p.queue_id, -1, commit_offset, recall_handle=text,
                               replaced=replaced_answer(p.properties))
         if p.topic == DELAY_TOPIC:
             props = record.decode_properties(p.properties)
             topic, qid = props[copies.PROP_DELAY_TOPIC], int(props[copies.PROP_DELAY_QID])
-            text = handles.encode(handles.LEVEL, p.queue_id + 1, queue_offset, p.deliver_at_ms, topic, message_id)
+            text = handles.encode(handles.LEVEL, p.queue_id + 1, queue_offset, p.deliver_at_ms, topic, message_id,
+                                  self.handle_group)
             return SendResult(message_id, topic, qid, -1, commit_offset, recall_handle=text)
-        text = handles.encode(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id)
+        text = handles.encode(handles.IMMEDIATE, 0, commit_offset, p.deliver_at_ms, p.topic, message_id,
+                              self.handle_group)
         return SendResult(message_id, p.topic, p.queue_id, queue_offset, commit_offset, recall_handle=text)
 
     def send_results(self, prepared: list[Prepared], ids: list[str], written: list[Written]) -> list[SendResult]:
@@ -86,7 +89,7 @@ class SendSide:
         timed = [i for i, p in enumerate(prepared) if p[2] & _FLAG_DELAYED]
         texts = iter(handles.encode_many(handles.TIMER, [written[i][0] for i in timed],
                                          [prepared[i][4] for i in timed], [prepared[i][0] for i in timed],
-                                         [prepared[i][5] for i in timed]))
+                                         [prepared[i][5] for i in timed], self.handle_group))
         out: list[SendResult] = []
         add = out.append
         for p, mid, w in zip(prepared, ids, written):

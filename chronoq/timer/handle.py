@@ -1,6 +1,6 @@
 """Recall handles: the opaque, printable string a delayed send returns. Pure: no I/O.
 
-Text: ``VERSION`` ("1") followed by unpadded URL-safe base64 of (little-endian)::
+Text: a version character followed by unpadded URL-safe base64 of (little-endian)::
 
     off size field
       0    1 kind       1 TIMER, 2 LEVEL, 3 IMMEDIATE (due at send: already visible)
@@ -11,7 +11,15 @@ Text: ``VERSION`` ("1") followed by unpadded URL-safe base64 of (little-endian):
      10    8 due_ms     i64, when the message is due
      18    1 topic_len  then the topic (UTF-8)
       .    1 id_len     then the message id (ASCII)
+      .    1 group_len  version "2" only: then the broker group that minted it (ASCII)
       .    4 crc32c     of every byte before it
+
+Version ``"1"``: no group field. Minted by a broker outside a cluster (no ``etcd_endpoints``), and
+by every broker before issue 23 step 3: such handles stay valid where they were minted.
+Version ``"2"`` (issue 23 step 3, docs/cluster.md): minted by a broker in a cluster, naming its
+broker group (``group_name``), so a recall or reschedule arriving at another group's node can be
+passed on to the group that stores the message (``chronoq.server.cluster``). The group is
+covered by the CRC like the rest; a reschedule's new handle names the same group as the old one.
 
 The CRC only catches mangled handles (it is not a secret): a well-formed handle that names nothing
 gets the definite answer NOT_FOUND. A reschedule issues a new handle; the old one then answers
@@ -30,6 +38,7 @@ import google_crc32c
 from chronoq.core import errors
 
 VERSION = "1"
+VERSION_GROUP = "2"  # the same fields and the minting broker group
 TIMER = 1
 LEVEL = 2
 IMMEDIATE = 3
@@ -46,19 +55,31 @@ class RecallHandle:
     due_ms: int
     topic: str
     message_id: str
+    group: str = ""  # the broker group that minted it ("": version 1, a broker outside a cluster)
 
     def encode(self) -> str:
-        return encode(self.kind, self.level, self.position, self.due_ms, self.topic, self.message_id)
+        return encode(self.kind, self.level, self.position, self.due_ms, self.topic, self.message_id, self.group)
 
 
-def encode(kind: int, level: int, position: int, due_ms: int, topic: str, message_id: str) -> str:
-    """The handle text (the send path calls this directly: no intermediate object)."""
+def _group_field(group: str) -> tuple[str, bytes]:
+    """(version, the bytes after the message id) for handles minted by ``group``."""
+    if not group:
+        return VERSION, b""
+    g = group.encode()
+    assert 0 < len(g) < 256 and group.isascii(), group
+    return VERSION_GROUP, _LEN[len(g)] + g
+
+
+def encode(kind: int, level: int, position: int, due_ms: int, topic: str, message_id: str, group: str = "") -> str:
+    """The handle text (the send path calls this directly: no intermediate object); ``group``:
+    the minting broker's group in a cluster ("" outside one: a version 1 handle)."""
     t = topic.encode()
     m = message_id.encode()
     assert len(t) < 256 and len(m) < 256 and kind in (TIMER, LEVEL, IMMEDIATE)
-    body = b"".join((_HEAD.pack(kind, level, position, due_ms), _LEN[len(t)], t, _LEN[len(m)], m))
+    version, tail = _group_field(group)
+    body = b"".join((_HEAD.pack(kind, level, position, due_ms), _LEN[len(t)], t, _LEN[len(m)], m, tail))
     raw = body + _CRC.pack(_crc(body))
-    return VERSION + _b64(raw).rstrip(b"=").decode()
+    return version + _b64(raw).rstrip(b"=").decode()
 
 
 _LEN = [bytes([i]) for i in range(256)]
@@ -66,12 +87,13 @@ _crc = google_crc32c.value
 _b64 = base64.urlsafe_b64encode
 
 
-def encode_many(kind: int, positions, dues, topics, message_ids) -> list[str]:
-    """``encode(kind, 0, positions[i], dues[i], topics[i], message_ids[i])`` for a whole batch
+def encode_many(kind: int, positions, dues, topics, message_ids, group: str = "") -> list[str]:
+    """``encode(kind, 0, positions[i], dues[i], topics[i], message_ids[i], group)`` for a whole batch
     (the delayed send path): each topic's bytes made once, and the texts finished (padding cut,
     version put in front, decoded) in one pass over the batch instead of once per handle.
     ``message_ids`` are ASCII bytes (the record's field) or str."""
     assert kind in (TIMER, IMMEDIATE), "a LEVEL handle carries its level: use encode"
+    version_text, tail = _group_field(group)
     prefixes: dict[str, bytes] = {}
     raws: list[bytes] = []
     add, pack, pack_crc, crc, lens, b64 = raws.append, _HEAD.pack, _CRC.pack, _crc, _LEN, binascii.b2a_base64
@@ -83,13 +105,13 @@ def encode_many(kind: int, positions, dues, topics, message_ids) -> list[str]:
             prefix = prefixes[topic] = lens[len(t)] + t
         if type(mid) is not bytes:
             mid = mid.encode()
-        body = pack(kind, 0, position, due_ms) + prefix + lens[len(mid)] + mid
+        body = pack(kind, 0, position, due_ms) + prefix + lens[len(mid)] + mid + tail
         add(b64(body + pack_crc(crc(body)), newline=False))
     if not raws:
         return []
     # Standard base64 made URL-safe, its padding cut (base64 has no "=" but padding, and no
     # newline) and split: one pass each over the whole batch.
-    version = VERSION.encode()
+    version = version_text.encode()
     joined = (version + (b"\n" + version).join(raws)).translate(_URL_SAFE).replace(b"=", b"")
     return joined.decode().split("\n")
 
@@ -103,9 +125,11 @@ def decode(text: object) -> RecallHandle:
         raise errors.ClientError("recall handle is missing")
     if len(text) > HANDLE_CHARS_MAX or not text.isascii():
         raise errors.ClientError("recall handle is not a chronoq recall handle")
-    if not text.startswith(VERSION):
-        raise errors.ClientError(f"recall handle version {text[:1]!r} is not supported (expected {VERSION!r})")
-    payload = text[len(VERSION):]
+    version = text[:1]
+    if version not in (VERSION, VERSION_GROUP):
+        raise errors.ClientError(f"recall handle version {version!r} is not supported "
+                                 f"(expected {VERSION!r} or {VERSION_GROUP!r})")
+    payload = text[1:]
     try:
         raw = base64.b64decode(payload + "=" * (-len(payload) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError):
@@ -119,6 +143,11 @@ def decode(text: object) -> RecallHandle:
         mlen = raw[pos]
         mid = raw[pos + 1:pos + 1 + mlen].decode()
         pos += 1 + mlen
+        group = ""
+        if version == VERSION_GROUP:
+            glen = raw[pos]
+            group = raw[pos + 1:pos + 1 + glen].decode("ascii")
+            pos += 1 + glen
         (crc,) = _CRC.unpack_from(raw, pos)
     except (struct.error, IndexError, UnicodeDecodeError):
         raise errors.ClientError("recall handle is truncated or malformed") from None
@@ -126,4 +155,6 @@ def decode(text: object) -> RecallHandle:
         raise errors.ClientError("recall handle failed its checksum (mangled or truncated)")
     if kind not in (TIMER, LEVEL, IMMEDIATE) or not topic or not mid or (kind == LEVEL) != (level > 0):
         raise errors.ClientError("recall handle names an unknown kind of message")
-    return RecallHandle(kind, level, position, due_ms, topic, mid)
+    if version == VERSION_GROUP and not group:
+        raise errors.ClientError("recall handle names no broker group")
+    return RecallHandle(kind, level, position, due_ms, topic, mid, group)

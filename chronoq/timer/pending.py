@@ -82,12 +82,13 @@ class PendingMessage:
     def parts(self) -> copies.Parts:
         return copies.split(self.raw)
 
-    def recall_handle(self) -> str:
-        """The handle that recalls (or reschedules) this message, as its send answered."""
+    def recall_handle(self, group: str = "") -> str:
+        """The handle that recalls (or reschedules) this message, as its send answered (``group``:
+        the broker's ``TimerService.handle_group``)."""
         parts = self.parts
         kind = handles.LEVEL if self.level else handles.TIMER
         return handles.encode(kind, self.level, self.position, parts.deliver_at_ms, self.topic,
-                              parts.message_id.decode())
+                              parts.message_id.decode(), group)
 
 
 @dataclass

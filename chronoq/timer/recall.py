@@ -168,6 +168,8 @@ class Recall:
 
     def _state(self, h: handles.RecallHandle, now: int) -> tuple[str, int, bytes | None, str]:
         """Classify a handle: ('pending' | 'delivered' | 'cancelled' | 'missing', bucket, raw, why)."""
+        if h.group and self.handle_group and h.group != self.handle_group:  # (a cluster passes it on first)
+            return "missing", 0, None, f"the handle belongs to broker group {h.group}, not {self.handle_group}"
         if h.kind == handles.IMMEDIATE:
             return "delivered", 0, None, "it was due when sent"
         if h.due_ms + self.opts.recall_memory_ms < now:
@@ -264,6 +266,6 @@ class Recall:
         if h.kind == handles.TIMER:
             self._unindex_raw(h.position, raw)  # the key index follows the message (chronoq.timer.keyed)
         self.index_written([moved_record], [offset])
-        new = handles.RecallHandle(handles.TIMER, 0, offset, new_due, h.topic, h.message_id).encode()
+        new = handles.RecallHandle(handles.TIMER, 0, offset, new_due, h.topic, h.message_id, self.handle_group).encode()
         return Answer(RescheduleResult(RescheduleOutcome.RESCHEDULED, new, h.topic, h.message_id, new_due, "moved"),
                       ticket)

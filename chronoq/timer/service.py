@@ -121,6 +121,10 @@ FLUSH_TICK_MIN_BYTES = 256 * 1024
 
 class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, Horizon, PendingList, SendSide,
                    Keyed):
+    # The broker group named by the recall handles this timer mints (chronoq.timer.handle): set
+    # by a broker in a cluster (docs/cluster.md); "" outside one (version 1 handles).
+    handle_group = ""
+
     def __init__(self, store: Store, options: TimerOptions, clock, data_dir: str,
                  ensure_delay_topic: Callable[[int], None] | None = None, following: bool = False):
         self.store = store

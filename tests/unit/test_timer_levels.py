@@ -115,7 +115,7 @@ def test_handle_roundtrip_and_is_printable():
 
 
 @pytest.mark.parametrize("text,fragment", [
-    ("", "missing"), (None, "missing"), ("2AAAA", "version"), ("1@@@", "base64"), ("1AAAA", "truncated"),
+    ("", "missing"), (None, "missing"), ("3AAAA", "version"), ("1@@@", "base64"), ("1AAAA", "truncated"),
     ("1" + "A" * 2000, "not a chronoq recall handle")])
 def test_bad_handles_are_client_errors(text, fragment):
     with pytest.raises(errors.ClientError, match=fragment):

@@ -425,7 +425,8 @@ class ScheduleBook:
                 if key is None:
                     continue
                 kind = handles.TIMER if f["flags"] & record.FLAG_DELAYED else handles.IMMEDIATE
-                handed[key] = handles.encode(kind, 0, offset, f["deliver_at_ms"], f["topic"], f["message_id"])
+                handed[key] = handles.encode(kind, 0, offset, f["deliver_at_ms"], f["topic"], f["message_id"],
+                                             self.broker.timer.handle_group)
         # Found: a prefix of each schedule's plan (one batch, in order; recovery cuts only a suffix).
         cursors = {}
         for name, gen, instants in intent["items"]:

@@ -119,6 +119,12 @@ class SendRpcs:
         handle_topic = recall_handles.decode(request.recall_handle).topic
         if handle_topic != topic:  # checked first: a recall for the wrong topic must change nothing
             raise errors.ClientError(f"recall handle belongs to topic {handle_topic}, not {topic}")
+        if self.cluster is not None:  # a handle of another broker group: its primary answers
+            answer = await self.cluster.elsewhere(request.recall_handle, "/apache.rocketmq.v2.MessagingService/"
+                                                  "RecallMessage", request, sv.RecallMessageResponse,
+                                                  context.time_remaining())
+            if answer is not None:
+                return answer
         result = await self.committer.recall(request.recall_handle)  # answered once durable
         outcome = result.outcome.value
         if outcome == "cancelled":
