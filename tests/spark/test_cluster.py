@@ -18,6 +18,7 @@ from tests.integration.etcd_fixture import etcd  # noqa: F401 - the fixture
 from tests.integration.test_official_python_client import unique
 from tests.integration.test_replication import cli
 from tests.spark.conftest import QUERY_TIMEOUT_S, queue_totals, read_topic, wait_until, write_rows
+from tests.spark.test_streaming import _source
 
 FIRST, SECOND = 400, 200
 
@@ -89,8 +90,7 @@ def test_a_spread_topic_is_read_streamed_written_and_audited_over_both_groups(sp
         out, ckpt = str(tmp_path / "sink"), str(tmp_path / "ckpt")
 
         def start(**trigger):
-            return (spark.readStream.format("chronoq").option("endpoints", a.endpoint).option("topic", topic)
-                    .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "150").load()
+            return (_source(spark, a.endpoint, topic, maxRecordsPerTrigger="150")
                     .select("broker_group", "queue", "offset", "body")
                     .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt)
                     .trigger(**trigger).start())
