@@ -254,7 +254,8 @@ class QueueRange(InputPartition):
 
 def _group_endpoint(settings: Settings, part: QueueRange) -> str:
     """The endpoint to read ``part`` at: the planned primary of its group, or the group's primary
-    now when that one does not answer (a replica took over since the planning)."""
+    now when that one does not serve the topic (it died, or came back as a replica, which refuses
+    Admin calls, after a replica took over since the planning)."""
     if not part.group:
         return ""
     try:
@@ -262,13 +263,14 @@ def _group_endpoint(settings: Settings, part: QueueRange) -> str:
             client.queue_offsets(part.topic)
         return part.endpoint
     except rpc.BrokerError as exc:
-        if exc.code != -1:
-            raise
+        failed = exc
     with settings.client() as client:
         found = cluster.read_topology(client).leaders.get(part.group)
+    if found == part.endpoint:
+        raise failed
     if not found:
         raise RuntimeError(f"chronoq: broker group {part.group!r} has no primary now: cannot read "
-                           f"{part.topic}/{part.group}/{part.queue}")
+                           f"{part.topic}/{part.group}/{part.queue} ({failed})")
     return found
 
 
@@ -322,10 +324,6 @@ def _plan(settings: Settings, strict: bool = True) -> Plan:
                     for q, b in member.queue_offsets(topic).items():
                         bounds[topic][offs.GroupQueue(group, q)] = b
     return Plan(bounds, where, topology)
-
-
-def _bounds(settings: Settings) -> dict[str, offs.Bounds]:
-    return _plan(settings).bounds
 
 
 def _topics(settings: Settings, client: rpc.AdminRpc | None = None,
