@@ -4,6 +4,12 @@ Input: the system topic ``CHRONOQ_TRACE`` (``chronoq.broker.trace``), read throu
 data source; each trace message holds up to 8192 events, decoded in bulk with NumPy inside
 ``mapInArrow``. The job first asks the broker to write out its trace buffer (``FlushTrace``).
 
+A cluster (docs/cluster.md) is audited whole: every broker group records the life of the
+messages it stores in its own ``CHRONOQ_TRACE``, so the job flushes and reads each group's at its
+primary (the groups as the node given reads them from etcd) and tags every event with its group.
+An ack names the record it acked by (topic, queue, offset), which each group numbers from 0: the
+ack is joined to its delivery within its group.
+
 Per message (topic, message id):
 
 * **sent**: the broker stored it; **due**: its delivery time (the latest reschedule wins); an
@@ -31,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from chronoq.broker import trace as tr
+from chronoq.spark import cluster
 from chronoq.spark import rpc
 
 EVENT_DTYPE = np.dtype([("kind", "u1"), ("flags", "u1"), ("attempt", "<u2"), ("topic", "<u4"), ("mid", "<u4"),
@@ -38,13 +45,14 @@ EVENT_DTYPE = np.dtype([("kind", "u1"), ("flags", "u1"), ("attempt", "<u2"), ("t
                         ("roff", "<i8")])
 assert EVENT_DTYPE.itemsize == tr.EVENT_SIZE
 EVENTS_DDL = ("kind int, delayed boolean, attempt int, topic string, message_id string, grp string, "
-              "ref_topic string, ref_queue int, ts_ms bigint, due_ms bigint, ref_offset bigint")
+              "ref_topic string, ref_queue int, ts_ms bigint, due_ms bigint, ref_offset bigint, broker_group string")
 COUNTS = ("sent", "delayed", "visible", "delivered", "acked", "dead_lettered", "recalled", "early", "lost", "waiting")
 LATENESS = ("lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms")
 
 
-def decode_body(body: bytes) -> pa.RecordBatch:
-    """The events of one trace record as a record batch with ``EVENTS_DDL``'s columns."""
+def decode_body(body: bytes, broker_group: str = "") -> pa.RecordBatch:
+    """The events of one trace record as a record batch with ``EVENTS_DDL``'s columns
+    (``broker_group``: the group whose trace it is; "" for one node)."""
     table, raw, n = tr.decode(body)
     ev = np.frombuffer(raw, EVENT_DTYPE, count=n)
     strings = pa.array([s for s in table] + [None], pa.string())
@@ -62,35 +70,55 @@ def decode_body(body: bytes) -> pa.RecordBatch:
         text("topic"), text("mid"), text("group"), text("rtopic"),
         pa.array(ev["rqueue"].astype(np.int32)),
         pa.array(ev["ts"]), pa.array(ev["due"]), pa.array(ev["roff"]),
+        pa.array([broker_group] * n, pa.string()),
     ], names=["kind", "delayed", "attempt", "topic", "message_id", "grp", "ref_topic", "ref_queue", "ts_ms",
-              "due_ms", "ref_offset"])
+              "due_ms", "ref_offset", "broker_group"])
 
 
 def _decode_batches(batches):
     for batch in batches:
-        for body in batch.column(0).to_pylist():
+        for body, group in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
             if body:
-                yield decode_body(body)
+                yield decode_body(body, group or "")
 
 
 # Connection keywords of ``run``/``trace_events`` -> the data source's option names.
 CONNECTION_OPTIONS = {"access_key": "accessKey", "secret_key": "secretKey", "tls": "tls", "tls_ca_file": "tlsCaFile"}
 
 
-def trace_events(spark, endpoints: str, **connection):
-    """A DataFrame of every recorded event (``EVENTS_DDL``), after flushing the broker's buffer.
-    ``connection``: ``access_key``, ``secret_key``, ``tls``, ``tls_ca_file`` (as ``rpc.AdminRpc``)."""
+def audited_groups(endpoints: str, **connection) -> list[tuple[str, str]]:
+    """(broker group, endpoint) of every group the audit reads: each group of the cluster at its
+    primary, or ``("", endpoints)`` for a node without etcd."""
     with rpc.AdminRpc(endpoints, **connection) as client:
-        flushed = client.flush_trace()
-    if not flushed.enabled:
-        raise RuntimeError("the broker records no message trace (trace_enabled = false): nothing to audit")
-    reader = (spark.read.format("chronoq").option("endpoints", endpoints).option("topic", tr.TRACE_TOPIC)
-              .option("failOnDataLoss", "false"))
-    for key, value in connection.items():
-        if value:
-            reader = reader.option(CONNECTION_OPTIONS[key], str(value).lower() if isinstance(value, bool) else value)
-    raw = reader.load()
-    return raw.select("body").mapInArrow(_decode_batches, EVENTS_DDL), flushed.dropped
+        topology = cluster.read_topology(client)
+    return topology.members() if topology.group else [("", endpoints)]
+
+
+def trace_events(spark, endpoints: str, **connection):
+    """A DataFrame of every recorded event (``EVENTS_DDL``) of every group, after flushing each
+    group's trace buffer; the events the brokers dropped; the groups read ("" : one node). ``connection``: ``access_key``,
+    ``secret_key``, ``tls``, ``tls_ca_file`` (as ``rpc.AdminRpc``)."""
+    from pyspark.sql import functions as F
+
+    frames, dropped = [], 0
+    groups = audited_groups(endpoints, **connection)
+    for group, endpoint in groups:
+        with rpc.AdminRpc(endpoint, **connection) as client:
+            flushed = client.flush_trace()
+        if not flushed.enabled:
+            raise RuntimeError(f"the broker{f' of group {group}' if group else ''} records no message trace "
+                               "(trace_enabled = false): nothing to audit")
+        dropped += flushed.dropped
+        reader = (spark.read.format("chronoq").option("endpoints", endpoint).option("topic", tr.TRACE_TOPIC)
+                  .option("failOnDataLoss", "false"))
+        for key, value in connection.items():
+            if value:
+                reader = reader.option(CONNECTION_OPTIONS[key], str(value).lower() if isinstance(value, bool) else value)
+        frames.append(reader.load().select("body", F.lit(group).alias("broker_group")))
+    raw = frames[0]
+    for frame in frames[1:]:
+        raw = raw.unionByName(frame)
+    return raw.mapInArrow(_decode_batches, EVENTS_DDL), dropped, [g for g, _e in groups]
 
 
 def messages(events, now_ms: int, grace_ms: int):
@@ -101,9 +129,11 @@ def messages(events, now_ms: int, grace_ms: int):
     ev = events.where(F.col("topic").isNotNull() | (k == tr.ACKED))
     # An ack names the record it acked (ref); the deliveries of that record name the message.
     delivered = ev.where(k == tr.DELIVERED)
-    refs = delivered.select("ref_topic", "ref_queue", "ref_offset", "topic", "message_id").distinct()
-    acks = (ev.where(k == tr.ACKED).select("ref_topic", "ref_queue", "ref_offset").distinct()
-            .join(refs, ["ref_topic", "ref_queue", "ref_offset"]).select("topic", "message_id").distinct()
+    # (Within its broker group: each group numbers its queues' records from 0.)
+    ref = ["broker_group", "ref_topic", "ref_queue", "ref_offset"]
+    refs = delivered.select(*ref, "topic", "message_id").distinct()
+    acks = (ev.where(k == tr.ACKED).select(*ref).distinct()
+            .join(refs, ref).select("topic", "message_id").distinct()
             .withColumn("acked", F.lit(True)))
     per = (ev.where(k != tr.ACKED).groupBy("topic", "message_id").agg(
         F.min(F.when(k == tr.STORED, F.col("ts_ms"))).alias("stored_ms"),
@@ -178,6 +208,7 @@ class Audit:
     grace_ms: int
     dropped_events: int
     totals: dict = field(default_factory=dict)
+    groups: list[str] = field(default_factory=list)   # the broker groups audited ([""]: one node)
 
     @property
     def ok(self) -> bool:
@@ -191,7 +222,7 @@ def run(spark, endpoints: str, topics: list[str] | None = None, grace_s: float =
 
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     grace_ms = int(grace_s * 1000)
-    events, dropped = trace_events(spark, endpoints, **connection)
+    events, dropped, groups = trace_events(spark, endpoints, **connection)
     if topics:
         events = events.where(F.col("topic").isin(list(topics)) | (F.col("kind") == tr.ACKED))
     msgs = messages(events, now_ms, grace_ms).cache()
@@ -205,7 +236,7 @@ def run(spark, endpoints: str, topics: list[str] | None = None, grace_s: float =
     totals = {c: sum(r[c] for r in rows) for c in COUNTS}
     late = [r["lateness_max_ms"] for r in rows if r["lateness_max_ms"] is not None]
     totals["lateness_max_ms"] = max(late) if late else None
-    return Audit(rows, hist, now_ms, grace_ms, dropped, totals)
+    return Audit(rows, hist, now_ms, grace_ms, dropped, totals, groups)
 
 
 # ---------------------------------------------------------------------------- output
@@ -273,7 +304,8 @@ def write_html(audit: Audit, path: str) -> None:
 td,th{{border:1px solid #bbb;padding:3px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
 .ok{{color:#070}} .bad{{color:#b00}}</style></head><body>
 <h1>chronoq delivery audit</h1>
-<p>At {html.escape(when)}; lost = due more than {audit.grace_ms / 1000:g} s ago and never visible.
+<p>At {html.escape(when)}; lost = due more than {audit.grace_ms / 1000:g} s ago and never visible.{
+    html.escape(f" Broker groups: {', '.join(audit.groups)}.") if any(audit.groups) else ""}
 Trace events dropped by the broker (buffer full): {audit.dropped_events}.</p>
 <p class="{'ok' if audit.ok else 'bad'}"><b>{html.escape(verdict)}</b></p>
 <table><tr>{head}</tr>{body}</table>

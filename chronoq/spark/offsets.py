@@ -11,6 +11,15 @@ which is this one). A micro-batch covers ``[start[q], end[q])`` of each queue.
 
 A query of several topics has a key per topic (``canonical_many``), topics in sorted order.
 
+A topic spread over several broker groups (docs/cluster.md) has queues per group, each group's
+local ids starting at 0: its queues are named ``"<group>/<queue>"`` (``GroupQueue``), ordered by
+group name then queue id::
+
+    {"orders": {"g1/0": 120, "g1/1": 97, "g2/0": 130, "g2/1": 101}}
+
+A topic on one node keeps the bare ids above (a plain ``int`` here). Group names never hold
+``/`` (letters, digits, ``-``, ``_``, ``.``), so the two forms cannot be confused.
+
 ``startingOffsets`` / ``endingOffsets`` options: ``earliest``, ``latest``, or JSON in the same
 shape where ``-2`` means the queue's earliest retained offset and ``-1`` its latest (Kafka's
 convention). A queue missing from a JSON option starts at its earliest offset and (ending) stops
@@ -20,26 +29,59 @@ at its latest.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Callable, NamedTuple
 
 EARLIEST = -2
 LATEST = -1
-Bounds = dict[int, tuple[int, int]]  # queue -> (min offset, next offset)
 
 
-def canonical(topic: str, positions: dict[int, int]) -> dict:
+class GroupQueue(NamedTuple):
+    """A queue of a topic spread over broker groups: the group's name and its local queue id."""
+    group: str
+    queue: int
+
+    def __str__(self) -> str:
+        return f"{self.group}/{self.queue}"
+
+
+QueueId = int | GroupQueue   # a bare id: the topic on the node asked (no placement)
+Bounds = dict[QueueId, tuple[int, int]]  # queue -> (min offset, next offset)
+
+
+def queue_order(q: QueueId) -> tuple[str, int]:
+    """Sort key of a queue id: bare ids first, in numeric order; then by group, queue."""
+    return ("", q) if isinstance(q, int) else (q.group, q.queue)
+
+
+def _key_order(k) -> tuple:
+    """Sort key of a queue id or of a (topic, queue id) key (``limit_rows``, ``ranges``)."""
+    if isinstance(k, (int, GroupQueue)):
+        return queue_order(k)
+    return (k[0], queue_order(k[1]))
+
+
+def parse_queue(text) -> QueueId:
+    """``"3"`` -> 3; ``"g1/3"`` -> GroupQueue("g1", 3); anything else: ValueError."""
+    text = str(text)
+    group, sep, queue = text.rpartition("/")
+    if queue.isdigit() and (not sep or (group and "/" not in group)):
+        return GroupQueue(group, int(queue)) if sep else int(queue)
+    raise ValueError(f"{text!r} is not a queue id (\"3\", or \"<group>/3\" for a topic spread over broker groups)")
+
+
+def canonical(topic: str, positions: dict[QueueId, int]) -> dict:
     """The one JSON-able form of ``positions`` (queue -> offset)."""
-    return {topic: {str(q): int(positions[q]) for q in sorted(positions)}}
+    return {topic: {str(q): int(positions[q]) for q in sorted(positions, key=queue_order)}}
 
 
-def positions(topic: str, offset: dict | None) -> dict[int, int]:
+def positions(topic: str, offset: dict | None) -> dict[QueueId, int]:
     """queue -> offset of a canonical offset dict (as Spark hands it back)."""
     if not offset:
         return {}
     if list(offset) != [topic]:
         raise ValueError(f"the checkpoint's offsets are for topic(s) {sorted(offset)}, but this query reads "
                          f"{topic!r}: use a new checkpoint location for a different topic")
-    return {int(q): int(o) for q, o in offset[topic].items()}
+    return {parse_queue(q): int(o) for q, o in offset[topic].items()}
 
 
 def parse_option(topic: str, text: str | None, default: str, bounds: Bounds, what: str) -> dict[int, int]:
@@ -58,11 +100,17 @@ def parse_option(topic: str, text: str | None, default: str, bounds: Bounds, wha
         raise ValueError(f'{what} JSON must name this topic only: {{"{topic}": {{"<queue>": <offset>, ...}}}}')
     given = {}
     for q, off in data[topic].items():
-        if not str(q).isdigit() or int(q) not in bounds:
-            raise ValueError(f"{what}: topic {topic} has no queue {q!r} (queues 0..{len(bounds) - 1})")
+        try:
+            qid = parse_queue(q)
+        except ValueError:
+            qid = None
+        if qid not in bounds:
+            names = [str(b) for b in sorted(bounds, key=queue_order)]
+            shown = f"0..{len(bounds) - 1}" if all(isinstance(b, int) for b in bounds) else ", ".join(names)
+            raise ValueError(f"{what}: topic {topic} has no queue {q!r} (queues {shown})")
         if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
             raise ValueError(f"{what}: offset of queue {q} must be an integer >= -2, not {off!r}")
-        given[int(q)] = off
+        given[qid] = off
     out = {}
     fallback_latest = what == "endingOffsets"
     for q, (lo, hi) in bounds.items():
@@ -84,7 +132,7 @@ def limit_rows(start: dict[int, int], end: dict[int, int], max_rows: int | None)
     avail = {q: max(0, end[q] - start.get(q, 0)) for q in end}
     take = {q: 0 for q in end}
     left = max_rows
-    open_queues = [q for q in sorted(avail) if avail[q] > 0]
+    open_queues = [q for q in sorted(avail, key=_key_order) if avail[q] > 0]
     while left > 0 and open_queues:
         share = max(1, left // len(open_queues))
         still = []
@@ -107,7 +155,7 @@ def ranges(start: dict[int, int], end: dict[int, int], per_partition: int) -> li
     earliest retained offset), so a replay of the same offsets plans the same ranges.
     """
     out = []
-    for q in sorted(end):
+    for q in sorted(end, key=_key_order):
         lo, hi = start.get(q, 0), end[q]
         while lo < hi:
             step = min(per_partition, hi - lo)
@@ -120,7 +168,7 @@ def ranges(start: dict[int, int], end: dict[int, int], per_partition: int) -> li
 # A query may read several topics (``subscribe`` with a list, ``subscribePattern``). Its offsets
 # are the same JSON with a key per topic, topics in sorted order; positions are flattened to
 # (topic, queue) keys, which ``limit_rows`` and ``ranges`` take as they take queue ids.
-Key = tuple[str, int]
+Key = tuple[str, QueueId]
 
 
 def canonical_many(positions: dict[Key, int]) -> dict:
@@ -139,7 +187,20 @@ def positions_many(offset: dict | None, topics: frozenset[str] | None = None) ->
     if topics is not None and not set(offset) <= topics:
         raise ValueError(f"the checkpoint's offsets are for topic(s) {sorted(offset)}, but this query reads "
                          f"{sorted(topics)}: use a new checkpoint location for different topics")
-    return {(topic, int(q)): int(o) for topic, queues in offset.items() for q, o in queues.items()}
+    return {(topic, parse_queue(q)): int(o) for topic, queues in offset.items() for q, o in queues.items()}
+
+
+def adopt(positions: dict[Key, int], spread: dict[str, str]) -> dict[Key, int]:
+    """Bare queue ids of topics now spread over broker groups, named as the group's queues.
+
+    ``spread``: topic -> the group a bare id belongs to (the group of the node that answered for
+    the topic before its placement: a checkpoint written before the topic was spread resumes on
+    that group's queues, and reads the other groups' from their start)."""
+    out = {}
+    for (topic, q), off in positions.items():
+        group = spread.get(topic)
+        out[(topic, GroupQueue(group, q) if group and isinstance(q, int) else q)] = off
+    return out
 
 
 def parse_option_many(text: str | None, default: str, bounds: dict[str, Bounds], what: str) -> dict[Key, int]:

@@ -15,6 +15,9 @@ scheduled after the planning), so together the slices cover the whole window. Li
 moving target it is not a snapshot: a message that fires (or is recalled) before its slice is read
 is absent, one scheduled later may appear; each message appears at most once per slice walk
 (the cursor is stable while timers fire) and slices do not overlap.
+
+A topic placed over a cluster's broker groups (``chronoq.spark.cluster``) is read on each group
+holding it (each group's timers hold what it stored): slices per group, at its primary.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from chronoq.spark import cluster
 from chronoq.spark import rpc
 
 PENDING_OPTIONS = ("pending", "dueFrom", "dueTo", "messageKey", "pendingPartitions")
@@ -90,6 +94,8 @@ class DueSlice(InputPartition):
     topic: str
     due_from: int | None   # None: unbounded
     due_to: int | None
+    group: str = ""        # the broker group holding it ("": the node given) ...
+    endpoint: str = ""     # ... at its primary
 
 
 def slices(lo: int | None, hi: int | None, span: tuple[int, int] | None, count: int) -> list[tuple]:
@@ -110,15 +116,28 @@ def slices(lo: int | None, hi: int | None, span: tuple[int, int] | None, count: 
     return out
 
 
-def plan(settings, pending: PendingPlan, topics: list[str]) -> list[DueSlice]:
-    with settings.client() as client:
+def _cut(settings, pending: PendingPlan, endpoint: str) -> list[tuple]:
+    with settings.client(endpoint) as client:
         resp = client.list_pending(limit=1, span=True)
     span = (resp.span_from_ms, resp.span_to_ms) if resp.span_to_ms else None
-    cut = slices(pending.due_from, pending.due_to, span, pending.partitions)
-    return [DueSlice(topic, lo, hi) for topic in topics for lo, hi in cut]
+    return slices(pending.due_from, pending.due_to, span, pending.partitions)
 
 
-def pending_to_arrow(messages) -> pa.RecordBatch:
+def plan(settings, pending: PendingPlan, topics: list[str]) -> list[DueSlice]:
+    with settings.client() as client:
+        topology = cluster.read_topology(client)
+    cuts: dict[str, list[tuple]] = {}
+    out = []
+    for topic in topics:
+        places = topology.readable(topic, strict=True) if topology.spread(topic) else [("", "")]
+        for group, endpoint in places:
+            if endpoint not in cuts:
+                cuts[endpoint] = _cut(settings, pending, endpoint)
+            out.extend(DueSlice(topic, lo, hi, group, endpoint) for lo, hi in cuts[endpoint])
+    return out
+
+
+def pending_to_arrow(messages, group: str = "") -> pa.RecordBatch:
     """A record batch (``PENDING_ARROW_SCHEMA``) of ``PendingMessage`` answers."""
     def times(values, null_when_zero):
         return pa.array([v * 1000 if v or not null_when_zero else None for v in values], rpc.TIMESTAMP)
@@ -138,6 +157,7 @@ def pending_to_arrow(messages) -> pa.RecordBatch:
         times([m.stored_ms for m in messages], True),
         times([m.deliver_at_ms for m in messages], True),
         pa.nulls(n, rpc.TIMESTAMP),
+        pa.array([group] * n, pa.string()) if group else pa.nulls(n, pa.string()),
         times([m.due_ms for m in messages], False),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=PENDING_ARROW_SCHEMA)
@@ -157,12 +177,12 @@ class PendingReader(DataSourceReader):
     def read(self, partition: DueSlice):
         """Page through the slice with the cursor (pure: a rerun reads what is pending then)."""
         cursor = ""
-        with self.settings.client() as client:
+        with self.settings.client(partition.endpoint) as client:
             for _ in range(1 << 40):  # ends when the broker answers no cursor
                 resp = client.list_pending(topic=partition.topic, key=self.pending.key, from_ms=partition.due_from,
                                            to_ms=partition.due_to, limit=LIST_PAGE, cursor=cursor, bodies=True)
                 if resp.messages:
-                    yield pending_to_arrow(resp.messages)
+                    yield pending_to_arrow(resp.messages, partition.group)
                 if not resp.next_cursor:
                     return
                 cursor = resp.next_cursor

@@ -42,6 +42,9 @@ READ_COLUMNS = [
     ("stored", "timestamp", TIMESTAMP),
     ("deliver_at", "timestamp", TIMESTAMP),
     ("visible", "timestamp", TIMESTAMP),
+    # The broker group holding the queue, for a topic spread over a cluster's groups (each
+    # group's queue ids start at 0: (broker_group, queue, offset) is unique); null on one node.
+    ("broker_group", "string", pa.string()),
 ]
 READ_DDL = ", ".join(f"{name} {ddl}" for name, ddl, _ in READ_COLUMNS)
 READ_ARROW_SCHEMA = pa.schema([pa.field(name, t) for name, _, t in READ_COLUMNS])
@@ -140,6 +143,11 @@ class AdminRpc:
         resp = self._call("QueueOffsets", apb.QueueOffsetsRequest(topic=topic))
         return {q.queue: (q.min_offset, q.next_offset) for q in resp.queues}
 
+    def cluster_groups(self):
+        """``ClusterGroupsResponse``: the cluster's broker groups and every topic's placement
+        (chronoq.spark.cluster); PRECONDITION_FAILED from a node without etcd."""
+        return self._call("ClusterGroups", apb.ClusterGroupsRequest())
+
     def list_topics(self) -> list[str]:
         """The names of the broker's user topics (system topics left out)."""
         return [t.name for t in self._call("ListTopics", apb.ListTopicsRequest()).topics]
@@ -229,8 +237,9 @@ def _times(values, null_when_zero: bool) -> pa.Array:
     return pa.array(ms * 1000, type=TIMESTAMP, mask=mask)
 
 
-def columns_to_arrow(topic: str, queue: int, cols: apb.MessageColumns) -> pa.RecordBatch:
-    """A record batch with the source's schema for one ``ReadMessages`` answer."""
+def columns_to_arrow(topic: str, queue: int, cols: apb.MessageColumns, group: str = "") -> pa.RecordBatch:
+    """A record batch with the source's schema for one ``ReadMessages`` answer (``group``: the
+    broker group it came from, "" for a topic on one node)."""
     n = cols.count
     key_counts = np.asarray(cols.key_counts, dtype=np.int32) if len(cols.key_counts) else np.zeros(n, np.int32)
     keys = pa.ListArray.from_arrays(pa.array(_offsets32(key_counts)),
@@ -255,6 +264,7 @@ def columns_to_arrow(topic: str, queue: int, cols: apb.MessageColumns) -> pa.Rec
         _times(cols.stored_ms, True),
         _times(cols.deliver_at_ms, True),
         _times(cols.visible_ms, False),
+        pa.array([group] * n, pa.string()) if group else pa.nulls(n, pa.string()),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=READ_ARROW_SCHEMA)
 

@@ -8,6 +8,11 @@ Reading: a topic by (queue, offset) ranges. ``read`` is pure (it reruns for samp
 replays) and yields Arrow record batches. The stream reader keeps no consumer position in the
 broker: the offsets in Spark's checkpoint are the position (canonical JSON, ``offsets.py``).
 
+Across a cluster (``chronoq.spark.cluster``): a topic placed over several broker groups is
+planned over every (group, queue); each partition names its group's primary, offsets name the
+group (``"g1/0"``), and a write stages each chunk on one group, as the route spreads sends, and
+publishes on each group it staged on.
+
 Writing: every Spark task stages its rows (``Stage``) under (sink id, batch id); the commit
 publishes the batch (``Publish``), exactly once per (sink id, batch id) however often Spark
 commits it; ``abort`` discards by (sink id, batch id). A streaming sink's id comes from the
@@ -22,15 +27,15 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Iterator
 
-from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, DataSourceStreamArrowWriter,
-                                    DataSourceStreamReader, InputPartition, WriterCommitMessage)
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
+from chronoq.spark import cluster
 from chronoq.spark import offsets as offs
 from chronoq.spark import pending
 from chronoq.spark import rpc
+from chronoq.spark.sink import ChronoqBatchWriter, ChronoqStreamWriter, targets as _targets
 
 log = logging.getLogger("chronoq.spark")
 
@@ -38,8 +43,6 @@ NAME = "chronoq"
 READ_PAGE_MESSAGES = 8192          # messages per ReadMessages call
 READ_PAGE_BYTES = 8 * 1024 * 1024
 PARTITION_MESSAGES = 250_000       # messages per input partition (option maxRecordsPerPartition)
-STAGE_ROWS = 16_384                # rows per Stage call ...
-STAGE_BYTES = 4 * 1024 * 1024      # ... and about this many body bytes (the broker's limits are higher)
 TIMEOUT_S = 120.0
 # The read options, as written in docs/spark.md (Spark hands them back lowercased). Kafka source
 # names that mean the same are aliases: maxOffsetsPerTrigger, subscribe, subscribePattern,
@@ -175,8 +178,9 @@ class Settings:
                    options.get("secretKey") or "", _flag(options, "tls", False), options.get("tlsCaFile") or "",
                    topics, pattern, _starting_ms(options) if reading else None)
 
-    def client(self) -> rpc.AdminRpc:
-        return rpc.AdminRpc(list(self.endpoints), self.timeout_s, access_key=self.access_key,
+    def client(self, endpoint: str = "") -> rpc.AdminRpc:
+        """A client of the endpoints given, or of one broker group's primary (``endpoint``)."""
+        return rpc.AdminRpc([endpoint] if endpoint else list(self.endpoints), self.timeout_s, access_key=self.access_key,
                             secret_key=self.secret_key, tls=self.tls, tls_ca_file=self.tls_ca_file)
 
 
@@ -208,12 +212,12 @@ class ChronoqDataSource(DataSource):
         settings = self._settings()
         _check_write_schema(schema, overwrite)
         job_id = settings.job_id or uuid.uuid4().hex
-        return ChronoqBatchWriter(settings, f"job:{job_id}")
+        return ChronoqBatchWriter(settings, f"job:{job_id}", _targets(settings))
 
     def streamWriter(self, schema, overwrite: bool):
         settings = self._settings()
         _check_write_schema(schema, overwrite)
-        return ChronoqStreamWriter(settings, _sink_id(settings))
+        return ChronoqStreamWriter(settings, _sink_id(settings), _targets(settings))
 
 
 def _sink_id(settings: Settings) -> str:
@@ -244,12 +248,36 @@ class QueueRange(InputPartition):
     queue: int
     start: int
     end: int
+    group: str = ""       # the broker group holding the queue ("": the topic on the node given) ...
+    endpoint: str = ""    # ... and its primary when planned
+
+
+def _group_endpoint(settings: Settings, part: QueueRange) -> str:
+    """The endpoint to read ``part`` at: the planned primary of its group, or the group's primary
+    now when that one does not serve the topic (it died, or came back as a replica, which refuses
+    Admin calls, after a replica took over since the planning)."""
+    if not part.group:
+        return ""
+    try:
+        with settings.client(part.endpoint) as client:
+            client.queue_offsets(part.topic)
+        return part.endpoint
+    except rpc.BrokerError as exc:
+        failed = exc
+    with settings.client() as client:
+        found = cluster.read_topology(client).leaders.get(part.group)
+    if found == part.endpoint:
+        raise failed
+    if not found:
+        raise RuntimeError(f"chronoq: broker group {part.group!r} has no primary now: cannot read "
+                           f"{part.topic}/{part.group}/{part.queue} ({failed})")
+    return found
 
 
 def _read_range(settings: Settings, part: QueueRange):
     """Record batches of the messages in ``part`` (pure: safe to run again)."""
     topic = part.topic
-    with settings.client() as client:
+    with settings.client(_group_endpoint(settings, part)) as client:
         offset = part.start
         while offset < part.end:
             res = client.read(topic, part.queue, offset, min(READ_PAGE_MESSAGES, part.end - offset), READ_PAGE_BYTES)
@@ -258,42 +286,72 @@ def _read_range(settings: Settings, part: QueueRange):
                     f"chronoq: {topic}/{part.queue} offsets {offset}..{res.min_offset - 1} were removed by "
                     "retention before this query read them (set failOnDataLoss=false to skip them)")
             if res.messages.count:
-                yield rpc.columns_to_arrow(topic, part.queue, res.messages)
+                yield rpc.columns_to_arrow(topic, part.queue, res.messages, part.group)
             if res.next_offset <= offset:
                 if offset >= res.max_offset:  # the range reaches past the queue's end: it shrank?
-                    raise RuntimeError(f"chronoq: {topic}/{part.queue} ends at {res.max_offset}, "
+                    where = f"{part.group}/{part.queue}" if part.group else part.queue
+                    raise RuntimeError(f"chronoq: {topic}/{where} ends at {res.max_offset}, "
                                        f"before the planned offset {part.end}")
                 break
             offset = res.next_offset
 
 
-def _bounds(settings: Settings) -> dict[str, offs.Bounds]:
-    """Every topic the query reads now -> its queues' bounds. A pattern is matched against the
+@dataclass
+class Plan:
+    """What a planning found: every topic's queues' bounds, and where the groups' queues are."""
+    bounds: dict[str, offs.Bounds]
+    where: dict[tuple[str, str], str]    # (topic, group) -> the group's primary
+    topology: cluster.Topology
+
+
+def _plan(settings: Settings, strict: bool = True) -> Plan:
+    """Every topic the query reads now -> its queues' bounds: on the node given, or, for a topic
+    placed over a cluster's groups, every group's queues (``strict``: a group without a primary
+    fails the planning; else its queues are left out for now). A pattern is matched against the
     broker's user topics at each call, so a topic created later joins the stream (from its start)."""
+    bounds: dict[str, offs.Bounds] = {}
+    where: dict[tuple[str, str], str] = {}
     with settings.client() as client:
-        return {topic: client.queue_offsets(topic) for topic in _topics(settings)}
+        topology = cluster.read_topology(client)
+        for topic in _topics(settings, client, topology):
+            if not topology.spread(topic):
+                bounds[topic] = client.queue_offsets(topic)
+                continue
+            bounds[topic] = {}
+            for group, endpoint in topology.readable(topic, strict):
+                where[(topic, group)] = endpoint
+                with settings.client(endpoint) as member:
+                    for q, b in member.queue_offsets(topic).items():
+                        bounds[topic][offs.GroupQueue(group, q)] = b
+    return Plan(bounds, where, topology)
 
 
-def _topics(settings: Settings) -> list[str]:
-    """The topics named, or the user topics the pattern matches now."""
+def _topics(settings: Settings, client: rpc.AdminRpc | None = None,
+            topology: cluster.Topology | None = None) -> list[str]:
+    """The topics named, or the user topics the pattern matches now (the node's and the
+    cluster's placed ones)."""
     if settings.pattern is None:
         return list(settings.topics)
-    with settings.client() as client:
-        regex = re.compile(settings.pattern)
-        return sorted(t for t in client.list_topics() if regex.fullmatch(t))
+    regex = re.compile(settings.pattern)
+    if client is None:
+        with settings.client() as own:
+            return _topics(settings, own, topology)
+    names = set(client.list_topics()) | set(topology.placements if topology else ())
+    return sorted(t for t in names if regex.fullmatch(t))
 
 
-def _start(settings: Settings, bounds: dict[str, offs.Bounds], default: str) -> dict[offs.Key, int]:
+def _start(settings: Settings, plan: Plan, default: str) -> dict[offs.Key, int]:
     """Where a query begins: ``startingOffsets`` (or ``default``), or per queue the first message
     that entered it at or after ``startingTimestamp`` (the queue's end when none did yet)."""
     if settings.starting_ms is None:
-        return offs.parse_option_many(settings.starting, default, bounds, "startingOffsets")
+        return offs.parse_option_many(settings.starting, default, plan.bounds, "startingOffsets")
     out = {}
-    with settings.client() as client:
-        for topic, queues in bounds.items():
-            for q, (lo, hi) in queues.items():
-                def visible_ms(offset: int, topic=topic, q=q) -> int:
-                    res = client.read(topic, q, offset, 1, 1)
+    for topic, queues in plan.bounds.items():
+        for q, (lo, hi) in queues.items():
+            group, local = (q.group, q.queue) if isinstance(q, offs.GroupQueue) else ("", q)
+            with settings.client(plan.where.get((topic, group), "")) as client:
+                def visible_ms(offset: int, topic=topic, local=local) -> int:
+                    res = client.read(topic, local, offset, 1, 1)
                     return res.messages.visible_ms[0] if res.messages.count else 1 << 62
                 out[(topic, q)] = offs.first_at_or_after(lo, hi, visible_ms, settings.starting_ms)
     return out
@@ -304,8 +362,18 @@ def _named(settings: Settings) -> frozenset[str] | None:
     return None if settings.pattern is not None else frozenset(settings.topics)
 
 
-def _ranges(start: dict, end: dict, per_partition: int) -> list[QueueRange]:
-    return [QueueRange(topic, q, lo, hi) for (topic, q), lo, hi in offs.ranges(start, end, per_partition)]
+def _ranges(start: dict, end: dict, per_partition: int, where: dict[tuple[str, str], str]) -> list[QueueRange]:
+    out = []
+    for (topic, q), lo, hi in offs.ranges(start, end, per_partition):
+        if isinstance(q, offs.GroupQueue):
+            out.append(QueueRange(topic, q.queue, lo, hi, q.group, where.get((topic, q.group), "")))
+        else:
+            out.append(QueueRange(topic, q, lo, hi))
+    return out
+
+
+def _spread_topics(positions: dict[offs.Key, int]) -> set[str]:
+    return {topic for topic, q in positions if isinstance(q, offs.GroupQueue)}
 
 
 class ChronoqBatchReader(DataSourceReader):
@@ -314,10 +382,10 @@ class ChronoqBatchReader(DataSourceReader):
 
     def partitions(self):
         s = self.settings
-        bounds = _bounds(s)
-        start = _start(s, bounds, "earliest")
-        end = offs.parse_option_many(s.ending, "latest", bounds, "endingOffsets")
-        return _ranges(start, end, s.per_partition) or [QueueRange(s.topic, 0, 0, 0)]
+        plan = _plan(s, strict=True)
+        start = _start(s, plan, "earliest")
+        end = offs.parse_option_many(s.ending, "latest", plan.bounds, "endingOffsets")
+        return _ranges(start, end, s.per_partition, plan.where) or [QueueRange(s.topic, 0, 0, 0)]
 
     def read(self, partition: QueueRange):
         if partition.end > partition.start:
@@ -333,30 +401,42 @@ class ChronoqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         s = self.settings
-        return offs.canonical_many(_start(s, _bounds(s), "latest"))
+        return offs.canonical_many(_start(s, _plan(s, strict=True), "latest"))
 
     def getDefaultReadLimit(self):
         n = self.settings.max_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = _ends(_bounds(self.settings))
+        self._target = _ends(_plan(self.settings, strict=False).bounds)
 
     def latestOffset(self, start: dict, limit) -> dict:
         s = self.settings
-        begin = offs.positions_many(start, _named(s))
-        end = _ends(_bounds(s))
+        plan = _plan(s, strict=False)
+        begin = _adopted(offs.positions_many(start, _named(s)), plan.topology)
+        end = _ends(plan.bounds)
         if self._target is not None:
             end = {k: min(hi, self._target.get(k, 0)) for k, hi in end.items()}
         end = {k: max(hi, begin.get(k, 0)) for k, hi in end.items()}  # never move backwards
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = offs.limit_rows(begin, end, max_rows)
+        # A group without a primary now keeps its queues' positions (read once it is back).
+        end.update({k: off for k, off in begin.items()
+                    if k not in end and isinstance(k[1], offs.GroupQueue) and k[0] in plan.bounds})
         latest = offs.canonical_many(end)
         return start if latest == start else latest
 
     def partitions(self, start: dict, end: dict):
         s = self.settings
-        return _ranges(offs.positions_many(start), offs.positions_many(end), s.per_partition)
+        begin, stop = offs.positions_many(start), offs.positions_many(end)
+        where: dict[tuple[str, str], str] = {}
+        if _spread_topics(stop):
+            with s.client() as client:
+                topology = cluster.read_topology(client)
+            begin = _adopted(begin, topology, _spread_topics(stop))
+            where = {(topic, q.group): topology.leaders.get(q.group, "") for topic, q in stop
+                     if isinstance(q, offs.GroupQueue)}
+        return _ranges(begin, stop, s.per_partition, where)
 
     def read(self, partition: QueueRange):
         yield from _read_range(self.settings, partition)
@@ -369,98 +449,11 @@ def _ends(bounds: dict[str, offs.Bounds]) -> dict[offs.Key, int]:
     return {(topic, q): hi for topic, queues in bounds.items() for q, (_lo, hi) in queues.items()}
 
 
-# ---------------------------------------------------------------------------- writing
-@dataclass(frozen=True)
-class StageCommit(WriterCommitMessage):
-    stage_id: str
-    chunks: int
-    rows: int
-
-
-def _stage(settings: Settings, sink_id: str, batch_id: int, batches) -> StageCommit:
-    """Stage every row of ``batches`` as one stage (one per task attempt)."""
-    stage_id = uuid.uuid4().hex
-    chunks = rows = 0
-    with settings.client() as client:
-        # The next chunk is read from Spark, converted and sent while the broker stages this one;
-        # at most two calls are outstanding (each answer is awaited before a third is sent).
-        waiting = None
-        for batch in batches:
-            for piece in rpc.split_batch(batch, STAGE_ROWS, STAGE_BYTES):
-                call = client.stage_async(sink_id, batch_id, stage_id, chunks, settings.topic, rpc.batch_to_rows(piece))
-                chunks += 1
-                if waiting is not None:
-                    rows += waiting()
-                waiting = call
-        if waiting is not None:
-            rows += waiting()
-    return StageCommit(stage_id, chunks, rows)
-
-
-def _publish(settings: Settings, sink_id: str, batch_id: int, messages) -> None:
-    stages = [(m.stage_id, m.chunks, m.rows) for m in messages if isinstance(m, StageCommit) and m.chunks]
-    with settings.client() as client:
-        resp = client.publish(sink_id, batch_id, stages)
-    log.info("chronoq sink %s batch %d: %s %d messages", sink_id, batch_id,
-             "already published," if resp.already_published else "published", resp.messages)
-
-
-def _abort(settings: Settings, sink_id: str, batch_id: int) -> None:
-    with settings.client() as client:
-        client.abort(sink_id, batch_id)
-
-
-class ChronoqBatchWriter(DataSourceArrowWriter):
-    """``df.write``: one job (sink ``job:<jobId>``).
-
-    Default: each task publishes its partition as soon as it has staged it (batch id = the
-    partition id), so the broker publishes while other tasks still run; a task retried after its
-    publish publishes nothing again, and a job re-run with the same ``jobId`` publishes only the
-    partitions that are missing. ``atomic=true``: the whole job is batch 0, published by the
-    job's commit, all or nothing.
-    """
-
-    def __init__(self, settings: Settings, sink_id: str):
-        self.settings = settings
-        self.sink_id = sink_id
-
-    def write(self, iterator: Iterator) -> StageCommit:
-        if self.settings.atomic:
-            return _stage(self.settings, self.sink_id, 0, iterator)
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx is not None else 0
-        staged = _stage(self.settings, self.sink_id, partition, iterator)
-        _publish(self.settings, self.sink_id, partition, [staged])
-        return staged
-
-    def commit(self, messages) -> None:
-        if self.settings.atomic:
-            _publish(self.settings, self.sink_id, 0, messages)
-
-    def abort(self, messages) -> None:
-        _abort(self.settings, self.sink_id, 0 if self.settings.atomic else -1)
-
-
-class ChronoqStreamWriter(DataSourceStreamArrowWriter):
-    """``writeStream``: exactly once per (sink id, batch id)."""
-
-    def __init__(self, settings: Settings, sink_id: str):
-        self.settings = settings
-        self.sink_id = sink_id
-
-    def write(self, iterator: Iterator) -> StageCommit:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
-        if batch is None:
-            raise RuntimeError("chronoq stream sink: Spark did not say which micro-batch this task writes")
-        return _stage(self.settings, self.sink_id, int(batch), iterator)
-
-    def commit(self, messages, batchId: int) -> None:
-        _publish(self.settings, self.sink_id, batchId, messages)
-
-    def abort(self, messages, batchId: int) -> None:
-        _abort(self.settings, self.sink_id, batchId)
+def _adopted(positions: dict[offs.Key, int], topology: cluster.Topology,
+             spread: set[str] | None = None) -> dict[offs.Key, int]:
+    """A checkpoint's bare queue ids of a topic that has since been placed over the cluster's
+    groups belong to the group of the node the query reads through (where the topic was)."""
+    topics = {t for t, _q in positions if topology.spread(t)} if spread is None else spread
+    if not topics or not topology.group:
+        return positions
+    return offs.adopt(positions, {t: topology.group for t in topics})

@@ -106,14 +106,14 @@ def test_audit_reports_early_and_lost_messages(spark):
     from chronoq.spark import audit
 
     now = 1_800_000_000_000
-    rows = [  # (kind, delayed, attempt, topic, id, group, ref_topic, ref_queue, ts, due, ref_offset)
-        (tr.STORED, True, 0, "t", "early", None, None, 0, now - 60_000, now - 10_000, 0),
-        (tr.VISIBLE, False, 0, "t", "early", None, None, 0, now - 10_500, now - 10_000, 0),
-        (tr.STORED, True, 0, "t", "lost", None, None, 0, now - 60_000, now - 50_000, 0),
-        (tr.STORED, True, 0, "t", "fine", None, None, 0, now - 60_000, now - 40_000, 0),
-        (tr.VISIBLE, False, 0, "t", "fine", None, None, 0, now - 39_990, now - 40_000, 0),
-        (tr.DELIVERED, False, 1, "t", "fine", "g", "t", 0, now - 39_000, 0, 7),
-        (tr.ACKED, False, 0, None, None, "g", "t", 0, now - 38_000, 0, 7),
+    rows = [  # (kind, delayed, attempt, topic, id, group, ref_topic, ref_queue, ts, due, ref_offset, broker group)
+        (tr.STORED, True, 0, "t", "early", None, None, 0, now - 60_000, now - 10_000, 0, ""),
+        (tr.VISIBLE, False, 0, "t", "early", None, None, 0, now - 10_500, now - 10_000, 0, ""),
+        (tr.STORED, True, 0, "t", "lost", None, None, 0, now - 60_000, now - 50_000, 0, ""),
+        (tr.STORED, True, 0, "t", "fine", None, None, 0, now - 60_000, now - 40_000, 0, ""),
+        (tr.VISIBLE, False, 0, "t", "fine", None, None, 0, now - 39_990, now - 40_000, 0, ""),
+        (tr.DELIVERED, False, 1, "t", "fine", "g", "t", 0, now - 39_000, 0, 7, ""),
+        (tr.ACKED, False, 0, None, None, "g", "t", 0, now - 38_000, 0, 7, ""),
     ]
     events = spark.createDataFrame(rows, audit.EVENTS_DDL)
     out = audit.report(audit.messages(events, now, grace_ms=30_000)).collect()

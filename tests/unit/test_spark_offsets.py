@@ -127,3 +127,28 @@ def test_starting_timestamp_option():
     for bad in ("soon", "-5", "1.5"):
         with pytest.raises(ValueError, match="epoch milliseconds"):
             Settings.parse({**base, "startingTimestamp": bad}, reading=True)
+
+
+def test_queues_of_a_topic_spread_over_broker_groups_name_their_group():
+    g = offs.GroupQueue
+    bounds = {g("g2", 0): (0, 4), g("g1", 1): (0, 3), g("g1", 0): (2, 9), g("g1", 10): (0, 1)}
+    start = offs.parse_option_many(None, "earliest", {"t": bounds}, "startingOffsets")
+    text = json.dumps(offs.canonical_many(start))
+    assert text == '{"t": {"g1/0": 2, "g1/1": 0, "g1/10": 0, "g2/0": 0}}'  # group, then queue in numeric order
+    assert offs.positions_many(json.loads(text), frozenset({"t"})) == start
+    got = offs.parse_option_many('{"t": {"g2/0": 3, "g1/0": -1}}', "earliest", {"t": bounds}, "startingOffsets")
+    assert got[("t", g("g2", 0))] == 3 and got[("t", g("g1", 0))] == 9 and got[("t", g("g1", 1))] == 0
+    for bad in ('{"t": {"0": 1}}', '{"t": {"g3/0": 1}}', '{"t": {"g1/x": 1}}', '{"t": {"/0": 1}}'):
+        with pytest.raises(ValueError, match="has no queue"):
+            offs.parse_option_many(bad, "earliest", {"t": bounds}, "startingOffsets")
+    end = {("t", q): hi for q, (_lo, hi) in bounds.items()}
+    assert offs.ranges(start, end, 4) == [(("t", g("g1", 0)), 2, 6), (("t", g("g1", 0)), 6, 9),
+                                          (("t", g("g1", 1)), 0, 3), (("t", g("g1", 10)), 0, 1),
+                                          (("t", g("g2", 0)), 0, 4)]
+    cut = offs.limit_rows(start, end, 8)
+    assert sum(cut[k] - start[k] for k in cut) == 8 and cut[("t", g("g2", 0))] == 2
+    # A checkpoint written before the topic was spread: its bare ids are the queues of the group
+    # the query reads through; other topics keep theirs.
+    old = offs.positions_many(json.loads('{"t": {"0": 5, "1": 7}, "u": {"0": 1}}'))
+    assert offs.adopt(old, {"t": "g1"}) == {("t", g("g1", 0)): 5, ("t", g("g1", 1)): 7, ("u", 0): 1}
+    assert offs.parse_queue("12") == 12 and offs.parse_queue("g.x-1/3") == g("g.x-1", 3)
