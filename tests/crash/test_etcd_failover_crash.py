@@ -41,7 +41,7 @@ from tests.crash.test_failover_crash import CONFIG, KILLS, SEED, check, missing
 from tests.integration import conftest
 from tests.integration.conftest import ChronoqProcess, free_port, wait_until
 from tests.integration.etcd_fixture import etcd  # noqa: F401 - the fixture
-from tests.integration.test_etcd_failover import commit_log_bytes, in_sync, role_of
+from tests.integration.test_etcd_failover import in_sync, role_of, same_log
 from tests.integration.test_replication import cluster_status
 
 SENDS_PER_ROUND = 150  # (the manual test's 400: a round here also waits out a lease and a rejoin)
@@ -132,13 +132,7 @@ def compare_logs(leader: Node, replica: Node) -> int:
     """Stops both (the replica first, once it has the leader's whole log); the replica's log is the
     leader's byte for byte up to where it caught up, and the leader's epoch history is returned
     checked to be 1..n, one record per promotion."""
-    end = cluster_status(leader.endpoint).commit_end
-    wait_until(lambda: cluster_status(replica.endpoint).commit_end >= end, 60, interval_s=0.1,
-               what="the replica to catch up at the end")
-    replica.end_life()
-    leader.end_life()
-    mine, theirs = commit_log_bytes(replica.data_dir), commit_log_bytes(leader.data_dir)
-    assert len(mine) >= end and theirs[:len(mine)] == mine, (len(mine), end, len(theirs))
+    same_log(leader, replica, lambda: (replica.end_life(), leader.end_life()), 60)
     epochs = log_epochs(leader.data_dir)
     assert epochs == list(range(1, len(epochs) + 1)), epochs  # one record per election, each one more
     return epochs[-1]

@@ -64,6 +64,19 @@ def commit_log_bytes(data_dir: str) -> bytes:
     return out
 
 
+def same_log(leader, replica, stop, timeout_s: float = 30.0) -> bytes:
+    """Waits for ``replica`` to hold ``leader``'s durable log, calls ``stop()`` (the replica first),
+    checks the replica's log is the leader's byte for byte up to where it caught up; returns the
+    leader's log. ``leader``, ``replica``: anything with ``endpoint`` and ``data_dir``."""
+    end = cluster_status(leader.endpoint).commit_end
+    wait_until(lambda: cluster_status(replica.endpoint).commit_end >= end, timeout_s, interval_s=0.1,
+               what=f"{replica.endpoint} to catch up with {leader.endpoint}")
+    stop()
+    mine, theirs = commit_log_bytes(replica.data_dir), commit_log_bytes(leader.data_dir)
+    assert len(mine) >= end and theirs[:len(mine)] == mine, (len(mine), end, len(theirs))
+    return theirs
+
+
 def first_acknowledged_send(endpoint: str, topic: str, since: float, limit_s: float = 60.0) -> float:
     """Seconds from ``since`` to the first send a new official producer got acknowledged at
     ``endpoint`` (tried every 0.2 s: before the promotion the route or the send fails)."""
@@ -200,13 +213,7 @@ def test_a_paused_primary_is_fenced_then_steps_down_and_follows_the_new_leader(t
         assert str(receipt.message_queue.endpoints) == b.endpoint
         with simple_consumer(b.endpoint, group, delayed) as c:  # the new primary fires the timer
             assert [m.body for m in receive_all(c, 1, timeout_s=30)] == [due_body]
-        end = cluster_status(b.endpoint).commit_end
-        wait_until(lambda: cluster_status(a.endpoint).commit_end >= end, 30, interval_s=0.1,
-                   what="the old primary to catch up")
-        a.stop()
-        b.stop()
-        mine, theirs = commit_log_bytes(a.data_dir), commit_log_bytes(b.data_dir)
-        assert len(mine) >= end and mine == theirs[:len(mine)], (len(mine), end, len(theirs))
+        theirs = same_log(b, a, lambda: (a.stop(), b.stop()))
         for by, body in after:  # what was acknowledged after the resume is in the one history (a's old tail was cut)
             assert by is None or body in theirs, (by, body)
     finally:
