@@ -175,6 +175,11 @@ async def _bounded(coro, timeout_s: float):
     return task.result()
 
 
+def _said_if_failed(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("publishing the in-sync set stopped: %r", task.exception())
+
+
 async def _replica_watch(runtime, node, leader: co.Leader) -> None:
     """Beside a following replica: register it, watch its leader; when the leader key goes,
     campaign if eligible and promote on a win; return (the replica then stops and ``take_role``
@@ -302,6 +307,7 @@ class PrimaryDuty:
         hangs must not hold up the step-down)."""
         await _register(self.coord, "primary", self.node, self.store.log.synced, self.epoch)
         publishing = asyncio.ensure_future(self._publish())
+        publishing.add_done_callback(_said_if_failed)
         try:
             while not self.runtime._stop.is_set():
                 if not self.leadership.holds():
@@ -310,7 +316,7 @@ class PrimaryDuty:
                     publishing.cancel()
                     await self._fenced()
                     return
-                await _wait(self.runtime, asyncio.sleep(PUBLISH_TICK_S))
+                await asyncio.sleep(PUBLISH_TICK_S)
         finally:
             publishing.cancel()  # (not awaited: a call cut off on etcd's side may take its time to end)
 
