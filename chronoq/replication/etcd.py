@@ -135,7 +135,7 @@ class EtcdCoordinator:
     async def _drop(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            try:  # (bounded: aetcd's close waits for its watcher, which an etcd that stopped answering never ends)
+            try:  # (bounded: closing a connection to an etcd that stopped answering must not hold up the caller)
                 await asyncio.wait_for(client.close(), DROP_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - already broken
                 pass

@@ -164,8 +164,8 @@ async def _wait(runtime, coro) -> None:
 
 async def _bounded(coro, timeout_s: float):
     """``coro``'s result, or ``TimeoutError`` after ``timeout_s`` without waiting for the cut-off
-    call to end (``asyncio.wait_for`` would: an etcd call cancelled while etcd is stopped was seen
-    to take longer than any bound)."""
+    call to end (``asyncio.wait_for`` waits for it; with etcd stopped, a step-down built on it was
+    seen to stall for more than 30 s, now and then)."""
     task = asyncio.ensure_future(coro)
     done, _ = await asyncio.wait([task], timeout=timeout_s)
     if not done:
