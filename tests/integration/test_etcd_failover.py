@@ -197,6 +197,7 @@ def test_a_paused_primary_is_fenced_then_steps_down_and_follows_the_new_leader(t
         # It steps down by itself and follows the new leader.
         wait_until(lambda: (lambda st: st is not None and st.role == "replica" and st.following == b.endpoint)(
             status_or_none(a)), 30, interval_s=0.1, what="the old primary to step down and follow the new leader")
+        print(f"\nSIGCONT of the fenced primary -> a replica of the new leader: {time.monotonic() - resumed:.2f} s")
         load.close()
         after = [(by, body) for began, by, body in load.results if began >= resumed]
         assert after, "no send was tried after the resume"
