@@ -59,7 +59,13 @@ class Leadership:
         self.new_leader: str | None = None  # learnt once fenced
 
     def holds(self) -> bool:
-        return self.deadline.holds()
+        """While the term's lease surely holds. A lapse seen once is final: a keep-alive answered
+        later (etcd only slow, or stopped, and still holding the lease) would otherwise make a
+        broker that already refused acknowledge again (seen: a refusal, then OK once etcd resumed)."""
+        if self.deadline.holds():
+            return True
+        self.deadline.lose("its lease deadline passed (no keep-alive answered in time, or the process was paused)")
+        return False
 
     def refusal(self) -> str:
         why = self.deadline.lost or "its etcd lease may have expired (no keep-alive answered in time)"
@@ -310,9 +316,7 @@ class PrimaryDuty:
         publishing.add_done_callback(_said_if_failed)
         try:
             while not self.runtime._stop.is_set():
-                if not self.leadership.holds():
-                    self.leadership.deadline.lose("its lease deadline passed (no keep-alive answered in time, or the "
-                                                  "process was paused)")  # (final: a later keep-alive undoes nothing)
+                if not self.leadership.holds():  # (final: a later keep-alive undoes nothing)
                     publishing.cancel()
                     await self._fenced()
                     return

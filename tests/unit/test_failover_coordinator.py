@@ -374,3 +374,23 @@ def test_a_fenced_leader_steps_down_once_it_holds_a_fresh_lease_and_stays_fenced
         assert coord.deadline.holds() and not duty.leadership.holds()  # the fresh lease is not the term's
 
     asyncio.run(scenario())
+
+
+def test_a_lapse_the_leader_saw_once_is_final_even_if_a_later_keep_alive_is_answered():
+    """etcd stopped, then resumed before it expired the lease: the keep-alive answered after the
+    deadline must not make a broker that already refused (fenced) acknowledge again."""
+    from chronoq.server.failover import Leadership
+
+    class Coord:
+        cluster, group = "c", "g"
+
+    clock = FakeClock(monotonic_ns=100 * S)
+    coord = Coord()
+    coord.deadline = co.LeaseDeadline(clock, 2000)
+    coord.deadline.renewed(clock.monotonic_ns(), 2)
+    leadership = Leadership(coord, 1)
+    assert leadership.holds()
+    clock.advance(1500)  # the deadline passes: a send is refused
+    assert not leadership.holds()
+    coord.deadline.renewed(clock.monotonic_ns(), 2)  # etcd answers again, the lease alive on its side
+    assert not leadership.holds() and "deadline passed" in leadership.refusal()
