@@ -30,7 +30,6 @@ CONNECT_TIMEOUT_S = 5.0
 # one answered, so one that times out (after a period) leaves less than a period: it is retried at
 # once, not a period later (with lease_ttl_ms = 2000 a single slow answer lost the leadership).
 KEEPALIVES_PER_TTL = 3
-DROP_TIMEOUT_S = 2.0  # closing a broken connection gives up after this
 RETRY_PAUSE_S = 0.02  # between a keep-alive that failed after a normal tick and its retry (on the next endpoint)
 
 
@@ -135,8 +134,8 @@ class EtcdCoordinator:
     async def _drop(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            try:  # (bounded: closing a connection to an etcd that stopped answering must not hold up the caller)
-                await asyncio.wait_for(client.close(), DROP_TIMEOUT_S)
+            try:
+                await client.close()
             except Exception:  # noqa: BLE001 - already broken
                 pass
 

@@ -168,19 +168,6 @@ async def _wait(runtime, coro) -> None:
         await asyncio.sleep(1)
 
 
-async def _bounded(coro, timeout_s: float):
-    """``coro``'s result, or ``TimeoutError`` after ``timeout_s`` without waiting for the cut-off
-    call to end (``asyncio.wait_for`` waits for it; with etcd stopped, a step-down built on it was
-    seen to stall for more than 30 s, now and then)."""
-    task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait([task], timeout=timeout_s)
-    if not done:
-        task.cancel()
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # (retrieved: no "never retrieved")
-        raise TimeoutError(f"etcd did not answer within {timeout_s:.0f} s")
-    return task.result()
-
-
 def _said_if_failed(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("publishing the in-sync set stopped: %r", task.exception())
@@ -359,7 +346,7 @@ class PrimaryDuty:
     async def _learn_leader(self) -> None:
         coord = self.coord
         try:
-            view = await _bounded(coord.call(coord.view()), STEP_DOWN_CALL_S)
+            view = await asyncio.wait_for(coord.call(coord.view()), STEP_DOWN_CALL_S)
         except Exception:  # noqa: BLE001 - the refusal and the route then name no successor
             return
         if view.leader is not None and view.leader.node != self.node:
@@ -383,7 +370,7 @@ class PrimaryDuty:
         coord, said = self.coord, False
         while not self.runtime._stop.is_set():
             try:
-                await _bounded(coord.call(coord.fresh_lease()), STEP_DOWN_CALL_S)
+                await asyncio.wait_for(coord.call(coord.fresh_lease()), STEP_DOWN_CALL_S)
                 break
             except Exception as exc:  # noqa: BLE001 - etcd away: stay fenced (refusing everything) and retry
                 if not said:
