@@ -393,6 +393,8 @@ class GroupCommitter:
             synced, exc = self.broker.flush(), None
         except Exception as failure:  # noqa: BLE001 - handed to the waiters
             synced, exc = -1, failure
+        if exc is None and self.fenced:  # a fenced primary stepping down acknowledges nothing, even now
+            exc = errors.PreconditionFailed(self.leadership.refusal())
         gens = [g for g in (self._running, self._waiting) if g is not None]
         self._running = self._waiting = None
         for gen in gens:

@@ -9,7 +9,8 @@ read from any thread (a few attributes under the GIL).
 Keys and values: ``chronoq.replication.coordinator``. One lease per process, granted at start:
 the member key always hangs on it, and the leader key once this node wins a campaign. A
 follower whose lease expired (a long pause) is granted a new one; a leader's lease that expired
-is final (``LeaseDeadline.lose``): the node is fenced for the rest of its life.
+is final (``LeaseDeadline.lose``): that broker is fenced for the rest of its life, and steps down
+(``fresh_lease``: the old lease revoked, a new one with a new deadline for the node's next role).
 """
 
 from __future__ import annotations
@@ -180,6 +181,36 @@ class EtcdCoordinator:
                 await self._grant()
             except Exception as exc:  # noqa: BLE001 - the next round tries again
                 log.warning("taking a new etcd lease failed: %r", exc)
+
+    async def fresh_lease(self) -> None:
+        """A fenced leader steps down (``chronoq.server.failover.PrimaryDuty``): its old lease is
+        revoked (its leader key, if etcd still holds it, goes at once: another node may campaign
+        without waiting for the TTL; failing that it expires on its own), this node stops being the
+        leader, and a new lease with a new ``deadline`` object is granted and kept alive. The old
+        ``LeaseDeadline`` stays lost: the fenced broker's ``Leadership`` holds it, not this
+        attribute. Raises when etcd grants no lease (the caller retries); a retry revokes again."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+        old = self.lease_id
+        if old:
+            try:
+                kv = await asyncio.wait_for(self._kv(), CONNECT_TIMEOUT_S)
+                await asyncio.wait_for(kv.revoke_lease(old), CONNECT_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - expired already (not found), or etcd away: the grant says
+                log.info("revoking the fenced lease %x failed (%s: %s)", old, type(exc).__name__, exc)
+        self.leader = None
+        self.member = None
+        self.deadline = co.LeaseDeadline(self.clock, self.ttl_s * 1000)
+        try:
+            await asyncio.wait_for(self._kv(), CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(self._grant(), CONNECT_TIMEOUT_S)
+        except BaseException:
+            self.lease_id = old  # (revoked again by the retry)
+            await self._drop()
+            self._index = (self._index + 1) % len(self.endpoints)
+            raise
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(), name="chronoq-etcd-keepalive")
 
     async def _close(self) -> None:
         if self._keepalive is not None:

@@ -16,11 +16,15 @@ As the primary (``run_primary``): the committer acknowledges only while the leas
 (``Leadership``, checked by ``chronoq.broker.committer``); the in-sync set is published (a shrink
 *before* any acknowledgement a removed replica lacks: ``chronoq.replication.coordinator.InSyncTracker``);
 under ``replication = "sync"`` an acknowledgement waits for every replica in the set. A primary
-that lost its lease stays fenced: every write is refused naming the new primary when known, no
-timer fires, no receive takes a message and no ack is settled (``GroupCommitter.check_leader``),
-and it never campaigns again (its old epoch is over); the operator restarts it, and it then
-follows the new leader (a log that went past the epoch boundary is cut there:
-``chronoq.replication.follower``).
+that lost its lease is fenced for good: every write is refused naming the new primary when known,
+no timer fires, no receive takes a message and no ack is settled (``GroupCommitter.check_leader``),
+its routes name the new leader instead of itself (``Leadership.successor``), and that broker never
+acknowledges again (its ``Leadership`` keeps the lapsed deadline). It **steps down** by itself
+(``PrimaryDuty._fenced``): a fresh etcd lease (the old one revoked; retried while etcd is away,
+the broker still refusing meanwhile), then the runtime closes the broker (its waiters refused:
+``GroupCommitter.close``) and goes back into ``take_role``: it follows the leader (a log that went
+past the epoch boundary is cut there, ``chronoq.replication.follower``, as after a restart) or,
+with no leader and this node eligible, campaigns for a new epoch.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ log = logging.getLogger("chronoq.failover")
 WATCH_S = 5.0        # a leader watch is renewed this often (the etcd session is checked with it)
 PUBLISH_TICK_S = 0.1
 ETCD_RETRY_S = 1.0
-POSITIONS_EVERY_MS = 1000  # the in-sync set's recorded positions are refreshed this often (when they moved)   # after a failed etcd call  # the in-sync set is looked at this often (and at each replica report)
+POSITIONS_EVERY_MS = 1000  # the in-sync set's recorded positions are refreshed this often (when they moved)
+STEP_DOWN_CALL_S = 6.0  # a fenced leader's etcd calls (the leader's name, a fresh lease) give up after this
 
 
 class Leadership:
@@ -48,16 +53,35 @@ class Leadership:
     def __init__(self, coord: EtcdCoordinator, epoch: int) -> None:
         self.coord = coord
         self.epoch = epoch
+        # This term's lease, held here: a step-down gives the coordinator a new one (``fresh_lease``),
+        # which must never make this broker acknowledge again.
+        self.deadline = coord.deadline
         self.new_leader: str | None = None  # learnt once fenced
 
     def holds(self) -> bool:
-        return self.coord.deadline.holds()
+        """While the term's lease surely holds. A lapse seen once is final: a keep-alive answered
+        later (etcd only slow, or stopped, and still holding the lease) would otherwise make a
+        broker that already refused acknowledge again (seen: a refusal, then OK once etcd resumed)."""
+        if self.deadline.holds():
+            return True
+        self.deadline.lose("its lease deadline passed (no keep-alive answered in time, or the process was paused)")
+        return False
 
     def refusal(self) -> str:
-        why = self.coord.deadline.lost or "its etcd lease may have expired (no keep-alive answered in time)"
+        why = self.deadline.lost or "its etcd lease may have expired (no keep-alive answered in time)"
         now = f"; the primary is now {self.new_leader}" if self.new_leader else ""
         return (f"this broker lost leadership of {self.coord.cluster}/{self.coord.group} (epoch {self.epoch}): {why}"
                 f"{now}; nothing is acknowledged here")
+
+    def successor(self) -> str:
+        """The endpoint a fenced broker's route names instead of its own: the leader etcd named
+        when last asked; none known yet: ``errors.ClosedError`` (INTERNAL_SERVER_ERROR, which the
+        clients retry; they keep their last route meanwhile)."""
+        if self.new_leader:
+            return self.new_leader
+        raise errors.ClosedError(
+            f"this broker lost leadership of {self.coord.cluster}/{self.coord.group} (epoch {self.epoch}) and is "
+            "stepping down; no new leader is known yet: ask again shortly (any node of the group answers routes)")
 
 
 def start_coordinator(cfg, node_id: str) -> EtcdCoordinator:
@@ -144,6 +168,11 @@ async def _wait(runtime, coro) -> None:
         await asyncio.sleep(1)
 
 
+def _said_if_failed(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("publishing the in-sync set stopped: %r", task.exception())
+
+
 async def _replica_watch(runtime, node, leader: co.Leader) -> None:
     """Beside a following replica: register it, watch its leader; when the leader key goes,
     campaign if eligible and promote on a win; return (the replica then stops and ``take_role``
@@ -222,6 +251,8 @@ class PrimaryDuty:
         self.clock = runtime.broker.clock
         self._acks: list[tuple[int, asyncio.Future]] = []
         self._wake = asyncio.Event()
+        # Set once fenced and holding a fresh lease: the runtime closes this broker and takes a role again.
+        self.stepped_down = asyncio.Event()
 
     def report(self, node: str, position: int) -> None:
         """A replica's pull (``PrimaryNode.on_report``)."""
@@ -265,15 +296,25 @@ class PrimaryDuty:
         self._acks = keep
 
     async def run(self) -> None:
+        """Look at the lease every tick; the in-sync set is published beside (an etcd call that
+        hangs must not hold up the step-down)."""
+        await _register(self.coord, "primary", self.node, self.store.log.synced, self.epoch)
+        publishing = asyncio.ensure_future(self._publish())
+        publishing.add_done_callback(_said_if_failed)
+        try:
+            while not self.runtime._stop.is_set():
+                if not self.leadership.holds():  # (final: a later keep-alive undoes nothing)
+                    publishing.cancel()
+                    await self._fenced()
+                    return
+                await asyncio.sleep(PUBLISH_TICK_S)
+        finally:
+            publishing.cancel()  # (not awaited: a call cut off on etcd's side may take its time to end)
+
+    async def _publish(self) -> None:
         coord, tracker = self.coord, self.tracker
-        await _register(coord, "primary", self.node, self.store.log.synced, self.epoch)
         published, published_ms = {}, self.clock.wall_ms()
-        while not self.runtime._stop.is_set():
-            if not self.leadership.holds():
-                coord.deadline.lose("its lease deadline passed (no keep-alive answered in time, or the process "
-                                    "was paused)")  # (final: a lapse is not undone by a later keep-alive)
-                await self._fenced()
-                return
+        while self.leadership.holds():
             now = self.clock.wall_ms()
             want = tracker.wanted(now)
             changed = want != tracker.published
@@ -283,8 +324,9 @@ class PrimaryDuty:
             if changed or (members != published and now - published_ms >= POSITIONS_EVERY_MS):
                 if changed:
                     tracker.required |= want  # (a joiner gates acknowledgements before etcd names it)
-                try:
-                    ok = await coord.call(coord.publish_insync(co.InSync(self.epoch, self.node, members)))
+                try:  # (bounded: a publish etcd never answers is tried again)
+                    ok = await asyncio.wait_for(coord.call(coord.publish_insync(co.InSync(self.epoch, self.node, members))),
+                                                STEP_DOWN_CALL_S)
                 except Exception as exc:  # noqa: BLE001 - the set stays as published; retried next tick
                     log.warning("publishing the in-sync set failed: %r", exc)
                     ok = None
@@ -301,18 +343,44 @@ class PrimaryDuty:
             except asyncio.TimeoutError:
                 pass
 
-    async def _fenced(self) -> None:
+    async def _learn_leader(self) -> None:
         coord = self.coord
         try:
-            view = await coord.call(coord.view())
-            if view.leader is not None and view.leader.node != self.node:
-                self.leadership.new_leader = view.leader.endpoint
-        except Exception:  # noqa: BLE001 - the refusal then names no successor
-            pass
+            view = await asyncio.wait_for(coord.call(coord.view()), STEP_DOWN_CALL_S)
+        except Exception:  # noqa: BLE001 - the refusal and the route then name no successor
+            return
+        if view.leader is not None and view.leader.node != self.node:
+            self.leadership.new_leader = view.leader.endpoint
+
+    async def _fenced(self) -> None:
+        """Fenced (final for this broker): refuse what waits, then step down. The broker keeps
+        serving refusals (and routes naming the new leader, ``Leadership.successor``) until etcd
+        grants this node a fresh lease; then ``stepped_down`` is set and the runtime closes the
+        broker and takes a role again (``take_role``: follow the leader, cutting this log at its
+        epoch boundary, or campaign when eligible)."""
+        await self._learn_leader()
         for fut in [f for _t, f in self._acks if not f.done()]:
             fut.set_exception(errors.PreconditionFailed(self.leadership.refusal()))
             fut.exception()
         self._acks = []
-        log.error("%s. This node acknowledges nothing more and never campaigns again with its old epoch: "
-                  "restart it (with etcd it then follows the new primary; a log that diverged at the epoch "
-                  "boundary must be truncated there first)", self.leadership.refusal())
+        log.error("%s. This node acknowledges nothing more and never campaigns again with epoch %d: it steps "
+                  "down (a fresh etcd lease, the broker closed, then it follows the leader, cutting its log at "
+                  "the epoch boundary if it went past it, or campaigns for a new epoch if eligible)",
+                  self.leadership.refusal(), self.epoch)
+        coord, said = self.coord, False
+        while not self.runtime._stop.is_set():
+            try:
+                await asyncio.wait_for(coord.call(coord.fresh_lease()), STEP_DOWN_CALL_S)
+                break
+            except Exception as exc:  # noqa: BLE001 - etcd away: stay fenced (refusing everything) and retry
+                if not said:
+                    log.warning("etcd: stepping down needs a fresh lease and etcd granted none (%r): this broker "
+                                "stays fenced, refusing every write, receive and ack, and tries again every %.0f s",
+                                exc, ETCD_RETRY_S)
+                    said = True
+            await _wait(self.runtime, asyncio.sleep(ETCD_RETRY_S))
+            await self._learn_leader()
+        else:
+            return
+        await self._learn_leader()
+        self.stepped_down.set()

@@ -259,24 +259,9 @@ class Runtime:
                 self.say(stays)
                 self.config = dataclasses.replace(self.config, replica_of="")
         if self.config.etcd_list:  # the role comes from etcd (chronoq.server.failover)
-            from chronoq.server import failover
-
-            self.coordinator = await loop.run_in_executor(None, failover.start_coordinator, self.config,
-                                                          self.node_id)
-            try:
-                from chronoq.replication.cluster import claim_group  # two groups cannot share a name
-
-                coord = self.coordinator
-                await coord.call(claim_group(coord, self.config.data_dir, coord.clock.wall_ms()))
-                epoch = await failover.take_role(self)
-            except BaseException:
-                await loop.run_in_executor(None, self.coordinator.close)
-                raise
-            if epoch is None:
-                await loop.run_in_executor(None, self.coordinator.close)
-                self.say("chronoq stopped cleanly")
-                return
-        elif self.config.replica_of:  # a replica until promoted (chronoq.server.replica)
+            await self._serve_by_etcd()
+            return
+        if self.config.replica_of:  # a replica until promoted (chronoq.server.replica)
             from chronoq.server.replica import serve_replica
 
             epoch = await serve_replica(self)
@@ -284,12 +269,37 @@ class Runtime:
                 self.say("chronoq stopped cleanly")
                 return
             self.say(f"promoted to primary: epoch {epoch}; opening the broker")
+        await self._serve_primary(epoch)
+        self.say("chronoq stopped cleanly")
+
+    async def _serve_by_etcd(self) -> None:
+        """The role loop with etcd: take a role (follow, wait or campaign: ``failover.take_role``),
+        serve as the primary while leading; a primary that was fenced steps down (``PrimaryDuty``
+        took a fresh lease; ``_serve_primary`` closed the broker) and goes around: it follows
+        whoever leads now, or campaigns for a new epoch."""
+        from chronoq.replication.cluster import claim_group  # two groups cannot share a name
+        from chronoq.server import failover
+
+        loop = asyncio.get_running_loop()
+        self.coordinator = coord = await loop.run_in_executor(None, failover.start_coordinator, self.config,
+                                                              self.node_id)
         try:
-            broker = await self._recover()
-        except BaseException:
-            if self.coordinator is not None:
-                await loop.run_in_executor(None, self.coordinator.close)
-            raise
+            await coord.call(claim_group(coord, self.config.data_dir, coord.clock.wall_ms()))
+            while not self._stop.is_set():
+                epoch = await failover.take_role(self)
+                if epoch is None or not await self._serve_primary(epoch):
+                    break
+                self.say(f"etcd: stepped down from epoch {epoch}: the broker is closed; taking a role again "
+                         "(following the leader, or campaigning if eligible)")
+        finally:  # after the last acknowledgement: the lease (and a leader key) go now
+            await loop.run_in_executor(None, coord.close)
+        self.say("chronoq stopped cleanly")
+
+    async def _serve_primary(self, epoch: int) -> bool:
+        """Open the broker and serve as the primary until a stop (False) or, with etcd, until this
+        primary was fenced and holds a fresh lease (True: it stepped down; everything is closed)."""
+        loop = asyncio.get_running_loop()
+        broker = await self._recover()
         self.committer = GroupCommitter(broker)
         if self.coordinator is not None:  # acknowledge only while the lease holds (from the epoch record on)
             from chronoq.server.failover import PrimaryDuty
@@ -315,6 +325,7 @@ class Runtime:
         # Worker threads (fsync completions, checkpoints) run a little Python; the loop thread
         # must not wait the default 5 ms for the GIL behind them (timer releases are due to the ms).
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        stepped_down = False
         try:
             self.open_consumers()
             self._start_history(loop)
@@ -356,10 +367,15 @@ class Runtime:
             self.say(ready)
             sys.stdout.flush()
             sdnotify.notify("READY=1", f"STATUS={ready}")  # under systemd (Type=notify): started
-            await self._stop.wait()
+            stepped_down = await self._until_stop_or_step_down()
             self.state = "stopping"
-            sdnotify.notify("STOPPING=1", "STATUS=stopping: flushing and writing a clean checkpoint")
-            self.say("chronoq stopping: flushing and writing a clean checkpoint")
+            if stepped_down:
+                sdnotify.notify("STATUS=fenced: stepping down (closing the broker, then following the leader)")
+                self.say(f"chronoq stepping down: this primary was fenced ({self.duty.leadership.refusal()}); "
+                         "closing the broker (its unacknowledged writes stay unacknowledged)")
+            else:
+                sdnotify.notify("STOPPING=1", "STATUS=stopping: flushing and writing a clean checkpoint")
+                self.say("chronoq stopping: flushing and writing a clean checkpoint")
         finally:  # also when a front end fails to start: close what is open, cleanly
             self.state = "stopping"
             for front_end in reversed(self.front_ends):
@@ -372,14 +388,30 @@ class Runtime:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             timer.attach_files_syncer(None)  # the close's checkpoint fsyncs in place
             remove_files_log()
-            await self.committer.close()
+            await self.committer.close()  # (fenced: what still waits is refused, not acknowledged)
             broker.close()
-            if self.coordinator is not None:  # after the last acknowledgement: the lease (and leader key) go now
-                await loop.run_in_executor(None, self.coordinator.close)
             gc.set_threshold(*gc_thresholds)  # the process is the caller's again
             gc.unfreeze()
             sys.setswitchinterval(switch_interval)
-        self.say("chronoq stopped cleanly")
+            # Nothing of this term is left for a next one (a step-down goes around: chronoq.server.failover).
+            self.front_ends, self._early, self._tasks = [], [], []
+            self.broker = self.committer = self.metrics = self.history = self.schedules = None
+            self.replication = self.duty = self.cluster = None
+        return stepped_down
+
+    async def _until_stop_or_step_down(self) -> bool:
+        """Wait for a stop (False) or, with etcd, for this primary's step-down (True)."""
+        if self.duty is None:
+            await self._stop.wait()
+            return False
+        stop = asyncio.ensure_future(self._stop.wait())
+        step = asyncio.ensure_future(self.duty.stepped_down.wait())
+        try:
+            await asyncio.wait([stop, step], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            step.cancel()
+        return self.duty.stepped_down.is_set() and not self._stop.is_set()
 
 
 def raise_priority(boost: int) -> str:

@@ -126,7 +126,7 @@ class ServiceCollector(Collector):
 
     @staticmethod
     def _leadership(duty) -> Iterator[Metric]:
-        lease = duty.coord.deadline
+        lease = duty.leadership.deadline  # (this term's: a step-down gives the coordinator a new one)
         yield GaugeMetricFamily("chronoq_cluster_leader", "1 while this primary surely holds its etcd lease and "
                                 "acknowledges writes; 0 once fenced (it acknowledges nothing more).",
                                 value=int(lease.holds()))

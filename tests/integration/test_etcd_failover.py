@@ -9,13 +9,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
-import pytest
+import grpc
+from rocketmq import Producer
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as sv
+from rocketmq.grpc_protocol import service_pb2_grpc
 
 from .conftest import HTTP_ANNOUNCED, ROOT, ChronoqProcess, free_port, wait_until
 from .etcd_fixture import etcd  # noqa: F401 - the fixture
+from .test_official_python_client import config as client_config
 from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique
 from .test_replication import cli, cluster_status, kill_9
 
@@ -56,6 +62,19 @@ def commit_log_bytes(data_dir: str) -> bytes:
             with open(os.path.join(directory, name), "rb") as fh:
                 out += fh.read()
     return out
+
+
+def same_log(leader, replica, stop, timeout_s: float = 30.0) -> bytes:
+    """Waits for ``replica`` to hold ``leader``'s durable log, calls ``stop()`` (the replica first),
+    checks the replica's log is the leader's byte for byte up to where it caught up; returns the
+    leader's log. ``leader``, ``replica``: anything with ``endpoint`` and ``data_dir``."""
+    end = cluster_status(leader.endpoint).commit_end
+    wait_until(lambda: cluster_status(replica.endpoint).commit_end >= end, timeout_s, interval_s=0.1,
+               what=f"{replica.endpoint} to catch up with {leader.endpoint}")
+    stop()
+    mine, theirs = commit_log_bytes(replica.data_dir), commit_log_bytes(leader.data_dir)
+    assert len(mine) >= end and theirs[:len(mine)] == mine, (len(mine), end, len(theirs))
+    return theirs
 
 
 def first_acknowledged_send(endpoint: str, topic: str, since: float, limit_s: float = 60.0) -> float:
@@ -113,47 +132,104 @@ def test_two_nodes_elect_a_primary_and_the_replica_takes_over_after_kill_9(tmp_p
         a.stop(check=False)
 
 
-def test_a_paused_primary_is_fenced_and_acknowledges_nothing_more(tmp_path, etcd):  # noqa: F811
+class SendLoad:
+    """A little load: one official producer given ``endpoint`` sending numbered messages on a
+    thread (bounded in count and time), recording for each send when it began and which broker
+    acknowledged it (the receipt's queue names it), or that it failed."""
+
+    def __init__(self, endpoint: str, topic: str, limit: int = 2000, limit_s: float = 90.0) -> None:
+        self.results: list[tuple[float, str | None, bytes]] = []  # (monotonic start, acknowledging endpoint, body)
+        self._stop = threading.Event()
+        self._producer = Producer(client_config(endpoint), (topic,))
+        self._producer.startup()
+        self._thread = threading.Thread(target=self._run, args=(topic, limit, time.monotonic() + limit_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, topic: str, limit: int, until: float) -> None:
+        for n in range(limit):
+            if self._stop.is_set() or time.monotonic() > until:
+                return
+            body, began = b"load-%d" % n, time.monotonic()
+            try:
+                by = str(self._producer.send(make_message(topic, body)).message_queue.endpoints)
+            except Exception:  # noqa: BLE001 - refused, or the broker away: not acknowledged
+                by = None
+                time.sleep(0.05)
+            self.results.append((began, by, body))
+
+    def acked(self) -> int:
+        return sum(1 for _t, by, _b in self.results if by)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the load thread did not stop"
+        self._producer.shutdown()
+
+
+def test_a_paused_primary_is_fenced_then_steps_down_and_follows_the_new_leader(tmp_path, etcd):  # noqa: F811
+    """SIGSTOP of the primary under a little load until the replica took over, then SIGCONT: the
+    old primary acknowledges nothing more, steps down by itself (no restart), follows the new
+    leader (cutting its unacknowledged tail at the epoch boundary), ends with its log byte for
+    byte, and its routes name the new leader; a timer due meanwhile is fired by the new one only."""
     cluster, topic, delayed, group = unique("c"), unique("t"), unique("d"), unique("g")
     due_body = f"due while fenced {unique('m')}".encode()
     config = etcd.config(cluster)
     a = start(tmp_path, "a", config)
-    b = None
+    b = load = None
     try:
         b = start(tmp_path, "b", config)
         wait_until(lambda: in_sync(etcd, cluster, b), 20, what="the replica in the in-sync set")
-        with producer(a.endpoint, topic, delayed) as p:
-            p.send(make_message(topic, b"before the pause"))
+        with producer(a.endpoint, delayed) as p:
             m = make_message(delayed, due_body)
-            m.delivery_timestamp = int(time.time()) + 10  # falls due after the takeover
+            m.delivery_timestamp = int(time.time()) + 8  # falls due after the takeover
             p.send(m)
-        end = cluster_status(a.endpoint).commit_end
-        wait_until(lambda: cluster_status(b.endpoint).commit_end >= end, 20, what="the replica to catch up")
+        load = SendLoad(a.endpoint, topic)
+        wait_until(lambda: load.acked() >= 20, 20, what="the load under way")
         os.kill(a.proc.pid, signal.SIGSTOP)  # a partition: the primary alive but silent past its lease
         try:
-            wait_until(lambda: role_of(b) == "primary", 40, interval_s=0.2,
-                       what="the replica to take over")
+            wait_until(lambda: role_of(b) == "primary", 40, interval_s=0.2, what="the replica to take over")
         finally:
+            resumed = time.monotonic()
             os.kill(a.proc.pid, signal.SIGCONT)
-        assert etcd.view(cluster).leader.endpoint == b.endpoint
-        with producer(a.endpoint, topic) as p:  # straight to the old primary (its route names itself)
-            with pytest.raises(Exception) as info:
-                p.send(make_message(topic, b"sent to the fenced primary"))
-        assert "lost leadership" in str(info.value), info.value
-        wait_until(lambda: stderr_has(a, "acknowledges nothing more"), 20, what="the fenced primary's log line")
-        assert etcd.view(cluster).leader.endpoint == b.endpoint  # (it did not take the lead back)
-        with producer(b.endpoint, topic) as p:
-            p.send(make_message(topic, b"sent to the new primary"))
-        with simple_consumer(b.endpoint, group, delayed) as c:  # the new primary fires the timer ...
+        # It steps down by itself and follows the new leader.
+        wait_until(lambda: (lambda st: st is not None and st.role == "replica" and st.following == b.endpoint)(
+            status_or_none(a)), 30, interval_s=0.1, what="the old primary to step down and follow the new leader")
+        print(f"\nSIGCONT of the fenced primary -> a replica of the new leader: {time.monotonic() - resumed:.2f} s")
+        load.close()
+        after = [(by, body) for began, by, body in load.results if began >= resumed]
+        assert after, "no send was tried after the resume"
+        late = [body for by, body in after if by == a.endpoint]
+        assert not late, f"the fenced primary acknowledged {len(late)} sends after resuming: {late[:5]}"
+        assert stderr_has(a, "acknowledges nothing more") and stderr_has(a, "it steps down")
+        assert any("stepped down from epoch 1" in line for line in a.lines), a.output()
+        view = etcd.view(cluster)
+        assert (view.leader.endpoint, view.epoch) == (b.endpoint, 2)
+        assert view.members[a.endpoint]["role"] == "replica", view.members
+        # Its routes name the new leader: an official producer given only the old primary's address.
+        with producer(a.endpoint, topic) as p:
+            receipt = p.send(make_message(topic, b"routed by the old primary"))
+        assert str(receipt.message_queue.endpoints) == b.endpoint
+        with simple_consumer(b.endpoint, group, delayed) as c:  # the new primary fires the timer
             assert [m.body for m in receive_all(c, 1, timeout_s=30)] == [due_body]
-        a.stop(check=False)
-        old = commit_log_bytes(a.data_dir)
-        assert b"before the pause" in old and b"sent to the fenced primary" not in old
-        assert old.count(due_body) == 1  # ... the fenced one wrote no copy of it (the original only)
+        theirs = same_log(b, a, lambda: (a.stop(), b.stop()))
+        for by, body in after:  # what was acknowledged after the resume is in the one history (a's old tail was cut)
+            assert by is None or body in theirs, (by, body)
     finally:
+        if load is not None:
+            load.close()
         if b is not None:
-            b.stop()
+            b.stop(check=False)
         a.stop(check=False)
+
+
+def status_or_none(node: ChronoqProcess):
+    try:
+        return cluster_status(node.endpoint)
+    except Exception:  # noqa: BLE001 - between its two front ends
+        return None
 
 
 def test_a_replica_out_of_the_in_sync_set_does_not_take_over(tmp_path, etcd):  # noqa: F811
@@ -256,23 +332,38 @@ def test_a_node_outside_the_in_sync_set_waits_unless_forced(tmp_path, etcd):  # 
         b.stop()
 
 
-def test_a_primary_that_loses_etcd_fences_itself(tmp_path, etcd):  # noqa: F811
-    """It cannot tell a partition from a slow etcd: past its lease deadline it refuses."""
+def test_a_primary_that_loses_etcd_fences_itself_and_leads_again_once_etcd_answers(tmp_path, etcd):  # noqa: F811
+    """It cannot tell a partition from a slow etcd: past its lease deadline it refuses, and its
+    route names nobody (a retryable status, never itself) while etcd cannot say who leads. Once
+    etcd answers it steps down and, the only member of the in-sync set, campaigns: it leads the
+    next epoch (the group is not left leaderless)."""
     cluster, topic = unique("c"), unique("t")
     a = start(tmp_path, "a", etcd.config(cluster))
     try:
         with producer(a.endpoint, topic) as p:
             p.send(make_message(topic, b"while etcd answers"))
-            etcd.stop()
-
-            def refused() -> str | None:
-                try:
-                    p.send(make_message(topic, b"after etcd went away"))
-                except Exception as exc:  # noqa: BLE001 - the refusal we wait for
-                    return str(exc)
-                return None
-            why = wait_until(refused, 30, interval_s=0.2, what="the primary to refuse without etcd")
-        assert "lost leadership" in why, why
-        a.stop()  # a clean stop all the same (its lease is left to expire)
+            os.kill(etcd.proc.pid, signal.SIGSTOP)  # etcd away (its lease clock stopped with it)
+            try:
+                def refused() -> str | None:
+                    try:
+                        p.send(make_message(topic, b"after etcd went away"))
+                    except Exception as exc:  # noqa: BLE001 - the refusal we wait for
+                        return str(exc)
+                    return None
+                why = wait_until(refused, 30, interval_s=0.2, what="the primary to refuse without etcd")
+                assert "lost leadership" in why, why
+                with grpc.insecure_channel(a.endpoint) as channel:
+                    route = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+                        sv.QueryRouteRequest(topic=pb.Resource(name=topic)), timeout=10,
+                        metadata=(("x-mq-client-id", "route@1@1@x"), ("x-mq-language", "PYTHON")))
+            finally:
+                os.kill(etcd.proc.pid, signal.SIGCONT)
+        assert route.status.code == pb.Code.INTERNAL_SERVER_ERROR and not route.message_queues, route
+        assert "no new leader is known yet" in route.status.message, route.status.message
+        wait_until(lambda: any("leads %s/default at epoch 2" % cluster in line for line in a.lines), 30,
+                   interval_s=0.2, what="the stepped-down primary to lead again")
+        first_acknowledged_send(a.endpoint, topic, time.monotonic(), 30)  # (once its broker is open again)
+        assert (etcd.view(cluster).leader.endpoint, etcd.view(cluster).epoch) == (a.endpoint, 2)
+        a.stop()
     finally:
         a.stop(check=False)

@@ -240,3 +240,157 @@ def test_a_sync_acknowledgement_a_leaving_replica_lacks_waits_until_etcd_no_long
         await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------------------ the step-down
+def test_a_fenced_committer_closing_refuses_what_still_waits_instead_of_acknowledging_it(tmp_path):
+    """The step-down closes the broker: the close's final flush must not answer OK what waited."""
+    from chronoq.broker.broker import Broker
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.core.config import BrokerConfig
+
+    async def scenario():
+        broker = Broker(BrokerConfig(data_dir=str(tmp_path), segment_bytes=1 << 20).validate())
+        committer = GroupCommitter(broker)
+        committer._loop = asyncio.get_running_loop()  # (no flusher thread: the close's own flush answers)
+        committer.leadership = _Lease()
+        try:
+            broker.write_batch(OutgoingBatch.of([OutgoingMessage("orders", b"pending")]))  # (written, no fsync yet)
+            waiter = asyncio.ensure_future(committer.durable(broker.store.log.written))
+            await asyncio.sleep(0)
+            committer.leadership.held = False  # fenced before anything was acknowledged
+            await committer.close()
+            with pytest.raises(errors.PreconditionFailed, match="lost leadership"):
+                await waiter
+        finally:
+            broker.close()
+
+    asyncio.run(scenario())
+
+
+def _route_service(tmp_path, clock):
+    from chronoq.broker.broker import Broker
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.core.config import BrokerConfig
+    from chronoq.features.transactions import Transactions
+    from chronoq.server.messaging.service import MessagingService
+
+    config = BrokerConfig(data_dir=str(tmp_path), segment_bytes=1 << 20, port=7001).validate()
+    broker = Broker(config, clock=clock)
+    committer = GroupCommitter(broker)
+    return broker, committer, MessagingService(config, broker, committer, None, Transactions(broker))
+
+
+def test_a_fenced_primary_routes_to_the_new_leader_or_refuses_retryably_never_to_itself(tmp_path):
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as sv
+
+    from chronoq.server.failover import Leadership
+
+    class Coord:
+        cluster, group = "c", "g"
+
+    clock = FakeClock()
+    coord = Coord()
+    coord.deadline = co.LeaseDeadline(clock, 2000)
+    coord.deadline.renewed(clock.monotonic_ns(), 2)
+    leadership = Leadership(coord, 1)
+    broker, committer, service = _route_service(tmp_path, clock)
+    committer.leadership = leadership
+    request = sv.QueryRouteRequest(topic=pb.Resource(name="orders"))
+
+    def endpoints(answer) -> set[str]:
+        return {f"{a.host}:{a.port}" for q in answer.message_queues for a in q.broker.endpoints.addresses}
+
+    async def scenario():
+        here = await service.QueryRoute(request, None)
+        assert here.status.code == pb.Code.OK and endpoints(here) == {"127.0.0.1:7001"}
+        clock.advance(2000)  # the lease deadline passes: fenced
+        coord.deadline = co.LeaseDeadline(clock, 2000)  # a step-down's fresh lease renews nothing of the term's
+        coord.deadline.renewed(clock.monotonic_ns(), 2)
+        unknown = await service.QueryRoute(request, None)
+        assert unknown.status.code == pb.Code.INTERNAL_SERVER_ERROR and not unknown.message_queues
+        assert "no new leader is known yet" in unknown.status.message
+        leadership.new_leader = "127.0.0.1:7002"
+        moved = await service.QueryRoute(request, None)
+        assert moved.status.code == pb.Code.OK and endpoints(moved) == {"127.0.0.1:7002"}
+        assert len(moved.message_queues) == len(here.message_queues)
+        with pytest.raises(errors.PreconditionFailed, match="lost leadership"):
+            committer.check_leader()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        broker.close()
+
+
+class _SteppingCoord(_Coord):
+    """An etcd session for a fenced leader: who leads, and fresh leases that fail ``refusals`` times first."""
+
+    node = "a:1"
+
+    def __init__(self, clock, refusals: int) -> None:
+        super().__init__(clock)
+        self.clock = clock
+        self.refusals = refusals
+        self.fresh = 0
+
+    async def view(self):
+        return co.View(co.Leader("b:1", "id-b", "b:1", 2), 2, 7, None)
+
+    async def fresh_lease(self) -> None:
+        if self.refusals:
+            self.refusals -= 1
+            raise ConnectionError("etcd away")
+        self.fresh += 1
+        self.deadline = co.LeaseDeadline(self.clock, 1_000_000)
+        self.deadline.renewed(self.clock.monotonic_ns(), 1000)
+
+
+def test_a_fenced_leader_steps_down_once_it_holds_a_fresh_lease_and_stays_fenced_for_good(monkeypatch):
+    from types import SimpleNamespace
+
+    from chronoq.server import failover
+    from chronoq.server.failover import PrimaryDuty
+
+    monkeypatch.setattr(failover, "ETCD_RETRY_S", 0.01)
+
+    async def scenario():
+        clock = FakeClock()
+        store = SimpleNamespace(log=SimpleNamespace(synced=100))
+        runtime = SimpleNamespace(
+            config=SimpleNamespace(endpoint="a:1", replication_sync_timeout_ms=1000), _stop=asyncio.Event(),
+            broker=SimpleNamespace(store=store, clock=clock), coordinator=_SteppingCoord(clock, refusals=2))
+        coord = runtime.coordinator
+        duty = PrimaryDuty(runtime, 1)
+        task = asyncio.ensure_future(duty.run())
+        await asyncio.sleep(0.3)
+        assert not duty.stepped_down.is_set() and duty.leadership.holds()
+        clock.advance(1_000_001)  # past the term's deadline (a pause)
+        await asyncio.wait_for(duty.stepped_down.wait(), 5)
+        await asyncio.wait_for(task, 5)
+        assert coord.fresh == 1 and coord.refusals == 0  # (it kept trying while etcd was away)
+        assert duty.leadership.new_leader == "b:1" and "the primary is now b:1" in duty.leadership.refusal()
+        assert coord.deadline.holds() and not duty.leadership.holds()  # the fresh lease is not the term's
+
+    asyncio.run(scenario())
+
+
+def test_a_lapse_the_leader_saw_once_is_final_even_if_a_later_keep_alive_is_answered():
+    """etcd stopped, then resumed before it expired the lease: the keep-alive answered after the
+    deadline must not make a broker that already refused (fenced) acknowledge again."""
+    from chronoq.server.failover import Leadership
+
+    class Coord:
+        cluster, group = "c", "g"
+
+    clock = FakeClock(monotonic_ns=100 * S)
+    coord = Coord()
+    coord.deadline = co.LeaseDeadline(clock, 2000)
+    coord.deadline.renewed(clock.monotonic_ns(), 2)
+    leadership = Leadership(coord, 1)
+    assert leadership.holds()
+    clock.advance(1500)  # the deadline passes: a send is refused
+    assert not leadership.holds()
+    coord.deadline.renewed(clock.monotonic_ns(), 2)  # etcd answers again, the lease alive on its side
+    assert not leadership.holds() and "deadline passed" in leadership.refusal()

@@ -77,15 +77,35 @@ class ClientRpcs:
         return False
 
     # ------------------------------------------------------------------ routes
+    def _away_from_here(self, queues: list) -> list:
+        """A fenced primary (stepping down) never names itself in a route: its queues name the
+        leader etcd names instead (``Leadership.successor``; none known: a retryable refusal)."""
+        here, moved, successor = self._broker_pb.endpoints, [], None
+        for queue in queues:
+            if queue.broker.endpoints == here:
+                if successor is None:  # (another group's queues need no successor)
+                    successor = convert.endpoints_pb(self.committer.leadership.successor())
+                copy = pb.MessageQueue()
+                copy.CopyFrom(queue)
+                copy.broker.endpoints.CopyFrom(successor)
+                queue = copy
+            moved.append(queue)
+        return moved
+
     @boundary(status_only(sv.QueryRouteResponse), "QueryRoute")
     async def QueryRoute(self, request, context):
         name = convert.topic_name(request.topic)
+        fenced = self.committer is not None and self.committer.fenced
         if self.cluster is not None:  # a placed topic: every group's queues (chronoq.server.cluster)
             queues = self.cluster.route_queues(name, request.topic.resource_namespace)
             if queues is not None:
-                return sv.QueryRouteResponse(status=self._ok, message_queues=queues)
+                return sv.QueryRouteResponse(status=self._ok,
+                                             message_queues=self._away_from_here(queues) if fenced else queues)
         cfg = self.broker.topic(name)
         namespace = request.topic.resource_namespace
+        if fenced:
+            return sv.QueryRouteResponse(status=self._ok, message_queues=self._away_from_here(
+                convert.route_queues(cfg, namespace, self._broker_pb)))
         key = (name, namespace)
         shape = (cfg.queues, cfg.message_type)
         cached = self._routes.get(key)
@@ -102,9 +122,11 @@ class ClientRpcs:
     async def QueryAssignment(self, request, context):
         name = convert.topic_name(request.topic)
         group = convert.group_name(request.group)
+        fenced = self.committer is not None and self.committer.fenced
         if self.cluster is not None:  # a placed topic: every group's queues (chronoq.server.cluster)
             queues = self.cluster.route_queues(name, request.topic.resource_namespace, self.pop.group(group).fifo)
             if queues is not None:
+                queues = self._away_from_here(queues) if fenced else queues
                 return sv.QueryAssignmentResponse(status=self._ok,
                                                   assignments=[pb.Assignment(message_queue=q) for q in queues])
         cfg = self.broker.topic(name)
@@ -113,6 +135,8 @@ class ClientRpcs:
         # broker-wide assignment with id -1. Receives serve the whole topic either way.
         ids = None if self.pop.group(group).fifo else (-1,)
         queues = convert.route_queues(cfg, namespace, self._broker_pb, ids)
+        if fenced:
+            queues = self._away_from_here(queues)
         return sv.QueryAssignmentResponse(status=self._ok,
                                           assignments=[pb.Assignment(message_queue=q) for q in queues])
 
