@@ -282,11 +282,14 @@ def describe_missing(ledger: Ledger, label: str, kill_at: float) -> str:
 
 # ---------------------------------------------------------------------------------------- consuming
 class SimpleReceivers:
-    """One official simple consumer, ``threads`` threads receiving and acking at once."""
+    """One official simple consumer, ``threads`` threads receiving and acking at once. (Several: the
+    client receives round robin over the route's queues, and a receive from a drained queue waits
+    its long poll out, while a FIFO consumer group has one batch of a queue in flight at a time:
+    one thread would take a batch a poll.)"""
 
     def __init__(self, endpoint: str, group: str, topic: str, ledger: Ledger, label: str, threads: int) -> None:
         self.ledger, self.label = ledger, label
-        self.consumer = SimpleConsumer(config(endpoint), group, {topic: FilterExpression("*")}, await_duration=2)
+        self.consumer = SimpleConsumer(config(endpoint), group, {topic: FilterExpression("*")}, await_duration=1)
         self.stop = threading.Event()
         self.failed_receives = self.failed_acks = 0
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]

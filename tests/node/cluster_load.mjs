@@ -34,7 +34,8 @@ const DEADLINE_MS = Number(deadlineArg ?? 60000);
 const WINDOW = 64;               // plain and delayed sends in flight
 const RESEND_PAUSE_MS = 200;     // between a failed send and the next try
 const REQUEST_TIMEOUT_MS = 3000;
-const AWAIT_MS = 2000;           // a receive's long poll
+const AWAIT_MS = 1000;           // a receive's long poll
+const RECEIVERS = 6;             // receive loops at once (one would wait out a drained queue's poll each turn)
 const INVISIBLE_MS = 5000;       // acked at once; back after this if not
 const started = Date.now();
 const deadline = started + DEADLINE_MS;
@@ -150,20 +151,23 @@ async function receive(clients) {
   clients.push(consumer);
   await withTimeout(consumer.startup(), deadline - Date.now(), 'SimpleConsumer.startup (waits for settings)');
   let failedReceives = 0, failedAcks = 0;
-  while (!stopping && Date.now() + AWAIT_MS + REQUEST_TIMEOUT_MS < deadline) {
-    let views;
-    try {
-      views = await consumer.receive(32, INVISIBLE_MS);
-    } catch (err) {  // a dead endpoint, until the route names its replica
-      failedReceives++;
-      await new Promise(resolve => setTimeout(resolve, 100));
-      continue;
+  const loop = async () => {
+    while (!stopping && Date.now() + AWAIT_MS + REQUEST_TIMEOUT_MS < deadline) {
+      let views;
+      try {
+        views = await consumer.receive(32, INVISIBLE_MS);
+      } catch (err) {  // a dead endpoint, until the route names its replica
+        failedReceives++;
+        await new Promise(resolve => setTimeout(resolve, 100));
+        continue;
+      }
+      if (views.length === 0) continue;
+      const now = Date.now();
+      await emit({ deliveries: views.map(v => [v.body.toString(), v.messageId, v.endpoints.facade, now, v.deliveryAttempt]) });
+      await Promise.all(views.map(v => consumer.ack(v).catch(() => { failedAcks++; })));
     }
-    if (views.length === 0) continue;
-    const now = Date.now();
-    await emit({ deliveries: views.map(v => [v.body.toString(), v.messageId, v.endpoints.facade, now, v.deliveryAttempt]) });
-    await Promise.all(views.map(v => consumer.ack(v).catch(() => { failedAcks++; })));
-  }
+  };
+  await Promise.all(Array.from({ length: RECEIVERS }, loop));
   return { failedReceives, failedAcks };
 }
 
