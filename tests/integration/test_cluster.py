@@ -1,5 +1,6 @@
 """Two broker groups in one cluster, a topic spread over both, one route (docs/cluster.md): real
-``chronoq serve`` processes, a real etcd on loopback, the official RocketMQ 5 Python client."""
+``chronoq serve`` processes, a real etcd on loopback, the official RocketMQ 5 Python and Node
+clients; the load test through a primary's kill is docs/cluster.md's "What the cluster test shows"."""
 
 from __future__ import annotations
 
@@ -65,21 +66,23 @@ def local_queues(node: ChronoqProcess, topic: str) -> int | None:
     return {t["name"]: t["queues"] for t in json.loads(shown.stdout)}.get(topic)
 
 
-# 10,000 messages: 8,000 from the official Python producer (6 message groups of 250, 1,500
-# delayed 1-4 s, 5,000 plain), 2,000 from the official Node producer (tests/node/cluster_send.mjs:
-# 2 message groups of 250, 400 delayed, 1,100 plain).
+# 10,000 messages: 8,000 from the official Python producer (15 message groups of 100, 1,500
+# delayed 1-4 s, 5,000 plain), 2,000 from the official Node producer (tests/node/cluster_load.mjs:
+# 4 message groups of 125, 400 delayed, 1,100 plain).
 PY_PLAIN, PY_DELAYED, PY_FIFO_GROUPS, PY_FIFO_EACH, NODE_COUNT, NODE_FIFO_GROUPS = 5000, 1500, 15, 100, 2000, 4
-KILL_AFTER_S = 3.0  # into the load: the clients' first route refresh (10 s after their start) names the replica
+KILL_AFTER_S = 3.0  # into the load: the Python clients' first route refresh (10 s after their start) finds the replica
 LOAD_DEADLINE_S = 90.0
 
 
 def test_ten_thousand_messages_over_two_groups_through_a_primarys_kill(tmp_path, etcd):  # noqa: F811
-    """Two groups, each a primary and a replica (``replication = "sync"``), a topic of a queue on
-    each (the Node client 1.0.8 uses queue 0 of each group only); the official Python and Node producers send 10,000 messages (plain, delayed, FIFO) while
-    a Python and a Node simple consumer (two FIFO consumer groups) receive; 3 s into the load
-    g1's primary is killed (-9); its replica wins g1's leader key and the route names it. Per
-    consumer group: every acknowledged message delivered, none early, each message group in order,
-    duplicates only as the kill explains them (``cluster_load`` says which), the rest exactly once."""
+    """Two groups, each a primary and a replica (``replication = "sync"``), a topic of one queue
+    on each (the Node client 1.0.8 uses queue 0 of each group only). The official Python and Node
+    producers send 10,000 messages (plain, delayed, FIFO) while a Python and a Node simple
+    consumer (two FIFO consumer groups) receive; 3 s into the load g1's primary is killed (-9);
+    its replica wins g1's leader key and the route names it; the killed node comes back as its
+    replica. Per consumer group: every acknowledged message delivered, none early, each message
+    group in order, duplicates only as the kill explains them (``cluster_load.judge`` says which),
+    the rest exactly once. The figures are printed (docs/cluster.md, "What the cluster test shows")."""
     from . import test_node_client as node_client
     from .cluster_load import Ledger, NodeLoad, PythonSender, SimpleReceivers, describe_missing, judge
     from .conftest import groups_toml
