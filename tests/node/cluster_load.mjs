@@ -18,8 +18,9 @@
 // {"done": true, ...} when stdin says "stop" (or closes) or the deadline passes; then it exits.
 // "failover" on stdin makes it start a new producer (below).
 
-import { format } from 'node:util';
 import rocketmq from 'rocketmq-client-nodejs';
+
+import { logLines, makeLogger, verbose, withTimeout } from './support.mjs';
 
 const { Producer, SimpleConsumer } = rocketmq;
 
@@ -39,26 +40,6 @@ const RECEIVERS = 6;             // receive loops at once (one would wait out a 
 const INVISIBLE_MS = 5000;       // acked at once; back after this if not
 const started = Date.now();
 const deadline = started + DEADLINE_MS;
-const logLines = [];
-const verbose = process.env.CHRONOQ_NODE_VERBOSE === '1';
-
-function makeLogger(name) {
-  const write = (level) => (...args) => {
-    const line = `${new Date().toISOString()} ${level} [${name}] ${format(...args)}`;
-    if (verbose) process.stderr.write(line + '\n');
-    logLines.push(line);
-    if (logLines.length > 2000) logLines.shift();
-  };
-  return { info: write('INFO'), warn: write('WARN'), error: write('ERROR'), debug: write('DEBUG'), close() {} };
-}
-
-function withTimeout(promise, ms, what) {
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), Math.max(0, ms));
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-}
 
 // A quarter FIFO (spread over the message groups), a fifth delayed, the rest plain.
 const messages = [];

@@ -13,8 +13,9 @@
 // startup (contract section 1.4), so startup, receive loop and shutdown each race a timer, and
 // the script ends with process.exit so lingering gRPC handles cannot keep it alive.
 
-import { format } from 'node:util';
 import rocketmq from 'rocketmq-client-nodejs';
+
+import { logLines, makeLogger, verbose, withTimeout } from './support.mjs';
 
 const { Producer, SimpleConsumer } = rocketmq;
 
@@ -34,27 +35,6 @@ const NACKED_SEQ = 0;            // this message is nacked once, then acked on r
 
 const started = Date.now();
 const deadline = started + DEADLINE_MS;
-const logLines = [];
-const LOG_LINES_MAX = 2000;
-const verbose = process.env.CHRONOQ_NODE_VERBOSE === '1';
-
-function makeLogger(name) {
-  const write = (level) => (...args) => {
-    const line = `${new Date().toISOString()} ${level} [${name}] ${format(...args)}`;
-    if (verbose) process.stderr.write(line + '\n');
-    logLines.push(line);
-    if (logLines.length > LOG_LINES_MAX) logLines.shift();
-  };
-  return { info: write('INFO'), warn: write('WARN'), error: write('ERROR'), debug: write('DEBUG'), close() {} };
-}
-
-function withTimeout(promise, ms, what) {
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), Math.max(0, ms));
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-}
 
 const result = {
   ok: false,
