@@ -126,6 +126,7 @@ class _Refused(Exception):
 
 PENDING_PAGE = 1000  # delayed messages counted per topic on the removed group (more: "1000+")
 POLL_S = 1.0         # remove-group --wait: the group's lag is read again this often
+ROUTE_SETTLE_S = 30.0  # a group drained just now is removed no sooner: the official clients' route refresh
 
 
 @click.command("remove-group")
@@ -162,9 +163,10 @@ async def _remove_group(endpoint: str, timeout: float, group: str, wait_s: float
     from chronoq.client.client import AdminClient
 
     done = {"group": group, "removed": False, "forced": False, "topics": [], "left": [], "pending": {},
-            "unread": {}, "placements": []}
+            "unread": {}, "settling": False, "placements": []}
     async with AdminClient(endpoint, request_timeout_s=timeout, **connection()) as admin:
         state = await _group_state(admin, group)
+        fresh = state is not None and bool(state[2])  # (drained by this call: routes held may still name it)
         if state is not None and not state[0] and state[1] and not force:
             raise _Refused(f"broker group {group} has no primary now (no leader key in etcd): its lag cannot be read "
                            f"(it holds queues of {', '.join(state[1])}); start its primary and run this again, or "
@@ -180,13 +182,15 @@ async def _remove_group(endpoint: str, timeout: float, group: str, wait_s: float
         else:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_s
+            settled = loop.time() + (ROUTE_SETTLE_S if fresh else 0.0)
             for _round in range(int(wait_s / POLL_S) + 2):  # (bounded by the deadline too)
                 state = await _group_state(admin, group)
                 if state is None or not state[0]:
                     raise _Refused(f"broker group {group} lost its primary while draining: it stays draining; run "
                                    "this again once it has one (or with --force)")
                 done.update(await _left_on(state[0], timeout, topics))
-                if not done["left"] and not done["pending"]:
+                done["settling"] = loop.time() < settled
+                if not done["left"] and not done["pending"] and not done["settling"]:
                     break
                 if loop.time() >= deadline:
                     return done
@@ -201,13 +205,15 @@ async def _remove_group(endpoint: str, timeout: float, group: str, wait_s: float
 
 
 async def _group_state(admin, group: str):
-    """``(primary endpoint or "", topics whose placement holds it)``; None: etcd knows no such group."""
+    """``(primary endpoint or "", topics whose placement holds it, those of them where it takes
+    sends)``; None: etcd knows no such group."""
     shown = await admin.call("ClusterGroups")
     topics = [p.topic for p in shown.placements if group in p.groups]
+    sending = [p.topic for p in shown.placements if group in p.groups and group not in p.draining]
     for g in shown.groups:
         if g.name == group:
-            return (g.leader if g.live else "", topics)
-    return ("", topics) if topics else None
+            return (g.leader if g.live else "", topics, sending)
+    return ("", topics, sending) if topics else None
 
 
 async def _left_on(primary: str, timeout: float, topics: list) -> dict:
@@ -262,6 +268,9 @@ def _print_removal(done: dict) -> None:
                          for r in done["left"]], right=("LAG", "IN FLIGHT"))
         for topic, count in sorted(done["pending"].items()):
             click.echo(f"{topic}: {count} delayed message(s) pending on {group} (they fire there)")
+        if done["settling"]:
+            click.echo(f"{group} was drained just now: producers may hold a route naming it for up to "
+                       f"{ROUTE_SETTLE_S:g} s more (the official clients refresh theirs every 30 s)")
     for topic, count in sorted(done["unread"].items()):
         click.echo(f"note: no consumer group has received {topic} from {group}: its {count:,} stored message(s) "
                    "there are not waited for")
