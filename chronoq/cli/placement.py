@@ -150,6 +150,9 @@ def remove_group(group, wait_s, force, endpoint, timeout, as_json) -> None:
         print_json(done)
     else:
         _print_removal(done)
+    if done["topics"] and not done["removed"] and not done["left"] and not done["pending"]:
+        fail(f"broker group {group} was drained just now and is not removed yet: run `chronoq cluster remove-group "
+             f"{group}` again in {ROUTE_SETTLE_S:g} s (or with --wait {ROUTE_SETTLE_S + 10:g})", EXIT_REFUSED)
     if done["topics"] and not done["removed"]:
         fail(f"broker group {group} is draining but not drained{f' after {wait_s:g} s' if wait_s else ''}: run "
              f"`chronoq cluster remove-group {group}` again once its consumers caught up (--wait SECONDS waits "

@@ -121,6 +121,9 @@ def test_remove_group_waits_for_its_lag_then_takes_it_out_of_the_route(tmp_path,
         third = unique("t")
         made = cli("topic", "create", third, "--queues", "1", "--endpoint", a.endpoint)
         assert made.returncode == 0, made.stderr
+        settling = cli("cluster", "remove-group", "g2", "--endpoint", a.endpoint)  # no lag, but drained just now
+        assert settling.returncode == 1 and "was drained just now" in settling.stderr, settling.stderr
+        assert placements(etcd, cluster)[third].draining == ("g2",)
         b.stop()
         dead = cli("cluster", "remove-group", "g2", "--endpoint", a.endpoint)
         assert dead.returncode == 1 and "broker group g2 has no primary now" in dead.stderr, dead.stderr
