@@ -36,6 +36,6 @@ for command in (serve.serve, topics.topic, groups.group, send_receive.send, send
                 stats.stats, message.message, audit.audit, schedule.schedule, dlq.dlq,
                 cluster.cluster, cluster.promote):
     main.add_command(command)
-for command in (placement.groups, placement.drain):  # a cluster of broker groups (docs/cluster.md)
+for command in (placement.groups, placement.drain, placement.remove_group):  # a cluster of broker groups (docs/cluster.md)
     cluster.cluster.add_command(command)
 topics.topic.add_command(placement.add_queues)

@@ -13,7 +13,8 @@ key                               value (JSON)                                  
                                   "draining": ["<group>", ...]}``: which groups hold
                                   the topic's queues, and how many each (the group's
                                   local queue ids ``0..queues-1``); a draining group
-                                  is routed for receives only
+                                  is routed for receives only; a group removed
+                                  (``remove_group``) is no longer named
 ``/chronoq/<c>/@groups/<group>``  ``{"id", "created_ms"}``: the group's identity,      none
                                   created once (a transaction) by its first node and
                                   kept in each member's data directory
@@ -213,6 +214,43 @@ def drain(snap: Snapshot, cluster: str, topic: str, group: str) -> Placement:
                                  f"group first (chronoq topic add-queues {topic} --group OTHER)")
     return Placement(topic, existing.message_type, dict(existing.groups),
                      tuple(sorted(set(existing.draining) | {group})), existing.revision)
+
+
+def group_topics(snap: Snapshot, cluster: str, group: str) -> list[str]:
+    """The topics whose placement holds ``group``, checked for ``chronoq cluster remove-group``
+    (each is drained, then the group removed from it): refused for a group etcd does not know, and
+    for one that is the last group taking sends of some topic (naming every such topic)."""
+    if group not in snap.groups and not any(group in p.groups for p in snap.placements.values()):
+        known = ", ".join(sorted(snap.groups)) or "none"
+        raise errors.ClientError(f"unknown broker group {group!r} in cluster {cluster} (groups: {known})")
+    held = sorted(t for t, p in snap.placements.items() if group in p.groups)
+    last = [t for t in held if not [g for g in snap.placements[t].groups
+                                    if g != group and g not in snap.placements[t].draining]]
+    if last:
+        raise errors.ClientError(
+            f"group {group} is the last group taking sends of {', '.join(last)}: place "
+            f"{'it' if len(last) == 1 else 'each'} on another group first (chronoq topic add-queues TOPIC --group "
+            "OTHER)")
+    return held
+
+
+def remove_group(snap: Snapshot, cluster: str, topic: str, group: str) -> Placement:
+    """``group`` out of ``topic``'s placement for good (its queues leave the route). Only a
+    draining group is removed (the caller waited for its lag: ``chronoq cluster remove-group``),
+    and never the last one taking sends; a group the placement no longer holds: unchanged."""
+    existing = snap.placements.get(topic)
+    if existing is None:
+        raise errors.TopicNotFound(f"topic {topic!r} has no placement in cluster {cluster}")
+    if group not in existing.groups:
+        return existing  # (removed already: nothing to write)
+    if group not in existing.draining:
+        raise errors.ClientError(f"group {group} still takes sends of {topic}: drain it first (chronoq cluster "
+                                 f"remove-group {group} drains it and waits for its lag)")
+    left = {g: n for g, n in existing.groups.items() if g != group}
+    if not [g for g in left if g not in existing.draining]:
+        raise errors.ClientError(f"group {group} cannot leave {topic}: no other group would take its sends")
+    return Placement(topic, existing.message_type, left, tuple(d for d in existing.draining if d != group),
+                     existing.revision)
 
 
 def route(snap: Snapshot, topic: str) -> list[tuple[str, str, int, bool]] | None:

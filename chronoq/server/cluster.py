@@ -14,9 +14,11 @@ With ``etcd_endpoints`` set, the primary of each group runs one ``ClusterKeeper`
   the topic was created catches up when its primary starts);
 * ``route(topic)``: the queues of every live group holding the topic, each with its group's
   primary's endpoint (QueryRoute and QueryAssignment, ``chronoq.server.messaging.clients``);
-* ``place``, ``add_queues``, ``drain``: an operator's change (``chronoq topic create`` on a
-  clustered node, ``topic add-queues``, ``cluster drain``), written to etcd in a transaction; the
-  call waits (bounded) for this node's own local part;
+* ``place``, ``add_queues``, ``drain``, ``drain_group``, ``remove_group``: an operator's change
+  (``chronoq topic create`` on a clustered node, ``topic add-queues``, ``cluster drain``, ``cluster
+  remove-group``), written to etcd in a transaction per placement; the call waits (bounded) for
+  this node's own local part. A removed group keeps its local part and its ``@groups/`` identity
+  (it may be placed again with ``add-queues``);
 * ``handle_owner`` and ``forward``: a recall or reschedule whose handle names another broker
   group (``chronoq.timer.handle`` version 2) is passed on to that group's primary and its answer
   returned (``RecallMessage`` of the messaging service, ``Recall``/``Reschedule`` of the Admin
@@ -217,6 +219,15 @@ class ClusterKeeper:
     async def drain(self, topic: str, group: str) -> pl.Placement:
         return await self._write(topic, lambda snap: pl.drain(snap, self.cluster, topic, group))
 
+    async def drain_group(self, group: str) -> list[pl.Placement]:
+        """``group`` drained in every placement holding it (one transaction each, as ``drain``),
+        after checking them all (``placement.group_topics``: nothing is written when one refuses)."""
+        topics = pl.group_topics(await self.fresh(), self.cluster, group)
+        return [await self._write(t, lambda snap, t=t: pl.drain(snap, self.cluster, t, group)) for t in topics]
+
+    async def remove_group(self, topic: str, group: str) -> pl.Placement:
+        return await self._write(topic, lambda snap: pl.remove_group(snap, self.cluster, topic, group))
+
     async def fresh(self) -> pl.Snapshot:
         """The cluster read now (not the watched copy: an operator's view)."""
         try:
@@ -280,13 +291,18 @@ class ClusterRpcs:
             action = request.action or "create"
             if action == "create":
                 placed = await keeper.place(request.topic, request.queues, request.message_type, groups)
-            elif action in ("add-queues", "drain"):
+            elif action in ("add-queues", "drain", "drain-group", "remove-group"):
                 if len(groups) != 1:
                     raise errors.ClientError(f"{action} names exactly one group, not {len(groups)}")
+                if action == "drain-group":
+                    drained = await keeper.drain_group(groups[0])
+                    return apb.PlaceTopicResponse(status=_OK, placements=[placement_pb(p) for p in drained])
                 placed = await (keeper.add_queues(request.topic, groups[0], request.queues) if action == "add-queues"
-                                else keeper.drain(request.topic, groups[0]))
+                                else keeper.drain(request.topic, groups[0]) if action == "drain"
+                                else keeper.remove_group(request.topic, groups[0]))
             else:
-                raise errors.ClientError(f"unknown placement action {action!r} (create, add-queues, drain)")
+                raise errors.ClientError(f"unknown placement action {action!r} (create, add-queues, drain, "
+                                         "drain-group, remove-group)")
             return apb.PlaceTopicResponse(status=_OK,
                                           placement=placement_pb(placed))
         return await self._boundary(apb.PlaceTopicResponse, "PlaceTopic", work)

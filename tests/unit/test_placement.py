@@ -86,3 +86,36 @@ def test_a_group_name_is_claimed_by_one_identity():
     assert "is taken in etcd by another group" in why
     _, why = pl.claim("c", "g1", {"cluster": "d", "group": "g1", "id": "abc"}, None)
     assert "belongs to broker group 'g1' of cluster 'd'" in why
+
+
+def test_removing_a_group_checks_every_topic_holding_it_before_anything():
+    snap = snapshot(live={"g1": "h:1", "g2": "h:2"}, dead=("g3",), placements={
+        "a": pl.Placement("a", "mixed", {"g1": 2, "g2": 2}), "b": pl.Placement("b", "fifo", {"g2": 1, "g3": 1}),
+        "c": pl.Placement("c", "mixed", {"g2": 4}), "d": pl.Placement("d", "mixed", {"g2": 1, "g1": 1}, ("g1",))})
+    assert pl.group_topics(snap, "c", "g1") == ["a", "d"]
+    assert pl.group_topics(snap, "c", "g3") == ["b"]  # (a dead group: the caller decides, --force)
+    with pytest.raises(errors.ClientError, match="unknown broker group 'g9' in cluster c \\(groups: g1, g2, g3\\)"):
+        pl.group_topics(snap, "c", "g9")
+    with pytest.raises(errors.ClientError, match="g2 is the last group taking sends of c, d: place each"):
+        pl.group_topics(snap, "c", "g2")
+
+
+def test_a_group_is_removed_from_a_placement_only_once_drained_and_never_the_last_sender():
+    snap = snapshot(live={"g1": "h:1", "g2": "h:2"}, placements={
+        "t": pl.Placement("t", "delay", {"g1": 2, "g2": 3}), "u": pl.Placement("u", "mixed", {"g2": 1})})
+    with pytest.raises(errors.ClientError, match="g2 still takes sends of t: drain it first"):
+        pl.remove_group(snap, "c", "t", "g2")
+    drained = pl.drain(snap, "c", "t", "g2")
+    assert drained.draining == ("g2",)
+    snap.placements["t"] = drained
+    removed = pl.remove_group(snap, "c", "t", "g2")
+    assert (removed.groups, removed.draining, removed.message_type, removed.revision) == ({"g1": 2}, (), "delay", 9)
+    assert pl.route(pl.Snapshot(snap.revision, snap.groups, {"t": removed}), "t") == [
+        ("g1", "h:1", 0, True), ("g1", "h:1", 1, True)]
+    snap.placements["t"] = removed
+    assert pl.remove_group(snap, "c", "t", "g2") is removed  # (again: nothing to write)
+    snap.placements["u"] = pl.Placement("u", "mixed", {"g1": 1, "g2": 1}, ("g1", "g2"))
+    with pytest.raises(errors.ClientError, match="no other group would take its sends"):
+        pl.remove_group(snap, "c", "u", "g2")
+    with pytest.raises(errors.TopicNotFound):
+        pl.remove_group(snap, "c", "nope", "g2")
