@@ -14,6 +14,15 @@ runs: encoding overlaps the fsync in a worker thread, one fsync acknowledges man
 
 --ids gives every message a client-chosen id, as the official clients send (the broker then keeps
 each in its dedupe window); the batch is built anew for each send then, in both runs alike.
+
+--callgrind counts instructions instead of timing (the machine is shared: wall and CPU time are
+noise, instruction counts are not). It runs this script under ``valgrind --tool=callgrind``
+(``--policy sync --mode inline`` on a ``FakeClock``: no clock read decides anything, so the work is
+the same every run) with --messages N and 2N, plain and --delayed, and prints the instructions per
+message of each (the difference of the two runs over N: start-up and close cancel out) and the
+delayed extra over plain. ``--functions K`` adds the K C functions (Cython-compiled codecs by
+their Python names) with the most delayed extra per message, from ``callgrind_annotate`` (``--inclusive``: with their callees).
+    .venv/bin/python bench/append.py --callgrind --messages 10000 --functions 30
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,17 +40,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
+from chronoq.core.clock import FakeClock  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.core.msgid import new_message_id  # noqa: E402
 
 
-def batches(body: bytes, batch: int, ids: bool, spread_ms: int = 0):
+def batches(body: bytes, batch: int, ids: bool, spread_ms: int = 0, clock=None):
     """What each send sends: the same messages, or (``ids``) fresh ones with new client ids, or
     (``spread_ms``) delayed ones, due a minute on and spread over the next ``spread_ms``."""
     same = [OutgoingMessage("bench", body, tag="t") for _ in range(batch)]
     sent = 0
     while True:
-        now = int(time.time() * 1000)
+        now = clock.wall_ms() if clock is not None else int(time.time() * 1000)
         if spread_ms:  # due times scattered over the window (a multiplicative walk, not in order)
             first, sent = sent, sent + batch
             yield [OutgoingMessage("bench-delayed", body, tag="t", deliver_at_ms=now + 60_000 + (k * 7919) % spread_ms,
@@ -47,17 +59,20 @@ def batches(body: bytes, batch: int, ids: bool, spread_ms: int = 0):
                    for k in range(first, first + batch)]
         elif ids:
             yield [OutgoingMessage("bench", body, tag="t", message_id=new_message_id(now)) for _ in range(batch)]
+        elif clock is not None:  # built anew as the delayed ones are: the delayed extra is the broker's alone
+            yield [OutgoingMessage("bench", body, tag="t") for _ in range(batch)]
         else:
             yield same
 
 
 def run(policy: str, batch: int, messages: int, seconds: float, body_bytes: int, queues: int, directory: str,
-        ids: bool = False, spread_ms: int = 0) -> None:
+        ids: bool = False, spread_ms: int = 0, fake_clock: bool = False) -> None:
     data_dir = tempfile.mkdtemp(prefix=f"append-{policy}-", dir=directory)
     cfg = BrokerConfig(data_dir=data_dir, flush_policy=policy, default_queues=queues)
-    broker = Broker(cfg)
-    body = os.urandom(body_bytes)
-    source = batches(body, batch, ids, spread_ms)
+    clock = FakeClock() if fake_clock else None
+    broker = Broker(cfg, clock=clock)
+    body = bytes(range(256)) * (body_bytes // 256) + bytes(body_bytes % 256) if fake_clock else os.urandom(body_bytes)
+    source = batches(body, batch, ids, spread_ms, clock)
     sent = fsyncs = 0
     start = time.perf_counter()
     cpu0 = time.process_time()
@@ -135,6 +150,83 @@ def run_group_commit(batch: int, messages: int, seconds: float, body_bytes: int,
           flush=True)
 
 
+def _instructions(out_file: str) -> int:
+    """The total instruction count of a callgrind output file."""
+    with open(out_file, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise ValueError(f"{out_file}: no totals line")
+
+
+_ANNOTATE_LINE = re.compile(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?(.+?)\s*$")
+
+
+def _functions(out_file: str, inclusive: bool) -> dict[str, int]:
+    """{function: self (or inclusive) instructions} of a callgrind output file (``callgrind_annotate``)."""
+    text = subprocess.run(["callgrind_annotate", "--threshold=100", f"--inclusive={'yes' if inclusive else 'no'}",
+                           "--auto=no", out_file],
+                          check=True, capture_output=True, text=True).stdout
+    out: dict[str, int] = {}
+    body = False
+    for line in text.splitlines():
+        if "file:function" in line:
+            body = True
+            continue
+        m = _ANNOTATE_LINE.match(line) if body else None
+        if m:
+            name = m.group(2).split(":", 1)[-1] if ":" in m.group(2) else m.group(2)
+            name = re.sub(r" \[[^\]]*\]$", "", name)
+            cost = int(m.group(1).replace(",", ""))
+            out[name] = max(out.get(name, 0), cost) if inclusive else out.get(name, 0) + cost
+    return out
+
+
+def run_callgrind(batch: int, messages: int, body_bytes: int, queues: int, directory: str, functions: int,
+                  inclusive: bool, keep: str | None) -> None:
+    """The --callgrind driver (module docstring): 4 runs of this script under callgrind."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+    out_dir = keep or tempfile.mkdtemp(prefix="append-callgrind-", dir=directory)
+    os.makedirs(out_dir, exist_ok=True)
+    totals: dict[tuple[bool, int], int] = {}
+    files: dict[tuple[bool, int], str] = {}
+    for delayed in (False, True):
+        for n in (messages, 2 * messages):
+            out_file = os.path.join(out_dir, f"callgrind.{'delayed' if delayed else 'plain'}.{n}")
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable,
+                   os.path.abspath(__file__), "--fake-clock", "--policy", "sync", "--mode", "inline", "--batch",
+                   str(batch), "--messages", str(n), "--seconds", "3600", "--body-bytes", str(body_bytes),
+                   "--queues", str(queues), "--dir", directory] + (["--delayed"] if delayed else [])
+            subprocess.run(cmd, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            totals[delayed, n], files[delayed, n] = _instructions(out_file), out_file
+    per = {d: (totals[d, 2 * messages] - totals[d, messages]) / messages for d in (False, True)}
+    ctx = {"policy": "sync", "mode": "inline", "batch": batch, "body_bytes": body_bytes, "messages": messages,
+           "method": f"callgrind, runs of {messages} and {2 * messages} messages, difference / {messages}"}
+    for d in (False, True):
+        print(json.dumps({"metric": "append_instructions_per_msg", "value": round(per[d]), "unit": "instructions",
+                          "delayed": d, **ctx}), flush=True)
+    print(json.dumps({"metric": "delayed_extra_instructions_per_msg", "value": round(per[True] - per[False]),
+                      "unit": "instructions", **ctx}), flush=True)
+    if functions:
+        costs = {k: _functions(f, inclusive) for k, f in files.items()}
+        names = set().union(*costs.values())
+
+        def extra(name: str) -> float:
+            def grow(d: bool) -> int:
+                return costs[d, 2 * messages].get(name, 0) - costs[d, messages].get(name, 0)
+            return (grow(True) - grow(False)) / messages
+
+        ranked = sorted(names, key=lambda name: -abs(extra(name)))[:functions]
+        for name in ranked:
+            print(json.dumps({"metric": "delayed_extra_instructions_per_msg_by_function", "function": name,
+                              "inclusive": inclusive, "value": round(extra(name), 1), "unit": "instructions", **ctx}),
+                  flush=True)
+    if keep is None:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", choices=["sync", "async", "both"], default="both")
@@ -148,14 +240,30 @@ def main() -> None:
     ap.add_argument("--ids", action="store_true", help="every message with a client-chosen id")
     ap.add_argument("--delayed", action="store_true",
                     help="every message delayed: due a minute on, spread over the next 10 minutes (the timer's path)")
+    ap.add_argument("--mode", choices=["inline", "group_commit", "both"], default="both",
+                    help="under --policy sync: one batch at a time, the committer's group commit, or both")
+    ap.add_argument("--fake-clock", action="store_true",
+                    help="a FakeClock and a fixed body: the same work every run (what --callgrind runs)")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="instructions per message under callgrind, plain and delayed (module docstring)")
+    ap.add_argument("--functions", type=int, default=0, help="with --callgrind: the top K functions of the extra")
+    ap.add_argument("--inclusive", action="store_true",
+                    help="with --functions: costs including callees (meaningful for C and Cython functions, "
+                         "not for the interpreter's recursive frames)")
+    ap.add_argument("--keep", default=None, help="with --callgrind: keep the callgrind files in this directory")
     args = ap.parse_args()
+    if args.callgrind:
+        run_callgrind((args.batch or [100])[0], args.messages, args.body_bytes, args.queues,
+                      args.dir or tempfile.gettempdir(), args.functions, args.inclusive, args.keep)
+        return
     policies = ["sync", "async"] if args.policy == "both" else [args.policy]
     spread_ms = 600_000 if args.delayed else 0
     for policy in policies:
         for batch in args.batch or [100, 1000]:
-            run(policy, batch, args.messages, args.seconds, args.body_bytes, args.queues, args.dir or tempfile.gettempdir(),
-                args.ids, spread_ms)
-            if policy == "sync":
+            if policy == "async" or args.mode != "group_commit":
+                run(policy, batch, args.messages, args.seconds, args.body_bytes, args.queues,
+                    args.dir or tempfile.gettempdir(), args.ids, spread_ms, args.fake_clock)
+            if policy == "sync" and args.mode != "inline":
                 run_group_commit(batch, args.messages, args.seconds, args.body_bytes, args.queues,
                                  args.dir or tempfile.gettempdir(), args.senders, args.ids, spread_ms)
 

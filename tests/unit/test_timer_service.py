@@ -21,7 +21,7 @@ from chronoq.timer import schedlog
 from chronoq.timer.buckets import UNLOADED
 from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer.service import RecallOutcome, RescheduleOutcome
-from tests.unit.timerkit import T0, TOPIC, bodies, crash, drain, open_broker, visible
+from tests.unit.timerkit import T0, TOPIC, bodies, crash, crash_torn, drain, open_broker, visible
 
 LEVELS = "1s 5s 1m"
 DAY = 86_400_000
@@ -271,13 +271,6 @@ def test_a_clean_restart_keeps_everything(tmp_path, clock):
     b.close()
 
 
-def _garble_tail(path: str) -> None:
-    with open(path, "rb") as fh:
-        data = fh.read()
-    with open(path, "wb") as fh:  # a power cut: the last entry half written, then garbage
-        fh.write(data[:-40] + b"\xff" * 13)
-
-
 def test_a_torn_bucket_tail_is_rolled_back_and_replayed_from_the_commit_log(tmp_path, clock):
     b = open_broker(tmp_path, clock)
     b.send(TOPIC, b"m0", deliver_at_ms=T0 + 2 * DAY)
@@ -290,9 +283,7 @@ def test_a_torn_bucket_tail_is_rolled_back_and_replayed_from_the_commit_log(tmp_
     covered = os.path.getsize(path)
     b.send(TOPIC, b"m5", deliver_at_ms=T0 + 2 * DAY + 5)
     b.timer._flush_buffers()
-    crash(b)
-    _garble_tail(path)
-    b = open_broker(tmp_path, clock)
+    b = crash_torn(b, path)
     assert any("rolled back" in note for note in b.timer.notes)
     clock.advance(2 * DAY + 10)
     drain(b)
@@ -309,11 +300,7 @@ def test_without_a_timer_checkpoint_torn_tails_are_found_by_scanning(tmp_path, c
     b.timer._flush_buffers()
     [name] = [n for n in sched_files(b) if n.endswith(".sch")]
     path = os.path.join(b.timer.sched_dir, name)
-    crash(b)
-    _garble_tail(path)
-    if os.path.exists(os.path.join(tmp_path, "timer", "checkpoint.json")):
-        os.unlink(os.path.join(tmp_path, "timer", "checkpoint.json"))
-    b = open_broker(tmp_path, clock)
+    b = crash_torn(b, path, lose_checkpoint=True)
     clock.advance(2 * DAY + 10)
     drain(b)
     assert bodies(b) == [f"m{i}".encode() for i in range(5)]

@@ -34,6 +34,26 @@ def crash(broker: Broker) -> None:
     broker.dir_lock.release()  # the kernel drops a killed process's flock
 
 
+def garble_tail(path: str) -> None:
+    """A bucket file as a power cut or a kill -9 mid-write leaves it: the last entry half
+    written, then garbage."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    with open(path, "wb") as fh:
+        fh.write(data[:-40] + b"\xff" * 13)
+
+
+def crash_torn(broker: Broker, path: str, lose_checkpoint: bool = False) -> Broker:
+    """``kill -9`` in the middle of appending to the bucket file ``path`` (its tail torn:
+    ``garble_tail``), optionally with the timer checkpoint lost too; returns the reopened broker."""
+    crash(broker)
+    garble_tail(path)
+    checkpoint = os.path.join(broker.data_dir, "timer", "checkpoint.json")
+    if lose_checkpoint and os.path.exists(checkpoint):
+        os.unlink(checkpoint)
+    return open_broker(broker.data_dir, broker.clock)
+
+
 def drain(broker: Broker, max_ticks: int = 500) -> int:
     """Tick while the timer says it has work now (a bounded loop). Returns deliveries."""
     now = broker.clock.wall_ms()
