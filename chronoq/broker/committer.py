@@ -28,11 +28,11 @@ every ``flush_interval_ms`` (or sooner when someone asks: the timer's copies, a 
 Positions and replication: a ticket is a byte offset in the one commit log, counted from the log's
 first byte across segments (segments are named by their base offset), the same number on every node
 holding the same bytes. A replica follows the log byte for byte: it fetches the bytes between its
-end and the primary's durable position (``log.synced``, never beyond: nothing unsynced leaves the
-primary), appends them at the same offsets, and dispatches them in log order exactly as recovery's
-replay does (``Store._replay``), so its derived data is a function of the position it reached.
-Dispatch here already runs only after the fsync and only in log order, so "durable and dispatched
-up to P" means the same thing on both sides.
+end and the primary's written end (``log.written``: shipped while this thread fsyncs them, each
+ring wakes the shipper, ``add_written_listener``), appends them at the same offsets, fsyncs, and
+dispatches them in log order exactly as recovery's replay does (``Store._replay``), so its derived
+data is a function of the position it reached. A ``sync`` acknowledgement (``barrier``) waits for
+this node's fsync and then for a replica's report, each covering the ticket.
 
 Callers: client sends of every type (``send_batch``; ``send`` for objects), transaction halves and ends
 (``barrier``), staged publishes and trace flushes (``durable`` with the log's end as ticket), the
@@ -110,6 +110,10 @@ class GroupCommitter:
         # once it does not, nothing more is acknowledged (``check_leader``): every waiter is answered
         # ``leadership.refusal()``, nothing more is made visible. None: no etcd, always the primary.
         self.leadership = None
+        # Called on the loop each time an fsync is rung, the log written to ``gen.target`` then
+        # (``add_written_listener``: the replication shipper, whose waiting pulls ship those bytes
+        # while the fsync runs).
+        self._written_listeners: list[Callable[[], None]] = []
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -238,6 +242,11 @@ class GroupCommitter:
         once it is done and dispatched, ``callback(-1, exc)`` if it failed. Never waits."""
         self._generation_for(self.store.log.written).callbacks.append(callback)
 
+    def add_written_listener(self, listener: Callable[[], None]) -> None:
+        """``listener()`` on the loop whenever the flusher thread is rung for an fsync: what it
+        will sync is written (page cache) by then."""
+        self._written_listeners.append(listener)
+
     def add_log(self, sync: Callable[[], None]) -> Callable[[], None]:
         """Have the flusher thread call ``sync()`` after every fsync of the commit log (ask for
         one with ``after_durable``). Returns the function that removes it."""
@@ -279,6 +288,8 @@ class GroupCommitter:
         gen.target = self.store.log.written  # what the pass wrote joins; the thread reads it after this
         gen.rung = True
         self._ring()
+        for listener in self._written_listeners:
+            listener()
 
     def _ring(self) -> None:
         try:

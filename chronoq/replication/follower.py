@@ -16,7 +16,10 @@ also feeds it the dispatched records (``TimerService.follow``: absorbed, never f
 
 A crash anywhere leaves a state the store's recovery repairs (a torn commit-log tail is cut:
 ``chronoq.store.recovery``; a torn POP log tail likewise at promotion: ``chronoq.pop.poplog``)
-and a position the next pull resumes from. Nothing past the primary's fsynced end is ever here.
+and a position the next pull resumes from. The bytes come before the primary's own fsync of them
+(``chronoq.replication.shipper``): a primary whose machine stopped may come back without some of
+them, and then answers with a ``Divergence`` at the end its log restarted from, in this node's
+own epoch: cut as a rejoin is, below.
 
 A refusal (``PRECONDITION_FAILED``: pointed at itself, at a replica, not a prefix; or refused
 credentials) stops the loop with ``refused`` set: nothing was written. Unreachable primaries
@@ -243,8 +246,14 @@ class Follower:
                              note=f"rejoin {self.client.endpoint} at epoch {div.epoch}")
         acked = ("none of them was acknowledged to a client (replication = sync)" if self.sync_acks else
                  "any of them acknowledged to a client (replication = async) is lost from the cluster")
-        said = (f"rejoining {self.client.endpoint}: its epoch {div.epoch} began at {div.offset}; this log ends at "
-                f"{end}: cutting {summary.bytes} bytes, {summary.records} records ({topics or 'none'})"
+        if div.epoch == self.epoch:  # (shipper._lost_tail: the same term, a primary that came back shorter)
+            why = (f"its log restarted at {div.offset} without bytes it had shipped here before their fsync (its "
+                   "machine stopped)")
+            acked = "none of them was acknowledged to a client (that primary acknowledges only what it fsynced)"
+        else:
+            why = f"its epoch {div.epoch} began at {div.offset}"
+        said = (f"rejoining {self.client.endpoint}: {why}; this log ends at {end}: cutting {summary.bytes} bytes, "
+                f"{summary.records} records ({topics or 'none'})"
                 f"{f', epochs {cut_epochs}' if cut_epochs else ''} written here after that point; {acked}; "
                 f"the cut bytes are kept in {os.path.join(self.data_dir, plan.aside)}")
         log.warning("replica: %s", said)

@@ -332,6 +332,7 @@ class Runtime:
             from chronoq.replication.shipper import PrimaryNode
 
             self.replication = PrimaryNode(broker, self.pop, self.node_id)
+            self.committer.add_written_listener(self.replication.written)
             if self.config.replication == "sync":  # acknowledgements wait for a replica too
                 self.committer.replicated = self.replication.replicated
             if self.duty is not None:  # etcd: the in-sync set, published; under sync every member acks

@@ -137,6 +137,9 @@ class Store(StoreWriter):
             self.report.notes.append(f"finished an interrupted truncation of the log at {cut.offset} ({cut.note})")
         self.log.start_writing()
         self.dispatched = self.log.written
+        # Where this process found the log's end: bytes past it that a replica holds were shipped
+        # by an earlier process before their fsync and lost with its machine (chronoq.replication.shipper).
+        self.opened_end = self.log.written
         self._restore_holds()
         self._write_checkpoint(clean=False)
 
@@ -404,12 +407,14 @@ class Store(StoreWriter):
         return out
 
     # ----------------------------------------------------------------- replication (chronoq.replication)
-    def read_durable(self, offset: int, max_bytes: int) -> tuple[int, bytes]:
+    def read_shipped(self, offset: int, max_bytes: int) -> tuple[int, bytes]:
         """``(segment base, bytes)`` a replica at ``offset`` copies next: whole records of one
-        segment below the fsynced end, ending at an append's end when one lies within
-        ``max_bytes`` (else at a record's; a first record larger than ``max_bytes`` comes whole).
-        Empty at the fsynced end. ``offset`` must be a record boundary (a replica's log end)."""
-        log_, end = self.log, self.log.synced
+        segment below the written end (``log.written``: whole appends, fsynced or not yet: a
+        replica's fsync overlaps this log's, chronoq.replication.shipper), ending at an append's
+        end when one lies within ``max_bytes`` (else at a record's; a first record larger than
+        ``max_bytes`` comes whole). Empty at the written end. ``offset`` must be a record boundary
+        (a replica's log end). Called on the thread that appends (a complete ``append`` only)."""
+        log_, end = self.log, self.log.written
         if offset >= end or not log_.segments:
             return (log_.active.base if log_.segments else 0), b""
         if log_.lost:

@@ -1,4 +1,4 @@
-"""The store's side of replication, in process: what a primary ships (``Store.read_durable``),
+"""The store's side of replication, in process: what a primary ships (``Store.read_shipped``),
 how a replica appends it (``Store.append_shipped``, ``CommitLog.append`` with a segment base),
 the prefix check's tail, the epoch record, and the package's place in the layers."""
 
@@ -22,7 +22,7 @@ def copy(primary, replica, max_bytes: int = 1 << 20) -> int:
     pulls = 0
     while True:
         at = max(replica.log.synced, primary.log.min_offset)  # (an empty replica: the primary's start)
-        base, data = primary.read_durable(at, max_bytes)
+        base, data = primary.read_shipped(at, max_bytes)
         if not data:
             return pulls
         replica.append_shipped(at, base, data)
@@ -50,15 +50,17 @@ def test_a_copy_is_the_log_byte_for_byte_with_the_same_segments_and_queues(tmp_p
     assert position.tail(replica, replica.log.synced) == position.tail(primary, primary.log.synced)
 
 
-def test_only_fsynced_bytes_are_shipped(tmp_path):
+def test_written_bytes_are_shipped_before_their_fsync(tmp_path):
+    # (the replica's fsync overlaps the primary's: chronoq.replication.shipper)
     primary = open_store(tmp_path / "p")
     fill(primary, 20)
     durable = primary.log.synced
     primary.write([prep("a", 0, b"not yet durable", "late")])
     assert primary.log.written > durable
-    base, data = primary.read_durable(0, 1 << 20)
-    assert (base, len(data)) == (0, durable)
-    assert primary.read_durable(durable, 1 << 20)[1] == b""
+    base, data = primary.read_shipped(0, 1 << 20)
+    assert (base, len(data)) == (0, primary.log.written)
+    assert primary.read_shipped(durable, 1 << 20)[1] == data[durable:]
+    assert primary.read_shipped(primary.log.written, 1 << 20)[1] == b""
 
 
 def test_a_pull_ends_at_an_append_boundary_or_a_whole_record(tmp_path):
@@ -66,21 +68,21 @@ def test_a_pull_ends_at_an_append_boundary_or_a_whole_record(tmp_path):
     primary.append([prep("a", 0, body_for(f"m{i}", 1000), f"m{i}") for i in range(10)])  # one append
     one = primary.log.synced
     primary.append([prep("a", 0, body_for("n", 1000), "n")])
-    base, data = primary.read_durable(0, one + 500)  # room for the first append, not the second
+    base, data = primary.read_shipped(0, one + 500)  # room for the first append, not the second
     assert len(data) == one
-    base, data = primary.read_durable(0, 2500)  # less than the append: whole records, no torn one
+    base, data = primary.read_shipped(0, 2500)  # less than the append: whole records, no torn one
     pos = 0
     while pos < len(data):
         pos += record.check(data, pos, len(data))
     assert pos == len(data) and 0 < len(data) <= 2500
-    base, data = primary.read_durable(0, 10)  # less than a record: that record, whole
+    base, data = primary.read_shipped(0, 10)  # less than a record: that record, whole
     assert record.check(data, 0, len(data)) == len(data)
 
 
 def test_bad_shipments_write_nothing(tmp_path):
     primary, replica = open_store(tmp_path / "p"), open_store(tmp_path / "r")
     fill(primary, 10)
-    base, data = primary.read_durable(0, 1 << 20)
+    base, data = primary.read_shipped(0, 1 << 20)
     damaged = bytearray(data)
     damaged[len(damaged) // 2] ^= 0x40
     with pytest.raises(errors.CorruptionError):
