@@ -20,8 +20,8 @@ count stays 0 for everything it delivered), nothing twice, a replaced or cancell
 at most one pending message per replace key, every schedule occurrence exactly once per its
 catch-up policy across the DST transitions.
 
-Runs ``CHRONOQ_TIMERS_SM_EXAMPLES`` examples (default 20) of ``CHRONOQ_TIMERS_SM_STEPS`` steps
-(default 40): about a minute on the development machine. A longer search: raise both.
+Runs ``CHRONOQ_TIMERS_SM_EXAMPLES`` examples (default 50) of ``CHRONOQ_TIMERS_SM_STEPS`` steps
+(default 50): about a minute on the development machine. A longer search: raise both.
 """
 
 from __future__ import annotations
