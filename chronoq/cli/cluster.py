@@ -6,7 +6,8 @@ import time
 
 import click
 
-from chronoq.cli.remote import EXIT_NOT_DONE, EXIT_UNREACHABLE, call, connection, fail, remote_options
+from chronoq.cli.remote import (EXIT_NOT_DONE, EXIT_UNREACHABLE, call, connection, etcd_access, etcd_options, fail,
+                                remote_options)
 from chronoq.cli.render import print_json, print_table, size_text
 
 PROMOTE_WAIT_S = 120.0  # how long ``promote`` waits for the new primary to serve
@@ -53,9 +54,8 @@ def _etcd_status(etcd, cluster_name, group_name, timeout, as_json) -> None:
     from chronoq.core import errors
     from chronoq.replication.etcd import read_view
 
-    endpoints = [e.strip() for e in etcd.split(",") if e.strip()]
     try:
-        view = read_view(endpoints, cluster_name, group_name, timeout)
+        view = read_view(etcd_access(etcd), cluster_name, group_name, timeout)
     except errors.ChronoqError as exc:
         fail(exc.message, EXIT_UNREACHABLE)
     if as_json:
@@ -77,13 +77,13 @@ def _etcd_status(etcd, cluster_name, group_name, timeout, as_json) -> None:
 
 @cluster.command("status")
 @remote_options
-@click.option("--etcd", default=None, metavar="HOST:PORT[,...]",
-              help="Show the group as etcd records it (leader, epoch, in-sync set, members) instead of one node's view.")
+@etcd_options
 @click.option("--cluster-name", default="chronoq", show_default=True, help="With --etcd: the cluster's name.")
 @click.option("--group-name", default="default", show_default=True, help="With --etcd: the broker group's name.")
 def status(endpoint, timeout, as_json, etcd, cluster_name, group_name) -> None:
     """This node's role and epoch, its durable log position, and lag (a replica's behind its
-    primary; a primary's replicas behind it). With --etcd: the group's view in etcd."""
+    primary; a primary's replicas behind it). With --etcd: the group as etcd records it (leader,
+    epoch, in-sync set, members)."""
     if etcd:
         _etcd_status(etcd, cluster_name, group_name, timeout, as_json)
         return

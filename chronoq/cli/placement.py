@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli.remote import EXIT_NOT_DONE, EXIT_REFUSED, admin_call, call, fail, remote_options
+from chronoq.cli.remote import (EXIT_NOT_DONE, EXIT_REFUSED, admin_call, call, etcd_access, etcd_options, fail,
+                                remote_options)
 from chronoq.cli.render import print_json, print_table
 
 
@@ -70,7 +71,7 @@ def _from_etcd(etcd: str, cluster_name: str, timeout: float):
     from chronoq.server.cluster import groups_pb, placement_pb
 
     try:
-        snap = read_once([e.strip() for e in etcd.split(",") if e.strip()], cluster_name, timeout)
+        snap = read_once(etcd_access(etcd), cluster_name, timeout)
     except errors.ChronoqError as exc:
         fail(exc.message, EXIT_NOT_DONE)
     return apb.ClusterGroupsResponse(cluster=cluster_name, groups=groups_pb(snap),
@@ -79,12 +80,12 @@ def _from_etcd(etcd: str, cluster_name: str, timeout: float):
 
 @click.command("groups")
 @remote_options
-@click.option("--etcd", default=None, metavar="HOST:PORT[,...]",
-              help="Read etcd itself instead of asking the node at --endpoint (works with every node down).")
+@etcd_options
 @click.option("--cluster-name", default="chronoq", show_default=True, help="With --etcd: the cluster's name.")
 def groups(endpoint, timeout, as_json, etcd, cluster_name) -> None:
     """The broker groups of the cluster the node at --endpoint belongs to (from etcd): each
-    group's primary, epoch and members, and every topic's placement."""
+    group's primary, epoch and members, and every topic's placement. With --etcd: read from etcd
+    itself (works with every node down)."""
     if etcd:
         r = _from_etcd(etcd, cluster_name, timeout)
     else:

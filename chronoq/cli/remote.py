@@ -59,6 +59,40 @@ def remote_options(fn):
     return fn
 
 
+def etcd_options(fn):
+    """``--etcd`` and how to reach it (TLS, a user), for commands that can read etcd itself."""
+    fn = click.option("--etcd-user", envvar="CHRONOQ_ETCD_USER", default=None, expose_value=False,
+                      callback=_keep_connection_option,
+                      help="etcd user, when etcd's authentication is on (env CHRONOQ_ETCD_USER; the password "
+                           "comes from the env CHRONOQ_ETCD_PASSWORD only).")(fn)
+    for name, what in (("key", "this client's key for --etcd-cert-file"),
+                       ("cert", "a client certificate for etcd's --client-cert-auth (implies TLS)"),
+                       ("ca", "PEM certificates to trust for etcd's TLS (implies TLS)")):
+        fn = click.option(f"--etcd-{name}-file", envvar=f"CHRONOQ_ETCD_{name.upper()}_FILE", default=None,
+                          type=click.Path(dir_okay=False, exists=True), expose_value=False,
+                          callback=_keep_connection_option,
+                          help=f"{what[0].upper()}{what[1:]} (env CHRONOQ_ETCD_{name.upper()}_FILE).")(fn)
+    return click.option("--etcd", default=None, metavar="HOST:PORT[,...]",
+                        help="Read etcd itself (its endpoints) instead of asking the node at --endpoint.")(fn)
+
+
+def etcd_access(etcd: str):
+    """The ``EtcdAccess`` of this invocation's ``--etcd`` options (exit 2 on a bad combination)."""
+    import os
+
+    from chronoq.core import errors
+    from chronoq.replication.etcd import EtcdAccess
+
+    meta = click.get_current_context().meta
+    try:
+        return EtcdAccess.of([e.strip() for e in etcd.split(",") if e.strip()],
+                             meta.get("chronoq.etcd_ca_file") or "", meta.get("chronoq.etcd_cert_file") or "",
+                             meta.get("chronoq.etcd_key_file") or "", meta.get("chronoq.etcd_user") or "",
+                             os.environ.get("CHRONOQ_ETCD_PASSWORD", ""))
+    except errors.ChronoqError as exc:
+        fail(exc.message, EXIT_USAGE)
+
+
 def fail(message: str, exit_code: int):
     click.echo(f"chronoq: error: {message}", err=True)
     sys.exit(exit_code)

@@ -147,6 +147,15 @@ class BrokerConfig:
     # (rounded up to whole seconds; etcd grants at least its own minimum, 2 s by default) and
     # acknowledges nothing once it may have lost it. Keys live under /chronoq/<cluster>/<group>/.
     etcd_endpoints: str = ""
+    # etcd over TLS and as a user (docs/replication.md, "etcd with TLS and a user"): ``etcd_ca_file``
+    # (PEM) verifies etcd's certificate; ``etcd_cert_file`` + ``etcd_key_file`` present this node's
+    # (etcd's --client-cert-auth); either turns TLS on. ``etcd_user`` + ``etcd_password`` when etcd's
+    # authentication is on (CHRONOQ_ETCD_PASSWORD keeps the password out of the file).
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password: str = field(default="", repr=False)
     cluster_name: str = "chronoq"
     group_name: str = "default"
     lease_ttl_ms: int = 5000
@@ -228,6 +237,10 @@ class BrokerConfig:
         if self.etcd_list and self.replica_of:
             raise errors.ClientError("replica_of and etcd_endpoints exclude each other: with etcd a node's role "
                                      "(and its primary) comes from etcd")
+        if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
+            raise errors.ClientError("etcd_cert_file and etcd_key_file go together (a client certificate and its key)")
+        if bool(self.etcd_user) != bool(self.etcd_password):
+            raise errors.ClientError("etcd_user and etcd_password go together")
         if self.force_leader and not self.etcd_list:
             raise errors.ClientError("force_leader needs etcd_endpoints (without etcd, promote a replica with "
                                      "`chronoq promote`)")

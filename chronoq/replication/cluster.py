@@ -146,9 +146,9 @@ async def claim_group(coord, data_dir: str, now_ms: int) -> str:
                              "this node does not start without it")
 
 
-def read_once(endpoints: list[str], cluster: str, timeout_s: float = 5.0) -> pl.Snapshot:
-    """The cluster read once without a lease (tools, tests). Runs its own event loop: call it
-    from a thread that has none running."""
+def read_once(access, cluster: str, timeout_s: float = 5.0) -> pl.Snapshot:
+    """The cluster read once without a lease (tools, tests): ``access`` an ``EtcdAccess`` or plain
+    endpoints. Runs its own event loop: call it from a thread that has none running."""
     from chronoq.replication.etcd import read_view
 
-    return read_view(endpoints, cluster, "reader", timeout_s, reading=read)
+    return read_view(access, cluster, "reader", timeout_s, reading=read)

@@ -1,5 +1,12 @@
 """The one module that talks to etcd (``aetcd``: etcd's v3 gRPC API over grpc.aio).
 
+How it is reached (``EtcdAccess``): its endpoints, tried in turn; TLS when a CA or a client
+certificate is configured (etcd's ``--cert-file``/``--trusted-ca-file``, and ``--client-cert-auth``
+for the client certificate; aetcd speaks plaintext only, so ``_tls_client_class`` opens its channel with the
+credentials); a user and password when etcd's authentication is on (aetcd asks etcd for a token
+at connect; the keep-alive loop uses it once a period so etcd does not forget it, and a refused
+one drops the connection: the next connect asks for a new token).
+
 ``EtcdCoordinator`` runs on a thread of its own with its own (standard asyncio) event loop: the
 lease's keep-alives must go out on time however busy the broker's loop is, and whatever that
 loop's implementation (uvloop). The broker's loop calls the coroutines below through ``call``
@@ -19,6 +26,7 @@ import asyncio
 import json
 import logging
 import threading
+from dataclasses import dataclass, field
 
 from chronoq.core import errors
 from chronoq.replication import coordinator as co
@@ -33,11 +41,130 @@ KEEPALIVES_PER_TTL = 3
 RETRY_PAUSE_S = 0.02  # between a keep-alive that failed after a normal tick and its retry (on the next endpoint)
 
 
+@dataclass(frozen=True)
+class EtcdAccess:
+    """How to reach etcd: endpoints, TLS material (PEM bytes, read once at start) and a user."""
+
+    endpoints: tuple[str, ...]
+    ca: bytes = b""
+    cert: bytes = b""
+    key: bytes = field(default=b"", repr=False)
+    user: str = ""
+    password: str = field(default="", repr=False)
+
+    @classmethod
+    def of(cls, endpoints, ca_file: str = "", cert_file: str = "", key_file: str = "", user: str = "",
+           password: str = "") -> "EtcdAccess":
+        """From settings (``BrokerConfig.etcd_access``, the CLI's --etcd options): the files read
+        now, so a missing or unreadable one is refused at start, naming it."""
+        if bool(cert_file) != bool(key_file):
+            raise errors.ClientError("etcd_cert_file and etcd_key_file go together (a client certificate and its key)")
+        if bool(user) != bool(password):
+            raise errors.ClientError("etcd_user and etcd_password go together")
+        return cls(tuple(endpoints), _read_pem(ca_file, "etcd_ca_file"), _read_pem(cert_file, "etcd_cert_file"),
+                   _read_pem(key_file, "etcd_key_file"), user, password)
+
+    @classmethod
+    def coerce(cls, access) -> "EtcdAccess":
+        """``access`` itself, or plain endpoints (a list of host:port) reached without TLS or a user."""
+        return access if isinstance(access, EtcdAccess) else cls(tuple(access))
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca or self.cert)
+
+    def client(self, endpoint: str, timeout: float):
+        """An aetcd client of ``endpoint`` (not connected yet)."""
+        import aetcd
+
+        host, _, port = endpoint.rpartition(":")
+        settings = dict(host=host, port=int(port), timeout=timeout)
+        if self.user:
+            settings.update(username=self.user, password=self.password)
+        if not self.tls:
+            return aetcd.Client(**settings)
+        import grpc
+
+        credentials = grpc.ssl_channel_credentials(self.ca or None, self.key or None, self.cert or None)
+        return _tls_client_class()(credentials, **settings)
+
+
+def _read_pem(path: str, setting: str) -> bytes:
+    if not path:
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise errors.ClientError(f"{setting} {path!r} cannot be read: {exc.strerror}") from None
+    if b"-----BEGIN " not in data:
+        raise errors.ClientError(f"{setting} {path!r} is not PEM (no -----BEGIN line)")
+    return data
+
+
+_TLS_CLIENT = None
+
+
+def _tls_client_class():
+    """aetcd's client with a TLS channel: aetcd opens plaintext channels only. Its ``connect``
+    made over: the same stubs and watcher on a secure channel, the token asked for first."""
+    global _TLS_CLIENT
+    if _TLS_CLIENT is not None:
+        return _TLS_CLIENT
+    import aetcd
+    import grpc
+    from aetcd import rpc, watcher
+
+    class TlsClient(aetcd.Client):
+        def __init__(self, credentials, **settings) -> None:
+            super().__init__(**settings)
+            self._credentials = credentials
+
+        async def connect(self) -> None:
+            if self._connected.is_set():
+                return
+            channel = grpc.aio.secure_channel(f"{self._host}:{self._port}", self._credentials,
+                                              options=list(self._options.items()))
+            try:
+                metadata = None
+                if self._username is not None:
+                    answer = await rpc.AuthStub(channel).Authenticate(
+                        rpc.AuthenticateRequest(name=self._username, password=self._password), timeout=self._timeout)
+                    metadata = (("token", answer.token),)
+            except grpc.aio.AioRpcError as exc:
+                await channel.close()
+                raise _translated(exc) from None
+            except BaseException:
+                await channel.close()
+                raise
+            self.channel, self.metadata = channel, metadata
+            self.auth_stub = rpc.AuthStub(channel)
+            self.kvstub, self.clusterstub = rpc.KVStub(channel), rpc.ClusterStub(channel)
+            self.leasestub, self.maintenancestub = rpc.LeaseStub(channel), rpc.MaintenanceStub(channel)
+            self._watcher = watcher.Watcher(rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata)
+            self._connected.set()
+
+    _TLS_CLIENT = TlsClient
+    return TlsClient
+
+
+def _translated(exc):
+    """An AioRpcError of a connect as aetcd's own exception of that code (what its plaintext
+    client raises), so both clients fail alike."""
+    from aetcd import exceptions
+
+    try:
+        return exceptions._EXCEPTIONS_BY_CODE[exc.code()](exc.details())  # noqa: SLF001
+    except (AttributeError, KeyError, TypeError):
+        return exc
+
+
 class EtcdCoordinator:
-    def __init__(self, endpoints: list[str], cluster: str, group: str, ttl_ms: int, node: str, node_id: str,
+    def __init__(self, access, cluster: str, group: str, ttl_ms: int, node: str, node_id: str,
                  clock) -> None:
-        assert endpoints
-        self.endpoints = endpoints
+        self.access = access = EtcdAccess.coerce(access)
+        assert access.endpoints
+        self.endpoints = list(access.endpoints)
         self.cluster, self.group = cluster, group
         self.node, self.node_id = node, node_id
         self.clock = clock
@@ -115,7 +242,7 @@ class EtcdCoordinator:
                 await asyncio.wait_for(self._grant(), CONNECT_TIMEOUT_S)
                 break
             except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - try the next endpoint
-                failures.append(f"{self.endpoints[self._index]}: {type(exc).__name__}")
+                failures.append(f"{self.endpoints[self._index]}: {_why(exc)}")
                 await self._drop()
                 self._index = (self._index + 1) % len(self.endpoints)
         else:
@@ -125,10 +252,7 @@ class EtcdCoordinator:
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(), name="chronoq-etcd-keepalive")
 
     async def _connect(self) -> None:
-        import aetcd
-
-        host, _, port = self.endpoints[self._index].rpartition(":")
-        self._client = aetcd.Client(host=host, port=int(port), timeout=max(0.5, self.ttl_s / KEEPALIVES_PER_TTL))
+        self._client = self.access.client(self.endpoints[self._index], max(0.5, self.ttl_s / KEEPALIVES_PER_TTL))
         await self._client.connect()
 
     async def _drop(self) -> None:
@@ -162,6 +286,11 @@ class EtcdCoordinator:
                 if self._client is None:
                     await self._connect()
                 reply = await asyncio.wait_for(self._client.refresh_lease(self.lease_id), period)
+                if self.access.user:
+                    # etcd forgets a token unused for its --auth-token-ttl, and a keep-alive does not
+                    # use it: one read a period keeps it alive; a token refused all the same fails
+                    # here, and the connection is made again (asking for a new one).
+                    await asyncio.wait_for(self._client.get(self.keys[0]), period)
             except Exception as exc:  # noqa: BLE001 - try again (another endpoint); the deadline runs on
                 log.warning("etcd keep-alive failed (%s: %s); %d ms of lease left", type(exc).__name__, exc,
                             self.deadline.remaining_ms())
@@ -301,26 +430,37 @@ class EtcdCoordinator:
         return self._client
 
 
+def _why(exc: BaseException) -> str:
+    """What a failed connect says: the exception's name, and etcd's words when it gave any (a
+    refused password, a missing token)."""
+    words = str(exc).strip()
+    return f"{type(exc).__name__}: {words[:200]}" if words else type(exc).__name__
+
+
 def _prefix_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
-def read_view(endpoints: list[str], cluster: str, group: str, timeout_s: float = CONNECT_TIMEOUT_S,
+def read_view(access, cluster: str, group: str, timeout_s: float = CONNECT_TIMEOUT_S,
               reading=None) -> co.View:
     """What etcd says of a group, read once without a lease (``chronoq cluster status --etcd``,
     tests). Runs its own event loop: call it from a thread that has none running. ``reading``: a
-    coroutine function of the connected reader to run instead of ``view`` (chronoq.replication.cluster)."""
+    coroutine function of the connected reader to run instead of ``view`` (chronoq.replication.cluster).
+    ``access``: an ``EtcdAccess``, or plain endpoints."""
     from chronoq.core.clock import SYSTEM_CLOCK
+
+    access = EtcdAccess.coerce(access)
 
     async def read() -> co.View:
         failures = []
-        for endpoint in endpoints:
-            reader = EtcdCoordinator([endpoint], cluster, group, 2000, "reader", "", SYSTEM_CLOCK)
+        for endpoint in access.endpoints:
+            one = EtcdAccess((endpoint,), access.ca, access.cert, access.key, access.user, access.password)
+            reader = EtcdCoordinator(one, cluster, group, 2000, "reader", "", SYSTEM_CLOCK)
             try:
                 await asyncio.wait_for(reader._connect(), timeout_s)
                 return await asyncio.wait_for(reader.view() if reading is None else reading(reader), timeout_s)
             except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - the next endpoint
-                failures.append(f"{endpoint}: {type(exc).__name__}")
+                failures.append(f"{endpoint}: {_why(exc)}")
             finally:
                 await reader._drop()
         raise errors.ClientError(f"etcd cannot be reached ({'; '.join(failures)})")

@@ -36,7 +36,7 @@ import logging
 from chronoq.core import errors
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.replication import coordinator as co
-from chronoq.replication.etcd import EtcdCoordinator
+from chronoq.replication.etcd import EtcdAccess, EtcdCoordinator
 
 log = logging.getLogger("chronoq.failover")
 
@@ -85,7 +85,9 @@ class Leadership:
 
 
 def start_coordinator(cfg, node_id: str) -> EtcdCoordinator:
-    coord = EtcdCoordinator(cfg.etcd_list, cfg.cluster_name, cfg.group_name, cfg.lease_ttl_ms, cfg.endpoint,
+    access = EtcdAccess.of(cfg.etcd_list, cfg.etcd_ca_file, cfg.etcd_cert_file, cfg.etcd_key_file, cfg.etcd_user,
+                           cfg.etcd_password)
+    coord = EtcdCoordinator(access, cfg.cluster_name, cfg.group_name, cfg.lease_ttl_ms, cfg.endpoint,
                             node_id, SYSTEM_CLOCK)
     coord.start()
     return coord

@@ -33,18 +33,27 @@ def etcd_available() -> bool:
 
 
 class Etcd:
-    def __init__(self, directory: str) -> None:
-        self.port, peer = free_port(), free_port()
+    """``tls``: (CA, server certificate, server key) PEM paths: clients must present a certificate
+    the CA signed (``--client-cert-auth``); ``access`` then says how a test reaches it."""
+
+    def __init__(self, directory: str, tls: tuple[str, str, str] | None = None, access=None,
+                 port: int | None = None, extra: tuple[str, ...] = ()) -> None:
+        from chronoq.replication.etcd import EtcdAccess
+
+        self.port, peer = port or free_port(), free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
+        self.access = EtcdAccess.coerce(access or [self.endpoint])
         self.log_path = os.path.join(directory, "etcd.log")
         os.makedirs(directory, exist_ok=True)
         self._log = open(self.log_path, "wb")
-        url, peer_url = f"http://{self.endpoint}", f"http://127.0.0.1:{peer}"
+        url, peer_url = f"{'https' if tls else 'http'}://{self.endpoint}", f"http://127.0.0.1:{peer}"
+        security = [] if tls is None else ["--trusted-ca-file", tls[0], "--cert-file", tls[1], "--key-file", tls[2],
+                                           "--client-cert-auth"]
         self.proc = subprocess.Popen(
             [ETCD, "--name", "test", "--data-dir", os.path.join(directory, "etcd-data"),
              "--listen-client-urls", url, "--advertise-client-urls", url,
              "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-             "--initial-cluster", f"test={peer_url}", "--listen-metrics-urls", ""],
+             "--initial-cluster", f"test={peer_url}", "--listen-metrics-urls", "", *security, *extra],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
@@ -67,7 +76,7 @@ class Etcd:
         from chronoq.replication.etcd import read_view
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(read_view, [self.endpoint], cluster, group).result(30)
+            return pool.submit(read_view, self.access, cluster, group).result(30)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
