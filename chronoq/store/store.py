@@ -48,6 +48,9 @@ log = logging.getLogger("chronoq.store")
 _HOLE_FILL_MAX = 1 << 16
 _pack_entry = ENTRY.pack
 
+# Handed each record a dispatch walks: (commit offset, its RecordHeader, its bytes).
+Tap = Callable[[int, record.RecordHeader, bytes], None]
+
 
 @dataclass(frozen=True)
 class RetentionPlan:
@@ -183,11 +186,12 @@ class Store(StoreWriter):
                 if qid.isdigit():
                     self._queue(topic, int(qid))
 
-    def _replay(self, start: int, progress, log_end: int) -> int:
+    def _replay(self, start: int, progress, log_end: int, tap: Tap | None = None) -> int:
         """Re-dispatch records from ``start``; then cut queue entries the log no longer backs.
 
         ``progress("replay", done, total)`` (bytes of this replay) is called once per segment
-        passed and once at the end: one integer compare per record, nothing more.
+        passed and once at the end: one integer compare per record, nothing more. ``tap`` is
+        handed every record walked, delayed or not, in log order (``dispatch_shipped``).
         """
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         count = 0
@@ -199,7 +203,9 @@ class Store(StoreWriter):
                     next_end = ends.pop(0) if ends else _NEVER
                 progress("replay", offset - start, log_end - start)
             h = record.RecordHeader(buf, 0)
-            if h.flags & record.FLAG_DELAYED:  # the timer absorbs these itself (see scan)
+            if tap is not None:
+                tap(offset, h, buf)
+            if h.flags & record.FLAG_DELAYED:  # the timer absorbs these itself (see scan, tap)
                 continue
             entry = _pack_entry(offset, h.length, zlib.crc32(h.tag), h.stored_ms)
             self._add_entry(batch, (h.topic, h.queue_id), h.queue_offset, entry)
@@ -448,13 +454,15 @@ class Store(StoreWriter):
         self.log.append(blob, segment_base=segment_base)
         return self.log.written
 
-    def dispatch_shipped(self) -> int:
+    def dispatch_shipped(self, tap: Tap | None = None) -> int:
         """Make the fsynced shipped records visible in their consume queues, as recovery's replay
-        does (``_replay``: positional writes, the same entries the primary wrote). Returns the
-        dispatched offset."""
+        does (``_replay``: positional writes, the same entries the primary wrote). ``tap(commit
+        offset, RecordHeader, record bytes)`` is handed each record of the same walk (the
+        replica's timer follows by it: ``TimerService.follow``), so a shipped record is parsed
+        once. Returns the dispatched offset."""
         end = self.log.synced
         if end > self.dispatched:
-            self._replay(max(self.dispatched, self.log.min_offset), None, end)
+            self._replay(max(self.dispatched, self.log.min_offset), None, end, tap)
             self.dispatched = end
         return self.dispatched
 

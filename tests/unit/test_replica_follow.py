@@ -1,0 +1,105 @@
+"""A replica's dispatch in process, without the network: the shipped records go into the consume
+queues and the replica's timer (``TimerService.follow`` with ``Store.dispatch_shipped``) in one
+walk, and leave the replica's queues and pending timers what the primary's are."""
+
+from __future__ import annotations
+
+import pytest
+
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
+from chronoq.store import record
+from chronoq.store.digest import queue_digest
+from chronoq.timer.digest import pending_timers
+from chronoq.timer.options import TimerOptions
+from chronoq.timer.service import TimerService
+
+from storekit import open_store
+from tests.unit.timerkit import T0, TOPIC, drain, open_broker
+
+LEVELS = "1s 5s 1m"
+
+
+def ship(primary, replica, timer, max_bytes: int) -> int:
+    """What ``Follower.write`` then ``Follower.dispatch`` do, pull after pull; the pulls made."""
+    pulls = 0
+    while True:
+        at = max(replica.log.synced, primary.log.min_offset)
+        base, data = primary.read_durable(at, max_bytes)
+        if not data:
+            return pulls
+        replica.append_shipped(at, base, data)
+        replica.sync()
+        timer.follow(replica.dispatch_shipped)
+        pulls += 1
+
+
+def load(broker, clock) -> None:
+    """Plain, delayed and level messages; some fired (delivered copies), a recall, a reschedule."""
+    for i in range(40):
+        broker.send(TOPIC, f"plain-{i}".encode(), queue_id=i % 2)
+        broker.send(TOPIC, f"now-{i}".encode(), deliver_at_ms=T0, queue_id=i % 2)  # visible at once
+    timers = [broker.send(TOPIC, f"t-{i}".encode(), deliver_at_ms=T0 + 500 * (i + 1)) for i in range(30)]
+    for i in range(12):
+        broker.send(TOPIC, f"L-{i}".encode(), delay_level=1 + i % 3)
+    broker.recall(timers[20].recall_handle)
+    broker.reschedule(timers[21].recall_handle, T0 + 90_000)
+    clock.advance(4_000)  # the first timers and level 1 due: copies with their references
+    drain(broker)
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 20, 700])
+def test_a_followed_replica_has_the_primary_queues_and_pending_timers(tmp_path, max_bytes):
+    clock = FakeClock(T0)
+    primary = open_broker(tmp_path / "p", clock, timer_delay_levels=LEVELS)
+    primary.create_topic(TOPIC, 2)
+    load(primary, clock)
+    replica = open_store(tmp_path / "r", clock=clock)
+    cfg = BrokerConfig(data_dir=str(tmp_path / "r"), timer_delay_levels=LEVELS)
+    timer = TimerService(replica, TimerOptions.from_config(cfg), clock, cfg.data_dir, following=True)
+    try:
+        assert ship(primary.store, replica, timer, max_bytes) > (1 if max_bytes < 1000 else 0)
+        assert replica.dispatched == replica.log.synced == primary.store.log.synced
+        assert timer.replayed == replica.dispatched and timer.followed > 0
+        assert queue_digest(replica) == queue_digest(primary.store)
+        assert pending_timers(timer) == pending_timers(primary.timer)
+        assert [lane.offset for lane in timer.level_lanes] == [lane.offset for lane in primary.timer.level_lanes]
+    finally:
+        timer.close()
+        replica.close()
+        primary.close()
+
+
+def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch):
+    """The queues and the timer share the store's walk (``tap``): one header parse a record, not
+    one for the queues and another for the timer's own scan of the same bytes."""
+    clock = FakeClock(T0)
+    primary = open_broker(tmp_path / "p", clock, timer_delay_levels=LEVELS)
+    primary.create_topic(TOPIC, 2)
+    load(primary, clock)
+    replica = open_store(tmp_path / "r", clock=clock)
+    cfg = BrokerConfig(data_dir=str(tmp_path / "r"), timer_delay_levels=LEVELS)
+    timer = TimerService(replica, TimerOptions.from_config(cfg), clock, cfg.data_dir, following=True)
+    parsed = []
+
+    class Counted(record.RecordHeader):
+        __slots__ = ()
+
+        def __init__(self, buf, pos):
+            super().__init__(buf, pos)
+            parsed.append(pos)
+
+    try:
+        monkeypatch.setattr(record, "RecordHeader", Counted)
+        records = 0
+        base, data = primary.store.read_durable(0, 1 << 30)
+        pos = 0
+        while pos < len(data):
+            pos += record.check(data, pos, len(data))
+            records += 1
+        assert ship(primary.store, replica, timer, 1 << 30) == 1
+        assert records > 100 and len(parsed) == records
+    finally:
+        timer.close()
+        replica.close()
+        primary.close()
