@@ -174,6 +174,9 @@ class Store(StoreWriter):
         replay_from = max(replay_from, self.log.min_offset)
         report.replayed_from = replay_from
         report.records_replayed = self._replay(replay_from, progress, log_end)
+        for key, cq in self.queues.items():  # R9
+            cq.truncate_past(log_end)
+            self._next_qoff[key] = cq.next_offset
         self._sync_queues()
         return report
 
@@ -187,7 +190,8 @@ class Store(StoreWriter):
                     self._queue(topic, int(qid))
 
     def _replay(self, start: int, progress, log_end: int, tap: Tap | None = None) -> int:
-        """Re-dispatch records from ``start``; then cut queue entries the log no longer backs.
+        """Re-dispatch records from ``start`` (recovery's row R9, entries the log no longer backs,
+        is ``recover``'s: a replica's dispatch of what it was shipped cannot leave such entries).
 
         ``progress("replay", done, total)`` (bytes of this replay) is called once per segment
         passed and once at the end: one integer compare per record, nothing more. ``tap`` is
@@ -216,8 +220,6 @@ class Store(StoreWriter):
         self._put_entries(batch)
         if progress is not None and log_end > start:
             progress("replay", log_end - start, log_end - start)
-        for cq in self.queues.values():  # R9
-            cq.truncate_past(log_end)
         for key, cq in self.queues.items():
             self._next_qoff[key] = cq.next_offset
         return count
