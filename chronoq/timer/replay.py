@@ -127,7 +127,8 @@ class _Run:
             if len(self.records) >= CATCH_UP_RUN:
                 self._flush()
         # A delivered copy keeps its message's due time (``copies.delivered_copy``), never 0: a
-        # plain record (deliver_at_ms 0) is not searched for the reference markers.
+        # plain record (deliver_at_ms 0) is not searched for the reference markers (and a store's
+        # dispatch does not hand it over: ``store.Tap``).
         elif header.deliver_at_ms and (copies.REF_MARKERS[0] in raw or copies.REF_MARKERS[1] in raw) \
                 and header.topic != DELAY_TOPIC:
             self._flush()

@@ -368,15 +368,20 @@ def test_a_rebuild_reads_the_log_in_chunks_whatever_their_size(tmp_path, monkeyp
     store = reopen(tmp_path)
     assert store.report.records_replayed == len(sent)
     assert read_all(store) == reads and queue_snapshot(store) == snap
+    store.checkpoint()  # the start-up scan then covers the last segments only (verify_extra_segments)
     crash(store)
     old = segments(tmp_path)[0]
+    assert len(segments(tmp_path)) >= 4
     positions = record_positions(old)
     pos, length = next((p, n) for p, n in positions if p < chunk < p + n)  # across the first chunk's end
-    flip_bit(old, pos + length - 1)
-    shutil.rmtree(tmp_path / "consumequeue")
-    with pytest.raises(errors.CorruptionError) as info:
-        reopen(tmp_path)
-    assert (info.value.path, info.value.offset) == (old, pos)
+    for byte, what in ((pos + length - 1, "CRC mismatch"), (pos + 2, "do not add up"),  # the body, the length
+                       (pos + 3, "out of range")):
+        flip_bit(old, byte, 7)
+        shutil.rmtree(tmp_path / "consumequeue", ignore_errors=True)  # R8: the whole log replayed
+        with pytest.raises(errors.CorruptionError, match=what) as info:
+            reopen(tmp_path)
+        assert (info.value.path, info.value.offset) == (old, pos)
+        flip_bit(old, byte, 7)
 
 
 # ---------------------------------------------------------------- R7 checkpoint missing/unreadable

@@ -14,7 +14,7 @@ from chronoq.timer.digest import pending_timers
 from chronoq.timer.options import TimerOptions
 from chronoq.timer.service import TimerService
 
-from storekit import open_store
+from storekit import fill, open_store
 from tests.unit.timerkit import T0, TOPIC, drain, open_broker
 
 LEVELS = "1s 5s 1m"
@@ -101,5 +101,40 @@ def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch):
         assert records > 100 and len(parsed) == records
     finally:
         timer.close()
+        replica.close()
+        primary.close()
+
+
+def test_shipped_records_are_checked_once_as_they_are_written(tmp_path, monkeypatch):
+    """``append_shipped`` checks each record before writing it; the dispatch of those records
+    (several appends, one after another) steps over them by length instead of checking them
+    again."""
+    primary = open_store(tmp_path / "p")
+    fill(primary, 300, batch=9)
+    replica = open_store(tmp_path / "r")
+    checked = []
+    real_check = record.check
+
+    def counted(buf, pos, end):
+        checked.append(pos)
+        return real_check(buf, pos, end)
+
+    try:
+        monkeypatch.setattr(record, "check", counted)
+        pulls = 0
+        while True:
+            at = replica.log.written
+            base, data = primary.read_durable(at, 50_000)
+            if not data:
+                break
+            replica.append_shipped(at, base, data)
+            pulls += 1
+        replica.sync()
+        shipped = len(checked)
+        assert pulls > 2 and shipped >= 300
+        replica.dispatch_shipped()
+        assert len(checked) == shipped  # none checked twice
+        assert queue_digest(replica) == queue_digest(primary)
+    finally:
         replica.close()
         primary.close()
