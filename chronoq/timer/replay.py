@@ -56,9 +56,9 @@ class Replay:
         checkpoint. Returns how many records were absorbed or re-marked."""
         assert self.following and not self._unabsorbed, "follow is a replica's (the store dispatched nothing live)"
         if dispatch is not None and self.store.dispatched == self.replayed:
-            run = _Run(self, self.replayed)
+            run = _Run(self)
             dispatch(run.feed)
-            count = run.close()
+            count = run.close(self.store.dispatched)  # (plain records are not fed: where the walk ended)
         else:
             if dispatch is not None:
                 dispatch(None)
@@ -71,11 +71,12 @@ class Replay:
     def _replay_from(self, start: int) -> int:
         """Absorb the delayed records and re-mark the delivered copies from ``start`` to the log's
         end; sets ``replayed`` (where it stopped) and returns how many it handled."""
-        run = _Run(self, start)
+        run = _Run(self)
         feed = run.feed
+        header = None
         for offset, header, raw in self.store.scan(start):
             feed(offset, header, raw)
-        return run.close()
+        return run.close(start if header is None else offset + header.length)
 
     def _apply_ref(self, offset: int, raw: bytes) -> int:
         props = record.decode_properties(copies.split(raw).properties)
@@ -97,23 +98,21 @@ class Replay:
 
 class _Run:
     """One replay pass over records fed in commit-log order (``feed``), from the start-up scan
-    (``_replay_from``) or a replica's dispatch (``follow``); ``close`` absorbs what is left, sets
-    the timer's ``replayed`` and returns how many records it handled.
+    (``_replay_from``) or a replica's dispatch (``follow``); ``close(end)`` absorbs what is left,
+    sets the timer's ``replayed`` to where the walk ended and returns how many records it handled.
 
     Runs of delayed records go through the bulk path (``_absorb_run``), a run ending at each
     delivered copy so entries keep commit-log order (a restart replays ~10 s of sends)."""
 
-    __slots__ = ("timer", "end", "count", "raws", "records")
+    __slots__ = ("timer", "count", "raws", "records")
 
-    def __init__(self, timer: Replay, start: int):
+    def __init__(self, timer: Replay):
         self.timer = timer
-        self.end = start
         self.count = 0
         self.raws: list[bytes] = []
         self.records: list[tuple[int, int, int]] = []
 
     def feed(self, offset: int, header: record.RecordHeader, raw: bytes) -> None:
-        self.end = offset + header.length
         if header.flags & record.FLAG_DELAYED:
             rolled = roll.unwrap(raw) if header.topic == copies.CONTROL_TOPIC else None
             if rolled is not None:  # a pending message carried past retention: absorbed as itself
@@ -139,10 +138,10 @@ class _Run:
             self.timer._absorb_run(b"".join(self.raws), self.records)
             self.raws, self.records = [], []
 
-    def close(self) -> int:
+    def close(self, end: int) -> int:
         self._flush()
         timer = self.timer
-        timer.replayed = max(timer.replayed, self.end)
+        timer.replayed = max(timer.replayed, end)
         for lane in timer.level_lanes:
             lane.scan_offset = lane.offset
         return self.count

@@ -31,6 +31,7 @@ def ship(primary, replica, timer, max_bytes: int) -> int:
         replica.append_shipped(at, base, data)
         replica.sync()
         timer.follow(replica.dispatch_shipped)
+        assert timer.replayed == replica.dispatched == replica.log.synced  # the timer walked with the store
         pulls += 1
 
 
@@ -70,7 +71,8 @@ def test_a_followed_replica_has_the_primary_queues_and_pending_timers(tmp_path, 
         primary.close()
 
 
-def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("max_bytes", [1 << 30, 300])
+def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch, max_bytes):
     """The queues and the timer share the store's walk (``tap``): one header parse a record, not
     one for the queues and another for the timer's own scan of the same bytes."""
     clock = FakeClock(T0)
@@ -97,7 +99,9 @@ def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch):
         while pos < len(data):
             pos += record.check(data, pos, len(data))
             records += 1
-        assert ship(primary.store, replica, timer, 1 << 30) == 1
+        pulls = ship(primary.store, replica, timer, max_bytes)
+        assert pulls == 1 if max_bytes > len(data) else pulls > 10, pulls
+        timer.follow()  # (as Follower.dispatch does after: nothing is left to walk)
         assert records > 100 and len(parsed) == records
     finally:
         timer.close()
