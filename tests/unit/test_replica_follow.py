@@ -49,15 +49,20 @@ def load(broker, clock) -> None:
     drain(broker)
 
 
-@pytest.mark.parametrize("max_bytes", [1 << 20, 700])
-def test_a_followed_replica_has_the_primary_queues_and_pending_timers(tmp_path, max_bytes):
+def loaded_pair(tmp_path):
+    """A primary broker after ``load``; an empty replica store and its timer, following."""
     clock = FakeClock(T0)
     primary = open_broker(tmp_path / "p", clock, timer_delay_levels=LEVELS)
     primary.create_topic(TOPIC, 2)
     load(primary, clock)
     replica = open_store(tmp_path / "r", clock=clock)
     cfg = BrokerConfig(data_dir=str(tmp_path / "r"), timer_delay_levels=LEVELS)
-    timer = TimerService(replica, TimerOptions.from_config(cfg), clock, cfg.data_dir, following=True)
+    return primary, replica, TimerService(replica, TimerOptions.from_config(cfg), clock, cfg.data_dir, following=True)
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 20, 700])
+def test_a_followed_replica_has_the_primary_queues_and_pending_timers(tmp_path, max_bytes):
+    primary, replica, timer = loaded_pair(tmp_path)
     try:
         assert ship(primary.store, replica, timer, max_bytes) > (1 if max_bytes < 1000 else 0)
         assert replica.dispatched == replica.log.synced == primary.store.log.synced
@@ -75,13 +80,7 @@ def test_a_followed_replica_has_the_primary_queues_and_pending_timers(tmp_path, 
 def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch, max_bytes):
     """The queues and the timer share the store's walk (``tap``): one header parse a record, not
     one for the queues and another for the timer's own scan of the same bytes."""
-    clock = FakeClock(T0)
-    primary = open_broker(tmp_path / "p", clock, timer_delay_levels=LEVELS)
-    primary.create_topic(TOPIC, 2)
-    load(primary, clock)
-    replica = open_store(tmp_path / "r", clock=clock)
-    cfg = BrokerConfig(data_dir=str(tmp_path / "r"), timer_delay_levels=LEVELS)
-    timer = TimerService(replica, TimerOptions.from_config(cfg), clock, cfg.data_dir, following=True)
+    primary, replica, timer = loaded_pair(tmp_path)
     parsed = []
 
     class Counted(record.RecordHeader):
