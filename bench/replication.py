@@ -4,10 +4,12 @@ Starts ``chronoq serve`` on loopback three ways, one after the other in the same
 alone ("none"), a primary with a replica and ``replication = "async"``, and with ``"sync"``. In
 each, chronoq.client.client sends 1 KiB messages from ``--concurrency`` tasks of one process,
 batched (``--batch`` messages a call) and single (one a call), each for ``--seconds``: msgs/s,
-and the ratio to "none" of the same run. Under async load the primary's view of the replica's
-lag (ClusterStatus, every 100 ms) is sampled: p50 and max bytes. Last, failover: the async
-primary is killed with SIGKILL, ``chronoq promote`` is run on the replica, and the time from the
-kill to the first acknowledged send and to the first message received there is measured: in
+and the ratio to "none" of the same run; the primary's and the replica's CPU per message (user +
+system of all threads, /proc/PID/stat, from the phase's start until the replica has caught up
+with it: on a 2-core machine the replica's CPU is taken from the primary's). Under async load
+the primary's view of the replica's lag (ClusterStatus, every 100 ms) is sampled: p50 and max
+bytes. Last, failover: the async primary is killed with SIGKILL, ``chronoq promote`` is run on
+the replica, and the time from the kill to the first acknowledged send and to the first message received there is measured: in
 even rounds with chronoq.client.client, in odd rounds with the official Python client
 (``failover_to_first_official_send``, ``..._receive``: its clients given the replica's address,
 started again until they work); ``--rounds 2`` or more gives both. Then,
@@ -23,6 +25,7 @@ compare ratios of alternating runs, not rates.
     .venv/bin/python bench/replication.py
     .venv/bin/python bench/replication.py --seconds 10 --rounds 3
     .venv/bin/python bench/replication.py --etcd-only --rounds 5
+    .venv/bin/python bench/replication.py --no-failover --rounds 3   # CPU per message only
     .venv/bin/python bench/replication.py --delayed 300000 --rounds 3   # promotion with pending timers
 """
 
@@ -44,7 +47,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.grpc_shell import batch_load, start_server, stop_server  # noqa: E402
+from bench.grpc_shell import batch_load, server_cpu_s, start_server, stop_server  # noqa: E402
 from chronoq.client.client import Client, OutgoingMessage  # noqa: E402
 from chronoq.replication.client import ReplicationClient  # noqa: E402
 
@@ -184,16 +187,26 @@ async def run_round(args, root: str, round_no: int) -> None:
             if mode != "none":
                 replica_proc, replica = start(base + "-r", replication, primary)
             for shape, batch in (("batched", args.batch), ("single", 1)):
+                procs = {"primary": primary_proc, "replica": replica_proc}
+                cpu0 = {role: server_cpu_s(p.pid) for role, p in procs.items() if p is not None}
+                began = time.monotonic()
                 out = await load(primary, f"bench-{shape}", args.seconds, args.concurrency, batch,
                                  lag_of=primary if mode == "async" and shape == "batched" else "")
+                sent = out["rate"] * (time.monotonic() - began)
+                if mode != "none":  # the replica's share ends when it has applied the window's records
+                    await caught_up(replica, primary)
+                cpu = {role: server_cpu_s(procs[role].pid) - c for role, c in cpu0.items()}
                 rates[(mode, shape)] = out["rate"]
                 ctx = {"mode": mode, "shape": shape, "batch": batch, "concurrency": args.concurrency,
                        "seconds": args.seconds, "round": round_no}
                 emit(f"replication_send_{shape}", round(out["rate"]), "msgs/s", **ctx)
+                for role, seconds in cpu.items():  # user + system, all threads (/proc/PID/stat)
+                    emit(f"replication_{role}_cpu_per_message", round(seconds / max(sent, 1) * 1e6, 2), "us/msg",
+                         messages=round(sent), **ctx)
                 if out["lags"]:
                     emit("replication_lag_under_load_p50", statistics.median(out["lags"]), "bytes", **ctx)
                     emit("replication_lag_under_load_max", max(out["lags"]), "bytes", **ctx)
-            if mode == "async":
+            if mode == "async" and not args.no_failover:
                 await caught_up(replica, primary)
                 times = await failover(primary_proc, replica, "bench-batched", official=round_no % 2 == 1)
                 log_mb = sum(os.path.getsize(os.path.join(base + "-r", "commitlog", n))
@@ -341,6 +354,8 @@ def main() -> None:
     parser.add_argument("--etcd-only", action="store_true", help="only the etcd automatic failover")
     parser.add_argument("--delayed", type=int, default=0,
                         help="only a failover with this many pending delayed messages in the log")
+    parser.add_argument("--no-failover", action="store_true",
+                        help="only the send phases (rates, ratios, CPU per message): no failover, no etcd")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="chronoq-bench-repl-")
     try:
@@ -350,7 +365,7 @@ def main() -> None:
                 continue
             if not args.etcd_only:
                 asyncio.run(run_round(args, root, r))
-            if os.path.exists(ETCD):
+            if os.path.exists(ETCD) and not args.no_failover:
                 etcd_failover(args, root, r)
     finally:
         shutil.rmtree(root, ignore_errors=True)

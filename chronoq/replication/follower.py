@@ -315,7 +315,10 @@ class Follower:
         its own ``maintenance`` (a promotion replays only what came after it)."""
         store = self.store
         if resp.commit_bytes:
-            store.dispatch_shipped()
+            if self.timer is not None:  # one walk over the records for the queues and the timer
+                self.timer.follow(store.dispatch_shipped)
+            else:
+                store.dispatch_shipped()
             self.history = position.epoch_history(store)
             self.epoch = self.history[-1][0]
         if self.timer is not None:

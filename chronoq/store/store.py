@@ -48,6 +48,10 @@ log = logging.getLogger("chronoq.store")
 _HOLE_FILL_MAX = 1 << 16
 _pack_entry = ENTRY.pack
 
+# Handed the records a dispatch walks that a timer follows, the delayed ones and those with a
+# delivery time (a timer's delivered copy keeps its message's): (commit offset, RecordHeader, bytes).
+Tap = Callable[[int, record.RecordHeader, bytes], None]
+
 
 @dataclass(frozen=True)
 class RetentionPlan:
@@ -117,6 +121,9 @@ class Store(StoreWriter):
         # Written but not yet dispatched: (end offset, {queue key: (first offset, entries)}).
         self._pending: deque[tuple[int, dict]] = deque()
         self.dispatched = 0
+        # [start, end) of the records ``append_shipped`` checked before writing them, appended
+        # one after another: a dispatch from within it steps over them by length (``iter_records``).
+        self._shipped_checked = (0, 0)
         self._guards: list[Callable[[], int | None]] = []
         self._keepers: list[Callable[[int, int], list[tuple[int, Prepared]]]] = []
         # The FLAG_DELAYED records of each append once it is dispatched, in log order (such records
@@ -174,6 +181,9 @@ class Store(StoreWriter):
         replay_from = max(replay_from, self.log.min_offset)
         report.replayed_from = replay_from
         report.records_replayed = self._replay(replay_from, progress, log_end)
+        for key, cq in self.queues.items():  # R9
+            cq.truncate_past(log_end)
+            self._next_qoff[key] = cq.next_offset
         self._sync_queues()
         return report
 
@@ -186,26 +196,39 @@ class Store(StoreWriter):
                 if qid.isdigit():
                     self._queue(topic, int(qid))
 
-    def _replay(self, start: int, progress, log_end: int) -> int:
-        """Re-dispatch records from ``start``; then cut queue entries the log no longer backs.
+    def _replay(self, start: int, progress, log_end: int, tap: Tap | None = None, checked_end: int = 0) -> int:
+        """Re-dispatch records from ``start`` (recovery's row R9, entries the log no longer backs,
+        is ``recover``'s: a replica's dispatch of what it was shipped cannot leave such entries).
 
         ``progress("replay", done, total)`` (bytes of this replay) is called once per segment
-        passed and once at the end: one integer compare per record, nothing more.
+        passed and once at the end: one integer compare per record, nothing more. ``tap`` is
+        handed, in log order, each record walked that is delayed or carries a delivery time (what
+        a timer follows: ``Tap``); the records below ``checked_end`` were checked by this process
+        already (``dispatch_shipped``).
         """
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
         count = 0
         ends = [seg.end for seg in self.log.segments if seg.end > start]
         next_end = ends.pop(0) if ends and progress is not None else _NEVER
-        for offset, buf in iter_records(self.log, start):
+        for offset, buf in iter_records(self.log, start, checked_end):
             if offset >= next_end:  # a segment boundary passed (only when someone listens)
                 while next_end <= offset:
                     next_end = ends.pop(0) if ends else _NEVER
                 progress("replay", offset - start, log_end - start)
             h = record.RecordHeader(buf, 0)
-            if h.flags & record.FLAG_DELAYED:  # the timer absorbs these itself (see scan)
+            if h.flags & record.FLAG_DELAYED:  # the timer absorbs these itself (see scan, tap)
+                if tap is not None:
+                    tap(offset, h, buf)
                 continue
+            if h.deliver_at_ms and tap is not None:
+                tap(offset, h, buf)
             entry = _pack_entry(offset, h.length, zlib.crc32(h.tag), h.stored_ms)
-            self._add_entry(batch, (h.topic, h.queue_id), h.queue_offset, entry)
+            key, qoff = (h.topic, h.queue_id), h.queue_offset
+            run = batch.get(key)
+            if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:  # (_add_entry's common case)
+                run[1].extend(entry)
+            else:
+                self._add_entry(batch, key, qoff, entry)
             count += 1
             if count % 65536 == 0:  # bounded memory for a long rebuild
                 self._put_entries(batch)
@@ -213,8 +236,6 @@ class Store(StoreWriter):
         self._put_entries(batch)
         if progress is not None and log_end > start:
             progress("replay", log_end - start, log_end - start)
-        for cq in self.queues.values():  # R9
-            cq.truncate_past(log_end)
         for key, cq in self.queues.items():
             self._next_qoff[key] = cq.next_offset
         return count
@@ -450,16 +471,22 @@ class Store(StoreWriter):
                 pos += record.check(blob, pos, len(blob))
             except record.RecordError as exc:
                 raise errors.CorruptionError(f"bytes shipped for offset {offset}", pos, exc.reason) from None
+        lo, hi = self._shipped_checked
         self.log.append(blob, segment_base=segment_base)
+        self._shipped_checked = (lo if hi == offset else offset, self.log.written)
         return self.log.written
 
-    def dispatch_shipped(self) -> int:
+    def dispatch_shipped(self, tap: Tap | None = None) -> int:
         """Make the fsynced shipped records visible in their consume queues, as recovery's replay
-        does (``_replay``: positional writes, the same entries the primary wrote). Returns the
-        dispatched offset."""
+        does (``_replay``: positional writes, the same entries the primary wrote). ``tap``
+        (``Tap``) is handed the records a timer follows from the same walk (the replica's timer
+        follows by it: ``TimerService.follow``), so a shipped record is parsed once; records
+        ``append_shipped`` checked are not checked again. Returns the dispatched offset."""
         end = self.log.synced
         if end > self.dispatched:
-            self._replay(max(self.dispatched, self.log.min_offset), None, end)
+            start = max(self.dispatched, self.log.min_offset)
+            lo, hi = self._shipped_checked
+            self._replay(start, None, end, tap, hi if lo <= start else 0)
             self.dispatched = end
         return self.dispatched
 

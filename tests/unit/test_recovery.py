@@ -27,7 +27,7 @@ from storekit import (
 )
 
 from chronoq.core import errors, fsutil
-from chronoq.store import record
+from chronoq.store import record, recovery
 from chronoq.store.commitlog import LostRange
 from chronoq.store.store import CHECKPOINT_FILE
 
@@ -350,6 +350,38 @@ def test_r6_old_sealed_damage_during_a_full_rebuild_is_a_named_error(tmp_path):
     with pytest.raises(errors.CorruptionError) as info:
         reopen(tmp_path)
     assert (info.value.path, info.value.offset) == (old, pos)
+
+
+@pytest.mark.parametrize("chunk", [100, 2500, 7001])
+def test_a_rebuild_reads_the_log_in_chunks_whatever_their_size(tmp_path, monkeypatch, chunk):
+    """The replay reads the log in chunks (``recovery.READ_CHUNK``): records across a chunk's
+    end, and records larger than a chunk (100 bytes: every one), come whole; damage found in
+    a record read across chunks is the same named error at the record's own offset."""
+    store = reopen(tmp_path)
+    sent = fill(store, 200, seed=19)
+    store.close()
+    store = reopen(tmp_path)
+    reads, snap = read_all(store), queue_snapshot(store)
+    crash(store)
+    (tmp_path / CHECKPOINT_FILE).unlink()
+    monkeypatch.setattr(recovery, "READ_CHUNK", chunk)
+    store = reopen(tmp_path)
+    assert store.report.records_replayed == len(sent)
+    assert read_all(store) == reads and queue_snapshot(store) == snap
+    store.checkpoint()  # the start-up scan then covers the last segments only (verify_extra_segments)
+    crash(store)
+    old = segments(tmp_path)[0]
+    assert len(segments(tmp_path)) >= 4
+    positions = record_positions(old)
+    pos, length = next((p, n) for p, n in positions if p < chunk < p + n)  # across the first chunk's end
+    for byte, what in ((pos + length - 1, "CRC mismatch"), (pos + 2, "do not add up"),  # the body, the length
+                       (pos + 3, "out of range")):
+        flip_bit(old, byte, 7)
+        shutil.rmtree(tmp_path / "consumequeue", ignore_errors=True)  # R8: the whole log replayed
+        with pytest.raises(errors.CorruptionError, match=what) as info:
+            reopen(tmp_path)
+        assert (info.value.path, info.value.offset) == (old, pos)
+        flip_bit(old, byte, 7)
 
 
 # ---------------------------------------------------------------- R7 checkpoint missing/unreadable

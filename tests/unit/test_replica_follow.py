@@ -1,0 +1,143 @@
+"""A replica's dispatch in process, without the network: the shipped records go into the consume
+queues and the replica's timer (``TimerService.follow`` with ``Store.dispatch_shipped``) in one
+walk, and leave the replica's queues and pending timers what the primary's are."""
+
+from __future__ import annotations
+
+import pytest
+
+from chronoq.core.clock import FakeClock
+from chronoq.core.config import BrokerConfig
+from chronoq.store import record
+from chronoq.store.digest import queue_digest
+from chronoq.timer.digest import pending_timers
+from chronoq.timer.options import TimerOptions
+from chronoq.timer.service import TimerService
+
+from storekit import fill, open_store
+from tests.unit.timerkit import T0, TOPIC, drain, open_broker
+
+LEVELS = "1s 5s 1m"
+
+
+def ship(primary, replica, timer, max_bytes: int) -> int:
+    """What ``Follower.write`` then ``Follower.dispatch`` do, pull after pull; the pulls made."""
+    pulls = 0
+    while True:
+        at = max(replica.log.synced, primary.log.min_offset)
+        base, data = primary.read_durable(at, max_bytes)
+        if not data:
+            return pulls
+        replica.append_shipped(at, base, data)
+        replica.sync()
+        timer.follow(replica.dispatch_shipped)
+        assert timer.replayed == replica.dispatched == replica.log.synced  # the timer walked with the store
+        pulls += 1
+
+
+def load(broker, clock) -> None:
+    """Plain, delayed and level messages; some fired (delivered copies), a recall, a reschedule."""
+    for i in range(40):
+        broker.send(TOPIC, f"plain-{i}".encode(), queue_id=i % 2)
+        broker.send(TOPIC, f"now-{i}".encode(), deliver_at_ms=T0, queue_id=i % 2)  # visible at once
+    timers = [broker.send(TOPIC, f"t-{i}".encode(), deliver_at_ms=T0 + 500 * (i + 1)) for i in range(30)]
+    for i in range(12):
+        broker.send(TOPIC, f"L-{i}".encode(), delay_level=1 + i % 3)
+    broker.recall(timers[20].recall_handle)
+    broker.reschedule(timers[21].recall_handle, T0 + 90_000)
+    clock.advance(4_000)  # the first timers and level 1 due: copies with their references
+    drain(broker)
+
+
+def loaded_pair(tmp_path):
+    """A primary broker after ``load``; an empty replica store and its timer, following."""
+    clock = FakeClock(T0)
+    primary = open_broker(tmp_path / "p", clock, timer_delay_levels=LEVELS)
+    primary.create_topic(TOPIC, 2)
+    load(primary, clock)
+    replica = open_store(tmp_path / "r", clock=clock)
+    cfg = BrokerConfig(data_dir=str(tmp_path / "r"), timer_delay_levels=LEVELS)
+    return primary, replica, TimerService(replica, TimerOptions.from_config(cfg), clock, cfg.data_dir, following=True)
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 20, 700])
+def test_a_followed_replica_has_the_primary_queues_and_pending_timers(tmp_path, max_bytes):
+    primary, replica, timer = loaded_pair(tmp_path)
+    try:
+        assert ship(primary.store, replica, timer, max_bytes) > (1 if max_bytes < 1000 else 0)
+        assert replica.dispatched == replica.log.synced == primary.store.log.synced
+        assert timer.replayed == replica.dispatched and timer.followed > 0
+        assert queue_digest(replica) == queue_digest(primary.store)
+        assert pending_timers(timer) == pending_timers(primary.timer)
+        assert [lane.offset for lane in timer.level_lanes] == [lane.offset for lane in primary.timer.level_lanes]
+    finally:
+        timer.close()
+        replica.close()
+        primary.close()
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 30, 300])
+def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch, max_bytes):
+    """The queues and the timer share the store's walk (``tap``): one header parse a record, not
+    one for the queues and another for the timer's own scan of the same bytes."""
+    primary, replica, timer = loaded_pair(tmp_path)
+    parsed = []
+
+    class Counted(record.RecordHeader):
+        __slots__ = ()
+
+        def __init__(self, buf, pos):
+            super().__init__(buf, pos)
+            parsed.append(pos)
+
+    try:
+        monkeypatch.setattr(record, "RecordHeader", Counted)
+        records = 0
+        base, data = primary.store.read_durable(0, 1 << 30)
+        pos = 0
+        while pos < len(data):
+            pos += record.check(data, pos, len(data))
+            records += 1
+        pulls = ship(primary.store, replica, timer, max_bytes)
+        assert pulls == 1 if max_bytes > len(data) else pulls > 10, pulls
+        timer.follow()  # (as Follower.dispatch does after: nothing is left to walk)
+        assert records > 100 and len(parsed) == records
+    finally:
+        timer.close()
+        replica.close()
+        primary.close()
+
+
+def test_shipped_records_are_checked_once_as_they_are_written(tmp_path, monkeypatch):
+    """``append_shipped`` checks each record before writing it; the dispatch of those records
+    (several appends, one after another) steps over them by length instead of checking them
+    again."""
+    primary = open_store(tmp_path / "p")
+    fill(primary, 300, batch=9)
+    replica = open_store(tmp_path / "r")
+    checked = []
+    real_check = record.check
+
+    def counted(buf, pos, end):
+        checked.append(pos)
+        return real_check(buf, pos, end)
+
+    try:
+        monkeypatch.setattr(record, "check", counted)
+        pulls = 0
+        while True:
+            at = replica.log.written
+            base, data = primary.read_durable(at, 50_000)
+            if not data:
+                break
+            replica.append_shipped(at, base, data)
+            pulls += 1
+        replica.sync()
+        shipped = len(checked)
+        assert pulls > 2 and shipped >= 300
+        replica.dispatch_shipped()
+        assert len(checked) == shipped  # none checked twice
+        assert queue_digest(replica) == queue_digest(primary)
+    finally:
+        replica.close()
+        primary.close()
