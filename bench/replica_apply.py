@@ -5,7 +5,7 @@ queues; ``--delayed`` of them delayed, due hours ahead). Then, for each ``--pull
 replica (a store, its timer following, a ``chronoq.replication.follower.Follower``) applies the
 primary's log answer by answer as its follow loop does (``Follower.write``: append, fsync;
 ``Follower.dispatch``: consume queues, the timer, checkpoints), the answers built from
-``Store.read_durable`` beforehand. Printed: CPU (user + system of this process, the fastest of
+``Store.read_shipped`` beforehand. Printed: CPU (user + system of this process, the fastest of
 ``--repeat``; user and system apart in the context) per message and per answer. One thread does the work, so CPU per message moves less with a busy machine than
 the served bench's (bench/replication.py); compare alternating runs all the same.
 
@@ -59,7 +59,7 @@ def fill(store: Store, messages: int, batch: int, delayed: int) -> None:
 def answers(primary: Store, pull_bytes: int) -> list:
     out, at = [], primary.log.min_offset
     while True:
-        base, data = primary.read_durable(at, pull_bytes)
+        base, data = primary.read_shipped(at, pull_bytes)
         if not data:
             return out
         out.append(apb.PullResponse(segment_base=base, commit_offset=at, commit_bytes=data,

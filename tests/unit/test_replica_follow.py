@@ -25,7 +25,7 @@ def ship(primary, replica, timer, max_bytes: int) -> int:
     pulls = 0
     while True:
         at = max(replica.log.synced, primary.log.min_offset)
-        base, data = primary.read_durable(at, max_bytes)
+        base, data = primary.read_shipped(at, max_bytes)
         if not data:
             return pulls
         replica.append_shipped(at, base, data)
@@ -93,7 +93,7 @@ def test_each_shipped_record_is_parsed_once(tmp_path, monkeypatch, max_bytes):
     try:
         monkeypatch.setattr(record, "RecordHeader", Counted)
         records = 0
-        base, data = primary.store.read_durable(0, 1 << 30)
+        base, data = primary.store.read_shipped(0, 1 << 30)
         pos = 0
         while pos < len(data):
             pos += record.check(data, pos, len(data))
@@ -127,7 +127,7 @@ def test_shipped_records_are_checked_once_as_they_are_written(tmp_path, monkeypa
         pulls = 0
         while True:
             at = replica.log.written
-            base, data = primary.read_durable(at, 50_000)
+            base, data = primary.read_shipped(at, 50_000)
             if not data:
                 break
             replica.append_shipped(at, base, data)
