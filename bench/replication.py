@@ -90,6 +90,14 @@ async def load(endpoint: str, topic: str, seconds: float, concurrency: int, batc
     return {"rate": rate, "lags": lags}
 
 
+async def pulled(primary: str, timeout_s: float = 60) -> None:
+    """Until the primary has seen its replica's first pull (a loaded machine starts it slowly)."""
+    async with ReplicationClient(primary) as p:
+        deadline = time.monotonic() + timeout_s
+        while not (await p.status()).replicas and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
 async def caught_up(replica: str, primary: str, timeout_s: float = 60) -> None:
     async with ReplicationClient(primary) as p, ReplicationClient(replica) as r:
         end = (await p.status()).commit_end
@@ -186,6 +194,7 @@ async def run_round(args, root: str, round_no: int) -> None:
         try:
             if mode != "none":
                 replica_proc, replica = start(base + "-r", replication, primary)
+                await pulled(primary)  # (under sync a send before the first pull is refused: none in sync)
             for shape, batch in (("batched", args.batch), ("single", 1)):
                 procs = {"primary": primary_proc, "replica": replica_proc}
                 cpu0 = {role: server_cpu_s(p.pid) for role, p in procs.items() if p is not None}
