@@ -103,6 +103,7 @@ def _replaced(entry) -> str:
     return message[len(_REPLACED_PREFIX):] if message.startswith(_REPLACED_PREFIX) else ""
 
 
+_replace_key = operator.attrgetter("replace_key")
 _entry_code, _entry_id, _entry_offset, _entry_recall, _entry_txn = map(
     operator.attrgetter, ("status.code", "message_id", "offset", "recall_handle", "transaction_id"))
 
@@ -304,7 +305,7 @@ class Client:
         now = int(time.time() * 1000)
         if type(messages) is not list:
             messages = list(messages)
-        if any(m.replace_key for m in messages):
+        if any(map(_replace_key, messages)):
             messages = [_with_replace_key(m) if m.replace_key else m for m in messages]
         return self._encoder.encode(messages, now, iter(new_message_ids(now, len(messages))))
 

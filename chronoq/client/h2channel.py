@@ -167,9 +167,10 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         elif kind == HEADERS:
             if flags & HEADERS_EXTRAS:
                 payload = header_fragment(flags, payload)
-            self._header_call, self._header_flags, self._header_parts = sid, flags, [payload]
-            if flags & END_HEADERS:
-                self._end_headers()
+            if flags & END_HEADERS:  # the whole block in this frame, as a rule
+                self._end_headers(sid, flags, payload)
+            else:
+                self._header_call, self._header_flags, self._header_parts = sid, flags, [payload]
         elif kind == CONTINUATION:
             if sid != self._header_call or not sid:
                 raise ValueError("CONTINUATION without a header block")
@@ -177,7 +178,9 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
             if sum(map(len, self._header_parts)) > MAX_HEADER_BLOCK:
                 raise ValueError("header block too large")
             if flags & END_HEADERS:
-                self._end_headers()
+                parts = self._header_parts
+                self._header_call, self._header_parts = 0, []
+                self._end_headers(sid, self._header_flags, b"".join(parts))
         elif kind == SETTINGS:
             if not flags & ACK:
                 self._settings(payload)
@@ -236,11 +239,8 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         self.transport.write(SETTINGS_ACK)
         self._send_pending()
 
-    def _end_headers(self) -> None:
-        sid, flags = self._header_call, self._header_flags
-        parts = self._header_parts
-        block = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._header_call, self._header_parts = 0, []
+    def _end_headers(self, sid: int, flags: int, block: bytes) -> None:
+        """A whole header block on stream ``sid`` (its HEADERS frame's ``flags``)."""
         fields = _KNOWN_BLOCKS.get(block)
         if fields is None:
             fields = self.decoder.decode(block)  # always: it keeps the decoder's table in step
@@ -366,7 +366,15 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
                     if len(self._blocks) >= 64:
                         self._blocks.clear()
                     self._blocks[key] = (before, block)
-            return block + self._fields_block(metadata) if metadata else block
+            if not metadata:
+                return block
+            out = [block]
+            field, stable = encoder.field, encoder.stable
+            for key, value in metadata:
+                if key.endswith("-bin"):
+                    value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
+                out.append(field(key, value) if key in stable else literal(key, value))
+            return b"".join(out)
         except (UnicodeError, TypeError, ValueError) as exc:
             # Fields indexed for this block may be in our copy of the server's table but will never
             # reach it: no later call may reference them. Calls already sent finish normally.
@@ -382,9 +390,6 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
             out.append(field(key, value))
         return out
 
-    def _fields_block(self, metadata) -> bytes:
-        return b"".join(self._fields(metadata))
-
     def send(self, path: str, fixed, metadata, timeout: float | None, message: bytes) -> _Call:
         """Start one call on this (usable) connection: its HEADERS and, as far as the windows
         allow, its message go out in one write; ``await call.future`` for its answer's message
@@ -397,10 +402,18 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         call = _Call(sid, loop.create_future(), self.peer_initial_window,
                      _NO_DEADLINE if timeout is None else loop.time() + timeout)
         self.calls[sid] = call
-        # HEADERS, then the message; all of it now when the windows allow (the usual case).
-        call.pending = MESSAGE_PREFIX.pack(0, len(message)) + message
-        n = len(block)
-        self.transport.write(FRAME_HEAD.pack(n >> 8, n & 0xFF, HEADERS, END_HEADERS, sid) + block + self._take(call))
+        # HEADERS, then the message: in one DATA frame when the windows and the frame size allow
+        # (the usual case: one write, the message copied once), else as far as they allow (_take).
+        n, size = len(block), len(message) + 5
+        head = FRAME_HEAD.pack(n >> 8, n & 0xFF, HEADERS, END_HEADERS, sid)
+        if size <= self.peer_max_frame and size <= call.send_window and size <= self.peer_window:
+            call.send_window -= size  # (ConnectionWindows.spend, inline)
+            self.peer_window -= size
+            self.transport.write(b"".join((head, block, FRAME_HEAD.pack(size >> 8, size & 0xFF, DATA, END_STREAM, sid),
+                                           MESSAGE_PREFIX.pack(0, len(message)), message)))
+        else:
+            call.pending = MESSAGE_PREFIX.pack(0, len(message)) + message
+            self.transport.write(head + block + self._take(call))
         # The deadline: one timer per connection, at the earliest of its calls' deadlines.
         if call.deadline < self._timer_at:
             self._arm(call.deadline)
