@@ -114,8 +114,8 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         self.next_id = 1
         self.decoder = Decoder()
         self.headers = RequestEncoder(authority, scheme, f"chronoq-python/{__version__}", STABLE_NAMES)
-        # (path, timeout, fixed metadata) -> (the encoder's insertions when made, header block)
-        self._blocks: dict[tuple, tuple[int, bytes]] = {}
+        # (path, timeout, fixed metadata) -> (the encoder's state when made, header block)
+        self._blocks: dict[tuple, tuple[tuple[int, int], bytes]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None  # the one deadline timer, at _timer_at
         self._timer_at = _NO_DEADLINE
@@ -309,7 +309,7 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         if 5 + size != len(data):
             self._finish(call, _error(grpc.StatusCode.INTERNAL, "a unary answer must hold exactly one message"))
             return
-        body = bytes(data[5:])
+        body = data[5:] if type(data) is bytes else bytes(data[5:])
         if compressed:
             encoding = next((v for k, v in call.headers or () if k == "grpc-encoding"), "identity")
             try:
@@ -352,28 +352,27 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         encoder = self.headers
         key = (path, timeout, fixed)
         cached = self._blocks.get(key)
+        # A block of references stays valid until the table changes: an insertion, or a smaller
+        # table announced by the server (the limit drops; a size update opens the next block).
+        state = (encoder.inserted, encoder.limit)
         try:
-            if cached is not None and cached[0] == encoder.inserted:
+            if cached is not None and cached[0] == state:
                 block = cached[1]
             else:
-                clean, before = not encoder.pending_update, encoder.inserted
+                clean = not encoder.pending_update
                 fields = [encoder.request(path)]
                 if timeout is not None:
                     fields.append(literal("grpc-timeout", timeout_text(timeout)))
-                fields += self._fields(fixed)
+                self._fields(fixed, fields)
                 block = b"".join(fields)
-                if clean and encoder.inserted == before:  # references only: valid until the next insertion
+                if clean and encoder.inserted == state[0]:  # references only
                     if len(self._blocks) >= 64:
                         self._blocks.clear()
-                    self._blocks[key] = (before, block)
+                    self._blocks[key] = (state, block)
             if not metadata:
                 return block
             out = [block]
-            field, stable = encoder.field, encoder.stable
-            for key, value in metadata:
-                if key.endswith("-bin"):
-                    value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
-                out.append(field(key, value) if key in stable else literal(key, value))
+            self._fields(metadata, out)
             return b"".join(out)
         except (UnicodeError, TypeError, ValueError) as exc:
             # Fields indexed for this block may be in our copy of the server's table but will never
@@ -381,14 +380,14 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
             self.goaway_last = self.next_id - 2
             raise _error(grpc.StatusCode.INTERNAL, f"cannot encode the call's headers: {exc}") from None
 
-    def _fields(self, metadata) -> list[bytes]:
-        field = self.headers.field
-        out = []
+    def _fields(self, metadata, out: list) -> None:
+        """Each ``(key, value)`` of ``metadata`` encoded, appended to ``out`` (``-bin`` values in
+        base64); only the stable names go through the table (``RequestEncoder.field``)."""
+        field, stable = self.headers.field, self.headers.stable
         for key, value in metadata:
             if key.endswith("-bin"):
                 value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
-            out.append(field(key, value))
-        return out
+            out.append(field(key, value) if key in stable else literal(key, value))
 
     def send(self, path: str, fixed, metadata, timeout: float | None, message: bytes) -> _Call:
         """Start one call on this (usable) connection: its HEADERS and, as far as the windows
