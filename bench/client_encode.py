@@ -152,16 +152,10 @@ def measure_single(calls: int, repeats: int) -> float:
     return statistics.median(run(_single_sends(calls)) for _ in range(repeats)) / calls * 1e6
 
 
-def _instructions(out_file: str) -> int:
-    with open(out_file, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    raise ValueError(f"{out_file}: no totals line")
-
-
 def callgrind_single(calls: int, keep: str | None) -> None:
     """Instructions per single send (module docstring, 2): runs of ``calls`` and 2 x ``calls``."""
+    from bench.append import _instructions
+
     if shutil.which("valgrind") is None:
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     out_dir = keep or tempfile.mkdtemp(prefix="client-callgrind-")
