@@ -16,6 +16,12 @@ the server never saw are retried once on a new connection, as grpc does), CONTIN
 deflate answers. Deadlines travel as ``grpc-timeout`` and end the call here too (RST_STREAM CANCEL).
 Failures raise ``grpc.aio.AioRpcError``, as grpc's own channel does, so callers handle both alike.
 Not here: streaming calls (``chronoq.client.client`` keeps a grpc channel for those), request compression.
+
+The cost per call (issue 24: one message per call is what most applications do): a call's header
+fields that repeat (path, deadline, the ``fixed`` metadata a ``Client`` keeps for a second) are
+encoded once per connection and reused while the HPACK table copy is unchanged; deadlines share one
+timer per connection, set for the earliest; HEADERS and the one DATA frame leave in one write.
+``bench/client_encode.py --callgrind`` counts the instructions of a whole send.
 """
 
 from __future__ import annotations
