@@ -106,7 +106,7 @@ async def roundtrips(count: int) -> tuple[int, float]:
     started = time.process_time()
     for i in range(count):
         metadata[-1] = ("x-mq-request-id", f"req-{i:08d}")  # (a literal on every call, as in real ones)
-        answer = await client.start(PATH, metadata, 10.0, BODY)
+        answer = await client.send(PATH, (), metadata, 10.0, BODY).future
         assert answer == ANSWER
     return count, time.process_time() - started
 

@@ -44,7 +44,7 @@ from chronoq.protocol.rocketmq.ack import ack_and_receive_request, ack_request, 
 from chronoq.protocol.rocketmq.receive import split_receive_batch
 from chronoq.protocol.rocketmq.outgoing import SendRequestEncoder
 from chronoq.core import delay_levels
-from chronoq.core.msgid import new_message_ids
+from chronoq.core.msgid import new_message_id, new_message_ids
 
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _MS = "/apache.rocketmq.v2.MessagingService/"
@@ -88,7 +88,10 @@ class OutgoingMessage:
 
 
 REPLACE_KEY_PROPERTY = "CHRONOQ_REPLACE_KEY"  # (chronoq.timer.keyed.REPLACE_PROP)
-_REPLACED_PREFIX = "OK; "  # an accepted entry's status message that says what it replaced
+# An accepted entry's status message that says what a send with a replace key replaced: "OK; "
+# and "none", "replaced:<id>" or "already_delivered:<id>" (SendReceipt.replaced).
+_REPLACED_PREFIX = "OK; "
+_REPLACED_LEN = len(_REPLACED_PREFIX)
 
 
 def _with_replace_key(m: OutgoingMessage) -> OutgoingMessage:
@@ -96,15 +99,7 @@ def _with_replace_key(m: OutgoingMessage) -> OutgoingMessage:
                            m.message_group, m.deliver_at_ms, m.message_id, m.delay_level)
 
 
-def _replaced(entry) -> str:
-    """What a send with a replace key replaced: "none", "replaced:<id>" or
-    "already_delivered:<id>" (from its entry's status message); "" for other sends."""
-    message = entry.status.message
-    return message[len(_REPLACED_PREFIX):] if message.startswith(_REPLACED_PREFIX) else ""
-
-
-_entry_code, _entry_id, _entry_offset, _entry_recall, _entry_txn = map(
-    operator.attrgetter, ("status.code", "message_id", "offset", "recall_handle", "transaction_id"))
+_replace_key = operator.attrgetter("replace_key")
 
 
 @dataclass(slots=True)
@@ -223,13 +218,14 @@ class Client:
             RECEIVE_BATCH_PATH, request_serializer=spb.ReceiveMessageRequest.SerializeToString)
         self._ack_and_receive = unary.unary_unary(ACK_AND_RECEIVE_PATH)  # bytes both ways
         self._batch_offered = extensions
-        # Metadata: the date changes once a second; request ids are a random prefix and a counter.
+        # Metadata: the date changes once a second (``_md_fixed`` with it, a tuple the h2 transport
+        # encodes once); request ids are a random prefix and a counter.
         self._md_second = -1
-        self._md_head: list[tuple[str, str]] = []
-        self._md_tail: list[tuple[str, str]] = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2"),
-                                                ("x-mq-client-version", f"chronoq-{__version__}")]
+        self._md_fixed: tuple[tuple[str, str], ...] = ()
+        self._md_tail = (("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2"),
+                         ("x-mq-client-version", f"chronoq-{__version__}"))
         if namespace:
-            self._md_tail.append(("x-mq-namespace", namespace))
+            self._md_tail += (("x-mq-namespace", namespace),)
         self._request_prefix = uuid.uuid4().hex[:16]
         self._request_seq = itertools.count()
         self._encoder = SendRequestEncoder(namespace, self._host)
@@ -249,17 +245,33 @@ class Client:
 
     # ----------------------------------------------------------------- plumbing
     def _metadata(self) -> tuple:
+        """Every call's metadata: ``_md_fixed`` (``_unary`` keeps it apart) and a request id."""
         second = int(time.time())
-        if second != self._md_second:  # the date (and so the signature) changes once a second
-            date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
-            head = [("x-mq-client-id", self.client_id), ("x-mq-date-time", date)]
-            if self.access_key:
-                sig = hmac.new(self.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
-                head.append(("authorization", f"MQv2-HMAC-SHA1 Credential={self.access_key}, "
-                                              f"SignedHeaders=x-mq-date-time, Signature={sig}"))
-            self._md_head, self._md_second = head, second
-        request_id = f"{self._request_prefix}{next(self._request_seq):016x}"
-        return (*self._md_head, ("x-mq-request-id", request_id), *self._md_tail)
+        if second != self._md_second:
+            self._new_second(second)
+        return (*self._md_fixed, ("x-mq-request-id", f"{self._request_prefix}{next(self._request_seq):016x}"))
+
+    def _new_second(self, second: int) -> None:
+        """The date (and so the signature) changes once a second."""
+        date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
+        head = (("x-mq-client-id", self.client_id), ("x-mq-date-time", date))
+        if self.access_key:
+            sig = hmac.new(self.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+            head += (("authorization", f"MQv2-HMAC-SHA1 Credential={self.access_key}, "
+                                       f"SignedHeaders=x-mq-date-time, Signature={sig}"),)
+        self._md_fixed, self._md_second = head + self._md_tail, second
+
+    def _unary(self, method, request, timeout: float):
+        """``method(request)`` (a unary callable of the channel) with this client's metadata: a
+        coroutine. Over h2 the metadata that stays the same all second goes apart (``fixed``), so
+        its header fields are encoded once."""
+        second = int(time.time())
+        if second != self._md_second:
+            self._new_second(second)
+        request_id = (("x-mq-request-id", f"{self._request_prefix}{next(self._request_seq):016x}"),)
+        if self._h2 is not None:
+            return method(request, metadata=request_id, timeout=timeout, fixed=self._md_fixed)
+        return method(request, metadata=self._md_fixed + request_id, timeout=timeout)
 
     def _resource(self, name: str) -> pb.Resource:
         return pb.Resource(name=name, resource_namespace=self.namespace)
@@ -276,7 +288,7 @@ class Client:
             host, _, port = self.endpoint.rpartition(":")
             req = spb.QueryRouteRequest(topic=self._resource(topic), endpoints=pb.Endpoints(
                 scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))]))
-            resp = await self._query_route(req, metadata=self._metadata(), timeout=self.timeout)
+            resp = await self._unary(self._query_route, req, self.timeout)
             self._check(resp.status)
             queues = self._routes[topic] = list(resp.message_queues)
         return queues
@@ -287,29 +299,33 @@ class Client:
         now = int(time.time() * 1000)
         if type(messages) is not list:
             messages = list(messages)
-        if any(m.replace_key for m in messages):
+        if any(map(_replace_key, messages)):
             messages = [_with_replace_key(m) if m.replace_key else m for m in messages]
-        return self._encoder.encode(messages, now, iter(new_message_ids(now, len(messages))))
+        # (one message, the usual call of most applications: its id without the bulk minting)
+        ids = (new_message_id(now).encode(),) if len(messages) == 1 else new_message_ids(now, len(messages))
+        return self._encoder.encode(messages, now, iter(ids))
 
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
         """Send many messages in one SendMessage call; one receipt per message, in order."""
-        req = self._send_request_bytes(messages)
-        resp = await self._send_raw(req, metadata=self._metadata(), timeout=self.timeout)
+        resp = await self._unary(self._send_raw, self._send_request_bytes(messages), self.timeout)
         self._check(resp.status)
-        entries = resp.entries
-        if not set(map(_entry_code, entries)).issubset(OK_CODES):
-            for entry in entries:
-                self._check(entry.status)
-        return list(map(SendReceipt, map(_entry_id, entries), map(_entry_offset, entries),
-                        map(_entry_recall, entries), map(_entry_txn, entries), map(_replaced, entries)))
+        receipts = []
+        add = receipts.append
+        for entry in resp.entries:  # (one pass: each entry's wrapper made once)
+            status = entry.status
+            if status.code not in OK_CODES:
+                raise ClientError(status.code, status.message)
+            message = status.message
+            add(SendReceipt(entry.message_id, entry.offset, entry.recall_handle, entry.transaction_id,
+                            message[_REPLACED_LEN:] if message.startswith(_REPLACED_PREFIX) else ""))
+        return receipts
 
     async def send(self, topic: str, body: bytes, **kwargs) -> SendReceipt:
         return (await self.send_batch([OutgoingMessage(topic, body, **kwargs)]))[0]
 
     async def recall(self, topic: str, recall_handle: str) -> str:
-        resp = await self._recall(
-            spb.RecallMessageRequest(topic=self._resource(topic), recall_handle=recall_handle),
-            metadata=self._metadata(), timeout=self.timeout)
+        resp = await self._unary(self._recall, spb.RecallMessageRequest(
+            topic=self._resource(topic), recall_handle=recall_handle), self.timeout)
         self._check(resp.status)
         return resp.message_id
 
@@ -369,7 +385,7 @@ class Client:
     async def _chronoq_call(self, call, request, timeout: float):
         """A ``chronoq.v1.Consume`` call; None (and never again) when the server lacks it."""
         try:
-            return await call(request, metadata=self._metadata(), timeout=timeout)
+            return await self._unary(call, request, timeout)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code in _REFUSALS:  # the broker's gate refuses these calls with a gRPC code, not a status
@@ -416,13 +432,13 @@ class Client:
         if not messages:
             return
         req = self._ack_request(group, topic, messages)
-        self._check_ack(await self._ack_raw(req, metadata=self._metadata(), timeout=self.timeout))
+        self._check_ack(await self._unary(self._ack_raw, req, self.timeout))
 
     async def change_invisible(self, group: str, topic: str, message: ReceivedMessage, invisible_s: float) -> str:
         req = spb.ChangeInvisibleDurationRequest(
             group=self._resource(group), topic=self._resource(topic), receipt_handle=message.receipt_handle,
             invisible_duration=_duration(invisible_s), message_id=message.message_id)
-        resp = await self._change_invisible(req, metadata=self._metadata(), timeout=self.timeout)
+        resp = await self._unary(self._change_invisible, req, self.timeout)
         self._check(resp.status)
         message.receipt_handle = resp.receipt_handle
         return resp.receipt_handle

@@ -16,6 +16,12 @@ the server never saw are retried once on a new connection, as grpc does), CONTIN
 deflate answers. Deadlines travel as ``grpc-timeout`` and end the call here too (RST_STREAM CANCEL).
 Failures raise ``grpc.aio.AioRpcError``, as grpc's own channel does, so callers handle both alike.
 Not here: streaming calls (``chronoq.client.client`` keeps a grpc channel for those), request compression.
+
+The cost per call (issue 24: one message per call is what most applications do): a call's header
+fields that repeat (path, deadline, the ``fixed`` metadata a ``Client`` keeps for a second) are
+encoded once per connection and reused while the HPACK table copy is unchanged; deadlines share one
+timer per connection, set for the earliest; HEADERS and the one DATA frame leave in one write.
+``bench/client_encode.py --callgrind`` counts the instructions of a whole send.
 """
 
 from __future__ import annotations
@@ -30,14 +36,15 @@ import grpc
 
 from chronoq import __version__
 # HTTP/2, HPACK and gRPC's framing are chronoq.protocol.h2's, shared with the server.
-from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS,
-                                 HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE,
-                                 PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK, S_ENABLE_PUSH,
-                                 S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
+from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEAD, GOAWAY,
+                                 HEADERS, HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
+                                 PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
+                                 S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
                                  S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, ConnectionWindows, Decoder, HpackError,
                                  RequestEncoder, StreamWindows, UnsupportedEncoding, decompress, frame,
-                                 goaway_frame, header_fragment, literal, parse_goaway, parse_settings, read_frames,
-                                 rst_stream_frame, settings_frame, timeout_text, unpad, window_increment)
+                                 goaway_frame, header_fragment, literal, literal_block, parse_goaway, parse_settings,
+                                 read_frames, rst_stream_frame, settings_frame, timeout_text, trailers, unpad,
+                                 window_increment)
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
@@ -50,6 +57,9 @@ _HTTP_CODES = {400: grpc.StatusCode.INTERNAL, 401: grpc.StatusCode.UNAUTHENTICAT
                429: grpc.StatusCode.UNAVAILABLE, 502: grpc.StatusCode.UNAVAILABLE,
                503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.UNAVAILABLE}
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+_CODES_BY_TEXT = {str(number): c for number, c in _CODES.items()}  # grpc-status as sent: no int() per call
+_OK = grpc.StatusCode.OK
+_NO_DEADLINE = float("inf")
 
 
 def _error(code: grpc.StatusCode, details: str, initial=(), trailing=()) -> grpc.aio.AioRpcError:
@@ -64,18 +74,38 @@ STABLE_NAMES = frozenset((":path", ":authority", "content-type", "te", "grpc-acc
                           "x-mq-namespace"))
 
 
-class _Call(StreamWindows):
-    __slots__ = ("id", "future", "headers", "trailers", "data", "pending")
+def _table_neutral(*blocks: bytes) -> dict[bytes, list[tuple[str, str]]]:
+    """Header blocks -> their fields, for blocks that neither read nor change a decoder's dynamic
+    table (literals without indexing, static references): their fields are the same every time,
+    so they need no decoding when they come again."""
+    out = {}
+    for block in blocks:
+        decoder = Decoder()
+        fields = decoder.decode(block)
+        assert not decoder.table, "a block that changes the table"
+        out[block] = fields
+    return out
 
-    def __init__(self, stream_id: int, future: asyncio.Future, send_window: int) -> None:
+
+# What chronoq's server answers every successful call with (chronoq.server.h2streams): two
+# constant header blocks that touch no HPACK table. Other blocks are decoded as they come.
+_KNOWN_BLOCKS = _table_neutral(literal_block([(":status", "200"), ("content-type", "application/grpc")]),
+                               trailers(0, None))
+
+
+class _Call(StreamWindows):
+    __slots__ = ("id", "future", "headers", "trailers", "data", "pending", "deadline")
+
+    def __init__(self, stream_id: int, future: asyncio.Future, send_window: int, deadline: float) -> None:
         self.send_window = send_window  # (StreamWindows' counters, set here: no call per call)
         self.recv_unacked = 0
         self.id = stream_id
         self.future = future
         self.headers: list[tuple[str, str]] | None = None
         self.trailers: list[tuple[str, str]] | None = None
-        self.data = bytearray()
+        self.data = b""                  # the answer's DATA (bytes for one frame, a bytearray past it)
         self.pending = b""               # request bytes waiting for flow-control window
+        self.deadline = deadline         # loop time; inf without one
 
 
 class _Connection(ConnectionWindows, asyncio.Protocol):
@@ -90,6 +120,11 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         self.next_id = 1
         self.decoder = Decoder()
         self.headers = RequestEncoder(authority, scheme, f"chronoq-python/{__version__}", STABLE_NAMES)
+        # (path, timeout, fixed metadata) -> (the encoder's state when made, header block)
+        self._blocks: dict[tuple, tuple[tuple[int, int], bytes]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the one deadline timer, at _timer_at
+        self._timer_at = _NO_DEADLINE
         self.peer_max_frame = 16_384
         self.peer_max_streams = 1 << 31
         self.closed = False
@@ -107,6 +142,7 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
     # ----------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
         transport.write(PREFACE + settings_frame((
             (S_ENABLE_PUSH, 0), (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW), (S_MAX_FRAME_SIZE, MAX_FRAME_IN)))
                         + self.opening_update())
@@ -137,9 +173,10 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         elif kind == HEADERS:
             if flags & HEADERS_EXTRAS:
                 payload = header_fragment(flags, payload)
-            self._header_call, self._header_flags, self._header_parts = sid, flags, [payload]
-            if flags & END_HEADERS:
-                self._end_headers()
+            if flags & END_HEADERS:  # the whole block in this frame, as a rule
+                self._end_headers(sid, flags, payload)
+            else:
+                self._header_call, self._header_flags, self._header_parts = sid, flags, [payload]
         elif kind == CONTINUATION:
             if sid != self._header_call or not sid:
                 raise ValueError("CONTINUATION without a header block")
@@ -147,7 +184,9 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
             if sum(map(len, self._header_parts)) > MAX_HEADER_BLOCK:
                 raise ValueError("header block too large")
             if flags & END_HEADERS:
-                self._end_headers()
+                parts = self._header_parts
+                self._header_call, self._header_parts = 0, []
+                self._end_headers(sid, self._header_flags, b"".join(parts))
         elif kind == SETTINGS:
             if not flags & ACK:
                 self._settings(payload)
@@ -206,18 +245,18 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         self.transport.write(SETTINGS_ACK)
         self._send_pending()
 
-    def _end_headers(self) -> None:
-        sid, flags = self._header_call, self._header_flags
-        parts = self._header_parts
-        block = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._header_call, self._header_parts = 0, []
-        fields = self.decoder.decode(block)  # always: it keeps the decoder's table in step
+    def _end_headers(self, sid: int, flags: int, block: bytes) -> None:
+        """A whole header block on stream ``sid`` (its HEADERS frame's ``flags``)."""
+        fields = _KNOWN_BLOCKS.get(block)
+        if fields is None:
+            fields = self.decoder.decode(block)  # always: it keeps the decoder's table in step
         call = self.calls.get(sid)
         if call is None:
             return  # a call we gave up on (deadline, cancel)
         if call.headers is None:
             call.headers = fields
-            status = next((v for k, v in fields if k == ":status"), "")
+            # (pseudo-header fields come first: RFC 9113 §8.3)
+            status = fields[0][1] if fields and fields[0][0] == ":status" else ""
             if status != "200":
                 code = _HTTP_CODES.get(int(status) if status.isdigit() else 0, grpc.StatusCode.UNKNOWN)
                 self._finish(call, _error(code, f"the server answered HTTP status {status or 'none'}"))
@@ -236,7 +275,13 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         if call is not None:
             if flags & PADDED:
                 payload = unpad(payload)
-            call.data += payload
+            data = call.data
+            if not data:
+                call.data = payload  # one DATA frame, as a rule: no copy
+            elif type(data) is bytes:
+                call.data = bytearray(data) + payload
+            else:
+                data += payload
             if flags & END_STREAM:
                 self._finish(call, _error(grpc.StatusCode.INTERNAL, "the answer ended without trailers"))
         if update:
@@ -252,12 +297,14 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
                 status = value
             elif key == "grpc-message":
                 message = unquote(value, errors="replace")
-        code = _CODES.get(int(status)) if status.isdigit() else None
+        code = _CODES_BY_TEXT.get(status)
+        if code is None and status.isdigit():
+            code = _CODES.get(int(status))
         if code is None:
             self._finish(call, _error(grpc.StatusCode.UNKNOWN if status else grpc.StatusCode.INTERNAL,
                                       f"bad grpc-status {status!r}" if status else "the answer has no grpc-status"))
             return
-        if code is not grpc.StatusCode.OK:
+        if code is not _OK:
             self._finish(call, _error(code, message, _metadata(call.headers), _metadata(trailers)))
             return
         data = call.data
@@ -268,7 +315,7 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         if 5 + size != len(data):
             self._finish(call, _error(grpc.StatusCode.INTERNAL, "a unary answer must hold exactly one message"))
             return
-        body = bytes(data[5:])
+        body = data[5:] if type(data) is bytes else bytes(data[5:])
         if compressed:
             encoding = next((v for k, v in call.headers or () if k == "grpc-encoding"), "identity")
             try:
@@ -297,54 +344,105 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         if self._room is not None:
             self._room.set()
 
-    async def start(self, path: str, metadata, timeout: float | None, message: bytes) -> bytes:
-        """Run one call on this connection: its answer's message bytes, or AioRpcError."""
+    async def room(self) -> None:
+        """Wait while the server's limit of concurrent streams is reached (and the connection usable)."""
         while len(self.calls) >= self.peer_max_streams and self.usable:
             if self._room is None:
                 self._room = asyncio.Event()
             self._room.clear()
             await self._room.wait()
-        if not self.usable:
-            raise _Refused()
+
+    def _header_block(self, path: str, timeout: float | None, fixed, metadata) -> bytes:
+        """The call's header block. Its constant part (request fields, deadline, ``fixed``) is
+        encoded once and reused while the HPACK table copy is unchanged; ``metadata`` each call."""
+        encoder = self.headers
+        key = (path, timeout, fixed)
+        cached = self._blocks.get(key)
+        # A block of references stays valid until the table changes: an insertion, or a smaller
+        # table announced by the server (the limit drops; a size update opens the next block).
+        state = (encoder.inserted, encoder.limit)
         try:
-            fields = [self.headers.request(path)]
-            if timeout is not None:
-                fields.append(literal("grpc-timeout", timeout_text(timeout)))
-            field = self.headers.field
-            for key, value in metadata or ():
-                if key.endswith("-bin"):
-                    value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
-                fields.append(field(key, value))
+            if cached is not None and cached[0] == state:
+                block = cached[1]
+            else:
+                clean = not encoder.pending_update
+                fields = [encoder.request(path)]
+                if timeout is not None:
+                    fields.append(literal("grpc-timeout", timeout_text(timeout)))
+                self._fields(fixed, fields)
+                block = b"".join(fields)
+                if clean and encoder.inserted == state[0]:  # references only
+                    if len(self._blocks) >= 64:
+                        self._blocks.clear()
+                    self._blocks[key] = (state, block)
+            if not metadata:
+                return block
+            out = [block]
+            self._fields(metadata, out)
+            return b"".join(out)
         except (UnicodeError, TypeError, ValueError) as exc:
             # Fields indexed for this block may be in our copy of the server's table but will never
             # reach it: no later call may reference them. Calls already sent finish normally.
             self.goaway_last = self.next_id - 2
             raise _error(grpc.StatusCode.INTERNAL, f"cannot encode the call's headers: {exc}") from None
+
+    def _fields(self, metadata, out: list) -> None:
+        """Each ``(key, value)`` of ``metadata`` encoded, appended to ``out`` (``-bin`` values in
+        base64); only the stable names go through the table (``RequestEncoder.field``)."""
+        field, stable = self.headers.field, self.headers.stable
+        for key, value in metadata:
+            if key.endswith("-bin"):
+                value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
+            out.append(field(key, value) if key in stable else literal(key, value))
+
+    def send(self, path: str, fixed, metadata, timeout: float | None, message: bytes) -> _Call:
+        """Start one call on this (usable) connection: its HEADERS and, as far as the windows
+        allow, its message go out in one write; ``await call.future`` for its answer's message
+        bytes (or AioRpcError). ``fixed``: metadata that repeats call after call (a tuple),
+        ``metadata`` the rest."""
+        block = self._header_block(path, timeout, fixed, metadata)
         sid = self.next_id
         self.next_id += 2
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        call = _Call(sid, future, self.peer_initial_window)
+        loop = self.loop
+        call = _Call(sid, loop.create_future(), self.peer_initial_window,
+                     _NO_DEADLINE if timeout is None else loop.time() + timeout)
         self.calls[sid] = call
-        # HEADERS, then the message; all of it now when the windows allow (the usual case).
-        call.pending = MESSAGE_PREFIX.pack(0, len(message)) + message
-        head = frame(HEADERS, END_HEADERS, sid, b"".join(fields))
-        self.transport.write(head + self._take(call))
-        # The deadline as a timer on the loop, not wait_for: no task per call.
-        expiry = None if timeout is None else loop.call_later(timeout, self._expire, call)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._give_up(call)
-            raise
-        finally:
-            if expiry is not None:
-                expiry.cancel()
+        # HEADERS, then the message: in one DATA frame when the windows and the frame size allow
+        # (the usual case: one write, the message copied once), else as far as they allow (_take).
+        n, size = len(block), len(message) + 5
+        head = FRAME_HEAD.pack(n >> 8, n & 0xFF, HEADERS, END_HEADERS, sid)
+        if size <= self.peer_max_frame and size <= call.send_window and size <= self.peer_window:
+            call.send_window -= size  # (ConnectionWindows.spend, inline)
+            self.peer_window -= size
+            self.transport.write(b"".join((head, block, FRAME_HEAD.pack(size >> 8, size & 0xFF, DATA, END_STREAM, sid),
+                                           MESSAGE_PREFIX.pack(0, len(message)), message)))
+        else:
+            call.pending = MESSAGE_PREFIX.pack(0, len(message)) + message
+            self.transport.write(head + block + self._take(call))
+        # The deadline: one timer per connection, at the earliest of its calls' deadlines.
+        if call.deadline < self._timer_at:
+            self._arm(call.deadline)
+        return call
 
-    def _expire(self, call: _Call) -> None:
-        if not call.future.done():
-            call.future.set_exception(_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
-        self._give_up(call)
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """The deadline timer: end the calls whose deadline has come, wait for the next one."""
+        self._timer, self._timer_at = None, _NO_DEADLINE
+        now = self.loop.time() + 0.001  # (a timer may fire a little early: the loop's clock resolution)
+        due = [call for call in self.calls.values() if call.deadline <= now]
+        for call in due:
+            if not call.future.done():
+                call.future.set_exception(_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            self._give_up(call)
+        if self.calls and not self.closed:
+            nearest = min(call.deadline for call in self.calls.values())
+            if nearest < _NO_DEADLINE:
+                self._arm(nearest)
 
     def _take(self, call: _Call) -> bytes:
         """DATA frames for as much of ``call.pending`` as the windows allow; END_STREAM on the last."""
@@ -375,6 +473,7 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
 
     def _close(self, reason: str) -> None:
         self.closed = True
+        self._stop_timer()
         calls, self.calls = list(self.calls.values()), {}
         for call in calls:
             self._fail(call, _error(grpc.StatusCode.UNAVAILABLE, reason))
@@ -385,10 +484,17 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
             self.transport.write(goaway_frame(0, NO_ERROR))
             self.transport.close()
         self.closed = True
+        self._stop_timer()
         calls, self.calls = list(self.calls.values()), {}
         for call in calls:
             self._fail(call, _error(grpc.StatusCode.CANCELLED, "the channel was closed"))
         self._freed()
+
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, _NO_DEADLINE
 
 
 class _Refused(Exception):
@@ -453,19 +559,42 @@ class Channel:
             old.close()
         return conn
 
-    async def call(self, path: str, request: bytes, metadata, timeout: float | None) -> bytes:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+    async def call(self, path: str, request: bytes, metadata, timeout: float | None, fixed=(),
+                   deserialize=None):
+        """One unary call: its answer's message (``deserialize``d when given), or AioRpcError.
+        ``fixed``: metadata that repeats call after call, as a tuple (its header fields are encoded
+        once per connection); ``metadata`` the rest, encoded each call."""
         for attempt in (1, 2):  # a call the server never processed is tried once more
-            left = None if deadline is None else max(deadline - loop.time(), 0.0)
-            conn = await self._connection(left)
+            conn = self._conn
+            call = None
             try:
-                return await conn.start(path, metadata, left, request)
+                if conn is None or not conn.usable or len(conn.calls) >= conn.peer_max_streams:
+                    conn, timeout = await self._ready(timeout)
+                call = conn.send(path, fixed, metadata, timeout, request)
+                answer = await call.future
+                return answer if deserialize is None else deserialize(answer)
             except _Refused as exc:
                 if attempt == 2:
                     raise _error(grpc.StatusCode.UNAVAILABLE,
                                  f"the server refused the call twice: {exc or 'stream refused'}") from None
+                if call is not None and timeout is not None:  # what is left of the call's deadline
+                    timeout = max(call.deadline - conn.loop.time(), 0.0)
+            except asyncio.CancelledError:
+                if call is not None:
+                    conn._give_up(call)
+                raise
         raise AssertionError("unreachable")
+
+    async def _ready(self, timeout: float | None) -> tuple[_Connection, float | None]:
+        """A usable connection with room for one more stream (connected or waited for), and what
+        is left of ``timeout`` then."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        conn = await self._connection(timeout)
+        await conn.room()
+        if not conn.usable:
+            raise _Refused()
+        return conn, None if deadline is None else max(deadline - loop.time(), 0.0)
 
     async def close(self) -> None:
         self._closed = True
@@ -484,7 +613,7 @@ class UnaryMethod:
         self.path = path
         self.serialize, self.deserialize = serialize, deserialize
 
-    async def __call__(self, request, *, metadata=None, timeout: float | None = None):
+    def __call__(self, request, *, metadata=None, timeout: float | None = None, fixed=()):
+        """The call, as a coroutine. ``fixed`` (not in grpc's API): ``Channel.call``'s."""
         raw = request if self.serialize is None else self.serialize(request)
-        answer = await self.channel.call(self.path, raw, metadata, timeout)
-        return answer if self.deserialize is None else self.deserialize(answer)
+        return self.channel.call(self.path, raw, metadata, timeout, fixed, self.deserialize)

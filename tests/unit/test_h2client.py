@@ -135,6 +135,43 @@ def test_stable_headers_are_indexed_once_and_referenced_after():
     _run(scenario)
 
 
+def test_a_calls_fixed_metadata_is_encoded_once_and_again_after_the_table_changes():
+    async def scenario(channel, _server):
+        meta = channel.unary_unary("/t.S/Meta")
+        fixed = (("x-mq-client-id", "fixed-1"), ("x-mq-language", "PYTHON"))
+        for i in range(3):
+            got = await meta(b"", metadata=[("x-k", str(i))], fixed=fixed, timeout=5)
+            assert got == f"{i}|True|fixed-1".encode()
+        conn = channel._conn
+        assert len(conn._blocks) == 1  # the block of path, deadline and fixed fields: made once
+        encoder = conn.headers
+        encoder.table_size(0)  # as a server's SETTINGS_HEADER_TABLE_SIZE of 0 does
+        block = conn._header_block("/t.S/Meta", 5, fixed, ())
+        assert block.startswith(b"\x20\x83")  # the size update, then literals: not the block made before
+        assert b"fixed-1" in block
+
+    _run(scenario)
+
+
+def test_a_shorter_deadline_after_a_longer_one_ends_its_call_first():
+    # (guards the move from a timer per call to one per connection: the old code passed it too)
+    async def scenario(channel, _server):
+        assert await channel.unary_unary("/t.S/Echo")(b"up", timeout=5) == b"up"  # connected
+        slow = channel.unary_unary("/t.S/Slow")
+        longer = asyncio.ensure_future(slow(b"", timeout=2))
+        await asyncio.sleep(0)  # sent: the connection's deadline timer is set for it
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await slow(b"", timeout=0.2)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert not longer.done()  # still within its own deadline
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await longer
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert not channel._conn.calls
+
+    _run(scenario)
+
+
 def test_metadata_that_cannot_be_encoded_fails_that_call_and_the_next_call_is_fine():
     async def scenario(channel, _server):
         echo = channel.unary_unary("/t.S/Echo")
