@@ -9,11 +9,11 @@ follows ``sync``: under ``sync`` nothing is visible or acknowledged before it is
 ``Store`` is the facade over its parts: ``chronoq.store.writing`` (encode and append),
 ``chronoq.store.reading`` (messages and records back), ``chronoq.store.checkpoint`` (the file
 ``checkpoint.json``, its format at the top of that module), ``chronoq.store.recovery`` (the
-decision table run on open). Here: opening, the consume queues, dispatch, holds, retention.
+decision table run on open), ``chronoq.store.holds`` (held timer copies). Here: opening, the
+consume queues, dispatch, replication's reads and appends, retention.
 
-Held records (``record.FLAG_HELD``, timer copies written ahead of their due time) are stamped
-with their due time and held in their consume queue until ``release_held`` passes it; holds
-live in memory and are rebuilt on open from the queue tails (``_restore_holds``).
+Held records (``record.FLAG_HELD``, timer copies written ahead of their due time):
+``chronoq.store.holds``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from chronoq.store.checkpoint import CHECKPOINT_FILE, CHECKPOINT_VERSION
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from chronoq.store.dirlock import DirLock
+from chronoq.store.holds import Holds
 from chronoq.store.recovery import RecoveryReport, iter_records, queues_short, verify_log, verify_start
 from chronoq.store.writing import Columns, Prepared, StoreWriter, Written
 
@@ -78,7 +79,7 @@ class StoreOptions:
 _NEVER = 1 << 63  # an offset no record reaches
 
 
-class Store(StoreWriter):
+class Store(Holds, StoreWriter):
     """Ensures after ``__init__``: recovery ran (``report``), every record up to the log end is
     dispatched. ``progress(phase, done, total)``, if given, hears of the long parts of recovery:
     phase "verify" (bytes of segments checked) and "replay" (bytes of log re-dispatched into the
@@ -298,86 +299,6 @@ class Store(StoreWriter):
             shutil.rmtree(tdir)
             fsutil.fsync_dir(self.cq_dir)
         return entries
-
-    # ----------------------------------------------------------------- holds (timer copies written ahead)
-    def _hold_written(self, meta: list, i: int, j: int, now: int) -> None:
-        for key, qoff, _size, _tag_hash, time_ms in meta[i:j]:
-            if key is not None and time_ms > now:  # only held copies are stamped ahead of now
-                cq = self._queue(*key)
-                cq.hold(qoff, time_ms)
-                self._held[key] = cq
-
-    def release_held(self, now_ms: int) -> bool:
-        """Release held entries due by ``now_ms``; True when something became visible."""
-        if not self._held:
-            return False
-        released = False
-        for key, cq in list(self._held.items()):
-            if cq.release(now_ms):
-                released = True
-            if not cq.held:
-                del self._held[key]
-        if released:
-            self.released += 1
-        return released
-
-    def held_records(self, topic: str, due_ms: int):
-        """Records of ``topic`` held (dispatched, not yet released) with due time ``due_ms``."""
-        for (t, _q), cq in self._held.items():
-            if t != topic:
-                continue
-            for qoff, due in cq.held:
-                if due == due_ms and qoff < cq.next_offset:
-                    phys, size, _tag, _time = ENTRY.unpack(cq.read_including_held(qoff, 1))
-                    yield self.log.read_record(phys, size)
-
-    @property
-    def holding(self) -> bool:
-        """Whether any consume queue holds entries (``release_held`` has work ahead)."""
-        return bool(self._held)
-
-    def next_held_ms(self) -> int | None:
-        """The earliest due time of a held entry (when ``release_held`` next has work)."""
-        return min((cq.held[0][1] for cq in self._held.values()), default=None)
-
-    def _restore_holds(self) -> None:
-        """Hold again the HELD records of each queue's tail that are not due yet (after a restart).
-
-        A held record is written at most ``hold_window_ms`` before its due time, and every entry
-        after it in its queue was written later, so walking back from a tail while entry times
-        are within the window finds every held entry still due in the future.
-        """
-        now = self.clock.wall_ms()
-        floor = now - self.options.hold_window_ms
-        for key, cq in self.queues.items():
-            found: list[tuple[int, int]] = []
-            off = cq.next_offset
-            while off > cq.min_offset:
-                # Within one consume-queue file (a read never crosses one).
-                n = min(256, off - cq.min_offset, (off - 1) % cq.per_file + 1)
-                raw = cq.read_including_held(off - n, n)
-                assert len(raw) == n * ENTRY_SIZE
-                entries = list(ENTRY.iter_unpack(raw))
-                stop = False
-                for k in range(len(entries) - 1, -1, -1):
-                    phys, size, _tag, time_ms = entries[k]
-                    if time_ms <= floor:
-                        stop = True
-                        break
-                    if time_ms > now and size and phys >= self.log.min_offset:
-                        try:
-                            flags = record.RecordHeader(self.log.read_record(phys, size), 0).flags
-                        except errors.CorruptionError:
-                            continue
-                        if flags & record.FLAG_HELD:
-                            found.append((off - n + k, time_ms))
-                if stop:
-                    break
-                off -= n
-            for qoff, due in reversed(found):
-                cq.hold(qoff, due)
-            if cq.held:
-                self._held[key] = cq
 
     # ----------------------------------------------------------------- durability and visibility
     def sync(self) -> int:
