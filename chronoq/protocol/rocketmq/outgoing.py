@@ -16,8 +16,9 @@ message here is six pieces joined once for the whole request::
 Producers repeat themselves: a batch is nearly always of one topic, one tag and one type, with
 only the id, the body and (FIFO, delayed) the group or the delivery time differing. So the bytes
 before the id depend only on that shape and on three lengths (id, group or delivery field, body)
-and are made once per call for each such combination; a message with keys or user properties
-has a shape of its own.
+and are made once for each such combination and the length of what follows the id (kept across
+calls, a bounded number of them: a lone send's bytes before the id are a lookup); a message with
+keys or user properties has a shape of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _NORMAL, _FIFO, _DELAY = pb.NORMAL, pb.FIFO, pb.DELAY
 _ENCODING = f.K_SP_BODY_ENCODING + f.varint(pb.IDENTITY)
 _TYPES = {t: f.K_SP_MESSAGE_TYPE + f.varint(t) for t in (_NORMAL, _FIFO, _DELAY)}
 _NAMES_CACHE_MAX = 1024
+_SHAPES_MAX = 1024  # bytes before the id kept per (topic, tag, type, lengths): cleared when full
 # What a message's shape is read from, in one C-level call per message.
 _ATTRS = attrgetter("topic", "tag", "keys", "properties", "message_group", "deliver_at_ms", "delay_level",
                     "message_id", "body")
@@ -47,7 +49,11 @@ class SendRequestEncoder:
         self._host = f.string_field(f.K_SP_BORN_HOST, born_host)
         self._topic_fields: dict[str, bytes] = {}
         self._born_ms: int | None = None
+        self._born = b""
         self._by_type: dict[int, bytes] = {}
+        # (topic, tag, type, id, tail, common and body lengths) -> (bytes before the id, the body's
+        # key and length): what ``_parts`` makes of a shape, whatever the born time.
+        self._shapes: dict[tuple, tuple[bytes, bytes]] = {}
 
     def _topic_field(self, topic: str) -> bytes:
         head = self._topic_fields.get(topic)
@@ -57,12 +63,16 @@ class SendRequestEncoder:
             head = self._topic_fields[topic] = f.field(f.K_MESSAGE_TOPIC, f.resource(topic, self.namespace))
         return head
 
-    def _commons(self, born_ms: int) -> dict[int, bytes]:
-        """Per type: encoding, type, born time and host, the system properties after the id."""
-        if born_ms != self._born_ms:  # (sends within a millisecond share them)
-            born = f.field(f.K_SP_BORN_TIMESTAMP, f.timestamp(born_ms)) + self._host
-            self._born_ms, self._by_type = born_ms, {t: _ENCODING + k + born for t, k in _TYPES.items()}
-        return self._by_type
+    def _common(self, born_ms: int, mtype: int) -> bytes:
+        """Encoding, type, born time and host: the system properties after the id (sends within a
+        millisecond share them; each type's made when first asked for)."""
+        if born_ms != self._born_ms:
+            self._born_ms, self._by_type = born_ms, {}
+            self._born = f.field(f.K_SP_BORN_TIMESTAMP, f.timestamp(born_ms)) + self._host
+        common = self._by_type.get(mtype)
+        if common is None:
+            common = self._by_type[mtype] = _ENCODING + _TYPES[mtype] + self._born
+        return common
 
     def encode(self, messages, born_ms: int, fresh_ids) -> bytes:
         """The request for ``messages`` (objects with ``topic``, ``body``, ``tag``, ``keys``,
@@ -77,8 +87,7 @@ class SendRequestEncoder:
         extend = pieces.extend
         field, text, timestamp = f.field, f.string_field, f.timestamp
         k_group, k_delivery, k_tag, k_keys = f.K_SP_MESSAGE_GROUP, f.K_SP_DELIVERY_TIMESTAMP, f.K_SP_TAG, f.K_SP_KEYS
-        commons, topic_fields = self._commons(born_ms), self._topic_fields
-        made: dict = {}  # (topic, tag, type, id, tail and body lengths) -> _parts(...)
+        topic_fields, shapes, common_of = self._topic_fields, self._shapes, self._common
         for topic, tag, keys, props, group, deliver_at_ms, level, message_id, body in map(_ATTRS, messages):
             mid = message_id.encode() if message_id else next(fresh_ids)
             if group:
@@ -97,32 +106,37 @@ class SendRequestEncoder:
                 sp_head = text(k_tag, tag) if tag else b""
                 if keys:
                     sp_head += b"".join([text(k_keys, k) for k in keys])
-                parts = _parts(head, sp_head, commons[mtype], len(mid), len(tail), len(body))
+                common = common_of(born_ms, mtype)
+                prefix, body_head = _parts(head, sp_head, len(common), len(mid), len(tail), len(body))
             else:
-                at = (topic, tag, mtype, len(mid), len(tail), len(body))
-                parts = made.get(at)
-                if parts is None:
-                    parts = made[at] = _parts(self._topic_field(topic), text(k_tag, tag) if tag else b"",
-                                              commons[mtype], *at[3:])
+                common = common_of(born_ms, mtype)
+                at = (topic, tag, mtype, len(mid), len(tail), len(common), len(body))
+                shape = shapes.get(at)
+                if shape is None:
+                    if len(shapes) >= _SHAPES_MAX:
+                        shapes.clear()
+                    shape = shapes[at] = _parts(self._topic_field(topic), text(k_tag, tag) if tag else b"",
+                                                len(common), len(mid), len(tail), len(body))
+                prefix, body_head = shape
             if tail:
-                extend((parts[0], mid, parts[1], tail, parts[2], body))
+                extend((prefix, mid, common, tail, body_head, body))
             else:
-                extend((parts[0], mid, parts[3], body))
+                extend((prefix, mid, common, body_head, body))
         return b"".join(pieces)
 
 
-def _parts(head: bytes, sp_head: bytes, common: bytes, id_len: int, tail_len: int,
-           body_len: int) -> tuple[bytes, bytes, bytes, bytes]:
-    """(the bytes before the id, those after it up to the tail, the body's key and length, the
-    last two joined) of a message: ``head`` its topic and user properties, ``sp_head`` its tag and
-    keys, ``common`` what follows the id (``_commons``)."""
+def _parts(head: bytes, sp_head: bytes, common_len: int, id_len: int, tail_len: int,
+           body_len: int) -> tuple[bytes, bytes]:
+    """(the bytes before the id, the body's key and length) of a message: ``head`` its topic and
+    user properties, ``sp_head`` its tag and keys, ``common_len`` the length of what follows the
+    id (``_common``)."""
     varint = f.varint
     sp_head += f.K_SP_MESSAGE_ID + varint(id_len)
-    sp_len = len(sp_head) + id_len + len(common) + tail_len
+    sp_len = len(sp_head) + id_len + common_len + tail_len
     size = len(head) + 1 + len(varint(sp_len)) + sp_len
     body_head = b""
     if body_len:  # (proto3 leaves an empty body out)
         body_head = f.K_MESSAGE_BODY + varint(body_len)
         size += len(body_head) + body_len
     prefix = f.K_SEND_MESSAGES + varint(size) + head + f.K_MESSAGE_SP + varint(sp_len) + sp_head
-    return prefix, common, body_head, common + body_head
+    return prefix, body_head
