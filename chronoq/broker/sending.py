@@ -238,12 +238,17 @@ class Sender:
         if levels_in is not None and not any(levels_in):
             levels_in = None
         delayed: list | None = None  # per message: a delivery time or a level; None: none is
-        if deliver_in is not None or levels_in is not None:
+        # (the delayed batch, a delivery time each, told at C level: no comprehension per message)
+        each_timed = levels_in is None and deliver_in is not None and None not in deliver_in
+        if each_timed:
+            delayed = [True] * n
+        elif deliver_in is not None or levels_in is not None:
             delayed = [d is not None or bool(lv) for d, lv in zip(deliver_in or repeat(None, n),
                                                                      levels_in or repeat(None, n))]
         types_in = batch.message_types
         if types_in is None and groups is None:
-            mtypes = [_DELAY if d else _NORMAL for d in delayed] if delayed is not None else [_NORMAL] * n
+            mtypes = [_DELAY] * n if each_timed else [_DELAY if d else _NORMAL for d in delayed] \
+                if delayed is not None else [_NORMAL] * n
         elif types_in is not None and None not in types_in:  # (as the wire's columns come: every type set)
             mtypes = types_in
         else:
@@ -516,13 +521,14 @@ class Sender:
         if not any(dues):
             return Sent(ids, topics, queue_ids, qoffs, commits)
         flags = cols.flags
-        delayed = [i for i, f in enumerate(flags) if f & _FLAG_DELAYED]
-        recalls = [""] * len(ids)
-        qoffs = list(qoffs)
-        if len(delayed) == len(ids):  # the delayed batch: every message a timer message
+        if flags[0] & _FLAG_DELAYED and flags.count(flags[0]) == len(flags):
+            # The delayed batch (its flags alike, told at C level): every message a timer message.
             recalls = handles.encode_many(handles.TIMER, commits, dues, topics, cols.message_ids,
                                           self.timer.handle_group)
             return Sent(ids, topics, queue_ids, [-1] * len(ids), commits, recalls)
+        delayed = [i for i, f in enumerate(flags) if f & _FLAG_DELAYED]
+        recalls = [""] * len(ids)
+        qoffs = list(qoffs)
         texts = iter(handles.encode_many(handles.TIMER, [commits[i] for i in delayed], [dues[i] for i in delayed],
                                          [topics[i] for i in delayed], [cols.message_ids[i] for i in delayed],
                                          self.timer.handle_group))

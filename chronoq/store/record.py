@@ -147,44 +147,39 @@ def encode(
 ) -> bytes:
     """Return one record. Callers pass fields already validated and encoded to bytes."""
     parts: list[bytes] = []
-    encode_parts(parts, flags, queue_id, queue_offset, born_ms, stored_ms, deliver_at_ms,
-                 topic, msgid, tag, keys, props, body)
+    encode_batch(parts, (flags,), (queue_id,), (queue_offset,), (born_ms,), (stored_ms,), (deliver_at_ms,),
+                 (topic,), (msgid,), (tag,), (keys,), (props,), (body,))
     return b"".join(parts)
 
 
 _extend = google_crc32c.extend
 
 
-def encode_parts(
-    out: list,
-    flags: int,
-    queue_id: int,
-    queue_offset: int,
-    born_ms: int,
-    stored_ms: int,
-    deliver_at_ms: int,
-    topic: bytes,
-    msgid: bytes,
-    tag: bytes,
-    keys: bytes,
-    props: bytes,
-    body: bytes,
-) -> int:
-    """Like ``encode`` but appends the record's pieces to ``out`` (for one join per batch).
+def encode_batch(out: list, flags, queue_ids, queue_offsets, borns, stamps, dues, topics, msgids, tags, keys, props,
+                 bodies) -> list[int]:
+    """Encode a batch of records given as columns (one iterable per field, in ``encode``'s order,
+    all of one length): append each record's pieces (its CRC-led prefix, the rest of its head,
+    its body) to ``out``, for one join per batch, and return the records' sizes.
 
-    The body is never copied here; the CRC is computed over the pieces in order.
+    The one loop that lays records down (``StoreWriter.write_columns`` calls it once per batch; a
+    call per message would cost as much as its body). The body is never copied here; the CRC is
+    computed over the pieces in order. Raises ``ValueError`` for a record over RECORD_SIZE_MAX.
     """
-    head = _pack_tail(
-        flags, queue_id, queue_offset, born_ms, stored_ms, deliver_at_ms,
-        len(topic), len(msgid), len(tag), len(keys), len(props), len(body),
-    ) + topic + msgid + tag + keys + props
-    total = CRC_START + len(head) + len(body)
-    if total > RECORD_SIZE_MAX:
-        raise ValueError(f"record of {total} bytes exceeds {RECORD_SIZE_MAX}")
-    out.append(_pack_prefix(total, MAGIC, VERSION, _extend(_crc(head), body)))
-    out.append(head)
-    out.append(body)
-    return total
+    sizes: list[int] = []
+    add_piece, add_size = out.append, sizes.append
+    pack_tail, pack_prefix, crc, extend = _pack_tail, _pack_prefix, _crc, _extend
+    for f, queue_id, qoff, born_ms, stamp, deliver_at_ms, topic, msgid, tag, k, pr, body in zip(
+            flags, queue_ids, queue_offsets, borns, stamps, dues, topics, msgids, tags, keys, props, bodies):
+        head = pack_tail(f, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(topic), len(msgid), len(tag),
+                         len(k), len(pr), len(body)) + topic + msgid + tag + k + pr
+        size = CRC_START + len(head) + len(body)
+        if size > RECORD_SIZE_MAX:
+            raise ValueError(f"record of {size} bytes exceeds {RECORD_SIZE_MAX}")
+        add_piece(pack_prefix(size, MAGIC, VERSION, extend(crc(head), body)))
+        add_piece(head)
+        add_piece(body)
+        add_size(size)
+    return sizes
 
 
 def check(buf: bytes, pos: int, end: int) -> int:

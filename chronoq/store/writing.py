@@ -4,9 +4,8 @@
 is the same for a list of ``Prepared`` records (the timer's copies, POP, features). Each written
 batch waits in ``Store._pending`` (its consume-queue entries, and the FLAG_DELAYED records the
 timer absorbs, with their bytes) until ``Store.dispatch`` makes it visible; ``Store.sync`` makes it durable. The
-record layout is ``chronoq.store.record``'s: ``write_columns`` holds the one loop that encodes
-records on the write path (``record.encode_parts`` inlined: a call per message costs as much as
-its body), and the record-equivalence tests hold it to the codec's bytes.
+record layout is ``chronoq.store.record``'s: ``write_columns`` encodes each batch with one call of
+its ``encode_batch``, the one loop that lays records down (compiled with the codec).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import itertools
 import zlib
 from collections import deque
 from itertools import repeat
-from operator import call
+from operator import call, or_
 from typing import Callable, Iterable, NamedTuple
 
 from chronoq.core import errors
@@ -102,11 +101,10 @@ class StoreWriter:
         log (page cache). Returns the commit offsets, queue offsets (0 for a FLAG_DELAYED record:
         no consume-queue entry until the timer re-puts it) and record sizes, per record.
 
-        Holds the one loop that encodes records on the write path: ``record.encode_parts``,
-        inlined (a call per message costs as much as its body); the record-equivalence tests hold
-        it to the codec. What does not depend on the record's bytes (queue offsets, store times,
-        topic bytes, tag hashes) is worked out per column before it, in bulk where a batch is all
-        of one kind (the send path's plain and delayed batches).
+        The records' bytes are ``record.encode_batch``'s (one call per batch). What does not depend
+        on them (queue offsets, store times, topic bytes, tag hashes) is worked out per column
+        before it, in bulk where a batch is all of one kind (the send path's plain and delayed
+        batches).
         """
         topics, queue_ids, flags, borns, dues, message_ids, tags, keys, props, bodies = c
         n = len(bodies)
@@ -167,28 +165,13 @@ class StoreWriter:
             if topic not in topic_bytes:
                 topic_bytes[topic] = topic.encode()
         tbs = [topic_bytes[topics[0]]] * n if one_topic else list(map(topic_bytes.__getitem__, topics))
-        pack_tail, pack_prefix, crc, extend = record._pack_tail, record._pack_prefix, record._crc, record._extend
-        magic, version, size_max, crc_start = record.MAGIC, record.VERSION, record.RECORD_SIZE_MAX, record.CRC_START
         # One append, one group: every record but the last says another of this append follows
         # (CONTINUES; record.py); the log never splits an append over segments. The last is
         # encoded without it here: clearing it afterwards would compute its CRC twice.
-        conts = itertools.chain(repeat(record.FLAG_CONTINUES, n - 1), (0,)) if n > 1 else (0,)
+        marked = map(or_, flags, itertools.chain(repeat(record.FLAG_CONTINUES, n - 1), (0,)))
         pieces: list[bytes] = []
-        add_piece = pieces.append
-        sizes: list[int] = []
-        add_size = sizes.append
-        # The record encoder (record.encode_parts, inlined).
-        for f, cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, tb, message_id, tag, k, pr, body in zip(
-                flags, conts, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys, props, bodies):
-            head = pack_tail(f | cont, queue_id, qoff, born_ms, stamp, deliver_at_ms, len(tb), len(message_id), len(tag),
-                             len(k), len(pr), len(body)) + tb + message_id + tag + k + pr
-            size = crc_start + len(head) + len(body)
-            if size > size_max:
-                raise ValueError(f"record of {size} bytes exceeds {size_max}")
-            add_piece(pack_prefix(size, magic, version, extend(crc(head), body)))
-            add_piece(head)
-            add_piece(body)
-            add_size(size)
+        sizes = record.encode_batch(pieces, marked, queue_ids, qoffs, borns, stamps, dues, tbs, message_ids, tags, keys,
+                                    props, bodies)
         tag_hashes = self._tag_hashes
         if len(tag_hashes) > 4096:
             tag_hashes.clear()

@@ -35,6 +35,10 @@ log = logging.getLogger("chronoq.timer")
 _CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
 _MOVED_MARKERS = (copies.PROP_TIMER_MOVED_FROM.encode(), copies.PROP_DELAY_MOVED_FROM.encode())
 _REPLACED_MARKER = copies.PROP_TIMER_REPLACED.encode()
+# What the control topic and the timer's markers share: a run without it (or the level move
+# marker) holds none of the four, told in two scans of its heads instead of four.
+_TIMER_MARK = b"_TIMER_"
+assert all(_TIMER_MARK in m for m in (_CONTROL_TOPIC, _MOVED_MARKERS[0], _REPLACED_MARKER))
 _FLAG_DELAYED = record.FLAG_DELAYED
 
 
@@ -137,8 +141,8 @@ class SendSide:
         them; a tenth of the bytes to search) goes one record at a time, in order.
         """
         scan = blob if heads is None else heads
-        if (_CONTROL_TOPIC in scan or _MOVED_MARKERS[0] in scan or _MOVED_MARKERS[1] in scan
-                or _REPLACED_MARKER in scan):
+        if _MOVED_MARKERS[1] in scan or (_TIMER_MARK in scan and (
+                _CONTROL_TOPIC in scan or _MOVED_MARKERS[0] in scan or _REPLACED_MARKER in scan)):
             pos = 0
             for offset, size, _due in records:
                 self._absorb_record(offset, blob[pos:pos + size])

@@ -110,13 +110,12 @@ def encode_many(kind: int, positions, dues, topics, message_ids, group: str = ""
     if not raws:
         return []
     # Standard base64 made URL-safe, its padding cut (base64 has no "=" but padding, and no
-    # newline) and split: one pass each over the whole batch.
+    # newline) and split: one pass each over the whole batch. (Two single-byte replaces, not a
+    # translate: they skip from one hit to the next (memchr) where a translate looks up every byte,
+    # five times the instructions.)
     version = version_text.encode()
-    joined = (version + (b"\n" + version).join(raws)).translate(_URL_SAFE).replace(b"=", b"")
+    joined = (version + (b"\n" + version).join(raws)).replace(b"+", b"-").replace(b"/", b"_").replace(b"=", b"")
     return joined.decode().split("\n")
-
-
-_URL_SAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def decode(text: object) -> RecallHandle:

@@ -48,7 +48,7 @@ _PREPARED = st.builds(
 @settings(derandomize=True, database=None, deadline=None, max_examples=40)
 @given(st.lists(st.lists(_PREPARED, min_size=1, max_size=12), min_size=1, max_size=4))
 def test_store_write_lays_down_the_records_the_codec_encodes(tmp_path_factory, batches):
-    """Store.write encodes a batch in its own loop (the record encoder inlined): every record is
+    """Store.write encodes a batch with one record.encode_batch call (the codec's loop): every record is
     byte for byte ``record.encode`` of its fields, with its queue offset, store time and the
     CONTINUES flag of all but the batch's last, back to back from where the batch begins."""
     store = open_store(tmp_path_factory.mktemp("s"), clock=FakeClock(NOW), segment_bytes=4096)
