@@ -364,6 +364,8 @@ class Store(Holds, StoreWriter):
         seg = log_.segment_for(offset)  # NotFound below the oldest segment
         avail = min(seg.end, end) - offset
         data = log_.read(offset, min(avail, max(max_bytes, record.HEADER_SIZE)))
+        if len(data) == avail:  # up to the written end or the segment's: an append's end either way
+            return seg.base, data
         pos = cut = 0
         while pos + 4 <= len(data):
             length = int.from_bytes(data[pos:pos + 4], "little")
