@@ -23,6 +23,7 @@ is final (``LeaseDeadline.lose``): that broker is fenced for the rest of its lif
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
@@ -102,15 +103,10 @@ def _read_pem(path: str, setting: str) -> bytes:
     return data
 
 
-_TLS_CLIENT = None
-
-
+@functools.cache
 def _tls_client_class():
     """aetcd's client with a TLS channel: aetcd opens plaintext channels only. Its ``connect``
     made over: the same stubs and watcher on a secure channel, the token asked for first."""
-    global _TLS_CLIENT
-    if _TLS_CLIENT is not None:
-        return _TLS_CLIENT
     import aetcd
     import grpc
     from aetcd import rpc, watcher
@@ -144,7 +140,6 @@ def _tls_client_class():
             self._watcher = watcher.Watcher(rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata)
             self._connected.set()
 
-    _TLS_CLIENT = TlsClient
     return TlsClient
 
 

@@ -98,12 +98,18 @@ class PrimaryNode:
         if req.node_id == self.node_id:
             raise errors.PreconditionFailed(
                 f"the replica is pointed at itself (node {self.node_id}): --replica-of must name its primary")
-        div = self._divergence(req) or self._lost_tail(req)
+        div = self._divergence(req)
+        if div is None:
+            try:
+                self._check_prefix(req)
+            except errors.PreconditionFailed:  # (not a prefix: a tail this node lost explains it, or nothing)
+                div = self._lost_tail(req)
+                if div is None:
+                    raise
         if div is not None:  # nothing recorded of this replica yet: its position is about to move back
             return apb.PullResponse(status=_ok(), divergence=div, commit_offset=req.position.commit,
                                     primary_synced=self.store.log.written, epoch=self.epoch, node_id=self.node_id,
                                     wall_ms=self.broker.clock.wall_ms())
-        self._check_prefix(req)
         now = self.broker.clock.wall_ms()
         self.replicas[req.node_id] = (req.endpoint, req.position.commit, now)
         if len(self.replicas) > 1:  # a node id per replica process: forget the ones gone quiet (bounded)
@@ -147,18 +153,17 @@ class PrimaryNode:
         return apb.Divergence(offset=cut.offset, epoch=cut.epoch, tail_from=tail_from, tail_crc=crc)
 
     def _lost_tail(self, req) -> apb.Divergence | None:
-        """A replica of this epoch holding bytes past ``Store.opened_end`` that this log lacks or
-        holds otherwise: shipped before their fsync by this node's previous process, lost with its
-        machine (see the module's docstring). Under ``flush_policy = "sync"`` none was acknowledged:
-        cut it back to that point (the replica checks its bytes before it). None: not that case."""
+        """For a replica that failed the prefix check: one of this epoch past ``Store.opened_end``
+        holds bytes this log lacks or holds otherwise, shipped before their fsync by this node's
+        previous process and lost with its machine (see the module's docstring). Under
+        ``flush_policy = "sync"`` none was acknowledged: cut it back to that point (the replica
+        checks its bytes before it). None: not that case (the prefix check's refusal stands)."""
         store, at = self.store, req.position.commit
         opened = store.opened_end
         if req.epoch != self.epoch or at <= opened or opened <= store.log.min_offset:
             # (an empty start leaves no bytes to compare before the point: another cluster's log
             # would be cut whole; the prefix check refuses it instead, as ``divergence`` does)
             return None
-        if at <= store.log.written and self._tail_matches(req):
-            return None  # a prefix: shipped by this process
         if self.broker.config.flush_policy != "sync":
             raise errors.PreconditionFailed(
                 f"the replica's log ends at {at}, past where this primary's log ended when it started ({opened}): "
@@ -167,12 +172,6 @@ class PrimaryNode:
                 "(promote the replica, which holds them, or copy this node's data directory to it afresh)")
         tail_from, crc = position.tail(store, opened)
         return apb.Divergence(offset=opened, epoch=self.epoch, tail_from=tail_from, tail_crc=crc)
-
-    def _tail_matches(self, req) -> bool:
-        log, at, tail_from = self.store.log, req.position.commit, req.tail_from
-        if not (log.segment_for(at - 1).base <= tail_from < at and at - tail_from <= position.TAIL_BYTES):
-            return False
-        return google_crc32c.value(log.read(tail_from, at - tail_from)) == req.tail_crc
 
     def _check_prefix(self, req) -> None:
         log, at = self.store.log, req.position.commit
@@ -189,7 +188,7 @@ class PrimaryNode:
             tail_from = req.tail_from
             if not (log.segment_for(at - 1).base <= tail_from < at and at - tail_from <= position.TAIL_BYTES):
                 raise errors.PreconditionFailed(f"tail range {tail_from}..{at} is not within one segment here")
-            if not self._tail_matches(req):
+            if google_crc32c.value(log.read(tail_from, at - tail_from)) != req.tail_crc:
                 raise errors.PreconditionFailed(
                     f"the replica's last bytes before {at} differ from this primary's: its log is not a prefix "
                     "of this one (another cluster, or a history that diverged); refusing to ship")
