@@ -119,6 +119,9 @@ class WrongPortFilter(logging.Filter):
         return False
 
 
+_PICKS = 8  # picks of "any free port" before giving up (each refused one is the gRPC port)
+
+
 class HttpFrontEnd:
     """Serves ``build_app(runtime)`` on ``config.http_host:config.http_port``."""
 
@@ -132,6 +135,28 @@ class HttpFrontEnd:
 
     async def start(self) -> None:
         assert self.config.http_port >= 0, "a negative http_port means no HTTP front end"
+        # HTTP listens before recovery, gRPC after it: "any free port" could be handed the very port
+        # gRPC is about to ask for, and the start would then fail on gRPC's bind. Such a pick is
+        # kept open until the next one is bound (so the OS cannot hand it out again), then dropped.
+        refused: list[web.AppRunner] = []
+        try:
+            for _ in range(_PICKS):
+                runner = await self._listen()
+                if self.config.http_port != 0 or _bound_port(runner) != self.config.port:
+                    break
+                refused.append(runner)
+            else:
+                raise errors.ClientError(f"no free HTTP port other than {self.config.port} in {_PICKS} picks")
+        finally:
+            for other in refused:
+                await other.cleanup()
+        self.runner = runner
+        self.port = _bound_port(runner)
+        assert 0 < self.port <= 65535
+        self._filter = WrongPortFilter(f"{self.host}:{self.port}", self.config.endpoint)
+        logging.getLogger("aiohttp.server").addFilter(self._filter)
+
+    async def _listen(self) -> web.AppRunner:
         runner = web.AppRunner(build_app(self.runtime), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.config.http_port, reuse_port=False)
@@ -142,11 +167,7 @@ class HttpFrontEnd:
             raise errors.ClientError(f"cannot listen for HTTP on {self.host}:{self.config.http_port}: "
                                      f"{exc.strerror or exc} (set --http-port/CHRONOQ_HTTP_PORT, 0 for any free "
                                      "port, off for none; --http-host/CHRONOQ_HTTP_HOST)") from None
-        self.runner = runner
-        self.port = _bound_port(runner)
-        assert 0 < self.port <= 65535
-        self._filter = WrongPortFilter(f"{self.host}:{self.port}", self.config.endpoint)
-        logging.getLogger("aiohttp.server").addFilter(self._filter)
+        return runner
 
     async def stop(self) -> None:
         logging.getLogger("aiohttp.server").removeFilter(self._filter)
