@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 READY_LINE = "chronoq is ready"
 HTTP_ANNOUNCED = re.compile(r"HTTP on (http://\S+:(\d+)/)")  # in the ready line (chronoq.server.http)
 READY_TIMEOUT_S = 30.0
+PORT_PICKS = 3  # starts tried when the gRPC port picked for a child was taken before it bound it
 STOP_TIMEOUT_S = 20.0
 
 # Consumer groups of the shared server: name -> settings.
@@ -108,22 +109,41 @@ class ChronoqProcess:
 
     def __init__(self, data_dir: str, config_text: str = "", extra_args: tuple = (), module: str = "chronoq"):
         self.data_dir = data_dir
-        self.port = free_port()
-        self.endpoint = f"127.0.0.1:{self.port}"
-        self.lines: list[str] = []
         # The HTTP listener (/metrics, console) takes any free port unless the test chose one;
         # the broker announces it, and ``http_port``/``http_url`` are read from that line.
         self.http_port: int | None = None
         self.http_url: str | None = None
         http_args = () if "--http-port" in extra_args else ("--http-port", "0")
-        args = [sys.executable, "-m", module, "serve", "--data-dir", data_dir,
-                "--port", str(self.port), "--host", "127.0.0.1", *http_args, *extra_args]
+        config_args: tuple = ()
         if config_text:
             path = os.path.join(os.path.dirname(data_dir), os.path.basename(data_dir) + ".toml")
             with open(path, "w") as fh:
                 fh.write(config_text)
-            args += ["--config", path]
+            config_args = ("--config", path)
         self.stderr_path = data_dir + ".stderr.log"
+        # A port picked here is free when picked, not when the child binds it: another process
+        # (a client's outgoing connection, another test's broker) may take it in between. Such a
+        # start is tried again on a fresh port; a port the test chose is its own business.
+        chosen = "--port" in extra_args
+        for attempt in range(1 if chosen else PORT_PICKS):
+            self.port = int(extra_args[extra_args.index("--port") + 1]) if chosen else free_port()
+            self.endpoint = f"127.0.0.1:{self.port}"
+            port_args = () if chosen else ("--port", str(self.port))
+            args = [sys.executable, "-m", module, "serve", "--data-dir", data_dir, *port_args,
+                    "--host", "127.0.0.1", *http_args, *extra_args, *config_args]
+            if self._spawn(args):
+                break
+            self.stop(check=False)
+            if chosen or f"cannot listen on {self.endpoint}:" not in self.output() or attempt == PORT_PICKS - 1:
+                raise RuntimeError(f"chronoq did not become ready in {READY_TIMEOUT_S} s:\n{self.output()}")
+        ready = next(line for line in self.lines if READY_LINE in line)
+        announced = HTTP_ANNOUNCED.search(ready)
+        if announced:  # "http://127.0.0.1:PORT/" (no match: the listener is off)
+            self.http_url, self.http_port = announced.group(1), int(announced.group(2))
+
+    def _spawn(self, args: list) -> bool:
+        """Start the child; True once it said it is ready."""
+        self.lines: list[str] = []
         self._stderr = open(self.stderr_path, "wb")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -133,13 +153,7 @@ class ChronoqProcess:
         self._reader = threading.Thread(target=self._read_stdout, daemon=True)
         self._reader.start()
         self._ready.wait(READY_TIMEOUT_S)
-        if not any(READY_LINE in line for line in self.lines):
-            self.stop(check=False)
-            raise RuntimeError(f"chronoq did not become ready in {READY_TIMEOUT_S} s:\n{self.output()}")
-        ready = next(line for line in self.lines if READY_LINE in line)
-        announced = HTTP_ANNOUNCED.search(ready)
-        if announced:  # "http://127.0.0.1:PORT/" (no match: the listener is off)
-            self.http_url, self.http_port = announced.group(1), int(announced.group(2))
+        return any(READY_LINE in line for line in self.lines)
 
     def _read_stdout(self) -> None:
         for line in self.proc.stdout:  # drain until EOF so the pipe never fills
