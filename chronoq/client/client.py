@@ -155,6 +155,11 @@ def _open_channel(endpoint: str, tls: bool, tls_ca_file: str, options=None, inte
                                    options=options, interceptors=interceptors)
 
 
+def _tls_context(tls: bool, tls_ca_file: str) -> ssl.SSLContext | None:
+    """The h2 transport's TLS: as ``_open_channel``'s (system roots unless a CA file is given)."""
+    return ssl.create_default_context(cafile=tls_ca_file or None) if tls or tls_ca_file else None
+
+
 class _Signer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
     """Signs every call of a channel (the AdminClient's: its methods pass no metadata)."""
 
@@ -198,8 +203,7 @@ class Client:
         self._h2: h2client.Channel | None = None
         unary = self._channel
         if transport == "h2":
-            context = ssl.create_default_context(cafile=tls_ca_file or None) if tls or tls_ca_file else None
-            unary = self._h2 = h2client.Channel(endpoint, ssl=context)
+            unary = self._h2 = h2client.Channel(endpoint, ssl=_tls_context(tls, tls_ca_file))
         self._routes: dict[str, list] = {}
         self._query_route = unary.unary_unary(_MS + "QueryRoute", spb.QueryRouteRequest.SerializeToString,
                                               spb.QueryRouteResponse.FromString)
@@ -453,8 +457,21 @@ class SignedChannel:
                  secret_key: str = "", tls: bool = False, tls_ca_file: str = "", options=None):
         self.endpoint = endpoint
         self.timeout = request_timeout_s
+        self._access = (access_key, secret_key)
+        self._tls = (tls, tls_ca_file)
         signer = [_Signer(access_key, secret_key)] if access_key else None
         self._channel = _open_channel(endpoint, tls, tls_ca_file, options=options, interceptors=signer)
+
+    def h2_channel(self) -> h2client.Channel:
+        """A ``chronoq.client.h2channel`` channel to the same endpoint with the same TLS (the
+        caller closes it; its calls are signed with ``signature()``)."""
+        tls, ca_file = self._tls
+        return h2client.Channel(self.endpoint, ssl=_tls_context(tls, ca_file))
+
+    def signature(self) -> list[tuple[str, str]] | None:
+        """The signing headers for one call now (None without an access key)."""
+        access_key, secret_key = self._access
+        return _signature_metadata(access_key, secret_key) if access_key else None
 
     async def __aenter__(self):
         return self

@@ -1,11 +1,20 @@
 """``chronoq.v1.Replication`` from the calling side: the replica's pulls, ``chronoq cluster
 status`` and ``chronoq promote``. The channel (TLS, request signing) is the official path's
-(``chronoq.client.client``), so a pull is authenticated like any other call."""
+(``chronoq.client.client``), so a pull is authenticated like any other call.
+
+Pulls go over chronoq's own HTTP/2 transport (``chronoq.client.h2channel``, on the event loop
+thread), the rest over grpc.aio: a pull is the replica's one call per round, and grpc.aio adds its
+own threads' wake-ups to each, and grants a large answer its window in steps (64 KiB at first,
+each step a WINDOW_UPDATE the primary waits for); the h2 transport grants 8 MiB per call, more
+than a pull's 4 MiB chunk, so an answer leaves the primary in one go."""
 
 from __future__ import annotations
 
 from chronoq.client.client import ClientError, SignedChannel
 from chronoq.protocol.rocketmq import status as codes
+
+
+PULL_PATH = "/chronoq.v1.Replication/Pull"
 
 
 class ReplicationClient(SignedChannel):
@@ -16,10 +25,18 @@ class ReplicationClient(SignedChannel):
         super().__init__(endpoint, options=[("grpc.max_receive_message_length", -1)], **connection)
         self.apb = chronoq_admin_pb2
         self._stub = chronoq_admin_pb2_grpc.ReplicationStub(self._channel)
+        self._h2 = self.h2_channel()
+        self._pull = self._h2.unary_unary(PULL_PATH, chronoq_admin_pb2.PullRequest.SerializeToString,
+                                          chronoq_admin_pb2.PullResponse.FromString)
 
     async def pull(self, request, wait_s: float):
-        """One pull; the answer whatever its status (the follower decides what a refusal means)."""
-        return await self._stub.Pull(request, timeout=self.timeout + wait_s)
+        """One pull; the answer whatever its status (the follower decides what a refusal means).
+        Fails with ``grpc.aio.AioRpcError`` as a grpc.aio call does."""
+        return await self._pull(request, metadata=self.signature(), timeout=self.timeout + wait_s)
+
+    async def close(self) -> None:
+        await self._h2.close()
+        await super().close()
 
     async def status(self):
         resp = await self._stub.ClusterStatus(self.apb.ClusterStatusRequest(), timeout=self.timeout)
