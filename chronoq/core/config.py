@@ -135,6 +135,11 @@ class BrokerConfig:
     replication_sync_timeout_ms: int = 5000
     replication_access_key: str = ""
     replication_secret_key: str = field(default="", repr=False)
+    # The replica's pulls (and the calls a node passes on to a primary) over TLS, for a primary
+    # that serves TLS (tls_cert_file): ``replication_tls`` trusts the system's roots,
+    # ``replication_tls_ca_file`` the CA in that PEM file (setting it turns TLS on).
+    replication_tls: bool = False
+    replication_tls_ca_file: str = ""
     # Rejoining (docs/replication.md, "Rejoining after a failover"): a replica cuts at most this
     # much of its log at an epoch boundary (0: never cuts; refused instead). ``rejoin``: a data
     # directory that was promoted (role.json) follows ``replica_of`` only when this is set
@@ -250,7 +255,14 @@ class BrokerConfig:
         """``etcd_endpoints`` split (empty: no etcd)."""
         return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
 
+    def replication_connection(self) -> dict:
+        """How this node reaches a primary (``chronoq.replication.client.ReplicationClient``'s keywords)."""
+        return dict(access_key=self.replication_access_key, secret_key=self.replication_secret_key,
+                    tls=self.replication_tls, tls_ca_file=self.replication_tls_ca_file)
+
     def _validate_security(self) -> None:
+        if self.replication_tls_ca_file and not os.path.isfile(self.replication_tls_ca_file):
+            raise errors.ClientError(f"replication_tls_ca_file {self.replication_tls_ca_file!r} is not a file")
         if self.grpc_server not in ("chronoq", "grpcio"):
             raise errors.ClientError(f"grpc_server must be 'chronoq' or 'grpcio', not {self.grpc_server!r}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

@@ -188,8 +188,7 @@ class ClusterKeeper:
             from chronoq.replication.client import ReplicationClient
 
             cfg = self.runtime.config
-            peer = self._peers[endpoint] = ReplicationClient(endpoint, access_key=cfg.replication_access_key,
-                                                             secret_key=cfg.replication_secret_key)
+            peer = self._peers[endpoint] = ReplicationClient(endpoint, **cfg.replication_connection())
         timeout = FORWARD_TIMEOUT_S if time_remaining is None else max(0.1, min(time_remaining, FORWARD_TIMEOUT_S))
         try:
             return await peer.forward(path, request, response_type, timeout)

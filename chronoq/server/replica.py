@@ -233,8 +233,7 @@ async def serve_replica(runtime, on_start=None) -> int | None:
         raise
     runtime.say(f"chronoq data directory: {cfg.data_dir}")
     runtime.say(f"recovery: {store.report.summary()}")
-    client = ReplicationClient(cfg.replica_of, access_key=cfg.replication_access_key,
-                               secret_key=cfg.replication_secret_key)
+    client = ReplicationClient(cfg.replica_of, **cfg.replication_connection())
     follower = Follower(store, cfg.data_dir, client, runtime.node_id, cfg.endpoint, SYSTEM_CLOCK,
                         cfg.checkpoint_interval_ms, reopen=lambda: _open_store(cfg, lock),
                         max_cut_bytes=cfg.rejoin_max_truncate_bytes, sync_acks=cfg.replication == "sync",

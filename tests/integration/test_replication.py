@@ -352,3 +352,35 @@ def test_sync_replication_answers_a_recall_only_once_a_replica_holds_it(tmp_path
         if replica is not None:
             replica.stop()
         primary.stop(check=False)
+
+
+# ------------------------------------------------------------------------------------ TLS
+def test_a_replica_follows_a_tls_primary_with_replication_tls_ca_file(tmp_path):
+    """Pulls signed and over TLS (the credentials never cross the wire in the clear); a replica
+    that speaks plaintext to the TLS port follows nothing and says it cannot reach the primary."""
+    from .test_security import _make_certificates
+
+    ca, cert, key = _make_certificates(tmp_path)
+    tls = f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n'
+    signed = 'replication_access_key = "root"\nreplication_secret_key = "root-secret-5d03"\n'
+    primary = ChronoqProcess(str(tmp_path / "p"), CONFIG + tls + AUTH)  # (top-level keys before [auth])
+    replica = plain = None
+    try:
+        replica = ChronoqProcess(str(tmp_path / "r"), CONFIG + signed + f'replication_tls_ca_file = "{ca}"\n',
+                                 extra_args=("--replica-of", primary.endpoint))
+        plain = ChronoqProcess(str(tmp_path / "plain"), CONFIG + signed, extra_args=("--replica-of", primary.endpoint))
+        sent = cli("send", "--endpoint", primary.endpoint, "--tls-ca-file", ca, "orders", "over tls",
+                   env={"CHRONOQ_ACCESS_KEY": "app", "CHRONOQ_SECRET_KEY": "app-secret-0b7e"})
+        assert sent.returncode == 0, sent.stderr
+        end = cluster_status(primary.endpoint, access_key="root", secret_key="root-secret-5d03", tls_ca_file=ca).commit_end
+        wait_until(lambda: (lambda st: st.state == "caught up" and st.commit_end >= end)(
+            cluster_status(replica.endpoint)), 20, what="the TLS replica to follow")
+        assert_log_is_prefix(str(tmp_path / "r"), str(tmp_path / "p"), cluster_status(replica.endpoint).commit_end)
+        wait_until(lambda: cluster_status(plain.endpoint).state.startswith("unreachable"), 20,
+                   what="the plaintext replica to say it cannot reach the primary")
+        assert cluster_status(plain.endpoint).commit_end == 0
+    finally:
+        for proc in (plain, replica):
+            if proc is not None:
+                proc.stop()
+        primary.stop()
