@@ -106,6 +106,12 @@ class GroupCommitter:
         # ``replication = "sync"``: ``replicated(ticket)`` returns once a replica holds the log up to
         # the ticket durably (chronoq.replication.shipper.PrimaryNode.replicated); None: async.
         self.replicated: Callable[[int], Awaitable[None]] | None = None
+        # ``replication_sync_fallback = "async"``: a send no replica reported in time is answered
+        # OK all the same (durable here only, as under async), counted, and the switch logged;
+        # "refuse" (default): ``errors.ReplicaTimeout``.
+        self.sync_fallback = broker.config.replication_sync_fallback == "async"
+        self.sync_fallbacks = 0  # acknowledgements made without a replica's report (a metric)
+        self.sync_degraded = False  # the last sync acknowledgement fell back (logged on each change)
         # Automatic failover (etcd): ``leadership.holds()`` while this primary surely holds its lease;
         # once it does not, nothing more is acknowledged (``check_leader``): every waiter is answered
         # ``leadership.refusal()``, nothing more is made visible. None: no etcd, always the primary.
@@ -177,7 +183,7 @@ class GroupCommitter:
         record is applied here all the same (raises ``errors.ReplicaTimeout``: outcome unknown,
         as any refused write; recalling again answers from the stored record)."""
         if self.replicated is not None and ticket > 0:
-            await self.replicated(ticket)
+            await self._replica_holds(ticket)
 
     async def retention(self) -> tuple[list[str], Job | None]:
         """``Broker.retention`` with the roll-forward's fsync on the flusher thread: the records
@@ -209,8 +215,26 @@ class GroupCommitter:
         ticket = self.store.log.written
         await self.durable(ticket)
         if self.replicated is not None:  # sync replication: a replica's too (one report answers a group)
-            await self.replicated(ticket)
+            await self._replica_holds(ticket)
             self.check_leader()  # (the wait may have outlasted the lease)
+
+    async def _replica_holds(self, ticket: int) -> None:
+        """``replicated(ticket)``, its refusal (``errors.ReplicaTimeout``) turned into an answer
+        under ``replication_sync_fallback = "async"``."""
+        try:
+            await self.replicated(ticket)
+        except errors.ReplicaTimeout as exc:
+            if not self.sync_fallback:
+                raise
+            self.sync_fallbacks += 1
+            if not self.sync_degraded:
+                self.sync_degraded = True
+                log.warning("replication = sync falls back to async (replication_sync_fallback): %s; sends are "
+                            "acknowledged once durable on this primary alone until a replica reports again", exc)
+            return
+        if self.sync_degraded:
+            self.sync_degraded = False
+            log.warning("replication = sync: a replica reported again; sends wait for one from now on")
 
     async def durable(self, ticket: int) -> None:
         """Return once the commit log is fsynced to at least ``ticket`` and dispatched below it

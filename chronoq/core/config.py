@@ -133,6 +133,10 @@ class BrokerConfig:
     # answered SLAVE_PERSISTENCE_TIMEOUT, the record stays stored here).
     replication: str = "async"
     replication_sync_timeout_ms: int = 5000
+    # Under sync, a send no replica reported durable in time: "refuse" (default: answered
+    # SLAVE_PERSISTENCE_TIMEOUT, never a silent loss of the guarantee) or "async" (answered OK,
+    # durable on this primary alone, counted in chronoq_replication_sync_fallbacks_total).
+    replication_sync_fallback: str = "refuse"
     replication_access_key: str = ""
     replication_secret_key: str = field(default="", repr=False)
     # The replica's pulls (and the calls a node passes on to a primary) over TLS, for a primary
@@ -213,6 +217,9 @@ class BrokerConfig:
     def _validate_replication(self) -> None:
         if self.replication not in ("async", "sync"):
             raise errors.ClientError(f"replication must be 'async' or 'sync', not {self.replication!r}")
+        if self.replication_sync_fallback not in ("refuse", "async"):
+            raise errors.ClientError("replication_sync_fallback must be 'refuse' or 'async', not "
+                                     f"{self.replication_sync_fallback!r}")
         if not 100 <= self.replication_sync_timeout_ms <= 600_000:
             raise errors.ClientError("replication_sync_timeout_ms must be 100 ms to 10 min, not "
                                      f"{self.replication_sync_timeout_ms}")

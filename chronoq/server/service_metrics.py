@@ -86,6 +86,14 @@ class ServiceCollector(Collector):
         replication = getattr(source, "replication", None)  # chronoq.replication.shipper.PrimaryNode
         if replication is not None:
             yield from self._replication(replication)
+            committer = source.committer
+            if committer.replicated is not None:  # replication = sync
+                yield CounterMetricFamily("chronoq_replication_sync_fallbacks", "Acknowledgements made under "
+                                          "replication = sync without a replica's report "
+                                          "(replication_sync_fallback = async).", value=committer.sync_fallbacks)
+                yield GaugeMetricFamily("chronoq_replication_sync_degraded", "1 while sync acknowledgements "
+                                        "fall back to async (the last one had no replica's report), else 0.",
+                                        value=int(committer.sync_degraded))
         duty = getattr(source, "duty", None)  # chronoq.server.failover.PrimaryDuty (etcd)
         if duty is not None:
             yield from self._leadership(duty)

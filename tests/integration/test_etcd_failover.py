@@ -101,7 +101,9 @@ def test_two_nodes_elect_a_primary_and_the_replica_takes_over_after_kill_9(tmp_p
         assert any(f"a replica of {a.endpoint}" in line for line in b.lines), b.output()
         view = etcd.view(cluster)
         assert (view.leader.endpoint, view.epoch) == (a.endpoint, 1)
-        assert {"127.0.0.1:%d" % n.port for n in (a, b)} <= set(view.members)
+        # (a replica registers its member key beside its follow loop, after it says it is ready)
+        wait_until(lambda: {"127.0.0.1:%d" % n.port for n in (a, b)} <= set(etcd.view(cluster).members), 20,
+                   what="both nodes' member keys")
         wait_until(lambda: in_sync(etcd, cluster, b), 20, what="the replica in the in-sync set")
         with producer(a.endpoint, topic) as p:
             acked = {p.send(make_message(topic, b"m%d" % i)).message_id for i in range(20)}

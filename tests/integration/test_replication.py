@@ -312,6 +312,46 @@ def test_sync_replication_acknowledges_only_what_a_replica_holds(tmp_path):
         primary.stop(check=False)
 
 
+def _metric(proc: ChronoqProcess, name: str) -> float:
+    with urllib.request.urlopen(proc.http_url + "metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_sync_fallback_async_answers_without_a_replica_and_says_so(tmp_path):
+    """``replication_sync_fallback = "async"``: with no replica in sync a send is acknowledged (the
+    default refuses it: the test above), counted, and the state shown; once a replica reports
+    again, sends wait for it as before."""
+    config = (QUIET + 'replication = "sync"\nreplication_sync_timeout_ms = 1000\n'
+              'replication_sync_fallback = "async"\n')  # (QUIET: the primary writes only the sends)
+    primary = ChronoqProcess(str(tmp_path / "p"), config)
+    replica = None
+    topic = unique("fallback")
+    try:
+        with producer(primary.endpoint, topic) as p:
+            alone = [p.send(make_message(topic, b"alone%d" % i)).message_id for i in range(3)]
+            assert len(set(alone)) == 3
+            assert _metric(primary, "chronoq_replication_sync_fallbacks_total") == 3
+            assert _metric(primary, "chronoq_replication_sync_degraded") == 1
+            replica = ChronoqProcess(str(tmp_path / "r"), config, extra_args=("--replica-of", primary.endpoint))
+            wait_until(lambda: cluster_status(primary.endpoint).replicas, 20, what="the replica's first pull")
+            end = 0
+            for i in range(5):
+                p.send(make_message(topic, b"held%d" % i))
+                end = cluster_status(primary.endpoint).commit_end
+                # acknowledged under sync again: the replica had it before the answer came
+                assert cluster_status(replica.endpoint).commit_end >= end
+            assert _metric(primary, "chronoq_replication_sync_fallbacks_total") == 3
+            assert _metric(primary, "chronoq_replication_sync_degraded") == 0
+        assert any("falls back to async" in line for line in open(primary.stderr_path, errors="replace"))
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
 def test_sync_replication_answers_a_recall_only_once_a_replica_holds_it(tmp_path):
     """A recall (like a send) is answered OK under ``sync`` only once a replica has its record: one
     answered by the primary alone is lost with it, and the promoted replica delivers the message
