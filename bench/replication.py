@@ -91,10 +91,14 @@ async def load(endpoint: str, topic: str, seconds: float, concurrency: int, batc
 
 
 async def pulled(primary: str, timeout_s: float = 60) -> None:
-    """Until the primary has seen its replica's first pull (a loaded machine starts it slowly)."""
+    """Until the primary counts its replica in sync: a pull that reported all it holds (a loaded
+    machine starts the replica slowly; under sync a send before that is refused)."""
     async with ReplicationClient(primary) as p:
         deadline = time.monotonic() + timeout_s
-        while not (await p.status()).replicas and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            st = await p.status()
+            if st.replicas and st.replicas[0].position >= st.commit_end:
+                return
             await asyncio.sleep(0.05)
 
 

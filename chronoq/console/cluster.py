@@ -24,20 +24,19 @@ from chronoq.console.views import Console, guarded
 ETCD_TIMEOUT_S = 2.0  # the page waits this long for etcd's view, then says it could not read it
 
 
-def replica_rows(replicas: dict, lags: dict, now_ms: int, bound_ms: int, insync: set | None) -> list[dict]:
+def replica_rows(replicas: dict, lags: dict, now_ms: int, in_sync) -> list[dict]:
     """One row per replica of ``PrimaryNode.replicas`` (node id -> (endpoint, position, last pull
     wall ms)), with ``lags`` (``PrimaryNode.lag_figures``: endpoint or node id -> (bytes, seconds)).
 
-    In sync: with etcd (``insync`` = the published set, by endpoint) membership of that set;
-    without, the rule ``replication = "sync"`` waits by: a pull within the last ``bound_ms``
-    (``replication_sync_timeout_ms``)."""
+    ``in_sync(endpoint, position, last pull ms)``: with etcd, membership of the published set;
+    without, the rule ``replication = "sync"`` waits by (``PrimaryNode.in_sync``: a pull within
+    ``replication_sync_timeout_ms`` holding what was written that long ago)."""
     rows = []
     for node, (endpoint, pos, seen) in sorted(replicas.items()):
         lag_bytes, lag_s = lags.get(endpoint or node, (0, 0.0))
-        in_sync = (endpoint in insync) if insync is not None else now_ms - seen <= bound_ms
         rows.append({"node_id": node, "endpoint": endpoint or "(not advertised)", "position": pos,
                      "lag_bytes": lag_bytes, "lag_s": lag_s, "last_pull_ms": seen,
-                     "age_s": max(0, now_ms - seen) / 1000, "in_sync": in_sync})
+                     "age_s": max(0, now_ms - seen) / 1000, "in_sync": bool(in_sync(endpoint, pos, seen))})
     return rows
 
 
@@ -61,8 +60,11 @@ def gather(console: Console) -> dict:
     broker, runtime = console.broker, console.runtime
     node, cfg, duty = _node(console), runtime.config, runtime.duty
     now = broker.clock.wall_ms()
-    insync = set(duty.tracker.published) if duty is not None else None
-    rows = replica_rows(node.replicas, node.lag_figures(), now, cfg.replication_sync_timeout_ms, insync)
+    if duty is not None:
+        published = set(duty.tracker.published)
+        rows = replica_rows(node.replicas, node.lag_figures(), now, lambda endpoint, _pos, _seen: endpoint in published)
+    else:
+        rows = replica_rows(node.replicas, node.lag_figures(), now, lambda _ep, pos, seen: node.in_sync(pos, seen, now))
     journal = node.pop._journal if node.pop is not None else None
     return {"role": node.role, "epoch": node.epoch, "node_id": node.node_id, "endpoint": cfg.endpoint,
             "commit_end": node.store.log.synced,

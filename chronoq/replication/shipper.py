@@ -44,6 +44,7 @@ this log's oldest segment (retention deleted what it lacks: it needs a fresh cop
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import os
@@ -59,6 +60,7 @@ WAIT_MAX_MS = 30_000
 WAIT_TICK_S = 0.05
 MAX_BYTES_DEFAULT = 4 << 20
 MAX_BYTES_LIMIT = 64 << 20
+WRITTEN_SAMPLES = 20  # samples of the written end per sync bound (``PrimaryNode.in_sync``)
 REPLICA_FORGET_MS = 600_000  # a replica that has not pulled for this long leaves status and metrics
 
 
@@ -81,6 +83,10 @@ class PrimaryNode:
         # Sync replication (``replicated``): the highest position a replica reported durable, and
         # the acknowledgements waiting for one: a heap of (ticket, sequence, future).
         self.sync_timeout_ms = broker.config.replication_sync_timeout_ms
+        # (wall ms, log.written then), sampled as fsyncs are rung, at most every 1/SAMPLES of
+        # the bound (so at most ~SAMPLES+2 kept): a replica is in sync while it holds what was
+        # written a bound ago (``in_sync``), however busy the log is now.
+        self._written_at: collections.deque[tuple[int, int]] = collections.deque()
         self.acked = 0
         self._acks: list[tuple[int, int, asyncio.Future]] = []
         self._ack_seq = itertools.count()
@@ -91,7 +97,29 @@ class PrimaryNode:
         if self._wake is not None:
             self._wake.set()
 
-    written = _arrived  # (GroupCommitter.add_written_listener: bytes to ship before their fsync)
+    def written(self) -> None:
+        """``GroupCommitter.add_written_listener``: bytes to ship before their fsync (wake the
+        waiting pull), and a sample of the written end for ``in_sync``."""
+        self._arrived()
+        now, samples = self.broker.clock.wall_ms(), self._written_at
+        if not samples or now - samples[-1][0] >= self.sync_timeout_ms // WRITTEN_SAMPLES:
+            samples.append((now, self.store.log.written))
+            while len(samples) > 1 and samples[1][0] <= now - self.sync_timeout_ms:
+                samples.popleft()  # (the newest sample a bound old or older stays: ``in_sync`` reads it)
+
+    def in_sync(self, position_: int, seen_ms: int, now_ms: int) -> bool:
+        """A replica that pulled at ``seen_ms`` reporting ``position_`` is in sync: it pulled within
+        the bound (``replication_sync_timeout_ms``) and holds everything written a bound ago (it
+        keeps up, though a round or more behind under load)."""
+        bound = self.sync_timeout_ms
+        if now_ms - seen_ms > bound:
+            return False
+        then = 0  # the written end a bound ago (nothing sampled that long ago: nothing required)
+        for at, written in self._written_at:
+            if at > now_ms - bound:
+                break
+            then = written
+        return position_ >= then
 
     # ------------------------------------------------------------------ pull
     async def pull(self, req) -> apb.PullResponse:
@@ -236,10 +264,10 @@ class PrimaryNode:
         if self.acked >= ticket:
             return
         now, timeout_ms = self.broker.clock.wall_ms(), self.sync_timeout_ms
-        if not any(now - seen <= timeout_ms for _ep, _pos, seen in self.replicas.values()):
+        if not any(self.in_sync(pos, seen, now) for _ep, pos, seen in self.replicas.values()):
             raise errors.ReplicaTimeout(
-                f"replication = sync and no replica is in sync (none pulled in the last {timeout_ms} ms): "
-                "the message is stored on this primary only")
+                f"replication = sync and no replica is in sync (none pulled in the last {timeout_ms} ms holding "
+                f"what was written {timeout_ms} ms ago): the message is stored on this primary only")
         fut = asyncio.get_running_loop().create_future()
         heapq.heappush(self._acks, (ticket, next(self._ack_seq), fut))
         try:

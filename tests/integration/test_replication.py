@@ -83,6 +83,16 @@ def wait_caught_up(replica: ChronoqProcess, primary_end: int, timeout_s: float =
                interval_s=0.1, what=f"the replica to reach {primary_end}")
 
 
+def wait_in_sync(primary: ChronoqProcess, since_ms: float = 0, timeout_s: float = 20.0) -> None:
+    """Until the primary counts its replica in sync (``PrimaryNode.in_sync``): a pull (after
+    ``since_ms``) reporting everything the primary holds durably."""
+    def in_sync():
+        st = cluster_status(primary.endpoint)
+        return bool(st.replicas) and st.replicas[0].last_pull_ms > since_ms and st.replicas[0].position >= st.commit_end
+
+    wait_until(in_sync, timeout_s, interval_s=0.05, what="the replica in sync (pulled, holding all the primary has)")
+
+
 # ------------------------------------------------------------------------------------ failover
 def test_failover_keeps_every_copied_message_and_fires_timers_never_early(tmp_path):
     primary = ChronoqProcess(str(tmp_path / "p"), CONFIG)
@@ -296,9 +306,7 @@ def test_sync_replication_acknowledges_only_what_a_replica_holds(tmp_path):
                 assert "SLAVE_PERSISTENCE_TIMEOUT" in str(info.value) or "in sync" in str(info.value), info.value
             finally:
                 os.kill(replica.proc.pid, signal.SIGCONT)
-            resumed_ms = time.time() * 1000
-            wait_until(lambda: cluster_status(primary.endpoint).replicas[0].last_pull_ms > resumed_ms, 20,
-                       what="the resumed replica to pull again (back in sync)")
+            wait_in_sync(primary, since_ms=time.time() * 1000)  # (resumed: pulled again, caught up)
             acked |= {p.send(make_message(topic, b"t%d" % i)).message_id for i in range(20)}
         kill_9(primary)  # at once: under sync every acknowledged send is on the replica already
         promoted = cli("promote", "--endpoint", replica.endpoint)
@@ -336,7 +344,7 @@ def test_sync_fallback_async_answers_without_a_replica_and_says_so(tmp_path):
             assert _metric(primary, "chronoq_replication_sync_fallbacks_total") == 3
             assert _metric(primary, "chronoq_replication_sync_degraded") == 1
             replica = ChronoqProcess(str(tmp_path / "r"), config, extra_args=("--replica-of", primary.endpoint))
-            wait_until(lambda: cluster_status(primary.endpoint).replicas, 20, what="the replica's first pull")
+            wait_in_sync(primary)
             end = 0
             for i in range(5):
                 p.send(make_message(topic, b"held%d" % i))
@@ -362,7 +370,7 @@ def test_sync_replication_answers_a_recall_only_once_a_replica_holds_it(tmp_path
     topic, group = unique("recall-sync"), unique("g")
     try:
         replica = ChronoqProcess(str(tmp_path / "r"), config, extra_args=("--replica-of", primary.endpoint))
-        wait_until(lambda: cluster_status(primary.endpoint).replicas, 20, what="the replica's first pull")
+        wait_in_sync(primary)
         due = int(time.time()) + 6
         with producer(primary.endpoint, topic) as p:
             receipts = []
@@ -377,9 +385,7 @@ def test_sync_replication_answers_a_recall_only_once_a_replica_holds_it(tmp_path
                 assert "replication = sync" in str(info.value), info.value  # (SLAVE_PERSISTENCE_TIMEOUT)
             finally:
                 os.kill(replica.proc.pid, signal.SIGCONT)
-            resumed_ms = time.time() * 1000
-            wait_until(lambda: cluster_status(primary.endpoint).replicas[0].last_pull_ms > resumed_ms, 20,
-                       what="the resumed replica to pull again (back in sync)")
+            wait_in_sync(primary, since_ms=time.time() * 1000)  # (resumed: pulled again, caught up)
             # Recalled again: the record is stored already, the answer waited for the replica.
             assert p.recall_message(topic, receipts[1].recall_handle) == receipts[1].message_id
         kill_9(primary)

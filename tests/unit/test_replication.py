@@ -173,3 +173,35 @@ def test_a_lagging_answer_carries_configuration_only(tmp_path):
         assert {"topics.json", "offsets.json", "schedules.json"} <= {s.name for s in whole.snapshots}
     finally:
         broker.close()
+
+
+def test_a_replica_is_in_sync_while_it_holds_what_was_written_a_bound_ago(tmp_path):
+    """``PrimaryNode.in_sync`` (what ``replication = "sync"`` refuses at once without): a pull within
+    the bound, reporting at least the written end of a bound ago. One that pulls often but lags
+    further stays out until it catches up; one a round behind under a steady load stays in."""
+    from chronoq.broker.broker import Broker, OutgoingMessage
+    from chronoq.core.clock import FakeClock
+    from chronoq.core.config import BrokerConfig
+    from chronoq.replication.shipper import PrimaryNode
+
+    clock = FakeClock()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p"), replication_sync_timeout_ms=1000), clock=clock)
+    try:
+        node = PrimaryNode(broker, None, "primary")
+        ends = []
+        for _ in range(30):  # a steady load: a write and an fsync ring every 100 ms for 3 s
+            broker.send_batch([OutgoingMessage("orders", b"x" * 200)])
+            node.written()
+            ends.append(broker.store.log.written)
+            clock.advance(100)
+        now = clock.wall_ms()
+        assert len(node._written_at) <= 1000 // 50 + 2  # (bounded: one sample per 50 ms at most, a bound's worth)
+        a_bound_ago = ends[-10]  # the end written at now - 1000 ms (write k at 100 k ms, now at 3000)
+        assert node.in_sync(ends[-1], now, now)  # holds everything
+        assert node.in_sync(ends[-2], now - 100, now)  # a round behind: still in
+        assert node.in_sync(a_bound_ago, now, now)
+        assert not node.in_sync(a_bound_ago - 1, now, now)  # pulls, but lags more than the bound
+        assert not node.in_sync(ends[-1], now - 1001, now)  # holds everything, but silent too long
+        assert PrimaryNode(broker, None, "fresh").in_sync(0, now, now)  # nothing sampled yet: nothing required
+    finally:
+        broker.close()
