@@ -31,7 +31,8 @@ def status_json(st) -> dict:
                    lag_bytes=st.lag_bytes, lag_ms=None if st.lag_ms < 0 else st.lag_ms)
     else:
         out["replicas"] = [{"node_id": r.node_id, "endpoint": r.endpoint, "position": r.position,
-                            "lag_bytes": r.lag_bytes, "last_pull_ms": r.last_pull_ms} for r in st.replicas]
+                            "lag_bytes": r.lag_bytes, "last_pull_ms": r.last_pull_ms, "in_sync": r.in_sync}
+                           for r in st.replicas]
     return out
 
 
@@ -100,9 +101,10 @@ def status(endpoint, timeout, as_json, etcd, cluster_name, group_name) -> None:
         rows += [["following", st.following], ["state", st.state], ["lag", f"{lag} ({since})"]]
     print_table(f"cluster status of {endpoint}", ["WHAT", "VALUE"], rows, wrap=("VALUE",))
     if st.role == "primary":
-        print_table("replicas", ["NODE", "ENDPOINT", "POSITION", "LAG"],
-                    [[r.node_id, r.endpoint, f"{r.position:,}", size_text(r.lag_bytes)] for r in st.replicas]
-                    or [["(none)", "", "", ""]], right=("POSITION", "LAG"))
+        print_table("replicas", ["NODE", "ENDPOINT", "POSITION", "LAG", "IN SYNC"],
+                    [[r.node_id, r.endpoint, f"{r.position:,}", size_text(r.lag_bytes), "yes" if r.in_sync else "no"]
+                     for r in st.replicas]
+                    or [["(none)", "", "", "", ""]], right=("POSITION", "LAG"))
 
 
 @click.command()

@@ -90,8 +90,10 @@ class PrimaryNode:
         self.acked = 0
         self._acks: list[tuple[int, int, asyncio.Future]] = []
         self._ack_seq = itertools.count()
-        # With etcd: ``on_report(endpoint, position)`` at each pull (chronoq.server.failover's in-sync set).
+        # With etcd: ``on_report(endpoint, position)`` at each pull (chronoq.server.failover's in-sync set),
+        # and ``in_sync_of(endpoint, position, last pull ms)``, that set's membership (status shows it).
         self.on_report = None
+        self.in_sync_of = None
 
     def _arrived(self) -> None:
         if self._wake is not None:
@@ -292,8 +294,10 @@ class PrimaryNode:
         synced = self.store.log.synced
         journal = self.pop._journal if self.pop is not None else None
         gen, size = (journal.log.generation, journal.log.size) if journal is not None else (0, 0)
+        now = self.broker.clock.wall_ms()
+        counted = self.in_sync_of or (lambda _ep, pos, seen: self.in_sync(pos, seen, now))
         replicas = [apb.ReplicaState(node_id=node, endpoint=ep, position=pos, lag_bytes=max(0, synced - pos),
-                                     last_pull_ms=seen)
+                                     last_pull_ms=seen, in_sync=bool(counted(ep, pos, seen)))
                     for node, (ep, pos, seen) in sorted(self.replicas.items())]
         return apb.ClusterStatusResponse(status=_ok(), role=self.role, epoch=self.epoch, node_id=self.node_id,
                                          commit_end=synced, pop_generation=gen, pop_offset=size,

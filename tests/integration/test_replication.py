@@ -88,7 +88,7 @@ def wait_in_sync(primary: ChronoqProcess, since_ms: float = 0, timeout_s: float 
     ``since_ms``) reporting everything the primary holds durably."""
     def in_sync():
         st = cluster_status(primary.endpoint)
-        return bool(st.replicas) and st.replicas[0].last_pull_ms > since_ms and st.replicas[0].position >= st.commit_end
+        return bool(st.replicas) and st.replicas[0].last_pull_ms > since_ms and st.replicas[0].in_sync
 
     wait_until(in_sync, timeout_s, interval_s=0.05, what="the replica in sync (pulled, holding all the primary has)")
 
@@ -304,6 +304,8 @@ def test_sync_replication_acknowledges_only_what_a_replica_holds(tmp_path):
                 with pytest.raises(Exception) as info:
                     p.send(make_message(topic, b"unreplicated"))
                 assert "SLAVE_PERSISTENCE_TIMEOUT" in str(info.value) or "in sync" in str(info.value), info.value
+                wait_until(lambda: not cluster_status(primary.endpoint).replicas[0].in_sync, 20,
+                           what="the stopped replica shown out of sync")
             finally:
                 os.kill(replica.proc.pid, signal.SIGCONT)
             wait_in_sync(primary, since_ms=time.time() * 1000)  # (resumed: pulled again, caught up)
