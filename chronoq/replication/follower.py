@@ -283,8 +283,9 @@ class Follower:
         if self.pulls == 0 and role.clear(self.data_dir):  # following now: no longer the primary it was
             log.warning("replica: %s answered: this data directory follows it now (role.json removed)",
                         self.client.endpoint)
-        if resp.commit_bytes:
-            store.append_shipped(resp.commit_offset, resp.segment_base, resp.commit_bytes)
+        data = resp.commit_bytes  # (once: each read of a protobuf bytes field is a copy of it)
+        if data:
+            store.append_shipped(resp.commit_offset, resp.segment_base, data)
             store.sync()
             self._tail = position.tail(store, store.log.synced)
         if resp.pop_generation:
@@ -314,7 +315,7 @@ class Follower:
         ``checkpoint_interval_ms`` (the queues durable: a restart replays less), the timer's by
         its own ``maintenance`` (a promotion replays only what came after it)."""
         store = self.store
-        if resp.commit_bytes:
+        if store.log.synced > store.dispatched:  # copied records not dispatched yet (``write``'s)
             if self.timer is not None:  # one walk over the records for the queues and the timer
                 self.timer.follow(store.dispatch_shipped)
             else:
