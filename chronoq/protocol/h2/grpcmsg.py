@@ -9,7 +9,7 @@ A message in a stream's DATA is a 5-byte prefix and the message::
 callers: a call per message costs more than the pack), ``cut_messages`` reads messages off a
 buffer (checking each length prefix against a cap *before* holding its bytes), ``decompress``
 undoes ``gzip`` or ``deflate``; ``trailers`` encodes a status, ``timeout_s``/``timeout_text``
-read and write ``grpc-timeout``.
+read and write ``grpc-timeout``; ``request_head`` reads a request's header fields.
 """
 
 from __future__ import annotations
@@ -94,6 +94,55 @@ def timeout_s(text: str) -> float | None:
     if unit is None or not digits.isdigit() or len(digits) > TIMEOUT_DIGITS_MAX:
         return None
     return int(digits) * unit
+
+
+# Request header fields ``request_head`` treats itself; every other name is the handler's metadata.
+_F_PATH, _F_METHOD, _F_CONTENT_TYPE, _F_TIMEOUT, _F_ENCODING, _F_SKIP = range(6)
+_FIELD_KINDS = {":path": _F_PATH, ":method": _F_METHOD, ":authority": _F_SKIP, ":scheme": _F_SKIP,
+                "content-type": _F_CONTENT_TYPE, "grpc-timeout": _F_TIMEOUT, "grpc-encoding": _F_ENCODING,
+                "te": _F_SKIP, "user-agent": _F_SKIP, "grpc-accept-encoding": _F_SKIP,
+                "accept-encoding": _F_SKIP}
+
+
+def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | None]:
+    """A gRPC request's header fields (``(name, value)`` pairs, as ``Decoder.decode`` gives them):
+    ``(path, metadata, timeout in seconds or None, grpc-encoding or None, what is wrong or None)``.
+    The metadata is every field but the pseudo-headers and the transport's (``grpc-timeout`` and
+    ``grpc-encoding`` stay), in order, ``-bin`` values base64-decoded (a value that does not
+    decode is dropped). Compiled with the hot path: it runs once per call, over every field."""
+    path = ""
+    metadata = []
+    add = metadata.append
+    timeout = encoding = bad = None
+    kinds = _FIELD_KINDS
+    for field in fields:
+        name, value = field
+        kind = kinds.get(name)
+        if kind is None:  # the handler's metadata (most fields of a RocketMQ call)
+            if not name or name[0] == ":":
+                continue  # a pseudo-header gRPC does not use (or no name at all)
+            if name.endswith("-bin"):
+                try:
+                    field = (name, base64.b64decode(value + "=" * (-len(value) % 4)))
+                except ValueError:
+                    continue
+            add(field)
+        elif kind == _F_PATH:
+            path = value
+        elif kind == _F_METHOD:
+            if value != "POST":
+                bad = f"method {value} (gRPC calls are POST)"
+        elif kind == _F_CONTENT_TYPE:
+            if not value.startswith("application/grpc"):
+                bad = f"content-type {value!r}"
+        elif kind == _F_TIMEOUT:
+            timeout = timeout_s(value)
+            add(field)
+        elif kind == _F_ENCODING:
+            encoding = value
+            add(field)
+        # _F_SKIP: transport fields, not the handler's
+    return path, tuple(metadata), timeout, encoding, bad
 
 
 def timeout_text(seconds: float) -> str:
