@@ -260,6 +260,8 @@ class Answers:
     def _unblock_all(self) -> None:
         """More connection window (or a larger initial window): oldest waiting streams first."""
         waiting, streams = self.waiting, self.streams
+        if not waiting:  # (the usual case: a client's WINDOW_UPDATE every few KiB, nothing waits)
+            return
         for sid, stream in list(waiting.items()):
             if stream.blocked and streams.get(sid) is stream:
                 self._flush_stream(stream)
