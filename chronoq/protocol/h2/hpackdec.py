@@ -150,8 +150,14 @@ class Decoder:
         last_marks = self._last_marks
         taken = 0  # fields taken from the previous block
         if last_marks and self._last_generation == generation:
-            # The longest run of the previous block's fields this block begins with (binary search).
+            # The longest run of the previous block's fields this block begins with: first as many
+            # as the previous block took (a client's blocks repeat the same run), else a binary search.
             view, low, high = self._last_view, 0, len(last_marks)
+            guess = self.taken
+            if 0 < guess < high and data.startswith(view[:last_marks[guess - 1] >> _MARK_SHIFT]):
+                low = guess
+                if not data.startswith(view[:last_marks[guess] >> _MARK_SHIFT]):
+                    high = guess
             while low < high:
                 mid = (low + high + 1) >> 1
                 if data.startswith(view[:last_marks[mid - 1] >> _MARK_SHIFT]):
@@ -222,7 +228,8 @@ class Decoder:
                 index, p = _integer(data, pos, prefix)
             else:
                 p = pos + 1
-            for _ in range(1 if index else 2):  # the name (unless indexed), then the value
+            strings = 1 if index else 2  # the name (unless indexed), then the value
+            while strings:  # (not a for over a range: that is an object and an iterator per field)
                 if p >= end:
                     raise HpackError("truncated string")
                 length = data[p] & 0x7F
@@ -231,6 +238,7 @@ class Decoder:
                 else:
                     p += 1
                 p += length
+                strings -= 1
             if p > end:
                 raise HpackError("truncated string")
             if index <= STATIC_LEN:
