@@ -391,3 +391,14 @@ def test_request_head_splits_the_transport_from_the_metadata():
     assert h2.request_head([(":method", "GET")])[4] == "method GET (gRPC calls are POST)"
     assert h2.request_head([("content-type", "text/plain")])[4] == "content-type 'text/plain'"
     assert h2.request_head([]) == ("", (), None, None, None)
+
+
+def test_request_head_remembers_a_bounded_number_of_names():
+    from chronoq.protocol.h2 import grpcmsg
+
+    names = [f"x-name-{i}" for i in range(grpcmsg.FIELD_KINDS_MAX + 50)] + ["late-bin", ":late"]
+    path, metadata, *_ = h2.request_head([(":path", "/svc/M")] + [(n, "AAEC") for n in names])
+    assert path == "/svc/M" and len(grpcmsg._FIELD_KINDS) <= grpcmsg.FIELD_KINDS_MAX
+    # past the bound, names are still read right (classified anew each time)
+    assert metadata[-1] == ("late-bin", b"\x00\x01\x02") and metadata[-2] == (names[-3], "AAEC")
+    assert len(metadata) == len(names) - 1

@@ -96,12 +96,29 @@ def timeout_s(text: str) -> float | None:
     return int(digits) * unit
 
 
-# Request header fields ``request_head`` treats itself; every other name is the handler's metadata.
-_F_PATH, _F_METHOD, _F_CONTENT_TYPE, _F_TIMEOUT, _F_ENCODING, _F_SKIP = range(6)
-_FIELD_KINDS = {":path": _F_PATH, ":method": _F_METHOD, ":authority": _F_SKIP, ":scheme": _F_SKIP,
-                "content-type": _F_CONTENT_TYPE, "grpc-timeout": _F_TIMEOUT, "grpc-encoding": _F_ENCODING,
-                "te": _F_SKIP, "user-agent": _F_SKIP, "grpc-accept-encoding": _F_SKIP,
-                "accept-encoding": _F_SKIP}
+# What ``request_head`` does with a request header field, by its name: the transport's fields,
+# then the handler's metadata (its value as is, or base64-decoded for ``-bin``), or dropped (a
+# pseudo-header gRPC does not use, or no name at all).
+_F_PATH, _F_METHOD, _F_CONTENT_TYPE, _F_TIMEOUT, _F_ENCODING, _F_SKIP, _F_META, _F_META_BIN, _F_DROP = range(9)
+FIELD_KINDS_MAX = 1024  # names remembered beyond the transport's (a client chooses them: bounded)
+
+
+class _FieldKinds(dict):
+    """name -> what ``request_head`` does with the field. A name not yet seen is classified once
+    and remembered (up to FIELD_KINDS_MAX names): a call's fields cost one lookup each. (Compiled
+    without C types, a method call such as ``dict.get`` costs several times a subscript.)"""
+
+    def __missing__(self, name: str) -> int:
+        kind = _F_DROP if not name or name[0] == ":" else _F_META_BIN if name.endswith("-bin") else _F_META
+        if len(self) < FIELD_KINDS_MAX:
+            self[name] = kind
+        return kind
+
+
+_FIELD_KINDS = _FieldKinds({":path": _F_PATH, ":method": _F_METHOD, ":authority": _F_SKIP, ":scheme": _F_SKIP,
+                            "content-type": _F_CONTENT_TYPE, "grpc-timeout": _F_TIMEOUT,
+                            "grpc-encoding": _F_ENCODING, "te": _F_SKIP, "user-agent": _F_SKIP,
+                            "grpc-accept-encoding": _F_SKIP, "accept-encoding": _F_SKIP})
 
 
 def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | None]:
@@ -117,18 +134,17 @@ def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | No
     kinds = _FIELD_KINDS
     for field in fields:
         name, value = field
-        kind = kinds.get(name)
-        if kind is None:  # the handler's metadata (most fields of a RocketMQ call)
-            if not name or name[0] == ":":
-                continue  # a pseudo-header gRPC does not use (or no name at all)
-            if name.endswith("-bin"):
-                try:
-                    field = (name, base64.b64decode(value + "=" * (-len(value) % 4)))
-                except ValueError:
-                    continue
+        kind = kinds[name]
+        if kind == _F_META:  # the handler's metadata (most fields of a RocketMQ call)
             add(field)
         elif kind == _F_PATH:
             path = value
+        elif kind >= _F_SKIP:  # _F_SKIP, _F_DROP: not the handler's
+            if kind == _F_META_BIN:
+                try:
+                    add((name, base64.b64decode(value + "=" * (-len(value) % 4))))
+                except ValueError:
+                    pass
         elif kind == _F_METHOD:
             if value != "POST":
                 bad = f"method {value} (gRPC calls are POST)"
@@ -138,10 +154,9 @@ def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | No
         elif kind == _F_TIMEOUT:
             timeout = timeout_s(value)
             add(field)
-        elif kind == _F_ENCODING:
+        else:  # _F_ENCODING
             encoding = value
             add(field)
-        # _F_SKIP: transport fields, not the handler's
     return path, tuple(metadata), timeout, encoding, bad
 
 
