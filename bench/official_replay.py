@@ -32,7 +32,8 @@ replays the first K chunks, then waits for their calls to end), and prints each 
 instructions per call: the difference of the runs cut at its two ends over its calls (start-up,
 the other phases and the close cancel out). ``--functions K`` adds each phase's K C functions
 (Cython-compiled modules by their Python names) with the most inclusive instructions per call.
-Group commits are timed (what one fsync covers varies), so counts move by about 1% between runs.
+Group commits are timed (what one fsync covers varies), so counts move by a few percent between
+runs (up to 5% in the send phase): quote medians of several runs.
     .venv/bin/python bench/official_replay.py --callgrind --recording /tmp/calls.pickle --functions 40
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}; each replay's figure
