@@ -25,6 +25,17 @@ Each line says how many fsyncs the replay's group commits made (the default ``sy
     .venv/bin/python bench/official_replay.py --recording /tmp/calls.pickle  # replay it again
     CHRONOQ_FLUSH_POLICY=async .venv/bin/python bench/official_replay.py   # the replay's policy (sync)
 
+``--callgrind`` counts instructions instead of CPU time (the machine is shared: CPU time moves by
+tens of percent between runs, instruction counts by well under one). It replays the recording
+under ``valgrind --tool=callgrind`` cut at each phase's first and last chunk (``--chunks K``
+replays the first K chunks, then waits for their calls to end), and prints each phase's
+instructions per call: the difference of the runs cut at its two ends over its calls (start-up,
+the other phases and the close cancel out). ``--functions K`` adds each phase's K C functions
+(Cython-compiled modules by their Python names) with the most inclusive instructions per call.
+Group commits are timed (what one fsync covers varies), so counts move by a few percent between
+runs (up to 5% in the send phase): quote medians of several runs.
+    .venv/bin/python bench/official_replay.py --callgrind --recording /tmp/calls.pickle --functions 40
+
 Prints one JSON object per line: {"metric", "value", "unit", ...context}; each replay's figure
 and then the best of them (the least disturbed by the machine) per phase.
 """
@@ -213,7 +224,13 @@ def _calls(buf: bytes, first: bool) -> tuple[list[bytes], bytes]:
     return pieces, buf[pos:]
 
 
-async def _replay(chunks, port: int) -> dict:
+def _settled(connections) -> bool:
+    """No call is running but the clients' Telemetry streams (open for the connection's life)."""
+    return all(stream.method.endswith("/Telemetry") for conn in connections.values() for stream in conn.streams.values())
+
+
+async def _replay(chunks, port: int, limit: int | None = None) -> dict:
+    """Replay ``chunks`` (the first ``limit`` of them when given) into a fresh broker."""
     from chronoq.broker.committer import GroupCommitter
     from chronoq.core.config import BrokerConfig
     from chronoq.server import h2server
@@ -240,7 +257,7 @@ async def _replay(chunks, port: int) -> dict:
     carry: dict[int, bytes] = {}
     started = time.monotonic()
     try:
-        for index, phase, data in chunks:
+        for index, phase, data in chunks[:limit]:
             if time.monotonic() - started > TIME_LIMIT_S:
                 raise RuntimeError("the replay ran past its time limit")
             first = index not in connections
@@ -268,6 +285,10 @@ async def _replay(chunks, port: int) -> dict:
                     await asyncio.sleep(0.0005)
             if phase == "setup":  # (the consumer's start-up: let its settings settle)
                 await asyncio.sleep(0.05)
+        # The calls still waiting (group commits) end before the close: a replay cut short
+        # (--chunks) has all of its calls' work counted, and no cancellation's.
+        while not _settled(connections) and time.monotonic() - started < TIME_LIMIT_S:
+            await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         counters = runtime.pop.counters
         acked = counters.acked.get((GROUP, TOPIC), 0)
@@ -294,13 +315,92 @@ def _run_loop(coro):
     return uvloop.run(coro)
 
 
+# ---------------------------------------------------------------------------------- callgrind
+PHASES = ("send", "receive_ack")
+
+
+def _phase_cuts(chunks) -> dict[str, tuple[int, int]]:
+    """{phase: (index of its first chunk, index after its last)}: the recording's phases are runs."""
+    cuts: dict[str, tuple[int, int]] = {}
+    for i, (_index, phase, _data) in enumerate(chunks):
+        first, _end = cuts.get(phase, (i, i))
+        cuts[phase] = (first, i + 1)
+    return cuts
+
+
+def _pieces_per_phase(chunks) -> dict[str, int]:
+    """The calls (pieces, as ``_replay`` feeds them) of each phase."""
+    seen: set[int] = set()
+    carry: dict[int, bytes] = {}
+    counts: dict[str, int] = {}
+    for index, phase, data in chunks:
+        pieces, carry[index] = _calls(carry.get(index, b"") + data, index not in seen)
+        seen.add(index)
+        counts[phase] = counts.get(phase, 0) + len(pieces)
+    return counts
+
+
+def run_callgrind(recording: str, functions: int, keep: str | None) -> None:
+    """The --callgrind driver (module docstring): the replay under callgrind, cut at each phase's ends."""
+    from bench.append import _functions, _instructions
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+    with open(recording, "rb") as fh:
+        chunks = pickle.load(fh)
+    cuts, calls = _phase_cuts(chunks), _pieces_per_phase(chunks)
+    out_dir = keep or tempfile.mkdtemp(prefix="replay-callgrind-")
+    os.makedirs(out_dir, exist_ok=True)
+    files: dict[int, str] = {}
+    for limit in sorted({k for phase in PHASES if phase in cuts for k in cuts[phase]}):
+        files[limit] = os.path.join(out_dir, f"callgrind.chunks.{limit}")
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={files[limit]}", sys.executable,
+                        os.path.abspath(__file__), "--recording", recording, "--replays", "1", "--chunks", str(limit)],
+                       check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import chronoq
+
+    ctx = {"build": chronoq.build(), "policy": os.environ.get("CHRONOQ_FLUSH_POLICY", "sync"),
+           "recording": os.path.basename(recording)}
+    for phase in PHASES:
+        if phase not in cuts:
+            continue
+        first, end = cuts[phase]
+        n = calls[phase]
+        value = (_instructions(files[end]) - _instructions(files[first])) / n
+        emit(f"replay_{phase}_instructions_per_call", round(value), "instructions", calls=n,
+             method=f"callgrind, replays cut before and after the phase's chunks ({first}, {end}), difference / calls",
+             **ctx)
+        if functions:
+            before, after = _functions(files[first], True), _functions(files[end], True)
+            grown = {name: (after.get(name, 0) - before.get(name, 0)) / n for name in after}
+            for name in sorted(grown, key=lambda k: -grown[k])[:functions]:
+                emit(f"replay_{phase}_instructions_per_call_by_function", round(grown[name], 1), "instructions",
+                     function=name, inclusive=True, calls=n, **ctx)
+    if keep is None:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--replays", type=int, default=3)
     ap.add_argument("--keep", help="write the recording to this file")
     ap.add_argument("--recording", help="replay this recording instead of making one")
+    ap.add_argument("--chunks", type=int, default=None, help="replay only the recording's first CHUNKS chunks")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="instructions per call of each phase, under callgrind (module docstring)")
+    ap.add_argument("--functions", type=int, default=0, help="with --callgrind: each phase's top K functions")
+    ap.add_argument("--callgrind-dir", default=None, help="with --callgrind: keep the callgrind files here")
     args = ap.parse_args()
+    if args.callgrind:
+        recording = args.recording
+        if recording is None:  # record once, into the kept file or a temporary one
+            recording = args.keep or os.path.join(tempfile.mkdtemp(prefix="replay-rec-"), "calls.pickle")
+            with open(recording, "wb") as fh:
+                pickle.dump(record(args.messages), fh)
+        run_callgrind(recording, args.functions, args.callgrind_dir)
+        return
     speed = python_speed()
     if args.recording:
         with open(args.recording, "rb") as fh:
@@ -316,7 +416,7 @@ def main() -> None:
         with socket.socket() as s:  # the front end binds a port even though nothing connects to it
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        result = _run_loop(_replay(chunks, port))
+        result = _run_loop(_replay(chunks, port, args.chunks))
         for phase in ("send", "receive_ack"):
             pieces, user, system = result["spent"].get(phase, (0, 0.0, 0.0))
             if not pieces:
@@ -327,7 +427,7 @@ def main() -> None:
                  user_us=round(user / pieces * 1e6, 1), sys_us=round(system / pieces * 1e6, 1),
                  acked=result["acked"], received=result["received"], replay=run + 1,
                  fsyncs=result["fsyncs"], python_speed_mips=speed, recorded_chunks=sends)
-        if result["acked"] != result["received"] or not result["acked"]:
+        if args.chunks is None and (result["acked"] != result["received"] or not result["acked"]):
             emit("replay_acks_settled", result["acked"], "messages", received=result["received"],
                  note="the recorded acks did not all settle: the replay diverged from the recording")
     for phase, value in best.items():

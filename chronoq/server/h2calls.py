@@ -1,8 +1,8 @@
 """The calls of chronoq's HTTP/2 gRPC server: the handler's ``Context`` and how a call runs.
 
 ``Calls`` is the part of ``chronoq.server.h2grpc.Server`` that turns a stream whose HEADERS came
-in (``chronoq.server.h2server``) into a running handler: ``_start_call`` reads the request's
-header fields (path, deadline, encoding, the handler's metadata), ``_launch`` runs the handler
+in (``chronoq.server.h2server``) into a running handler: ``_start_call`` takes the request's
+header fields (path, deadline, encoding, the handler's metadata: ``request_head``), ``_launch`` runs the handler
 *eagerly*, in the read that parsed the request, up to its first wait, and only a call that waits
 gets a task (``_Resumed``); ``_run`` is the call from handler lookup to trailers, in the shapes
 ``grpc.aio`` knows (unary or streaming either way), with grpcio's statuses for what goes wrong.
@@ -11,25 +11,16 @@ gets a task (``_Resumed``); ``_run`` is the call from handler lookup to trailers
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections.abc
 import logging
 
 import grpc
 
-from chronoq.protocol.h2 import CANCEL, timeout_s
+from chronoq.protocol.h2 import CANCEL, request_head
 from chronoq.server.h2server import ConnError
 from chronoq.server.h2streams import CallError, Stream, StreamClosed, status_code
 
 log = logging.getLogger("chronoq.h2")
-
-# Request header fields _start_call treats itself; every other name is the handler's metadata.
-_F_PATH, _F_METHOD, _F_CONTENT_TYPE, _F_TIMEOUT, _F_ENCODING, _F_SKIP = range(6)
-_FIELD_KINDS = {":path": _F_PATH, ":method": _F_METHOD, ":authority": _F_SKIP, ":scheme": _F_SKIP,
-                "content-type": _F_CONTENT_TYPE, "grpc-timeout": _F_TIMEOUT, "grpc-encoding": _F_ENCODING,
-                "te": _F_SKIP, "user-agent": _F_SKIP, "grpc-accept-encoding": _F_SKIP,
-                "accept-encoding": _F_SKIP}
-
 
 class CallDetails:
     """What ``ServerInterceptor.intercept_service`` and generic handlers are given."""
@@ -121,40 +112,11 @@ class Calls:
     ``_unary_ready``)."""
 
     def _start_call(self, stream: Stream, fields: list, end_stream: bool) -> None:
-        path = ""
-        metadata = []
-        add = metadata.append
-        timeout = None
-        bad = None
-        kinds = _FIELD_KINDS
-        for name, value in fields:
-            kind = kinds.get(name)
-            if kind is None:  # the handler's metadata (most fields of a RocketMQ call)
-                if not name or name[0] == ":":
-                    continue  # a pseudo-header gRPC does not use (or no name at all)
-                if name.endswith("-bin"):
-                    try:
-                        value = base64.b64decode(value + "=" * (-len(value) % 4))
-                    except ValueError:
-                        continue
-                add((name, value))
-            elif kind == _F_PATH:
-                path = value
-            elif kind == _F_METHOD:
-                if value != "POST":
-                    bad = f"method {value} (gRPC calls are POST)"
-            elif kind == _F_CONTENT_TYPE:
-                if not value.startswith("application/grpc"):
-                    bad = f"content-type {value!r}"
-            elif kind == _F_TIMEOUT:
-                timeout = timeout_s(value)
-                add((name, value))
-            elif kind == _F_ENCODING:
-                stream.encoding = value
-                add((name, value))
-            # _F_SKIP: transport fields, not the handler's
+        path, metadata, timeout, encoding, bad = request_head(fields)
+        if encoding is not None:
+            stream.encoding = encoding
         deadline = stream.conn.loop.time() + timeout if timeout is not None else None
-        context = Context(stream, tuple(metadata), deadline, stream.conn.loop)
+        context = Context(stream, metadata, deadline, stream.conn.loop)
         if bad or not path:
             stream.finish(status_code(grpc.StatusCode.INTERNAL if bad else grpc.StatusCode.UNIMPLEMENTED),
                           f"bad request: {bad or 'no :path'}")
@@ -170,7 +132,7 @@ class Calls:
         Most calls (an ack, a send under the async flush policy, a receive that finds messages)
         never wait: they answer within this step and cost no task, no loop pass and no
         done-callback. A call that waits (a group commit, a long poll, a unary request whose DATA
-        has not come yet, in ``_unary_request``) goes on in a task from where it stopped
+        has not come yet, in ``_run``) goes on in a task from where it stopped
         (``_Resumed``). Handlers must not rely on ``asyncio.current_task()`` before their first wait."""
         coro = self._run(stream, path, context)
         try:
@@ -207,17 +169,22 @@ class Calls:
                     stream.queue.put_nowait(None)
                 requests = stream.request_iterator()
             else:
-                request = await self._unary_request(stream)
+                if not stream.half_closed:  # its DATA has not all come: _unary_ready wakes it
+                    stream.ready = conn.loop.create_future()
+                    await stream.ready
+                request = self._unary_request(stream)
             if handler.request_streaming and handler.response_streaming:
                 result = await self._stream_out(handler.stream_stream(requests, context), stream)
             elif handler.request_streaming:
                 result = await handler.stream_unary(requests, context)
-                await self._answer(stream, result)
+                if self._answer(stream, result):
+                    await stream.sent()
             elif handler.response_streaming:
                 result = await self._stream_out(handler.unary_stream(request, context), stream)
             else:
                 result = await handler.unary_unary(request, context)
-                await self._answer(stream, result)
+                if self._answer(stream, result):
+                    await stream.sent()
             code = context.code or 0
             stream.finish(code, context.details, context.trailing_metadata)
         except Abort:
@@ -239,11 +206,8 @@ class Calls:
             elif stream.started:  # reset by the client, or its connection lost: never answered
                 stream.count_end(1)  # CANCELLED
 
-    async def _unary_request(self, stream: Stream):
-        if not stream.half_closed:
-            waiter = stream.conn.loop.create_future()
-            stream.ready = waiter
-            await waiter
+    def _unary_request(self, stream: Stream):
+        """The request of a unary call whose DATA has all come (END_STREAM)."""
         messages = stream.messages()
         stream.conn.release(stream)
         if len(messages) != 1 or stream.buf:
@@ -258,18 +222,20 @@ class Calls:
         except Exception as exc:  # noqa: BLE001 - a malformed request is the client's error
             raise CallError(grpc.StatusCode.INTERNAL, f"Exception deserializing request: {exc}") from None
 
-    async def _answer(self, stream: Stream, result) -> None:
+    def _answer(self, stream: Stream, result) -> bool:
+        """Queue a unary call's answer; True when the caller must wait for it to leave (``Stream.sent``)."""
         if result is None:
             raise CallError(grpc.StatusCode.UNKNOWN, "the handler returned no response")
         serialize = stream.serializer
-        await stream.send_message(serialize(result) if serialize is not None else result)
+        return stream.put_message(serialize(result) if serialize is not None else result)
 
     async def _stream_out(self, produced, stream: Stream):
         if hasattr(produced, "__aiter__"):
             serialize = stream.serializer
             try:
                 async for item in produced:
-                    await stream.send_message(serialize(item) if serialize is not None else item)
+                    if stream.put_message(serialize(item) if serialize is not None else item):
+                        await stream.sent()
             finally:
                 # A call that ends early (client gone, cancelled) closes the generator now, so its
                 # own clean-up (``finally``) runs at once, as under grpcio.

@@ -129,18 +129,21 @@ class Server(Calls):
                 return handler
         return None
 
-    async def _handler(self, details: CallDetails):
-        if not self._interceptors:
-            return await self._lookup(details)
-        if len(self._interceptors) == 1:  # chronoq's one (the access gate): no chain to build
-            return await self._interceptors[0].intercept_service(self._lookup, details)
+    def _handler(self, details: CallDetails):
+        """An awaitable of the call's handler (None when there is none), through the interceptors.
+        (Not a coroutine itself: the call awaits the interceptor's, or the lookup's, directly.)"""
+        interceptors = self._interceptors
+        if not interceptors:
+            return self._lookup(details)
+        if len(interceptors) == 1:  # chronoq's one (the access gate): no chain to build
+            return interceptors[0].intercept_service(self._lookup, details)
 
         async def chain(index: int, d: CallDetails):
             if index == len(self._interceptors):
                 return await self._lookup(d)
             return await self._interceptors[index].intercept_service(lambda dd: chain(index + 1, dd), d)
 
-        return await chain(0, details)
+        return chain(0, details)
 
 def server_ssl_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     """A TLS context for gRPC: TLS 1.2+, ALPN ``h2`` (gRPC clients require it)."""

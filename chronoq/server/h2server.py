@@ -200,7 +200,10 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
 
     def _read(self, data: bytes) -> None:
         buf = self.buf
-        buf += data
+        if buf or not self.preface_seen:
+            buf += data
+        else:  # nothing held from the last read (the usual case): its frames are read from ``data``,
+            buf = data  # and only a frame it cuts in two is held (``del`` below, on the copy)
         try:
             if not self.preface_seen:
                 if len(buf) < len(PREFACE):
@@ -212,7 +215,10 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
                 del buf[:len(PREFACE)]
                 self.preface_seen = True
             end, too_long = read_frames(buf, OUR_MAX_FRAME, self._frame)
-            if end:
+            if buf is data:
+                if end < len(data):
+                    self.buf += memoryview(data)[end:]
+            elif end:
                 del buf[:end]
             if too_long and not self.closed:  # refused on its header, before its bytes are held
                 raise ConnError(FRAME_SIZE_ERROR, f"frame of {too_long} bytes")
@@ -378,16 +384,22 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
         if not sid or not sid & 1:
             raise ConnError(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
         fragment = header_fragment(flags, payload) if flags & HEADERS_EXTRAS else payload  # (FrameError)
-        self._header_stream = sid
+        if flags & END_HEADERS:  # the whole block in this frame (every HEADERS a gRPC client sends)
+            if len(fragment) > MAX_HEADER_BLOCK:
+                raise ConnError(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes", R.HEADER_LIST)
+            self._header_block(sid, flags, fragment)
+            return
+        self._header_stream = sid  # CONTINUATION frames follow (_header_part)
         self._header_flags = flags
         self._header_parts = []
         self._header_size = 0
         self._continuations = 0
-        if not fragment and not flags & END_HEADERS:
+        if not fragment:
             self._empty("an empty HEADERS")
         self._header_part(fragment, flags)
 
     def _header_part(self, part: bytes, flags: int) -> None:
+        """A part of a header block that CONTINUATION frames carry on."""
         self._header_size += len(part)
         if self._header_size > MAX_HEADER_BLOCK:
             raise ConnError(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes", R.HEADER_LIST)
@@ -395,8 +407,12 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
         if not flags & END_HEADERS:
             return
         sid, first_flags = self._header_stream, self._header_flags
-        block = b"".join(self._header_parts) if len(self._header_parts) > 1 else self._header_parts[0]
+        block = b"".join(self._header_parts)
         self._header_stream, self._header_parts = 0, []
+        self._header_block(sid, first_flags, block)
+
+    def _header_block(self, sid: int, first_flags: int, block: bytes) -> None:
+        """A whole header block of stream ``sid`` (``first_flags``: its HEADERS frame's)."""
         fields = self.decoder.decode(block)  # always: the table must follow every block
         stream = self.streams.get(sid)
         if stream is not None:  # trailers of a streaming request: only END_STREAM matters

@@ -107,13 +107,25 @@ class Stream(StreamWindows):
         return headers_frame(self.id, _ANSWER_HEADERS, False)
 
     async def send_message(self, data: bytes) -> None:
+        if self.put_message(data):
+            await self.sent()
+
+    def put_message(self, data: bytes) -> bool:
+        """Queue one answer message (as much as the windows allow leaves with the loop pass's
+        writes); True when the caller must wait (``sent``) before it writes more: the message
+        waits for window, or the transport is paused. (Not a coroutine: most answers never wait.)"""
         if self.ended or self.cancelled:
             raise StreamClosed("the call has ended")
         if self.method.startswith(STATUS_ANSWER_PREFIXES):
             code = answer_code(data)
             if code != NO_ANSWER:
                 self.answer = code
-        self.conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
+        conn = self.conn
+        conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
+        return bool(self.blocked) or conn.paused
+
+    async def sent(self) -> None:
+        """Wait until what ``put_message`` queued has left for the transport (windows, pause)."""
         if self.blocked:
             await self._drain()
         elif self.conn.paused:
@@ -248,6 +260,8 @@ class Answers:
     def _unblock_all(self) -> None:
         """More connection window (or a larger initial window): oldest waiting streams first."""
         waiting, streams = self.waiting, self.streams
+        if not waiting:  # (the usual case: a client's WINDOW_UPDATE every few KiB, nothing waits)
+            return
         for sid, stream in list(waiting.items()):
             if stream.blocked and streams.get(sid) is stream:
                 self._flush_stream(stream)

@@ -376,3 +376,29 @@ def test_received_bytes_are_granted_back_once_half_a_window_is_used(sizes):
         assert (w2.recv_unacked, stream2.recv_unacked) == (w.recv_unacked, stream.recv_unacked)
     assert granted[0] + w.recv_unacked == sum(sizes) == granted[5] + stream.recv_unacked
     assert w.opening_update() == h2.window_update_frame(0, 100_000 - h2.DEFAULT_WINDOW)
+
+
+def test_request_head_splits_the_transport_from_the_metadata():
+    """(Guards a move: the reading of a request's header fields, from chronoq.server.h2calls.)"""
+    fields = [(":path", "/svc/M"), (":method", "POST"), (":scheme", "http"), (":authority", "a:1"),
+              ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "10S"),
+              ("x-mq-client-id", "c1"), (":unknown", "dropped"), ("trace-bin", "AAEC"), ("bad-bin", "A"),
+              ("grpc-encoding", "gzip"), ("user-agent", "grpc"), ("x-mq-client-id", "c2")]
+    path, metadata, timeout, encoding, bad = h2.request_head(fields)
+    assert (path, timeout, encoding, bad) == ("/svc/M", 10.0, "gzip", None)
+    assert metadata == (("grpc-timeout", "10S"), ("x-mq-client-id", "c1"), ("trace-bin", b"\x00\x01\x02"),
+                        ("grpc-encoding", "gzip"), ("x-mq-client-id", "c2"))
+    assert h2.request_head([(":method", "GET")])[4] == "method GET (gRPC calls are POST)"
+    assert h2.request_head([("content-type", "text/plain")])[4] == "content-type 'text/plain'"
+    assert h2.request_head([]) == ("", (), None, None, None)
+
+
+def test_request_head_remembers_a_bounded_number_of_names():
+    from chronoq.protocol.h2 import grpcmsg
+
+    names = [f"x-name-{i}" for i in range(grpcmsg.FIELD_KINDS_MAX + 50)] + ["late-bin", ":late"]
+    path, metadata, *_ = h2.request_head([(":path", "/svc/M")] + [(n, "AAEC") for n in names])
+    assert path == "/svc/M" and len(grpcmsg._FIELD_KINDS) <= grpcmsg.FIELD_KINDS_MAX
+    # past the bound, names are still read right (classified anew each time)
+    assert metadata[-1] == ("late-bin", b"\x00\x01\x02") and metadata[-2] == (names[-3], "AAEC")
+    assert len(metadata) == len(names) - 1

@@ -443,3 +443,24 @@ def test_a_reset_from_outside_a_read_over_the_reset_budget_ends_the_connection_c
         assert b"reset by the server over the budget" in goaways[0][1]
 
     _in_process(test)
+
+
+@pytest.mark.parametrize("cut", [1, 7, 9, 10, 33, 1000])
+def test_frames_cut_anywhere_across_reads_and_continued_header_blocks_are_read_whole(cut):
+    """A read's frames are read from its bytes; only a frame it cuts in two is held for the next
+    read. A header block may go on in CONTINUATION frames."""
+    async def test(server, conn, transport, echo):
+        continued = (_frame(h2.HEADERS, 0, 5, _UNARY_BLOCK[:4]) + _frame(h2.CONTINUATION, 0, 5, _UNARY_BLOCK[4:9])
+                     + _frame(h2.CONTINUATION, 0x4, 5, _UNARY_BLOCK[9:])
+                     + _frame(h2.DATA, 0x1, 5, struct.pack(">BI", 0, 4) + b"cont"))
+        wire = _request(1, b"one") + _request(3, b"x" * 300) + continued + _request(7, b"last")
+        for start in range(0, len(wire), cut):
+            conn.data_received(wire[start:start + cut])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        conn._flush_out()
+        assert _answers(transport.out) == {1: (b"one", True), 3: (b"x" * 300, True), 5: (b"cont", True),
+                                           7: (b"last", True)}
+        assert not conn.closed and not conn.buf
+
+    _in_process(test)

@@ -104,6 +104,68 @@ def test_a_name_from_the_dynamic_table_is_read_anew_each_time():
     assert other.decode(b"\x00\x03x-c\x01w") == [("x-c", "w")] == ours.decode(b"\x00\x03x-c\x01w")
 
 
+# ---------------------------------------------------------------------------------- the previous block's fields
+def _grpcio_like(request_id: str) -> list:
+    """The shape of grpcio's requests: fields it indexed once, then literals without indexing."""
+    return [(":path", "/svc/M"), (":authority", "127.0.0.1:1"), ("te", "trailers"), ("x-mq-language", "PYTHON"),
+            hpack.NeverIndexedHeaderTuple("x-mq-date-time", "20261127T054224Z"),
+            hpack.NeverIndexedHeaderTuple("x-mq-request-id", request_id),
+            hpack.NeverIndexedHeaderTuple("authorization", "MQv2-HMAC-SHA1 Signature=4e06")]
+
+
+def test_a_block_takes_the_fields_it_repeats_from_the_one_before():
+    encoder, ours = hpack.Encoder(), Decoder()
+    for i in range(5):
+        fields = _grpcio_like(f"id-{i}")
+        assert ours.decode(encoder.encode(fields)) == [tuple(f) for f in fields]
+    assert ours.taken == 5  # the indexed four and the date; from the request id on, decoded
+
+
+def test_a_table_change_stops_the_taking():
+    """Fields taken from the previous block are those it decoded against the same table: an
+    indexing literal or a size update (here, or in the previous block) moves the table."""
+    encoder, ours = hpack.Encoder(), Decoder()
+    ours.decode(encoder.encode(_grpcio_like("a")))  # (indexes the first four)
+    second = encoder.encode(_grpcio_like("a"))
+    ours.decode(second)
+    assert ours.decode(second) == [tuple(f) for f in _grpcio_like("a")] and ours.taken == 7
+    encoder.header_table_size = 256  # a size update first: the table may have lost entries
+    moved = encoder.encode(_grpcio_like("b"))
+    assert ours.decode(moved) == [tuple(f) for f in _grpcio_like("b")] and ours.taken == 0
+    again = encoder.encode(_grpcio_like("c"))
+    assert ours.decode(again) == [tuple(f) for f in _grpcio_like("c")]
+    # A reference to the dynamic table means what the table holds now, whatever the bytes.
+    ours = Decoder()
+    assert ours.decode(b"\x40\x03x-a\x011\xbe") == [("x-a", "1"), ("x-a", "1")]
+    assert ours.decode(b"\xbe\x40\x03x-b\x012") == [("x-a", "1"), ("x-b", "2")]
+    assert ours.decode(b"\xbe") == [("x-b", "2")]  # the bytes of the block before, another field
+
+
+fields_or_hidden = st.lists(st.tuples(names, values, st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields_or_hidden, st.lists(st.tuples(st.integers(0, 12), fields_or_hidden), min_size=1, max_size=10),
+       st.booleans())
+def test_blocks_that_repeat_a_prefix_decode_as_the_reference_decoder_does(first, changes, huffman):
+    """Each block keeps the first k fields of the one before and changes the rest; a field is
+    indexed or never indexed (as grpcio writes its metadata)."""
+    encoder, reference, ours = hpack.Encoder(), hpack.Decoder(), Decoder()
+    fields = first
+    for keep, rest in [(0, first)] + changes:
+        fields = fields[:keep] + rest
+        block = encoder.encode([hpack.NeverIndexedHeaderTuple(n, v) if hidden else (n, v)
+                                for n, v, hidden in fields], huffman=huffman)
+        assert ours.decode(block) == [tuple(f) for f in reference.decode(block)]
+
+
+def test_a_table_size_update_is_not_counted_as_header_list():
+    # (A size update's value once landed in the header list's count: a block with one over a
+    # small cap's bound was refused.)
+    block = b"\x3f\xe1\x1f" + b"".join(b"\x00\x03x-" + bytes([97 + i]) + b"\x01v" for i in range(20))
+    assert len(Decoder(max_list=1000).decode(block)) == 20
+
+
 # ---------------------------------------------------------------------------------- header list cap
 def test_an_hpack_bomb_stops_while_decoding():
     import hpack

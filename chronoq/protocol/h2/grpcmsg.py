@@ -9,7 +9,7 @@ A message in a stream's DATA is a 5-byte prefix and the message::
 callers: a call per message costs more than the pack), ``cut_messages`` reads messages off a
 buffer (checking each length prefix against a cap *before* holding its bytes), ``decompress``
 undoes ``gzip`` or ``deflate``; ``trailers`` encodes a status, ``timeout_s``/``timeout_text``
-read and write ``grpc-timeout``.
+read and write ``grpc-timeout``; ``request_head`` reads a request's header fields.
 """
 
 from __future__ import annotations
@@ -94,6 +94,70 @@ def timeout_s(text: str) -> float | None:
     if unit is None or not digits.isdigit() or len(digits) > TIMEOUT_DIGITS_MAX:
         return None
     return int(digits) * unit
+
+
+# What ``request_head`` does with a request header field, by its name: the transport's fields,
+# then the handler's metadata (its value as is, or base64-decoded for ``-bin``), or dropped (a
+# pseudo-header gRPC does not use, or no name at all).
+_F_PATH, _F_METHOD, _F_CONTENT_TYPE, _F_TIMEOUT, _F_ENCODING, _F_SKIP, _F_META, _F_META_BIN, _F_DROP = range(9)
+FIELD_KINDS_MAX = 1024  # names remembered beyond the transport's (a client chooses them: bounded)
+
+
+class _FieldKinds(dict):
+    """name -> what ``request_head`` does with the field. A name not yet seen is classified once
+    and remembered (up to FIELD_KINDS_MAX names): a call's fields cost one lookup each. (Compiled
+    without C types, a method call such as ``dict.get`` costs several times a subscript.)"""
+
+    def __missing__(self, name: str) -> int:
+        kind = _F_DROP if not name or name[0] == ":" else _F_META_BIN if name.endswith("-bin") else _F_META
+        if len(self) < FIELD_KINDS_MAX:
+            self[name] = kind
+        return kind
+
+
+_FIELD_KINDS = _FieldKinds({":path": _F_PATH, ":method": _F_METHOD, ":authority": _F_SKIP, ":scheme": _F_SKIP,
+                            "content-type": _F_CONTENT_TYPE, "grpc-timeout": _F_TIMEOUT,
+                            "grpc-encoding": _F_ENCODING, "te": _F_SKIP, "user-agent": _F_SKIP,
+                            "grpc-accept-encoding": _F_SKIP, "accept-encoding": _F_SKIP})
+
+
+def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | None]:
+    """A gRPC request's header fields (``(name, value)`` pairs, as ``Decoder.decode`` gives them):
+    ``(path, metadata, timeout in seconds or None, grpc-encoding or None, what is wrong or None)``.
+    The metadata is every field but the pseudo-headers and the transport's (``grpc-timeout`` and
+    ``grpc-encoding`` stay), in order, ``-bin`` values base64-decoded (a value that does not
+    decode is dropped). Compiled with the hot path: it runs once per call, over every field."""
+    path = ""
+    metadata = []
+    add = metadata.append
+    timeout = encoding = bad = None
+    kinds = _FIELD_KINDS
+    for field in fields:
+        name, value = field
+        kind = kinds[name]
+        if kind == _F_META:  # the handler's metadata (most fields of a RocketMQ call)
+            add(field)
+        elif kind == _F_PATH:
+            path = value
+        elif kind >= _F_SKIP:  # _F_SKIP, _F_DROP: not the handler's
+            if kind == _F_META_BIN:
+                try:
+                    add((name, base64.b64decode(value + "=" * (-len(value) % 4))))
+                except ValueError:
+                    pass
+        elif kind == _F_METHOD:
+            if value != "POST":
+                bad = f"method {value} (gRPC calls are POST)"
+        elif kind == _F_CONTENT_TYPE:
+            if not value.startswith("application/grpc"):
+                bad = f"content-type {value!r}"
+        elif kind == _F_TIMEOUT:
+            timeout = timeout_s(value)
+            add(field)
+        else:  # _F_ENCODING
+            encoding = value
+            add(field)
+    return path, tuple(metadata), timeout, encoding, bad
 
 
 def timeout_text(seconds: float) -> str:

@@ -12,7 +12,12 @@ client's transport) does not index its own metadata: every call carries its eigh
   symbols out), filled in as bytes are first seen: a request id (the one field new on every call)
   costs about a third of walking the code bit by bit. The code (RFC 7541 Appendix B) comes from
   the ``hpack`` package, as does the static table; the walk and the table are ours;
-- the dynamic table is a plain list, and the answer is a list of ``(name, value)`` pairs.
+- the dynamic table is a plain list, and the answer is a list of ``(name, value)`` pairs;
+- a block that begins with the bytes of the connection's previous block takes that block's fields
+  for them: grpcio's requests repeat their first dozen fields byte for byte (indexed fields, then
+  literals up to the request id), so a call decodes only its last few. Only fields that leave the
+  table as it was (indexed fields and literals without indexing) are taken, and only while the
+  table is the one they were decoded against (``_generation``).
 
 Encoding is ``chronoq.protocol.h2.hpackenc``'s.
 """
@@ -28,6 +33,10 @@ ENTRY_OVERHEAD = 32  # RFC 7541 §4.1
 HUFFMAN_CACHE_MAX = 512     # decoded Huffman strings kept per connection
 FIELDS_CACHE_MAX = 4096     # whole literal fields kept, shared by all connections
 EOS = 256                   # the Huffman code's end-of-string symbol: never valid inside a string
+# A mark of the previous block: the end of one of its fields << _MARK_SHIFT | the dynamic table
+# references up to it (both below 2**20: a block is at most h2server.MAX_HEADER_BLOCK, 256 KiB).
+_MARK_SHIFT = 20
+_MARK_MASK = (1 << _MARK_SHIFT) - 1
 
 
 MAX_LIST_DEFAULT = 64 << 10  # decoded header list (chronoq.server.h2limits.MAX_HEADER_LIST)
@@ -51,7 +60,8 @@ class HeaderListTooLarge(HpackError):
 class Decoder:
     """One connection's HPACK decoder (its dynamic table). ``decode`` raises ``HpackError``."""
 
-    __slots__ = ("table", "size", "max_size", "settings_max", "_huffman", "max_list", "largest")
+    __slots__ = ("table", "size", "max_size", "settings_max", "_huffman", "max_list", "largest", "_generation", "taken",
+                 "_last_view", "_last_marks", "_last_fields", "_last_generation")
 
     def __init__(self, max_size: int = 4096, max_list: int = MAX_LIST_DEFAULT) -> None:
         self.max_list = max_list  # the decoded header list's cap (HeaderListTooLarge)
@@ -61,6 +71,14 @@ class Decoder:
         self.max_size = max_size
         self.settings_max = max_size  # what we advertised: a size update may not exceed it
         self._huffman: dict[bytes, str] = {}
+        self._generation = 0  # counts the table's changes
+        self.taken = 0  # how many fields the last block took from the one before it
+        # The previous block (its reusable fields: ``decode``): its bytes, one mark per field
+        # (_MARK_SHIFT), its fields and the table generation they were decoded against.
+        self._last_view = memoryview(b"")
+        self._last_marks: list[int] = []
+        self._last_fields: list[tuple[str, str]] = []
+        self._last_generation = -1
 
     def _string(self, data, pos: int) -> tuple[str, int]:
         if pos >= len(data):
@@ -100,6 +118,7 @@ class Decoder:
             self.largest = size
         table = self.table
         table.insert(0, (name, value))
+        self._generation += 1
         self.size += size
         while self.size > self.max_size and table:
             n, v = table.pop()
@@ -109,14 +128,17 @@ class Decoder:
         if new_max > self.settings_max:
             raise HpackError(f"table size update {new_max} over the advertised {self.settings_max}")
         self.max_size = new_max
+        self._generation += 1
         table = self.table
         while self.size > new_max and table:
             n, v = table.pop()
             self.size -= len(n) + len(v) + ENTRY_OVERHEAD
 
     def decode(self, data: bytes) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        append = out.append
+        """The block's fields, in order. The list is also kept for the next block (see the module
+        docstring): callers read it and never change it."""
+        if type(data) is not bytes:  # (kept for the next block: never a buffer its owner may change)
+            data = bytes(data)
         fields, static, table = _FIELDS, STATIC, self.table  # (the table list is changed in place only)
         pos, end = 0, len(data)
         # References to the dynamic table, the only amplifier (a 1-byte reference to a 4 KB entry):
@@ -124,6 +146,41 @@ class Decoder:
         max_list = self.max_list
         dynamic, ref_cap = 0, max_list // self.largest
         size = sized = 0  # the exact size of out[:sized], once counted
+        generation = self._generation
+        last_marks = self._last_marks
+        taken = 0  # fields taken from the previous block
+        if last_marks and self._last_generation == generation:
+            # The longest run of the previous block's fields this block begins with: first as many
+            # as the previous block took (a client's blocks repeat the same run), else a binary search.
+            view, low, high = self._last_view, 0, len(last_marks)
+            guess = self.taken
+            if 0 < guess < high and data.startswith(view[:last_marks[guess - 1] >> _MARK_SHIFT]):
+                low = guess
+                if not data.startswith(view[:last_marks[guess] >> _MARK_SHIFT]):
+                    high = guess
+            while low < high:
+                mid = (low + high + 1) >> 1
+                if data.startswith(view[:last_marks[mid - 1] >> _MARK_SHIFT]):
+                    low = mid
+                else:
+                    high = mid - 1
+            taken = low
+        if taken:
+            mark = last_marks[taken - 1]
+            pos, dynamic = mark >> _MARK_SHIFT, mark & _MARK_MASK
+            out = self._last_fields[:taken]
+            marks = last_marks[:taken]
+            if dynamic > ref_cap:  # as in the loop below, for the fields taken at once
+                size, sized = _list_size(out, 0), taken
+                if size > max_list:
+                    raise HeaderListTooLarge(f"decoded header list over {max_list} bytes "
+                                             "(SETTINGS_MAX_HEADER_LIST_SIZE)")
+                ref_cap = dynamic + (max_list - size) // self.largest
+        else:
+            out: list[tuple[str, str]] = []
+            marks: list[int] = []
+        append, mark = out.append, marks.append
+        reusable = True  # until this block changes the table: its fields so far can be taken next time
         while pos < end:
             b = data[pos]
             if b & 0x80:  # indexed field
@@ -134,6 +191,8 @@ class Decoder:
                     pos += 1
                 if 0 < index <= STATIC_LEN:
                     append(static[index - 1])
+                    if reusable:
+                        mark(pos << _MARK_SHIFT | dynamic)
                     continue
                 if index > STATIC_LEN and index <= STATIC_LEN + len(table):
                     field = table[index - STATIC_LEN - 1]
@@ -141,6 +200,8 @@ class Decoder:
                     field = self._entry(index)  # (raises)
                 append(field)
                 dynamic += 1
+                if reusable:
+                    mark(pos << _MARK_SHIFT | dynamic)
                 if dynamic > ref_cap:  # perhaps too big: count what is new, so a bomb stops here
                     size += _list_size(out, sized)
                     sized = len(out)
@@ -151,9 +212,11 @@ class Decoder:
                 continue
             if b & 0x40:  # literal with incremental indexing
                 prefix, indexing = 6, True
+                reusable = False
             elif b & 0x20:  # dynamic table size update
-                size, pos = _integer(data, pos, 5)
-                self._resize(size)
+                new_max, pos = _integer(data, pos, 5)  # (not ``size``: that counts the list)
+                self._resize(new_max)
+                reusable = False
                 continue
             else:  # literal without indexing (0000) or never indexed (0001)
                 prefix, indexing = 4, False
@@ -165,7 +228,8 @@ class Decoder:
                 index, p = _integer(data, pos, prefix)
             else:
                 p = pos + 1
-            for _ in range(1 if index else 2):  # the name (unless indexed), then the value
+            strings = 1 if index else 2  # the name (unless indexed), then the value
+            while strings:  # (not a for over a range: that is an object and an iterator per field)
                 if p >= end:
                     raise HpackError("truncated string")
                 length = data[p] & 0x7F
@@ -174,6 +238,7 @@ class Decoder:
                 else:
                     p += 1
                 p += length
+                strings -= 1
             if p > end:
                 raise HpackError("truncated string")
             if index <= STATIC_LEN:
@@ -191,6 +256,11 @@ class Decoder:
             if indexing:
                 self._add(*field)
             append(field)
+            if reusable:
+                mark(pos << _MARK_SHIFT | dynamic)
+        self._last_view = memoryview(data)
+        self._last_marks, self._last_fields, self._last_generation = marks, out, generation
+        self.taken = taken
         # The list's size is at most this (see _FIELD_BOUND); count it exactly only past the cap.
         if len(out) * _FIELD_BOUND + 2 * end + dynamic * self.largest > max_list:
             size += _list_size(out, sized)
