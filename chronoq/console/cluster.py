@@ -28,9 +28,8 @@ def replica_rows(replicas: dict, lags: dict, now_ms: int, in_sync) -> list[dict]
     """One row per replica of ``PrimaryNode.replicas`` (node id -> (endpoint, position, last pull
     wall ms)), with ``lags`` (``PrimaryNode.lag_figures``: endpoint or node id -> (bytes, seconds)).
 
-    ``in_sync(endpoint, position, last pull ms)``: with etcd, membership of the published set;
-    without, the rule ``replication = "sync"`` waits by (``PrimaryNode.in_sync``: a pull within
-    ``replication_sync_timeout_ms`` holding what was written that long ago)."""
+    ``in_sync(endpoint, position, last pull ms)``: ``PrimaryNode.counts_in_sync`` (with etcd,
+    membership of the published set; without, the rule ``replication = "sync"`` waits by)."""
     rows = []
     for node, (endpoint, pos, seen) in sorted(replicas.items()):
         lag_bytes, lag_s = lags.get(endpoint or node, (0, 0.0))
@@ -58,13 +57,10 @@ def _node(console: Console):
 def gather(console: Console) -> dict:
     """This node's figures now (no await: one moment of the event loop)."""
     broker, runtime = console.broker, console.runtime
-    node, cfg, duty = _node(console), runtime.config, runtime.duty
+    node, cfg = _node(console), runtime.config
     now = broker.clock.wall_ms()
-    if duty is not None:
-        published = set(duty.tracker.published)
-        rows = replica_rows(node.replicas, node.lag_figures(), now, lambda endpoint, _pos, _seen: endpoint in published)
-    else:
-        rows = replica_rows(node.replicas, node.lag_figures(), now, lambda _ep, pos, seen: node.in_sync(pos, seen, now))
+    rows = replica_rows(node.replicas, node.lag_figures(), now,
+                        lambda endpoint, pos, seen: node.counts_in_sync(endpoint, pos, seen, now))
     journal = node.pop._journal if node.pop is not None else None
     return {"role": node.role, "epoch": node.epoch, "node_id": node.node_id, "endpoint": cfg.endpoint,
             "commit_end": node.store.log.synced,

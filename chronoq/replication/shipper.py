@@ -91,9 +91,9 @@ class PrimaryNode:
         self._acks: list[tuple[int, int, asyncio.Future]] = []
         self._ack_seq = itertools.count()
         # With etcd: ``on_report(endpoint, position)`` at each pull (chronoq.server.failover's in-sync set),
-        # and ``in_sync_of(endpoint, position, last pull ms)``, that set's membership (status shows it).
+        # and ``published(endpoint)``, that set's membership (what ``counts_in_sync`` answers then).
         self.on_report = None
-        self.in_sync_of = None
+        self.published = None
 
     def _arrived(self) -> None:
         if self._wake is not None:
@@ -122,6 +122,13 @@ class PrimaryNode:
                 break
             then = written
         return position_ >= then
+
+    def counts_in_sync(self, endpoint: str, position_: int, seen_ms: int, now_ms: int) -> bool:
+        """Whether status and the console show a replica in sync: with etcd, membership of the
+        published in-sync set; without, ``in_sync``."""
+        if self.published is not None:
+            return self.published(endpoint)
+        return self.in_sync(position_, seen_ms, now_ms)
 
     # ------------------------------------------------------------------ pull
     async def pull(self, req) -> apb.PullResponse:
@@ -295,9 +302,8 @@ class PrimaryNode:
         journal = self.pop._journal if self.pop is not None else None
         gen, size = (journal.log.generation, journal.log.size) if journal is not None else (0, 0)
         now = self.broker.clock.wall_ms()
-        counted = self.in_sync_of or (lambda _ep, pos, seen: self.in_sync(pos, seen, now))
         replicas = [apb.ReplicaState(node_id=node, endpoint=ep, position=pos, lag_bytes=max(0, synced - pos),
-                                     last_pull_ms=seen, in_sync=bool(counted(ep, pos, seen)))
+                                     last_pull_ms=seen, in_sync=self.counts_in_sync(ep, pos, seen, now))
                     for node, (ep, pos, seen) in sorted(self.replicas.items())]
         return apb.ClusterStatusResponse(status=_ok(), role=self.role, epoch=self.epoch, node_id=self.node_id,
                                          commit_end=synced, pop_generation=gen, pop_offset=size,

@@ -338,7 +338,7 @@ class Runtime:
             if self.duty is not None:  # etcd: the in-sync set, published; under sync every member acks
                 self.replication.on_report = self.duty.report
                 tracker = self.duty.tracker  # (its ``published`` set is replaced at each publication)
-                self.replication.in_sync_of = lambda endpoint, _pos, _seen: endpoint in tracker.published
+                self.replication.published = lambda endpoint: endpoint in tracker.published
                 if self.config.replication == "sync":
                     self.committer.replicated = self.duty.replicated
                 self._tasks.append(loop.create_task(self.duty.run(), name="chronoq-leader"))
