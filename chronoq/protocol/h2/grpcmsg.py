@@ -139,7 +139,7 @@ def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | No
             add(field)
         elif kind == _F_PATH:
             path = value
-        elif kind >= _F_SKIP:  # _F_SKIP, _F_DROP: not the handler's
+        elif kind >= _F_SKIP:  # _F_SKIP, _F_DROP (not the handler's) or _F_META_BIN
             if kind == _F_META_BIN:
                 try:
                     add((name, base64.b64decode(value + "=" * (-len(value) % 4))))
