@@ -43,6 +43,15 @@ def compiled_modules() -> tuple[str, ...]:
     raise RuntimeError("chronoq/__init__.py has no COMPILED_MODULES")
 
 
+def source_digest(path: str) -> str:
+    """chronoq.source_digest, repeated (setup.py must not import chronoq): the SHA-256 of a
+    module's .py followed by its .pxd when it has one."""
+    digest = hashlib.sha256(open(path, "rb").read())
+    if os.path.exists(path[:-3] + ".pxd"):
+        digest.update(open(path[:-3] + ".pxd", "rb").read())
+    return digest.hexdigest()
+
+
 def compile_protos() -> None:
     from grpc_tools import protoc
     import grpc_tools
@@ -83,8 +92,7 @@ def extensions() -> list:
     modules = [Extension(name, [os.path.join(*name.split(".")) + ".py"]) for name in names]
     # What each module is compiled from, for chronoq/__init__.py to tell a current build from a
     # stale one (its source_digest, repeated here: setup.py must not import chronoq).
-    built = {name: hashlib.sha256(open(os.path.join(HERE, *name.split(".")) + ".py", "rb").read()).hexdigest()
-             for name in names}
+    built = {name: source_digest(os.path.join(HERE, *name.split(".")) + ".py") for name in names}
     with open(os.path.join(HERE, "chronoq", BUILT_SOURCES_FILE), "w", encoding="utf-8") as fh:
         json.dump(built, fh, indent=1, sort_keys=True)
     # The generated C goes under build/, not beside the sources.

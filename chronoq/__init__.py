@@ -41,6 +41,7 @@ COMPILED_MODULES = (
     "chronoq.protocol.rocketmq.ack",
     "chronoq.protocol.rocketmq.outgoing",
     "chronoq.store.record",
+    "chronoq.store.routing",
     "chronoq.timer.schedlog",
     "chronoq.timer.handle",
     "chronoq.client.h2channel",
@@ -55,11 +56,20 @@ BUILT_SOURCES_FILE = "compiled-sources.json"
 
 
 def source_digest(path: str) -> str:
-    """What BUILT_SOURCES_FILE records of a module's source (setup.py computes it the same way)."""
+    """What BUILT_SOURCES_FILE records of a module's source: the SHA-256 of its ``.py`` followed
+    by its ``.pxd`` when it has one (the C types Cython compiled it with; setup.py computes it
+    the same way)."""
     import hashlib
 
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
+    digest = hashlib.sha256()
+    for name in (path, path[:-3] + ".pxd"):
+        try:
+            with open(name, "rb") as fh:
+                digest.update(fh.read())
+        except FileNotFoundError:
+            if name == path:
+                raise
+    return digest.hexdigest()
 
 
 class _SourceFirst:

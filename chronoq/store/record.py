@@ -77,6 +77,10 @@ KEY_SEP = b"\x01"
 PROP_PAIR_SEP = b"\x01"
 PROP_SEP = b"\x02"
 
+# The routing fields of a header, unpacked in one call (a dispatch walk's: chronoq.store.routing):
+# total_len, flags, queue_id, queue_offset, stored_ms, deliver_at_ms, topic_len, msgid_len, tag_len.
+ROUTE = struct.Struct("<I6xHHQ8xqqBBH")
+assert ROUTE.size == 50
 _crc = google_crc32c.value
 _pack_tail = _TAIL.pack
 _pack_prefix = _PREFIX.pack
@@ -215,6 +219,62 @@ def check(buf: bytes, pos: int, end: int) -> int:
 
 
 _TEXT_START = HEADER_SIZE - CRC_START  # where the topic starts in the CRC-covered bytes
+
+
+def check_run(buf: bytes, pos: int, end: int) -> int:
+    """Walk the records of ``buf[pos:end]`` (``buf``: bytes) while each passes every rule of
+    ``check`` with ASCII text fields, and return where the walk stopped: ``end`` when all did.
+    A record there is for ``check``, which names the rule it fails (raises) or returns its length
+    (its text is UTF-8 beyond ASCII: the walk goes on after it). A replica checks what it is
+    shipped this way (``Store.append_shipped``): one call per answer, not per record.
+
+    The header is read byte by byte: compiled (``record.pxd`` gives the locals C types) these are
+    C loads, where ``check``'s ``struct`` unpacking makes 16 integer objects a record.
+    """
+    header, size_max, magic, version = HEADER_SIZE, RECORD_SIZE_MAX, MAGIC, VERSION
+    while end - pos >= header:
+        total = _u32(buf, pos)
+        if buf[pos + 4] != magic or buf[pos + 5] != version or total < header or total > size_max \
+                or total > end - pos:
+            return pos
+        tlen, mlen = buf[pos + 46], buf[pos + 47]
+        text = tlen + mlen + _u16(buf, pos + 48) + _u16(buf, pos + 50) + _u32(buf, pos + 52)
+        if not tlen or not mlen or header + text + _u32(buf, pos + 56) != total:
+            return pos
+        if _crc(buf[pos + CRC_START:pos + total]) != _u32(buf, pos + 6):
+            return pos
+        p = pos + header
+        stop = p + text
+        while p < stop:
+            if buf[p] >= 0x80:
+                return pos
+            p += 1
+        pos += total
+    return pos
+
+
+def span(buf: bytes, pos: int, end: int) -> int:
+    """Step from ``pos`` over the records of ``buf[pos:end]`` by their length fields, without
+    checking them (records this process checked already: ``chronoq.store.recovery.iter_chunks``),
+    and return where the last whole one ends (a length below ``HEADER_SIZE`` stops the walk)."""
+    header = HEADER_SIZE
+    while end - pos >= header:
+        total = _u32(buf, pos)
+        if total < header or total > end - pos:
+            break
+        pos += total
+    return pos
+
+
+def _u32(buf: bytes, p: int) -> int:
+    """The little-endian u32 at ``buf[p:p + 4]`` (``check_run``'s reader; compiled, C loads)."""
+    b0, b1, b2, b3 = buf[p], buf[p + 1], buf[p + 2], buf[p + 3]
+    return b0 | b1 << 8 | b2 << 16 | b3 << 24
+
+
+def _u16(buf: bytes, p: int) -> int:
+    b0, b1 = buf[p], buf[p + 1]
+    return b0 | b1 << 8
 
 
 def _check_utf8(text: bytes, lengths: tuple[int, ...]) -> None:

@@ -172,45 +172,68 @@ READ_CHUNK = 1 << 20  # bytes a replay reads at a time (a record larger than thi
 
 def iter_records(log: CommitLog, start: int, checked_end: int = 0) -> Iterator[tuple[int, bytes]]:
     """Yield ``(commit_offset, record bytes)`` for each record from ``start`` to the end of the
-    log, skipping lost ranges. The log must already have been verified over this range; each
-    record is checked again (``record.check``) but below ``checked_end``, a record boundary up to
-    which this process checked every record as it wrote it (``Store.append_shipped``): there the
-    walk steps by the length field.
+    log, lost ranges skipped (``iter_chunks``'s records one by one)."""
+    unpack = _LENGTH.unpack_from
+    for at, chunk, p, stop in iter_chunks(log, start, checked_end):
+        while p < stop:
+            length = unpack(chunk, p)[0]
+            yield at + p, chunk[p:p + length]
+            p += length
+
+
+def iter_chunks(log: CommitLog, start: int, checked_end: int = 0) -> Iterator[tuple[int, bytes, int, int]]:
+    """Yield ``(offset of chunk[0], chunk, p, stop)`` from ``start`` to the end of the log: whole
+    records ``chunk[p:stop]``, each checked, lost ranges skipped. The log must already have been
+    verified over this range (damage is a fatal ``errors.CorruptionError``, as on a read); records
+    below ``checked_end``, a record boundary up to which this process checked every record as it
+    wrote it (``Store.append_shipped``), are stepped over by their length field (``record.span``)
+    and the others checked a run at a time (``record.check_run``, then ``record.check`` for the
+    record it stopped at): no Python step per record. A dispatch walks the chunk once more
+    (``chronoq.store.routing``).
 
     Read with ``pread`` in chunks of ``READ_CHUNK``, not mapped: a replica dispatches every few
     kilobytes it is shipped (``Store.dispatch_shipped``), and mapping then unmapping the whole
-    segment cost it more than reading those bytes (~0.1 ms a dispatch).
+    segment cost it more than reading those bytes (~0.1 ms a dispatch). A chunk ends at a record
+    boundary: the record it cuts is read again at the head of the next (a record larger than a
+    chunk whole).
     """
     for seg in list(log.segments):
         if seg.end <= start:
             continue
         pos = max(0, start - seg.base)
-        chunk, at, read_at = b"", pos, -1  # the segment's bytes from ``at``, read at ``read_at``
+        want = READ_CHUNK
         while pos < seg.size:
+            limit = seg.size
             if log.lost:
                 lost = _lost_at(log, seg.base + pos)
                 if lost is not None:
                     pos = lost.end - seg.base
                     continue
-            p = pos - at
-            have = len(chunk) - p
-            length = _LENGTH.unpack_from(chunk, p)[0] if have >= 4 else 0
-            if not record.HEADER_SIZE <= length <= have and at + len(chunk) < seg.size and (
-                    read_at != pos or record.HEADER_SIZE <= length <= record.RECORD_SIZE_MAX):
-                # The chunk ends inside this record: read on from it (a record larger than a
-                # chunk whole; a bad length once, then ``record.check`` names it).
-                want = max(READ_CHUNK, length) if length <= record.RECORD_SIZE_MAX else READ_CHUNK
-                chunk, at, read_at = log.read(seg.base + pos, min(want, seg.size - pos)), pos, pos
-                continue
-            if not (seg.base + pos < checked_end and record.HEADER_SIZE <= length <= have):
+                limit = min([limit] + [r.start - seg.base for r in log.lost if seg.base + pos < r.start < seg.end])
+            chunk = log.read(seg.base + pos, min(want, limit - pos))
+            size, whole = len(chunk), pos + len(chunk) >= limit  # (whole: no bytes of this range lie past it)
+            p = record.span(chunk, 0, max(0, min(size, checked_end - seg.base - pos)))
+            while p < size:
+                p = record.check_run(chunk, p, size)
+                if p == size:
+                    break
                 try:
-                    length = record.check(chunk, p, len(chunk))
+                    p += record.check(chunk, p, size)
                 except record.RecordError as exc:
+                    if exc.torn and not whole:  # (the chunk cut it: read on from it)
+                        break
                     # A rebuild (R7, R8, R10) also replays segments the start-up scan did not
                     # verify: damage there is the same named, fatal error as on a read.
-                    raise errors.CorruptionError(seg.path, pos, exc.reason) from None
-            yield seg.base + pos, chunk[p:p + length]
-            pos += length
+                    raise errors.CorruptionError(seg.path, pos + p, exc.reason) from None
+            if p:
+                yield seg.base + pos, chunk, 0, p
+                pos += p
+                want = READ_CHUNK
+            else:  # a record larger than the chunk: read it whole
+                length = _LENGTH.unpack_from(chunk, 0)[0] if size >= 4 else 0
+                if not (want < length <= record.RECORD_SIZE_MAX):
+                    raise errors.CorruptionError(seg.path, pos, f"record length {length} at a chunk's head")
+                want = length
 
 
 def verify_log(

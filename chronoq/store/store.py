@@ -22,7 +22,6 @@ import logging
 import os
 import shutil
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -31,13 +30,13 @@ from chronoq.core import errors, fsutil
 from chronoq.core.jobs import Job
 from chronoq.core.model import Message
 from chronoq.store import checkpoint as checkpoint_file
-from chronoq.store import reading, record, truncate
+from chronoq.store import reading, record, routing, truncate
 from chronoq.store.checkpoint import CHECKPOINT_FILE, CHECKPOINT_VERSION
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from chronoq.store.dirlock import DirLock
 from chronoq.store.holds import Holds
-from chronoq.store.recovery import RecoveryReport, iter_records, queues_short, verify_log, verify_start
+from chronoq.store.recovery import RecoveryReport, iter_chunks, iter_records, queues_short, verify_log, verify_start
 from chronoq.store.writing import Columns, Prepared, StoreWriter, Written
 
 # Names other modules import from here.
@@ -47,7 +46,6 @@ log = logging.getLogger("chronoq.store")
 
 # A replay gap longer than this (entries) is left unfilled; real gaps are a few quarantined records.
 _HOLE_FILL_MAX = 1 << 16
-_pack_entry = ENTRY.pack
 
 # Handed the records a dispatch walks that a timer follows, the delayed ones and those with a
 # delivery time (a timer's delivered copy keeps its message's): (commit offset, RecordHeader, bytes).
@@ -77,6 +75,7 @@ class StoreOptions:
 
 
 _NEVER = 1 << 63  # an offset no record reaches
+_REPLAY_FLUSH = 65536  # entries a replay holds before it writes them to their queues
 
 
 class Store(Holds, StoreWriter):
@@ -202,38 +201,30 @@ class Store(Holds, StoreWriter):
         is ``recover``'s: a replica's dispatch of what it was shipped cannot leave such entries).
 
         ``progress("replay", done, total)`` (bytes of this replay) is called once per segment
-        passed and once at the end: one integer compare per record, nothing more. ``tap`` is
+        passed and once at the end: one integer compare per chunk, nothing more. ``tap`` is
         handed, in log order, each record walked that is delayed or carries a delivery time (what
         a timer follows: ``Tap``); the records below ``checked_end`` were checked by this process
         already (``dispatch_shipped``).
         """
         batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
-        count = 0
+        count, flush_at = 0, _REPLAY_FLUSH
+        taps: list[int] | None = [] if tap is not None else None
         ends = [seg.end for seg in self.log.segments if seg.end > start]
         next_end = ends.pop(0) if ends and progress is not None else _NEVER
-        for offset, buf in iter_records(self.log, start, checked_end):
-            if offset >= next_end:  # a segment boundary passed (only when someone listens)
-                while next_end <= offset:
+        for at, chunk, p, stop in iter_chunks(self.log, start, checked_end):
+            if at + p >= next_end:  # a segment boundary passed (only when someone listens)
+                while next_end <= at + p:
                     next_end = ends.pop(0) if ends else _NEVER
-                progress("replay", offset - start, log_end - start)
-            h = record.RecordHeader(buf, 0)
-            if h.flags & record.FLAG_DELAYED:  # the timer absorbs these itself (see scan, tap)
-                if tap is not None:
-                    tap(offset, h, buf)
-                continue
-            if h.deliver_at_ms and tap is not None:
-                tap(offset, h, buf)
-            entry = _pack_entry(offset, h.length, zlib.crc32(h.tag), h.stored_ms)
-            key, qoff = (h.topic, h.queue_id), h.queue_offset
-            run = batch.get(key)
-            if run is not None and run[0] + len(run[1]) // ENTRY_SIZE == qoff:  # (_add_entry's common case)
-                run[1].extend(entry)
-            else:
-                self._add_entry(batch, key, qoff, entry)
-            count += 1
-            if count % 65536 == 0:  # bounded memory for a long rebuild
+                progress("replay", at + p - start, log_end - start)
+            count += routing.route(chunk, p, stop, at, batch, taps, self._add_entry)
+            if taps:  # (in log order, after the chunk's entries: the timer and the queues are apart)
+                for q in taps:
+                    h = record.RecordHeader(chunk, q)
+                    tap(at + q, h, chunk[q:q + h.length])
+                taps.clear()
+            if count >= flush_at:  # bounded memory for a long rebuild
                 self._put_entries(batch)
-                batch = {}
+                batch, flush_at = {}, count + _REPLAY_FLUSH
         self._put_entries(batch)
         if progress is not None and log_end > start:
             progress("replay", log_end - start, log_end - start)
@@ -388,12 +379,14 @@ class Store(Holds, StoreWriter):
         empty = self.log.written == self.log.min_offset  # (an empty log starts where the primary's does)
         if offset != self.log.written and not (empty and offset == segment_base):
             raise errors.ClientError(f"shipped bytes start at {offset}, this log ends at {self.log.written}")
-        pos = 0
-        while pos < len(blob):
-            try:
-                pos += record.check(blob, pos, len(blob))
-            except record.RecordError as exc:
-                raise errors.CorruptionError(f"bytes shipped for offset {offset}", pos, exc.reason) from None
+        pos, end = 0, len(blob)
+        while pos < end:
+            pos = record.check_run(blob, pos, end)  # (a run at a time; check names a failure)
+            if pos < end:
+                try:
+                    pos += record.check(blob, pos, end)
+                except record.RecordError as exc:
+                    raise errors.CorruptionError(f"bytes shipped for offset {offset}", pos, exc.reason) from None
         lo, hi = self._shipped_checked
         self.log.append(blob, segment_base=segment_base)
         self._shipped_checked = (lo if hi == offset else offset, self.log.written)

@@ -75,6 +75,57 @@ def test_round_trip(f):
     assert (h.length, h.flags, h.queue_id, h.queue_offset, h.stored_ms, h.deliver_at_ms, h.topic, h.tag) == (
         len(rec), f["flags"], f["queue_id"], f["queue_offset"], f["stored_ms"], f["deliver_at_ms"], f["topic"],
         f["tag"].encode())
+    assert record.ROUTE.unpack_from(rec, 0) == (
+        len(rec), f["flags"], f["queue_id"], f["queue_offset"], f["stored_ms"], f["deliver_at_ms"],
+        len(f["topic"].encode()), len(f["message_id"].encode()), len(f["tag"].encode()))
+    # check_run passes a valid record whose text is ASCII and stops at one with other UTF-8 (for check).
+    ascii_text = all(s.isascii() for s in (f["topic"], f["message_id"], f["tag"], *f["keys"], *f["properties"],
+                                         *f["properties"].values()))
+    assert record.check_run(rec, 0, len(rec)) == (len(rec) if ascii_text else 0)
+    assert record.span(rec, 0, len(rec)) == len(rec)
+
+
+@FEWER
+@given(st.lists(fields(), min_size=1, max_size=6), st.integers(0, 64), st.integers(0, 3))
+def test_check_run_walks_as_check_does(fs, lead, cut):
+    """Walking records with check_run, and check where it stops, gives the same boundaries as
+    check record by record (a cut last record: the same torn error at the same place)."""
+    buf = b"\xAA" * lead + b"".join(encode(f) for f in fs)
+    end = len(buf) - cut * 7
+
+    def by_check():
+        out, pos = [], lead
+        try:
+            while pos < end:
+                pos += record.check(buf, pos, end)
+                out.append(pos)
+        except record.RecordError as exc:
+            out.append((pos, exc.reason, exc.torn))
+        return out
+
+    def by_run():
+        out, pos = [], lead
+        try:
+            while pos < end:
+                stop = record.check_run(buf, pos, end)
+                if stop > pos:  # (each record it passed ends where check says)
+                    p = pos
+                    while p < stop:
+                        p += record.check(buf, p, end)
+                        out.append(p)
+                    assert p == stop
+                pos = stop
+                if pos < end:
+                    pos += record.check(buf, pos, end)
+                    out.append(pos)
+        except record.RecordError as exc:
+            out.append((pos, exc.reason, exc.torn))
+        return out
+
+    walked = by_check()
+    assert by_run() == walked
+    whole = [p for p in walked if isinstance(p, int)]  # (span steps by lengths: to the last whole record)
+    assert record.span(buf, lead, end) == (whole[-1] if whole else lead)
 
 
 @FEWER
@@ -102,6 +153,8 @@ def _assert_rejected(buf: bytes, end: int | None = None, *, torn: bool) -> recor
     with pytest.raises(record.RecordError) as fused:
         record.check_decode(buf, 0, end)
     assert (fused.value.reason, fused.value.torn) == (info.value.reason, info.value.torn)
+    # The run walk (a replica's check of what it is shipped) never passes what check refuses.
+    assert record.check_run(buf, 0, end) == 0
     return info.value
 
 
