@@ -48,6 +48,7 @@ import collections
 import heapq
 import itertools
 import os
+from typing import Callable
 
 import google_crc32c
 
@@ -279,12 +280,9 @@ class PrimaryNode:
                 f"what was written {timeout_ms} ms ago): the message is stored on this primary only")
         fut = asyncio.get_running_loop().create_future()
         heapq.heappush(self._acks, (ticket, next(self._ack_seq), fut))
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
-        except asyncio.TimeoutError:
-            raise errors.ReplicaTimeout(
-                f"replication = sync: no replica reported offset {ticket} durable within {timeout_ms} ms "
-                "(replication_sync_timeout_ms): the message is stored on this primary") from None
+        await acknowledged(fut, timeout_ms / 1000, lambda: (
+            f"replication = sync: no replica reported offset {ticket} durable within {timeout_ms} ms "
+            "(replication_sync_timeout_ms): the message is stored on this primary"))
 
     def _replica_acked(self, position_: int) -> None:
         if position_ <= self.acked:
@@ -322,6 +320,24 @@ class PrimaryNode:
             behind = max(0, synced - pos)
             out[ep or node] = (behind, (now - self._caught_up_ms.get(node, now)) / 1000 if behind else 0.0)
         return out
+
+
+async def acknowledged(fut: asyncio.Future, timeout_s: float, refusal: Callable[[], str]) -> None:
+    """Wait for a sync acknowledgement's future (resolved by the replicas' reports); past
+    ``timeout_s`` it fails with ``errors.ReplicaTimeout(refusal())``. A timer of its own, not
+    ``asyncio.wait_for``, which wraps each waiting send in two more futures and their callbacks:
+    a cost paid on every acknowledgement under load. A cancelled waiter cancels ``fut`` (the
+    reports pass over done futures)."""
+    timer = asyncio.get_running_loop().call_later(timeout_s, _expire, fut, refusal)
+    try:
+        await fut
+    finally:
+        timer.cancel()
+
+
+def _expire(fut: asyncio.Future, refusal: Callable[[], str]) -> None:
+    if not fut.done():
+        fut.set_exception(errors.ReplicaTimeout(refusal()))
 
 
 def _ok() -> apb.Status:

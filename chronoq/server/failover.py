@@ -37,6 +37,7 @@ from chronoq.core import errors
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.replication import coordinator as co
 from chronoq.replication.etcd import EtcdAccess, EtcdCoordinator
+from chronoq.replication.shipper import acknowledged
 
 log = logging.getLogger("chronoq.failover")
 
@@ -275,12 +276,9 @@ class PrimaryDuty:
         self._acks.append((ticket, fut))
         # Twice the bound: a member silent for the bound is dropped (published first), then the
         # rest answer; only a set that neither answers nor shrinks in that time gets a refusal.
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), 2 * self.sync_timeout_ms / 1000)
-        except asyncio.TimeoutError:
-            raise errors.ReplicaTimeout(
-                f"replication = sync: the in-sync replicas did not report offset {ticket} durable within "
-                f"{2 * self.sync_timeout_ms} ms: the message is stored on this primary") from None
+        await acknowledged(fut, 2 * self.sync_timeout_ms / 1000, lambda: (
+            f"replication = sync: the in-sync replicas did not report offset {ticket} durable within "
+            f"{2 * self.sync_timeout_ms} ms: the message is stored on this primary"))
 
     def _release(self) -> None:
         keep = []

@@ -154,3 +154,84 @@ def test_shipped_records_are_checked_once_as_they_are_written(tmp_path, monkeypa
     finally:
         replica.close()
         primary.close()
+
+
+class InProcess:
+    """The transport to a primary, replaced by its store in this process (the follower's loop is
+    what is tested): each pull is answered with what the primary holds past the pull's position."""
+
+    from chronoq.proto import chronoq_admin_pb2 as apb
+
+    endpoint = "in-process"
+
+    def __init__(self, primary, max_bytes: int) -> None:
+        self.primary, self.max_bytes = primary, max_bytes
+        self.follower = None
+        self.positions: list[int] = []  # each pull's reported position
+
+    async def pull(self, req, _timeout_s):
+        import asyncio
+
+        self.positions.append(req.position.commit)
+        at = max(req.position.commit, self.primary.log.min_offset)
+        base, data = self.primary.read_shipped(at, self.max_bytes)
+        if not data:  # caught up: the test is over
+            await self.follower.stop()
+            await asyncio.sleep(1)  # (cancelled by stop)
+        from chronoq.protocol.rocketmq import status as codes
+
+        return self.apb.PullResponse(status=self.apb.Status(code=codes.OK), segment_base=base, commit_offset=at,
+                                     commit_bytes=data, primary_synced=self.primary.log.synced)
+
+
+def following(tmp_path, max_bytes: int = 4000):
+    from chronoq.replication.follower import Follower
+
+    primary = open_store(tmp_path / "p")
+    fill(primary, 300, batch=9)
+    replica = open_store(tmp_path / "r")
+    client = InProcess(primary, max_bytes)
+    client.follower = Follower(replica, str(tmp_path / "r"), client, "replica-1", "127.0.0.1:1", FakeClock())
+    return primary, replica, client
+
+
+def test_the_follow_loop_writes_then_dispatches_each_answer_in_order(tmp_path):
+    """One worker job an answer (write, then dispatch): every pull reports the durable end of the
+    answers before it, and the replica ends with the primary's queues."""
+    import asyncio
+
+    primary, replica, client = following(tmp_path)
+    try:
+        asyncio.run(client.follower.run())
+        assert replica.log.synced == replica.dispatched == primary.log.synced
+        assert len(client.positions) > 10
+        assert client.positions == sorted(client.positions) and client.positions[-1] == primary.log.synced
+        assert queue_digest(replica) == queue_digest(primary)
+    finally:
+        replica.close()
+        primary.close()
+
+
+def test_a_failed_dispatch_stops_the_follow_loop_before_the_next_write(tmp_path, monkeypatch):
+    import asyncio
+
+    primary, replica, client = following(tmp_path)
+    calls = []
+    real = replica.dispatch_shipped
+
+    def failing(*args):
+        calls.append(replica.log.synced)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(replica, "dispatch_shipped", failing)
+    try:
+        with pytest.raises(OSError, match="No space left"):
+            asyncio.run(client.follower.run())
+        # The answer after the failed dispatch was not written (its write would have moved the end).
+        assert replica.log.written == replica.log.synced == calls[2] < primary.log.synced
+        assert replica.dispatched < replica.log.synced
+    finally:
+        replica.close()
+        primary.close()
