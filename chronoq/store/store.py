@@ -309,15 +309,30 @@ class Store(Holds, StoreWriter):
         """Make records below ``upto`` (default: all written) visible in their consume queues."""
         limit = self.log.written if upto is None else upto
         pending = self._pending
-        while pending and pending[0][0] <= limit:
-            end, batch, delayed_records = pending[0]
-            # A batch leaves the pending list only once it is fully dispatched: if a consume-queue
-            # write fails (a full disk), the next call retries it. Entries are positional, so
-            # writing them again is harmless; the delayed records are queued only once.
-            if batch:
-                self._put_entries(batch)
-                pending[0] = (end, None, delayed_records)
-            pending.popleft()
+        ready = 0
+        for end, _batch, _delayed in pending:
+            if end > limit:
+                break
+            ready += 1
+        if not ready:
+            return self.dispatched
+        # Every batch below the limit at once: a queue's entries from consecutive batches (one
+        # group commit of lone sends) joined into one run, one write per queue, not per batch.
+        # The batches leave the pending list only once all their entries are written: if a
+        # consume-queue write fails (a full disk), the next call writes them again. Entries
+        # are positional, so that is harmless; the delayed records are queued only once.
+        if ready == 1:
+            joined = pending[0][1]
+        else:
+            joined = {}
+            add = self._add_entry
+            for k in range(ready):
+                for key, (first, entries) in pending[k][1].items():
+                    add(joined, key, first, entries)
+        if joined:
+            self._put_entries(joined)
+        for _ in range(ready):
+            end, _batch, delayed_records = pending.popleft()
             if delayed_records:
                 records, data, heads = delayed_records
                 first, last = records[0][0], records[-1]
