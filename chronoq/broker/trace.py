@@ -145,6 +145,21 @@ class Events:
             self.ref_offset)]
 
 
+def _extend_stored(ev: Events, heads, topics, message_ids, ts, dues) -> None:
+    """STORED events from their columns (the rest: no group, no reference)."""
+    n = len(heads)
+    ev.head.extend(heads)
+    ev.topic += topics
+    ev.message_id += message_ids
+    nones = [None] * n
+    ev.group += nones
+    ev.ref_topic += nones
+    ev.ref_queue += array("I", (0,)) * n
+    ev.ts.extend(ts)
+    ev.due.extend(dues)
+    ev.ref_offset += array("q", (0,)) * n
+
+
 def _add_refs(ev: Events, refs: list, now_ms: int) -> None:
     """The ref columns (and time, no due) of events about ``refs[i] = (checkpoint, index)``."""
     n = len(refs)
@@ -292,17 +307,7 @@ class TraceRecorder:
             else:
                 heads += [STORED | FLAG_DELAYED << 8] * n
                 dues += delayed_dues
-        ev, total = self._events, len(message_ids)
-        ev.head.extend(heads)
-        ev.topic += topics
-        ev.message_id += message_ids
-        nones = [None] * total
-        ev.group += nones
-        ev.ref_topic += nones
-        ev.ref_queue += array("I", (0,)) * total
-        ev.ts.extend(ts)
-        ev.due.extend(dues)
-        ev.ref_offset += array("q", (0,)) * total
+        _extend_stored(self._events, heads, topics, message_ids, ts, dues)
 
     def _room(self, n: int, now_ms: int) -> bool:
         if len(self.events) + n > BUFFER_MAX:
@@ -354,17 +359,8 @@ class TraceRecorder:
     def _add_stored(self, heads: array, topics, message_ids, dues: array, now_ms: int) -> None:
         """STORED events from their columns (the rest: no group, no reference, ``now_ms``)."""
         ev = self.events
-        start, n = len(ev), len(heads)
-        ev.head += heads
-        ev.topic += topics
-        ev.message_id += message_ids
-        nones = [None] * n
-        ev.group += nones
-        ev.ref_topic += nones
-        ev.ref_queue += array("I", (0,)) * n
-        ev.ts += array("q", (now_ms,)) * n
-        ev.due += dues
-        ev.ref_offset += array("q", (0,)) * n
+        start = len(ev)
+        _extend_stored(ev, heads, topics, message_ids, array("q", (now_ms,)) * len(heads), dues)
         self._trim(start, now_ms)
 
     def visible(self, deliveries: list, visible_ms: int) -> None:

@@ -24,6 +24,14 @@ class Echo:
         self.closed_generators = 0
         self.gate: asyncio.Future | None = None  # what a b"gate" call waits on (set by the test)
 
+    async def _until_cancelled(self, awaitable) -> None:
+        """Await it; a cancellation is noted (``cancelled``) and goes on."""
+        try:
+            await awaitable
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
     async def unary(self, request: bytes, context) -> bytes:
         if request == b"abort":
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no, thanks: ünïcode")
@@ -34,27 +42,15 @@ class Echo:
         if request == b"metadata":
             return repr(sorted(context.invocation_metadata())).encode()
         if request == b"sleep":
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
+            await self._until_cancelled(asyncio.sleep(30))
         if request in (b"nap", b"nap-fail", b"twice"):  # a wait on a future, then an answer (or a failure)
             await asyncio.sleep(0.001)
             if request == b"nap-fail":
                 raise RuntimeError("boom after a wait")
             if request == b"twice":
-                try:
-                    await asyncio.sleep(30)
-                except asyncio.CancelledError:
-                    self.cancelled.set()
-                    raise
+                await self._until_cancelled(asyncio.sleep(30))
         if request == b"gate":
-            try:
-                await self.gate
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
+            await self._until_cancelled(self.gate)
             return b"passed"
         if request == b"code":
             context.set_code(grpc.StatusCode.NOT_FOUND)
