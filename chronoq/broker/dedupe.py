@@ -138,8 +138,9 @@ class DedupeWindow:
     def add(self, hs: list[int], commits: list[int], now_ms: int) -> None:
         """Remember entries (hash, commit offset) stored at ``now_ms``, in this order (the
         newest last); the oldest are forgotten beyond ``max_entries``. One loop over the
-        entries writes each one's columns and links it (no column built per call: a lone
-        send is the common call)."""
+        entries writes each one's columns and links it: no column built per call (a lone send,
+        the common call, paid ~10k instructions for them); a batch pays ~450 a key for the
+        memoryview stores (callgrind: batches of 100 with client ids, ~1% a message)."""
         n = len(hs)
         assert len(commits) == n
         m = self.max_entries

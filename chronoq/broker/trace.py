@@ -288,26 +288,28 @@ class TraceRecorder:
         self._events = events
 
     def _spill(self) -> None:
-        """The kept ``stored_plain`` batches as events: a few list extends per batch, then one
-        extend per column."""
+        """The kept ``stored_plain`` batches as events: a few column extends per batch (whole
+        arrays: a batch of many pays no conversion per event), then one per constant column."""
         runs, self._runs, self._run_events = self._runs, [], 0
-        heads: list = []
-        topics: list = []
-        message_ids: list = []
-        ts: list = []
-        dues: list = []
+        ev = self._events
+        total = 0
         for topic, ids, now_ms, delayed_dues in runs:
             n = len(ids)
-            topics += [topic] * n
-            message_ids += ids
-            ts += [now_ms] * n
+            total += n
+            ev.topic += [topic] * n
+            ev.message_id += ids
+            ev.ts += array("q", (now_ms,)) * n
             if delayed_dues is None:
-                heads += [STORED] * n
-                dues += [0] * n
+                ev.head += array("I", (STORED,)) * n
+                ev.due += array("q", (0,)) * n
             else:
-                heads += [STORED | FLAG_DELAYED << 8] * n
-                dues += delayed_dues
-        _extend_stored(self._events, heads, topics, message_ids, ts, dues)
+                ev.head += array("I", (STORED | FLAG_DELAYED << 8,)) * n
+                ev.due += array("q", delayed_dues)
+        nones = [None] * total
+        ev.group += nones
+        ev.ref_topic += nones
+        ev.ref_queue += array("I", (0,)) * total
+        ev.ref_offset += array("q", (0,)) * total
 
     def _room(self, n: int, now_ms: int) -> bool:
         if len(self.events) + n > BUFFER_MAX:
