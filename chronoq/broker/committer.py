@@ -68,9 +68,9 @@ class _Generation:
     callbacks to run once it is done (``after_durable``).
 
     A future per waiter, not one shared: the HTTP/2 server runs a call's first step outside any
-    task and hands what it awaits to a task later (``h2server._Resumed``); two calls read in one
-    go would hand the same future to two tasks after both awaited it, and the second task's step
-    fails ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
+    task and goes on with it from the done-callback of what it awaits (``h2calls._Waiting``, or
+    a task, ``h2calls._Resumed``); two calls read in one go would both wait on one future, and a
+    task's step would fail ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
 
     __slots__ = ("target", "rung", "waiters", "callbacks")
 

@@ -3,8 +3,9 @@
 ``Calls`` is the part of ``chronoq.server.h2grpc.Server`` that turns a stream whose HEADERS came
 in (``chronoq.server.h2server``) into a running handler: ``_start_call`` takes the request's
 header fields (path, deadline, encoding, the handler's metadata: ``request_head``), ``_launch`` runs the handler
-*eagerly*, in the read that parsed the request, up to its first wait, and only a call that waits
-gets a task (``_Resumed``); ``_run`` is the call from handler lookup to trailers, in the shapes
+*eagerly*, in the read that parsed the request, up to its first wait; a call that waits once is
+resumed by its future's done-callback (``_Waiting``), and only one that waits again gets a task
+(``_Resumed``); ``_run`` is the call from handler lookup to trailers, in the shapes
 ``grpc.aio`` knows (unary or streaming either way), with grpcio's statuses for what goes wrong.
 """
 
