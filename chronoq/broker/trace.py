@@ -262,8 +262,9 @@ class TraceRecorder:
     The send path's hook (``stored_plain``) only keeps its batch (``_runs``: topic, message ids,
     time, due times); the batches become events (``_spill``: every batch kept since, in bulk)
     before any other hook adds one and whenever ``events`` is read, so the buffer's order is
-    the hooks' order. (Columns extended per lone send cost ~15k instructions, a tenth of the
-    broker's write path.)"""
+    the hooks' order. (Callgrind, a lone send: the hook extending every column cost ~22k
+    instructions; kept, ~3k at the send and ~12k when spilled, wherever that falls: in
+    ``bench/official_replay.py`` the first receive after the sends pays the spill.)"""
 
     def __init__(self, flush_ms: int, delay_topic: str):
         self.flush_ms = flush_ms
