@@ -68,9 +68,9 @@ class _Generation:
     callbacks to run once it is done (``after_durable``).
 
     A future per waiter, not one shared: the HTTP/2 server runs a call's first step outside any
-    task and hands what it awaits to a task later (``h2server._Resumed``); two calls read in one
-    go would hand the same future to two tasks after both awaited it, and the second task's step
-    fails ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
+    task and goes on with it from the done-callback of what it awaits (``h2calls._Waiting``, or
+    a task, ``h2calls._Resumed``); two calls read in one go would both wait on one future, and a
+    task's step would fail ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
 
     __slots__ = ("target", "rung", "waiters", "callbacks")
 
@@ -147,7 +147,12 @@ class GroupCommitter:
             raise
         if sent.message_ids:
             # Duplicates answer with the original's offset: it too must be durable before we reply.
-            await self.barrier()
+            if self.replicated is None:  # (``barrier``'s wait, awaited here: no coroutine per send for it)
+                fut = self._written_acknowledged()
+                if fut is not None:
+                    await fut
+            else:
+                await self.barrier()
         return sent
 
     async def recall(self, handle: str) -> RecallResult:
@@ -207,16 +212,26 @@ class GroupCommitter:
         and dispatched (``sync``), or dispatched (``async``); with ``replicated`` set (``replication
         = "sync"``), also durable on a replica (raises ``errors.ReplicaTimeout`` when none says so
         in time: the records stay stored here)."""
-        if not self.sync_policy and self.replicated is None:
-            self.check_leader()
-            self.store.dispatch()
-            self.broker.notify_arrivals()
+        if self.replicated is None:
+            fut = self._written_acknowledged()
+            if fut is not None:
+                await fut
             return
         ticket = self.store.log.written
         await self.durable(ticket)
-        if self.replicated is not None:  # sync replication: a replica's too (one report answers a group)
-            await self._replica_holds(ticket)
-            self.check_leader()  # (the wait may have outlasted the lease)
+        # sync replication: a replica's too (one report answers a group)
+        await self._replica_holds(ticket)
+        self.check_leader()  # (the wait may have outlasted the lease)
+
+    def _written_acknowledged(self) -> asyncio.Future | None:
+        """``barrier`` without replication: None when everything written is acknowledged now
+        (``async``: dispatched here), else the future that resolves once it is (``_waiter``)."""
+        if not self.sync_policy:
+            self.check_leader()
+            self.store.dispatch()
+            self.broker.notify_arrivals()
+            return None
+        return self._waiter(self.store.log.written)
 
     async def _replica_holds(self, ticket: int) -> None:
         """``replicated(ticket)``, its refusal (``errors.ReplicaTimeout``) turned into an answer
@@ -241,13 +256,20 @@ class GroupCommitter:
         (under either policy: a caller that needs its record on disk says so with its ticket).
         A dispatch that failed (a consume-queue write on a full disk) is retried later: the
         records are durable, so the caller is answered without waiting for it."""
+        fut = self._waiter(ticket)
+        if fut is not None:
+            await fut
+
+    def _waiter(self, ticket: int) -> asyncio.Future | None:
+        """``durable``'s wait: None when ``ticket`` is durable and dispatched already (the
+        leadership checked), else a future of the generation that covers it."""
         store = self.store
         if store.log.synced >= ticket and store.dispatched >= ticket:
             self.check_leader()
-            return
+            return None
         fut = self._loop.create_future()
         self._generation_for(ticket).waiters.append(fut)
-        await fut
+        return fut
 
     @property
     def fenced(self) -> bool:

@@ -505,7 +505,7 @@ class Sender:
             # system topic CHRONOQ_DELAY, its answer names the producer's topic.
             self._count_sent(fresh.topics)
         if client_ids:  # every message of a batch with client ids is remembered (generated ids too)
-            window.add(key_hashes, commits, self.clock.wall_ms())
+            window.add(key_hashes, commits, now)
         if replaced is not None:
             fresh.replaced = replaced
         if answers is None:

@@ -39,7 +39,9 @@ class Server(Calls):
         self._binds: list[tuple] = []  # (address, port, ssl context or None, listening socket)
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[Connection] = set()
-        self._calls: set[asyncio.Task] = set()
+        # Calls in flight past their first step: tasks, or calls resumed by a future's
+        # done-callback (``h2calls._Waiting``), which stand for a task.
+        self._calls: set = set()
         self._stopping = False
         self._stopped: asyncio.Event | None = None
         self.max_receive = max_receive_message_length
@@ -94,11 +96,11 @@ class Server(Calls):
         for conn in list(self._connections):
             conn.goaway()
         if grace and self._calls:
-            await asyncio.wait(list(self._calls), timeout=grace)
-        for task in list(self._calls):
-            task.cancel()
+            await asyncio.wait(self._ends(), timeout=grace)
+        for call in list(self._calls):
+            call.cancel()
         if self._calls:
-            await asyncio.wait(list(self._calls), timeout=1.0)
+            await asyncio.wait(self._ends(), timeout=1.0)
         for conn in list(self._connections):
             conn.close()
         for server in self._servers:
@@ -108,6 +110,10 @@ class Server(Calls):
                 pass
         if self._stopped is not None:
             self._stopped.set()
+
+    def _ends(self) -> list:
+        """What ``stop`` waits on for each call in flight: its task, or its ``finished`` future."""
+        return [call if isinstance(call, asyncio.Future) else call.finished() for call in self._calls]
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
         if self._stopped is None:

@@ -5,7 +5,8 @@ event-engine threads and the loop thread (GIL hand-offs included). On small VMs,
 wake-up costs tens of microseconds, that measured ~340 us of server CPU for a call that does
 nothing (``bench/grpc_floor.py``: ~14 context switches per call). This server parses frames in
 the loop's ``data_received`` and runs each call there, once the read's frames are parsed, up to
-its first wait; only a call that waits gets a task. A call costs a few dozen us.
+its first wait; a call that waits once goes on from its future's done-callback, only one that waits
+again gets a task. A call costs a few dozen us.
 
 The server is four modules, each importing only those below it, over a sans-IO protocol package:
 ``chronoq.server.h2grpc`` (``Server``: the part of ``grpc.aio.server`` chronoq uses, listening

@@ -56,7 +56,7 @@ class Stream(StreamWindows):
         self.headers_sent = False
         self.blocked: list[bytes] = []  # answer bytes waiting for flow-control window
         self.window_open: asyncio.Event | None = None
-        self.task: asyncio.Task | None = None
+        self.task = None  # the call past its first step: an asyncio.Task or h2calls._Waiting
         self.deserializer = None
         self.serializer = None
         self.encoding = "identity"

@@ -199,15 +199,18 @@ class CommitLog:
         elif segment_base is None and active.size and active.size + len(blob) > self.segment_bytes:
             self._roll()
             active = self.segments[-1]
-        view = memoryview(blob)
         pos = active.size
         if pos + len(blob) > self._allocated:
             self._preallocate(active, pos + len(blob))
         try:
-            while view:
-                n = os.pwrite(self._active_fd, view, pos)
-                view = view[n:]
-                pos += n
+            n = os.pwrite(self._active_fd, blob, pos)
+            pos += n
+            if n < len(blob):  # a short write (rare): the rest, until all of it is written
+                view = memoryview(blob)[n:]
+                while view:
+                    n = os.pwrite(self._active_fd, view, pos)
+                    view = view[n:]
+                    pos += n
         except OSError as exc:
             # Cut off whatever part of the batch reached the file so the log stays whole.
             self._truncate_quiet(active.size)

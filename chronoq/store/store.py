@@ -300,15 +300,34 @@ class Store(Holds, StoreWriter):
         """Make records below ``upto`` (default: all written) visible in their consume queues."""
         limit = self.log.written if upto is None else upto
         pending = self._pending
-        while pending and pending[0][0] <= limit:
-            end, batch, delayed_records = pending[0]
-            # A batch leaves the pending list only once it is fully dispatched: if a consume-queue
-            # write fails (a full disk), the next call retries it. Entries are positional, so
-            # writing them again is harmless; the delayed records are queued only once.
-            if batch:
-                self._put_entries(batch)
-                pending[0] = (end, None, delayed_records)
-            pending.popleft()
+        ready = 0
+        for end, _batch, _delayed in pending:
+            if end > limit:
+                break
+            ready += 1
+        if not ready:
+            return self.dispatched
+        # Every batch below the limit at once: a queue's entries from consecutive batches (one
+        # group commit of lone sends to a queue, or to a topic of fewer queues than sends) joined
+        # into one run, one write per queue, not per batch. The batches leave the pending list
+        # only once all their entries are written: if a consume-queue write fails (a full disk),
+        # the next call writes them again. Entries are positional, so that is harmless; the
+        # delayed records are queued only once.
+        runs: dict = {}  # queue -> [first offset, offset after the run, entry bytes]
+        for k in range(ready):
+            for key, (first, entries) in pending[k][1].items():
+                run = runs.get(key)
+                if run is not None and run[1] == first:
+                    run[1] += len(entries) // ENTRY_SIZE
+                    run[2].append(entries)
+                    continue
+                if run is not None:  # (not contiguous: never from the write path; written as it is)
+                    self._queue(*key).put(run[0], b"".join(run[2]))
+                runs[key] = [first, first + len(entries) // ENTRY_SIZE, [entries]]
+        for key, (first, _end, parts) in runs.items():
+            self._queue(*key).put(first, parts[0] if len(parts) == 1 else b"".join(parts))
+        for _ in range(ready):
+            end, _batch, delayed_records = pending.popleft()
             if delayed_records:
                 records, data, heads = delayed_records
                 first, last = records[0][0], records[-1]

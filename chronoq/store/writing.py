@@ -82,7 +82,6 @@ class StoreWriter:
     _tag_hashes: dict[bytes, int]
     _pending: deque
     _queue: Callable[[str, int], ConsumeQueue]
-    _add_entry: Callable[[dict, tuple[str, int], int, bytes], None]
     _hold_written: Callable[[list, int, int, int], None]
 
     def write(self, messages: Iterable[Prepared]) -> list[Written]:
@@ -195,7 +194,7 @@ class StoreWriter:
         # joined per queue (a queue's records in a batch take consecutive offsets).
         commits = list(itertools.accumulate(sizes, initial=pos))
         pos = commits.pop()  # (the append's end)
-        batch: dict[tuple[str, int], tuple[int, bytearray]] = {}
+        batch: dict[tuple[str, int], tuple[int, bytes]] = {}
         delayed_bytes, delayed_heads = data, None
         if kind == delayed_flag:  # the delayed batch: no consume-queue entry until due
             delayed_records = list(zip(commits, sizes, dues))
@@ -213,8 +212,10 @@ class StoreWriter:
                     runs[key] = (qoff, [entry])
                 else:
                     run[1].append(entry)
+            # (A queue's records in one batch take consecutive offsets: each run is whole, and the
+            # batch's entry runs are these, one per queue.)
             for key, (first, parts) in runs.items():
-                self._add_entry(batch, (one, key) if one is not None else key, first, b"".join(parts))
+                batch[(one, key) if one is not None else key] = (first, b"".join(parts))
             if delayed_records:  # a mixed batch (rare): its delayed records' bytes, back to back
                 delayed = [i for i, key in enumerate(qkeys) if key is None]
                 delayed_bytes = b"".join(itertools.chain.from_iterable(pieces[3 * i:3 * i + 3] for i in delayed))

@@ -138,3 +138,62 @@ def test_the_store_queues_dispatched_delayed_records_for_the_timer_to_take(tmp_p
         assert store.bounds("t", 0) == (0, 1)  # only the plain record has a consume-queue entry
     finally:
         store.close()
+
+
+def test_one_dispatch_writes_a_queues_entries_of_several_batches_at_once_and_again_after_a_failure(
+        tmp_path, monkeypatch):
+    """Lone sends of one group commit are one batch each: dispatch joins a queue's entries of
+    every batch below the limit into one run (one consume-queue write per queue). A write that
+    fails leaves every batch pending: the next dispatch writes them all (positional, harmless)
+    and queues their delayed records once."""
+    from chronoq.store.consumequeue import ConsumeQueue
+
+    store = open_store(tmp_path, clock=FakeClock(NOW))
+    puts = []
+    real_put = ConsumeQueue.put
+    fail = [True]
+
+    def put(cq, first, entries):
+        if fail[0]:
+            fail[0] = False
+            raise OSError(28, "No space left on device")
+        puts.append((cq.queue_id, first, len(entries) // 20))
+        return real_put(cq, first, entries)
+
+    monkeypatch.setattr(ConsumeQueue, "put", put)
+    try:
+        delayed = Prepared("t", 0, record.FLAG_DELAYED, NOW, NOW + 60_000, b"D", b"", b"", b"", b"x")
+        for i in range(3):
+            store.write([Prepared("t", 0, 0, NOW, 0, b"P%d" % i, b"", b"", b"", b"y")])
+            store.write([Prepared("t", 1, 0, NOW, 0, b"Q%d" % i, b"", b"", b"", b"y")])
+        store.write([delayed])
+        synced = store.sync()
+        try:
+            store.dispatch(synced)
+        except OSError:
+            pass
+        assert store.dispatched == 0 and not store.delayed_dispatched and not puts
+        assert store.dispatch(synced) == synced
+        assert sorted(puts) == [(0, 0, 3), (1, 0, 3)]  # one write per queue for the seven batches
+        assert store.bounds("t", 0) == (0, 3) and store.bounds("t", 1) == (0, 3)
+        assert len(store.delayed_dispatched) == 1
+        assert [m.message_id for m in store.read("t", 0, 0, 10)[0]] == ["P0", "P1", "P2"]
+    finally:
+        store.close()
+
+
+def test_kept_stored_batches_become_events_in_the_order_of_the_hooks():
+    """The send path's hook keeps its batch (``stored_plain``); any other hook, and reading the
+    events, turns the kept batches into events first, so the buffer keeps the hooks' order."""
+    rec = trace.TraceRecorder(1000, "%DELAY%")
+    rec.stored_plain("t", [b"A", b"B"], NOW)
+    rec.dead_lettered("g", "t", "X", NOW + 1)
+    rec.stored_plain("t", [b"C"], NOW + 2, [NOW + 60_000])
+    rec.stored_plain("u", [b"D"], NOW + 3)
+    assert rec.due(NOW + 3 + 1000) and not rec.due(NOW + 2)
+    got = [(e[0], e[1], e[3], e[4], e[8], e[9]) for e in rec.events.tuples()]
+    assert got == [(trace.STORED, 0, "t", b"A", NOW, 0), (trace.STORED, 0, "t", b"B", NOW, 0),
+                   (trace.DEAD_LETTERED, 0, "t", "X", NOW + 1, 0),
+                   (trace.STORED, trace.FLAG_DELAYED, "t", b"C", NOW + 2, NOW + 60_000),
+                   (trace.STORED, 0, "u", b"D", NOW + 3, 0)]
+    assert rec.events.consistent() and len(rec.take_events()) == 5 and not rec.due(NOW + 10**6)

@@ -22,6 +22,15 @@ class Echo:
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.closed_generators = 0
+        self.gate: asyncio.Future | None = None  # what a b"gate" call waits on (set by the test)
+
+    async def _until_cancelled(self, awaitable) -> None:
+        """Await it; a cancellation is noted (``cancelled``) and goes on."""
+        try:
+            await awaitable
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
 
     async def unary(self, request: bytes, context) -> bytes:
         if request == b"abort":
@@ -33,11 +42,16 @@ class Echo:
         if request == b"metadata":
             return repr(sorted(context.invocation_metadata())).encode()
         if request == b"sleep":
-            try:
-                await asyncio.sleep(30)
-            except asyncio.CancelledError:
-                self.cancelled.set()
-                raise
+            await self._until_cancelled(asyncio.sleep(30))
+        if request in (b"nap", b"nap-fail", b"twice"):  # a wait on a future, then an answer (or a failure)
+            await asyncio.sleep(0.001)
+            if request == b"nap-fail":
+                raise RuntimeError("boom after a wait")
+            if request == b"twice":
+                await self._until_cancelled(asyncio.sleep(30))
+        if request == b"gate":
+            await self._until_cancelled(self.gate)
+            return b"passed"
         if request == b"code":
             context.set_code(grpc.StatusCode.NOT_FOUND)
             context.set_details("set by hand")
@@ -423,6 +437,74 @@ def test_a_call_reset_before_its_task_first_runs_still_sees_its_cancellation():
         conn.data_received(_request(3, b"next"))  # the connection goes on
         conn._flush_out()
         assert _answers(transport.out)[3] == (b"next", True)
+
+    _in_process(test)
+
+
+def test_a_call_that_waits_once_is_resumed_by_its_future_without_a_task():
+    # A sync send waits once (its group commit): its future's done-callback goes on with it.
+    async def test(server, conn, transport, echo):
+        conn.data_received(_request(1, b"nap") + _request(3, b"nap-fail"))
+        calls = list(server._calls)
+        assert len(calls) == 2 and not any(isinstance(c, asyncio.Task) for c in calls)
+        assert conn.streams[1].task in calls and not calls[0].done()
+        for _ in range(50):
+            if not server._calls:
+                break
+            await asyncio.sleep(0.002)
+        assert not server._calls and all(c.done() and not c.cancelled() for c in calls)
+        conn._flush_out()
+        # (3 failed after its wait: trailers only, its status UNKNOWN)
+        assert _answers(transport.out) == {1: (b"nap", True), 3: (b"", True)}
+
+    _in_process(test)
+
+
+def test_a_call_that_waits_twice_goes_on_in_a_task_that_can_be_cancelled():
+    async def test(server, conn, transport, echo):
+        conn.data_received(_request(1, b"twice"))
+        (first,) = server._calls
+        assert not isinstance(first, asyncio.Task)
+        while first in server._calls:  # its first wait ends; the second goes on in a task
+            await asyncio.sleep(0.002)
+        (task,) = server._calls
+        assert isinstance(task, asyncio.Task) and conn.streams[1].task is task and first.done()
+        conn.data_received(_frame(h2.RST_STREAM, 0, 1, struct.pack(">I", h2.CANCEL)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert task.cancelled() and echo.cancelled.is_set() and not server._calls
+        assert conn.lingering == 0  # the reset's done-callback ran
+        conn._flush_out()
+        assert 1 not in _answers(transport.out)
+
+    _in_process(test)
+
+
+def test_a_call_reset_after_its_future_is_done_but_before_it_resumed_is_cancelled():
+    # The future it waits on is done (its wake-up scheduled) when the RST_STREAM comes: as with a
+    # task, the call must see the cancellation where it waits, not answer.
+    async def test(server, conn, transport, echo):
+        echo.gate = asyncio.get_running_loop().create_future()
+        conn.data_received(_request(1, b"gate"))
+        (call,) = server._calls
+        echo.gate.set_result(None)
+        conn.data_received(_frame(h2.RST_STREAM, 0, 1, struct.pack(">I", h2.CANCEL)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert call.cancelled() and echo.cancelled.is_set() and not server._calls
+        assert conn.lingering == 0
+        conn._flush_out()
+        assert 1 not in _answers(transport.out)
+
+    _in_process(test)
+
+
+def test_stop_waits_for_a_call_resumed_by_its_future():
+    async def test(server, conn, transport, echo):
+        conn.data_received(_request(1, b"nap"))
+        (call,) = server._calls
+        await server.stop(5.0)
+        assert call.done() and not call.cancelled()
 
     _in_process(test)
 
