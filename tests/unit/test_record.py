@@ -93,37 +93,34 @@ def test_check_run_walks_as_check_does(fs, lead, cut):
     buf = b"\xAA" * lead + b"".join(encode(f) for f in fs)
     end = len(buf) - cut * 7
 
-    def by_check():
-        out, pos = [], lead
+    def walk(step) -> list:  # each record's end, then the error that stopped the walk, at its place
+        out: list = []
         try:
-            while pos < end:
+            step(out)
+        except record.RecordError as exc:
+            out.append((out[-1] if out else lead, exc.reason, exc.torn))
+        return out
+
+    def by_check(out):
+        pos = lead
+        while pos < end:
+            pos += record.check(buf, pos, end)
+            out.append(pos)
+
+    def by_run(out):
+        pos = lead
+        while pos < end:
+            stop = record.check_run(buf, pos, end)
+            while pos < stop:  # (each record it passed ends where check says)
                 pos += record.check(buf, pos, end)
                 out.append(pos)
-        except record.RecordError as exc:
-            out.append((pos, exc.reason, exc.torn))
-        return out
+            assert pos == stop
+            if pos < end:
+                pos += record.check(buf, pos, end)
+                out.append(pos)
 
-    def by_run():
-        out, pos = [], lead
-        try:
-            while pos < end:
-                stop = record.check_run(buf, pos, end)
-                if stop > pos:  # (each record it passed ends where check says)
-                    p = pos
-                    while p < stop:
-                        p += record.check(buf, p, end)
-                        out.append(p)
-                    assert p == stop
-                pos = stop
-                if pos < end:
-                    pos += record.check(buf, pos, end)
-                    out.append(pos)
-        except record.RecordError as exc:
-            out.append((pos, exc.reason, exc.torn))
-        return out
-
-    walked = by_check()
-    assert by_run() == walked
+    walked = walk(by_check)
+    assert walk(by_run) == walked
     whole = [p for p in walked if isinstance(p, int)]  # (span steps by lengths: to the last whole record)
     assert record.span(buf, lead, end) == (whole[-1] if whole else lead)
 
