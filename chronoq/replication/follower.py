@@ -12,8 +12,7 @@ a time: ``write`` (commit log, POP log, snapshots, durable) then, on the same th
 same job, ``dispatch`` (the consume queues, and a checkpoint now and then). The loop is told as
 soon as ``write`` is done, so the next pull (which reports the durable position) goes out while
 the dispatch runs, and the next answer's job waits behind it on the one thread. One hand-over
-each way per answer: a job per step cost the replica two more thread wake-ups an answer, about
-as much CPU as applying 30 of its records. With a timer (``timer``, ``chronoq.server.replica``), ``dispatch``
+each way per answer (a job per step took two more thread wake-ups an answer). With a timer (``timer``, ``chronoq.server.replica``), ``dispatch``
 also feeds it the dispatched records (``TimerService.follow``: absorbed, never fired) and runs its
 ``maintenance`` (its checkpoints); a rejoin closes it before the cut and opens it again after.
 
