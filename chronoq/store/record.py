@@ -100,6 +100,7 @@ class RecordError(ValueError):
         self.reason = reason
         # True when the record runs past the end of the available bytes (a short write).
         self.torn = torn
+        self.at = -1  # where the bad record starts, when a walk says so (``check_all``)
 
 
 def encode_keys(keys: tuple[str, ...] | list[str]) -> bytes:
@@ -221,6 +222,21 @@ def check(buf: bytes, pos: int, end: int) -> int:
 _TEXT_START = HEADER_SIZE - CRC_START  # where the topic starts in the CRC-covered bytes
 
 
+def check_all(buf: bytes, pos: int, end: int) -> int:
+    """Check every record of ``buf[pos:end]`` (``buf``: bytes) and return ``end``: ``check_run``'s
+    walk, ``check`` where it stops. The first bad record raises ``check``'s ``RecordError``, with
+    ``at``, its position. (A replica's check of what it is shipped; a replay's of what it reads.)"""
+    while pos < end:
+        pos = check_run(buf, pos, end)
+        if pos < end:
+            try:
+                pos += check(buf, pos, end)
+            except RecordError as exc:
+                exc.at = pos
+                raise
+    return pos
+
+
 def check_run(buf: bytes, pos: int, end: int) -> int:
     """Walk the records of ``buf[pos:end]`` (``buf``: bytes) while each passes every rule of
     ``check`` with ASCII text fields, and return where the walk stopped: ``end`` when all did.
@@ -336,15 +352,20 @@ def decode_tuple(buf: bytes, pos: int = 0) -> tuple:
             buf[text_end:text_end + blen])
 
 
-def _text_fields(buf: bytes, p: int, tlen: int, mlen: int, taglen: int, klen: int, plen: int) -> tuple:
-    """(topic, message id, tag, keys, properties) of a record whose topic starts at ``p``."""
-    raw_topic = buf[p:p + tlen]
-    topic = _topics.get(raw_topic)  # a few topics are read over and over
+def topic_name(raw: bytes) -> str:
+    """A record's topic as text, from a bounded cache (a few topics are read over and over)."""
+    topic = _topics.get(raw)
     if topic is None:
-        topic = raw_topic.decode()
+        topic = raw.decode()
         if len(_topics) >= _TOPICS_CACHE_MAX:
             _topics.clear()
-        _topics[raw_topic] = topic
+        _topics[raw] = topic
+    return topic
+
+
+def _text_fields(buf: bytes, p: int, tlen: int, mlen: int, taglen: int, klen: int, plen: int) -> tuple:
+    """(topic, message id, tag, keys, properties) of a record whose topic starts at ``p``."""
+    topic = topic_name(buf[p:p + tlen])
     p += tlen
     msgid = buf[p:p + mlen].decode(); p += mlen
     tag = buf[p:p + taglen].decode() if taglen else ""; p += taglen

@@ -187,9 +187,8 @@ def iter_chunks(log: CommitLog, start: int, checked_end: int = 0) -> Iterator[tu
     verified over this range (damage is a fatal ``errors.CorruptionError``, as on a read); records
     below ``checked_end``, a record boundary up to which this process checked every record as it
     wrote it (``Store.append_shipped``), are stepped over by their length field (``record.span``)
-    and the others checked a run at a time (``record.check_run``, then ``record.check`` for the
-    record it stopped at): no Python step per record. A dispatch walks the chunk once more
-    (``chronoq.store.routing``).
+    and the others checked a run at a time (``record.check_all``): no Python step per record. A
+    dispatch walks the chunk once more (``chronoq.store.routing``).
 
     Read with ``pread`` in chunks of ``READ_CHUNK``, not mapped: a replica dispatches every few
     kilobytes it is shipped (``Store.dispatch_shipped``), and mapping then unmapping the whole
@@ -213,18 +212,14 @@ def iter_chunks(log: CommitLog, start: int, checked_end: int = 0) -> Iterator[tu
             chunk = log.read(seg.base + pos, min(want, limit - pos))
             size, whole = len(chunk), pos + len(chunk) >= limit  # (whole: no bytes of this range lie past it)
             p = record.span(chunk, 0, max(0, min(size, checked_end - seg.base - pos)))
-            while p < size:
-                p = record.check_run(chunk, p, size)
-                if p == size:
-                    break
-                try:
-                    p += record.check(chunk, p, size)
-                except record.RecordError as exc:
-                    if exc.torn and not whole:  # (the chunk cut it: read on from it)
-                        break
+            try:
+                p = record.check_all(chunk, p, size)
+            except record.RecordError as exc:
+                if not exc.torn or whole:
                     # A rebuild (R7, R8, R10) also replays segments the start-up scan did not
                     # verify: damage there is the same named, fatal error as on a read.
-                    raise errors.CorruptionError(seg.path, pos + p, exc.reason) from None
+                    raise errors.CorruptionError(seg.path, pos + exc.at, exc.reason) from None
+                p = exc.at  # (the chunk cut this record: read on from it)
             if p:
                 yield seg.base + pos, chunk, 0, p
                 pos += p

@@ -19,16 +19,12 @@ from __future__ import annotations
 import zlib
 
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE
-from chronoq.store.record import FLAG_DELAYED, HEADER_SIZE, ROUTE
-
-_TOPICS_MAX = 4096  # topic names decoded, kept (a few are read over and over)
-_topics: dict[bytes, str] = {}
-
+from chronoq.store.record import FLAG_DELAYED, HEADER_SIZE, ROUTE, topic_name
 
 def route(chunk: bytes, p: int, stop: int, at: int, batch: dict, taps: list | None, add_entry) -> int:
     """Route the records of ``chunk[p:stop]`` (``chunk[0]`` at commit offset ``at``) into
     ``batch``; returns how many entries were made. ``taps`` None: nobody follows (recovery)."""
-    unpack, pack, crc32, topics = ROUTE.unpack_from, ENTRY.pack, zlib.crc32, _topics
+    unpack, pack, crc32 = ROUTE.unpack_from, ENTRY.pack, zlib.crc32
     header, delayed, entry_size = HEADER_SIZE, FLAG_DELAYED, ENTRY_SIZE
     made = 0
     while p < stop:
@@ -41,13 +37,7 @@ def route(chunk: bytes, p: int, stop: int, at: int, batch: dict, taps: list | No
         if deliver and taps is not None:
             taps.append(p)
         t = p + header
-        raw_topic = chunk[t:t + tlen]
-        topic = topics.get(raw_topic)
-        if topic is None:
-            topic = raw_topic.decode()
-            if len(topics) >= _TOPICS_MAX:
-                topics.clear()
-            topics[raw_topic] = topic
+        topic = topic_name(chunk[t:t + tlen])
         t += tlen + mlen
         entry = pack(at + p, total, crc32(chunk[t:t + taglen]) if taglen else 0, stored)
         key = (topic, qid)

@@ -398,14 +398,10 @@ class Store(Holds, StoreWriter):
         empty = self.log.written == self.log.min_offset  # (an empty log starts where the primary's does)
         if offset != self.log.written and not (empty and offset == segment_base):
             raise errors.ClientError(f"shipped bytes start at {offset}, this log ends at {self.log.written}")
-        pos, end = 0, len(blob)
-        while pos < end:
-            pos = record.check_run(blob, pos, end)  # (a run at a time; check names a failure)
-            if pos < end:
-                try:
-                    pos += record.check(blob, pos, end)
-                except record.RecordError as exc:
-                    raise errors.CorruptionError(f"bytes shipped for offset {offset}", pos, exc.reason) from None
+        try:
+            record.check_all(blob, 0, len(blob))
+        except record.RecordError as exc:
+            raise errors.CorruptionError(f"bytes shipped for offset {offset}", exc.at, exc.reason) from None
         lo, hi = self._shipped_checked
         self.log.append(blob, segment_base=segment_base)
         self._shipped_checked = (lo if hi == offset else offset, self.log.written)

@@ -121,6 +121,11 @@ def test_check_run_walks_as_check_does(fs, lead, cut):
 
     walked = walk(by_check)
     assert walk(by_run) == walked
+
+    try:  # check_all, the one call: every record, or the first bad one's error, at its place
+        assert record.check_all(buf, lead, end) == end == walked[-1]
+    except record.RecordError as exc:
+        assert (exc.at, exc.reason, exc.torn) == walked[-1]
     whole = [p for p in walked if isinstance(p, int)]  # (span steps by lengths: to the last whole record)
     assert record.span(buf, lead, end) == (whole[-1] if whole else lead)
 

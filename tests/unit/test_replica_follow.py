@@ -121,22 +121,16 @@ def test_shipped_records_are_checked_once_as_they_are_written(tmp_path, monkeypa
     primary = open_store(tmp_path / "p")
     fill(primary, 300, batch=9)
     replica = open_store(tmp_path / "r")
-    checked = []  # bytes checked: (start, end) of each record or run of records
-    real_check, real_run = record.check, record.check_run
+    checked = []  # bytes checked: the span of each walk over records
+    real_check_all = record.check_all
 
     def counted(buf, pos, end):
-        length = real_check(buf, pos, end)
-        checked.append(length)
-        return length
-
-    def counted_run(buf, pos, end):
-        stop = real_run(buf, pos, end)
+        stop = real_check_all(buf, pos, end)
         checked.append(stop - pos)
         return stop
 
     try:
-        monkeypatch.setattr(record, "check", counted)
-        monkeypatch.setattr(record, "check_run", counted_run)
+        monkeypatch.setattr(record, "check_all", counted)
         pulls = 0
         while True:
             at = replica.log.written
