@@ -24,9 +24,14 @@ before the point are these, then truncates as a rejoin does) and follows. Under 
 "async"`` those bytes may have been acknowledged: the replica is refused with a message saying
 so, nothing is cut (promote the replica, which holds them).
 
-Long poll: with nothing new the pull waits up to ``wait_ms`` (at most ``WAIT_MAX_MS``), woken by
-each dispatch (``Broker.add_arrival_listener``) and each fsync rung (the written listener above),
-and looking again every ``WAIT_TICK_S`` (a snapshot file rewritten, say).
+Long poll: with nothing new the pull is *parked* for up to ``wait_ms`` (at most ``WAIT_MAX_MS``)
+and answered by whoever brings news: each fsync rung (the written listener above) answers the
+parked pulls there and then (the ring is a loop callback of its own, between calls: a moment
+as good as the pull's own), so a sync replica's bytes leave in the loop pass after the ring, not
+after the three wake-ups an ``Event`` under ``wait_for`` takes (each behind a poll phase's reads
+of other calls, under load). Each dispatch (``Broker.add_arrival_listener``, which may run in
+the middle of a call's handler) asks for one look at the end of the pass, and each parked pull
+looks again every ``WAIT_TICK_S`` (a snapshot file rewritten, say).
 
 Rejoining (``chronoq.replication.divergence``): a replica whose log runs past the start of this
 primary's first epoch after the replica's own is answered OK with a ``Divergence`` (the point,
@@ -79,7 +84,11 @@ class PrimaryNode:
         # node id -> the replica's last pull: (endpoint, durable position, wall ms)
         self.replicas: dict[str, tuple[str, int, int]] = {}
         self._caught_up_ms: dict[str, int] = {}  # node id -> when it last held the whole durable log
-        self._wake: asyncio.Event | None = None
+        # Pulls waiting for news (``pull``): each one's future -> its request. Answered by
+        # ``_answer_parked``: at a ring (``written``), at the end of a pass that dispatched
+        # (``_arrived``), or by its own tick (None: look again).
+        self._parked: dict[asyncio.Future, object] = {}
+        self._look_asked = False
         broker.add_arrival_listener(self._arrived)
         # Sync replication (``replicated``): the highest position a replica reported durable, and
         # the acknowledgements waiting for one: a heap of (ticket, sequence, future).
@@ -97,13 +106,36 @@ class PrimaryNode:
         self.published = None
 
     def _arrived(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        """A dispatch (maybe inside a call's handler): look at the parked pulls once this pass is done."""
+        if self._parked and not self._look_asked:
+            self._look_asked = True
+            asyncio.get_running_loop().call_soon(self._look)
+
+    def _look(self) -> None:
+        self._look_asked = False
+        self._answer_parked()
+
+    def _answer_parked(self) -> None:
+        """Answer each parked pull that has news now (``_answer``: no await, one moment)."""
+        for fut, req in list(self._parked.items()):
+            if fut.done():
+                continue
+            try:
+                resp, news = self._answer(req)
+            except Exception as exc:  # noqa: BLE001 - the pull's own failure, raised where it waits
+                del self._parked[fut]
+                fut.set_exception(exc)
+                continue
+            if news:
+                del self._parked[fut]
+                fut.set_result(resp)
 
     def written(self) -> None:
-        """``GroupCommitter.add_written_listener``: bytes to ship before their fsync (wake the
-        waiting pull), and a sample of the written end for ``in_sync``."""
-        self._arrived()
+        """``GroupCommitter.add_written_listener``: bytes to ship before their fsync (answer the
+        parked pulls now: the ring is a callback of its own), and a sample of the written end
+        for ``in_sync``."""
+        if self._parked:
+            self._answer_parked()
         now, samples = self.broker.clock.wall_ms(), self._written_at
         if not samples or now - samples[-1][0] >= self.sync_timeout_ms // WRITTEN_SAMPLES:
             samples.append((now, self.store.log.written))
@@ -165,17 +197,20 @@ class PrimaryNode:
         # set (chronoq.replication.coordinator.InSyncTracker drops one silent for the bound).
         wait_ms = min(max(req.wait_ms, 0), WAIT_MAX_MS, self.sync_timeout_ms // 2)
         deadline = loop.time() + wait_ms / 1000
-        if self._wake is None:
-            self._wake = asyncio.Event()
         while True:
-            self._wake.clear()
             resp, news = self._answer(req)
             if news or loop.time() >= deadline:
                 return resp
+            parked = loop.create_future()
+            self._parked[parked] = req
+            tick = loop.call_later(min(WAIT_TICK_S, deadline - loop.time()), _look_again, parked)
             try:
-                await asyncio.wait_for(self._wake.wait(), min(WAIT_TICK_S, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                pass
+                resp = await parked
+            finally:
+                tick.cancel()
+                self._parked.pop(parked, None)
+            if resp is not None:
+                return resp
 
     def _divergence(self, req) -> apb.Divergence | None:
         """The point a rejoining replica must truncate at first (None: none), or a refusal."""
@@ -333,6 +368,11 @@ async def acknowledged(fut: asyncio.Future, timeout_s: float, refusal: Callable[
         await fut
     finally:
         timer.cancel()
+
+
+def _look_again(parked: asyncio.Future) -> None:
+    if not parked.done():
+        parked.set_result(None)
 
 
 def _expire(fut: asyncio.Future, refusal: Callable[[], str]) -> None:

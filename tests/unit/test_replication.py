@@ -205,3 +205,67 @@ def test_a_replica_is_in_sync_while_it_holds_what_was_written_a_bound_ago(tmp_pa
         assert PrimaryNode(broker, None, "fresh").in_sync(0, now, now)  # nothing sampled yet: nothing required
     finally:
         broker.close()
+
+
+def test_a_parked_pull_is_answered_at_the_ring_at_once(tmp_path):
+    """A pull with nothing to ship is parked (``PrimaryNode.pull``); the fsync ring
+    (``written``) answers it there and then, the bytes read at that moment; a dispatch alone
+    (the arrival listener, which may run inside a handler) answers it one loop pass later; with
+    neither, it ends empty at its deadline."""
+    import asyncio
+
+    from chronoq.broker.broker import Broker, OutgoingMessage
+    from chronoq.core.config import BrokerConfig
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.replication.shipper import PrimaryNode
+
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p")))
+
+    async def run() -> None:
+        node = PrimaryNode(broker, None, "primary")
+        broker.send_batch([OutgoingMessage("orders", b"a" * 300)])  # (the topic made: topics.json)
+        held = node._answer(apb.PullRequest(node_id="r"))[0]  # the snapshots now held by the replica
+
+        def pull_at(end: int) -> apb.PullRequest:
+            req = apb.PullRequest(node_id="r", wait_ms=5_000, epoch=node.epoch)
+            req.position.commit = end
+            req.tail_from, req.tail_crc = position.tail(broker.store, end)
+            for snap in held.snapshots:
+                req.snapshot_versions[snap.name] = snap.version
+            return req
+
+        async def parked(req) -> asyncio.Task:
+            task = asyncio.ensure_future(node.pull(req))
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert not task.done() and len(node._parked) == 1
+            return task
+
+        end = broker.store.log.written
+        task = await parked(pull_at(end))
+        broker.send_batch([OutgoingMessage("orders", b"b" * 300)])  # dispatched: a look asked for
+        node.written()  # the ring: answered in this very step
+        assert not node._parked and not task.done()  # answered: the call goes on at its next step
+        resp = await task
+        assert resp.commit_offset == end and len(resp.commit_bytes) == broker.store.log.written - end
+
+        end = broker.store.log.written
+        task = await parked(pull_at(end))
+        broker.send_batch([OutgoingMessage("orders", b"c" * 300)])  # the arrival listener only
+        fut = next(iter(node._parked))
+        assert not fut.done()
+        await asyncio.sleep(0)  # its look runs at the end of this pass
+        assert fut.done()
+        assert len((await task).commit_bytes) == broker.store.log.written - end
+
+        req = pull_at(broker.store.log.written)
+        req.wait_ms = 120  # nothing comes: two ticks, then the empty answer at the deadline
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        resp = await node.pull(req)
+        assert not resp.commit_bytes and loop.time() - began >= 0.12 and not node._parked
+
+    try:
+        asyncio.run(run())
+    finally:
+        broker.close()
