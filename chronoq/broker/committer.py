@@ -32,7 +32,9 @@ end and the primary's written end (``log.written``: shipped while this thread fs
 ring wakes the shipper, ``add_written_listener``), appends them at the same offsets, fsyncs, and
 dispatches them in log order exactly as recovery's replay does (``Store._replay``), so its derived
 data is a function of the position it reached. A ``sync`` acknowledgement (``barrier``) waits for
-this node's fsync and then for a replica's report, each covering the ticket.
+this node's fsync and then for a replica's report, each covering the ticket: one future, which the
+fsync's generation hands on to the replica's wait (``replica_wait``) by callback, so the call
+suspends once.
 
 Callers: client sends of every type (``send_batch``; ``send`` for objects), transaction halves and ends
 (``barrier``), staged publishes and trace flushes (``durable`` with the log's end as ticket), the
@@ -48,9 +50,10 @@ on the caller's thread, for a broker without a loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
-from typing import Awaitable, Callable, Iterable
+from typing import Callable, Iterable
 
 from chronoq.core import errors
 from chronoq.core.jobs import Job
@@ -103,9 +106,10 @@ class GroupCommitter:
         self._logs: list[Callable[[], None]] = []
         self._dispatch_failures = 0
         self._dispatch_retry: asyncio.TimerHandle | None = None
-        # ``replication = "sync"``: ``replicated(ticket)`` returns once a replica holds the log up to
-        # the ticket durably (chronoq.replication.shipper.PrimaryNode.replicated); None: async.
-        self.replicated: Callable[[int], Awaitable[None]] | None = None
+        # ``replication = "sync"``: ``replica_wait(ticket, settle)`` calls ``settle(None)`` once a
+        # replica holds the log up to the ticket durably, or ``settle(errors.ReplicaTimeout)``
+        # (chronoq.replication.shipper.PrimaryNode.replica_wait); None: async.
+        self.replica_wait: Callable[[int, Callable[[BaseException | None], None]], None] | None = None
         # ``replication_sync_fallback = "async"``: a send no replica reported in time is answered
         # OK all the same (durable here only, as under async), counted, and the switch logged;
         # "refuse" (default): ``errors.ReplicaTimeout``.
@@ -147,7 +151,7 @@ class GroupCommitter:
             raise
         if sent.message_ids:
             # Duplicates answer with the original's offset: it too must be durable before we reply.
-            if self.replicated is None:  # (``barrier``'s wait, awaited here: no coroutine per send for it)
+            if self.replica_wait is None:  # (``barrier``'s wait, awaited here: no coroutine per send for it)
                 fut = self._written_acknowledged()
                 if fut is not None:
                     await fut
@@ -187,7 +191,7 @@ class GroupCommitter:
         a failover, and the promoted node deliver what its producer was told was cancelled. The
         record is applied here all the same (raises ``errors.ReplicaTimeout``: outcome unknown,
         as any refused write; recalling again answers from the stored record)."""
-        if self.replicated is not None and ticket > 0:
+        if self.replica_wait is not None and ticket > 0:
             await self._replica_holds(ticket)
 
     async def retention(self) -> tuple[list[str], Job | None]:
@@ -209,18 +213,15 @@ class GroupCommitter:
 
     async def barrier(self) -> None:
         """Return once everything written so far is acknowledged under the flush policy: durable
-        and dispatched (``sync``), or dispatched (``async``); with ``replicated`` set (``replication
+        and dispatched (``sync``), or dispatched (``async``); with ``replica_wait`` set (``replication
         = "sync"``), also durable on a replica (raises ``errors.ReplicaTimeout`` when none says so
         in time: the records stay stored here)."""
-        if self.replicated is None:
+        if self.replica_wait is None:
             fut = self._written_acknowledged()
             if fut is not None:
                 await fut
             return
-        ticket = self.store.log.written
-        await self.durable(ticket)
-        # sync replication: a replica's too (one report answers a group)
-        await self._replica_holds(ticket)
+        await self._replicated_waiter(self.store.log.written)
         self.check_leader()  # (the wait may have outlasted the lease)
 
     def _written_acknowledged(self) -> asyncio.Future | None:
@@ -233,23 +234,55 @@ class GroupCommitter:
             return None
         return self._waiter(self.store.log.written)
 
-    async def _replica_holds(self, ticket: int) -> None:
-        """``replicated(ticket)``, its refusal (``errors.ReplicaTimeout``) turned into an answer
-        under ``replication_sync_fallback = "async"``."""
-        try:
-            await self.replicated(ticket)
-        except errors.ReplicaTimeout as exc:
-            if not self.sync_fallback:
-                raise
+    def _replicated_waiter(self, ticket: int) -> asyncio.Future:
+        """``barrier``'s one wait under ``replication = "sync"``: a future done once ``ticket`` is
+        durable and dispatched here (a callback of its fsync's generation) and then held by a
+        replica (``replica_wait``, chained from that callback), or failed with the first failure.
+        One future, not a wait for each: a call that waits twice costs a task
+        (``chronoq.server.h2calls``), and one report answers a whole group either way."""
+        fut = self._loop.create_future()
+        store = self.store
+        if store.log.synced >= ticket and store.dispatched >= ticket:
+            self._then_replica(fut, ticket, store.log.synced, None)
+        else:
+            self._generation_for(ticket).callbacks.append(functools.partial(self._then_replica, fut, ticket))
+        return fut
+
+    def _then_replica(self, fut: asyncio.Future, ticket: int, _synced: int, exc: BaseException | None) -> None:
+        if fut.done():  # its caller was cancelled
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+            return
+        self.replica_wait(ticket, functools.partial(self._replica_settled, fut))
+
+    def _replica_settled(self, fut: asyncio.Future, exc: BaseException | None) -> None:
+        """A replica's answer for ``fut``: under ``replication_sync_fallback = "async"`` a
+        ``errors.ReplicaTimeout`` answers OK all the same (counted, the switch logged)."""
+        if exc is None:
+            if self.sync_degraded:
+                self.sync_degraded = False
+                log.warning("replication = sync: a replica reported again; sends wait for one from now on")
+        elif isinstance(exc, errors.ReplicaTimeout) and self.sync_fallback:
             self.sync_fallbacks += 1
             if not self.sync_degraded:
                 self.sync_degraded = True
                 log.warning("replication = sync falls back to async (replication_sync_fallback): %s; sends are "
                             "acknowledged once durable on this primary alone until a replica reports again", exc)
+            exc = None
+        if fut.done():
             return
-        if self.sync_degraded:
-            self.sync_degraded = False
-            log.warning("replication = sync: a replica reported again; sends wait for one from now on")
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+    async def _replica_holds(self, ticket: int) -> None:
+        """``replica_wait(ticket)`` awaited, its refusal (``errors.ReplicaTimeout``) turned into an
+        answer under ``replication_sync_fallback = "async"`` (``_replica_settled``)."""
+        fut = self._loop.create_future()
+        self.replica_wait(ticket, functools.partial(self._replica_settled, fut))
+        await fut
 
     async def durable(self, ticket: int) -> None:
         """Return once the commit log is fsynced to at least ``ticket`` and dispatched below it

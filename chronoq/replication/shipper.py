@@ -90,15 +90,16 @@ class PrimaryNode:
         self._parked: dict[asyncio.Future, object] = {}
         self._look_asked = False
         broker.add_arrival_listener(self._arrived)
-        # Sync replication (``replicated``): the highest position a replica reported durable, and
-        # the acknowledgements waiting for one: a heap of (ticket, sequence, future).
+        # Sync replication (``replica_wait``): the highest position a replica reported durable, and
+        # the acknowledgements waiting for one: a heap of ``expiring`` entries
+        # ``[ticket, sequence, settle, timer]``.
         self.sync_timeout_ms = broker.config.replication_sync_timeout_ms
         # (wall ms, log.written then), sampled as fsyncs are rung, at most every 1/SAMPLES of
         # the bound (so at most ~SAMPLES+2 kept): a replica is in sync while it holds what was
         # written a bound ago (``in_sync``), however busy the log is now.
         self._written_at: collections.deque[tuple[int, int]] = collections.deque()
         self.acked = 0
-        self._acks: list[tuple[int, int, asyncio.Future]] = []
+        self._acks: list[list] = []
         self._ack_seq = itertools.count()
         # With etcd: ``on_report(endpoint, position)`` at each pull (chronoq.server.failover's in-sync set),
         # and ``published(endpoint)``, that set's membership (what ``counts_in_sync`` answers then).
@@ -301,23 +302,30 @@ class PrimaryNode:
         return resp, news
 
     # ------------------------------------------------------------------ sync replication
-    async def replicated(self, ticket: int) -> None:
-        """Return once a replica reported the log durable up to ``ticket`` (its next pull after it
-        copied it: one report answers every acknowledgement waiting at or below it, so group commit
-        covers the round trip). Raises ``errors.ReplicaTimeout`` at once when no replica pulled in
-        the last ``replication_sync_timeout_ms`` (none in sync), or when none reports in that time."""
+    def replica_wait(self, ticket: int, settle: Callable[[BaseException | None], None]) -> None:
+        """``settle(None)`` once a replica reported the log durable up to ``ticket`` (its next pull
+        after it copied it: one report settles every acknowledgement waiting at or below it, so
+        group commit covers the round trip), or ``settle(errors.ReplicaTimeout)``: at once when no
+        replica pulled in the last ``replication_sync_timeout_ms`` holding what was written a bound
+        ago (none in sync), or when none reports in that time. Exactly once, on the loop, maybe
+        before this returns. A callback, not a coroutine: the committer chains it to the fsync's
+        own so that a sync send waits once (``GroupCommitter.barrier``)."""
         if self.acked >= ticket:
+            settle(None)
             return
         now, timeout_ms = self.broker.clock.wall_ms(), self.sync_timeout_ms
         if not any(self.in_sync(pos, seen, now) for _ep, pos, seen in self.replicas.values()):
-            raise errors.ReplicaTimeout(
+            settle(errors.ReplicaTimeout(
                 f"replication = sync and no replica is in sync (none pulled in the last {timeout_ms} ms holding "
-                f"what was written {timeout_ms} ms ago): the message is stored on this primary only")
-        fut = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._acks, (ticket, next(self._ack_seq), fut))
-        await acknowledged(fut, timeout_ms / 1000, lambda: (
+                f"what was written {timeout_ms} ms ago): the message is stored on this primary only"))
+            return
+        heapq.heappush(self._acks, expiring([ticket, next(self._ack_seq), settle, None], timeout_ms / 1000, lambda: (
             f"replication = sync: no replica reported offset {ticket} durable within {timeout_ms} ms "
-            "(replication_sync_timeout_ms): the message is stored on this primary"))
+            "(replication_sync_timeout_ms): the message is stored on this primary")))
+
+    async def replicated(self, ticket: int) -> None:
+        """``replica_wait`` awaited: returns, or raises ``errors.ReplicaTimeout``."""
+        await settled(self.replica_wait, ticket)
 
     def _replica_acked(self, position_: int) -> None:
         if position_ <= self.acked:
@@ -325,9 +333,7 @@ class PrimaryNode:
         self.acked = position_
         acks = self._acks
         while acks and acks[0][0] <= position_:
-            fut = heapq.heappop(acks)[2]
-            if not fut.done():
-                fut.set_result(None)
+            settle_now(heapq.heappop(acks), None)
 
     # ------------------------------------------------------------------ status and promotion
     async def status(self, _req=None) -> apb.ClusterStatusResponse:
@@ -357,27 +363,48 @@ class PrimaryNode:
         return out
 
 
-async def acknowledged(fut: asyncio.Future, timeout_s: float, refusal: Callable[[], str]) -> None:
-    """Wait for a sync acknowledgement's future (resolved by the replicas' reports); past
-    ``timeout_s`` it fails with ``errors.ReplicaTimeout(refusal())``. A timer of its own, not
-    ``asyncio.wait_for``, which wraps each waiting send in two more futures and their callbacks:
-    a cost paid on every acknowledgement under load. A cancelled waiter cancels ``fut`` (the
-    reports pass over done futures)."""
-    timer = asyncio.get_running_loop().call_later(timeout_s, _expire, fut, refusal)
-    try:
-        await fut
-    finally:
-        timer.cancel()
+def expiring(entry: list, timeout_s: float, refusal: Callable[[], str]) -> list:
+    """A waiting acknowledgement, ``[ticket, sequence, settle, timer]``, given its timer: past
+    ``timeout_s`` it is settled with ``errors.ReplicaTimeout(refusal())``. One timer of its own
+    (``asyncio.wait_for`` wrapped each waiting send in two more futures and their callbacks)."""
+    entry[3] = asyncio.get_running_loop().call_later(timeout_s, _expire, entry, refusal)
+    return entry
+
+
+def settle_now(entry: list, exc: BaseException | None) -> None:
+    """Settle a waiting acknowledgement (``expiring``) unless it was already: its timer stops."""
+    settle = entry[2]
+    if settle is not None:
+        entry[2] = None
+        if entry[3] is not None:
+            entry[3].cancel()
+        settle(exc)
+
+
+def _expire(entry: list, refusal: Callable[[], str]) -> None:
+    if entry[2] is not None:
+        settle_now(entry, errors.ReplicaTimeout(refusal()))
+
+
+async def settled(wait: Callable[[int, Callable[[BaseException | None], None]], None], ticket: int) -> None:
+    """Await a ``replica_wait``-shaped wait: returns when settled with None, raises what else it is settled with."""
+    fut = asyncio.get_running_loop().create_future()
+    wait(ticket, lambda exc: _into(fut, exc))
+    await fut
+
+
+def _into(fut: asyncio.Future, exc: BaseException | None) -> None:
+    if fut.done():  # (its waiter was cancelled)
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
 
 
 def _look_again(parked: asyncio.Future) -> None:
     if not parked.done():
         parked.set_result(None)
-
-
-def _expire(fut: asyncio.Future, refusal: Callable[[], str]) -> None:
-    if not fut.done():
-        fut.set_exception(errors.ReplicaTimeout(refusal()))
 
 
 def _ok() -> apb.Status:

@@ -37,7 +37,7 @@ from chronoq.core import errors
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.replication import coordinator as co
 from chronoq.replication.etcd import EtcdAccess, EtcdCoordinator
-from chronoq.replication.shipper import acknowledged
+from chronoq.replication.shipper import expiring, settle_now, settled
 
 log = logging.getLogger("chronoq.failover")
 
@@ -252,7 +252,7 @@ class PrimaryDuty:
         self.sync_timeout_ms = cfg.replication_sync_timeout_ms
         self.store = runtime.broker.store
         self.clock = runtime.broker.clock
-        self._acks: list[tuple[int, asyncio.Future]] = []
+        self._acks: list[list] = []  # ``expiring`` entries: [ticket, 0, settle, timer]
         self._wake = asyncio.Event()
         # Set once fenced and holding a fresh lease: the runtime closes this broker and takes a role again.
         self.stepped_down = asyncio.Event()
@@ -264,35 +264,40 @@ class PrimaryDuty:
             self._release()
             self._wake.set()
 
-    async def replicated(self, ticket: int) -> None:
-        """``replication = "sync"`` with etcd: every replica of the in-sync set holds ``ticket``."""
+    def replica_wait(self, ticket: int, settle) -> None:
+        """``replication = "sync"`` with etcd: ``settle(None)`` once every replica of the in-sync
+        set holds ``ticket``, or ``settle(errors.ReplicaTimeout)`` (the shape of
+        ``PrimaryNode.replica_wait``)."""
         if self.tracker.acked(ticket):
+            settle(None)
             return
         if not self.tracker.required:
-            raise errors.ReplicaTimeout(
+            settle(errors.ReplicaTimeout(
                 "replication = sync and no replica is in sync (the in-sync set is this primary alone): the message "
-                "is stored on this primary only")
-        fut = asyncio.get_running_loop().create_future()
-        self._acks.append((ticket, fut))
+                "is stored on this primary only"))
+            return
         # Twice the bound: a member silent for the bound is dropped (published first), then the
         # rest answer; only a set that neither answers nor shrinks in that time gets a refusal.
-        await acknowledged(fut, 2 * self.sync_timeout_ms / 1000, lambda: (
+        self._acks.append(expiring([ticket, 0, settle, None], 2 * self.sync_timeout_ms / 1000, lambda: (
             f"replication = sync: the in-sync replicas did not report offset {ticket} durable within "
-            f"{2 * self.sync_timeout_ms} ms: the message is stored on this primary"))
+            f"{2 * self.sync_timeout_ms} ms: the message is stored on this primary")))
+
+    async def replicated(self, ticket: int) -> None:
+        """``replica_wait`` awaited: returns, or raises ``errors.ReplicaTimeout``."""
+        await settled(self.replica_wait, ticket)
 
     def _release(self) -> None:
         keep = []
-        for ticket, fut in self._acks:
-            if fut.done():
+        for entry in self._acks:
+            if entry[2] is None:  # settled already (expired)
                 continue
-            if self.tracker.acked(ticket):
-                fut.set_result(None)
+            if self.tracker.acked(entry[0]):
+                settle_now(entry, None)
             elif not self.tracker.required:
-                fut.set_exception(errors.ReplicaTimeout(
+                settle_now(entry, errors.ReplicaTimeout(
                     "replication = sync: every replica left the in-sync set: the message is stored on this primary only"))
-                fut.exception()
             else:
-                keep.append((ticket, fut))
+                keep.append(entry)
         self._acks = keep
 
     async def run(self) -> None:
@@ -359,10 +364,9 @@ class PrimaryDuty:
         broker and takes a role again (``take_role``: follow the leader, cutting this log at its
         epoch boundary, or campaign when eligible)."""
         await self._learn_leader()
-        for fut in [f for _t, f in self._acks if not f.done()]:
-            fut.set_exception(errors.PreconditionFailed(self.leadership.refusal()))
-            fut.exception()
-        self._acks = []
+        acks, self._acks = self._acks, []
+        for entry in acks:
+            settle_now(entry, errors.PreconditionFailed(self.leadership.refusal()))
         log.error("%s. This node acknowledges nothing more and never campaigns again with epoch %d: it steps "
                   "down (a fresh etcd lease, the broker closed, then it follows the leader, cutting its log at "
                   "the epoch boundary if it went past it, or campaigns for a new epoch if eligible)",

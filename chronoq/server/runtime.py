@@ -334,13 +334,13 @@ class Runtime:
             self.replication = PrimaryNode(broker, self.pop, self.node_id)
             self.committer.add_written_listener(self.replication.written)
             if self.config.replication == "sync":  # acknowledgements wait for a replica too
-                self.committer.replicated = self.replication.replicated
+                self.committer.replica_wait = self.replication.replica_wait
             if self.duty is not None:  # etcd: the in-sync set, published; under sync every member acks
                 self.replication.on_report = self.duty.report
                 tracker = self.duty.tracker  # (its ``published`` set is replaced at each publication)
                 self.replication.published = lambda endpoint: endpoint in tracker.published
                 if self.config.replication == "sync":
-                    self.committer.replicated = self.duty.replicated
+                    self.committer.replica_wait = self.duty.replica_wait
                 self._tasks.append(loop.create_task(self.duty.run(), name="chronoq-leader"))
                 from chronoq.server.cluster import ClusterKeeper  # broker groups: placement, one route
 

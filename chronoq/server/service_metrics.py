@@ -87,7 +87,7 @@ class ServiceCollector(Collector):
         if replication is not None:
             yield from self._replication(replication)
             committer = source.committer
-            if committer.replicated is not None:  # replication = sync
+            if committer.replica_wait is not None:  # replication = sync
                 yield CounterMetricFamily("chronoq_replication_sync_fallbacks", "Acknowledgements made under "
                                           "replication = sync without a replica's report "
                                           "(replication_sync_fallback = async).", value=committer.sync_fallbacks)

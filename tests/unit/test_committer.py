@@ -133,3 +133,84 @@ def test_async_policy_fsyncs_on_its_interval_and_on_request(tmp_path):
         assert broker.store.log.synced >= ticket
 
     _run(tmp_path, scenario, flush_policy="async", flush_interval_ms=10)
+
+
+def test_a_sync_replicated_send_waits_once_for_its_fsync_and_a_replicas_report(tmp_path):
+    """``replication = "sync"``: a send is answered only once its records are durable here *and* a
+    replica reported them (``PrimaryNode.replica_wait``), in either order, and it suspends once on
+    the way (``GroupCommitter._replicated_waiter``: a second wait would cost the HTTP/2 server a
+    task per call). Driven step by step as ``h2calls._launch`` drives a handler."""
+    from chronoq.broker.broker import OutgoingBatch
+    from chronoq.replication.shipper import PrimaryNode
+
+    async def scenario(broker, committer):
+        node = PrimaryNode(broker, None, "primary")
+        committer.replica_wait = node.replica_wait
+        node.replicas["r"] = ("r:1", 0, broker.clock.wall_ms())  # as its pull would: in sync
+
+        async def until(cond) -> None:
+            for _ in range(2000):
+                if cond():
+                    return
+                await asyncio.sleep(0.001)
+            raise AssertionError("never")
+
+        for report_first in (False, True):
+            coro = committer.send_batch(OutgoingBatch.of([OutgoingMessage("orders", b"x" * 100)]))
+            waiting_on = coro.send(None)  # written; waits for the group commit and the replica
+            end = broker.store.log.written
+            if report_first:
+                node._replica_acked(end)  # the replica holds it before this node's fsync is done
+                assert not waiting_on.done()
+                await until(waiting_on.done)
+            else:
+                await until(lambda: broker.store.log.synced >= end and broker.store.dispatched >= end)
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                assert not waiting_on.done(), "answered before a replica reported it"
+                node._replica_acked(end)
+                assert waiting_on.done()
+            try:
+                coro.send(None)
+            except StopIteration as stop:
+                assert stop.value.message_ids
+            else:
+                raise AssertionError("the send waited a second time")
+
+    _run(tmp_path, scenario)
+
+
+def test_a_sync_replicated_send_no_replica_reports_is_refused_or_falls_back(tmp_path):
+    """No replica in sync: refused at once (``errors.ReplicaTimeout``), or with
+    ``replication_sync_fallback = "async"`` answered once durable here, counted and flagged;
+    the next reported send clears the flag."""
+    from chronoq.core import errors
+    from chronoq.replication.shipper import PrimaryNode
+
+    def scenario_for(fallback: bool):
+        async def scenario(broker, committer):
+            node = PrimaryNode(broker, None, "primary")
+            committer.replica_wait = node.replica_wait
+            if not fallback:
+                try:
+                    await committer.send([OutgoingMessage("orders", b"alone")])
+                except errors.ReplicaTimeout as exc:
+                    assert "no replica is in sync" in str(exc)
+                else:
+                    raise AssertionError("acknowledged with no replica")
+                return
+            await committer.send([OutgoingMessage("orders", b"alone")])
+            assert broker.store.log.synced >= broker.store.log.written
+            assert committer.sync_fallbacks == 1 and committer.sync_degraded
+            node.replicas["r"] = ("r:1", broker.store.log.written, broker.clock.wall_ms())
+            node._replica_acked(broker.store.log.written)
+            send = asyncio.ensure_future(committer.send([OutgoingMessage("orders", b"reported")]))
+            while broker.store.log.synced < broker.store.log.written or not node._acks:
+                await asyncio.sleep(0.001)
+            node._replica_acked(broker.store.log.written)
+            await send
+            assert committer.sync_fallbacks == 1 and not committer.sync_degraded
+        return scenario
+
+    _run(tmp_path / "refuse", scenario_for(False))
+    _run(tmp_path / "fallback", scenario_for(True), replication_sync_fallback="async")
