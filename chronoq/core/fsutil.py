@@ -33,11 +33,22 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+_rewrites = 0  # files replaced by ``atomic_write`` in this process (``rewrites``)
+
+
+def rewrites() -> int:
+    """How many files ``atomic_write`` replaced so far in this process: a reader that polls
+    files rewritten whole (chronoq.replication.shipper, the snapshot files) looks at them again
+    only when this moved (or now and then, for a writer of its own)."""
+    return _rewrites
+
+
 def atomic_write(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` so a crash leaves either the old or the new file whole.
 
     Temp file in the same directory, fsync, rename over the target, fsync the directory.
     """
+    global _rewrites
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -52,6 +63,7 @@ def atomic_write(path: str, data: bytes) -> None:
         raise storage_error(exc, path) from exc
     os.close(fd)
     os.replace(tmp, path)
+    _rewrites += 1
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 

@@ -53,11 +53,12 @@ import collections
 import heapq
 import itertools
 import os
+import time
 from typing import Callable
 
 import google_crc32c
 
-from chronoq.core import errors
+from chronoq.core import errors, fsutil
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.protocol.rocketmq import status as codes
 from chronoq.replication import divergence, position
@@ -89,6 +90,8 @@ class PrimaryNode:
         # (``_arrived``), or by its own tick (None: look again).
         self._parked: dict[asyncio.Future, object] = {}
         self._look_asked = False
+        self._snapshot_paths = tuple((name, os.path.join(self.data_dir, name)) for name in position.SNAPSHOT_FILES)
+        self._versions: tuple[int, float, tuple[tuple[str, str], ...]] | None = None  # (``_snapshot_versions``)
         broker.add_arrival_listener(self._arrived)
         # Sync replication (``replica_wait``): the highest position a replica reported durable, and
         # the acknowledgements waiting for one: a heap of ``expiring`` entries
@@ -267,16 +270,24 @@ class PrimaryNode:
                     f"the replica's last bytes before {at} differ from this primary's: its log is not a prefix "
                     "of this one (another cluster, or a history that diverged); refusing to ship")
 
+    def _snapshot_versions(self) -> tuple[tuple[str, str], ...]:
+        """``(name, position.snapshot_version)`` of each snapshot file, looked at again only when
+        a file was rewritten here since (``fsutil.rewrites``: every owner writes through
+        ``atomic_write``) or ``WAIT_TICK_S`` passed: six ``stat`` calls were about half of an answer's
+        cost. A change the count misses waits that long at most, as if made just after."""
+        count, now, cached = fsutil.rewrites(), time.monotonic(), self._versions
+        if cached is None or cached[0] != count or now - cached[1] >= WAIT_TICK_S:
+            versions = tuple((name, position.snapshot_version(path)) for name, path in self._snapshot_paths)
+            self._versions = cached = (count, now, versions)
+        return cached[2]
+
     def _answer(self, req) -> tuple[apb.PullResponse, bool]:
         """The answer now, and whether it carries anything new. No await inside: one moment."""
         journal = self.pop._journal if self.pop is not None else None
         pop_log = journal.log if journal is not None else None
         pop_gen, pop_size = (pop_log.generation, pop_log.size) if pop_log is not None else (0, 0)
-        changed = []
-        for name in position.SNAPSHOT_FILES:
-            version = position.snapshot_version(os.path.join(self.data_dir, name))
-            if version != req.snapshot_versions.get(name, ""):
-                changed.append((name, version))
+        held = req.snapshot_versions
+        changed = [(name, version) for name, version in self._snapshot_versions() if version != held.get(name, "")]
         end = self.store.log.written
         at = max(req.position.commit, self.store.log.min_offset)
         wanted = req.max_bytes if 0 < req.max_bytes <= MAX_BYTES_LIMIT else MAX_BYTES_DEFAULT

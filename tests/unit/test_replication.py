@@ -269,3 +269,39 @@ def test_a_parked_pull_is_answered_at_the_ring_at_once(tmp_path):
         asyncio.run(run())
     finally:
         broker.close()
+
+
+def test_a_rewritten_snapshot_is_shipped_at_the_next_answer(tmp_path):
+    """``PrimaryNode._snapshot_versions`` looks at the files again as soon as one was rewritten
+    through ``fsutil.atomic_write`` (every owner's way), and within ``WAIT_TICK_S`` for one written
+    behind its back."""
+    import time
+
+    from chronoq.broker.broker import Broker, OutgoingMessage
+    from chronoq.core import fsutil
+    from chronoq.core.config import BrokerConfig
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.replication import shipper
+    from chronoq.replication.shipper import PrimaryNode
+
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p")))
+    try:
+        broker.send_batch([OutgoingMessage("orders", b"x" * 100)])
+        node = PrimaryNode(broker, None, "primary")
+        req = apb.PullRequest(node_id="r")
+        for snap in node._answer(req)[0].snapshots:
+            req.snapshot_versions[snap.name] = snap.version
+        req.position.commit = broker.store.log.written
+        assert not node._answer(req)[1]  # nothing new
+        fsutil.write_json(str(tmp_path / "p" / "offsets.json"), {"a": 1})
+        resp, news = node._answer(req)
+        assert news and [s.name for s in resp.snapshots] == ["offsets.json"]
+        assert b'"a"' in resp.snapshots[0].content
+        req.snapshot_versions["offsets.json"] = resp.snapshots[0].version
+        with open(tmp_path / "p" / "schedules.json", "wb") as fh:  # not through atomic_write
+            fh.write(b"{}")
+        time.sleep(shipper.WAIT_TICK_S)
+        resp, news = node._answer(req)
+        assert news and [s.name for s in resp.snapshots] == ["schedules.json"]
+    finally:
+        broker.close()
