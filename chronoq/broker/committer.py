@@ -259,6 +259,8 @@ class GroupCommitter:
     def _replica_settled(self, fut: asyncio.Future, exc: BaseException | None) -> None:
         """A replica's answer for ``fut``: under ``replication_sync_fallback = "async"`` a
         ``errors.ReplicaTimeout`` answers OK all the same (counted, the switch logged)."""
+        if fut.done():  # its caller was cancelled: no acknowledgement to make or count
+            return
         if exc is None:
             if self.sync_degraded:
                 self.sync_degraded = False
@@ -270,8 +272,6 @@ class GroupCommitter:
                 log.warning("replication = sync falls back to async (replication_sync_fallback): %s; sends are "
                             "acknowledged once durable on this primary alone until a replica reports again", exc)
             exc = None
-        if fut.done():
-            return
         if exc is None:
             fut.set_result(None)
         else:
