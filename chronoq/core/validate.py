@@ -129,19 +129,18 @@ def message_id(mid: object) -> str:
     return mid
 
 
-_STR_ONLY = {str}
-
-
 def plain_message_ids(ids: list) -> bool:
     """True when every id surely passes ``message_id``, checked in bulk (a few C passes over
     them all): strings of printable ASCII without a space, 1..128 long. False decides nothing:
     the caller then checks them one by one (``message_id`` words the error)."""
-    if set(map(type, ids)) != _STR_ONLY:  # (C level: a generator's frame cost a lone id more than the rest)
+    # (C level throughout: a lone id, the official clients' send, paid 9k instructions for
+    # passes over a set of types and a list of lengths; now 3k)
+    try:
+        joined = "".join(ids)  # (TypeError: an id that is not a string)
+    except TypeError:
         return False
-    joined = "".join(ids)
-    lengths = list(map(len, ids))
-    return (joined.isascii() and joined.isprintable() and " " not in joined and min(lengths) > 0
-            and max(lengths) <= MESSAGE_ID_CHARS_MAX)
+    return (joined.isascii() and joined.isprintable() and " " not in joined and all(ids)
+            and (len(joined) <= MESSAGE_ID_CHARS_MAX or max(map(len, ids)) <= MESSAGE_ID_CHARS_MAX))
 
 
 def tag(value: object) -> str:
