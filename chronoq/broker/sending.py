@@ -40,6 +40,9 @@ __all__ = ["Sender", "OutgoingBatch", "OutgoingMessage", "Sent"]
 _MIXED, _NORMAL, _FIFO, _DELAY = MessageType.MIXED, MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY
 _FLAG_DELAYED = record.FLAG_DELAYED
 _BYTES, _STR, _INT = {bytes}, {str}, {int}
+# Queue count -> [0, 1, .., count - 1] repeated, at least as long as the longest batch sent to such
+# a topic yet (``Sender._queues``: a round-robin run of queues is a slice of it).
+_CYCLES: dict[int, list[int]] = {}
 
 log = logging.getLogger("chronoq.broker.broker")
 
@@ -149,23 +152,29 @@ class Sender:
         names = batch.topics
         if len(names) != n:
             raise _Refused(0, errors.ClientError("the batch's columns differ in length"))
-        configs: dict = {}
         topic_of = None  # None: every message goes to ``one``
         one = None
-        try:
-            distinct = set(names)
-        except TypeError:  # an unhashable name: its message is refused below
-            distinct = None
-        for i, name in (enumerate(names) if distinct is None or len(distinct) > 1 else [(0, names[0])] if n else []):
-            if distinct is None or name not in configs:
-                try:
-                    configs[name if type(name) is str else i] = registry.send_topic(name, system, new_topics)
-                except errors.ClientError as exc:
-                    raise _Refused(names.index(name) if distinct is not None else i, exc) from None
-        if n and len(configs) == 1:
-            one = next(iter(configs.values()))
+        if n and names.count(names[0]) == n:  # (one topic, the usual batch: told at C level, no hashing)
+            try:
+                one = registry.send_topic(names[0], system, new_topics)
+            except errors.ClientError as exc:
+                raise _Refused(0, exc) from None
         else:
-            topic_of = [configs[name] for name in names]
+            configs: dict = {}
+            try:
+                distinct = set(names)
+            except TypeError:  # an unhashable name: its message is refused below
+                distinct = None
+            for i, name in enumerate(names):
+                if distinct is None or name not in configs:
+                    try:
+                        configs[name if type(name) is str else i] = registry.send_topic(name, system, new_topics)
+                    except errors.ClientError as exc:
+                        raise _Refused(names.index(name) if distinct is not None else i, exc) from None
+            if n and len(configs) == 1:
+                one = next(iter(configs.values()))
+            else:
+                topic_of = [configs[name] for name in names]
         # --- bodies: bytes, not empty, within the limit
         bodies = batch.bodies
         body_max = self.config.max_body_bytes
@@ -314,7 +323,8 @@ class Sender:
             borns = [now if b is None else int(b) for b in born_in]
         base_flags = record.FLAG_SYSTEM if system else 0
         topic_names = [one.name] * n if topic_of is None else [c.name for c in topic_of]
-        raw_ids = list(map(str.encode, ids))
+        # (one join, encode and split at C level: an id is ASCII without control characters)
+        raw_ids = "\0".join(ids).encode().split(b"\0") if n else []
         flags = [base_flags] * n
         dues = [0] * n
         # (tuple.__new__: a NamedTuple's own __new__ is a Python-level call, which a lone send pays in full)
@@ -344,7 +354,13 @@ class Sender:
             start = self._round_robin.get(one.name, 0)
             if commit:
                 self._round_robin[one.name] = start + n
-            return list(map(one.queues.__rmod__, range(start, start + n)))  # (C-level: no frame)
+            # A slice of the queues in turn, 0..queues-1 repeated (kept per queue count, grown to the
+            # longest batch): one C-level copy, where a map of ``%`` over a range paid 4k for one message.
+            queues, at = one.queues, start % one.queues
+            cycle = _CYCLES.get(queues)
+            if cycle is None or len(cycle) < at + n:
+                cycle = _CYCLES[queues] = list(range(queues)) * ((at + n) // queues + 1)
+            return cycle[at:at + n]
         counters: dict[str, int] = {}
         out = []
         for i, cfg, q, group in zip(range(n), topic_of or repeat(one, n), asked or repeat(None, n),
