@@ -40,9 +40,11 @@ __all__ = ["Sender", "OutgoingBatch", "OutgoingMessage", "Sent"]
 _MIXED, _NORMAL, _FIFO, _DELAY = MessageType.MIXED, MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY
 _FLAG_DELAYED = record.FLAG_DELAYED
 _BYTES, _STR, _INT = {bytes}, {str}, {int}
-# Queue count -> [0, 1, .., count - 1] repeated, at least as long as the longest batch sent to such
-# a topic yet (``Sender._queues``: a round-robin run of queues is a slice of it).
+# Queue count -> [0, 1, .., count - 1] repeated (``Sender._queues``: a round-robin run of queues is
+# a slice of it). Bounded: one per queue count (at most ``max_queues`` of them), each kept only up
+# to ``_CYCLE_KEEP`` entries; a longer run builds its own and drops it.
 _CYCLES: dict[int, list[int]] = {}
+_CYCLE_KEEP = 1024  # (entries: at most ~2 x 1024 x 8 bytes for each queue count in use)
 
 log = logging.getLogger("chronoq.broker.broker")
 
@@ -354,12 +356,14 @@ class Sender:
             start = self._round_robin.get(one.name, 0)
             if commit:
                 self._round_robin[one.name] = start + n
-            # A slice of the queues in turn, 0..queues-1 repeated (kept per queue count, grown to the
-            # longest batch): one C-level copy, where a map of ``%`` over a range paid 4k for one message.
+            # A slice of the queues in turn, 0..queues-1 repeated (``_CYCLES``): one C-level copy,
+            # where a map of ``%`` over a range paid 4k instructions for one message.
             queues, at = one.queues, start % one.queues
             cycle = _CYCLES.get(queues)
             if cycle is None or len(cycle) < at + n:
-                cycle = _CYCLES[queues] = list(range(queues)) * ((at + n) // queues + 1)
+                cycle = list(range(queues)) * (max(at + n, _CYCLE_KEEP // 2) // queues + 1)
+                if len(cycle) <= _CYCLE_KEEP + queues:
+                    _CYCLES[queues] = cycle
             return cycle[at:at + n]
         counters: dict[str, int] = {}
         out = []
