@@ -327,6 +327,7 @@ class Sender:
         topic_names = [one.name] * n if topic_of is None else [c.name for c in topic_of]
         # (one join, encode and split at C level: an id is ASCII without control characters)
         raw_ids = "\0".join(ids).encode().split(b"\0") if n else []
+        assert len(raw_ids) == n, "a message id held a NUL"
         flags = [base_flags] * n
         dues = [0] * n
         # (tuple.__new__: a NamedTuple's own __new__ is a Python-level call, which a lone send pays in full)

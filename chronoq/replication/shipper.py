@@ -53,7 +53,6 @@ import collections
 import heapq
 import itertools
 import os
-import time
 from typing import Callable
 
 import google_crc32c
@@ -91,7 +90,7 @@ class PrimaryNode:
         self._parked: dict[asyncio.Future, object] = {}
         self._look_asked = False
         self._snapshot_paths = tuple((name, os.path.join(self.data_dir, name)) for name in position.SNAPSHOT_FILES)
-        self._versions: tuple[int, float, tuple[tuple[str, str], ...]] | None = None  # (``_snapshot_versions``)
+        self._versions: tuple[int, int, tuple[tuple[str, str], ...]] | None = None  # (``_snapshot_versions``)
         broker.add_arrival_listener(self._arrived)
         # Sync replication (``replica_wait``): the highest position a replica reported durable, and
         # the acknowledgements waiting for one: a heap of ``expiring`` entries
@@ -275,8 +274,8 @@ class PrimaryNode:
         a file was rewritten here since (``fsutil.rewrites``: every owner writes through
         ``atomic_write``) or ``WAIT_TICK_S`` passed: six ``stat`` calls were about half of an answer's
         cost. A change the count misses waits that long at most, as if made just after."""
-        count, now, cached = fsutil.rewrites(), time.monotonic(), self._versions
-        if cached is None or cached[0] != count or now - cached[1] >= WAIT_TICK_S:
+        count, now, cached = fsutil.rewrites(), self.broker.clock.monotonic_ns(), self._versions
+        if cached is None or cached[0] != count or now - cached[1] >= WAIT_TICK_S * 1e9:
             versions = tuple((name, position.snapshot_version(path)) for name, path in self._snapshot_paths)
             self._versions = cached = (count, now, versions)
         return cached[2]
@@ -333,10 +332,6 @@ class PrimaryNode:
         heapq.heappush(self._acks, expiring([ticket, next(self._ack_seq), settle, None], timeout_ms / 1000, lambda: (
             f"replication = sync: no replica reported offset {ticket} durable within {timeout_ms} ms "
             "(replication_sync_timeout_ms): the message is stored on this primary")))
-
-    async def replicated(self, ticket: int) -> None:
-        """``replica_wait`` awaited: returns, or raises ``errors.ReplicaTimeout``."""
-        await settled(self.replica_wait, ticket)
 
     def _replica_acked(self, position_: int) -> None:
         if position_ <= self.acked:
@@ -395,22 +390,6 @@ def settle_now(entry: list, exc: BaseException | None) -> None:
 def _expire(entry: list, refusal: Callable[[], str]) -> None:
     if entry[2] is not None:
         settle_now(entry, errors.ReplicaTimeout(refusal()))
-
-
-async def settled(wait: Callable[[int, Callable[[BaseException | None], None]], None], ticket: int) -> None:
-    """Await a ``replica_wait``-shaped wait: returns when settled with None, raises what else it is settled with."""
-    fut = asyncio.get_running_loop().create_future()
-    wait(ticket, lambda exc: _into(fut, exc))
-    await fut
-
-
-def _into(fut: asyncio.Future, exc: BaseException | None) -> None:
-    if fut.done():  # (its waiter was cancelled)
-        return
-    if exc is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(exc)
 
 
 def _look_again(parked: asyncio.Future) -> None:

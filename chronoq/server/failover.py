@@ -37,7 +37,7 @@ from chronoq.core import errors
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.replication import coordinator as co
 from chronoq.replication.etcd import EtcdAccess, EtcdCoordinator
-from chronoq.replication.shipper import expiring, settle_now, settled
+from chronoq.replication.shipper import expiring, settle_now
 
 log = logging.getLogger("chronoq.failover")
 
@@ -281,10 +281,6 @@ class PrimaryDuty:
         self._acks.append(expiring([ticket, 0, settle, None], 2 * self.sync_timeout_ms / 1000, lambda: (
             f"replication = sync: the in-sync replicas did not report offset {ticket} durable within "
             f"{2 * self.sync_timeout_ms} ms: the message is stored on this primary")))
-
-    async def replicated(self, ticket: int) -> None:
-        """``replica_wait`` awaited: returns, or raises ``errors.ReplicaTimeout``."""
-        await settled(self.replica_wait, ticket)
 
     def _release(self) -> None:
         keep = []

@@ -228,13 +228,14 @@ def test_a_sync_acknowledgement_a_leaving_replica_lacks_waits_until_etcd_no_long
         store.log.synced = 200
         clock.advance(100)
         duty.report("b:1", 200)  # b has the new record, c falls silent
-        ack = asyncio.ensure_future(duty.replicated(200))
+        ack = asyncio.get_running_loop().create_future()
+        duty.replica_wait(200, ack.set_result)  # (settled with None, or with the refusal)
         clock.advance(1001)  # c silent past the bound: it must leave the set
         duty.report("b:1", 200)  # (b keeps pulling)
         await asyncio.sleep(0.5)
         assert not ack.done(), "acknowledged while etcd still names a replica lacking the record"
         coord.gate.set()
-        await asyncio.wait_for(ack, 5)
+        assert await asyncio.wait_for(ack, 5) is None
         assert coord.published[-1] == {"a:1", "b:1"} and duty.tracker.required == {"b:1"}
         runtime._stop.set()
         await asyncio.wait_for(task, 5)

@@ -275,16 +275,16 @@ def test_a_rewritten_snapshot_is_shipped_at_the_next_answer(tmp_path):
     """``PrimaryNode._snapshot_versions`` looks at the files again as soon as one was rewritten
     through ``fsutil.atomic_write`` (every owner's way), and within ``WAIT_TICK_S`` for one written
     behind its back."""
-    import time
-
     from chronoq.broker.broker import Broker, OutgoingMessage
     from chronoq.core import fsutil
+    from chronoq.core.clock import FakeClock
     from chronoq.core.config import BrokerConfig
     from chronoq.proto import chronoq_admin_pb2 as apb
     from chronoq.replication import shipper
     from chronoq.replication.shipper import PrimaryNode
 
-    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p")))
+    clock = FakeClock()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p")), clock=clock)
     try:
         broker.send_batch([OutgoingMessage("orders", b"x" * 100)])
         node = PrimaryNode(broker, None, "primary")
@@ -300,7 +300,9 @@ def test_a_rewritten_snapshot_is_shipped_at_the_next_answer(tmp_path):
         req.snapshot_versions["offsets.json"] = resp.snapshots[0].version
         with open(tmp_path / "p" / "schedules.json", "wb") as fh:  # not through atomic_write
             fh.write(b"{}")
-        time.sleep(shipper.WAIT_TICK_S)
+        clock.advance(int(shipper.WAIT_TICK_S * 1000) - 1)
+        assert not node._answer(req)[1]  # (not looked at again yet: the count did not move)
+        clock.advance(1)
         resp, news = node._answer(req)
         assert news and [s.name for s in resp.snapshots] == ["schedules.json"]
     finally:
