@@ -42,6 +42,7 @@ COMPILED_MODULES = (
     "chronoq.protocol.rocketmq.outgoing",
     "chronoq.store.record",
     "chronoq.store.routing",
+    "chronoq.store.fsyncer",
     "chronoq.timer.schedlog",
     "chronoq.timer.handle",
     "chronoq.client.h2channel",

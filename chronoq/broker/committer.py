@@ -5,25 +5,27 @@ Writers append on the event loop (page cache, microseconds) and hold a *ticket*:
 position their records end at. ``durable(ticket)`` returns once the log is fsynced to at least that
 position and everything below it is dispatched (visible in its consume queue, absorbed by the timer).
 
-One long-lived flusher thread does every fsync of the commit log, woken by a bell (a lock used as a
-binary semaphore: one futex wake, not an executor round trip). While one fsync runs, every write that
-arrives joins the next one (group commit): at most one fsync runs and at most one waits, each a
-*generation* with the futures of all its waiters. The thread reports each fsync back with
-one ``call_soon_threadsafe``; on the loop the committer then dispatches in commit-log order and
-resolves the generation. The thread is rung at the end of a loop pass (``_ask``), when the loop
-thread is about to sleep, so the two do not trade the GIL before the fsync.
+One long-lived thread does every fsync of the commit log (``chronoq.store.fsyncer``: rung through a
+pipe, it reports through another that the loop watches; compiled, it never takes the GIL for a
+plain fsync). While one fsync runs, every write that arrives joins the next one (group commit): at
+most one fsync runs and at most one waits, each a *generation* with the futures of all its
+waiters. On the loop the committer dispatches each report in commit-log order and resolves the
+generation. The thread is rung at the end of a loop pass (``_ask``), so everything the pass read
+joins the fsync.
 
 What a lone durable send costs beyond an ``async`` one (bench/send_receive.py --phase e, per thread
-from /proc/<pid>/task/*/schedstat, on this project's 2-vCPU VM): the flusher thread 120-200 µs (the
-fsync's kernel path, its device waits and the bell), the loop thread 150-400 µs more, which is
-what any wait in the middle of a call costs here: the same broker under ``async`` with a 1 ms timer
-sleep in the send path costs the loop thread as much, and bench/fsync_floor.py's ``pause`` way
-(no disk, a 1 ms timer) about 100 µs over ``none``. The task for the waiting call is ~20 µs of
-it. An fsync on the loop thread sleeps as well (the device), measured no cheaper and erratic
-(loop stalls of 1-5 ms) when other processes share the disk, so every fsync stays on this thread.
+from /proc/<pid>/task/*/schedstat, on this project's 2-vCPU VM): the fsync thread 70-75 us (the
+fsync's kernel path and its device waits), the loop thread 70-100 us more, which is what any wait
+in the middle of a call costs here (the thread sleeps in epoll and is woken: bench/fsync_floor.py's
+``pause`` way, no disk, costs ~40 us over ``none``). Before the thread ran without the GIL
+(``chronoq.store.fsyncer``), it took 90-100 us and the lone send's p50 was 0.05-0.1 ms longer
+(3 alternating pairs). An fsync on the loop thread sleeps as well (the device), and stalls every
+other call meanwhile: one message per call from two processes ran 10% slower that way (and loop
+stalls of 1-5 ms when other processes share the disk), so every fsync stays on that thread.
 
-Under the ``async`` flush policy sends are answered once written and dispatched; the thread fsyncs
-every ``flush_interval_ms`` (or sooner when someone asks: the timer's copies, a barrier).
+Under the ``async`` flush policy sends are answered once written and dispatched; a loop timer asks
+for an fsync every ``flush_interval_ms`` when something was written (or sooner when someone asks:
+the timer's copies, a barrier).
 
 Positions and replication: a ticket is a byte offset in the one commit log, counted from the log's
 first byte across segments (segments are named by their base offset), the same number on every node
@@ -52,13 +54,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
+import os
 from typing import Callable, Iterable
 
-from chronoq.core import errors
+from chronoq.core import errors, fsutil
 from chronoq.core.jobs import Job
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.core.model import SendResult
+from chronoq.store.fsyncer import Fsyncer
 from chronoq.timer.service import RecallResult, RescheduleResult
 
 log = logging.getLogger("chronoq.broker.committer")
@@ -75,11 +78,12 @@ class _Generation:
     a task, ``h2calls._Resumed``); two calls read in one go would both wait on one future, and a
     task's step would fail ("await wasn't used with future"). A future costs ~0.2 µs to make and resolve (uvloop)."""
 
-    __slots__ = ("target", "rung", "waiters", "callbacks")
+    __slots__ = ("target", "rung", "logs", "waiters", "callbacks")
 
     def __init__(self) -> None:
         self.target = -1  # set when the fsync is asked for, raised when the thread is rung
         self.rung = False  # the thread was rung for it: later writes wait for the next one
+        self.logs = False  # the second-tier logs sync after it (``after_durable`` asked)
         self.waiters: list[asyncio.Future] = []
         self.callbacks: list[Callable[[int, BaseException | None], None]] = []
 
@@ -93,16 +97,14 @@ class GroupCommitter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running: _Generation | None = None  # asked of the thread, not reported yet
         self._waiting: _Generation | None = None  # for writes after ``_running``'s target
-        # The flusher's bell: released to ring, acquired by the thread to wait (a lone futex).
-        self._bell = threading.Lock()
-        self._bell.acquire()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._fsyncer: Fsyncer | None = None  # the thread, once started
+        self._periodic: asyncio.TimerHandle | None = None  # ``async``: the next interval's fsync
         self.fsyncs = 0
-        # Second-tier logs (docs/storage.md: the POP log), synced by the thread right after each
+        # Second-tier logs (docs/storage.md: the POP log), synced by the thread right after an
         # fsync of the commit log, so their records never reach disk before the commit-log
-        # records they follow (a revive's DONE after its retry copy). Each never raises and
-        # reports on the loop through its own ``after_durable`` callback.
+        # records they follow (a revive's DONE after its retry copy). Each asks for it with
+        # ``after_durable`` and hears on the loop through that callback; only such a generation
+        # runs them (a plain send's fsync stays off the GIL).
         self._logs: list[Callable[[], None]] = []
         self._dispatch_failures = 0
         self._dispatch_retry: asyncio.TimerHandle | None = None
@@ -127,8 +129,16 @@ class GroupCommitter:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._flusher, name="chronoq-fsync", daemon=True)
-        self._thread.start()
+        self._fsyncer = Fsyncer(self._sync_logs)
+        self._loop.add_reader(self._fsyncer.reports, self._reported)
+        self._fsyncer.start()
+        if not self.sync_policy:
+            self._periodic = self._loop.call_later(self._interval_s, self._interval_fsync)
+
+    @property
+    def fsyncer(self) -> Fsyncer | None:
+        """The fsync thread (tests set its ``before_fsync`` fault hook)."""
+        return self._fsyncer
 
     # ------------------------------------------------------------------ writers
     async def send(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
@@ -317,9 +327,14 @@ class GroupCommitter:
             raise errors.PreconditionFailed(self.leadership.refusal())
 
     def after_durable(self, callback: Callable[[int, BaseException | None], None]) -> None:
-        """Ask for an fsync of everything written now; ``callback(synced, None)`` runs on the loop
-        once it is done and dispatched, ``callback(-1, exc)`` if it failed. Never waits."""
-        self._generation_for(self.store.log.written).callbacks.append(callback)
+        """Ask for an fsync of everything written now and a sync of the second-tier logs after
+        it; ``callback(synced, None)`` runs on the loop once both are done and dispatched,
+        ``callback(-1, exc)`` if it failed. Never waits."""
+        gen = self._generation_for(self.store.log.written)
+        if gen.rung and not gen.logs:  # under way without the logs: the next fsync runs them
+            gen = self._next_generation()
+        gen.logs = True
+        gen.callbacks.append(callback)
 
     def add_written_listener(self, listener: Callable[[], None]) -> None:
         """``listener()`` on the loop whenever the flusher thread is rung for an fsync: what it
@@ -336,25 +351,24 @@ class GroupCommitter:
         running = self._running
         if running is not None and (ticket <= running.target or not running.rung):
             return running  # (not rung yet: the ring raises its target to what is written then)
+        return self._next_generation()
+
+    def _next_generation(self) -> _Generation:
+        """The generation after the running one (asked now when none runs)."""
         if self._waiting is None:
             self._waiting = _Generation()
-            if running is None:
+            if self._running is None:
                 self._ask(self._waiting)
                 self._waiting = None
                 return self._running
         return self._waiting
 
     def _ask(self, gen: _Generation) -> None:
-        """Make ``gen`` the running generation; the flusher thread is rung at the end of this loop
-        pass (``_ring_running``) and fsyncs at least to what is written then.
-
-        Why not ring now: the thread wakes within microseconds and its first step needs the GIL,
-        which this thread still holds for the rest of the pass (the call's task, other reads).
-        Rung now, the two threads trade the GIL back and forth before the fsync starts (futex
-        waits and wake-ups on both, each a context switch: measured on a lone sync send,
-        bench/send_receive.py --phase e). Rung as the pass's last callback, the loop thread is
-        about to sleep in epoll when the thread wakes. Writes made during the rest of the pass
-        join ``gen`` (group commit over everything one pass read)."""
+        """Make ``gen`` the running generation; the fsync thread is rung at the end of this loop
+        pass (``_ring_running``) and fsyncs at least to what is written then: writes made during
+        the rest of the pass join ``gen`` (group commit over everything one pass read), and in the
+        pure-Python build the thread, which needs the GIL, wakes when the loop thread is about to
+        sleep in epoll instead of trading the GIL with it."""
         assert self._running is None
         gen.target = self.store.log.written
         self._running = gen
@@ -362,44 +376,37 @@ class GroupCommitter:
 
     def _ring_running(self) -> None:
         gen = self._running
-        if gen is None or gen.rung:  # failed (``_fail_all``) or closed meanwhile
+        if gen is None or gen.rung or self._fsyncer is None:  # failed (``_fail_all``) or closed meanwhile
             return
-        gen.target = self.store.log.written  # what the pass wrote joins; the thread reads it after this
+        fd, gen.target = self.store.log.fsync_ask()  # what the pass wrote joins
         gen.rung = True
-        self._ring()
+        self._fsyncer.ring(fd, gen.target, gen.logs)
         for listener in self._written_listeners:
             listener()
 
-    def _ring(self) -> None:
-        try:
-            self._bell.release()
-        except RuntimeError:  # already ringing: the thread has not taken the last ring yet
-            pass
+    def _interval_fsync(self) -> None:
+        """``async``: an fsync every flush interval while something is written and not durable."""
+        self._periodic = self._loop.call_later(self._interval_s, self._interval_fsync)
+        log_ = self.store.log
+        if log_.written > log_.synced and self._running is None:
+            self._generation_for(log_.written)
 
-    # ------------------------------------------------------------------ the flusher thread
-    def _flusher(self) -> None:
-        """fsync when rung (or every flush interval under ``async``); report each on the loop."""
-        store, loop, bell = self.store, self._loop, self._bell
-        timeout = -1 if self.sync_policy else self._interval_s
-        while True:
-            bell.acquire(timeout=timeout)
-            if self._stopping:
-                return
-            if store.log.written <= store.log.synced and self._running is None:
-                continue  # a periodic wake-up with nothing to do
+    def _sync_logs(self) -> None:
+        """On the fsync thread, after an fsync rung with ``logs``: the second-tier logs."""
+        for sync_log in list(self._logs):
             try:
-                synced, exc = store.sync(), None
-            except Exception as failure:  # noqa: BLE001 - reported to the waiters on the loop
-                synced, exc = -1, failure
-            for sync_log in list(self._logs):
-                try:
-                    sync_log()
-                except Exception:  # noqa: BLE001 - its own failures are its to report
-                    log.exception("syncing a second-tier log failed")
-            try:
-                loop.call_soon_threadsafe(self._synced, synced, exc)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                return
+                sync_log()
+            except Exception:  # noqa: BLE001 - its own failures are its to report
+                log.exception("syncing a second-tier log failed")
+
+    def _reported(self) -> None:
+        """The fsync thread's reports (``Fsyncer.take``), each finished on the loop."""
+        for target, err, took_ns in self._fsyncer.take():
+            if err:
+                failure = OSError(err, os.strerror(err))
+                self._synced(-1, fsutil.storage_error(failure, self.store.log.directory))
+            else:
+                self._synced(self.store.log.fsynced(target, took_ns), None)
 
     # ------------------------------------------------------------------ on the loop, after an fsync
     def _synced(self, synced: int, exc: BaseException | None) -> None:
@@ -473,10 +480,12 @@ class GroupCommitter:
     # ------------------------------------------------------------------ shutdown
     async def close(self) -> None:
         """Stop the thread (after the fsync it may be running), then flush what is left."""
-        self._stopping = True
-        self._ring()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        if self._periodic is not None:
+            self._periodic.cancel()
+        fsyncer, self._fsyncer = self._fsyncer, None
+        if fsyncer is not None:
+            self._loop.remove_reader(fsyncer.reports)
+            await asyncio.get_running_loop().run_in_executor(None, fsyncer.close)
         if self._dispatch_retry is not None:
             self._dispatch_retry.cancel()
         try:

@@ -301,6 +301,21 @@ class CommitLog:
                 self.synced = max(self.synced, target)
             return self.synced
 
+    def fsync_ask(self) -> tuple[int, int]:
+        """``sync`` on another thread, asked from the writers' thread: (the descriptor to fsync,
+        or -1 when everything written is durable already; the written end it will cover). Its
+        outcome comes back through ``fsynced`` (``chronoq.store.fsyncer``)."""
+        target = self.written
+        return (self._active_fd if target > self.synced else -1), target
+
+    def fsynced(self, target: int, took_ns: int) -> int:
+        """An fsync asked with ``fsync_ask`` is done: everything below ``target`` is durable.
+        Returns the offset now durable."""
+        if target > self.synced:  # (else nothing was fsynced: -1 was asked)
+            self.sync_times.record(took_ns)
+            self.synced = target
+        return self.synced
+
     def truncate_active(self, size: int) -> None:
         """Cut the active segment to ``size`` bytes (torn-tail repair during recovery)."""
         seg = self.segments[-1]

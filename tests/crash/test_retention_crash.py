@@ -43,7 +43,7 @@ from writer import tear_next_log_write  # noqa: E402
 
 START_MS = 1_700_000_000_000
 MOMENTS = ("tear-roll", "unlink-1", "unlink-2", "served-fsync", "served-unlink-1")
-FSYNC_THREAD = "chronoq-fsync"  # chronoq/broker/committer.py
+FSYNC_THREAD = "chronoq-fsync"  # chronoq/store/fsyncer.py
 
 
 def _config(data_dir: str) -> BrokerConfig:
@@ -89,12 +89,15 @@ def _served(broker: Broker, moment: str) -> None:
     threads = []  # the threads that fsynced the commit log since retention began
     real_sync = broker.store.sync
 
-    def sync():
+    def direct_sync():  # an fsync on the loop's thread would be recorded here
+        threads.append(threading.current_thread().name)
+        return real_sync()
+
+    def before_fsync(_fd):  # the committer's fsync thread, before each of its fsyncs
         threads.append(threading.current_thread().name)
         if moment == "fsync" and broker.store.log.written > broker.store.log.synced:
             print("threads", *sorted(set(threads)), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_sync()
 
     def kill_at_unlink(path, *args, **kwargs):
         print("threads", *sorted(set(threads)), flush=True)
@@ -103,7 +106,8 @@ def _served(broker: Broker, moment: str) -> None:
     async def main():
         committer = GroupCommitter(broker)
         committer.start()
-        broker.store.sync = sync
+        committer.fsyncer.before_fsync = before_fsync
+        broker.store.sync = direct_sync
         if moment == "unlink-1":
             commitlog.os.unlink = kill_at_unlink
         await committer.retention()

@@ -26,7 +26,7 @@ from chronoq.pop import copies, names
 
 from .conftest import start_front_end, stop_front_end
 
-FSYNC_THREAD = "chronoq-fsync"  # chronoq/broker/committer.py
+FSYNC_THREAD = "chronoq-fsync"  # chronoq/store/fsyncer.py
 
 
 def _record_fsync_threads(monkeypatch) -> list[str]:

@@ -38,6 +38,12 @@ class Fsyncs:
     def fail(self, predicate) -> None:
         self._failing = predicate
 
+    @staticmethod
+    def through(committer) -> None:
+        """Route the committer's fsync thread's rounds through Python, where ``os.fsync`` is the
+        recording one (compiled, its plain fsyncs are C calls this cannot see)."""
+        committer.fsyncer.before_fsync = lambda _fd: None
+
     def on(self, predicate) -> list[str]:
         return [thread for thread, path in self.seen if predicate(path)]
 
@@ -206,7 +212,7 @@ def test_a_compaction_makes_its_file_once_it_can_and_then_mints_ids_of_the_new_g
     node.close()
 
 
-FSYNC_THREAD = "chronoq-fsync"  # chronoq/broker/committer.py
+FSYNC_THREAD = "chronoq-fsync"  # chronoq/store/fsyncer.py
 WAIT_STEPS = 3_000  # loop turns a test waits at most (each sleeps 1 ms or more)
 
 
@@ -234,6 +240,7 @@ def test_a_compaction_under_the_committer_fsyncs_only_on_its_thread(tmp_path, mo
     async def main():
         committer = GroupCommitter(b)
         committer.start()
+        Fsyncs.through(committer)
         loops = ConsumerLoops(pop, Transactions(b), committer, b.clock)
         loops.start()
         fsyncs = Fsyncs(monkeypatch)
@@ -531,6 +538,7 @@ def test_served_retention_fsyncs_its_roll_records_on_the_committers_thread_and_c
     async def main():
         committer = GroupCommitter(b)
         committer.start()
+        Fsyncs.through(committer)
         try:
             deleted, job = await committer.retention()
             assert deleted and job is not None

@@ -10,6 +10,7 @@ fsync ran on the loop's thread.
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 
 import pytest
@@ -33,23 +34,28 @@ def clock():
 
 
 class GatedSync:
-    """``store.sync`` with a gate for the flusher thread, recording which threads fsynced."""
+    """The committer's fsyncs held at a gate (its fsync thread's ``before_fsync`` fault hook, set by
+    ``_run``), and every thread that fsynced the commit log recorded: the fsync thread's rounds
+    and any direct ``store.sync`` (an fsync on the loop would show up there)."""
 
     def __init__(self, store):
         self.real = store.sync
         self.gate = threading.Event()
         self.threads: list[int] = []  # every fsync's thread, until the committer closes
-        self.fail: BaseException | None = None
-        store.sync = self
+        self.fail: OSError | None = None
+        store.sync = self.direct
 
-    def __call__(self) -> int:
+    def direct(self) -> int:
+        self.threads.append(threading.get_ident())
+        return self.real()
+
+    def hook(self, _fd: int) -> None:
         self.threads.append(threading.get_ident())
         if not self.gate.wait(30):
             raise AssertionError("the test never opened the gate")
         if self.fail is not None:
             exc, self.fail = self.fail, None
             raise exc
-        return self.real()
 
 
 async def _until(predicate) -> None:
@@ -67,6 +73,7 @@ def _run(b, body):
     async def main():
         committer = GroupCommitter(b)
         committer.start()
+        committer.fsyncer.before_fsync = sync.hook
         try:
             return await body(committer, sync)
         finally:
@@ -161,7 +168,7 @@ def test_a_recall_whose_fsync_fails_is_an_error_and_its_message_waits_for_the_to
     handle = b.send(TOPIC, b"m", deliver_at_ms=T0 + 1_000).recall_handle
 
     async def body(committer, sync):
-        sync.fail = errors.StorageError("fsync failed (injected)")
+        sync.fail = OSError(errno.EIO, "fsync failed (injected)")
         task = asyncio.ensure_future(committer.recall(handle))
         await _until(lambda: sync.threads)
         sync.gate.set()

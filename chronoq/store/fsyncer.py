@@ -1,0 +1,148 @@
+"""The fsync thread: fsyncs the commit log when rung, reports each fsync through a pipe.
+
+The committer (``chronoq.broker.committer``) owns *when* to fsync and what an fsync answers; this
+module owns the thread that waits on the device. It is a shell with no policy: a request names a
+file descriptor and an opaque target, the report hands the target back with the fsync's outcome.
+
+Requests and reports are fixed-size records on two pipes, one each way (no shared state, no lock;
+the kernel orders them), each three native signed 64-bit integers:
+
+    request  (event loop -> thread)  fd       what to fsync (NOTHING: no fsync, STOP: end the thread)
+                                     target   handed back in the report (the committer's log offset)
+                                     flags    IN_PYTHON: this round runs Python (``ring``'s ``logs``)
+    report   (thread -> event loop)  target   the request's
+                                     errno    0: done; else the fsync's error number
+                                     took_ns  the fsync's duration (CLOCK_MONOTONIC)
+
+A pipe write of 24 bytes is atomic (PIPE_BUF), so a record is read whole or not at all. The loop
+watches ``reports`` (``loop.add_reader``) and reads every report waiting (``take``). At most one
+request is outstanding at a time (the committer rings again only after the report), so neither pipe
+ever holds more than a few records.
+
+Why a compiled loop: in the compiled build the thread waits, fsyncs and reports without the GIL
+(``_serve_in_c`` in fsyncer.pxd). A Python thread needs the GIL after each of its waits, while the
+event loop thread holds it for its pass: each fsync cost two GIL hand-overs (futex waits and
+wake-ups on both threads, ~12 futex calls per fsync under strace) on top of the fsync.
+Measured on this project's 2-vCPU VM, one message per call through ``chronoq.client`` (2 processes,
+``sync`` flush, a scratch driver of ``bench/send_receive.py --phase f``'s sends, 2 alternating pairs):
+2,496 -> 2,963 and 2,321 -> 2,951 msgs/s, the loop thread 231 -> 199-205 us a message, the other
+threads 91 -> 64 us. A round that must run Python (the second-tier logs' syncs, the
+``before_fsync`` fault hook) is handed back to the Python loop, which takes the GIL for it; the
+pure-Python build (``CHRONOQ_PURE_PYTHON=1``) runs every round there, the same protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger("chronoq.store.fsyncer")
+
+THREAD_NAME = "chronoq-fsync"
+NOTHING = -1  # a request's fd: no fsync, only the round (the second-tier logs, a report)
+STOP = -2  # a request's fd: the thread ends
+IN_PYTHON = 1  # a request's flag: the round runs in Python (second-tier syncs or a fault hook)
+RECORD = struct.Struct("=qqq")
+_TAKE_BYTES = RECORD.size * 64
+# Compiled, this module is an extension module: its loop runs in C (fsyncer.pxd).
+_COMPILED = not __file__.endswith(".py")
+
+
+class Fsyncer:
+    """One thread that fsyncs what it is asked to. ``logs_sync`` runs on it after an fsync rung
+    with ``logs=True`` (the second-tier logs, ``GroupCommitter.add_log``); it must not raise."""
+
+    def __init__(self, logs_sync: Callable[[], None]):
+        self._logs_sync = logs_sync
+        self._bell_r, self._bell_w = os.pipe2(os.O_CLOEXEC)
+        self._reports_r, self._reports_w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(self._reports_r, False)  # the loop reads what is there, never waits
+        # A fault hook for tests: ``before_fsync(fd)`` on the thread before each fsync; it may
+        # block (a gate) or raise OSError (a failed fsync). Set, every round runs in Python.
+        self.before_fsync: Callable[[int], None] | None = None
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._closed = False
+
+    @property
+    def reports(self) -> int:
+        """The descriptor to watch: readable when a report waits (``take``)."""
+        return self._reports_r
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def ring(self, fd: int, target: int, logs: bool = False) -> None:
+        """Ask for an fsync of ``fd`` (NOTHING: none) reported with ``target``; ``logs``: run the
+        second-tier syncs after it, on the thread."""
+        assert not self._closed and fd >= NOTHING
+        flags = IN_PYTHON if (logs or self.before_fsync is not None) else 0
+        os.write(self._bell_w, RECORD.pack(fd, target, flags))
+
+    def take(self) -> list[tuple[int, int, int]]:
+        """Every report waiting: (target, errno, took_ns), in order."""
+        try:
+            data = os.read(self._reports_r, _TAKE_BYTES)
+        except BlockingIOError:  # woken for nothing (another reader took it)
+            return []
+        assert len(data) % RECORD.size == 0, "a report record was split"
+        return [RECORD.unpack_from(data, i) for i in range(0, len(data), RECORD.size)]
+
+    def close(self) -> None:
+        """End the thread once it has answered what it was asked (its reports stay readable
+        until the descriptors close here)."""
+        if self._closed:
+            return
+        self._closed = True
+        os.write(self._bell_w, RECORD.pack(STOP, 0, 0))
+        if self._thread.is_alive():
+            self._thread.join()
+        for fd in (self._bell_r, self._bell_w, self._reports_r, self._reports_w):
+            os.close(fd)
+
+    # ------------------------------------------------------------------ on the thread
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception:  # noqa: BLE001 - a broken pipe of its own: nothing more can be answered
+            log.exception("the fsync thread stopped")
+
+    def _serve(self) -> None:
+        bell, reports = self._bell_r, self._reports_w
+        while True:
+            if _COMPILED:
+                # Rounds without Python are served in C, without the GIL, until one needs it.
+                fd, target, flags = _serve_in_c(bell, reports)  # noqa: F821 - defined in fsyncer.pxd
+            else:
+                fd, target, flags = _read_request(bell)
+            if fd == STOP:
+                return
+            err, took_ns = self._fsync(fd)
+            if flags & IN_PYTHON:
+                self._logs_sync()
+            _write_all(reports, RECORD.pack(target, err, took_ns))
+
+    def _fsync(self, fd: int) -> tuple[int, int]:
+        began = time.monotonic_ns()
+        try:
+            if self.before_fsync is not None:
+                self.before_fsync(fd)
+            if fd != NOTHING:
+                os.fsync(fd)
+        except OSError as exc:
+            return exc.errno or 5, time.monotonic_ns() - began  # (5: EIO, for an error without a number)
+        return 0, time.monotonic_ns() - began
+
+
+def _read_request(bell: int) -> tuple[int, int, int]:
+    data = os.read(bell, RECORD.size)
+    assert len(data) == RECORD.size, "a request record was split"
+    return RECORD.unpack(data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    assert written == len(data), "a report record was split"
