@@ -9,7 +9,8 @@ the kernel orders them), each three native signed 64-bit integers:
 
     request  (event loop -> thread)  fd       what to fsync (NOTHING: no fsync, STOP: end the thread)
                                      target   handed back in the report (the committer's log offset)
-                                     flags    IN_PYTHON: this round runs Python (``ring``'s ``logs``)
+                                     flags    IN_PYTHON: the round runs in Python; RUN_LOGS (with
+                                              IN_PYTHON): the second-tier syncs after the fsync
     report   (thread -> event loop)  target   the request's
                                      errno    0: done; else the fsync's error number
                                      took_ns  the fsync's duration (CLOCK_MONOTONIC)
@@ -46,6 +47,7 @@ THREAD_NAME = "chronoq-fsync"
 NOTHING = -1  # a request's fd: no fsync, only the round (the second-tier logs, a report)
 STOP = -2  # a request's fd: the thread ends
 IN_PYTHON = 1  # a request's flag: the round runs in Python (second-tier syncs or a fault hook)
+RUN_LOGS = 2  # a request's flag: the second-tier syncs run after the fsync (with IN_PYTHON)
 RECORD = struct.Struct("=qqq")
 _TAKE_BYTES = RECORD.size * 64
 # Compiled, this module is an extension module: its loop runs in C (fsyncer.pxd).
@@ -79,7 +81,7 @@ class Fsyncer:
         """Ask for an fsync of ``fd`` (NOTHING: none) reported with ``target``; ``logs``: run the
         second-tier syncs after it, on the thread."""
         assert not self._closed and fd >= NOTHING
-        flags = IN_PYTHON if (logs or self.before_fsync is not None) else 0
+        flags = (IN_PYTHON | RUN_LOGS) if logs else (IN_PYTHON if self.before_fsync is not None else 0)
         os.write(self._bell_w, RECORD.pack(fd, target, flags))
 
     def take(self) -> list[tuple[int, int, int]]:
@@ -121,7 +123,7 @@ class Fsyncer:
             if fd == STOP:
                 return
             err, took_ns = self._fsync(fd)
-            if flags & IN_PYTHON:
+            if flags & RUN_LOGS:
                 self._logs_sync()
             _write_all(reports, RECORD.pack(target, err, took_ns))
 

@@ -214,3 +214,43 @@ def test_a_sync_replicated_send_no_replica_reports_is_refused_or_falls_back(tmp_
 
     _run(tmp_path / "refuse", scenario_for(False))
     _run(tmp_path / "fallback", scenario_for(True), replication_sync_fallback="async")
+
+
+def test_the_second_tier_logs_sync_only_after_an_fsync_asked_for_them(tmp_path):
+    """``add_log``'s syncs run on the fsync thread after an fsync that ``after_durable`` asked for
+    (a plain send's fsync stays off Python); asked while an fsync without them runs, they run after
+    the next one, before the callback."""
+    import threading
+
+    from chronoq.store.fsyncer import THREAD_NAME
+
+    async def scenario(broker, committer):
+        loop = asyncio.get_running_loop()
+        ran: list[str] = []
+        committer.add_log(lambda: ran.append(threading.current_thread().name))
+        await committer.send([OutgoingMessage("orders", b"plain")])
+        assert ran == []
+
+        def asked() -> asyncio.Future:
+            fut = loop.create_future()
+            committer.after_durable(lambda synced, exc: fut.set_result((synced, exc, list(ran))))
+            return fut
+
+        synced, exc, seen = await asked()
+        assert exc is None and synced == broker.store.log.written and seen == [THREAD_NAME]
+
+        held, gate = threading.Event(), threading.Event()
+        committer.fsyncer.before_fsync = lambda _fd: (held.set(), gate.wait(10))
+        send = asyncio.ensure_future(committer.send([OutgoingMessage("orders", b"held")]))
+        while not held.is_set():  # the send's fsync (no logs) is under way, held at the gate
+            await asyncio.sleep(0.001)
+        late = asked()
+        gate.set()
+        await send
+        assert not late.done() or len(late.result()[2]) == 2
+        committer.fsyncer.before_fsync = None
+        synced, exc, seen = await late
+        assert exc is None and seen == [THREAD_NAME] * 2  # the next fsync ran them, before the callback
+        assert synced >= broker.store.log.written
+
+    _run(tmp_path, scenario)
