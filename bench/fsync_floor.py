@@ -6,8 +6,11 @@ appends each request to a file and answers it in one of three ways:
 
   none    answer at once (the ``async`` flush policy's shape: no fsync on the request's path)
   inline  ``os.fsync`` on the event loop thread, then answer
-  thread  ring a flusher thread (a lock as bell, as ``chronoq.broker.committer`` does), which
-          fsyncs and reports back with ``call_soon_threadsafe``; answer when it has
+  thread  ring a Python flusher thread (a lock as bell), which fsyncs and reports back with
+          ``call_soon_threadsafe``; answer when it has (the committer's design before
+          ``chronoq.store.fsyncer``)
+  fsyncer ring ``chronoq.store.fsyncer.Fsyncer``, the committer's fsync thread (compiled: it waits,
+          fsyncs and reports without the GIL), through its pipes and ``loop.add_reader``
   pause   no fsync: the request waits on a 1 ms timer, then is answered (``--pause-ms``)
 
 For each: the request's round trip (p50, p99, from a client in another process) and the server's
@@ -40,6 +43,8 @@ import threading
 import time
 
 import uvloop
+
+from chronoq.store.fsyncer import Fsyncer
 
 ANSWER = b"ok......"
 REQUEST_BYTES = 1024
@@ -82,6 +87,14 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
 
     thread = threading.Thread(target=flusher, daemon=True)
     thread.start()
+    fsyncer = Fsyncer(lambda: None)
+    fsyncer.start()
+
+    def reported() -> None:
+        for _report in fsyncer.take():
+            waiting.pop().set_result(None)
+
+    loop.add_reader(fsyncer.reports, reported)
 
     async def handle(reader, writer) -> None:
         try:
@@ -93,6 +106,11 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
                     fut = loop.create_future()
                     waiting.append(fut)
                     bell.release()
+                    await fut
+                elif way == "fsyncer":
+                    fut = loop.create_future()
+                    waiting.append(fut)
+                    fsyncer.ring(fd, end[0])
                     await fut
                 elif way == "inline":
                     os.fsync(fd)
@@ -119,6 +137,8 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
     stop = True
     bell.release()
     thread.join()
+    loop.remove_reader(fsyncer.reports)
+    fsyncer.close()
     os.close(fd)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     system = after.ru_stime - before.ru_stime
@@ -136,7 +156,7 @@ def main() -> None:
     data_dir = tempfile.mkdtemp(prefix="fsync-floor-", dir=args.dir or os.getcwd())
     try:
         for round_no in range(args.rounds):
-            for way in ("none", "inline", "thread", "pause"):
+            for way in ("none", "inline", "thread", "fsyncer", "pause"):
                 f = uvloop.run(_serve(way, args.requests, data_dir, args.pause_ms / 1000))
                 for metric, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("cpu_us", "us"), ("sys_us", "us")):
                     print(json.dumps({"metric": f"fsync_floor_{way}_{metric[:-3]}",
