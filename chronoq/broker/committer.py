@@ -170,7 +170,7 @@ class GroupCommitter:
         return sent
 
     async def recall(self, handle: str) -> RecallResult:
-        """``Broker.recall`` with the fsync on the flusher thread: the tombstone is written, its
+        """``Broker.recall`` with the fsync on the fsync thread: the tombstone is written, its
         target kept from delivery meanwhile (``chronoq.timer.recall``), and CANCELLED answered
         once it is durable and applied (under either flush policy: a recall is always durable)."""
         answer = self.broker.timer_recall(handle)
@@ -205,7 +205,7 @@ class GroupCommitter:
             await self._replica_holds(ticket)
 
     async def retention(self) -> tuple[list[str], Job | None]:
-        """``Broker.retention`` with the roll-forward's fsync on the flusher thread: the records
+        """``Broker.retention`` with the roll-forward's fsync on the fsync thread: the records
         the timer still needs from the range to delete are written at the head, and the range is
         deleted once they are durable (their fsync failed: only what lies below the first).
         Returns the deleted paths and the store checkpoint to run on a worker thread next
@@ -337,13 +337,13 @@ class GroupCommitter:
         gen.callbacks.append(callback)
 
     def add_written_listener(self, listener: Callable[[], None]) -> None:
-        """``listener()`` on the loop whenever the flusher thread is rung for an fsync: what it
+        """``listener()`` on the loop whenever the fsync thread is rung for an fsync: what it
         will sync is written (page cache) by then."""
         self._written_listeners.append(listener)
 
     def add_log(self, sync: Callable[[], None]) -> Callable[[], None]:
-        """Have the flusher thread call ``sync()`` after every fsync of the commit log (ask for
-        one with ``after_durable``). Returns the function that removes it."""
+        """Have the fsync thread call ``sync()`` after each fsync of the commit log that
+        ``after_durable`` asked for (it must not raise). Returns the function that removes it."""
         self._logs.append(sync)
         return lambda: self._logs.remove(sync) if sync in self._logs else None
 
@@ -401,6 +401,8 @@ class GroupCommitter:
 
     def _reported(self) -> None:
         """The fsync thread's reports (``Fsyncer.take``), each finished on the loop."""
+        if self._fsyncer is None:  # closed in this pass: ``close`` flushes what is left
+            return
         for target, err, took_ns in self._fsyncer.take():
             if err:
                 failure = OSError(err, os.strerror(err))

@@ -343,7 +343,7 @@ def _decode_ck(path: str, pos: int, buf: bytes, p: int, end: int, names: dict[in
 class PopLog:
     """The current generation's file: buffers records in memory; ``seal`` closes the buffer into a
     chunk (on the event loop), ``sync`` writes every sealed chunk as one batch and fsyncs it (on
-    any thread: the runtime runs it on the committer's flusher thread, right after the commit
+    any thread: the runtime runs it on the committer's fsync thread, right after the commit
     log's fsync), ``take_synced`` hands the CKs made durable back (on the loop). ``flush`` is the
     three at once, on the caller's thread.
 

@@ -368,7 +368,7 @@ class PopService(HandOut):
 
     def attach_syncer(self, request: Callable[[], None] | None) -> None:
         """Have the POP log fsynced elsewhere: ``request()`` asks for ``sync_log`` to run (on any
-        thread, e.g. the committer's flusher) and ``log_synced`` to follow on this thread. None:
+        thread, e.g. the committer's fsync thread) and ``log_synced`` to follow on this thread. None:
         fsync on this thread (the embedded default)."""
         self._journal.request_sync = request
 

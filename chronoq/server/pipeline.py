@@ -11,7 +11,7 @@ groups). What they serve is in docs/spark.md; the message formats in chronoq_adm
   read, so ``max_bytes`` bounds the work, not just the answer. For a delayed message's visible
   copy, ``stored_ms`` is looked up from the record the timer delivered it from (one 60-byte read).
 - ``Stage``/``Publish``/``Abort`` are ``chronoq.features.staging``. ``Stage`` and ``Publish`` answer once
-  what they wrote is durable: they await the committer's ticket for the log's end (its flusher thread fsyncs, then
+  what they wrote is durable: they await the committer's ticket for the log's end (its fsync thread fsyncs, then
   the records are dispatched in log order). ``Publish`` writes one
   chunk per event-loop pass, so a publish of a million rows does not stall other clients, and
   publishes of one (sink, batch) are serialized.

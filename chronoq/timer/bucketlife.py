@@ -213,7 +213,7 @@ class BucketLife:
     # ----------------------------------------------------------------- deferred fsyncs
     def attach_files_syncer(self, request: Callable[[], None] | None) -> None:
         """Have the schedule files' journal and ``.done`` fsyncs done elsewhere: ``request()``
-        asks for ``self.files.sync_side`` to run (any thread: the committer's flusher, after a
+        asks for ``self.files.sync_side`` to run (any thread: the committer's fsync thread, after a
         commit-log fsync) and ``files_synced`` to follow on this thread. None: fsync in place."""
         self._files_request = request
         self.files.defer = request is not None

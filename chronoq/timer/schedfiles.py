@@ -10,7 +10,7 @@ Two fsyncs order writes that follow them: a bucket file is appended to only once
 record is durable (a power loss must find the rollback point of every byte appended), and a
 finished bucket's file is deleted only once its ``.done`` file (its cancellations, for late
 recalls) is durable. Embedded, both fsyncs run in place. Under the server (``defer``, set by
-``TimerService.attach_files_syncer``) they run on the committer's flusher thread
+``TimerService.attach_files_syncer``) they run on the committer's fsync thread
 (``sync_side``): ``write`` writes the journal records (page cache) and leaves the buckets whose
 record is not durable yet to the caller, who writes them once ``take_synced`` says it is;
 ``write_done`` writes the ``.done`` file without an fsync and the bucket file is deleted once
@@ -234,7 +234,7 @@ class ScheduleFiles:
 
     def sync_side(self) -> None:
         """fsync the journal and the ``.done`` files written so far, then the directory (any
-        thread: the committer's flusher runs it after each commit-log fsync). Never raises: what
+        thread: the committer's fsync thread runs it after a commit-log fsync that asked for it). Never raises: what
         it made durable, or its error, waits for ``take_synced``."""
         with self._lock:
             generation, end, fd, seq = self.generation, self._journal_end, self._journal_fd, self._done_seq

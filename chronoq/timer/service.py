@@ -227,7 +227,7 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         ``clock.advance``. Bounded per call: ``load_batch`` entries parsed, ``pending_max``
         deliveries claimed per lane. Never fsyncs: claimed copies are written to the page cache
         and the tick's ticket asks the shell's committer to make them durable (the server's
-        flusher thread; embedded, ``Broker.timer_tick`` on the caller's thread), which reports to
+        fsync thread; embedded, ``Broker.timer_tick`` on the caller's thread), which reports to
         ``synced`` (or ``sync_failed``), publishing and completing them. A copy is still durable
         before it is visible (sync flush policy) and before its DISPATCHED entry exists
         (dispatch-once). ``deliver_mode = "sync"`` (one fsync per message, for comparison)
