@@ -320,22 +320,26 @@ def phase_single(endpoint: str, pid: int, messages: int, producers: int, consume
         for p in procs:
             p.start()
         start.wait(seconds + 60)  # every process connected: interpreter start-up is not timed
-        cpu, t0 = ServerCpu(pid), time.perf_counter()
+        cpu, threads0, t0 = ServerCpu(pid), _thread_run_ns(pid), time.perf_counter()
         results = [q.get(timeout=seconds + 60) for _ in procs]
         elapsed = time.perf_counter() - t0
+        threads1 = _thread_run_ns(pid)
         for p in procs:
             p.join()
         done, client_cpu = sum(r[0] for r in results), sum(r[1] for r in results)
+        # The broker's CPU split: its event loop thread, and the rest (the fsync thread, mostly).
+        split = {"loop_thread_us_per_msg": round((threads1[0] - threads0[0]) / max(done, 1) / 1e3, 1),
+                 "other_threads_us_per_msg": round((threads1[1] - threads0[1]) / max(done, 1) / 1e3, 1)}
         p50_ms = round(sum(r[2] for r in results) / len(results) * 1e3, 3)
         if kind == "send":
             emit("single_delayed_send_rate", round(done / elapsed), "msgs/s", target=6200, producers=n,
                  delay_spread_s=spread_s, call_p50_ms=p50_ms, messages=done, seconds=round(elapsed, 2),
-                 **cpu.per_message(done),
+                 **cpu.per_message(done), **split,
                  client_cpu_us_per_msg=round(client_cpu / max(done, 1) * 1e6, 1))
         else:
             emit("single_receive_ack_rate", round(done / elapsed), "msgs/s", target=4900, consumers=n,
                  receive_ack_p50_ms=p50_ms, messages=done, seconds=round(elapsed, 2),
-                 **cpu.per_message(done), client_cpu_us_per_msg=round(client_cpu / max(done, 1) * 1e6, 1))
+                 **cpu.per_message(done), **split, client_cpu_us_per_msg=round(client_cpu / max(done, 1) * 1e6, 1))
 
 
 # ----------------------------------------------------------------------------- (e) lone sends
