@@ -60,6 +60,9 @@ RECORD = struct.Struct("=qqq")
 _TAKE_BYTES = RECORD.size * 64
 # Compiled, this module is an extension module: its loop runs in C (fsyncer.pxd).
 _COMPILED = not __file__.endswith(".py")
+# A plain round needs no GIL (compiled): ring at once, the thread starts while the ringer goes on.
+# Pure Python, the thread needs the GIL to start its fsync, so ring when about to sleep instead.
+RING_AT_ONCE = _COMPILED
 
 
 class Fsyncer:
