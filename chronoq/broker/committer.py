@@ -54,10 +54,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from typing import Callable, Iterable
 
-from chronoq.core import errors, fsutil
+from chronoq.core import errors
 from chronoq.core.jobs import Job
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.core.model import SendResult
@@ -422,8 +421,7 @@ class GroupCommitter:
             return
         for target, err, took_ns in self._fsyncer.take():
             if err:
-                failure = OSError(err, os.strerror(err))
-                self._synced(-1, fsutil.storage_error(failure, self.store.log.directory))
+                self._synced(-1, self.store.log.fsync_failed(err))
             else:
                 self._synced(self.store.log.fsynced(target, took_ns), None)
 

@@ -289,17 +289,15 @@ class CommitLog:
     def sync(self) -> int:
         """fsync what has been written; return the offset now durable. Safe from another thread."""
         with self._sync_lock:
-            target = self.written
-            fd = self._active_fd
-            if target > self.synced:
-                began_ns = self._monotonic_ns()
-                try:
-                    os.fsync(fd)
-                except OSError as exc:
-                    raise fsutil.storage_error(exc, self.directory) from exc
-                self.sync_times.record(self._monotonic_ns() - began_ns)
-                self.synced = max(self.synced, target)
-            return self.synced
+            fd, target = self.fsync_ask()
+            if fd < 0:
+                return self.synced
+            began_ns = self._monotonic_ns()
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise fsutil.storage_error(exc, self.directory) from exc
+            return self.fsynced(target, self._monotonic_ns() - began_ns)
 
     def fsync_ask(self) -> tuple[int, int]:
         """``sync`` on another thread, asked from the writers' thread: (the descriptor to fsync,
@@ -315,6 +313,10 @@ class CommitLog:
             self.sync_times.record(took_ns)
             self.synced = target
         return self.synced
+
+    def fsync_failed(self, err: int) -> errors.StorageError:
+        """What an fsync asked with ``fsync_ask`` that failed with ``err`` (an errno) raises."""
+        return fsutil.storage_error(OSError(err, os.strerror(err)), self.directory)
 
     def truncate_active(self, size: int) -> None:
         """Cut the active segment to ``size`` bytes (torn-tail repair during recovery)."""

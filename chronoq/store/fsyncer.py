@@ -136,7 +136,7 @@ class Fsyncer:
             err, took_ns = self._fsync(fd)
             if flags & RUN_LOGS:
                 self._logs_sync()
-            _write_all(reports, RECORD.pack(target, err, took_ns))
+            _write_record(reports, RECORD.pack(target, err, took_ns))
 
     def _fsync(self, fd: int) -> tuple[int, int]:
         began = time.monotonic_ns()
@@ -156,6 +156,6 @@ def _read_request(bell: int) -> tuple[int, int, int]:
     return RECORD.unpack(data)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_record(fd: int, data: bytes) -> None:
     written = os.write(fd, data)
     assert written == len(data), "a report record was split"
