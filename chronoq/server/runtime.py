@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 import sys
 from typing import Callable
@@ -17,7 +16,7 @@ from typing import Callable
 from chronoq.broker.broker import Broker
 from chronoq.broker.committer import GroupCommitter
 from chronoq.core.config import BrokerConfig
-from chronoq.server import sdnotify
+from chronoq.server import process, sdnotify
 
 log = logging.getLogger("chronoq.runtime")
 
@@ -247,7 +246,7 @@ class Runtime:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         if self.config.priority_boost:
-            self.say(raise_priority(self.config.priority_boost))
+            self.say(process.raise_priority(self.config.priority_boost))
         epoch = 0
         if self.config.replica_of and not self.config.rejoin:  # a promoted directory stays the primary
             import dataclasses
@@ -417,33 +416,6 @@ class Runtime:
         return self.duty.stepped_down.is_set() and not self._stop.is_set()
 
 
-def raise_priority(boost: int) -> str:
-    """Lower this process's nice value by ``boost`` (to at least -20); returns a line saying what
-    happened. Never raises: without the right to (CAP_SYS_NICE) the broker runs as it was started.
-
-    Linux keeps a nice value per thread: every thread running now is changed, and threads started
-    later inherit their creator's. Timer lateness is why: on a 2-CPU host shared with busy clients,
-    a loop thread woken at a due time can otherwise wait behind them for a scheduler slice (the
-    measured effect on the late tail, modest and noisy: docs/timers.md, "CPU priority").
-    """
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    target = max(-20, before - boost)
-    try:
-        threads = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:  # not Linux: the process's value
-        threads = [0]
-    try:
-        for tid in threads:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, target)
-            except ProcessLookupError:  # a thread that just ended
-                pass
-    except PermissionError:
-        return (f"scheduling priority unchanged (nice {before}): lowering it needs CAP_SYS_NICE; "
-                "timer lateness may grow when other processes keep the CPUs busy (priority_boost)")
-    return f"scheduling priority raised: nice {before} -> {target} (priority_boost)"
-
-
 async def _run_in_thread(fn, done, failed) -> None:
     """``fn()`` on the default executor, then ``done(result)`` or ``failed(exc)`` back on the loop.
 
@@ -483,6 +455,7 @@ async def _run_job(job) -> None:
 def run(config: BrokerConfig) -> None:
     from chronoq.server.logsetup import announce
 
+    log.debug(process.keep_freed_memory())  # (this process is the broker's alone, not an in-process Runtime)
     runtime = Runtime(config, say=announce)  # the start-up story on stdout (logsetup)
     try:
         import uvloop  # optional: a faster event loop when installed

@@ -1,0 +1,80 @@
+"""What ``chronoq serve`` sets for its own process at start: its scheduling priority
+(``priority_boost``) and how the C allocator returns freed memory to the kernel.
+
+Both are process-wide, so only the broker's own process sets them (``runtime.run``), never a
+``Runtime`` run inside somebody else's process (tests, an embedding application).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+log = logging.getLogger("chronoq.process")
+
+# glibc's mallopt(3) parameters.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# Buffers up to this size come from the heap, not from a mapping of their own. The broker's big
+# buffers are a replica's pull answers (4 MiB at most by default, chronoq.replication.shipper)
+# and its copies on the way out, and batches of sends: all below it.
+MMAP_THRESHOLD_BYTES = 8 << 20
+# Free memory at the top of a heap is kept, up to this much, for the next buffers instead of being
+# returned to the kernel at once: the bound on what the process holds beyond what it uses.
+TRIM_THRESHOLD_BYTES = 32 << 20
+
+
+def keep_freed_memory() -> str:
+    """Let freed buffers be reused rather than handed back to the kernel and faulted in again;
+    returns a line saying what was done.
+
+    Why: glibc maps a buffer above its mmap threshold (128 KiB at first, raised as such buffers
+    are freed) on its own, and returns the top of the heap to the kernel once more than twice that
+    is free there. A broker that ships ~150 KiB pull answers or receives big batches crosses both
+    lines many times a second, and every page of every such buffer is then a fresh zeroed page
+    fault: ~1.8 us each on this project's 2-core VM. Serializing one 150 KiB pull answer took
+    123 us that way and 2.5 us with these settings (68 faults -> 0). Setting either parameter
+    turns glibc's own adjustment of both off, hence both are set.
+
+    An operator's ``GLIBC_TUNABLES`` naming any ``glibc.malloc.`` tunable wins: nothing is set.
+    Other C libraries (musl has no mallopt) are left alone."""
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return "allocator: GLIBC_TUNABLES sets glibc.malloc.*: left as configured"
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return "allocator: no mallopt (not glibc): left alone"
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
+        log.warning("mallopt refused the allocator settings: freed buffers go back to the kernel")
+        return "allocator: mallopt refused: left alone"
+    return (f"allocator: buffers up to {MMAP_THRESHOLD_BYTES >> 20} MiB from the heap, "
+            f"up to {TRIM_THRESHOLD_BYTES >> 20} MiB of freed heap kept for reuse")
+
+
+def raise_priority(boost: int) -> str:
+    """Lower this process's nice value by ``boost`` (to at least -20); returns a line saying what
+    happened. Never raises: without the right to (CAP_SYS_NICE) the broker runs as it was started.
+
+    Linux keeps a nice value per thread: every thread running now is changed, and threads started
+    later inherit their creator's. Timer lateness is why: on a 2-CPU host shared with busy clients,
+    a loop thread woken at a due time can otherwise wait behind them for a scheduler slice (the
+    measured effect on the late tail, modest and noisy: docs/timers.md, "CPU priority").
+    """
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    target = max(-20, before - boost)
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: the process's value
+        threads = [0]
+    try:
+        for tid in threads:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, target)
+            except ProcessLookupError:  # a thread that just ended
+                pass
+    except PermissionError:
+        return (f"scheduling priority unchanged (nice {before}): lowering it needs CAP_SYS_NICE; "
+                "timer lateness may grow when other processes keep the CPUs busy (priority_boost)")
+    return f"scheduling priority raised: nice {before} -> {target} (priority_boost)"
