@@ -22,6 +22,10 @@ pull answer under sync load), falloc 174 us p50, zeroed 100 us; two writers at o
 146 us. At 1 KiB per fsync (one message per call) the p50 is the same (~90 us) and the p90
 lower zeroed (100 against 136-152 us): only the first write into each 4 KiB block converts it.
 
+The zeroed way here zeroes the whole file before the timed writes. Zeroing ahead *while* a
+writer goes on (a thread a few MiB ahead of it) was tried too, and kept nothing at a sustained
+110 KB per fsync: docs/storage.md, "Write path", has the figures.
+
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Bounded in count.
 
     .venv/bin/python bench/fsync_layout.py                     # 110,000-byte chunks, 1000 each way
