@@ -51,6 +51,24 @@ def server_cpu_split_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / ticks, int(fields[12]) / ticks  # utime, stime
 
 
+def thread_run_ns(pid: int) -> tuple[int, int]:
+    """(the loop thread's, every other thread's) run time so far, ns (/proc/PID/task/*/schedstat):
+    a broker's loop thread is its main thread, so its share of a run's wall time says whether the
+    loop was the limit (busy throughout) or waited (on fsyncs, on a replica's reports)."""
+    loop_ns = other_ns = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                ran = int(fh.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
+        if int(tid) == pid:
+            loop_ns += ran
+        else:
+            other_ns += ran
+    return loop_ns, other_ns
+
+
 def server_nice(pid: int) -> int:
     """The broker's nice value (its main thread's; ``priority_boost`` lowers it when allowed)."""
     return int(_stat_fields(pid)[16])

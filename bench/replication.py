@@ -6,7 +6,10 @@ each, chronoq.client.client sends 1 KiB messages from ``--concurrency`` tasks of
 batched (``--batch`` messages a call) and single (one a call), each for ``--seconds``: msgs/s,
 and the ratio to "none" of the same run; the primary's and the replica's CPU per message (user +
 system of all threads, /proc/PID/stat, from the phase's start until the replica has caught up
-with it: on a 2-core machine the replica's CPU is taken from the primary's). Under async load
+with it: on a 2-core machine the replica's CPU is taken from the primary's), and the share of
+the phase's wall time the primary's loop thread ran (``replication_primary_loop_busy``, with the
+whole machine's busy share): near 90% the loop is the limit; lower, with CPUs idle, the sends
+wait (under sync, on the replica's reports; docs/replication.md, "What is next"). Under async load
 the primary's view of the replica's lag (ClusterStatus, every 100 ms) is sampled: p50 and max
 bytes. Last, failover: the async primary is killed with SIGKILL, ``chronoq promote`` is run on
 the replica, and the time from the kill to the first acknowledged send and to the first message received there is measured: in
@@ -47,7 +50,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.grpc_shell import batch_load, server_cpu_s, start_server, stop_server  # noqa: E402
+from bench.grpc_shell import batch_load, server_cpu_s, start_server, stop_server, thread_run_ns  # noqa: E402
+from bench.machine import MachineLoad  # noqa: E402
 from chronoq.client.client import Client, OutgoingMessage  # noqa: E402
 from chronoq.replication.client import ReplicationClient  # noqa: E402
 
@@ -202,10 +206,16 @@ async def run_round(args, root: str, round_no: int) -> None:
             for shape, batch in (("batched", args.batch), ("single", 1)):
                 procs = {"primary": primary_proc, "replica": replica_proc}
                 cpu0 = {role: server_cpu_s(p.pid) for role, p in procs.items() if p is not None}
+                loop0, machine = thread_run_ns(primary_proc.pid)[0], MachineLoad()
                 began = time.monotonic()
                 out = await load(primary, f"bench-{shape}", args.seconds, args.concurrency, batch,
                                  lag_of=primary if mode == "async" and shape == "batched" else "")
-                sent = out["rate"] * (time.monotonic() - began)
+                took = time.monotonic() - began
+                sent = out["rate"] * took
+                # Whether the primary's loop was the limit (busy throughout) or waited while CPUs idled
+                # (on the replica's reports under sync): docs/replication.md, "What is next".
+                loop_busy = (thread_run_ns(primary_proc.pid)[0] - loop0) / 1e9 / took
+                busy_pct = machine.busy_pct()
                 if mode != "none":  # the replica's share ends when it has applied the window's records
                     await caught_up(replica, primary)
                 cpu = {role: server_cpu_s(procs[role].pid) - c for role, c in cpu0.items()}
@@ -213,6 +223,7 @@ async def run_round(args, root: str, round_no: int) -> None:
                 ctx = {"mode": mode, "shape": shape, "batch": batch, "concurrency": args.concurrency,
                        "seconds": args.seconds, "round": round_no}
                 emit(f"replication_send_{shape}", round(out["rate"]), "msgs/s", **ctx)
+                emit("replication_primary_loop_busy", round(100 * loop_busy, 1), "%", machine_busy_pct=busy_pct, **ctx)
                 for role, seconds in cpu.items():  # user + system, all threads (/proc/PID/stat)
                     emit(f"replication_{role}_cpu_per_message", round(seconds / max(sent, 1) * 1e6, 2), "us/msg",
                          messages=round(sent), **ctx)

@@ -52,7 +52,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chronoq  # noqa: E402
-from bench.grpc_shell import server_cpu_split_s, start_server  # noqa: E402
+from bench.grpc_shell import server_cpu_split_s, start_server, thread_run_ns  # noqa: E402
 from bench.machine import MachineLoad, python_speed  # noqa: E402
 
 
@@ -320,10 +320,10 @@ def phase_single(endpoint: str, pid: int, messages: int, producers: int, consume
         for p in procs:
             p.start()
         start.wait(seconds + 60)  # every process connected: interpreter start-up is not timed
-        cpu, threads0, t0 = ServerCpu(pid), _thread_run_ns(pid), time.perf_counter()
+        cpu, threads0, t0 = ServerCpu(pid), thread_run_ns(pid), time.perf_counter()
         results = [q.get(timeout=seconds + 60) for _ in procs]
         elapsed = time.perf_counter() - t0
-        threads1 = _thread_run_ns(pid)
+        threads1 = thread_run_ns(pid)
         for p in procs:
             p.join()
         done, client_cpu = sum(r[0] for r in results), sum(r[1] for r in results)
@@ -361,24 +361,6 @@ def _raw_append_fsync_us(directory: str, count: int) -> float:
     return times[len(times) // 2] * 1e6
 
 
-def _thread_run_ns(pid: int) -> tuple[int, int]:
-    """(the loop thread's, every other thread's) run time so far, ns (/proc/PID/task/*/schedstat):
-    a lone ``sync`` send's CPU beyond an ``async`` one splits between the loop thread (a sleep in
-    the middle of the call) and the committer's flusher thread (the fsync)."""
-    loop_ns = other_ns = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                ran = int(fh.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
-            continue
-        if int(tid) == pid:
-            loop_ns += ran
-        else:
-            other_ns += ran
-    return loop_ns, other_ns
-
-
 def _lone_sends(endpoint: str, pid: int, count: int, seconds: float) -> dict:
     from chronoq.client.client import Client, run
 
@@ -388,13 +370,13 @@ def _lone_sends(endpoint: str, pid: int, count: int, seconds: float) -> dict:
             await client.route(topic)
             for _ in range(50):  # warm up: connection, topic, caches
                 await client.send(topic, body)
-            cpu, threads0 = ServerCpu(pid), _thread_run_ns(pid)
+            cpu, threads0 = ServerCpu(pid), thread_run_ns(pid)
             deadline = time.perf_counter() + seconds
             while len(times) < count and time.perf_counter() < deadline:
                 t0 = time.perf_counter()
                 await client.send(topic, body)
                 times.append(time.perf_counter() - t0)
-            threads1, n = _thread_run_ns(pid), max(len(times), 1)
+            threads1, n = thread_run_ns(pid), max(len(times), 1)
             return times, {**cpu.per_message(len(times)),
                            "loop_thread_us_per_msg": round((threads1[0] - threads0[0]) / n / 1e3, 1),
                            "other_threads_us_per_msg": round((threads1[1] - threads0[1]) / n / 1e3, 1)}
