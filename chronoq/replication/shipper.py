@@ -52,6 +52,7 @@ import asyncio
 import collections
 import heapq
 import itertools
+import logging
 import os
 from typing import Callable
 
@@ -62,12 +63,22 @@ from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.protocol.rocketmq import status as codes
 from chronoq.replication import divergence, position
 
+log = logging.getLogger("chronoq.replication")
+
 WAIT_MAX_MS = 30_000
 WAIT_TICK_S = 0.05
 MAX_BYTES_DEFAULT = 4 << 20
 MAX_BYTES_LIMIT = 64 << 20
 WRITTEN_SAMPLES = 20  # samples of the written end per sync bound (``PrimaryNode.in_sync``)
 REPLICA_FORGET_MS = 600_000  # a replica that has not pulled for this long leaves status and metrics
+# The replicas a primary keeps track of (status, metrics, the in-sync set, sync acknowledgements);
+# each is a node id, one per replica process. A new one past the cap takes the place of the one
+# silent longest, once that one has been silent for QUIET_MS (a live replica pulls at least every
+# WAIT_MAX_MS); else its pull is refused until one is (TOO_MANY_REQUESTS: the replica retries).
+MAX_REPLICAS = 32
+QUIET_MS = 2 * WAIT_MAX_MS
+NODE_ID_MAX = 128  # characters of a pull's node id, and of its endpoint (host:port) at most
+ENDPOINT_MAX = 256
 
 
 class PrimaryNode:
@@ -168,6 +179,9 @@ class PrimaryNode:
 
     # ------------------------------------------------------------------ pull
     async def pull(self, req) -> apb.PullResponse:
+        if not 0 < len(req.node_id) <= NODE_ID_MAX or len(req.endpoint) > ENDPOINT_MAX:
+            raise errors.ClientError(f"a pull names its node id (1 to {NODE_ID_MAX} characters) and its endpoint "
+                                     f"({ENDPOINT_MAX} at most): got {len(req.node_id)} and {len(req.endpoint)}")
         if req.node_id == self.node_id:
             raise errors.PreconditionFailed(
                 f"the replica is pointed at itself (node {self.node_id}): --replica-of must name its primary")
@@ -184,11 +198,12 @@ class PrimaryNode:
                                     primary_synced=self.store.log.written, epoch=self.epoch, node_id=self.node_id,
                                     wall_ms=self.broker.clock.wall_ms())
         now = self.broker.clock.wall_ms()
+        if req.node_id not in self.replicas:
+            self._make_room(now)
         self.replicas[req.node_id] = (req.endpoint, req.position.commit, now)
-        if len(self.replicas) > 1:  # a node id per replica process: forget the ones gone quiet (bounded)
+        if len(self.replicas) > 1:  # a node id per replica process: forget the ones gone quiet
             for node in [n for n, (_e, _p, seen) in self.replicas.items() if now - seen > REPLICA_FORGET_MS]:
-                del self.replicas[node]
-                self._caught_up_ms.pop(node, None)
+                self._forget(node)
         self._replica_acked(req.position.commit)
         if self.on_report is not None:
             self.on_report(req.endpoint, req.position.commit)
@@ -214,6 +229,24 @@ class PrimaryNode:
                 self._parked.pop(parked, None)
             if resp is not None:
                 return resp
+
+    def _make_room(self, now: int) -> None:
+        """Room for one more replica (``MAX_REPLICAS``), or ``TooManyRequests``."""
+        if len(self.replicas) < MAX_REPLICAS:
+            return
+        node, (endpoint, _pos, seen) = min(self.replicas.items(), key=lambda kv: kv[1][2])
+        if now - seen < QUIET_MS:
+            raise errors.TooManyRequests(
+                f"{MAX_REPLICAS} replicas pulled from this primary in the last {QUIET_MS // 1000} s: another is "
+                "refused until one of them has been silent that long (a replica process that restarts pulls under "
+                "a new node id)")
+        log.warning("replication: forgetting replica %s (%s), silent for %d s, to track a new one (%d at most)",
+                    node, endpoint or "no endpoint", (now - seen) // 1000, MAX_REPLICAS)
+        self._forget(node)
+
+    def _forget(self, node: str) -> None:
+        del self.replicas[node]
+        self._caught_up_ms.pop(node, None)
 
     def _divergence(self, req) -> apb.Divergence | None:
         """The point a rejoining replica must truncate at first (None: none), or a refusal."""
@@ -250,21 +283,21 @@ class PrimaryNode:
         return apb.Divergence(offset=opened, epoch=self.epoch, tail_from=tail_from, tail_crc=crc)
 
     def _check_prefix(self, req) -> None:
-        log, at = self.store.log, req.position.commit
-        written = log.written
+        commit_log, at = self.store.log, req.position.commit
+        written = commit_log.written
         if at > written:
             raise errors.PreconditionFailed(
                 f"the replica's log ends at {at}, past this primary's end {written}: it is not a "
                 "prefix of this log (another cluster, or a history that diverged); refusing to ship")
-        if at < log.min_offset and at != 0:
+        if at < commit_log.min_offset and at != 0:
             raise errors.PreconditionFailed(
-                f"the replica's log ends at {at}, before this primary's oldest segment ({log.min_offset}): "
+                f"the replica's log ends at {at}, before this primary's oldest segment ({commit_log.min_offset}): "
                 "retention deleted what it lacks; it needs a fresh copy of the data directory")
-        if at > log.min_offset:
+        if at > commit_log.min_offset:
             tail_from = req.tail_from
-            if not (log.segment_for(at - 1).base <= tail_from < at and at - tail_from <= position.TAIL_BYTES):
+            if not (commit_log.segment_for(at - 1).base <= tail_from < at and at - tail_from <= position.TAIL_BYTES):
                 raise errors.PreconditionFailed(f"tail range {tail_from}..{at} is not within one segment here")
-            if google_crc32c.value(log.read(tail_from, at - tail_from)) != req.tail_crc:
+            if google_crc32c.value(commit_log.read(tail_from, at - tail_from)) != req.tail_crc:
                 raise errors.PreconditionFailed(
                     f"the replica's last bytes before {at} differ from this primary's: its log is not a prefix "
                     "of this one (another cluster, or a history that diverged); refusing to ship")

@@ -307,3 +307,47 @@ def test_a_rewritten_snapshot_is_shipped_at_the_next_answer(tmp_path):
         assert news and [s.name for s in resp.snapshots] == ["schedules.json"]
     finally:
         broker.close()
+
+
+def test_a_primary_tracks_a_bounded_number_of_replicas(tmp_path):
+    """Every node id that pulls is tracked (status, metrics, the in-sync set, sync
+    acknowledgements): at most ``MAX_REPLICAS``. A new one past that takes the place of the one
+    silent longest once that one has been silent for ``QUIET_MS``; before, it is refused with
+    TOO_MANY_REQUESTS (a replica retries). Oversized names are refused before anything is kept."""
+    import asyncio
+
+    from chronoq.broker.broker import Broker
+    from chronoq.core.clock import FakeClock
+    from chronoq.core.config import BrokerConfig
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.replication import shipper
+
+    clock = FakeClock()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path / "p")), clock=clock)
+    node = shipper.PrimaryNode(broker, None, "primary")
+
+    async def pull(node_id: str, endpoint: str = "127.0.0.1:1") -> None:
+        await node.pull(apb.PullRequest(node_id=node_id, endpoint=endpoint, wait_ms=0))
+
+    async def scenario() -> None:
+        for i in range(shipper.MAX_REPLICAS):
+            await pull(f"r{i}")
+            clock.advance(10)
+        with pytest.raises(errors.TooManyRequests, match="replicas pulled from this primary"):
+            await pull("newcomer")
+        assert len(node.replicas) == shipper.MAX_REPLICAS and "newcomer" not in node.replicas
+        await pull("r0")  # a tracked replica pulls on, whatever the count
+        clock.advance(shipper.QUIET_MS)
+        await pull("newcomer")  # r1 has been silent longest, and long enough: it makes room
+        assert "newcomer" in node.replicas and "r1" not in node.replicas and "r0" in node.replicas
+        assert len(node.replicas) == shipper.MAX_REPLICAS
+        for bad in (dict(node_id=""), dict(node_id="n" * (shipper.NODE_ID_MAX + 1)),
+                    dict(node_id="ok", endpoint="e" * (shipper.ENDPOINT_MAX + 1))):
+            with pytest.raises(errors.ClientError, match="names its node id"):
+                await pull(**bad)
+        assert len(node.replicas) == shipper.MAX_REPLICAS and "ok" not in node.replicas
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        broker.close()
