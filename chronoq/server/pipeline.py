@@ -35,6 +35,9 @@ from chronoq.core.delay_levels import DELAY_TOPIC
 READ_MAX_MESSAGES = 10_000
 READ_DEFAULT_MESSAGES = 1000
 READ_DEFAULT_BYTES = 4 * 1024 * 1024
+# What one answer may hold (a first record larger than ``max_bytes`` still comes whole): without a
+# cap, 10,000 messages of up to ``max_body_bytes`` each could be asked for in one call.
+READ_MAX_BYTES = 64 * 1024 * 1024
 _SYSTEM_PREFIX = model.SYSTEM_PROPERTY_PREFIX
 _HEADER = record.HEADER
 
@@ -304,8 +307,9 @@ class PipelineRpcs:
         max_messages = request.max_messages or READ_DEFAULT_MESSAGES
         if not 1 <= max_messages <= READ_MAX_MESSAGES:
             raise errors.ClientError(f"max_messages must be between 1 and {READ_MAX_MESSAGES}")
-        if request.max_bytes < 0:
-            raise errors.ClientError("max_bytes may not be negative")
+        if not 0 <= request.max_bytes <= READ_MAX_BYTES:
+            raise errors.ClientError(f"max_bytes must be between 0 (the default, {READ_DEFAULT_BYTES >> 20} MiB) "
+                                     f"and {READ_MAX_BYTES} ({READ_MAX_BYTES >> 20} MiB), not {request.max_bytes}")
         max_bytes = request.max_bytes or READ_DEFAULT_BYTES
         lo, hi = broker.queue_bounds(cfg.name, queue)  # type: ignore[attr-defined]
         offset = max(request.offset, lo)

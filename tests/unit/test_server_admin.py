@@ -168,3 +168,26 @@ def test_stopping_broker_answers_a_status(svc, node):
     r = create_topic(svc, "orders")
     assert r.status.code == Code.INTERNAL_SERVER_ERROR
     assert "stopping" in r.status.message
+
+
+def test_read_messages_answers_are_bounded_in_bytes(svc, node):
+    """``ReadMessages`` (the Spark source's read): ``max_bytes`` is capped (``READ_MAX_BYTES``), so
+    one call cannot ask for 10,000 messages of up to ``max_body_bytes`` each; under the cap, an
+    answer stops at the first message past ``max_bytes`` (one larger than it still comes whole)."""
+    from chronoq.broker.broker import OutgoingMessage
+    from chronoq.server import pipeline
+
+    create_topic(svc, "reads", queues=1)
+    node.broker.send_batch([OutgoingMessage("reads", bytes([i]) * 10_000, queue_id=0) for i in range(10)])
+
+    def read(max_bytes: int):
+        return call(svc, "ReadMessages", apb.ReadMessagesRequest(topic="reads", queue=0, max_messages=1000,
+                                                                 max_bytes=max_bytes))
+
+    for bad in (-1, pipeline.READ_MAX_BYTES + 1, 1 << 40):
+        r = read(bad)
+        assert r.status.code == Code.BAD_REQUEST and "max_bytes must be between" in r.status.message, r.status
+    assert len(read(pipeline.READ_MAX_BYTES).messages.offsets) == 10
+    assert len(read(0).messages.offsets) == 10  # the default: 4 MiB
+    assert list(read(25_000).messages.offsets) == [0, 1]  # a record is a little more than its body
+    assert list(read(1).messages.offsets) == [0]  # a first record larger than max_bytes comes whole
