@@ -41,6 +41,14 @@ PREFACE_TIMEOUT_S = 10.0
 # the application noticing; the official RocketMQ clients keep a Telemetry stream open, so their
 # connections are never idle.
 IDLE_TIMEOUT_S = 300.0
+# Answer bytes a connection holds for a peer that does not take them: answers waiting for its
+# flow-control windows, and what the transport buffers past its high-water mark. A peer that
+# announces a window of 0 and keeps calling would make the broker hold every answer (receives
+# have their own answer budget, chronoq.server.answers; a replica's pull or a Spark read answers
+# up to 64 MiB). An answer is refused with RESOURCE_EXHAUSTED when the connection already holds
+# some and this one would take it past the cap; a connection that holds nothing may always take
+# one answer, so the cap is at least the largest answer (64 MiB: pulls, ReadMessages).
+MAX_UNREAD_ANSWER_BYTES = 64 << 20
 
 # ------------------------------------------------------------------ attacks (issue 20 §3)
 # Rapid reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671): one token bucket per connection
@@ -85,6 +93,7 @@ class Limits:
     max_concurrent_streams: int = MAX_CONCURRENT_STREAMS
     preface_timeout_s: float = PREFACE_TIMEOUT_S
     idle_timeout_s: float = IDLE_TIMEOUT_S
+    max_unread_answer_bytes: int = MAX_UNREAD_ANSWER_BYTES
     max_header_list: int = MAX_HEADER_LIST
     reset_burst: int = RESET_BURST
     reset_rate: float = RESET_RATE

@@ -121,6 +121,8 @@ class Stream(StreamWindows):
             if code != NO_ANSWER:
                 self.answer = code
         conn = self.conn
+        if conn.waiting or conn.paused:  # this peer leaves answers untaken already: bounded
+            conn.room_for_answer(MESSAGE_PREFIX.size + len(data))
         conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
         return bool(self.blocked) or conn.paused
 
@@ -190,6 +192,21 @@ class Answers:
             self._out_bytes = 0
             self.server.stats.bytes_out += len(data)
             self.transport.write(data)
+
+    def room_for_answer(self, nbytes: int) -> None:
+        """Refuse (``CallError`` RESOURCE_EXHAUSTED) an answer of ``nbytes`` that would take what
+        this connection holds for its peer past ``max_unread_answer_bytes`` (h2limits). Asked only
+        while answers wait on the peer's windows or the transport is paused, so a peer that reads
+        costs nothing here."""
+        held = sum(len(item) for stream in self.waiting.values() for item in stream.blocked)
+        if self.paused:
+            held += self.transport.get_write_buffer_size()
+        cap = self.limits.max_unread_answer_bytes
+        if held and held + nbytes > cap:
+            detail = (f"this connection holds {held} bytes of answers its peer has not taken; another of "
+                      f"{nbytes} would pass {cap} (read the answers, or open the windows)")
+            self.refuse(R.ANSWER_BUDGET, detail)
+            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
 
     def pause_writing(self) -> None:
         self.paused = True

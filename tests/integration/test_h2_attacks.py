@@ -368,6 +368,39 @@ def test_streams_past_the_advertised_cap_are_refused():
     run(test, max_concurrent_streams=4)
 
 
+def test_answers_a_peer_does_not_take_are_bounded():
+    """A peer that announces stream windows of 0 and keeps calling: its answers wait, and once
+    the connection holds some, one that would take it past ``max_unread_answer_bytes`` is refused
+    with RESOURCE_EXHAUSTED (trailers only: HEADERS are not flow-controlled); the calls before
+    it stay answered as soon as the peer opens its windows, and the connection goes on."""
+    body = b"a" * (512 << 10)
+
+    async def test(endpoint, refusals, echo):
+        def script(c: RawClient):
+            c.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0}))
+            for sid in range(1, 17, 2):  # 8 calls, each answered with its 512 KiB
+                c.open(sid, body)
+            c.read(1.0)
+            c.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 30}),
+                   WindowUpdateFrame(0, (1 << 30)))
+            c.read(1.0)
+
+        client = await attack(endpoint, script)
+        decoder, status = hpack.Decoder(), {}
+        for f in client.frames:
+            if isinstance(f, HeadersFrame):
+                for name, value in decoder.decode(f.data):
+                    if name == "grpc-status":
+                        status[f.stream_id] = value
+        assert status == {1: "0", 3: "0", 5: "0", 7: "0", 9: "8", 11: "8", 13: "8", 15: "8"}, status
+        answered = sum(len(f.data) for f in client.frames if isinstance(f, DataFrame))
+        assert answered == 4 * (len(body) + 5)
+        assert not client.goaway()
+        assert refused(refusals) == {R.ANSWER_BUDGET: 4}
+
+    run(test, max_unread_answer_bytes=4 * (len(body) + 5))  # four framed answers, exactly
+
+
 @pytest.mark.parametrize("path", ["Unary", "Bidi"])
 def test_a_length_prefix_of_4_gib_is_refused_before_buffering(path):
     async def test(endpoint, refusals, echo):
