@@ -13,7 +13,8 @@ by a count and by --seconds.
 Parts (letters follow the timer benchmark plan):
 
 a  enqueue: --count timers due over the next 10 minutes, sent through the broker API in batches
-   (fsync per batch, flush policy sync); reports timers/s.
+   (fsync per batch, flush policy sync); reports timers/s, then what counting them by horizon
+   costs (one metrics scrape or history sample, on the event loop) after a batch more.
 b  steady lateness through the server: a fresh ``chronoq serve`` (default durable flush) per rate;
    timers fall due evenly at --rates per second for --steady-seconds. --b-mode preload (default)
    sends them all first (one producer process, ``chronoq.client.client`` batches); live sends each
@@ -83,6 +84,7 @@ from bench.machine import MachineLoad, python_speed  # noqa: E402
 from chronoq.broker.broker import Broker, OutgoingMessage  # noqa: E402
 from chronoq.core.config import BrokerConfig  # noqa: E402
 from chronoq.core.msgid import new_message_id  # noqa: E402
+from chronoq.server.metrics import PENDING_HORIZONS  # noqa: E402
 
 TOPIC = "bench-timers"
 DAY_MS = 86_400_000
@@ -122,6 +124,9 @@ def rss_mb() -> float:
     return rss_kb() / 1024
 
 
+PENDING_HORIZONS_MS = tuple(1 << 62 if s is None else s * 1000 for _, s in PENDING_HORIZONS)  # as metrics' own
+
+
 def config(data_dir: str) -> BrokerConfig:
     return BrokerConfig(data_dir=data_dir, flush_policy="sync", default_queues=8)
 
@@ -154,11 +159,21 @@ def part_a(args, workdir: str) -> None:
     broker = Broker(config(data_dir))
     body = os.urandom(args.body_bytes)
     sent, elapsed, batches = schedule(broker, args.count, args.batch, args.seconds, 1_000, 600_000, body, 1)
+    # What one metrics scrape or history sample costs with them all pending (it runs on the event
+    # loop): counting by horizon after a batch more, as traffic goes on between two samples.
+    counts_ms = []
+    for round_ in range(3):
+        schedule(broker, args.batch, args.batch, args.seconds, 1_000, 600_000, body, 2 + round_)
+        t0 = time.perf_counter()
+        broker.timer.pending_by_horizon(PENDING_HORIZONS_MS)
+        counts_ms.append((time.perf_counter() - t0) * 1e3)
     broker.close()
     shutil.rmtree(data_dir, ignore_errors=True)
     ctx = {"part": "a", "timers": sent, "batch": args.batch, "body_bytes": args.body_bytes,
            "spread_s": 600, "seconds": round(elapsed, 3), "fsyncs": batches}
     emit("timer_enqueue_rate", round(sent / elapsed), "timers/s", **ctx)
+    emit("timer_pending_count_ms", round(sorted(counts_ms)[1], 3), "ms", part="a", timers=sent,
+         rounds_ms=[round(v, 3) for v in counts_ms])
 
 
 # ----------------------------------------------------------------------------- b, c: through the server

@@ -70,12 +70,18 @@ class BucketLife:
                 b.load_empty()
                 bisect.insort(self._loaded, start)
             else:
+                if start not in self._in_heap:
+                    # No file with anything pending (``_scan_dir`` pushed every one at start): its
+                    # count starts at nothing and follows its entries (``Horizon.count_appended``).
+                    self._horizon_cache[start] = (0, -1)
                 self._push(start)
         return b
 
     def _append(self, start: int, entry: bytes) -> None:
         b = self._bucket(start)
         b.append(entry)
+        if self._horizon_cache:
+            self.count_appended(start, entry)
         self._buffered += len(entry)
         self._buffered_starts.add(start)
         if b.state == LOADED:
@@ -206,7 +212,6 @@ class BucketLife:
                 continue
             self._buffered -= len(b.buffer)
             b.buffer = WriteBuffer()
-            self._horizon_cache.pop(start, None)  # its file grew (pending_by_horizon)
             if b.state == UNLOADED and start not in self._readers:  # far future: keep nothing in memory
                 del self.buckets[start]
 

@@ -231,8 +231,9 @@ def _iter_plain(data: bytes, ident: int):
         pos += total
 
 
-def count_pending(path: str, start: int, file_data: bytes, extra: bytes) -> int:
-    """Pending messages of an unloaded bucket (for the "due in the next N minutes" stats)."""
+def count_pending(path: str, start: int, file_data: bytes, extra: bytes) -> tuple[int, int]:
+    """(pending messages, highest ident any entry names) of an unloaded bucket, for the "due in
+    the next N minutes" stats; the second lets ``Horizon`` count later entries on their own."""
     pairs = []
     if file_data:
         try:
@@ -244,4 +245,5 @@ def count_pending(path: str, start: int, file_data: bytes, extra: bytes) -> int:
         total, kind, ident, _due, _aux = schedlog.entry_fields(extra, pos)
         pairs.append((kind, ident))
         pos += total
-    return sum(1 for kind in schedlog.summarize(pairs).values() if kind == MESSAGE)
+    top = max((i for _k, i in pairs), default=-1)
+    return sum(1 for kind in schedlog.summarize(pairs).values() if kind == MESSAGE), top

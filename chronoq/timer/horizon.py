@@ -2,9 +2,15 @@
 counts by horizon for metrics, with their per-bucket cache (``Horizon``, a part of
 ``TimerService``).
 
-A bucket not loaded is counted from its file once; the count is kept until the file is written
-(``BucketLife._flush_starts`` drops it) or its buffer grows, so a metrics scrape re-reads only
-the buckets that changed; ``warm_horizon_cache`` fills the cache a few buckets at a time.
+A bucket not loaded is counted from its file and buffer once; after that the count follows the
+entries appended to it (``count_appended``): a MESSAGE naming an ident above every ident the
+bucket has seen is a new pending message (idents are commit offsets, absorbed in log order, so
+this is the common case); anything else (a tombstone, a MESSAGE that may be a replayed
+duplicate) drops the count, and the next ask reads that bucket again. Writing a buffer to its
+file changes nothing counted. So a metrics scrape or the history sampler costs per bucket, not
+per pending message: counting every file at each sample held the event loop for a time that
+grew with the number of pending timers. ``warm_horizon_cache`` fills the cache a few buckets at
+a time.
 
 A mixin, like ``chronoq.timer.absorb``: it reads every other part's state.
 """
@@ -59,10 +65,8 @@ class Horizon:
         """Pending delayed messages due within each horizon from now (cumulative; overdue ones
         count in every horizon), timer messages and delay-level messages together. For metrics.
 
-        Unloaded buckets are counted from their files once and cached: a file changes only in
-        ``_flush_starts``, which drops its entry, and entries not yet written are keyed by the
-        buffer's length, so a scrape re-reads only buckets that changed. Level queues are in due
-        order, so each horizon is a binary search over the queue.
+        Unloaded buckets are counted once and then kept by ``count_appended`` (module docstring).
+        Level queues are in due order, so each horizon is a binary search over the queue.
         """
         assert list(horizons_ms) == sorted(horizons_ms) and all(h >= 0 for h in horizons_ms)
         now = self._now()
@@ -89,7 +93,7 @@ class Horizon:
         """Count the buckets on disk into ``pending_by_horizon``'s cache a few at a time (at most
         ``budget_ns`` per call, on the caller's thread), so the first metrics scrape or console view
         after a start with many pending timers does not read every schedule file at once. Returns
-        True once a full pass is done; later changes drop single entries, re-read when asked."""
+        True once a full pass is done; later changes keep or drop single entries (``count_appended``)."""
         if self._horizon_warm:
             return True
         if self._warm_todo is None:
@@ -118,26 +122,42 @@ class Horizon:
         return lo
 
     def _pending_cached(self, start: int) -> int:
-        """``_pending_in``, with the count of an unloaded bucket kept until its file is written
-        (``_flush_starts`` drops it) or its buffer grows."""
+        """``_pending_in``, with the count of an unloaded bucket kept (``count_appended``)."""
         b = self.buckets.get(start)
         if b is not None and b.state == LOADED:
             return len(b.pending) + len(b.claimed)
         if b is None and start not in self._in_heap:
             return 0
-        key = len(b.buffer) if b is not None else 0
         hit = self._horizon_cache.get(start)
-        if hit is None or hit[0] != key:
-            hit = self._horizon_cache[start] = (key, self._pending_in(start))
-        return hit[1]
+        if hit is None:
+            hit = self._horizon_cache[start] = self._pending_in(start)
+        return hit[0]
 
-    def _pending_in(self, start: int) -> int:
+    def count_appended(self, start: int, entries: bytes) -> None:
+        """``entries`` were appended to bucket ``start``: keep its cached count exact, or drop it.
+
+        Exact because the pending set is {MESSAGE idents} minus {idents a tombstone names}: an
+        ident above every ident the bucket's entries name was neither counted nor cancelled."""
+        hit = self._horizon_cache.get(start)
+        if hit is None:
+            return
+        count, top = hit
+        pos, end = 0, len(entries)
+        while pos < end:
+            total, kind, ident, _due, _aux = schedlog.entry_fields(entries, pos)
+            if kind != schedlog.MESSAGE or ident <= top:
+                del self._horizon_cache[start]
+                return
+            count, top, pos = count + 1, ident, pos + total
+        self._horizon_cache[start] = (count, top)
+
+    def _pending_in(self, start: int) -> tuple[int, int]:
+        """(pending, highest ident named) of a bucket not loaded, read from its file and buffer."""
         b = self.buckets.get(start)
-        if b is not None and b.state == LOADED:
-            return len(b.pending) + len(b.claimed)
+        assert b is None or b.state != LOADED, "a loaded bucket is counted from memory"
         path = self._path(start)
         file_data = schedlog.read_file(path) if start in self._in_heap or b is not None else b""
         extra = bytes(b.buffer) if b is not None else b""
         if not file_data and not extra:
-            return 0
+            return 0, -1
         return count_pending(path, start, file_data, extra)

@@ -186,7 +186,7 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         # Completed deliveries (durable) whose copy is still hidden behind a hold in its queue, per
         # queue in offset order: counted visible (lateness, trace) when the store releases them.
         self._awaiting: dict[tuple[str, int], deque[Delivery]] = {}
-        self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (buffer length, pending)
+        self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (pending, highest ident seen)
         self._warm_todo: list[int] | None = None  # buckets warm_horizon_cache has yet to count
         self._horizon_warm = False
         # chronoq.broker.trace hook: called once per tick with the deliveries made visible (or None).

@@ -204,24 +204,37 @@ def test_http_listener_settings():
 
 
 def test_cached_pending_counts_equal_a_fresh_count(tmp_path):
-    """pending_by_horizon caches per-bucket counts; after every kind of change (new entries
-    buffered, buffers written, recalls, deliveries, finished buckets, a restart) the cached
-    answer equals one computed from nothing."""
+    """pending_by_horizon keeps per-bucket counts as entries arrive; after every kind of change
+    (new entries buffered, buffers written, recalls, reschedules, replacing sends, cancels by
+    key, deliveries, finished buckets, a restart) the kept answer equals one computed from
+    nothing, and counts kept through plain sends are not recounted from the files."""
     seed = 20261121
     rng = random.Random(seed)
     clock = FakeClock(T0)
     broker = open_broker(tmp_path / "data", clock, timer_bucket_ms=10_000, timer_preload_ms=20_000)
     horizons = (0, 15_000, 60_000, 600_000, 1 << 62)
-    handles = []
+    handles, kept = [], 0
     try:
-        for step in range(60):
+        for step in range(120):
             action = rng.random()
             now = clock.wall_ms()
-            if action < 0.4:
+            if action < 0.3:
+                before = dict(broker.timer._horizon_cache)
                 results = broker.send_batch([OutgoingMessage("t", b"x", deliver_at_ms=now + rng.randrange(1, 900_000))
                                              for _ in range(rng.randrange(1, 20))])
                 handles += [r.recall_handle for r in results]
-            elif action < 0.55 and handles:
+                kept += sum(1 for start, hit in broker.timer._horizon_cache.items() if before.get(start, hit) != hit)
+            elif action < 0.4:
+                key = f"k{rng.randrange(4)}"
+                props = {"CHRONOQ_REPLACE_KEY": key} if rng.random() < 0.7 else {}
+                results = broker.send_batch([OutgoingMessage("t", b"r", keys=[key], properties=props,
+                                                             deliver_at_ms=now + rng.randrange(1, 900_000))])
+                handles += [r.recall_handle for r in results]
+            elif action < 0.45:
+                broker.cancel_by_key("t", f"k{rng.randrange(4)}")
+            elif action < 0.5 and handles:
+                broker.reschedule(handles.pop(rng.randrange(len(handles))), now + rng.randrange(1, 900_000))
+            elif action < 0.6 and handles:
                 broker.recall(handles.pop(rng.randrange(len(handles))))
             elif action < 0.8:
                 clock.advance(rng.randrange(1, 60_000))
@@ -234,9 +247,12 @@ def test_cached_pending_counts_equal_a_fresh_count(tmp_path):
                 broker.close()
                 broker = open_broker(tmp_path / "data", clock, timer_bucket_ms=10_000, timer_preload_ms=20_000)
             cached = broker.timer.pending_by_horizon(horizons)
+            kept_now = dict(broker.timer._horizon_cache)
             broker.timer._horizon_cache.clear()
             assert cached == broker.timer.pending_by_horizon(horizons), f"seed {seed}, step {step}"
+            broker.timer._horizon_cache.update(kept_now)  # go on from the kept counts
         assert cached[-1] > 0  # the walk left something pending (the test looked at real counts)
+        assert kept > 0  # some counts followed new sends without a recount
     finally:
         broker.close()
 
@@ -258,6 +274,37 @@ def test_a_fifo_forward_to_the_dlq_is_a_dead_letter_not_a_revive(tmp_path):
         assert value(samples, "chronoq_inflight_messages", topic="orders", group="f") == 0
     finally:
         pop.close()
+        broker.close()
+
+
+def test_a_kept_count_follows_only_entries_it_can_prove_new(tmp_path):
+    """count_appended adds MESSAGE entries naming an ident above every ident seen; a tombstone or
+    an ident not above (a replayed duplicate, a message its cancel reached first) drops the
+    count, so the next ask reads the bucket again."""
+    from chronoq.timer import schedlog
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock)
+    try:
+        timer, start = broker.timer, 123_000
+        payload = (40).to_bytes(4, "little") + b"r" * 36
+
+        def message(ident):
+            return schedlog.encode_entry(schedlog.MESSAGE, ident, start + 5, 0, payload)
+
+        timer._horizon_cache[start] = (5, 100)
+        timer.count_appended(start, message(101) + message(150))
+        assert timer._horizon_cache[start] == (7, 150)
+        timer.count_appended(start, message(150))  # the same ident again
+        assert start not in timer._horizon_cache
+        timer._horizon_cache[start] = (5, 100)
+        timer.count_appended(start, message(120) + message(90))  # the second may have been cancelled
+        assert start not in timer._horizon_cache
+        timer._horizon_cache[start] = (5, 100)
+        timer.count_appended(start, schedlog.encode_entry(schedlog.CANCELLED, 101, start + 5, 200))
+        assert start not in timer._horizon_cache
+        timer.count_appended(start, message(300))  # nothing kept: nothing to follow
+        assert start not in timer._horizon_cache
+    finally:
         broker.close()
 
 
