@@ -19,7 +19,7 @@ import tempfile
 
 from chronoq.server.callstats import CallStats
 from chronoq.server.h2calls import CallDetails, Calls
-from chronoq.server.h2limits import Limits
+from chronoq.server.h2limits import Limits, UnreadAnswers
 from chronoq.server.h2server import Connection
 
 
@@ -39,6 +39,8 @@ class Server(Calls):
         self._binds: list[tuple] = []  # (address, port, ssl context or None, listening socket)
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[Connection] = set()
+        # Answer bytes its connections hold for peers that do not take them, in all (h2limits).
+        self.unread_answers = UnreadAnswers(self.limits.max_unread_answer_bytes_total)
         # Calls in flight past their first step: tasks, or calls resumed by a future's
         # done-callback (``h2calls._Waiting``), which stand for a task.
         self._calls: set = set()

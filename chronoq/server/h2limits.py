@@ -5,8 +5,8 @@ net/http2, grpc-go and Netty added after each published HTTP/2 attack
 (``../shared/HTTP2-HARDENING.md``). The numbers live here, each with why it was chosen, and the
 bookkeeping is small pure classes with an injected clock (unit-tested without sockets): the
 connection calls into them only on the frames an attack is made of (RST_STREAM, PING, SETTINGS,
-empty frames, CONTINUATION), never per DATA frame or per call, so a well-behaved client pays an
-integer compare or two.
+empty frames, CONTINUATION) and on answers left waiting for a peer's windows, never per DATA frame
+or per call, so a well-behaved client pays an integer compare or two.
 
 What a connection does beyond a limit: GOAWAY with ENHANCE_YOUR_CALM (or the RFC's code) whose debug
 data names the limit, then close; a stream past the concurrency cap gets RST_STREAM REFUSED_STREAM.
@@ -49,6 +49,14 @@ IDLE_TIMEOUT_S = 300.0
 # some and this one would take it past the cap; a connection that holds nothing may always take
 # one answer, so the cap is at least the largest answer (64 MiB: pulls, ReadMessages).
 MAX_UNREAD_ANSWER_BYTES = 64 << 20
+# The same bytes, summed over all connections of one server. The cap above alone lets every one
+# of h2_max_connections peers make the broker hold 64 MiB (64 GiB at the default 1,000). An answer
+# on a connection that already holds some is refused, the same way, when it would take the sum past
+# this; a connection holding nothing may still take one answer (a lone large answer is never
+# refused, and a peer that reads is never asked). The connections keep the sum as their bytes
+# start and stop waiting (``UnreadAnswers``), so the check is one compare. 256 MiB, as the receive
+# answer budget's total (``answer_budget_total``): four of the largest answers.
+MAX_UNREAD_ANSWER_BYTES_TOTAL = 256 << 20
 
 # ------------------------------------------------------------------ attacks (issue 20 §3)
 # Rapid reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671): one token bucket per connection
@@ -94,6 +102,7 @@ class Limits:
     preface_timeout_s: float = PREFACE_TIMEOUT_S
     idle_timeout_s: float = IDLE_TIMEOUT_S
     max_unread_answer_bytes: int = MAX_UNREAD_ANSWER_BYTES
+    max_unread_answer_bytes_total: int = MAX_UNREAD_ANSWER_BYTES_TOTAL
     max_header_list: int = MAX_HEADER_LIST
     reset_burst: int = RESET_BURST
     reset_rate: float = RESET_RATE
@@ -169,3 +178,29 @@ class IdleWatch:
         self.last_id = last_stream_id
         self.busy = bool(open_streams)
         return idle
+
+
+class UnreadAnswers:
+    """The answer bytes all connections of one server hold for peers that have not taken them
+    (``MAX_UNREAD_ANSWER_BYTES_TOTAL``). Kept as it changes, not summed when asked: each connection
+    adds the bytes that start waiting on its peer and takes off those that leave or are dropped
+    (``chronoq.server.h2streams.Answers``), so ``held`` is always at hand and a check is one compare.
+    Ensures: ``held >= 0``; back to 0 once no connection holds anything (they all closed)."""
+
+    __slots__ = ("held", "cap")
+
+    def __init__(self, cap: int) -> None:
+        assert cap > 0
+        self.held = 0
+        self.cap = cap
+
+    def add(self, nbytes: int) -> None:
+        """``nbytes`` more held (fewer when negative)."""
+        held = self.held + nbytes
+        # Below 0, a connection took off bytes it never added: the cap would be loose by that much for good.
+        assert held >= 0, f"unread answer bytes below 0: {self.held} {nbytes:+d}"
+        self.held = held
+
+    def room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more stay within the cap."""
+        return self.held + nbytes <= self.cap

@@ -103,6 +103,8 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
         # Streams with answer bytes waiting for window, oldest first: a connection WINDOW_UPDATE
         # (clients send one every few KiB) looks at these, not at every open stream.
         self.waiting: dict[int, Stream] = {}
+        self.held_answers = 0                    # their answer bytes (Answers._hold), in the server's total too
+        self.held_out = 0                        # the transport's buffer as last seen while paused (Answers._see_out)
         self.last_stream = 0
         self.closed = False
         self.goaway_sent = False
@@ -180,6 +182,7 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
         for stream in list(self.streams.values()):
             self._cancel(stream)
         self.streams.clear()
+        self.drop_held()
         if self._resumed is not None:
             self._resumed.set()
 
@@ -537,7 +540,7 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
 
     def _cancel(self, stream: Stream) -> None:
         self.release(stream)
-        self.waiting.pop(stream.id, None)
+        self._forget(stream)
         stream.cancelled = True
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()

@@ -193,26 +193,73 @@ class Answers:
             self.server.stats.bytes_out += len(data)
             self.transport.write(data)
 
+    # ------------------------------------------------------------------ answers the peer leaves untaken
+    # What a connection holds for its peer: ``held_answers``, the bytes in the blocked lists of the
+    # streams in ``waiting`` (counted as they are queued, leave or are dropped, never summed), and
+    # ``held_out``, the transport's buffer while paused (sampled at the pause and at each check).
+    # Both are in the server's total too (``server.unread_answers``, h2limits.UnreadAnswers).
+    # Ensures: held_answers == the bytes blocked in ``waiting``; both 0 once the connection is lost.
+
     def room_for_answer(self, nbytes: int) -> None:
         """Refuse (``CallError`` RESOURCE_EXHAUSTED) an answer of ``nbytes`` that would take what
-        this connection holds for its peer past ``max_unread_answer_bytes`` (h2limits). Asked only
+        this connection holds for its peer past ``max_unread_answer_bytes``, or what all the
+        server's connections hold past ``max_unread_answer_bytes_total`` (h2limits). Asked only
         while answers wait on the peer's windows or the transport is paused, so a peer that reads
-        costs nothing here."""
-        held = sum(len(item) for stream in self.waiting.values() for item in stream.blocked)
-        if self.paused:
-            held += self.transport.get_write_buffer_size()
+        costs nothing here; a connection holding nothing may take one answer whatever the total."""
+        if self.paused:  # since the last look the kernel took some, our writes added some
+            self._see_out(self.transport.get_write_buffer_size())
+        held = self.held_answers + self.held_out
+        if not held:
+            return
         cap = self.limits.max_unread_answer_bytes
-        if held and held + nbytes > cap:
-            detail = (f"this connection holds {held} bytes of answers its peer has not taken; another of "
-                      f"{nbytes} would pass {cap} (read the answers, or open the windows)")
-            self.refuse(R.ANSWER_BUDGET, detail)
-            raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
+        if held + nbytes > cap:
+            self._refuse_answer(f"this connection holds {held} bytes of answers its peer has not taken; "
+                                f"another of {nbytes} would pass {cap}")
+        total = self.server.unread_answers
+        if not total.room(nbytes):
+            self._refuse_answer(f"this server's connections hold {total.held} bytes of answers their peers have "
+                                f"not taken (this one {held}); another of {nbytes} would pass {total.cap}")
+
+    def _refuse_answer(self, detail: str) -> None:
+        detail += " (read the answers, or open the windows)"
+        self.refuse(R.ANSWER_BUDGET, detail)
+        raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
+
+    def _hold(self, nbytes: int) -> None:
+        """``nbytes`` more (fewer when negative) wait in ``waiting`` for the peer's windows."""
+        held = self.held_answers + nbytes
+        assert held >= 0, f"answer bytes held below 0: {self.held_answers} {nbytes:+d}"
+        self.held_answers = held
+        self.server.unread_answers.add(nbytes)
+
+    def _forget(self, stream: Stream) -> None:
+        """``stream``'s waiting bytes will never leave (reset, cancelled, failed, connection lost):
+        no longer held. Its blocked list stays as it is: a handler still waiting reads it
+        (``Stream.sent``) and learns that the call has ended."""
+        if self.waiting.pop(stream.id, None) is not None:
+            self._hold(-sum(len(item) for item in stream.blocked))
+
+    def _see_out(self, size: int) -> None:
+        """The transport buffers ``size`` bytes the peer has not read (0: it reads again, or is gone)."""
+        self.server.unread_answers.add(size - self.held_out)
+        self.held_out = size
+
+    def drop_held(self) -> None:
+        """The connection is lost: what it held goes with it, off the server's total. (Streams that
+        failed while their answers waited are in ``waiting`` but no longer in ``streams``.)"""
+        for stream in list(self.waiting.values()):
+            self._forget(stream)
+        self._see_out(0)
+        assert self.held_answers == 0, f"{self.held_answers} answer bytes held after the connection was lost"
 
     def pause_writing(self) -> None:
         self.paused = True
+        # (asyncio calls this as the buffer passes its high-water mark, not per write: cheap enough)
+        self._see_out(self.transport.get_write_buffer_size())
 
     def resume_writing(self) -> None:
         self.paused = False
+        self._see_out(0)
         self.unread_acks = 0  # the peer reads again: what it was sent has left
         if self._resumed is not None:
             self._resumed.set()
@@ -236,6 +283,7 @@ class Answers:
             return
         stream.blocked.append(message)
         self.waiting[stream.id] = stream
+        self._hold(n)
         self._flush_stream(stream)
 
     def send_trailers(self, stream: Stream, head: bytes, block: bytes) -> None:
@@ -243,6 +291,7 @@ class Answers:
             if head:
                 self._write(head)
             stream.blocked.append(block)
+            self._hold(len(block))
             stream.ended = True  # no more writes; the frames leave when the windows open
             self._flush_stream(stream)
             return
@@ -251,12 +300,16 @@ class Answers:
         self.streams.pop(stream.id, None)
 
     def _flush_stream(self, stream: Stream) -> None:
+        # Only a waiting stream has bytes counted as held (``_hold``): one forgotten must not come here.
+        assert self.waiting.get(stream.id) is stream, f"stream {stream.id} flushed but not waiting"
         write, max_frame = self._write, self.peer_max_frame
         blocked = stream.blocked
+        left = 0  # bytes that left for the transport
         while blocked:
             item = blocked[0]
             if stream.ended and len(blocked) == 1:  # only the trailers (a HEADERS frame) remain
                 write(item)
+                left += len(item)
                 blocked.clear()
                 self.streams.pop(stream.id, None)
                 break
@@ -265,10 +318,13 @@ class Answers:
             frames, taken = self.data_out(stream.id, stream, item, max_frame)
             for data in frames:
                 write(data)
+            left += taken
             if taken < len(item):  # the windows are spent
                 blocked[0] = item[taken:]
                 break
             blocked.pop(0)
+        if left:
+            self._hold(-left)
         if not blocked:
             self.waiting.pop(stream.id, None)
             if stream.window_open is not None:
@@ -283,4 +339,4 @@ class Answers:
             if stream.blocked and streams.get(sid) is stream:
                 self._flush_stream(stream)
             else:  # reset or cancelled meanwhile: its bytes will never leave
-                waiting.pop(sid, None)
+                self._forget(stream)

@@ -36,6 +36,7 @@ NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM = 0, 1, 7, 8
 class Echo:
     def __init__(self) -> None:
         self.release = asyncio.Event()  # lets "linger" handlers finish their clean-up
+        self.server = None  # the server under test (``run``): a test may look at its counters
 
     async def unary(self, request: bytes, context) -> bytes:
         if request == b"sleep":
@@ -66,6 +67,7 @@ def run(test, **limits):
         refusals = Refusals(time.monotonic_ns)
         server = h2grpc.Server(limits=Limits(**limits), refusals=refusals)
         server.add_generic_rpc_handlers((echo.handlers(),))
+        echo.server = server
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:
@@ -399,6 +401,99 @@ def test_answers_a_peer_does_not_take_are_bounded():
         assert refused(refusals) == {R.ANSWER_BUDGET: 4}
 
     run(test, max_unread_answer_bytes=4 * (len(body) + 5))  # four framed answers, exactly
+
+
+def _statuses(client: RawClient) -> dict:
+    """stream id -> grpc-status, of the trailers received so far (our server's header blocks
+    touch no HPACK table: a new decoder reads them all again)."""
+    decoder, status = hpack.Decoder(), {}
+    for f in client.frames:
+        if isinstance(f, HeadersFrame):
+            for name, value in decoder.decode(f.data):
+                if name == "grpc-status":
+                    status[f.stream_id] = value
+    return status
+
+
+def _read_until(client: RawClient, done, limit_s: float = 10.0) -> None:
+    """Read until ``done(client)``: the test goes on from a known state, not after a guessed pause."""
+    deadline = time.monotonic() + limit_s
+    while not done(client) and not client.closed and time.monotonic() < deadline:
+        client.read(0.1)
+    assert done(client), [(type(f).__name__, f.stream_id) for f in client.frames][-10:]
+
+
+def test_answers_untaken_on_many_connections_are_bounded_in_all():
+    """Peers that announce stream windows of 0 and keep calling, each under the per-connection
+    cap, together pass the server's total (``max_unread_answer_bytes_total``): an answer on a
+    connection that already holds some is then refused with RESOURCE_EXHAUSTED, while one that
+    holds nothing still takes one. Once the peers open their windows and read, the total is back
+    to 0 and the answers refused before are taken again; a peer that goes away with answers
+    unread takes them off the total too."""
+    body = b"t" * (512 << 10)
+    framed = len(body) + 5  # what one answer holds while it waits (its trailers wait for it to leave)
+
+    async def test(endpoint, refusals, echo):
+        server = echo.server
+        total = server.unread_answers
+
+        def call(client: RawClient, sids) -> None:
+            """Open these calls on a peer with stream windows of 0, until each has its first HEADERS:
+            the answer's (held, since its DATA cannot leave) or the trailers of a refusal."""
+            client.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0}))
+            for sid in sids:
+                client.open(sid, body)
+            _read_until(client, lambda c: set(sids) <= {f.stream_id for f in c.frames if isinstance(f, HeadersFrame)})
+
+        def connect_and_call(sids) -> RawClient:
+            client = RawClient(endpoint)
+            call(client, sids)
+            return client
+
+        def held_per_connection() -> list:
+            return sorted(conn.held_answers + conn.held_out for conn in server._connections)
+
+        # One peer after another, three calls each: 3 + 2 + 1 answers held (6 x framed), 0 + 1 + 2 refused.
+        x = await asyncio.to_thread(connect_and_call, (1, 3, 5))
+        assert total.held == 3 * framed and not refused(refusals)
+        y = await asyncio.to_thread(connect_and_call, (1, 3, 5))
+        assert total.held == 5 * framed  # exactly the total cap: the next answer passes it
+        assert refused(refusals) == {R.ANSWER_BUDGET: 1}
+        z = await asyncio.to_thread(connect_and_call, (1, 3, 5))
+        assert total.held == 6 * framed  # z held nothing: its first answer was taken past the total
+        assert refused(refusals) == {R.ANSWER_BUDGET: 3}
+        assert held_per_connection() == [framed, 2 * framed, 3 * framed]  # each under its own cap (4 x framed)
+        assert _statuses(x) == {}
+        assert sorted(_statuses(y).values()) == ["8"]  # RESOURCE_EXHAUSTED, trailers only
+        assert sorted(_statuses(z).values()) == ["8", "8"]
+
+        def open_and_read(client: RawClient, answers: int) -> None:
+            client.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 30}),
+                        WindowUpdateFrame(0, 1 << 30))
+            _read_until(client, lambda c: list(_statuses(c).values()).count("0") == answers)
+
+        for client, answers in ((x, 3), (y, 2), (z, 1)):
+            await asyncio.to_thread(open_and_read, client, answers)
+        assert total.held == 0 and held_per_connection() == [0, 0, 0]
+        for client, answers in ((x, 3), (y, 2), (z, 1)):
+            assert sum(len(f.data) for f in client.frames if isinstance(f, DataFrame)) == answers * framed
+
+        # Room again: z's three new calls are all held (they would have passed the total before).
+        await asyncio.to_thread(call, z, (7, 9, 11))
+        assert total.held == 3 * framed
+        assert refused(refusals) == {R.ANSWER_BUDGET: 3}
+        # z goes away without reading them: the server's total forgets its bytes with the connection.
+        z.close()
+        for _ in range(100):
+            if len(server._connections) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert total.held == 0 and held_per_connection() == [0, 0]
+        for client in (x, y):
+            assert not client.goaway()
+            client.close()
+
+    run(test, max_unread_answer_bytes=4 * framed, max_unread_answer_bytes_total=5 * framed)
 
 
 @pytest.mark.parametrize("path", ["Unary", "Bidi"])

@@ -1,7 +1,9 @@
 """The HTTP/2 limits' bookkeeping (chronoq.server.h2limits), with a hand-turned clock."""
 
 from chronoq.core.config import BrokerConfig
-from chronoq.server.h2limits import IdleWatch, Limits, TokenBucket
+import pytest
+
+from chronoq.server.h2limits import MAX_UNREAD_ANSWER_BYTES_TOTAL, IdleWatch, Limits, TokenBucket, UnreadAnswers
 
 
 class Clock:
@@ -50,3 +52,18 @@ def test_limits_from_config_and_for_grpcio():
     assert options["grpc.max_metadata_size"] == 8192
     defaults = Limits.from_config(BrokerConfig())
     assert defaults == Limits()  # the config's defaults are the module's
+
+
+def test_unread_answers_are_counted_as_they_change_and_never_below_0():
+    total = UnreadAnswers(1000)
+    total.add(600)
+    assert total.room(400) and not total.room(401)
+    total.add(-200)  # some left for their peer
+    assert total.held == 400 and total.room(600)
+    total.add(-400)
+    assert total.held == 0
+    with pytest.raises(AssertionError, match="below 0"):  # bytes taken off that were never added
+        total.add(-1)
+    assert total.held == 0  # the refused change left nothing behind
+    assert Limits().max_unread_answer_bytes_total == MAX_UNREAD_ANSWER_BYTES_TOTAL == 256 << 20
+    assert Limits().max_unread_answer_bytes <= Limits().max_unread_answer_bytes_total

@@ -339,10 +339,14 @@ class _Transport:
     def __init__(self) -> None:
         self.out = bytearray()
         self.writes = 0
+        self.buffered = 0  # what a paused transport holds (set by hand)
 
     def write(self, data: bytes) -> None:
         self.out += data
         self.writes += 1
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
 
     def get_extra_info(self, key, default=None):
         return ("127.0.0.1", 1) if key == "peername" else default
@@ -546,3 +550,79 @@ def test_frames_cut_anywhere_across_reads_and_continued_header_blocks_are_read_w
         assert not conn.closed and not conn.buf
 
     _in_process(test)
+
+
+# ---------------------------------------------------------------------------------- answers held for the peer
+_BIDI_BLOCK = h2.literal_block([(":method", "POST"), (":scheme", "http"), (":path", f"/{SERVICE}/Bidi"),
+                                (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+_WINDOWS_OF_0 = _frame(h2.SETTINGS, 0, 0, struct.pack(">HI", 0x4, 0))  # SETTINGS_INITIAL_WINDOW_SIZE = 0
+
+
+def _blocked(conn) -> int:
+    """The answer bytes waiting on ``conn``'s peer, summed the slow way (what ``held_answers`` keeps)."""
+    return sum(len(item) for stream in conn.waiting.values() for item in stream.blocked)
+
+
+def test_answer_bytes_held_for_peers_go_back_to_0_when_their_connections_drop():
+    """Connections whose peers announce windows of 0 hold their answers; the server's total
+    (``h2limits.UnreadAnswers``) follows each byte as it starts waiting, leaves or is dropped,
+    and connections lost abruptly while holding take all of theirs off it: answers waiting, a
+    failed call's answer left waiting behind it, and a paused transport's buffer."""
+    async def main():
+        server = h2grpc.Server()
+        server.add_generic_rpc_handlers((Echo().handlers(),))
+        total = server.unread_answers
+        conns = []
+        for _ in range(2):
+            conn = h2server.Connection(server)
+            conn.connection_made(_Transport())
+            conn.data_received(h2.PREFACE + _WINDOWS_OF_0)
+            conns.append(conn)
+        a, b = conns
+
+        def settle() -> None:  # the kept counts against the slow sums, at every step
+            for conn in conns:
+                assert conn.held_answers == _blocked(conn)
+            assert total.held == sum(conn.held_answers + conn.held_out for conn in conns)
+
+        async def steps() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        a.data_received(_request(1, b"x" * 1000) + _request(3, b"y" * 2000))
+        await steps()
+        assert a.held_answers == 1005 + 2005
+        settle()
+        a.data_received(_frame(h2.WINDOW_UPDATE, 0, 1, struct.pack(">I", 400)))  # 400 bytes of one leave
+        assert a.held_answers == 605 + 2005
+        settle()
+        a.transport.buffered = 90_000  # the transport passes its high-water mark, then drains
+        a.pause_writing()
+        assert a.held_out == 90_000 and total.held == 605 + 2005 + 90_000
+        a.resume_writing()
+        assert a.held_out == 0
+        settle()
+
+        # b: a streaming call whose answer waits, then fails on a request cut inside a message: its
+        # trailers queue behind the answer, and it leaves ``streams`` while still ``waiting``.
+        b.data_received(_frame(h2.HEADERS, 0x4, 1, _BIDI_BLOCK)
+                        + _frame(h2.DATA, 0, 1, struct.pack(">BI", 0, 5) + b"hello"))
+        await steps()
+        assert b.held_answers == 10
+        b.data_received(_frame(h2.DATA, 0x1, 1, struct.pack(">BI", 0, 10) + b"cut"))
+        await steps()
+        assert 1 in b.waiting and 1 not in b.streams and b.held_answers > 10
+        b.transport.buffered = 70_000
+        b.pause_writing()
+        assert b.held_out == 70_000
+        settle()
+        assert total.held == 605 + 2005 + b.held_answers + 70_000
+
+        a.connection_lost(ConnectionResetError())
+        b.connection_lost(ConnectionResetError())
+        await steps()
+        assert total.held == 0
+        assert [(c.held_answers, c.held_out, c.waiting) for c in conns] == [(0, 0, {}), (0, 0, {})]
+        assert not server._calls  # the waiting handlers were cancelled with their connections
+
+    asyncio.run(main())
