@@ -50,10 +50,10 @@ IDLE_TIMEOUT_S = 300.0
 # one answer, so the cap is at least the largest answer (64 MiB: pulls, ReadMessages).
 MAX_UNREAD_ANSWER_BYTES = 64 << 20
 # The same bytes, summed over all connections of one server. The cap above alone lets every one
-# of h2_max_connections peers make the broker hold 64 MiB (64 GiB at the default 1,000). An answer
-# on a connection that already holds some is refused, the same way, when it would take the sum past
-# this; a connection holding nothing may still take one answer (a lone large answer is never
-# refused, and a peer that reads is never asked). The connections keep the sum as their bytes
+# of h2_max_connections peers make the broker hold 64 MiB (64 GiB at the default 1,000). While any
+# connection holds some, an answer that would take the sum past this is refused the same way, a
+# connection's first answer too (only while nothing is held anywhere is a lone large answer always
+# taken; a peer that reads is asked only then, and its answer leaves at once). The connections keep the sum as their bytes
 # start and stop waiting (``UnreadAnswers``), so the check is one compare. 256 MiB, as the receive
 # answer budget's total (``answer_budget_total``): four of the largest answers.
 MAX_UNREAD_ANSWER_BYTES_TOTAL = 256 << 20

@@ -121,7 +121,8 @@ class Stream(StreamWindows):
             if code != NO_ANSWER:
                 self.answer = code
         conn = self.conn
-        if conn.waiting or conn.paused:  # this peer leaves answers untaken already: bounded
+        # Bounded while this peer, or any peer of this server, leaves answers untaken.
+        if conn.waiting or conn.paused or conn.server.unread_answers.held:
             conn.room_for_answer(MESSAGE_PREFIX.size + len(data))
         conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
         return bool(self.blocked) or conn.paused
@@ -205,17 +206,24 @@ class Answers:
         this connection holds for its peer past ``max_unread_answer_bytes``, or what all the
         server's connections hold past ``max_unread_answer_bytes_total`` (h2limits). Asked only
         while answers wait on the peer's windows or the transport is paused, so a peer that reads
-        costs nothing here; a connection holding nothing may take one answer whatever the total."""
+        costs nothing here; a connection holding nothing takes one answer when the total has room
+        for it or is empty."""
         if self.paused:  # since the last look the kernel took some, our writes added some
             self._see_out(self.transport.get_write_buffer_size())
         held = self.held_answers + self.held_out
+        total = self.server.unread_answers
         if not held:
+            # Its first answer: taken when the total has room or nothing is held anywhere (a lone
+            # large answer is never refused); else many idle connections, each taking one answer
+            # of up to 64 MiB, would hold that many times over.
+            if total.held and not total.room(nbytes):
+                self._refuse_answer(f"this server's connections hold {total.held} bytes of answers their peers "
+                                    f"have not taken; another of {nbytes} would pass {total.cap}")
             return
         cap = self.limits.max_unread_answer_bytes
         if held + nbytes > cap:
             self._refuse_answer(f"this connection holds {held} bytes of answers its peer has not taken; "
                                 f"another of {nbytes} would pass {cap}")
-        total = self.server.unread_answers
         if not total.room(nbytes):
             self._refuse_answer(f"this server's connections hold {total.held} bytes of answers their peers have "
                                 f"not taken (this one {held}); another of {nbytes} would pass {total.cap}")

@@ -425,9 +425,9 @@ def _read_until(client: RawClient, done, limit_s: float = 10.0) -> None:
 
 def test_answers_untaken_on_many_connections_are_bounded_in_all():
     """Peers that announce stream windows of 0 and keep calling, each under the per-connection
-    cap, together pass the server's total (``max_unread_answer_bytes_total``): an answer on a
-    connection that already holds some is then refused with RESOURCE_EXHAUSTED, while one that
-    holds nothing still takes one. Once the peers open their windows and read, the total is back
+    cap, together pass the server's total (``max_unread_answer_bytes_total``): an answer that
+    would take the total past it is then refused with RESOURCE_EXHAUSTED, a connection's first
+    answer too (only a lone answer while nothing is held anywhere is always taken). Once the peers open their windows and read, the total is back
     to 0 and the answers refused before are taken again; a peer that goes away with answers
     unread takes them off the total too."""
     body = b"t" * (512 << 10)
@@ -453,35 +453,35 @@ def test_answers_untaken_on_many_connections_are_bounded_in_all():
         def held_per_connection() -> list:
             return sorted(conn.held_answers + conn.held_out for conn in server._connections)
 
-        # One peer after another, three calls each: 3 + 2 + 1 answers held (6 x framed), 0 + 1 + 2 refused.
+        # One peer after another, three calls each: 3 + 2 + 0 answers held (5 x framed), 0 + 1 + 3 refused.
         x = await asyncio.to_thread(connect_and_call, (1, 3, 5))
         assert total.held == 3 * framed and not refused(refusals)
         y = await asyncio.to_thread(connect_and_call, (1, 3, 5))
         assert total.held == 5 * framed  # exactly the total cap: the next answer passes it
         assert refused(refusals) == {R.ANSWER_BUDGET: 1}
         z = await asyncio.to_thread(connect_and_call, (1, 3, 5))
-        assert total.held == 6 * framed  # z held nothing: its first answer was taken past the total
-        assert refused(refusals) == {R.ANSWER_BUDGET: 3}
-        assert held_per_connection() == [framed, 2 * framed, 3 * framed]  # each under its own cap (4 x framed)
+        assert total.held == 5 * framed  # z held nothing, but the total had no room even for its first
+        assert refused(refusals) == {R.ANSWER_BUDGET: 4}
+        assert held_per_connection() == [0, 2 * framed, 3 * framed]  # each under its own cap (4 x framed)
         assert _statuses(x) == {}
         assert sorted(_statuses(y).values()) == ["8"]  # RESOURCE_EXHAUSTED, trailers only
-        assert sorted(_statuses(z).values()) == ["8", "8"]
+        assert sorted(_statuses(z).values()) == ["8", "8", "8"]
 
         def open_and_read(client: RawClient, answers: int) -> None:
             client.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 30}),
                         WindowUpdateFrame(0, 1 << 30))
             _read_until(client, lambda c: list(_statuses(c).values()).count("0") == answers)
 
-        for client, answers in ((x, 3), (y, 2), (z, 1)):
+        for client, answers in ((x, 3), (y, 2), (z, 0)):
             await asyncio.to_thread(open_and_read, client, answers)
         assert total.held == 0 and held_per_connection() == [0, 0, 0]
-        for client, answers in ((x, 3), (y, 2), (z, 1)):
+        for client, answers in ((x, 3), (y, 2), (z, 0)):
             assert sum(len(f.data) for f in client.frames if isinstance(f, DataFrame)) == answers * framed
 
         # Room again: z's three new calls are all held (they would have passed the total before).
         await asyncio.to_thread(call, z, (7, 9, 11))
         assert total.held == 3 * framed
-        assert refused(refusals) == {R.ANSWER_BUDGET: 3}
+        assert refused(refusals) == {R.ANSWER_BUDGET: 4}
         # z goes away without reading them: the server's total forgets its bytes with the connection.
         z.close()
         for _ in range(100):
