@@ -1,0 +1,149 @@
+"""Call latency while the broker holds much state and is watched: event-loop stalls.
+
+A broker's periodic work (metrics scrapes, the console's history sample every 5 s, maintenance)
+runs on the same event loop as every call; work that grows with what the broker holds shows up
+as latency spikes for everybody, delayed deliveries included. This starts ``chronoq serve``
+(default durable flush), loads it (``--timers`` far-future delayed messages, due in 10 minutes
+to a day; ``--inflight`` messages received by a group and left in flight for an hour), then for
+``--seconds`` sends one delayed message at a time (a 2 ms pause between) while ``/metrics`` is
+scraped every ``--scrape-s`` seconds, and reports the sends' latency: p50, p99, max, and how many
+took longer than ``--spike-ms``, with when the first ones happened (seconds into the probe).
+
+    .venv/bin/python bench/stalls.py                              # 200,000 timers, 20,000 in flight
+    .venv/bin/python bench/stalls.py --timers 1000000 --seconds 60
+
+Prints one JSON object per line: {"metric", "value", "unit", ...context}. Loopback only; every
+loop is bounded by a count and by time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.grpc_shell import stop_server  # noqa: E402
+from bench.machine import MachineLoad, python_speed  # noqa: E402
+from chronoq.client.client import Client, OutgoingMessage, run  # noqa: E402
+
+LOAD_BATCH = 500
+DAY_MS = 86_400_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(data_dir: str) -> tuple[subprocess.Popen, str, str]:
+    port, http_port = _free_port(), _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "chronoq", "serve", "--data-dir", data_dir, "--port", str(port),
+                             "--host", "127.0.0.1", "--http-port", str(http_port), "--log-level", "warning"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        if "chronoq is ready" in line:
+            return proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}/metrics"
+        if time.monotonic() > deadline:
+            break
+    stop_server(proc)
+    raise RuntimeError("the broker did not start")
+
+
+async def load(client: Client, timers: int, inflight: int, rng: random.Random, seconds: float) -> tuple[int, int]:
+    deadline = time.monotonic() + seconds
+    now = int(time.time() * 1000)
+    sent = 0
+    while sent < timers and time.monotonic() < deadline:
+        n = min(LOAD_BATCH, timers - sent)
+        await client.send_batch([OutgoingMessage("bench-far", b"x" * 200, deliver_at_ms=now + rng.randrange(600_000, DAY_MS))
+                                 for _ in range(n)])
+        sent += n
+    for first in range(0, inflight, LOAD_BATCH):
+        await client.send_batch([OutgoingMessage("bench-work", b"y" * 200) for _ in range(min(LOAD_BATCH, inflight - first))])
+    held = 0
+    while held < inflight and time.monotonic() < deadline:
+        got = await client.receive("bench-g", "bench-work", max_messages=32, invisible_s=3600)
+        if not got:
+            break
+        held += len(got)
+    return sent, held
+
+
+async def probe(client: Client, metrics_url: str, args, rng: random.Random) -> tuple[list[float], list, int]:
+    stop = time.monotonic() + args.seconds
+    scrapes = 0
+
+    async def scraper() -> None:
+        nonlocal scrapes
+        while time.monotonic() < stop:
+            await asyncio.to_thread(lambda: urllib.request.urlopen(metrics_url, timeout=30).read())
+            scrapes += 1
+            await asyncio.sleep(args.scrape_s)
+
+    watcher = asyncio.ensure_future(scraper())
+    latencies, spikes, began = [], [], time.monotonic()
+    try:
+        while time.monotonic() < stop and len(latencies) < args.max_sends:
+            t0 = time.perf_counter()
+            await client.send("bench-far", b"z" * 200, deliver_at_ms=int(time.time() * 1000) + rng.randrange(600_000, DAY_MS))
+            took = (time.perf_counter() - t0) * 1e3
+            latencies.append(took)
+            if took > args.spike_ms:
+                spikes.append([round(time.monotonic() - began, 2), round(took, 1)])
+            await asyncio.sleep(0.002)
+    finally:
+        await watcher
+    return latencies, spikes, scrapes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--timers", type=int, default=200_000, help="far-future delayed messages loaded first")
+    ap.add_argument("--inflight", type=int, default=20_000, help="messages received and left in flight")
+    ap.add_argument("--seconds", type=float, default=25.0, help="how long the probe sends")
+    ap.add_argument("--max-sends", type=int, default=100_000, help="the probe's bound in sends")
+    ap.add_argument("--scrape-s", type=float, default=1.0, help="pause between two /metrics scrapes")
+    ap.add_argument("--spike-ms", type=float, default=20.0, help="a send slower than this counts as a spike")
+    ap.add_argument("--load-seconds", type=float, default=600.0, help="time bound of the loading")
+    args = ap.parse_args()
+
+    data_dir = tempfile.mkdtemp(prefix="bench-stalls-")
+    proc, endpoint, metrics_url = start(os.path.join(data_dir, "data"))
+    rng = random.Random(1)
+    try:
+        async def go():
+            async with Client(endpoint) as client:
+                timers, held = await load(client, args.timers, args.inflight, rng, args.load_seconds)
+                machine = MachineLoad()
+                latencies, spikes, scrapes = await probe(client, metrics_url, args, rng)
+                return timers, held, latencies, spikes, scrapes, machine.busy_pct()
+
+        timers, held, latencies, spikes, scrapes, busy = run(go())
+    finally:
+        stop_server(proc)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    latencies.sort()
+    n = len(latencies)
+    print(json.dumps({"metric": "stall_send_latency_max", "value": round(latencies[-1], 1), "unit": "ms",
+                      "p50_ms": round(latencies[n // 2], 2), "p99_ms": round(latencies[int(n * 0.99)], 2),
+                      "sends": n, "spikes": len(spikes), "spike_ms": args.spike_ms, "first_spikes_s_ms": spikes[:10],
+                      "timers_pending": timers, "inflight": held, "scrapes": scrapes, "scrape_s": args.scrape_s,
+                      "machine_busy_pct": busy, "python_speed_mips": python_speed()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
