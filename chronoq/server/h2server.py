@@ -291,7 +291,7 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
             if not self.resets.take():  # rapid reset (CVE-2023-44487)
                 raise ConnError(ENHANCE_YOUR_CALM, f"stream resets over the budget ({self.limits.reset_burst}, "
                                  f"then {self.limits.reset_rate:g}/s)", R.RAPID_RESET)
-            stream = self.streams.pop(sid, None)
+            stream = self.streams.pop(sid, None) or self.waiting.get(sid)  # (a failed call's answer waits)
             if stream is not None:
                 self._cancel(stream)
         elif kind == GOAWAY:
@@ -360,7 +360,8 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
         grown = False
         for key, value in parse_settings(payload):  # (FrameError on a value out of range)
             if key == S_INITIAL_WINDOW_SIZE:
-                grown = self.peer_settings_window(value, self.streams.values()) > 0 or grown
+                # (failed calls whose answers wait are open to the peer too: ``answering``)
+                grown = self.peer_settings_window(value, (self.streams | self.waiting).values()) > 0 or grown
             elif key == S_MAX_FRAME_SIZE:
                 self.peer_max_frame = value
             # HEADER_TABLE_SIZE: our answers never use the table. Others need nothing from us.
@@ -374,7 +375,7 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
             self.connection_update(increment)  # (FrameError: a connection error)
             self._unblock_all()
             return
-        stream = self.streams.get(sid)
+        stream = self.answering(sid)
         if stream is None:
             return  # a stream that has ended: allowed
         code = self.stream_update(stream, increment)
@@ -529,8 +530,8 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
             stream.cancelled = True
             stream.task.cancel()
         self.streams.pop(stream.id, None)
-        if not stream.half_closed:  # we want no more of its request
-            self._server_reset(stream.id, NO_ERROR)
+        if not stream.half_closed:  # we want no more of its request (after its status: it may wait)
+            self.reset_after_answer(stream, NO_ERROR)
 
     # ------------------------------------------------------------------ ending
     def _reset(self, stream: Stream, code: int) -> None:

@@ -41,7 +41,7 @@ class Stream(StreamWindows):
 
     __slots__ = ("conn", "id", "buf", "queue", "half_closed", "cancelled", "ended", "headers_sent",
                  "blocked", "window_open", "task", "deserializer", "serializer", "encoding", "ready", "counted",
-                 "method", "started", "answer")
+                 "method", "started", "answer", "reset_due")
 
     def __init__(self, conn, stream_id: int, send_window: int) -> None:
         self.send_window = send_window  # (StreamWindows' counters, set here: no call per stream)
@@ -65,6 +65,7 @@ class Stream(StreamWindows):
         self.method = UNKNOWN_METHOD    # the handler's path, once one was found (h2calls)
         self.started = conn.loop.time()  # for the call's latency; 0.0 once it was counted
         self.answer = NO_ANSWER         # RocketMQ code of the last MessagingService answer (callstats)
+        self.reset_due: int | None = None  # RST_STREAM code to send once its waiting trailers leave
 
     # ------------------------------------------------------------------ requests
     def messages(self) -> list[bytes]:
@@ -241,7 +242,7 @@ class Answers:
         self.server.unread_answers.add(nbytes)
 
     def _forget(self, stream: Stream) -> None:
-        """``stream``'s waiting bytes will never leave (reset, cancelled, failed, connection lost):
+        """``stream``'s waiting bytes will never leave (reset either way, cancelled, connection lost):
         no longer held. Its blocked list stays as it is: a handler still waiting reads it
         (``Stream.sent``) and learns that the call has ended."""
         if self.waiting.pop(stream.id, None) is not None:
@@ -307,6 +308,22 @@ class Answers:
         self._write(head + block if head else block)
         self.streams.pop(stream.id, None)
 
+    def answering(self, sid: int) -> Stream | None:
+        """Stream ``sid`` if the peer may still get frames on it: open (``streams``), or a call that
+        failed while its answer waited (``h2server.Connection._fail_call``: it left ``streams``, its
+        answer and trailers wait in ``waiting`` until the peer opens its windows or resets it)."""
+        stream = self.streams.get(sid)
+        return stream if stream is not None else self.waiting.get(sid)
+
+    def reset_after_answer(self, stream: Stream, code: int) -> None:
+        """RST_STREAM ``code`` on an ended ``stream``: now, or once its trailers leave when they wait
+        for window. Sent first, it would close the stream under them: the peer would never see
+        the call's status, and frames after it break the protocol (RFC 9113 §5.1, "closed")."""
+        if stream.id in self.waiting:
+            stream.reset_due = code
+        else:
+            self._server_reset(stream.id, code)
+
     def _flush_stream(self, stream: Stream) -> None:
         # Only a waiting stream has bytes counted as held (``_hold``): one forgotten must not come here.
         assert self.waiting.get(stream.id) is stream, f"stream {stream.id} flushed but not waiting"
@@ -337,14 +354,19 @@ class Answers:
             self.waiting.pop(stream.id, None)
             if stream.window_open is not None:
                 stream.window_open.set()
+            if stream.reset_due is not None:  # last: over the reset budget it raises ConnError, and
+                self._server_reset(stream.id, stream.reset_due)  # the counts above must be right by then
 
     def _unblock_all(self) -> None:
         """More connection window (or a larger initial window): oldest waiting streams first."""
-        waiting, streams = self.waiting, self.streams
+        waiting = self.waiting
         if not waiting:  # (the usual case: a client's WINDOW_UPDATE every few KiB, nothing waits)
             return
-        for sid, stream in list(waiting.items()):
-            if stream.blocked and streams.get(sid) is stream:
+        # Every stream here still owes its peer these bytes: a stream reset (either way) or cancelled
+        # left ``waiting`` then (``_cancel`` -> ``_forget``). One that failed, and so left ``streams``,
+        # is here until its answer and trailers have left: its peer is waiting for its status.
+        for stream in list(waiting.values()):
+            if stream.blocked:
                 self._flush_stream(stream)
-            else:  # reset or cancelled meanwhile: its bytes will never leave
+            else:  # (never: a stream leaves ``waiting`` with its last byte; kept as the safe way out)
                 self._forget(stream)

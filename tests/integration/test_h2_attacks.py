@@ -496,6 +496,137 @@ def test_answers_untaken_on_many_connections_are_bounded_in_all():
     run(test, max_unread_answer_bytes=4 * framed, max_unread_answer_bytes_total=5 * framed)
 
 
+async def _until(done, limit_s: float = 5.0) -> None:
+    """Poll the server's state (on its loop) until ``done()``: the next step starts from it."""
+    deadline = time.monotonic() + limit_s
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert done()
+
+
+def _frames_of(client: RawClient, sid: int) -> list:
+    """What the server sent on stream ``sid``, in order: HEADERS, DATA (a run of DATA frames as
+    one), TRAILERS (HEADERS with END_STREAM), RST_STREAM with its code."""
+    kinds = []
+    for f in client.frames:
+        if f.stream_id != sid:
+            continue
+        if isinstance(f, HeadersFrame):
+            kinds.append("TRAILERS" if "END_STREAM" in f.flags else "HEADERS")
+        elif isinstance(f, DataFrame) and kinds[-1:] != ["DATA"]:
+            kinds.append("DATA")
+        elif isinstance(f, RstStreamFrame):
+            kinds.append(f"RST {f.error_code}")
+    return kinds
+
+
+def _waiting_bidi_call(endpoint: str, body: bytes) -> RawClient:
+    """A peer with stream windows of 0 and a Bidi call whose first request the handler echoes: the
+    echo waits for window (its HEADERS, not flow-controlled, have come)."""
+    client = RawClient(endpoint)
+    client.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0}))
+    client.open(1, path="Bidi")
+    client.send(DataFrame(1, struct.pack(">BI", 0, len(body)) + body))
+    _read_until(client, lambda c: _frames_of(c, 1) == ["HEADERS"])
+    return client
+
+
+# How the call ends while its echo waits, the frame that ends it, and the grpc-status the peer must get.
+_ENDINGS = {
+    "normally": (lambda: DataFrame(1, b"", flags=["END_STREAM"]), grpc.StatusCode.OK),
+    # half-closed by the peer: the failed call is answered, not reset
+    "inside a message": (lambda: DataFrame(1, b"\x00\x00", flags=["END_STREAM"]), grpc.StatusCode.INTERNAL),
+    # not half-closed: RST_STREAM NO_ERROR stops the request, after the trailers
+    "too large": (lambda: DataFrame(1, struct.pack(">BI", 0, 0xFFFF_FFFF)), grpc.StatusCode.RESOURCE_EXHAUSTED),
+}
+
+
+@pytest.mark.parametrize("opened_by", ["SETTINGS", "stream WINDOW_UPDATE"])
+@pytest.mark.parametrize("ending", list(_ENDINGS))
+def test_an_answer_waiting_for_window_reaches_the_peer_with_its_status(ending, opened_by):
+    """A call ends (normally, or failed by the peer's request) while its answer waits for the
+    peer's windows: once they open, the peer gets the answer, then the trailers with the call's
+    status (then RST_STREAM NO_ERROR when the request was not over), and the bytes held for it
+    go back to 0. A failed call leaves ``streams`` while its answer still waits, and the windows
+    the peer then opens (SETTINGS or its stream's WINDOW_UPDATE) must still reach it."""
+    body = b"w" * 1000
+    end_frame, status = _ENDINGS[ending]
+    code = status.value[0]
+
+    async def test(endpoint, refusals, echo):
+        server = echo.server
+        client = await asyncio.to_thread(_waiting_bidi_call, endpoint, body)
+        try:
+            (conn,) = server._connections
+            stream = conn.waiting[1]
+            assert conn.held_answers == server.unread_answers.held == len(body) + 5
+            await asyncio.to_thread(client.send, end_frame())
+            await _until(lambda: stream.ended if code else stream.half_closed)
+            assert conn.waiting.get(1) is stream and server.unread_answers.held >= len(body) + 5
+
+            def open_windows() -> None:
+                opening = (SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 20})
+                           if opened_by == "SETTINGS" else WindowUpdateFrame(1, 1 << 20))
+                client.send(opening, WindowUpdateFrame(0, 1 << 20))
+                _read_until(client, lambda c: "TRAILERS" in _frames_of(c, 1)
+                            and ("RST 0" in _frames_of(c, 1) or ending != "too large"), limit_s=5)
+
+            await asyncio.to_thread(open_windows)
+            data = b"".join(f.data for f in client.frames if isinstance(f, DataFrame) and f.stream_id == 1)
+            assert data == struct.pack(">BI", 0, len(body)) + body
+            assert _statuses(client) == {1: str(code)}
+            reset = ["RST 0"] if ending == "too large" else []  # NO_ERROR: we want no more of the request
+            assert _frames_of(client, 1) == ["HEADERS", "DATA", "TRAILERS", *reset]
+            await _until(lambda: not (conn.streams or server._calls))  # the handler is done too
+            assert (conn.held_answers, server.unread_answers.held, conn.waiting) == (0, 0, {})
+            assert not client.goaway()
+            assert refused(refusals) == ({R.MESSAGE_TOO_LARGE: 1} if ending == "too large" else {})
+        finally:
+            client.close()
+
+    run(test)
+
+
+def test_a_failed_call_reset_by_the_peer_drops_its_waiting_answer():
+    """The peer resets a call that failed while its answer waited: the answer and trailers are
+    dropped at once (off the bytes held), and opening the windows afterwards sends nothing on it."""
+    body = b"r" * 1000
+
+    async def test(endpoint, refusals, echo):
+        server = echo.server
+        client = await asyncio.to_thread(_waiting_bidi_call, endpoint, body)
+        try:
+            (conn,) = server._connections
+            stream = conn.waiting[1]
+            await asyncio.to_thread(client.send, DataFrame(1, b"\x00\x00", flags=["END_STREAM"]))
+            await _until(lambda: stream.ended)
+            assert server.unread_answers.held > 0
+
+            def reset_then_open() -> None:
+                client.send(RstStreamFrame(1, error_code=CANCEL), PingFrame(0, opaque_data=b"reset!!!"))
+                _read_until(client, lambda c: any(isinstance(f, PingFrame) and f.opaque_data == b"reset!!!"
+                                                  for f in c.frames))
+
+            await asyncio.to_thread(reset_then_open)
+            assert (conn.held_answers, server.unread_answers.held, conn.waiting) == (0, 0, {})
+
+            def open_windows() -> None:
+                client.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 20}),
+                            WindowUpdateFrame(1, 1 << 20), WindowUpdateFrame(0, 1 << 20),
+                            PingFrame(0, opaque_data=b"opened!!"))
+                _read_until(client, lambda c: any(isinstance(f, PingFrame) and f.opaque_data == b"opened!!"
+                                                  for f in c.frames))
+
+            await asyncio.to_thread(open_windows)
+            assert _frames_of(client, 1) == ["HEADERS"]
+            assert (conn.held_answers, server.unread_answers.held, conn.waiting) == (0, 0, {})
+            assert not client.goaway()
+        finally:
+            client.close()
+
+    run(test)
+
+
 @pytest.mark.parametrize("path", ["Unary", "Bidi"])
 def test_a_length_prefix_of_4_gib_is_refused_before_buffering(path):
     async def test(endpoint, refusals, echo):
