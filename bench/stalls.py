@@ -7,7 +7,9 @@ as latency spikes for everybody, delayed deliveries included. This starts ``chro
 to a day; ``--inflight`` messages received by a group and left in flight for an hour), then for
 ``--seconds`` sends one delayed message at a time (a 2 ms pause between) while ``/metrics`` is
 scraped every ``--scrape-s`` seconds, and reports the sends' latency: p50, p99, max, and how many
-took longer than ``--spike-ms``, with when the first ones happened (seconds into the probe).
+took longer than ``--spike-ms``, with when the first ones happened (seconds into the probe); and
+the broker's own view (``chronoq_event_loop_lag_seconds``): its loop's wake-ups later than 25 ms
+during the probe, and the largest lag since its start (the loading included).
 
     .venv/bin/python bench/stalls.py                              # 200,000 timers, 20,000 in flight
     .venv/bin/python bench/stalls.py --timers 1000000 --seconds 60
@@ -110,6 +112,24 @@ async def probe(client: Client, metrics_url: str, args, rng: random.Random) -> t
     return latencies, spikes, scrapes
 
 
+def _loop_lag(metrics_url: str) -> tuple[float, float]:
+    """(probe wake-ups later than 25 ms so far, the largest lag so far) from the broker's own
+    ``chronoq_event_loop_lag_seconds`` histogram and max gauge."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
+    count = within = top = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "chronoq_event_loop_lag_seconds_count":
+                count = sample.value
+            elif sample.name == "chronoq_event_loop_lag_seconds_bucket" and sample.labels.get("le") == "0.025":
+                within = sample.value
+            elif sample.name == "chronoq_event_loop_lag_max_seconds":
+                top = sample.value
+    return count - within, top
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--timers", type=int, default=200_000, help="far-future delayed messages loaded first")
@@ -129,10 +149,12 @@ def main() -> None:
             async with Client(endpoint) as client:
                 timers, held = await load(client, args.timers, args.inflight, rng, args.load_seconds)
                 machine = MachineLoad()
+                before = _loop_lag(metrics_url)
                 latencies, spikes, scrapes = await probe(client, metrics_url, args, rng)
-                return timers, held, latencies, spikes, scrapes, machine.busy_pct()
+                after = _loop_lag(metrics_url)
+                return timers, held, latencies, spikes, scrapes, machine.busy_pct(), before, after
 
-        timers, held, latencies, spikes, scrapes, busy = run(go())
+        timers, held, latencies, spikes, scrapes, busy, before, after = run(go())
     finally:
         stop_server(proc)
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -141,6 +163,7 @@ def main() -> None:
     print(json.dumps({"metric": "stall_send_latency_max", "value": round(latencies[-1], 1), "unit": "ms",
                       "p50_ms": round(latencies[n // 2], 2), "p99_ms": round(latencies[int(n * 0.99)], 2),
                       "sends": n, "spikes": len(spikes), "spike_ms": args.spike_ms, "first_spikes_s_ms": spikes[:10],
+                      "broker_loop_stalls_over_25ms": after[0] - before[0], "broker_loop_lag_max_ms": round(after[1] * 1e3, 1),
                       "timers_pending": timers, "inflight": held, "scrapes": scrapes, "scrape_s": args.scrape_s,
                       "machine_busy_pct": busy, "python_speed_mips": python_speed()}), flush=True)
 

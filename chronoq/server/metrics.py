@@ -10,7 +10,7 @@ when ``/metrics`` is scraped and turns them into metric families. Each broker ge
 
 A scrape runs on the event loop, between requests: it walks topics and queues (bounds only), the
 in-flight checkpoints, and the timer's pending buckets (``TimerService.pending_by_horizon``:
-files counted once, then only when they change).
+each bucket counted once, then followed as entries are appended to it).
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ class Runtime:
         self.schedules = None  # chronoq.features.schedules.book.ScheduleBook (chronoq.server.scheduling)
         self.loops = None  # chronoq.server.consumers.ConsumerLoops: the POP ticker, transaction checks
         self.history = None  # chronoq.server.history.HistoryRing: recent traffic, for the console
+        self.loop_lag = None  # chronoq.server.looplag.LoopLag: how late the loop wakes (metrics)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # What /healthz reports (chronoq.server.http): "ready" only between the ready line and the stop.
@@ -100,6 +101,10 @@ class Runtime:
         chosen = console_settings.parse(self.config.extra.get("console"))
         self.history = HistoryRing(chosen.history_samples, chosen.history_interval_s)
         self._tasks.append(loop.create_task(run_sampler(self, self.history, self._stop), name="chronoq-history"))
+        from chronoq.server.looplag import LoopLag, run_probe
+
+        self.loop_lag = LoopLag()
+        self._tasks.append(loop.create_task(run_probe(self.loop_lag, self._stop), name="chronoq-loop-lag"))
 
     def close_consumers(self) -> None:
         """Stop the loops, then persist and close the state (before the broker closes)."""
@@ -397,7 +402,7 @@ class Runtime:
             sys.setswitchinterval(switch_interval)
             # Nothing of this term is left for a next one (a step-down goes around: chronoq.server.failover).
             self.front_ends, self._early, self._tasks = [], [], []
-            self.broker = self.committer = self.metrics = self.history = self.schedules = None
+            self.broker = self.committer = self.metrics = self.history = self.schedules = self.loop_lag = None
             self.replication = self.duty = self.cluster = None
         return stepped_down
 

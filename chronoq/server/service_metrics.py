@@ -1,5 +1,5 @@
 """The service's own metrics beside the broker's (docs/metrics.md, "Service"): build, process, gRPC
-transport, disk, recalls, transactions.
+transport, event-loop lag (``chronoq.server.looplag``), disk, recalls, transactions.
 
 ``BrokerMetrics`` (``chronoq.server.metrics``) registers a ``ServiceCollector`` and prometheus_client's
 process collector (``process_*``: CPU seconds, resident memory, open file descriptors, start time)
@@ -83,6 +83,9 @@ class ServiceCollector(Collector):
         if source is None:
             return
         yield from self._transport(source)
+        lag = getattr(source, "loop_lag", None)  # chronoq.server.looplag.LoopLag (chronoq serve)
+        if lag is not None:
+            yield from self._loop_lag(lag)
         replication = getattr(source, "replication", None)  # chronoq.replication.shipper.PrimaryNode
         if replication is not None:
             yield from self._replication(replication)
@@ -101,6 +104,16 @@ class ServiceCollector(Collector):
         if txns is not None:
             yield GaugeMetricFamily("chronoq_transaction_halves_pending", "Transactional half messages "
                                     "neither committed nor rolled back yet.", value=len(txns.pending))
+
+    @staticmethod
+    def _loop_lag(lag) -> Iterator[Metric]:
+        family = HistogramMetricFamily("chronoq_event_loop_lag_seconds", "How much later than asked the event "
+                                       "loop ran a probe's wake-up (every 0.1 s): tens of ms and up is a stall "
+                                       "that delayed every call and due timer meanwhile.")
+        family.add_metric([], lag.buckets(), lag.sum_s)
+        yield family
+        yield GaugeMetricFamily("chronoq_event_loop_lag_max_seconds", "The largest event-loop lag seen since "
+                                "the start.", value=lag.max_s)
 
     @staticmethod
     def _disk(broker) -> Iterator[Metric]:

@@ -119,6 +119,11 @@ def test_metrics_count_the_traffic(chronoq_process):
     assert value(samples, "chronoq_commitlog_fsync_seconds_count") >= 1
     assert value(samples, "chronoq_recovery_clean") == 1
     assert value(samples, "chronoq_topics") == 2
+    # The event-loop probe ran all along (every 0.1 s, seconds of traffic above): lags observed,
+    # each within the histogram, the largest no more than their sum.
+    lags = value(samples, "chronoq_event_loop_lag_seconds_count")
+    assert lags >= 5 and value(samples, "chronoq_event_loop_lag_seconds_bucket", le="+Inf") == lags
+    assert 0 <= value(samples, "chronoq_event_loop_lag_max_seconds") <= value(samples, "chronoq_event_loop_lag_seconds_sum")
 
 
 def _cli(endpoint: str, *args: str) -> subprocess.CompletedProcess:
