@@ -39,7 +39,7 @@ async def topic_page(request: web.Request, console: Console) -> web.Response:
                "messages": sum(q["messages"] for q in queues), "written": sum(q["max"] for q in queues),
                "sent": broker.sent_by_topic.get(name, 0), "lag": sum(g.lag for g in groups),
                "inflight": sum(g.inflight for g in groups)}
-    view = topic_horizon(console, name)
+    view = await topic_horizon(console, name)
     figs = await asyncio.to_thread(lambda: {
         "minutes": charts.due_bars(view["minutes"], f"Timer messages of {name} due per minute, next hour"),
         "hours": charts.due_bars(view["hours"], f"Timer messages of {name} due per hour, next week")})
@@ -49,11 +49,12 @@ async def topic_page(request: web.Request, console: Console) -> web.Response:
                           total_hour=sum(view["minutes"]["pending"]))
 
 
-def topic_horizon(console: Console, name: str) -> dict:
+async def topic_horizon(console: Console, name: str) -> dict:
     """The topic's pending timer messages in the timer page's bins (``horizon.bins``)."""
     timer = console.broker.timer
     counts = console.topic_counts
     if counts is None or counts.timer is not timer:
         counts = console.topic_counts = TopicCounts(timer)
+    await counts.refresh()  # (the files counted on a worker thread)
     plan = horizon.view_plan(console.now_ms(), timer.width)
     return horizon.bins(plan, counts.pending_by_horizon(name, tuple(plan["horizons_ms"])))
