@@ -316,10 +316,12 @@ class Runtime:
 
             written = broker.write_records([epoch_record(epoch, self.node_id, broker.clock.wall_ms())])[-1]
             await self.committer.durable(written.commit_offset + written.size)
-        # The schedule files' journal and .done fsyncs on the committer's thread (timer/schedfiles.py).
+        # The schedule files' journal and .done fsyncs on the committer's thread (timer/schedfiles.py),
+        # new bucket files made on a thread of their own (timer/newfiles.py).
         timer, committer = broker.timer, self.committer
         remove_files_log = committer.add_log(timer.files.sync_side)
-        timer.attach_files_syncer(lambda: committer.after_durable(lambda _synced, _exc: timer.files_synced()))
+        timer.attach_files_syncer(lambda: committer.after_durable(lambda _synced, _exc: timer.files_synced()),
+                                  made=lambda: loop.call_soon_threadsafe(timer.files_made))
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
         from chronoq.server import front_ends

@@ -216,12 +216,19 @@ class BucketLife:
                 del self.buckets[start]
 
     # ----------------------------------------------------------------- deferred fsyncs
-    def attach_files_syncer(self, request: Callable[[], None] | None) -> None:
+    def attach_files_syncer(self, request: Callable[[], None] | None,
+                            made: Callable[[], None] | None = None) -> None:
         """Have the schedule files' journal and ``.done`` fsyncs done elsewhere: ``request()``
         asks for ``self.files.sync_side`` to run (any thread: the committer's fsync thread, after a
-        commit-log fsync) and ``files_synced`` to follow on this thread. None: fsync in place."""
+        commit-log fsync) and ``files_synced`` to follow on this thread. None: fsync in place.
+
+        ``made``: new bucket files are also made ahead on a worker thread of their own
+        (``chronoq.timer.newfiles``), which calls ``made()`` after each batch; it must have
+        ``files_made`` run on this thread (the server: ``call_soon_threadsafe``). Without it (or
+        with ``request`` None, which stops that thread) this thread creates them."""
         self._files_request = request
         self.files.defer = request is not None
+        self.files.attach_maker(made if request is not None else None)
 
     def _ask_files_sync(self) -> None:
         if self._files_request is not None and not self._files_asked:
@@ -243,6 +250,18 @@ class BucketLife:
                 log.warning("schedule log write failed: %s", exc)
         if exc is None and self.files.side_waiting:  # written after that sync began: ask again
             self._ask_files_sync()
+
+    def files_made(self) -> None:
+        """After the maker reported (on this thread): write the buffers of buckets whose file is
+        made now and whose journal record is durable (the others follow ``files_synced``)."""
+        if self.closed:
+            return
+        ready = self.files.take_made()
+        if ready and not self._ckpt_syncing:  # (else they stay buffered: the next flushes write them)
+            try:
+                self._flush_starts(ready)
+            except errors.StorageError as exc:  # kept in memory; a later flush retries
+                log.warning("schedule log write failed: %s", exc)
 
     def _finish_buckets(self, now: int) -> None:
         # The files of finished buckets whose .done is durable now (a bucket made again meanwhile

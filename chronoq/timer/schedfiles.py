@@ -23,6 +23,10 @@ written before the bucket's end and absorbed after its finish, once the committe
 Its file then holds the first life's entries without those only buffered at the finish, so it
 is never appended to: ``write`` leaves such a bucket to the caller (``awaits_deletion``) until
 the file is deleted, and the new life's entries go to a new file, journaled at length 0.
+
+A bucket with no file yet has it made on a worker thread (``chronoq.timer.newfiles``, ``defer``
+with a ``made`` report): ``write`` leaves it to the caller until ``take_made`` says it is there,
+but a write that must happen now (``here``) creates it inline (either create may win: a link).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import threading
 from collections import OrderedDict
 
 from chronoq.core import errors, fsutil
-from chronoq.timer import schedlog
+from chronoq.timer import newfiles, schedlog
 from chronoq.timer.schedlog import Damage
 
 log = logging.getLogger("chronoq.timer")
@@ -64,6 +68,7 @@ class ScheduleFiles:
         self.timer_dir = timer_dir
         self.dir = os.path.join(timer_dir, schedlog.SCHEDULE_DIR)
         os.makedirs(self.dir, exist_ok=True)
+        newfiles.remove_leftovers(self.dir)
         self.width = width_ms
         self.generation = 0  # of the last checkpoint; stamps the journal's records
         self.damage: list[Damage] = []
@@ -89,6 +94,10 @@ class ScheduleFiles:
         self._journal_synced = (0, 0)  # (generation, journal end) durable
         self._done_synced = 0
         self._side_error: BaseException | None = None
+        # Files made ahead (``attach_maker``): starts whose file is being made (buffers wait).
+        self._maker: newfiles.FileMaker | None = None
+        self._making: set[int] = set()
+        self._made_unsynced: list[str] = []  # made ahead, not yet fsynced by ``sync`` (under ``_lock``)
 
     def path(self, start: int, suffix: str = schedlog.PENDING_SUFFIX) -> str:
         return os.path.join(self.dir, schedlog.file_name(start, suffix))
@@ -177,8 +186,12 @@ class ScheduleFiles:
         held = [start for start, _ in items if self.awaits_deletion(start)]
         if held:
             items = [(start, chunks) for start, chunks in items if start not in held]
-        self._journal([start for start, _ in items if start not in self._journaled and start not in self._intents])
-        if self._intents and (here or not self.defer):
+        missing = self._journal([start for start, _ in items
+                                 if start not in self._journaled and start not in self._intents])
+        inline = here or not self.defer
+        if missing and not inline and self._maker is not None:
+            self._making.update(self._maker.request([s for s in missing if s not in self._making]))
+        if self._intents and inline:
             try:
                 os.fsync(self._journal_fd)
             except OSError as exc:
@@ -187,24 +200,38 @@ class ScheduleFiles:
             self._intents.clear()
         waiting = held
         for start, chunks in items:
-            if start not in self._journaled:
+            if start not in self._journaled or (start in self._making and not inline):
                 waiting.append(start)
                 continue
             path = self.path(start)
             fd = self._fd(start, path)
+            self._making.discard(start)  # (made inline: a later report of the maker is ignored)
             _write_chunks(fd, chunks, path, os.fstat(fd).st_size)
             self._dirty.add(start)
         return waiting
 
-    def _journal(self, starts: list[int]) -> None:
-        """Write the journal records of ``starts`` (page cache; ``write`` has them fsynced)."""
+    def _journal(self, starts: list[int]) -> list[int]:
+        """Write the journal records of ``starts`` (page cache; ``write`` has them fsynced).
+        Returns those with no file yet. A header-only file is journaled at length 0: a crash cuts
+        it to 0 bytes (an empty bucket), never keeping a header a power loss may have garbled (a
+        file made ahead after a checkpoint's sync)."""
         if not starts:
-            return
+            return []
         path = self._journal_path
+        missing = []
         try:
             if self._journal_fd < 0:
                 self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            blob = b"".join(schedlog.encode_intent(self.generation, start, self.size(start)) for start in starts)
+            records = []
+            for start in starts:
+                try:
+                    size = os.stat(self.path(start)).st_size
+                except FileNotFoundError:
+                    size = 0
+                    missing.append(start)
+                length = size if size > schedlog.FILE_HEAD_SIZE else 0
+                records.append(schedlog.encode_intent(self.generation, start, length))
+            blob = b"".join(records)
             _write_all(self._journal_fd, blob, path, os.fstat(self._journal_fd).st_size)
         except OSError as exc:
             raise fsutil.storage_error(exc, path) from exc
@@ -213,6 +240,7 @@ class ScheduleFiles:
             end = self._journal_end
         for start in starts:
             self._intents[start] = end
+        return missing
 
     @property
     def finishing(self) -> bool:
@@ -270,11 +298,44 @@ class ScheduleFiles:
             for start in ready:
                 del self._intents[start]
             self._journaled.update(ready)
+            ready = [start for start in ready if start not in self._making]  # (``take_made`` hands them over)
         for start, n in list(self._done_waiting.items()):
             if n <= seq:
                 del self._done_waiting[start]
                 self._removable.append(start)
         return ready, exc
+
+    # ----------------------------------------------------------------- files made ahead
+    def attach_maker(self, made) -> None:
+        """Make new bucket files ahead on a worker thread (``chronoq.timer.newfiles``), ``made()``
+        called from it after each batch (thread-safe; then ``take_made`` on this thread). None:
+        stop and join that thread; new files are created inline again."""
+        self._stop_maker()
+        if made is not None:
+            self._maker = newfiles.FileMaker(self.dir, self.width, made)
+
+    def _stop_maker(self) -> None:
+        maker, self._maker = self._maker, None
+        self._making.clear()
+        if maker is not None:
+            maker.close()
+            with self._lock:  # what it made is still fsynced by the next ``sync``
+                self._made_unsynced += maker.take_unsynced()
+
+    @property
+    def making(self) -> set[int]:
+        """Starts whose file is being made ahead (their buffers wait)."""
+        return self._making
+
+    def take_made(self) -> list[int]:
+        """(on the loop, after ``made()``) The starts whose file is made and whose journal record
+        is durable: their buffers may be written. Those whose record is not durable yet come
+        back through ``take_synced``."""
+        if self._maker is None:
+            return []
+        made = [start for start in self._maker.take() if start in self._making]
+        self._making.difference_update(made)
+        return [start for start in made if start in self._journaled]
 
     def remove_finished(self) -> None:
         """Delete the files of finished buckets whose ``.done`` file is durable; one that fails
@@ -297,6 +358,8 @@ class ScheduleFiles:
             if os.fstat(fd).st_size == 0:
                 _write_all(fd, schedlog.encode_header(start, self.width), path, 0)
                 self._dir_dirty = True
+            elif start in self._making:  # made ahead: its directory fsync may not have run yet
+                self._dir_dirty = True
         except OSError as exc:
             raise fsutil.storage_error(exc, path) from exc
         self._fds[start] = fd
@@ -307,6 +370,9 @@ class ScheduleFiles:
 
     def remove(self, start: int) -> None:
         """Delete a finished bucket's file (a file created again at this path journals length 0)."""
+        if self._maker is not None:  # before the unlink: a file made ahead never lands after it
+            self._maker.forget(start)
+        self._making.discard(start)
         fd = self._fds.pop(start, None)
         if fd is not None:
             os.close(fd)
@@ -357,9 +423,17 @@ class ScheduleFiles:
 
     # ----------------------------------------------------------------- checkpoints
     def sync(self) -> None:
-        """Make every write since the last checkpoint durable (files and the directory)."""
+        """Make every write since the last checkpoint durable (files and the directory), and
+        every file made ahead since then (``chronoq.timer.newfiles``)."""
         dirty = sorted(self._dirty)
-        if len(dirty) >= SYNCFS_MIN_FILES and _SYNCFS is not None:
+        maker = self._maker
+        with self._lock:  # (kept until a sync succeeds)
+            if maker is not None:
+                self._made_unsynced += maker.take_unsynced()
+            made = list(self._made_unsynced)
+        if made:
+            self._dir_dirty = True
+        if len(dirty) + len(made) >= SYNCFS_MIN_FILES and _SYNCFS is not None:
             fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 if _SYNCFS(fd) != 0:
@@ -370,7 +444,11 @@ class ScheduleFiles:
         else:
             for start in dirty:
                 self._fsync(start)
+            for path in made:
+                fsutil.fsync_path(path)
         self._dirty.clear()
+        with self._lock:
+            del self._made_unsynced[:len(made)]
         if self._dir_dirty:
             fsutil.fsync_dir(self.dir)
             self._dir_dirty = False
@@ -401,6 +479,7 @@ class ScheduleFiles:
         self._intents.clear()
 
     def close(self) -> None:
+        self._stop_maker()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
