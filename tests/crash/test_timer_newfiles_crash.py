@@ -29,11 +29,11 @@ import time
 import pytest
 
 from chronoq.broker.broker import Broker
-from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
+from chronoq.client.client import AdminClient, Client, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.timer import newfiles
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import State, _lane, kill_9_and_restart, stop_sending_and_drain
+from tests.integration.test_committer_crash import State, _consume, _lane, kill_9_and_restart, stop_sending_and_drain
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_NEWFILES_CRASH_SEED", "20261127"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_NEWFILES_CRASH_KILLS", "4"))
@@ -65,28 +65,12 @@ def _send(state: State, seq):
     return step
 
 
-def _consume(state: State):
-    async def step(client: Client) -> None:
-        got = await client.receive(GROUP, TOPIC, max_messages=32, invisible_s=5, wait_s=0.5)
-        got_ms = int(time.time() * 1000)
-        for m in got:
-            state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
-            if m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms:
-                state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
-        if got:
-            try:
-                await client.ack(GROUP, TOPIC, got)
-            except ClientError:  # handles from the broker before a kill are stale
-                pass
-    return step
-
-
 async def _run(state: State) -> int:
     async with AdminClient(state.endpoint) as admin:
         await admin.create_topic(TOPIC)
     seq = iter(range(10**8))
     senders = [asyncio.create_task(_lane(state, _send(state, seq))) for _ in range(2)]
-    consumers = [asyncio.create_task(_lane(state, _consume(state), lambda state: state.consuming)) for _ in range(2)]
+    consumers = [asyncio.create_task(_lane(state, _consume(state, GROUP, TOPIC), lambda state: state.consuming)) for _ in range(2)]
     kills = 0
     try:
         for _ in range(KILLS):
