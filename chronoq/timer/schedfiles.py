@@ -102,12 +102,6 @@ class ScheduleFiles:
     def path(self, start: int, suffix: str = schedlog.PENDING_SUFFIX) -> str:
         return os.path.join(self.dir, schedlog.file_name(start, suffix))
 
-    def size(self, start: int) -> int:
-        try:
-            return os.path.getsize(self.path(start))
-        except FileNotFoundError:
-            return 0
-
     # ----------------------------------------------------------------- start-up repair
     def roll_back(self) -> tuple[int, int]:
         """Cut every file written since the last checkpoint back to its journaled length.

@@ -33,7 +33,7 @@ from chronoq.client.client import AdminClient, Client, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.timer import newfiles
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import State, _consume, _lane, kill_9_and_restart, stop_sending_and_drain
+from tests.integration.test_committer_crash import State, _consume, _lane, kill_9_repeatedly
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_NEWFILES_CRASH_SEED", "20261127"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_NEWFILES_CRASH_KILLS", "4"))
@@ -71,19 +71,8 @@ async def _run(state: State) -> int:
     seq = iter(range(10**8))
     senders = [asyncio.create_task(_lane(state, _send(state, seq))) for _ in range(2)]
     consumers = [asyncio.create_task(_lane(state, _consume(state, GROUP, TOPIC), lambda state: state.consuming)) for _ in range(2)]
-    kills = 0
-    try:
-        for _ in range(KILLS):
-            await asyncio.sleep(state.rng.uniform(*KILL_GAP_S))
-            await kill_9_and_restart(state, CONFIG)
-            kills += 1
-        await asyncio.sleep(0.5)
-        await stop_sending_and_drain(state, senders)
-        await asyncio.sleep(0.5)
-    finally:
-        state.sending = state.consuming = False
-        await asyncio.gather(*senders, *consumers, return_exceptions=True)
-    return kills
+    return await kill_9_repeatedly(state, CONFIG, KILLS, lambda: asyncio.sleep(state.rng.uniform(*KILL_GAP_S)),
+                                   senders, consumers)
 
 
 def _audit(data_dir: str, config_path: str) -> dict[str, list[int]]:

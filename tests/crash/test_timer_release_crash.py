@@ -28,8 +28,7 @@ import pytest
 
 from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import (State, _lane, kill_9_and_restart,  # (lanes reconnect)
-                                                    stop_sending_and_drain)
+from tests.integration.test_committer_crash import State, _lane, kill_9_repeatedly  # (lanes reconnect)
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_SEED", "20261126"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_KILLS", "3"))
@@ -94,19 +93,7 @@ async def _run(state: State) -> int:
     seq = iter(range(10**8))
     senders = [asyncio.create_task(_lane(state, _send(state, seq))) for _ in range(2)]
     consumers = [asyncio.create_task(_lane(state, _consume(state), lambda state: state.consuming)) for _ in range(2)]
-    kills = 0
-    try:
-        for _ in range(KILLS):
-            await _aim(state)
-            await kill_9_and_restart(state, CONFIG)
-            kills += 1
-        await asyncio.sleep(0.5)
-        await stop_sending_and_drain(state, senders)
-        await asyncio.sleep(0.5)
-    finally:
-        state.sending = state.consuming = False
-        await asyncio.gather(*senders, *consumers, return_exceptions=True)
-    return kills
+    return await kill_9_repeatedly(state, CONFIG, KILLS, lambda: _aim(state), senders, consumers)
 
 
 @pytest.mark.timeout(180)  # ~20 s on a quiet machine

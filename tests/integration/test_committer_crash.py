@@ -115,6 +115,24 @@ async def kill_9_and_restart(state, config: str) -> None:
     state.proc = await asyncio.to_thread(ChronoqProcess, state.proc.data_dir, config)
 
 
+async def kill_9_repeatedly(state, config: str, kills: int, before_each, senders, consumers) -> int:
+    """SIGKILL and restart the broker ``kills`` times (``await before_each()`` first each time),
+    then stop sending, drain, and end every lane. Returns how many kills were made."""
+    made = 0
+    try:
+        for _ in range(kills):
+            await before_each()
+            await kill_9_and_restart(state, config)
+            made += 1
+        await asyncio.sleep(0.5)
+        await stop_sending_and_drain(state, senders)
+        await asyncio.sleep(0.5)
+    finally:
+        state.sending = state.consuming = False
+        await asyncio.gather(*senders, *consumers, return_exceptions=True)
+    return made
+
+
 async def _lane(state: State, step, running=lambda state: state.sending) -> None:
     """Run ``step(client)`` while ``running(state)``; a failure (a kill) drops the client: reconnect."""
     client = None
