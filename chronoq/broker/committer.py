@@ -7,9 +7,11 @@ position and everything below it is dispatched (visible in its consume queue, ab
 
 One long-lived thread does every fsync of the commit log (``chronoq.store.fsyncer``: rung through a
 pipe, it reports through another that the loop watches; compiled, it never takes the GIL for a
-plain fsync). While one fsync runs, every write that arrives joins the next one (group commit): at
-most one fsync runs and at most one waits, each a *generation* with the futures of all its
-waiters. On the loop the committer dispatches each report in commit-log order and resolves the
+plain fsync). Each fsync is a *generation* with the futures of all its waiters. At most two are
+asked of the thread at once (``AHEAD``): the one it runs and the one queued behind it, so the next
+fsync starts the moment the last one ends, without waiting for the loop to hear of it; writes that
+arrive while both are asked join one more, which waits, not asked, until the first reports (group
+commit). On the loop the committer dispatches each report in commit-log order and resolves the
 generation. The thread is rung as soon as a generation is asked for (``_ask``; in the pure-Python
 build at the end of the loop pass), so the fsync overlaps the rest of the pass.
 
@@ -67,6 +69,9 @@ from chronoq.timer.service import RecallResult, RescheduleResult
 log = logging.getLogger("chronoq.broker.committer")
 
 DISPATCH_RETRY_S = 0.5  # after a failed dispatch, try again this soon
+# Generations asked of the fsync thread at once: the running fsync and one queued behind it
+# (``_ask``). One: the next is asked only once the running one's report reaches the loop.
+AHEAD = 2
 
 
 class _Generation:
@@ -95,8 +100,8 @@ class GroupCommitter:
         self.sync_policy = broker.config.flush_policy == "sync"
         self._interval_s = broker.config.flush_interval_ms / 1000
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._running: _Generation | None = None  # asked of the thread, not reported yet
-        self._waiting: _Generation | None = None  # for writes after ``_running``'s target
+        self._asked: list[_Generation] = []  # asked of the thread, not reported yet, oldest first (<= AHEAD)
+        self._waiting: _Generation | None = None  # for writes after the last asked one's target
         self._fsyncer: Fsyncer | None = None  # the thread, once started
         self._periodic: asyncio.TimerHandle | None = None  # ``async``: the next interval's fsync
         self.fsyncs = 0
@@ -348,49 +353,56 @@ class GroupCommitter:
         return lambda: self._logs.remove(sync) if sync in self._logs else None
 
     def _generation_for(self, ticket: int, logs: bool = False) -> _Generation:
-        running = self._running
-        if running is not None and (ticket <= running.target or not running.rung):
-            return running  # (not rung yet: the ring raises its target to what is written then)
+        for gen in self._asked:
+            if ticket <= gen.target or not gen.rung:
+                return gen  # (not rung yet: the ring raises its target to what is written then)
         return self._next_generation(logs)
 
     def _next_generation(self, logs: bool = False) -> _Generation:
-        """The generation after the running one (asked now when none runs; ``logs``: a new one
-        runs the second-tier logs, set before it may be rung)."""
-        if self._waiting is None:
-            self._waiting = _Generation()
-            self._waiting.logs = logs
-            if self._running is None:
-                self._ask(self._waiting)
-                self._waiting = None
-                return self._running
-        return self._waiting
+        """The generation after the last asked one (asked now while fewer than ``AHEAD`` are;
+        ``logs``: a new one runs the second-tier logs, set before it may be rung)."""
+        if self._waiting is not None:
+            return self._waiting
+        gen = _Generation()
+        gen.logs = logs
+        if len(self._asked) < AHEAD:
+            self._ask(gen)
+        else:
+            self._waiting = gen
+        return gen
 
     def _ask(self, gen: _Generation) -> None:
-        """Make ``gen`` the running generation and ring the fsync thread for what is written now
-        (``_ring_running``); writes later in this pass join the next generation, rung when this
-        one reports. The written listeners (the replication shipper) hear at the end of the pass,
-        so one answer ships what the whole pass wrote.
+        """Ask the fsync thread for ``gen``: ring it for what is written now (``_ring``); writes
+        later in this pass join the next generation. The written listeners (the replication
+        shipper) hear at the end of the pass, so one answer ships what the whole pass wrote.
 
-        Rung at once, the fsync overlaps the rest of the pass. Measured against a ring at the end
-        of the pass (a loop callback), one message per call from two processes
-        (bench/send_receive.py --phase f's sends, 2 pairs): 3,429 -> 3,733 and 3,306 -> 3,848
+        Asked while another fsync runs, ``gen`` waits in the thread's pipe and starts as soon as
+        that one ends (its target was written before it is rung, so the later fsync covers it).
+        Measured against asking only once the running fsync's report reached the loop: one
+        message per call from two processes (bench/send_receive.py --phase f, where nearly every
+        fsync carries one message and the other arrives while it runs) +5-9%, single sends with 8
+        in flight +10-25% (figures in docs/storage.md, "Write path"). The queued one is rung at
+        the end of the pass, so every writer of that pass joins it (a burst costs two fsyncs).
+
+        The first (none running) is rung at once: its fsync overlaps the rest of the pass.
+        Measured against a ring at the end of the pass (a loop callback), one message per call
+        from two processes (bench/send_receive.py --phase f's sends, 2 pairs): 3,429 -> 3,733 and 3,306 -> 3,848
         msgs/s, the fsync's own time 152-158 -> 115-127 us (the thread starts while this vCPU is
         still awake). The pure-Python build's thread needs the GIL, which this thread holds for
         the rest of the pass: there the ring stays at the end of the pass
         (``fsyncer.RING_AT_ONCE``), when the loop thread is about to sleep in epoll."""
-        assert self._running is None
+        assert len(self._asked) < AHEAD and gen not in self._asked
         gen.target = self.store.log.written
-        self._running = gen
-        if fsyncer_mod.RING_AT_ONCE:
-            self._ring_running()
-        else:
-            self._loop.call_soon(self._ring_running)
+        self._asked.append(gen)
+        if fsyncer_mod.RING_AT_ONCE and len(self._asked) == 1:
+            self._ring(gen)
+        else:  # queued behind a running fsync: the rest of this pass's writes join it first
+            self._loop.call_soon(self._ring, gen)
         if self._written_listeners:
             self._loop.call_soon(self._tell_written)
 
-    def _ring_running(self) -> None:
-        gen = self._running
-        if gen is None or gen.rung or self._fsyncer is None:  # failed (``_fail_all``) or closed meanwhile
+    def _ring(self, gen: _Generation) -> None:
+        if gen.rung or gen not in self._asked or self._fsyncer is None:  # failed (``_fail_all``) or closed meanwhile
             return
         fd, gen.target = self.store.log.fsync_ask()  # what is written by now joins
         gen.rung = True
@@ -404,7 +416,7 @@ class GroupCommitter:
         """``async``: an fsync every flush interval while something is written and not durable."""
         self._periodic = self._loop.call_later(self._interval_s, self._interval_fsync)
         log_ = self.store.log
-        if log_.written > log_.synced and self._running is None:
+        if log_.written > log_.synced and not self._asked:
             self._generation_for(log_.written)
 
     def _sync_logs(self) -> None:
@@ -439,12 +451,12 @@ class GroupCommitter:
             return
         self.fsyncs += 1
         self._dispatch(synced)  # (under ``async`` sends dispatched already; other writers had not)
-        running = self._running
+        running = self._asked[0] if self._asked else None
         if running is None or not running.rung or running.target > synced:
             # A periodic fsync (async), or one begun before the running one's target; before the
             # ring the target is not final (writers still join): the rung fsync's report finishes it.
             return
-        self._running = None
+        del self._asked[0]
         self._finish(running, synced, None)
         if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
@@ -489,8 +501,8 @@ class GroupCommitter:
 
     def _fail_all(self, exc: BaseException) -> None:
         """The data written since the last good fsync is not acknowledged: fail every waiter."""
-        gens = [g for g in (self._running, self._waiting) if g is not None]
-        self._running = self._waiting = None
+        gens = self._asked + ([self._waiting] if self._waiting is not None else [])
+        self._asked, self._waiting = [], None
         for gen in gens:
             self._finish(gen, -1, exc)
 
@@ -511,7 +523,7 @@ class GroupCommitter:
             synced, exc = -1, failure
         if exc is None and self.fenced:  # a fenced primary stepping down acknowledges nothing, even now
             exc = errors.PreconditionFailed(self.leadership.refusal())
-        gens = [g for g in (self._running, self._waiting) if g is not None]
-        self._running = self._waiting = None
+        gens = self._asked + ([self._waiting] if self._waiting is not None else [])
+        self._asked, self._waiting = [], None
         for gen in gens:
             self._finish(gen, synced, exc)

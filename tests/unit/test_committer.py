@@ -6,6 +6,7 @@ A real broker on a temporary directory and a real flusher thread; the loop is as
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from chronoq.broker.broker import Broker, OutgoingMessage
 from chronoq.broker.committer import GroupCommitter
@@ -70,8 +71,8 @@ def test_writers_after_a_lone_send_join_one_group(tmp_path):
 
 def test_writers_of_one_loop_pass_share_at_most_two_fsyncs(tmp_path):
     """Compiled, the pass's first writer rings the fsync thread at once; every later writer of the
-    same pass joins the next fsync, rung when the first reports: a burst of 20 costs 2 fsyncs,
-    not 20. In the pure-Python build the ring waits for the end of the pass (its thread needs the
+    same pass joins the next fsync, queued behind it at the end of the pass: a burst of 20 costs 2
+    fsyncs, not 20 (nor 3: the queued one is not rung for the second writer alone). In the pure-Python build the ring waits for the end of the pass (its thread needs the
     GIL), and the whole pass shares one (``fsyncer.RING_AT_ONCE``)."""
     from chronoq.store import fsyncer
 
@@ -255,5 +256,39 @@ def test_the_second_tier_logs_sync_only_after_an_fsync_asked_for_them(tmp_path):
         synced, exc, seen = await late
         assert exc is None and seen == [THREAD_NAME] * 2  # the next fsync ran them, before the callback
         assert synced >= broker.store.log.written
+
+    _run(tmp_path, scenario)
+
+
+def test_the_next_fsync_is_asked_while_one_runs_and_later_writers_wait_for_a_third(tmp_path):
+    """While an fsync runs, the next writer's fsync is already asked of the thread (queued behind
+    it, so it starts the moment the first ends, not once the loop has heard of it); a writer after
+    that joins a third generation, asked only once the first reports. Every writer is answered
+    only after an fsync that covers it, in log order."""
+    from chronoq.broker import committer as committer_mod
+
+    async def scenario(broker, committer):
+        await committer.send([OutgoingMessage("orders", b"first")])  # nothing in flight after it
+        held, gate = threading.Event(), threading.Event()
+        committer.fsyncer.before_fsync = lambda _fd: (held.set(), gate.wait(10))
+        log_ = broker.store.log
+        one = asyncio.ensure_future(committer.send([OutgoingMessage("orders", b"one")]))
+        while not held.is_set():  # its fsync is under way, held at the gate
+            await asyncio.sleep(0.001)
+        one_end = log_.written
+        two = asyncio.ensure_future(committer.send([OutgoingMessage("orders", b"two")]))
+        await asyncio.sleep(0.01)  # a few passes: two's generation is asked (rung), not answered
+        assert len(committer._asked) == committer_mod.AHEAD and all(g.rung for g in committer._asked)
+        assert [g.target for g in committer._asked] == [one_end, log_.written]
+        three = asyncio.ensure_future(committer.send([OutgoingMessage("orders", b"three")]))
+        await asyncio.sleep(0.01)
+        assert committer._waiting is not None and not committer._waiting.rung and committer._waiting.waiters
+        assert not any(t.done() for t in (one, two, three)) and log_.synced < one_end
+        committer.fsyncer.before_fsync = None
+        before = committer.fsyncs
+        gate.set()
+        await asyncio.gather(one, two, three)
+        assert log_.synced == log_.written and broker.store.dispatched == log_.written
+        assert committer.fsyncs - before == 3 and not committer._asked and committer._waiting is None
 
     _run(tmp_path, scenario)
