@@ -82,7 +82,7 @@ scanning; ``validate_tail`` is only needed when the timer checkpoint itself is l
     off size field
       0    8 generation  u64, the checkpoint generation the cycle started from
       8    8 start_ms    i64, the bucket
-     16    8 length      u64, the file's length before this cycle's first write (0: new file)
+     16    8 length      u64, the file's length before this cycle's first write (0: new or header-only)
      24    4 crc32c      CRC-32C of bytes [0, 24)
 
 A record is applied iff its CRC matches and its generation equals the checkpoint's; when a start
