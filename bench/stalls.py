@@ -13,6 +13,7 @@ during the probe, and the largest lag since its start (the loading included).
 
     .venv/bin/python bench/stalls.py                              # 200,000 timers, 20,000 in flight
     .venv/bin/python bench/stalls.py --timers 1000000 --seconds 60
+    .venv/bin/python bench/stalls.py --keyed --timers 300000 --inflight 0 --seconds 15   # key index build after a restart
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Loopback only; every
 loop is bounded by a count and by time.
@@ -65,14 +66,20 @@ def start(data_dir: str) -> tuple[subprocess.Popen, str, str]:
     raise RuntimeError("the broker did not start")
 
 
-async def load(client: Client, timers: int, inflight: int, rng: random.Random, seconds: float) -> tuple[int, int]:
+def _keys(keyed: bool, i: int) -> tuple[str, ...]:
+    return (f"order-{i}",) if keyed else ()
+
+
+async def load(client: Client, timers: int, inflight: int, rng: random.Random, seconds: float,
+               keyed: bool = False) -> tuple[int, int]:
     deadline = time.monotonic() + seconds
     now = int(time.time() * 1000)
     sent = 0
     while sent < timers and time.monotonic() < deadline:
         n = min(LOAD_BATCH, timers - sent)
-        await client.send_batch([OutgoingMessage("bench-far", b"x" * 200, deliver_at_ms=now + rng.randrange(600_000, DAY_MS))
-                                 for _ in range(n)])
+        await client.send_batch([OutgoingMessage("bench-far", b"x" * 200, keys=_keys(keyed, sent + i),
+                                                 deliver_at_ms=now + rng.randrange(600_000, DAY_MS))
+                                 for i in range(n)])
         sent += n
     for first in range(0, inflight, LOAD_BATCH):
         await client.send_batch([OutgoingMessage("bench-work", b"y" * 200) for _ in range(min(LOAD_BATCH, inflight - first))])
@@ -101,7 +108,8 @@ async def probe(client: Client, metrics_url: str, args, rng: random.Random) -> t
     try:
         while time.monotonic() < stop and len(latencies) < args.max_sends:
             t0 = time.perf_counter()
-            await client.send("bench-far", b"z" * 200, deliver_at_ms=int(time.time() * 1000) + rng.randrange(600_000, DAY_MS))
+            await client.send("bench-far", b"z" * 200, keys=_keys(args.keyed, -len(latencies) - 1),
+                              deliver_at_ms=int(time.time() * 1000) + rng.randrange(600_000, DAY_MS))
             took = (time.perf_counter() - t0) * 1e3
             latencies.append(took)
             if took > args.spike_ms:
@@ -139,22 +147,35 @@ def main() -> None:
     ap.add_argument("--scrape-s", type=float, default=1.0, help="pause between two /metrics scrapes")
     ap.add_argument("--spike-ms", type=float, default=20.0, help="a send slower than this counts as a spike")
     ap.add_argument("--load-seconds", type=float, default=600.0, help="time bound of the loading")
+    ap.add_argument("--keyed", action="store_true",
+                    help="every timer carries a message key, and the broker is restarted after the loading: the "
+                         "probe's keyed sends begin the key index's build over every pending timer")
     args = ap.parse_args()
 
     data_dir = tempfile.mkdtemp(prefix="bench-stalls-")
     proc, endpoint, metrics_url = start(os.path.join(data_dir, "data"))
     rng = random.Random(1)
     try:
-        async def go():
+        async def loaded():
             async with Client(endpoint) as client:
-                timers, held = await load(client, args.timers, args.inflight, rng, args.load_seconds)
+                return await load(client, args.timers, args.inflight, rng, args.load_seconds, args.keyed)
+
+        async def go(timers, held):
+            async with Client(endpoint) as client:
+                if not args.keyed:
+                    timers, held = await load(client, args.timers, args.inflight, rng, args.load_seconds)
                 machine = MachineLoad()
                 before = _loop_lag(metrics_url)
                 latencies, spikes, scrapes = await probe(client, metrics_url, args, rng)
                 after = _loop_lag(metrics_url)
                 return timers, held, latencies, spikes, scrapes, machine.busy_pct(), before, after
 
-        timers, held, latencies, spikes, scrapes, busy, before, after = run(go())
+        timers = held = 0
+        if args.keyed:  # loaded, then started again: the key index is built anew from the files
+            timers, held = run(loaded())
+            stop_server(proc)
+            proc, endpoint, metrics_url = start(os.path.join(data_dir, "data"))
+        timers, held, latencies, spikes, scrapes, busy, before, after = run(go(timers, held))
     finally:
         stop_server(proc)
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -164,7 +185,7 @@ def main() -> None:
                       "p50_ms": round(latencies[n // 2], 2), "p99_ms": round(latencies[int(n * 0.99)], 2),
                       "sends": n, "spikes": len(spikes), "spike_ms": args.spike_ms, "first_spikes_s_ms": spikes[:10],
                       "broker_loop_stalls_over_25ms": after[0] - before[0], "broker_loop_lag_max_ms": round(after[1] * 1e3, 1),
-                      "timers_pending": timers, "inflight": held, "scrapes": scrapes, "scrape_s": args.scrape_s,
+                      "timers_pending": timers, "keyed": args.keyed, "inflight": held, "scrapes": scrapes, "scrape_s": args.scrape_s,
                       "machine_busy_pct": busy, "python_speed_mips": python_speed()}), flush=True)
 
 

@@ -475,16 +475,18 @@ class Broker(TimerOperations):
         """Periodic work for the shell to call: checkpoint when due and expire dedupe entries."""
         run_all_here(self.maintenance_jobs())
 
-    def maintenance_jobs(self) -> list[Job]:
+    def maintenance_jobs(self, build_keys: bool = True) -> list[Job]:
         """``maintenance`` for the asyncio shell: the cheap work is done here, the blocking parts
         (checkpoint fsyncs and files) are returned as jobs to run on a worker thread and finish
-        back on this one, in order (``chronoq.core.jobs``). Call again only once they all finished."""
+        back on this one, in order (``chronoq.core.jobs``). Call again only once they all finished.
+        ``build_keys=False``: no step of the timer's key index build (the server's runtime runs it
+        in short slices, ``TimerService.keys_step``)."""
         now = self.clock.wall_ms()
         jobs = []
         try:
             if now - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
                 jobs.append(self.checkpoint_job())
-            timer_job = self.timer.maintenance_job(now)
+            timer_job = self.timer.maintenance_job(now, build_keys)
             if timer_job is not None:
                 jobs.append(timer_job)
         except BaseException as exc:  # a begun job must still be finished (it undoes its snapshot)

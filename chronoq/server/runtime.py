@@ -21,6 +21,12 @@ from chronoq.server import process, sdnotify
 log = logging.getLogger("chronoq.runtime")
 
 TIMER_IDLE_S = 1.0  # the timer loop looks again at least this often
+# The timer's key index build (chronoq.timer.keyed, begun by the first keyed call after a start)
+# reads schedule files on the loop: at most this long at a time, then a pause, a quarter of the
+# loop at most. One 4 MB step per maintenance tick held the loop 25-80 ms every 200 ms until the
+# build was done (bench/stalls.py --keyed).
+KEY_BUILD_SLICE_MS = 5
+KEY_BUILD_PAUSE_S = 0.015
 # Trace events are written this many at a time (a few ms of encoding), the loop served between.
 TRACE_WRITE_STEP = 1024
 # Cyclic-GC thresholds while serving (CPython's default is 700, 10, 10). Every message allocates a
@@ -128,7 +134,7 @@ class Runtime:
                 await self._write_trace_in_steps()
                 # Checkpoint fsyncs run on a worker thread (chronoq.core.jobs); one job at a time, and
                 # the next maintenance only after all of them finished.
-                jobs = self.broker.maintenance_jobs()
+                jobs = self.broker.maintenance_jobs(build_keys=False)  # (``_build_key_index``)
                 try:
                     for job in jobs:
                         await _run_job(job)
@@ -146,6 +152,31 @@ class Runtime:
                         await _run_job(job)
             except Exception:  # keep serving; the next tick retries
                 log.exception("periodic maintenance failed")
+
+    async def _build_key_index(self) -> None:
+        """The timer's key index build, a slice of at most KEY_BUILD_SLICE_MS at a time with
+        KEY_BUILD_PAUSE_S between; idle, it looks every maintenance tick."""
+        timer = self.broker.timer
+        tick = min(self.config.checkpoint_interval_ms, 200) / 1000
+        began, read = 0.0, 0
+        while not self._stop.is_set():
+            pause = tick
+            try:
+                if timer.keys_to_read:
+                    now_ns = timer.clock.monotonic_ns()
+                    began = began or now_ns / 1e9
+                    read += timer.keys_step(deadline_ns=now_ns + KEY_BUILD_SLICE_MS * 1_000_000)
+                    pause = KEY_BUILD_PAUSE_S
+                    if not timer.keys_to_read:
+                        log.info("timer key index built: %d keys from %.1f MB of schedule files in %.1f s",
+                                 len(timer.keys), read / 1e6, timer.clock.monotonic_ns() / 1e9 - began)
+                        began, read = 0.0, 0
+            except Exception:  # keep serving; the next slice retries (keyed calls search unread buckets meanwhile)
+                log.exception("building the timer's key index failed")
+            try:
+                await asyncio.wait_for(self._stop.wait(), pause)
+            except asyncio.TimeoutError:
+                pass
 
     async def _write_trace_in_steps(self) -> None:
         """Write due trace events a step at a time, yielding between steps: encoding a second of
@@ -324,6 +355,7 @@ class Runtime:
                                   made=lambda: loop.call_soon_threadsafe(timer.files_made))
         self._tasks.append(loop.create_task(self._periodic(), name="chronoq-periodic"))
         self._tasks.append(loop.create_task(self._timer_loop(), name="chronoq-timer"))
+        self._tasks.append(loop.create_task(self._build_key_index(), name="chronoq-key-index"))
         from chronoq.server import front_ends
 
         self.state = "starting the gRPC front end"

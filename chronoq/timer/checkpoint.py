@@ -200,10 +200,12 @@ class Checkpoints:
         if job is not None:
             job.run_here()
 
-    def maintenance_job(self, now_ms: int | None = None) -> Job | None:
+    def maintenance_job(self, now_ms: int | None = None, build_keys: bool = True) -> Job | None:
         """``maintenance`` without blocking: the work that needs no fsync is done here; the
         completion of a due checkpoint (fsyncs, ``checkpoint.json``) is returned as a ``Job``
-        to run on a worker thread and finish back here. Call again only after it finished."""
+        to run on a worker thread and finish back here. Call again only after it finished.
+        ``build_keys``: a step of the key index's build too (the server runs the build in
+        slices of its own instead)."""
         assert not self._ckpt_syncing, "the previous checkpoint job has not finished"
         now = self._now(now_ms)
         self._absorb_durable()
@@ -214,7 +216,7 @@ class Checkpoints:
             stale = [q for q, (_k, due) in lane.cancelled.items() if q < lane.offset and due + memory < now]
             for q in stale:
                 del lane.cancelled[q]
-        if self._keys_todo:  # the key index's build, begun by a first keyed call (chronoq.timer.keyed)
+        if build_keys and self._keys_todo:  # the key index's build, begun by a first keyed call (chronoq.timer.keyed)
             self.keys_step()
         job = self._checkpoint_step(now)
         if job is None and self._ckpt_target is None and self._buffered_starts:

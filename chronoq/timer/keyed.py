@@ -32,8 +32,9 @@ a recall record (``copies.control``), all in one write, each target in flight un
 message is in it from the write of its record until it is delivered (``_complete``), recalled,
 replaced, cancelled or moved (the new record is indexed instead). Its build begins on first use
 (``_keys_ready``: an empty index and the list of buckets, ``_keys_todo``); before that no keyed
-delayed record was written in this process (writing one begins it first). ``maintenance`` then
-reads a few MB of buckets a call (``keys_step``, ``_keyed_pending``), skipping the messages in
+delayed record was written in this process (writing one begins it first). ``keys_step`` then
+reads buckets a bounded share at a time (``_keyed_pending``; the server's runtime in slices of
+time, an embedded ``maintenance`` a few MB a call), skipping the messages in
 flight, and until the last one is read a keyed call also searches the unread buckets for its key
 (``_unread_candidates``). Exact at each bucket read, whatever happened since the build began: a
 bucket's file and buffer plus the in-flight marks are that bucket's whole truth at any moment (a
@@ -66,8 +67,9 @@ _REPLACE_MARK = REPLACE_PROP.encode()
 REPLACE_KEY_CHARS_MAX = 1024
 CANCEL_BY_KEY_MAX = 10_000  # messages one cancel-by-key call cancels at most (``truncated`` beyond)
 _FLAG_DELAYED = record.FLAG_DELAYED
-# Schedule-file bytes the index build reads per ``maintenance`` call (every 200 ms), a bucket at
-# least: ~80 ms of CPU for 4 MB (~17,000 keyed timers; bench/timers.py --parts g).
+# Schedule-file bytes the index build reads per embedded ``maintenance`` call, a bucket at least:
+# ~25-80 ms of CPU for 4 MB (~17,000 keyed timers; bench/timers.py --parts g). The server reads
+# in slices of time instead (``chronoq.server.runtime``, KEY_BUILD_SLICE_MS).
 KEY_BUILD_BYTES_PER_STEP = 4 << 20
 
 # Answers of a replacing send (``SendResult.replaced``): "none", or one of these and a message id.
@@ -211,13 +213,20 @@ class Keyed:
         """Whether some bucket is not read into the index yet (``keys_step``)."""
         return self.keys is None or bool(self._keys_todo)
 
-    def keys_step(self, budget: int = KEY_BUILD_BYTES_PER_STEP) -> int:
-        """Read buckets into the index until ``budget`` schedule-file bytes were read (a bucket
-        at least): the build's bounded share of one ``maintenance`` call. Returns bytes read."""
+    @property
+    def keys_to_read(self) -> bool:
+        """The build is begun and some bucket is still to read (``keys_step`` has work)."""
+        return bool(self._keys_todo)
+
+    def keys_step(self, budget: int = KEY_BUILD_BYTES_PER_STEP, deadline_ns: int | None = None) -> int:
+        """Read buckets into the index until ``budget`` schedule-file bytes were read or the
+        clock's monotonic time passed ``deadline_ns`` (a bucket at least): a bounded share of
+        the build. Returns bytes read."""
         index = self._keys_ready()
         todo, holds = self._keys_todo, self._in_flight.holds_timer
         first, read = self._keys_todo_bytes, 0
-        while todo and read < budget:
+        clock = self.clock
+        while todo and read < budget and (deadline_ns is None or not read or clock.monotonic_ns() < deadline_ns):
             start = todo.pop()
             data, buffered = self._bucket_bytes(start)
             read += len(data) + len(buffered) + 1

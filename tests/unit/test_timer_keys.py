@@ -11,6 +11,7 @@ from chronoq.broker.digest import derived_digest
 from chronoq.broker.outgoing import OutgoingMessage
 from chronoq.core import errors
 from chronoq.core.clock import FakeClock
+from chronoq.core.jobs import run_all_here
 from chronoq.timer import keys as keyindex
 from chronoq.timer.keyed import REPLACE_PROP
 from chronoq.timer.keys import KeyIndex, key_hash
@@ -385,4 +386,30 @@ def test_no_checkpoint_completes_while_a_finished_bucket_file_awaits_deletion(tm
     crash(b)
     b = _open(tmp_path, clock)
     assert _fire_all(b, clock, T0 + 15 * MIN) == [b"b", b"p"]
+    b.close()
+
+
+def test_a_build_step_with_a_deadline_reads_buckets_until_it_passes_and_one_at_least(tmp_path, clock):
+    """The server reads the key index's build in slices of time (``keys_step(deadline_ns=)``,
+    chronoq.server.runtime): a step whose deadline has passed still reads one bucket, so the build
+    always ends; one with time left reads on, within its byte budget; maintenance without
+    ``build_keys`` does not step."""
+    b = _open(tmp_path, clock)
+    for i in range(12):  # 12 buckets, one keyed message each
+        _send(b, b"m%d" % i, T0 + (10 + i) * MIN, keys=[f"k{i}"])
+    b.close()
+    b = _open(tmp_path, clock)
+    assert b.cancel_by_key(TOPIC, "k0").cancelled  # begins the build
+    timer = b.timer
+    assert timer.keys_to_read and len(timer.keys) == 0
+    run_all_here(b.maintenance_jobs(build_keys=False))
+    assert timer.keys_to_read and len(timer.keys) == 0
+    now = clock.monotonic_ns()
+    # Passed: one bucket a step, the earliest first (k0's: cancelled, nothing to index).
+    assert timer.keys_step(deadline_ns=now) > 0 and len(timer.keys) == 0 and timer.keys_to_read
+    assert timer.keys_step(deadline_ns=now - 1) > 0 and len(timer.keys) == 1
+    assert timer.keys_step(deadline_ns=now) > 0 and len(timer.keys) == 2
+    assert timer.keys_step(deadline_ns=now + 1) > 0  # time left (the fake clock stands still): the rest
+    assert not timer.keys_to_read and not timer.keys_building and len(timer.keys) == 11
+    timer.keys.check()
     b.close()

@@ -1,0 +1,54 @@
+"""The server's runtime builds the timer's key index in slices of its own (chronoq.server.runtime
+``_build_key_index``), not in the maintenance tick: after a restart the first keyed call begins
+the build and the runtime's task finishes it, while keyed calls answer meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from chronoq.broker.broker import Broker
+from chronoq.core.config import BrokerConfig
+from chronoq.server import runtime as runtime_mod
+from chronoq.server.runtime import Runtime
+
+from .conftest import free_port
+
+DAY_MS = 86_400_000
+
+
+def test_the_runtime_finishes_a_key_index_build_a_keyed_call_began(tmp_path, caplog):
+    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1).validate()
+    with Broker(config) as broker:  # a previous life: keyed timers over many buckets
+        broker.create_topic("orders", 2)
+        now = broker.clock.wall_ms()
+        ids = [broker.send("orders", b"m%d" % i, keys=[f"order-{i}"], deliver_at_ms=now + DAY_MS + i * 600_000).message_id
+               for i in range(120)]
+
+    async def scenario():
+        runtime = Runtime(config, say=lambda _: None)
+        broker = runtime.open_broker()
+        task = asyncio.ensure_future(runtime._build_key_index())
+        try:
+            timer = broker.timer
+            assert timer.keys is None  # nothing keyed asked yet in this life: no build
+            await asyncio.sleep(0.05)
+            assert timer.keys is None
+            assert [m for m, _ in broker.cancel_by_key("orders", "order-7").cancelled] == [ids[7]]
+            assert timer.keys_to_read
+            for _ in range(500):  # the runtime's slices, a few buckets each (no maintenance runs here)
+                if not timer.keys_building:
+                    break
+                await asyncio.sleep(runtime_mod.KEY_BUILD_PAUSE_S)
+            assert not timer.keys_building and len(timer.keys) == 119
+            timer.keys.check()
+            assert [m for m, _ in broker.cancel_by_key("orders", "order-8").cancelled] == [ids[8]]
+            assert len(timer.keys) == 118
+        finally:
+            runtime._stop.set()
+            await asyncio.wait_for(task, 5)
+            broker.close()
+
+    with caplog.at_level(logging.INFO, logger="chronoq.runtime"):
+        asyncio.run(scenario())
+    assert any("timer key index built: 119 keys" in r.getMessage() for r in caplog.records)
