@@ -14,6 +14,7 @@ during the probe, and the largest lag since its start (the loading included).
     .venv/bin/python bench/stalls.py                              # 200,000 timers, 20,000 in flight
     .venv/bin/python bench/stalls.py --timers 1000000 --seconds 60
     .venv/bin/python bench/stalls.py --keyed --timers 300000 --inflight 0 --seconds 15   # key index build after a restart
+    .venv/bin/python bench/stalls.py --keyed --replace --timers 300000 --inflight 0 --seconds 15   # ... with replacing sends
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Loopback only; every
 loop is bounded by a count and by time.
@@ -109,6 +110,7 @@ async def probe(client: Client, metrics_url: str, args, rng: random.Random) -> t
         while time.monotonic() < stop and len(latencies) < args.max_sends:
             t0 = time.perf_counter()
             await client.send("bench-far", b"z" * 200, keys=_keys(args.keyed, -len(latencies) - 1),
+                              replace_key=f"r{len(latencies) % 100}" if args.replace else None,
                               deliver_at_ms=int(time.time() * 1000) + rng.randrange(600_000, DAY_MS))
             took = (time.perf_counter() - t0) * 1e3
             latencies.append(took)
@@ -150,6 +152,9 @@ def main() -> None:
     ap.add_argument("--keyed", action="store_true",
                     help="every timer carries a message key, and the broker is restarted after the loading: the "
                          "probe's keyed sends begin the key index's build over every pending timer")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --keyed: the probe's sends replace by key (100 keys in turn): each looks its key up "
+                         "while the index is being built")
     args = ap.parse_args()
 
     data_dir = tempfile.mkdtemp(prefix="bench-stalls-")
@@ -185,7 +190,7 @@ def main() -> None:
                       "p50_ms": round(latencies[n // 2], 2), "p99_ms": round(latencies[int(n * 0.99)], 2),
                       "sends": n, "spikes": len(spikes), "spike_ms": args.spike_ms, "first_spikes_s_ms": spikes[:10],
                       "broker_loop_stalls_over_25ms": after[0] - before[0], "broker_loop_lag_max_ms": round(after[1] * 1e3, 1),
-                      "timers_pending": timers, "keyed": args.keyed, "inflight": held, "scrapes": scrapes, "scrape_s": args.scrape_s,
+                      "timers_pending": timers, "keyed": args.keyed, "replace": args.replace, "inflight": held, "scrapes": scrapes, "scrape_s": args.scrape_s,
                       "machine_busy_pct": busy, "python_speed_mips": python_speed()}), flush=True)
 
 

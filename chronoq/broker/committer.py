@@ -64,11 +64,13 @@ from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.core.model import SendResult
 from chronoq.store import fsyncer as fsyncer_mod
 from chronoq.store.fsyncer import Fsyncer
+from chronoq.timer.keyed import has_replace_keys
 from chronoq.timer.service import RecallResult, RescheduleResult
 
 log = logging.getLogger("chronoq.broker.committer")
 
 DISPATCH_RETRY_S = 0.5  # after a failed dispatch, try again this soon
+KEY_INDEX_WAIT_S = 1.0  # a keyed call waits at most this long for the key index's build (``key_index_built``)
 # Generations asked of the fsync thread at once: the running fsync and one queued behind it
 # (``_ask``). One: the next is asked only once the running one's report reaches the loop.
 AHEAD = 2
@@ -157,6 +159,8 @@ class GroupCommitter:
         Every caller is a new send (transactional halves come as ``system``): all are refused
         while the disk is below its reserve.
         """
+        if batch.properties is not None and self.broker.timer.keys_building and has_replace_keys(batch.properties):
+            await self.key_index_built()
         self.broker.check_space()
         self.check_leader()  # (a fenced node does not even write what it will not acknowledge)
         try:
@@ -194,11 +198,29 @@ class GroupCommitter:
 
     async def cancel_by_key(self, topic: str, key: str):
         """``Broker.cancel_by_key`` as ``recall``: the recall records durable before the answer."""
+        if self.broker.timer.keys_building:
+            await self.key_index_built()
         answer = self.broker.timer_cancel_by_key(topic, key)
         await self.durable(answer.ticket)
         result = self.broker.timer_key_answered(answer)
         await self._on_a_replica(answer.ticket)
         return result
+
+    async def key_index_built(self) -> None:
+        """Before a keyed call (cancel by key, a replacing send) while the timer's key index is
+        not built (a start's first keyed call begins it): read the build a slice at a time
+        (``keys_slice``, 5 ms), the loop free between slices, until it is done or
+        KEY_INDEX_WAIT_S passed. A keyed call answered while buckets are unread searches every
+        one of them on the loop (``Keyed._unread_candidates``): 300,000 keyed timers pending
+        after a restart, each replacing send held the loop ~120 ms (the first 459 ms) until the
+        build was done (bench/stalls.py --keyed --replace). Past the wait it does so all the
+        same (over fewer buckets by then): a call is delayed a bounded time, never refused."""
+        timer = self.broker.timer
+        timer.begin_keys()
+        deadline = timer.clock.monotonic_ns() + int(KEY_INDEX_WAIT_S * 1e9)
+        while timer.keys_to_read and timer.clock.monotonic_ns() < deadline:
+            timer.keys_slice()
+            await asyncio.sleep(0)
 
     async def _on_a_replica(self, ticket: int) -> None:
         """``replication = "sync"``: a recall's (reschedule's) record is on a replica before it is

@@ -22,10 +22,9 @@ log = logging.getLogger("chronoq.runtime")
 
 TIMER_IDLE_S = 1.0  # the timer loop looks again at least this often
 # The timer's key index build (chronoq.timer.keyed, begun by the first keyed call after a start)
-# reads schedule files on the loop: at most this long at a time, then a pause, a quarter of the
-# loop at most. One 4 MB step per maintenance tick held the loop 25-80 ms every 200 ms until the
-# build was done (bench/stalls.py --keyed).
-KEY_BUILD_SLICE_MS = 5
+# reads schedule files on the loop: a slice at a time (KEY_BUILD_SLICE_MS, 5 ms), then this pause,
+# a quarter of the loop at most. One 4 MB step per maintenance tick held the loop 25-80 ms every
+# 200 ms until the build was done (bench/stalls.py --keyed).
 KEY_BUILD_PAUSE_S = 0.015
 # Trace events are written this many at a time (a few ms of encoding), the loop served between.
 TRACE_WRITE_STEP = 1024
@@ -154,8 +153,9 @@ class Runtime:
                 log.exception("periodic maintenance failed")
 
     async def _build_key_index(self) -> None:
-        """The timer's key index build, a slice of at most KEY_BUILD_SLICE_MS at a time with
-        KEY_BUILD_PAUSE_S between; idle, it looks every maintenance tick."""
+        """The timer's key index build, a slice at a time (``keys_slice``) with KEY_BUILD_PAUSE_S
+        between; idle, it looks every maintenance tick. (A keyed call that waits for the build
+        reads slices too, with no pause: ``GroupCommitter.key_index_built``.)"""
         timer = self.broker.timer
         tick = min(self.config.checkpoint_interval_ms, 200) / 1000
         began, read = 0.0, 0
@@ -163,9 +163,8 @@ class Runtime:
             pause = tick
             try:
                 if timer.keys_to_read:
-                    now_ns = timer.clock.monotonic_ns()
-                    began = began or now_ns / 1e9
-                    read += timer.keys_step(deadline_ns=now_ns + KEY_BUILD_SLICE_MS * 1_000_000)
+                    began = began or timer.clock.monotonic_ns() / 1e9
+                    read += timer.keys_slice()
                     pause = KEY_BUILD_PAUSE_S
                     if not timer.keys_to_read:
                         log.info("timer key index built: %d keys from %.1f MB of schedule files in %.1f s",

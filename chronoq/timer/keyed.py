@@ -69,8 +69,9 @@ CANCEL_BY_KEY_MAX = 10_000  # messages one cancel-by-key call cancels at most (`
 _FLAG_DELAYED = record.FLAG_DELAYED
 # Schedule-file bytes the index build reads per embedded ``maintenance`` call, a bucket at least:
 # ~25-80 ms of CPU for 4 MB (~17,000 keyed timers; bench/timers.py --parts g). The server reads
-# in slices of time instead (``chronoq.server.runtime``, KEY_BUILD_SLICE_MS).
+# in slices of time instead (``keys_slice``: the runtime's task, and keyed calls waiting on it).
 KEY_BUILD_BYTES_PER_STEP = 4 << 20
+KEY_BUILD_SLICE_MS = 5  # at most this long a slice (a bucket at least)
 
 # Answers of a replacing send (``SendResult.replaced``): "none", or one of these and a message id.
 REPLACED = "replaced"
@@ -212,6 +213,14 @@ class Keyed:
     def keys_building(self) -> bool:
         """Whether some bucket is not read into the index yet (``keys_step``)."""
         return self.keys is None or bool(self._keys_todo)
+
+    def begin_keys(self) -> None:
+        """Begin the index's build now if it is not begun (``keys_slice`` reads it)."""
+        self._keys_ready()
+
+    def keys_slice(self) -> int:
+        """``keys_step`` for at most KEY_BUILD_SLICE_MS of the clock (a bucket at least)."""
+        return self.keys_step(deadline_ns=self.clock.monotonic_ns() + KEY_BUILD_SLICE_MS * 1_000_000)
 
     @property
     def keys_to_read(self) -> bool:

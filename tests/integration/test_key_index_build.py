@@ -52,3 +52,46 @@ def test_the_runtime_finishes_a_key_index_build_a_keyed_call_began(tmp_path, cap
     with caplog.at_level(logging.INFO, logger="chronoq.runtime"):
         asyncio.run(scenario())
     assert any("timer key index built: 119 keys" in r.getMessage() for r in caplog.records)
+
+
+def test_keyed_calls_through_the_committer_read_the_build_first(tmp_path):
+    """A cancel by key or a replacing send while the index is not built (here: the first keyed
+    calls after a restart, no runtime task) reads the build to its end in slices first
+    (``GroupCommitter.key_index_built``), instead of searching every unread bucket on the loop;
+    the answers are the same."""
+    from chronoq.broker.broker import OutgoingMessage
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.timer.keyed import REPLACE_PROP
+
+    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1).validate()
+    with Broker(config) as broker:
+        broker.create_topic("orders", 2)
+        now = broker.clock.wall_ms()
+        ids = [broker.send("orders", b"m%d" % i, keys=[f"order-{i}"], properties={REPLACE_PROP: f"r{i}"},
+                           deliver_at_ms=now + DAY_MS + i * 600_000).message_id for i in range(60)]
+
+    async def scenario(first: str):
+        broker = Broker(config)
+        committer = GroupCommitter(broker)
+        committer.start()
+        try:
+            timer = broker.timer
+            assert timer.keys is None
+            if first == "cancel":
+                got = await committer.cancel_by_key("orders", "order-3")
+                assert [m for m, _ in got.cancelled] == [ids[3]]
+            else:
+                due = broker.clock.wall_ms() + 2 * DAY_MS
+                [r] = await committer.send([OutgoingMessage("orders", b"new", properties={REPLACE_PROP: "r5"},
+                                                            deliver_at_ms=due)])
+                assert r.replaced == f"replaced:{ids[5]}"
+            assert timer.keys is not None and not timer.keys_building  # read to the end first
+            timer.keys.check()
+            later = 4 if first == "cancel" else 6  # (a message the other run left alone)
+            assert [m for m, _ in (await committer.cancel_by_key("orders", f"order-{later}")).cancelled] == [ids[later]]
+        finally:
+            await committer.close()
+            broker.close()
+
+    asyncio.run(scenario("cancel"))
+    asyncio.run(scenario("replace"))
