@@ -133,6 +133,7 @@ class GroupCommitter:
         # (``add_written_listener``: the replication shipper, whose waiting pulls ship those bytes
         # while the fsync runs).
         self._written_listeners: list[Callable[[], None]] = []
+        self._key_build: asyncio.Task | None = None  # ``key_index_built``'s reader, while calls wait
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -214,13 +215,26 @@ class GroupCommitter:
         one of them on the loop (``Keyed._unread_candidates``): 300,000 keyed timers pending
         after a restart, each replacing send held the loop ~120 ms (the first 459 ms) until the
         build was done (bench/stalls.py --keyed --replace). Past the wait it does so all the
-        same (over fewer buckets by then): a call is delayed a bounded time, never refused."""
+        same (over fewer buckets by then): a call is delayed a bounded time, never refused.
+        One task reads for all the calls waiting at once (a reader each would hold the loop a
+        slice per waiting call per pass)."""
         timer = self.broker.timer
         timer.begin_keys()
+        if not timer.keys_to_read:
+            return
+        if self._key_build is None or self._key_build.done():  # one reader for every waiting call
+            self._key_build = self._loop.create_task(self._read_key_build(), name="chronoq-key-build")
+        await asyncio.shield(self._key_build)  # (a caller that goes away leaves the reading to the others)
+
+    async def _read_key_build(self) -> None:
+        timer = self.broker.timer
         deadline = timer.clock.monotonic_ns() + int(KEY_INDEX_WAIT_S * 1e9)
-        while timer.keys_to_read and timer.clock.monotonic_ns() < deadline:
-            timer.keys_slice()
-            await asyncio.sleep(0)
+        try:
+            while timer.keys_to_read and timer.clock.monotonic_ns() < deadline:
+                timer.keys_slice()
+                await asyncio.sleep(0)
+        except Exception:  # noqa: BLE001 - the waiting calls search the unread buckets instead
+            log.exception("reading the timer's key index build failed")
 
     async def _on_a_replica(self, ticket: int) -> None:
         """``replication = "sync"``: a recall's (reschedule's) record is on a replica before it is
@@ -533,6 +547,8 @@ class GroupCommitter:
         """Stop the thread (after the fsync it may be running), then flush what is left."""
         if self._periodic is not None:
             self._periodic.cancel()
+        if self._key_build is not None:
+            self._key_build.cancel()
         fsyncer, self._fsyncer = self._fsyncer, None
         if fsyncer is not None:
             self._loop.remove_reader(fsyncer.reports)

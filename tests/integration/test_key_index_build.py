@@ -95,3 +95,43 @@ def test_keyed_calls_through_the_committer_read_the_build_first(tmp_path):
 
     asyncio.run(scenario("cancel"))
     asyncio.run(scenario("replace"))
+
+
+def test_keyed_calls_waiting_together_share_one_reader_of_the_build(tmp_path, monkeypatch):
+    """Twenty cancels by key at once right after a restart: one task reads the build for all of
+    them (a reader per call would hold the loop a slice per waiting call in every pass), and each
+    is answered as if the index had been there."""
+    from chronoq.broker.committer import GroupCommitter
+    from chronoq.timer import keyed
+
+    monkeypatch.setattr(keyed, "KEY_BUILD_SLICE_MS", 0)  # a bucket a slice: many slices
+
+    config = BrokerConfig(data_dir=str(tmp_path / "data"), port=free_port(), http_port=-1).validate()
+    with Broker(config) as broker:
+        broker.create_topic("orders", 2)
+        now = broker.clock.wall_ms()
+        ids = [broker.send("orders", b"m%d" % i, keys=[f"order-{i}"], deliver_at_ms=now + DAY_MS + i * 600_000).message_id
+               for i in range(80)]
+
+    async def scenario():
+        broker = Broker(config)
+        committer = GroupCommitter(broker)
+        committer.start()
+        timer, readers = broker.timer, []
+        slice_ = timer.keys_slice
+
+        def watched_slice():  # (a witness: which task reads)
+            readers.append(asyncio.current_task())
+            return slice_()
+
+        timer.keys_slice = watched_slice
+        try:
+            answers = await asyncio.gather(*(committer.cancel_by_key("orders", f"order-{i}") for i in range(20)))
+            assert [[m for m, _ in a.cancelled] for a in answers] == [[ids[i]] for i in range(20)]
+            assert len(readers) > 20 and len(set(readers)) == 1 and not timer.keys_building
+            assert len(timer.keys) == 60
+        finally:
+            await committer.close()
+            broker.close()
+
+    asyncio.run(scenario())
