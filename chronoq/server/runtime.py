@@ -158,18 +158,12 @@ class Runtime:
         reads slices too, with no pause: ``GroupCommitter.key_index_built``.)"""
         timer = self.broker.timer
         tick = min(self.config.checkpoint_interval_ms, 200) / 1000
-        began, read = 0.0, 0
         while not self._stop.is_set():
             pause = tick
             try:
                 if timer.keys_to_read:
-                    began = began or timer.clock.monotonic_ns() / 1e9
-                    read += timer.keys_slice()
+                    timer.keys_slice()
                     pause = KEY_BUILD_PAUSE_S
-                    if not timer.keys_to_read:
-                        log.info("timer key index built: %d keys from %.1f MB of schedule files in %.1f s",
-                                 len(timer.keys), read / 1e6, timer.clock.monotonic_ns() / 1e9 - began)
-                        began, read = 0.0, 0
             except Exception:  # keep serving; the next slice retries (keyed calls search unread buckets meanwhile)
                 log.exception("building the timer's key index failed")
             try:

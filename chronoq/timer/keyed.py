@@ -46,6 +46,7 @@ handle).
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from chronoq.timer.buckets import LOADED, LOADING
 from chronoq.timer.keys import MESSAGE_KEY, REPLACE, KeyIndex, key_hash
 from chronoq.timer.schedlog import CANCELLED, MESSAGE
 
+log = logging.getLogger("chronoq.timer")
 REPLACE_PROP = "CHRONOQ_REPLACE_KEY"
 PROP_REPLACED = copies.PROP_TIMER_REPLACED
 REPLACED_MARKER = PROP_REPLACED.encode()
@@ -197,6 +199,8 @@ class Keyed:
     keys: KeyIndex | None = None
     _keys_todo: list[int] = ()  # type: ignore[assignment]  # bucket starts the build has not read yet
     _keys_todo_bytes = 0  # their size when the build began (until the first read sizes the index)
+    _keys_began_ns = 0  # when the build began (the clock's monotonic time), for its log line
+    _keys_read = 0  # schedule-file bytes the build has read so far
 
     # ================================================================= the index
     def _keys_ready(self) -> KeyIndex:
@@ -207,6 +211,7 @@ class Keyed:
             self._keys_todo = sorted(set(pending) | set(self.buckets), reverse=True)
             self._keys_todo_bytes = sum(_file_size(self.files.path(s)) for s in pending)
             self.keys = KeyIndex(self.width, self._now())
+            self._keys_began_ns = self.clock.monotonic_ns()
         return self.keys
 
     @property
@@ -251,6 +256,10 @@ class Keyed:
             if first and index.live:  # sized once, from the keys a byte of the first bucket read: no growth after
                 index.reserve(len(index) * first // read)
                 first = self._keys_todo_bytes = 0
+        self._keys_read += read
+        if read and not todo:
+            log.info("timer key index built: %d keys from %.1f MB of schedule files in %.1f s", len(index),
+                     self._keys_read / 1e6, (self.clock.monotonic_ns() - self._keys_began_ns) / 1e9)
         return read
 
     def _bucket_bytes(self, start: int) -> tuple[bytes, bytes]:

@@ -49,7 +49,7 @@ def test_the_runtime_finishes_a_key_index_build_a_keyed_call_began(tmp_path, cap
             await asyncio.wait_for(task, 5)
             broker.close()
 
-    with caplog.at_level(logging.INFO, logger="chronoq.runtime"):
+    with caplog.at_level(logging.INFO, logger="chronoq.timer"):
         asyncio.run(scenario())
     assert any("timer key index built: 119 keys" in r.getMessage() for r in caplog.records)
 
