@@ -45,7 +45,7 @@ _FLAG_DELAYED = record.FLAG_DELAYED
 class SendSide:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``levels``, ``width``,
     ``level_lanes``, ``_unabsorbed`` (``store.delayed_dispatched``), ``_append``, ``_wake`` and
-    ``_in_flight`` (whose marks absorbing a recall's record drops)."""
+    ``_in_flight`` (whose marks absorbing a recall's record reads and drops)."""
 
     # ================================================================= sending (called by the broker)
     def due_ms(self, deliver_at_ms: object, now_ms: int) -> int:
@@ -185,10 +185,7 @@ class SendSide:
                 start, ident, due = copies.parse_ref(ref, 3)
             else:
                 (start, ident), due = copies.parse_ref(ref), due_ms
-            self._append(start, schedlog.encode_entry(kind, ident, due, offset))
-            # Applied: the target is no longer in flight (``chronoq.timer.recall``). Only now, so
-            # no tick claims it between the record's write and this.
-            self._in_flight.applied_timer(ident)
+            self._file_tombstone(start, kind, ident, due, offset, offset + len(raw))
         ref = props.get(level_prop)
         if ref is not None:
             level, qoff, due = copies.parse_ref(ref, 3)
@@ -196,3 +193,19 @@ class SendSide:
                 self.level_lanes[level - 1].cancelled[qoff] = (kind, due)
                 if self._in_flight.applied_level(level, qoff):
                     self._wake()  # its lane stopped at it (``_claim_level``) and may go on now
+
+    def _file_tombstone(self, start: int, kind: int, ident: int, due_ms: int, offset: int, ticket: int) -> None:
+        """Append ``kind`` (CANCELLED or MOVED) for timer entry ``ident`` to bucket ``start``, for
+        the record at ``offset`` (ending at ``ticket``), and drop the target's in-flight mark.
+
+        When the mark is the one this very record set, its writer found the target pending in
+        ``start`` (the bucket its reference names: ``recall._state``, ``keyed._target``), and
+        since then no tick claimed it and no other tombstone was written for it: the bucket's
+        kept count may drop by one (``Horizon.count_appended``). Anything else (a replay at
+        start-up, a record absorbed again after a failed pass, a record this process did not
+        write) proves nothing, and the count is dropped."""
+        proven = self._in_flight.timer_mark(ident) == (kind, ticket)
+        self._append(start, schedlog.encode_entry(kind, ident, due_ms, offset), ident if proven else None)
+        # Applied: the target is no longer in flight (``chronoq.timer.recall``). Only now, so no
+        # tick claims it between the record's write and this.
+        self._in_flight.applied_timer(ident)

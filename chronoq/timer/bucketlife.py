@@ -77,13 +77,25 @@ class BucketLife:
                 self._push(start)
         return b
 
-    def _append(self, start: int, entry: bytes) -> None:
+    def _append(self, start: int, entry: bytes, pending_target: int | None = None) -> None:
+        """Append ``entry`` (one or more entries) to bucket ``start``. ``pending_target``: the
+        ident of a tombstone among them whose target the caller proved pending in this bucket
+        (``SendSide._file_tombstone``), so its kept count may follow (``Horizon.count_appended``)."""
         b = self._bucket(start)
         b.append(entry)
         if self._horizon_cache:
-            self.count_appended(start, entry)
+            self.count_appended(start, entry, pending_target)
+        try:
+            self._after_append(b, entry)
+        except BaseException:
+            # The caller retries the whole record (``_absorb_durable``), appending these entries
+            # again with the same proof: a kept count would follow them twice.
+            self._horizon_cache.pop(start, None)
+            raise
+
+    def _after_append(self, b: Bucket, entry: bytes) -> None:
         self._buffered += len(entry)
-        self._buffered_starts.add(start)
+        self._buffered_starts.add(b.start)
         if b.state == LOADED:
             added, removed, _n = b.parse(1 << 62, self.damage)
             self._to_wheel(b, added)

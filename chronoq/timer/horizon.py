@@ -3,14 +3,27 @@ counts by horizon for metrics, with their per-bucket cache (``Horizon``, a part 
 ``TimerService``).
 
 A bucket not loaded is counted from its file and buffer once; after that the count follows the
-entries appended to it (``count_appended``): a MESSAGE naming an ident above every ident the
-bucket has seen is a new pending message (idents are commit offsets, absorbed in log order, so
-this is the common case); anything else (a tombstone, a MESSAGE that may be a replayed
-duplicate) drops the count, and the next ask reads that bucket again. Writing a buffer to its
-file changes nothing counted. So a metrics scrape or the history sampler costs per bucket, not
-per pending message: counting every file at each sample held the event loop for a time that
-grew with the number of pending timers. ``warm_horizon_cache`` fills the cache a few buckets at
-a time.
+entries appended to it (``count_appended``), as long as each one provably changes it by a known
+amount:
+
+* a MESSAGE naming an ident above every ident the bucket has seen is a new pending message, +1
+  (idents are commit offsets, absorbed in log order, so this is the common case);
+* a CANCELLED or MOVED entry whose appender *proved* its target pending in this very bucket, -1:
+  the absorb of a recall, reschedule, cancel-by-key or replacing record whose writer found the
+  target pending in the bucket its reference names and marked it in flight (no tick claims it,
+  no second tombstone is written for it), the mark still the one this record set
+  (``SendSide._file_tombstone``); the ident must also be one the count has seen (at most the
+  bucket's top), and one entry decrements once;
+* anything else drops the count, and the next ask reads that bucket again: a MESSAGE that may be
+  a replayed duplicate, a tombstone replayed at recovery or absorbed twice (no mark then), a
+  DISPATCHED entry, a tombstone whose target state its appender did not know.
+
+Writing a buffer to its file changes nothing counted. So a metrics scrape or the history
+sampler costs per bucket, not per pending message: counting every file at each sample held the
+event loop for a time that grew with the number of pending timers, and dropping a count at
+every tombstone made replace-by-key traffic over many buckets re-read each of them at every
+scrape (50-74 ms loop stalls, ``bench/stalls.py --keyed --replace``). ``warm_horizon_cache``
+fills the cache a few buckets at a time.
 
 A mixin, like ``chronoq.timer.absorb``: it reads every other part's state.
 """
@@ -26,6 +39,7 @@ from chronoq.timer.buckets import LOADED, count_pending
 from chronoq.timer.delivery import LevelLane
 
 STATS_BUCKETS_MAX = 10_080  # a week of one-minute buckets
+_TOMBSTONES = (schedlog.CANCELLED, schedlog.MOVED)  # what a recall-like record files for its target
 
 
 class Horizon:
@@ -133,11 +147,16 @@ class Horizon:
             hit = self._horizon_cache[start] = self._pending_in(start)
         return hit[0]
 
-    def count_appended(self, start: int, entries: bytes) -> None:
+    def count_appended(self, start: int, entries: bytes, pending_target: int | None = None) -> None:
         """``entries`` were appended to bucket ``start``: keep its cached count exact, or drop it.
 
+        ``pending_target``: the ident of a CANCELLED/MOVED entry among them whose appender proved
+        that message pending in this bucket until now (module docstring); None: no such proof.
+
         Exact because the pending set is {MESSAGE idents} minus {idents a tombstone names}: an
-        ident above every ident the bucket's entries name was neither counted nor cancelled."""
+        ident above every ident the bucket's entries name was neither counted nor cancelled, and
+        a proven pending one was counted (its MESSAGE came first: it is at most the top) and is
+        cancelled now, once."""
         hit = self._horizon_cache.get(start)
         if hit is None:
             return
@@ -145,10 +164,14 @@ class Horizon:
         pos, end = 0, len(entries)
         while pos < end:
             total, kind, ident, _due, _aux = schedlog.entry_fields(entries, pos)
-            if kind != schedlog.MESSAGE or ident <= top:
+            if kind == schedlog.MESSAGE and ident > top:
+                count, top = count + 1, ident
+            elif ident == pending_target and kind in _TOMBSTONES and ident <= top and count > 0:
+                count, pending_target = count - 1, None  # (a second tombstone for it: dropped)
+            else:
                 del self._horizon_cache[start]
                 return
-            count, top, pos = count + 1, ident, pos + total
+            pos += total
         self._horizon_cache[start] = (count, top)
 
     def _pending_in(self, start: int) -> tuple[int, int]:

@@ -193,7 +193,7 @@ def has_replace_keys(properties: list) -> bool:
 
 class Keyed:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``width``, ``buckets``,
-    ``sched_dir``, ``_in_heap``, ``_in_flight``, ``_burst_lead_ms``, ``_now``, ``_append``,
+    ``sched_dir``, ``_in_heap``, ``_in_flight``, ``_burst_lead_ms``, ``_now``, ``_file_tombstone``,
     ``_finish_loading``, ``_locate_timer`` and ``_held``; owns ``keys`` (None until built)."""
 
     keys: KeyIndex | None = None
@@ -462,8 +462,7 @@ class Keyed:
         ref = replaced_ref(value) if value else None
         if ref is not None:
             start, ident, due = ref
-            self._append(start, schedlog.encode_entry(CANCELLED, ident, due, offset))
-            self._in_flight.applied_timer(ident)  # (its mark, if any: chronoq.timer.recall)
+            self._file_tombstone(start, CANCELLED, ident, due, offset, offset + len(raw))  # (absorb)
 
     # ================================================================= cancel by key
     def cancel_by_key(self, topic: object, key: object) -> KeyAnswer:

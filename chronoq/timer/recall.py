@@ -103,6 +103,10 @@ class InFlight:
     def holds_level(self, level: int, queue_offset: int) -> bool:
         return (level, queue_offset) in self._marks
 
+    def timer_mark(self, ident: int) -> tuple[int, int] | None:
+        """(CANCELLED or MOVED, ticket) of the record in flight for timer entry ``ident``, or None."""
+        return self._marks.get((0, ident)) if self._marks else None
+
     def applied_timer(self, ident: int) -> bool:
         """The record for timer entry ``ident`` is absorbed: drop its mark (whether there was one)."""
         return self._marks.pop((0, ident), None) is not None
