@@ -4,7 +4,10 @@ Starts ``chronoq serve`` on loopback three ways, one after the other in the same
 alone ("none"), a primary with a replica and ``replication = "async"``, and with ``"sync"``. In
 each, chronoq.client.client sends 1 KiB messages from ``--concurrency`` tasks of one process,
 batched (``--batch`` messages a call) and single (one a call), each for ``--seconds``: msgs/s,
-and the ratio to "none" of the same run; the primary's and the replica's CPU per message (user +
+and the ratio to "none" of the same run; batched again at each ``--saturate`` concurrency, and
+each mode's throughput (its best batched rate over every concurrency tried) beside no replica's
+(``replication_batched_throughput_ratio``: at one fixed concurrency a sync replica's rate is set
+by its latency, the senders waiting on the replica's round while CPUs idle); the primary's and the replica's CPU per message (user +
 system of all threads, /proc/PID/stat, from the phase's start until the replica has caught up
 with it: on a 2-core machine the replica's CPU is taken from the primary's), and the share of
 the phase's wall time the primary's loop thread ran (``replication_primary_loop_busy``, with the
@@ -203,13 +206,16 @@ async def run_round(args, root: str, round_no: int) -> None:
             if mode != "none":
                 replica_proc, replica = start(base + "-r", replication, primary)
                 await pulled(primary)  # (under sync a send before the first pull is refused: none in sync)
-            for shape, batch in (("batched", args.batch), ("single", 1)):
+            phases = [("batched", args.batch, args.concurrency), ("single", 1, args.concurrency)]
+            phases[1:1] = [("batched", args.batch, c) for c in args.saturate if c != args.concurrency]
+            for shape, batch, concurrency in phases:
                 procs = {"primary": primary_proc, "replica": replica_proc}
                 cpu0 = {role: server_cpu_s(p.pid) for role, p in procs.items() if p is not None}
                 loop0, machine = thread_run_ns(primary_proc.pid)[0], MachineLoad()
                 began = time.monotonic()
-                out = await load(primary, f"bench-{shape}", args.seconds, args.concurrency, batch,
-                                 lag_of=primary if mode == "async" and shape == "batched" else "")
+                at_base = concurrency == args.concurrency
+                out = await load(primary, f"bench-{shape}", args.seconds, concurrency, batch,
+                                 lag_of=primary if mode == "async" and shape == "batched" and at_base else "")
                 took = time.monotonic() - began
                 sent = out["rate"] * took
                 # Whether the primary's loop was the limit (busy throughout) or waited while CPUs idled
@@ -219,8 +225,8 @@ async def run_round(args, root: str, round_no: int) -> None:
                 if mode != "none":  # the replica's share ends when it has applied the window's records
                     await caught_up(replica, primary)
                 cpu = {role: server_cpu_s(procs[role].pid) - c for role, c in cpu0.items()}
-                rates[(mode, shape)] = out["rate"]
-                ctx = {"mode": mode, "shape": shape, "batch": batch, "concurrency": args.concurrency,
+                rates[(mode, shape, concurrency)] = out["rate"]
+                ctx = {"mode": mode, "shape": shape, "batch": batch, "concurrency": concurrency,
                        "seconds": args.seconds, "round": round_no}
                 emit(f"replication_send_{shape}", round(out["rate"]), "msgs/s", **ctx)
                 emit("replication_primary_loop_busy", round(100 * loop_busy, 1), "%", machine_busy_pct=busy_pct, **ctx)
@@ -242,13 +248,23 @@ async def run_round(args, root: str, round_no: int) -> None:
             for proc in (replica_proc, primary_proc):
                 if proc is not None:
                     stop(proc)
-    for shape in ("batched", "single"):  # the ratios once the round's three modes ran
-        none = rates[("none", shape)]
+    c = args.concurrency
+    for shape in ("batched", "single"):  # the ratios once the round's three modes ran, at --concurrency
+        none = rates[("none", shape, c)]
         for mode in ("async", "sync"):
-            emit(f"replication_{shape}_ratio", round(rates[(mode, shape)] / none, 3), "x of no replica",
-                 mode=mode, shape=shape, round=round_no)
-        emit(f"replication_{shape}_sync_vs_async", round(rates[("sync", shape)] / rates[("async", shape)], 3),
-             "x of async", shape=shape, round=round_no)
+            emit(f"replication_{shape}_ratio", round(rates[(mode, shape, c)] / none, 3), "x of no replica",
+                 mode=mode, shape=shape, concurrency=c, round=round_no)
+        emit(f"replication_{shape}_sync_vs_async", round(rates[("sync", shape, c)] / rates[("async", shape, c)], 3),
+             "x of async", shape=shape, concurrency=c, round=round_no)
+    # Throughput: each mode's best batched rate over the concurrencies tried (--saturate). At a fixed
+    # concurrency a replicated mode's rate is its latency's (Little's law: the senders wait on the
+    # replica's round trip while CPUs idle); its throughput is what it reaches with enough in flight.
+    best = {mode: max((rate, conc) for (m, shape, conc), rate in rates.items() if m == mode and shape == "batched")
+            for mode in ("none", "async", "sync")}
+    for mode in ("async", "sync"):
+        emit("replication_batched_throughput_ratio", round(best[mode][0] / best["none"][0], 3), "x of no replica",
+             mode=mode, best_concurrency=best[mode][1], none_best_concurrency=best["none"][1],
+             concurrencies=sorted({c, *args.saturate}), round=round_no)
 
 
 async def delayed_failover(args, root: str, round_no: int) -> None:
@@ -372,6 +388,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--saturate", type=lambda v: [int(x) for x in v.split(",") if x], default=[16, 32],
+                        help="batched sends again at these concurrencies (comma-separated; '' for none): "
+                             "each mode's throughput is its best rate over them and --concurrency")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--lease-ttl-ms", type=int, default=2000, help="etcd failover: the lease's TTL")
