@@ -15,6 +15,12 @@ during the probe, and the largest lag since its start (the loading included).
     .venv/bin/python bench/stalls.py --timers 1000000 --seconds 60
     .venv/bin/python bench/stalls.py --keyed --timers 300000 --inflight 0 --seconds 15   # key index build after a restart
     .venv/bin/python bench/stalls.py --keyed --replace --timers 300000 --inflight 0 --seconds 15   # ... with replacing sends
+    .venv/bin/python bench/stalls.py --due-burst 100000 --due-in-s 30   # a burst falls due, consumed and acked
+    .venv/bin/python bench/stalls.py --topics 2000 --groups 200          # many topics and groups in flight
+    .venv/bin/python bench/stalls.py --retention                         # segments roll and are deleted
+    .venv/bin/python bench/stalls.py --expire 50000                      # invisible times end: retries, DLQ
+
+The scenarios' loading and consumers are in ``bench/stalls_load.py`` (their options are described there).
 
 Prints one JSON object per line: {"metric", "value", "unit", ...context}. Loopback only; every
 loop is bounded by a count and by time.
@@ -39,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.grpc_shell import stop_server  # noqa: E402
+from bench import stalls_load as scen  # noqa: E402
 from bench.machine import MachineLoad, python_speed  # noqa: E402
 from chronoq.client.client import Client, OutgoingMessage, run  # noqa: E402
 
@@ -52,11 +59,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(data_dir: str) -> tuple[subprocess.Popen, str, str]:
+def start(data_dir: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, str]:
     port, http_port = _free_port(), _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "chronoq", "serve", "--data-dir", data_dir, "--port", str(port),
                              "--host", "127.0.0.1", "--http-port", str(http_port), "--log-level", "warning"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
     for line in proc.stdout:
         if "chronoq is ready" in line:
@@ -93,8 +101,9 @@ async def load(client: Client, timers: int, inflight: int, rng: random.Random, s
     return sent, held
 
 
-async def probe(client: Client, metrics_url: str, args, rng: random.Random) -> tuple[list[float], list, int]:
-    stop = time.monotonic() + args.seconds
+async def probe(client: Client, metrics_url: str, args, rng: random.Random,
+                seconds: float) -> tuple[list[float], list, int]:
+    stop = time.monotonic() + seconds
     scrapes = 0
 
     async def scraper() -> None:
@@ -122,24 +131,6 @@ async def probe(client: Client, metrics_url: str, args, rng: random.Random) -> t
     return latencies, spikes, scrapes
 
 
-def _loop_lag(metrics_url: str) -> tuple[float, float]:
-    """(probe wake-ups later than 25 ms so far, the largest lag so far) from the broker's own
-    ``chronoq_event_loop_lag_seconds`` histogram and max gauge."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
-    count = within = top = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "chronoq_event_loop_lag_seconds_count":
-                count = sample.value
-            elif sample.name == "chronoq_event_loop_lag_seconds_bucket" and sample.labels.get("le") == "0.025":
-                within = sample.value
-            elif sample.name == "chronoq_event_loop_lag_max_seconds":
-                top = sample.value
-    return count - within, top
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--timers", type=int, default=200_000, help="far-future delayed messages loaded first")
@@ -155,10 +146,12 @@ def main() -> None:
     ap.add_argument("--replace", action="store_true",
                     help="with --keyed: the probe's sends replace by key (100 keys in turn): each looks its key up "
                          "while the index is being built")
+    scen.add_arguments(ap)
     args = ap.parse_args()
 
     data_dir = tempfile.mkdtemp(prefix="bench-stalls-")
-    proc, endpoint, metrics_url = start(os.path.join(data_dir, "data"))
+    env = scen.server_env(args)
+    proc, endpoint, metrics_url = start(os.path.join(data_dir, "data"), env)
     rng = random.Random(1)
     try:
         async def loaded():
@@ -166,21 +159,51 @@ def main() -> None:
                 return await load(client, args.timers, args.inflight, rng, args.load_seconds, args.keyed)
 
         async def go(timers, held):
+            extra, consumers, due_at_s = {}, [], None
             async with Client(endpoint) as client:
                 if not args.keyed:
                     timers, held = await load(client, args.timers, args.inflight, rng, args.load_seconds)
+                deadline = time.monotonic() + args.load_seconds
+                if args.topics:
+                    extra["topics"], extra["topics_inflight"] = await scen.load_topics(
+                        client, args.topics, args.groups, args.topics_per_group, deadline)
+                    extra["groups"] = args.groups
+                if args.expire:
+                    extra["expire_sent"] = await scen.load_expire(endpoint, client, args.expire)
+                if args.due_burst:
+                    began = time.time()
+                    due_at_ms = int(began * 1000 + args.due_in_s * 1000)
+                    extra["due_sent"] = await scen.load_due(client, args.due_burst, due_at_ms,
+                                                            int(args.due_spread_s * 1000), deadline)
+                    due_at_s = due_at_ms / 1000 - time.time()  # into the probe
+                    extra["due_at_probe_s"], extra["due_spread_s"] = round(due_at_s, 1), args.due_spread_s
+                seconds = scen.probe_seconds(args, due_at_s)
+                if args.due_burst:
+                    consumers.append(scen.start_consumer(endpoint, "due", extra["due_sent"], seconds + 30))
+                if args.expire:
+                    consumers.append(scen.start_consumer(endpoint, "expire", args.expire, seconds,
+                                                         args.expire_invisible_s))
                 machine = MachineLoad()
-                before = _loop_lag(metrics_url)
-                latencies, spikes, scrapes = await probe(client, metrics_url, args, rng)
-                after = _loop_lag(metrics_url)
-                return timers, held, latencies, spikes, scrapes, machine.busy_pct(), before, after
+                before = scen.scrape(metrics_url)
+                latencies, spikes, scrapes = await probe(client, metrics_url, args, rng, seconds)
+                after = scen.scrape(metrics_url)
+            for proc_ in consumers:  # (off the loop: the client is closed by now)
+                extra.update(scen.consumer_result(proc_, 60))
+            if args.due_burst:
+                extra["broker_lateness"] = scen.broker_lateness(before, scen.scrape(metrics_url))
+            if args.expire:
+                extra["dlq_messages"] = int(after["dlq"])
+            if args.retention:  # (retention deleted segments: the log stays small)
+                extra["commitlog_segments_before_after"] = [before.get("commitlog_segments"), after.get("commitlog_segments")]
+                extra["commitlog_mib_before_after"] = [round(x.get("commitlog_bytes", 0) / 2**20, 1) for x in (before, after)]
+            return timers, held, latencies, spikes, scrapes, machine.busy_pct(), scen.loop_stalls(before, after), extra
 
         timers = held = 0
         if args.keyed:  # loaded, then started again: the key index is built anew from the files
             timers, held = run(loaded())
             stop_server(proc)
-            proc, endpoint, metrics_url = start(os.path.join(data_dir, "data"))
-        timers, held, latencies, spikes, scrapes, busy, before, after = run(go(timers, held))
+            proc, endpoint, metrics_url = start(os.path.join(data_dir, "data"), env)
+        timers, held, latencies, spikes, scrapes, busy, stalls, extra = run(go(timers, held))
     finally:
         stop_server(proc)
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -189,8 +212,8 @@ def main() -> None:
     print(json.dumps({"metric": "stall_send_latency_max", "value": round(latencies[-1], 1), "unit": "ms",
                       "p50_ms": round(latencies[n // 2], 2), "p99_ms": round(latencies[int(n * 0.99)], 2),
                       "sends": n, "spikes": len(spikes), "spike_ms": args.spike_ms, "first_spikes_s_ms": spikes[:10],
-                      "broker_loop_stalls_over_25ms": after[0] - before[0], "broker_loop_lag_max_ms": round(after[1] * 1e3, 1),
-                      "timers_pending": timers, "keyed": args.keyed, "replace": args.replace, "inflight": held, "scrapes": scrapes, "scrape_s": args.scrape_s,
+                      **stalls, "timers_pending": timers, "keyed": args.keyed, "replace": args.replace, "inflight": held,
+                      "retention": args.retention, **extra, "scrapes": scrapes, "scrape_s": args.scrape_s,
                       "machine_busy_pct": busy, "python_speed_mips": python_speed()}), flush=True)
 
 
