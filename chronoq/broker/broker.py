@@ -110,7 +110,7 @@ class Broker(TimerOperations):
             self.timer.handle_group = self.config.group_name
         self.add_arrival_listener(self.timer.on_arrivals)
         # Retention rolls pending timer messages forward before it deletes their records.
-        self.store.add_retention_keeper(lambda lo, hi: roll.keep(self.timer, lo, hi, self.clock.wall_ms()))
+        self.store.add_retention_keeper(lambda lo, hi: roll.keep_batches(self.timer, lo, hi, self.clock.wall_ms()))
         # Message life trace for the delivery audit (chronoq.broker.trace): the hooks only append to a
         # buffer; ``maintenance`` writes it to TRACE_TOPIC every ``trace_flush_ms``.
         self.trace: TraceRecorder | None = None
@@ -509,6 +509,10 @@ class Broker(TimerOperations):
         """``retention``'s first step (``Store.retention_plan``); the server makes its ticket
         durable on the committer's thread, then ``retention_apply`` (``GroupCommitter.retention``)."""
         return self.store.retention_plan(*self._retention_limits())
+
+    def retention_begin(self):
+        """``retention_plan`` a slice at a time (``Store.retention_begin``, ``RetentionRoll.step``)."""
+        return self.store.retention_begin(*self._retention_limits())
 
     def retention_apply(self, plan, durable: bool = True) -> tuple[list[str], Job | None]:
         return self.store.retention_apply(plan, durable)

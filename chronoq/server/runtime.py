@@ -124,33 +124,48 @@ class Runtime:
         assert self.broker is not None
         tick = min(self.config.checkpoint_interval_ms, 200) / 1000
         last_retention = asyncio.get_running_loop().time()
-        while not self._stop.is_set():
-            try:
-                await asyncio.wait_for(self._stop.wait(), tick)
-            except asyncio.TimeoutError:
-                pass
-            try:
-                await self._write_trace_in_steps()
-                # Checkpoint fsyncs run on a worker thread (chronoq.core.jobs); one job at a time, and
-                # the next maintenance only after all of them finished.
-                jobs = self.broker.maintenance_jobs(build_keys=False)  # (``_build_key_index``)
+        rolling: asyncio.Task | None = None  # retention's roll-forward, in slices (its own task)
+        try:
+            while not self._stop.is_set():
                 try:
-                    for job in jobs:
-                        await _run_job(job)
-                finally:  # cancelled (shutdown): a job begun but not run is given up, cleanly
-                    for job in jobs:
-                        if not job.finished:
-                            job.finish(asyncio.CancelledError())
-                now = asyncio.get_running_loop().time()
-                if now - last_retention >= self.config.retention_interval_s:
-                    last_retention = now
-                    deleted, job = await self.committer.retention()  # (roll-forward fsync off the loop)
-                    for path in deleted:
-                        log.info("retention deleted %s", path)
-                    if job is not None:  # the store checkpoint naming the queues' new starts
-                        await _run_job(job)
-            except Exception:  # keep serving; the next tick retries
-                log.exception("periodic maintenance failed")
+                    await asyncio.wait_for(self._stop.wait(), tick)
+                except asyncio.TimeoutError:
+                    pass
+                try:
+                    await self._write_trace_in_steps()
+                    # Checkpoint fsyncs run on a worker thread (chronoq.core.jobs); one job at a time, and
+                    # the next maintenance only after all of them finished.
+                    jobs = self.broker.maintenance_jobs(build_keys=False)  # (``_build_key_index``)
+                    try:
+                        for job in jobs:
+                            await _run_job(job)
+                    finally:  # cancelled (shutdown): a job begun but not run is given up, cleanly
+                        for job in jobs:
+                            if not job.finished:
+                                job.finish(asyncio.CancelledError())
+                    now = asyncio.get_running_loop().time()
+                    if rolling is None and now - last_retention >= self.config.retention_interval_s:
+                        # The roll-forward takes many slices (GroupCommitter.retention_roll): a task of
+                        # its own, so checkpoints go on meanwhile; the deletion and its checkpoint job
+                        # are done here, between two maintenance passes (one job at a time).
+                        rolling = asyncio.get_running_loop().create_task(self.committer.retention_roll(),
+                                                                         name="chronoq-retention")
+                    elif rolling is not None and rolling.done():
+                        last_retention, finished, rolling = now, rolling, None
+                        await self._apply_retention(*finished.result())
+                except Exception:  # keep serving; the next tick retries
+                    log.exception("periodic maintenance failed")
+        finally:
+            if rolling is not None:  # (shutdown: rolled records stay, harmless; nothing is deleted)
+                rolling.cancel()
+                await asyncio.gather(rolling, return_exceptions=True)
+
+    async def _apply_retention(self, plan, durable: bool) -> None:
+        deleted, job = self.broker.retention_apply(plan, durable)
+        for path in deleted:
+            log.info("retention deleted %s", path)
+        if job is not None:  # the store checkpoint naming the queues' new starts
+            await _run_job(job)
 
     async def _build_key_index(self) -> None:
         """The timer's key index build, a slice at a time (``keys_slice``) with KEY_BUILD_PAUSE_S

@@ -37,10 +37,12 @@ from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from chronoq.store.dirlock import DirLock
 from chronoq.store.holds import Holds
 from chronoq.store.recovery import RecoveryReport, iter_chunks, iter_records, queues_short, verify_log, verify_start
+from chronoq.store.retention import Keeper, RetentionPlan, RetentionRoll
 from chronoq.store.writing import Columns, Prepared, StoreWriter, Written
 
 # Names other modules import from here.
-__all__ = ["Store", "StoreOptions", "Prepared", "Written", "Columns", "CHECKPOINT_FILE", "CHECKPOINT_VERSION"]
+__all__ = ["Store", "StoreOptions", "Prepared", "Written", "Columns", "CHECKPOINT_FILE", "CHECKPOINT_VERSION",
+           "RetentionPlan"]
 
 log = logging.getLogger("chronoq.store")
 
@@ -50,16 +52,6 @@ _HOLE_FILL_MAX = 1 << 16
 # Handed the records a dispatch walks that a timer follows, the delayed ones and those with a
 # delivery time (a timer's delivered copy keeps its message's): (commit offset, RecordHeader, bytes).
 Tap = Callable[[int, record.RecordHeader, bytes], None]
-
-
-@dataclass(frozen=True)
-class RetentionPlan:
-    """What ``Store.retention_plan`` decided: delete the log below ``cut`` once it is durable to
-    ``ticket`` (the keepers' records' end; 0: none written), else below ``fallback``."""
-    cut: int
-    ticket: int
-    fallback: int
-    kept: int
 
 
 @dataclass
@@ -125,7 +117,7 @@ class Store(Holds, StoreWriter):
         # one after another: a dispatch from within it steps over them by length (``iter_records``).
         self._shipped_checked = (0, 0)
         self._guards: list[Callable[[], int | None]] = []
-        self._keepers: list[Callable[[int, int], list[tuple[int, Prepared]]]] = []
+        self._keepers: list[Keeper] = []
         # The FLAG_DELAYED records of each append once it is dispatched, in log order (such records
         # get no consume-queue entry): ``(first offset, span, records, data, heads)``, ``records``
         # their ``(commit offset, size, deliver_at_ms)``, ``data`` their bytes back to back (as the
@@ -344,10 +336,11 @@ class Store(Holds, StoreWriter):
         for offset, buf in iter_records(self.log, max(start, self.log.min_offset)):
             yield offset, record.RecordHeader(buf, 0), buf
 
-    def scan_flagged(self, lo: int, hi: int, mask: int):
+    def scan_flagged(self, lo: int, hi: int, mask: int, pause_every: int = 0):
         """Yield ``(commit offset, record bytes)`` of the records in ``[lo, hi)`` with a flag of
-        ``mask`` (``chronoq.store.reading.flagged``: the others are stepped over, not read)."""
-        return reading.flagged(self.log, max(lo, self.log.min_offset), hi, mask)
+        ``mask`` (``chronoq.store.reading.flagged``: the others are stepped over, not read);
+        ``pause_every`` > 0: also ``(offset, None)`` after that many records stepped over in a row."""
+        return reading.flagged(self.log, max(lo, self.log.min_offset), hi, mask, pause_every)
 
     def append(self, messages: Iterable[Prepared], durable: bool = True) -> list[Written]:
         """Write, fsync (when ``durable``) and dispatch: the embedded one-call path."""
@@ -481,10 +474,11 @@ class Store(Holds, StoreWriter):
         """Register ``guard() -> lowest commit offset still needed`` (None: needs nothing)."""
         self._guards.append(guard)
 
-    def add_retention_keeper(self, keeper: Callable[[int, int], list[tuple[int, Prepared]]]) -> None:
-        """Register ``keeper(lo, hi) -> [(offset, record)]``: records to append before retention
-        deletes ``[lo, hi)`` of the log, each with the offset of the record it keeps (the timer
-        rolls its pending messages forward: ``chronoq.timer.roll``)."""
+    def add_retention_keeper(self, keeper: Keeper) -> None:
+        """Register ``keeper(lo, hi) -> iterator of [(offset, record)] batches``: records to append
+        before retention deletes ``[lo, hi)`` of the log, each with the offset of the record it
+        keeps (the timer rolls its pending messages forward: ``chronoq.timer.roll``), a batch per
+        step (``chronoq.store.retention``)."""
         self._keepers.append(keeper)
 
     def retention(self, max_age_ms: int | None, max_bytes: int | None, now_s: float | None = None) -> list[str]:
@@ -511,10 +505,16 @@ class Store(Holds, StoreWriter):
         return deleted
 
     def retention_plan(self, max_age_ms: int | None, max_bytes: int | None,
-                       now_s: float | None = None) -> "RetentionPlan":
-        """``retention``'s first step: how far the log may go, with what the keepers still need
-        from below there written at the head (page cache): ``RetentionPlan.ticket``, to make
-        durable before ``retention_apply`` deletes anything."""
+                       now_s: float | None = None) -> RetentionPlan:
+        """``retention``'s first step at once: ``retention_begin(...).step()``."""
+        return self.retention_begin(max_age_ms, max_bytes, now_s).step()
+
+    def retention_begin(self, max_age_ms: int | None, max_bytes: int | None,
+                        now_s: float | None = None) -> RetentionRoll:
+        """``retention``'s first step, to run a slice at a time (``RetentionRoll.step``): how far
+        the log may go, with what the keepers still need from below there written at the head
+        (page cache), a batch per step: the plan's ticket, to make durable before
+        ``retention_apply`` deletes anything."""
         floor = self.dispatched
         for guard in self._guards:
             needed = guard()
@@ -530,9 +530,7 @@ class Store(Holds, StoreWriter):
                 break
             cut = seg.end
             total -= seg.size
-        if cut > self.log.min_offset and self._keepers:
-            return self._keep_before(cut)
-        return RetentionPlan(cut, 0, cut, 0)
+        return RetentionRoll(self, self.log.min_offset, cut, self._keepers)
 
     def retention_apply(self, plan: "RetentionPlan", durable: bool = True) -> tuple[list[str], Job | None]:
         """``retention``'s second step, once the plan's records are durable (``durable``; else
@@ -547,25 +545,6 @@ class Store(Holds, StoreWriter):
         for cq in self.queues.values():
             cq.delete_below(self.log.min_offset)
         return [s.path for s in deleted], self.checkpoint_job()
-
-    def _keep_before(self, cut: int) -> "RetentionPlan":
-        """Append what the keepers still need below ``cut`` (page cache). The plan deletes to
-        ``cut`` once they are durable; when that write or its fsync fails (a full disk), to the
-        start of the first segment holding something to keep (what lies below it goes all the
-        same). A crash after the write and before the deletion leaves both copies: the keepers'
-        records are idempotent (``chronoq.timer.roll``)."""
-        kept = [pair for keeper in self._keepers for pair in keeper(self.log.min_offset, cut)]
-        if not kept:
-            return RetentionPlan(cut, 0, cut, 0)
-        floor = self.log.segment_for(min(offset for offset, _p in kept)).base
-        try:
-            self.write([p for _offset, p in kept])
-        except errors.StorageError as exc:
-            log.warning("retention keeps the log from %d: writing %d records it still needs failed (%s)",
-                        floor, len(kept), exc)
-            return RetentionPlan(floor, 0, floor, 0)
-        log.info("retention rolled %d records forward before deleting the log below %d", len(kept), cut)
-        return RetentionPlan(cut, self.log.written, floor, len(kept))
 
     def close(self) -> None:
         self.dispatch(self.sync())

@@ -34,7 +34,8 @@ Why this is safe (each case a rebuild from the log alone must agree with the liv
   the roll record still holds it; if not, the copy's reference retires it wherever it is read.
 * Idempotent and crash-safe: roll records are written and fsynced before any segment is deleted
   (``chronoq.store.store.Store.retention``: embedded, the fsync in place; the server writes them
-  on the loop and awaits the committer's fsync, on its thread, before deleting:
+  on the loop, a bucket's batch per slice with the loop free between (``keep_batches``,
+  ``chronoq.store.retention``), and awaits the committer's fsync, on its thread, before deleting:
   ``GroupCommitter.retention``); a crash in between leaves the message twice in the
   log (harmless: one set fact) and the next pass rolls its old copy again, so the extra copy
   lives on until the message is delivered. A message is rolled once per pass.
@@ -47,6 +48,8 @@ Why this is safe (each case a rebuild from the log alone must agree with the liv
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from chronoq.store import record
 from chronoq.store.store import Prepared
 from chronoq.timer import copies, schedlog
@@ -56,6 +59,9 @@ PROP_ROLLED = "__TIMER_ROLLED"
 _ROLLED_MARKER = PROP_ROLLED.encode()
 _CONTROL_TOPIC = copies.CONTROL_TOPIC.encode()
 _ROLL_FLAGS = record.FLAG_DELAYED | record.FLAG_SYSTEM
+# Retention's scan pauses (an empty batch: the caller may stop its slice there) every this many
+# records: ~1-2 ms of parsing and checking the timer's records, a fraction of that stepping over others.
+SCAN_PAUSE_RECORDS = 1024
 
 
 def roll_record(ident: int, due_ms: int, raw: bytes, now_ms: int) -> Prepared:
@@ -81,11 +87,28 @@ def unwrap(raw) -> tuple[int, bytes] | None:
 
 
 def keep(timer, lo: int, hi: int, now_ms: int) -> list[tuple[int, Prepared]]:
+    """Every roll record ``keep_batches`` gives, in one list (tests, tools)."""
+    return [pair for batch in keep_batches(timer, lo, hi, now_ms) for pair in batch]
+
+
+def keep_batches(timer, lo: int, hi: int, now_ms: int) -> Iterator[list[tuple[int, Prepared]]]:
     """Roll records for the timer messages still pending whose copy lies in ``[lo, hi)`` of the
     log, each with the offset of that copy: what ``Store.retention`` appends before it deletes
-    the range (the store's retention keeper)."""
+    the range (the store's retention keeper), in batches (``chronoq.store.retention``).
+
+    First the range is scanned for the timer's records, yielding an empty batch (a pause point)
+    every SCAN_PAUSE_RECORDS records found or stepped over; then one batch per bucket: its
+    pending messages are read and their roll records yielded together, to be written in the same
+    step (so whatever happens to a message after it was found pending, its delivered copy or its
+    recall, lies after its roll record in the log). Ensures: a bucket's batch is never split."""
     found: dict[int, dict[int, int]] = {}  # bucket start -> {ident: offset of its copy in range}
-    for offset, raw in timer.store.scan_flagged(lo, hi, record.FLAG_DELAYED):
+    seen = 0
+    for offset, raw in timer.store.scan_flagged(lo, hi, record.FLAG_DELAYED, SCAN_PAUSE_RECORDS):
+        seen += 1
+        if seen % SCAN_PAUSE_RECORDS == 0:
+            yield []
+        if raw is None:  # a pause point in a long run of other records
+            continue
         if copies.header_fields(raw)[3] == _CONTROL_TOPIC:  # a recall (nothing to keep) or a roll record
             rolled = unwrap(raw)
             if rolled is None:
@@ -95,12 +118,13 @@ def keep(timer, lo: int, hi: int, now_ms: int) -> list[tuple[int, Prepared]]:
             ident, inner = offset, raw
         start = schedlog.bucket_of_record(copies.stored_ms(inner), copies.header_fields(inner)[2], timer.width)
         found.setdefault(start, {})[ident] = offset
-    out: list[tuple[int, Prepared]] = []
-    for start, idents in sorted(found.items()):
+    for start in sorted(found):
+        idents = found.pop(start)
         pending = bucket_pending(timer, start)  # one read of the bucket for all its idents
+        batch = []
         for ident, offset in sorted(idents.items()):
             entry = pending.get(ident)
             if entry is not None:
                 due, raw = entry
-                out.append((offset, roll_record(ident, due, raw, now_ms)))
-    return out
+                batch.append((offset, roll_record(ident, due, raw, now_ms)))
+        yield batch
