@@ -39,7 +39,7 @@ import logging
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from chronoq.core import errors
 
@@ -63,7 +63,7 @@ async def _metrics(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME_KEY]
     if runtime.metrics is None:  # recovering: the broker's figures do not exist yet
         return web.Response(status=503, text=f"not ready: {runtime.state}\n")
-    body = generate_latest(runtime.metrics.registry)
+    body = await runtime.metrics.render()  # (in slices, the loop free between: BrokerMetrics.render)
     # A raw header: web.Response(content_type=...) refuses a value with parameters (version, charset).
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -592,3 +592,56 @@ def test_the_disk_reserve_state_is_shown(tmp_path):
         assert value(samples, "chronoq_disk_free_bytes") < 1 << 62
     finally:
         broker.close()
+
+
+def _many(tmp_path, topics: int, groups: int):
+    """A broker with ``topics`` topics (a message each) and ``groups`` groups, group g holding a
+    message of topics g, g+groups, ... in flight: thousands of series."""
+    clock = FakeClock(T0)
+    broker = open_broker(tmp_path / "data", clock)
+    pop = PopService(broker, clock)
+    broker.send_batch([OutgoingMessage(f"t{i}", b"x") for i in range(topics)])
+    for i in range(topics):
+        pop.receive(f"g{i % groups}", f"t{i}", max_messages=1, invisible_ms=INVISIBLE_MS)
+    return broker, pop, BrokerMetrics(broker, lambda: pop)
+
+
+def test_render_in_slices_is_the_text_of_one_scrape(tmp_path):
+    """``BrokerMetrics.render`` (the server's /metrics) gives generate_latest's text byte for
+    byte (but the process_* figures, which move), and lets the loop go between slices: with a slice of 0 s, at every chunk of samples
+    and every pause point of the collector (1,200 topics: 1,200+ series in several families)."""
+    import asyncio
+
+    import chronoq.server.metrics as metrics_mod
+
+    broker, pop, metrics = _many(tmp_path, 1200, 40)
+    try:
+        async def main():
+            others = 0
+
+            async def other():
+                nonlocal others
+                while True:
+                    others += 1
+                    await asyncio.sleep(0)
+
+            task = asyncio.ensure_future(other())
+            await asyncio.sleep(0)
+            started = others
+            text = await metrics.render(slice_s=0.0, pause_s=0.0)
+            ran = others - started
+            task.cancel()
+            return text, ran
+
+        text, ran = asyncio.run(main())
+
+        def steady(blob: bytes) -> list[bytes]:  # (the process_* figures move between two scrapes)
+            return [line for line in blob.split(b"\n") if b"process_" not in line]
+
+        assert steady(text) == steady(generate_latest(metrics.registry))
+        # Each family of 1,200 series: 1200 / RENDER_CHUNK chunks and 1200 / PAUSE_SERIES pauses.
+        assert ran >= 4 * (1200 // metrics_mod.RENDER_CHUNK)
+        assert value(scrape(metrics), "chronoq_inflight_messages", topic="t7", group="g7") == 1
+    finally:
+        pop.close()
+        broker.close()
