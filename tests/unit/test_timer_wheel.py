@@ -168,3 +168,75 @@ def test_count_due_by_bounds_the_entries_due_from_above_by_slot():
         w.add(k, d)
     for until in range(0, 5_000, 37):  # never below the exact count
         assert w.count_due_by(until) >= sum(1 for d in dues if d <= until)
+
+
+class _CountingDict(dict):
+    """A slot's dict that counts the entries handed out by ``items`` and ``values`` (a whole-slot walk)."""
+
+    walked = 0
+
+    def items(self):
+        _CountingDict.walked += len(self)
+        return super().items()
+
+    def values(self):
+        _CountingDict.walked += len(self)
+        return super().values()
+
+
+def test_a_burst_in_one_slot_is_expired_a_limit_at_a_time_without_walking_the_slot_each_time():
+    """100,000 entries due at one instant share a slot; each expire of 2,000 must not walk all
+    of them again (it did: 50 walks and sorts of the slot, 20-60 ms each). One walk to sort the
+    slot once (a run), then O(limit) a call; still the earliest first, never early."""
+    import chronoq.timer.wheel as wheel_mod
+
+    w = TimingWheel(slot_ms=16, slots=4096)
+    n, limit, due = 100_000, 2_000, 1_000_000
+    for k in range(n):
+        w.add(k, due + (k % 7))  # one slot (16 ms), seven deadlines
+    i = (due // 16) & (4096 - 1)
+    w._buckets[i] = _CountingDict(w._buckets[i])
+    _CountingDict.walked = 0
+    assert w.expire(due - 1, limit) == []  # nothing is early
+    taken = []
+    while True:
+        got = w.expire(due + 6, limit)
+        if not got:
+            break
+        assert len(got) <= limit
+        taken.extend(got)
+    assert sorted(k for k, _ in taken) == list(range(n)) and len(w) == 0
+    assert [d for _, d in taken] == sorted(d for _, d in taken)  # earliest first, across calls too
+    assert _CountingDict.walked <= 2 * n  # (one walk to sort; without a run: n per call, 50 n)
+    assert wheel_mod.RUN_MIN < limit
+
+
+def test_matches_a_sorted_reference_with_crowded_slots(monkeypatch):
+    """The reference test with runs in play (RUN_MIN small): adds into a slot with a run, removes
+    of entries in a run, expiry across runs and plain slots."""
+    import chronoq.timer.wheel as wheel_mod
+
+    monkeypatch.setattr(wheel_mod, "RUN_MIN", 4)
+    rng = random.Random(12)
+    w = TimingWheel(slot_ms=8, slots=16)
+    ref: dict[int, int] = {}
+    now = 0
+    for step in range(4_000):
+        op = rng.random()
+        if op < 0.5:
+            d = now + rng.choice((0, 5, 40, rng.randrange(0, 300)))  # (crowded: a few deadlines recur)
+            w.add(step, d)
+            ref[step] = d
+        elif op < 0.65 and ref:
+            key = rng.choice(list(ref))
+            assert w.remove(key, ref.pop(key))
+        else:
+            now += rng.randrange(0, 12)
+            limit = rng.randrange(1, 10)
+            got = w.expire(now, limit)
+            due = sorted((d, k) for k, d in ref.items() if d <= now)
+            assert [d for _, d in got] == [d for d, _ in due[:limit]]
+            for k, d in got:
+                assert ref.pop(k) == d
+        assert len(w) == len(ref)
+        assert w.next_deadline() == (min(ref.values()) if ref else None)
