@@ -99,24 +99,24 @@ def test_an_idle_tick_touches_no_slot():
     assert w.expire(9_999, 100) == []
 
 
-def test_matches_a_sorted_reference_under_random_operations():
-    rng = random.Random(11)
-    w = TimingWheel(slot_ms=3, slots=16)
+def _against_reference(w: TimingWheel, rng: random.Random, steps: int, deadline_after, remove_below: float,
+                       advance_max: int, limit_max: int) -> None:
+    """Random adds (due ``deadline_after(rng)`` ms on), removes and expiries, each checked against a
+    sorted reference: what expires (earliest first, up to the limit), the size, the next deadline."""
     ref: dict[int, int] = {}
     now = 0
-    for step in range(3_000):
+    for step in range(steps):
         op = rng.random()
         if op < 0.5:
-            key = step
-            d = now + rng.randrange(0, 400)
-            w.add(key, d)
-            ref[key] = d
-        elif op < 0.6 and ref:
+            d = now + deadline_after(rng)
+            w.add(step, d)
+            ref[step] = d
+        elif op < remove_below and ref:
             key = rng.choice(list(ref))
             assert w.remove(key, ref.pop(key))
         else:
-            now += rng.randrange(0, 30)
-            limit = rng.randrange(1, 20)
+            now += rng.randrange(0, advance_max)
+            limit = rng.randrange(1, limit_max)
             got = w.expire(now, limit)
             due = sorted((d, k) for k, d in ref.items() if d <= now)
             assert [d for _, d in got] == [d for d, _ in due[:limit]]
@@ -124,6 +124,11 @@ def test_matches_a_sorted_reference_under_random_operations():
                 assert ref.pop(k) == d
         assert len(w) == len(ref)
         assert w.next_deadline() == (min(ref.values()) if ref else None)
+
+
+def test_matches_a_sorted_reference_under_random_operations():
+    _against_reference(TimingWheel(slot_ms=3, slots=16), random.Random(11), 3_000,
+                       lambda rng: rng.randrange(0, 400), remove_below=0.6, advance_max=30, limit_max=20)
 
 
 @pytest.mark.parametrize("slot_ms, slots, spread_ms, seed",
@@ -217,26 +222,6 @@ def test_matches_a_sorted_reference_with_crowded_slots(monkeypatch):
     import chronoq.timer.wheel as wheel_mod
 
     monkeypatch.setattr(wheel_mod, "RUN_MIN", 4)
-    rng = random.Random(12)
-    w = TimingWheel(slot_ms=8, slots=16)
-    ref: dict[int, int] = {}
-    now = 0
-    for step in range(4_000):
-        op = rng.random()
-        if op < 0.5:
-            d = now + rng.choice((0, 5, 40, rng.randrange(0, 300)))  # (crowded: a few deadlines recur)
-            w.add(step, d)
-            ref[step] = d
-        elif op < 0.65 and ref:
-            key = rng.choice(list(ref))
-            assert w.remove(key, ref.pop(key))
-        else:
-            now += rng.randrange(0, 12)
-            limit = rng.randrange(1, 10)
-            got = w.expire(now, limit)
-            due = sorted((d, k) for k, d in ref.items() if d <= now)
-            assert [d for _, d in got] == [d for d, _ in due[:limit]]
-            for k, d in got:
-                assert ref.pop(k) == d
-        assert len(w) == len(ref)
-        assert w.next_deadline() == (min(ref.values()) if ref else None)
+    _against_reference(TimingWheel(slot_ms=8, slots=16), random.Random(12), 4_000,
+                       lambda rng: rng.choice((0, 5, 40, rng.randrange(0, 300))),  # (crowded: a few deadlines recur)
+                       remove_below=0.65, advance_max=12, limit_max=10)
