@@ -50,6 +50,7 @@ import itertools
 import struct
 import sys
 from array import array
+from operator import attrgetter
 from typing import Iterable
 
 from chronoq.store import record
@@ -158,6 +159,10 @@ def _extend_stored(ev: Events, heads, topics, message_ids, ts, dues) -> None:
     ev.ts.extend(ts)
     ev.due.extend(dues)
     ev.ref_offset += array("q", (0,)) * n
+
+
+_PREPARED, _DUE = attrgetter("prepared"), attrgetter("due_ms")  # (a timer Delivery's)
+_TOPIC, _MESSAGE_ID = attrgetter("topic"), attrgetter("message_id")  # (its Prepared copy's)
 
 
 def _add_refs(ev: Events, refs: list, now_ms: int) -> None:
@@ -368,11 +373,21 @@ class TraceRecorder:
 
     def visible(self, deliveries: list, visible_ms: int) -> None:
         """Timer deliveries made visible (``timer.lanes.Delivery`` with a ``prepared`` copy)."""
-        start = len(self.events)
-        add = self.events.add
-        for d in deliveries:
-            p = d.prepared
-            add(VISIBLE, 0, 0, p.topic, p.message_id, None, None, 0, visible_ms, d.due_ms, 0)
+        ev = self.events
+        start, n = len(ev), len(deliveries)
+        # Column by column, at C speed: a burst due at one instant releases all its copies in one
+        # loop callback (bench/stalls.py --due-burst 100000), and an ``add`` per event cost 30 ms
+        # of it per 100,000 against 14 ms so (``visible`` alone, timed in a scratch script).
+        prepared = list(map(_PREPARED, deliveries))
+        ev.head += array("I", (VISIBLE,)) * n
+        ev.topic += map(_TOPIC, prepared)
+        ev.message_id += map(_MESSAGE_ID, prepared)
+        ev.group += [None] * n
+        ev.ref_topic += [None] * n
+        ev.ref_queue += array("I", (0,)) * n
+        ev.ts += array("q", (visible_ms,)) * n
+        ev.due.extend(map(_DUE, deliveries))
+        ev.ref_offset += array("q", (0,)) * n
         self._trim(start, visible_ms)
 
     def delivered(self, group: str, popped: list, refs: list, now_ms: int) -> None:

@@ -98,6 +98,24 @@ def test_buffer_is_bounded(monkeypatch):
     assert [e[4] for e in rec.events.tuples()] == [b"A", b"B", b"C"]
 
 
+def test_visible_adds_one_event_per_release_by_columns(monkeypatch):
+    """``visible`` extends the columns for a whole release at once: the same events as one
+    ``add`` per delivery, after what was there, and the buffer's bound still holds."""
+    from types import SimpleNamespace as NS
+
+    rec = trace.TraceRecorder(1000, "DELAY")
+    rec.dead_lettered("g", "t", "ID0", 1)
+    released = [NS(prepared=NS(topic=f"t{i % 3}", message_id=f"M{i}".encode()), due_ms=1_000 + i) for i in range(5)]
+    rec.visible(released, 2_000)
+    expected = trace.Events.from_tuples(
+        [(trace.VISIBLE, 0, 0, d.prepared.topic, d.prepared.message_id, None, None, 0, 2_000, d.due_ms, 0)
+         for d in released])
+    assert rec.events.consistent() and rec.events[1:].tuples() == expected.tuples()
+    monkeypatch.setattr(trace, "BUFFER_MAX", 4)
+    rec.visible(released, 3_000)  # past the bound: the tail is dropped, the columns stay aligned
+    assert len(rec.events) == 4 and rec.events.consistent() and rec.dropped == 5 + 2
+
+
 def test_take_events_then_bodies_in_slices_keep_order():
     """The server takes the events at once and encodes/writes them in slices (runtime)."""
     rec = trace.TraceRecorder(flush_ms=1_000, delay_topic="CHRONOQ_DELAY")
