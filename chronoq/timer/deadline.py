@@ -13,7 +13,8 @@ the earliest of these reasons to tick, one method each:
 ``_timer_lane_due``    the timer lane: its back-off ends; its oldest delivery can complete; the
                        wheel's earliest message comes within the claim lead (not while full);
                        (``sync`` deliver mode) a claimed copy can be written
-``_held_release``      the store's earliest held copy falls due (made visible by the tick)
+``_held_release``      the store's earliest held copy falls due (made visible by the tick);
+                       now, while released copies wait to be counted (``_count_released``)
 ``_level_lanes_due``   each delay level, as the timer lane, with its queue head's due time
 ``_load_ahead``        the earliest bucket on disk enters the preload window
 ``_bucket_to_finish``  the oldest loaded bucket, empty, can be finished at its end
@@ -46,7 +47,7 @@ class Deadline:
         if self._loading or self._wheel_fill or unasked:
             return self._remember(now)
         durable_upto = self._durable_upto()
-        cands = [*self._absorb_retry(now), *self._timer_lane_due(now, durable_upto), *self._held_release(),
+        cands = [*self._absorb_retry(now), *self._timer_lane_due(now, durable_upto), *self._held_release(now),
                  *self._level_lanes_due(now, durable_upto), *self._load_ahead(), *self._bucket_to_finish()]
         return self._remember(min(cands) if cands else None)
 
@@ -66,10 +67,12 @@ class Deadline:
             if nxt is not None:
                 yield nxt - self._lead(nxt)[1]
 
-    def _held_release(self) -> Iterator[int]:
+    def _held_release(self, now: int) -> Iterator[int]:
         held = self.store.next_held_ms()
         if held is not None:
             yield held
+        if self._released:  # released copies still to count (``Deliver._count_released``)
+            yield now
 
     def _level_lanes_due(self, now: int, durable_upto: int) -> Iterator[int]:
         for lane in self.level_lanes:

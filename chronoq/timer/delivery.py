@@ -29,6 +29,12 @@ log = logging.getLogger("chronoq.timer")
 
 LEVEL_READ_MAX = 512
 CLAIM_PER_TICK = 2000  # timer messages claimed (and their copies written) per tick at most
+# Released copies counted visible per call (``_count_released``): a burst due at one instant is
+# released at once (visibility is the store's, an in-memory step), and counting 84,000 (the key
+# index, the lateness histogram, trace events) held the event loop 40-90 ms in that one callback
+# (bench/stalls.py --due-burst 100000); the rest is counted by the next calls, each with the time
+# its copies became visible, so lateness stays exact.
+RELEASE_COUNT_MAX = 5000
 # A window of ``burst_lead_ms`` holding timers due faster than this (per second) is a burst and is
 # written ahead by the burst lead (``_lead``): four times the 5,000/s the lateness target is set at,
 # so steady traffic keeps the short lead.
@@ -264,25 +270,41 @@ class Deliver:
         return len(seen)
 
     def _release(self, now: int) -> int:
-        """Release held copies due by ``now`` (the store's holds); count the completed ones that
-        became visible. Returns that count."""
+        """Release held copies due by ``now`` (the store's holds); the completed ones that became
+        visible join ``_released``, and up to RELEASE_COUNT_MAX of those are counted. Returns
+        how many were counted."""
         self.store.release_held(now)
-        if not self._awaiting:
-            return 0
-        queues = self.store.queues
-        seen: list[Delivery] = []
-        for key, waiting in list(self._awaiting.items()):
-            limit = queues[key].visible_next
-            while waiting and waiting[0].queue_offset < limit:
-                d = waiting.popleft()
-                assert d.due_ms <= now, "a copy became visible before its due time"
-                seen.append(d)
-            if not waiting:
-                del self._awaiting[key]
-        if seen:
+        if self._awaiting:
+            queues = self.store.queues
+            seen: list[Delivery] = []
+            for key, waiting in list(self._awaiting.items()):
+                limit = queues[key].visible_next
+                while waiting and waiting[0].queue_offset < limit:
+                    d = waiting.popleft()
+                    assert d.due_ms <= now, "a copy became visible before its due time"
+                    seen.append(d)
+                if not waiting:
+                    del self._awaiting[key]
+            if seen:
+                self._released.append((seen, now))
+        return self._count_released(RELEASE_COUNT_MAX) if self._released else 0
+
+    def _count_released(self, limit: int | None) -> int:
+        """Count up to ``limit`` (None: all) released copies visible, oldest first, each at the
+        time it became visible: the key index forgets them (``chronoq.timer.keyed``: meanwhile it
+        answers them as delivered, being due), the lateness histogram, the trace. Returns how many."""
+        released, counted = self._released, 0
+        while released and (limit is None or counted < limit):
+            run, visible_ms = released[0]
+            if limit is not None and len(run) > limit - counted:
+                take = limit - counted
+                run, released[0] = run[:take], (run[take:], visible_ms)
+            else:
+                released.popleft()
             if self.keys is not None:
-                self.unindex_delivered(seen, now)  # held copies now visible (chronoq.timer.keyed)
-            self.histogram.record_many(now, [d.due_ms for d in seen])
+                self.unindex_delivered(run, visible_ms)
+            self.histogram.record_many(visible_ms, [d.due_ms for d in run])
             if self.on_visible is not None:
-                self.on_visible(seen, now)
-        return len(seen)
+                self.on_visible(run, visible_ms)
+            counted += len(run)
+        return counted

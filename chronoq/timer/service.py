@@ -186,6 +186,9 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         # Completed deliveries (durable) whose copy is still hidden behind a hold in its queue, per
         # queue in offset order: counted visible (lateness, trace) when the store releases them.
         self._awaiting: dict[tuple[str, int], deque[Delivery]] = {}
+        # Released copies (visible) not yet counted, each run with the time it became visible:
+        # counted RELEASE_COUNT_MAX a call (``Deliver._count_released``).
+        self._released: deque[tuple[list[Delivery], int]] = deque()
         self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (pending, highest ident seen)
         self._warm_todo: list[int] | None = None  # buckets warm_horizon_cache has yet to count
         self._horizon_warm = False
@@ -323,6 +326,7 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
     def close(self) -> None:
         if self.closed:
             return
+        self._count_released(None)  # (what a burst released and was not counted yet: its trace too)
         self.checkpoint(clean=True)
         for reader in self._readers.values():
             reader.close()

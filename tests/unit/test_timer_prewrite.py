@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 from timerkit import T0, TOPIC, crash, open_broker, visible
 
+from chronoq.broker import trace
+from chronoq.broker.outgoing import OutgoingMessage
 from chronoq.core import errors
 from chronoq.core.clock import FakeClock
 from chronoq.store import record
@@ -290,3 +292,36 @@ def test_no_burst_lead_without_holds_or_when_it_is_off(tmp_path, clock, prewrite
 def test_the_burst_lead_is_checked(tmp_path, bad):
     with pytest.raises(errors.ClientError, match="timer_burst_lead_ms"):
         open_broker(tmp_path, FakeClock(T0), timer_burst_lead_ms=bad)
+
+
+def test_a_burst_released_at_once_is_visible_at_once_and_counted_in_runs_at_its_release_time(
+        tmp_path, clock, monkeypatch):
+    """A burst due at one instant: every copy visible at the due instant, but counted (key index,
+    lateness, trace) RELEASE_COUNT_MAX a tick, each at the time it became visible, the deadline
+    staying "now" until all are counted; a close counts what is left."""
+    import chronoq.timer.delivery as delivery
+
+    monkeypatch.setattr(delivery, "RELEASE_COUNT_MAX", 3)
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    b.create_topic(TOPIC, 2)
+    due = T0 + 1_000
+    b.send_batch([OutgoingMessage(TOPIC, b"m%d" % i, keys=[f"k{i}"], deliver_at_ms=due) for i in range(8)])
+    _tick_and_sync(b)
+    clock.advance(1_000 - LEAD // 2)
+    while b.timer_next_deadline_ms() < due:  # claimed and written ahead, held
+        _tick_and_sync(b)
+    assert visible(b) == [] and b.timer.histogram.count == 0
+    clock.advance(LEAD // 2)
+    assert b.timer_step().visible == 3  # all released, three counted
+    assert len(visible(b)) == 8 and b.timer.histogram.count == 3
+    assert b.timer_next_deadline_ms() == due  # (now: the rest waits to be counted)
+    clock.advance(7)
+    assert b.timer_step().visible == 3 and b.timer.histogram.count == 6
+    clock.advance(5)
+    b.timer.close()  # counts the last two
+    h = b.timer.histogram
+    assert (h.count, h.sum_ms, h.max_ms, h.early) == (8, 0, 0, 0)  # at the time they became visible
+    seen = [e for e in b.trace.events.tuples() if e[0] == trace.VISIBLE]
+    assert sorted(e[4] for e in seen) == sorted(m.message_id.encode() for m in visible(b)) \
+        and {e[8] for e in seen} == {due}
+    b.close()
