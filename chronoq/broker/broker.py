@@ -524,6 +524,7 @@ class Broker(TimerOperations):
     def close(self) -> None:
         if self.closed:
             return
+        self.timer.count_released()  # (a burst's copies released, not yet counted: their trace events)
         self.write_trace()
         self.store.dispatch(self.store.sync())
         try:

@@ -323,10 +323,15 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         return min(self.store.dispatched, self.store.log.synced)
 
     # ================================================================= close
+    def count_released(self) -> int:
+        """Count every released copy not counted yet (``Deliver._count_released``): the broker
+        does this at a close before it writes its last trace events."""
+        return self._count_released(None)
+
     def close(self) -> None:
         if self.closed:
             return
-        self._count_released(None)  # (what a burst released and was not counted yet: its trace too)
+        self._count_released(None)  # (what a burst released and was not counted yet)
         self.checkpoint(clean=True)
         for reader in self._readers.values():
             reader.close()

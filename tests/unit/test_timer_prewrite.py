@@ -318,10 +318,12 @@ def test_a_burst_released_at_once_is_visible_at_once_and_counted_in_runs_at_its_
     clock.advance(7)
     assert b.timer_step().visible == 3 and b.timer.histogram.count == 6
     clock.advance(5)
-    b.timer.close()  # counts the last two
+    ids = sorted(m.message_id for m in visible(b))
+    b.close()  # counts the last two before it writes the trace
     h = b.timer.histogram
     assert (h.count, h.sum_ms, h.max_ms, h.early) == (8, 0, 0, 0)  # at the time they became visible
-    seen = [e for e in b.trace.events.tuples() if e[0] == trace.VISIBLE]
-    assert sorted(e[4] for e in seen) == sorted(m.message_id.encode() for m in visible(b)) \
-        and {e[8] for e in seen} == {due}
+    b = open_broker(tmp_path, clock, timer_prewrite_ms=LEAD)
+    seen = [e for m in b.read(trace.TRACE_TOPIC, 0, 0, 1_000).messages for e in trace.decode_events(m.body)
+            if e["kind"] == "visible"]
+    assert sorted(e["message_id"] for e in seen) == ids and {e["ts_ms"] for e in seen} == {due}
     b.close()
