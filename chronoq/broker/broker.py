@@ -505,13 +505,10 @@ class Broker(TimerOperations):
     def retention(self) -> list[str]:
         return self.store.retention(*self._retention_limits())
 
-    def retention_plan(self):
-        """``retention``'s first step (``Store.retention_plan``); the server makes its ticket
-        durable on the committer's thread, then ``retention_apply`` (``GroupCommitter.retention``)."""
-        return self.store.retention_plan(*self._retention_limits())
-
     def retention_begin(self):
-        """``retention_plan`` a slice at a time (``Store.retention_begin``, ``RetentionRoll.step``)."""
+        """``retention``'s first step, a slice at a time (``Store.retention_begin``,
+        ``RetentionRoll.step``); the server makes the plan's ticket durable on the committer's
+        thread, then ``retention_apply`` (``GroupCommitter.retention``)."""
         return self.store.retention_begin(*self._retention_limits())
 
     def retention_apply(self, plan, durable: bool = True) -> tuple[list[str], Job | None]:

@@ -487,7 +487,7 @@ class Store(Holds, StoreWriter):
         Never deletes the active segment, anything not yet dispatched, or anything at or above
         the lowest offset a retention guard still needs. What a retention keeper still needs
         from the deleted range is appended at the head first, and fsynced, before any segment
-        goes (``_keep_before``). The one-call path: ``retention_plan``, the fsync here, then
+        goes (``chronoq.store.retention``). The one-call path: ``retention_plan``, the fsync here, then
         ``retention_apply`` (the server fsyncs on the committer's thread between the two).
         """
         plan = self.retention_plan(max_age_ms, max_bytes, now_s)

@@ -86,11 +86,6 @@ def unwrap(raw) -> tuple[int, bytes] | None:
     return int(value), inner
 
 
-def keep(timer, lo: int, hi: int, now_ms: int) -> list[tuple[int, Prepared]]:
-    """Every roll record ``keep_batches`` gives, in one list (tests, tools)."""
-    return [pair for batch in keep_batches(timer, lo, hi, now_ms) for pair in batch]
-
-
 def keep_batches(timer, lo: int, hi: int, now_ms: int) -> Iterator[list[tuple[int, Prepared]]]:
     """Roll records for the timer messages still pending whose copy lies in ``[lo, hi)`` of the
     log, each with the offset of that copy: what ``Store.retention`` appends before it deletes
