@@ -348,13 +348,16 @@ class Inflight:
                 assert qs.fifo_inflight >= 0
 
     # ----------------------------------------------------------------- time
-    def due(self, now_ms: int, limit: int) -> list[Checkpoint]:
-        """Up to ``limit`` in-flight CKs whose invisible time has ended, earliest first."""
+    def due(self, now_ms: int, limit: int, entries_max: int | None = None) -> list[Checkpoint]:
+        """Up to ``limit`` in-flight CKs whose invisible time has ended, earliest first; with
+        ``entries_max``, no more CKs once their unsettled entries reach it (the first is always
+        taken, so a tick makes progress whatever the CK's size)."""
         out: list[Checkpoint] = []
         seen: set[int] = set()  # a rebuilt heap may hold an id twice
         heap, cks, reviving = self._deadlines, self.cks, self.reviving
         waiting = []  # being forwarded to the DLQ: due again if that fails
-        while heap and heap[0][0] <= now_ms and len(out) < limit:
+        entries, entries_max = 0, limit * ENTRIES_MAX if entries_max is None else entries_max
+        while heap and heap[0][0] <= now_ms and len(out) < limit and entries < entries_max:
             deadline, ck_id = _heappop(heap)
             ck = cks.get(ck_id)
             if ck is not None and ck.deadline_ms == deadline and not ck.expired and ck_id not in seen:
@@ -363,6 +366,7 @@ class Inflight:
                     waiting.append((deadline, ck_id))
                 else:
                     out.append(ck)
+                    entries += len(ck.offsets) - ck.bits.bit_count()
         for item in waiting:
             _heappush(heap, item)
         return out

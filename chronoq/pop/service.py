@@ -107,7 +107,11 @@ log = logging.getLogger("chronoq.pop")
 BUFFER_MS = 2_000             # merge buffer: a CK younger than this is not written
 FLUSH_INTERVAL_MS = 100       # unflushed POP-log records wait at most this long
 RETRY_SAMPLE_EVERY = 5        # every 5th receive reads the retry topic first
-TICK_CKS_MAX = 4_096          # CKs one tick revives (the rest next tick, at once)
+TICK_CKS_MAX = 4_096          # CKs one tick revives (the rest next tick, at once) ...
+# ... and messages: each is read and copied on the loop (~20 us), and a CK holds up to 32, so
+# 4,096 CKs were up to 131,072 messages in one tick (40,000 due at once held the loop 0.8 s).
+# 512 is ~10 ms a tick; the server's ticker comes back 1 ms later while more are due.
+TICK_ENTRIES_MAX = 512
 PUSH_INVISIBLE_MS = 60_000    # auto-renew receives without an invisible time: the renew slice
 AUTO_RENEW_MAX_MS = 3 * 3600 * 1000  # auto-renew stops this long after the receive (the proxy's 3 h)
 _NAMES_CACHE_MAX = 10_000
@@ -409,7 +413,7 @@ class PopService(HandOut):
         inflight = self._inflight
         handled = 0
         revival = None
-        due = inflight.due(now, TICK_CKS_MAX)
+        due = inflight.due(now, TICK_CKS_MAX, TICK_ENTRIES_MAX)
         if due:
             due = self._renew(due, now)
         if due:

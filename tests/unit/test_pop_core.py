@@ -226,6 +226,23 @@ def test_due_and_finish_and_stale_lookup():
     inflight.check()
 
 
+def test_due_stops_at_an_entry_budget_counting_unsettled_entries_only():
+    sink, inflight, qs = books()
+    qs.pop_offset = 96
+    cks = [inflight.open(qs, "t", list(range(32 * i, 32 * i + 32)), [1] * 32, now_ms=i, invisible_ms=5_000,
+                         fifo=False) for i in range(3)]
+    for i in range(20):
+        inflight.settle(cks[1], i)  # 12 unsettled left
+    assert inflight.due(5_002, 10, entries_max=1) == cks[:1]  # the first is taken whatever its size
+    for ck in cks[:1]:
+        inflight.finish(ck)
+    assert inflight.due(5_002, 10, entries_max=13) == cks[1:]  # 12 < 13: the next one too
+    for ck in cks:
+        inflight.postpone(ck, 6_000) if ck.live else None
+    assert inflight.due(6_000, 10, entries_max=12) == cks[1:2]  # 12 reached: stop
+    inflight.check()
+
+
 def test_fifo_blocking_and_pending():
     sink, inflight, qs = books()
     qs.pop_offset = 2

@@ -157,6 +157,24 @@ def test_no_ack_revives_into_retry_topic_with_attempt_two(node):
     node.pop.check()
 
 
+def test_a_tick_revives_a_bounded_number_of_messages_and_the_next_ticks_the_rest(node):
+    # Every message is read and copied on the loop: 4,096 CKs of 32 in one tick held it ~1 s.
+    from chronoq.pop.service import TICK_ENTRIES_MAX
+    n = 3 * TICK_ENTRIES_MAX + 40
+    node.broker.send_batch([OutgoingMessage(T, b"m%d" % i) for i in range(n)])
+    assert len(drain(node, invisible_ms=5_000, ack=False)) == n
+    node.clock.advance(4_999)
+    assert node.pop.tick_durably() == 0  # never early
+    node.clock.advance(1)
+    handed = []
+    while node.pop.next_deadline_ms() is not None and node.pop.next_deadline_ms() <= node.clock.wall_ms():
+        handed.append(node.pop.tick_durably())
+    assert sum(handed) == n and len(handed) == 4
+    assert max(handed) <= TICK_ENTRIES_MAX + 31  # the budget, overshot by at most one CK's rest
+    assert len(drain(node)) == n  # all come back, attempt two
+    node.pop.check()
+
+
 def test_back_off_delays_a_quick_failure(node):
     """A delivery that failed fast waits out the back-off (measured from the delivery)."""
     node.pop.group(G).retry_delays_ms = (1_000, 20_000)
