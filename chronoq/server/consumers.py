@@ -31,6 +31,7 @@ log = logging.getLogger("chronoq.runtime")
 _GROUP_KEYS = {"fifo": bool, "max_attempts": int}
 TICK_MAX_S = 0.5   # the POP ticker runs at least this often (front ends' answer expiry rides on it)
 TXN_SCAN_S = 1.0   # how often unresolved transactions are looked at
+TXN_SLICE = 512    # halves looked at per slice of a pass (each due one's record is read: ~7 us)
 
 
 def open_consumers(broker, config) -> tuple[PopService, Transactions]:
@@ -183,14 +184,17 @@ class ConsumerLoops:
         while True:
             await asyncio.sleep(TXN_SCAN_S)
             try:
-                checks, expired = txns.due_checks(self.clock.wall_ms())
-                for half, message in checks:
-                    await self._check(half, message)
-                if expired:
-                    txns.broker.write([txns.expiry(half) for half in expired], system=True)
-                    await committer.durable(committer.store.log.written)
-                    for half in expired:
-                        txns.resolved(half)
+                now, halves = self.clock.wall_ms(), list(txns.pending.values())
+                for start in range(0, len(halves), TXN_SLICE):  # the loop is let go between slices
+                    checks, expired = txns.due_checks(now, halves[start:start + TXN_SLICE])
+                    for half, message in checks:
+                        await self._check(half, message)
+                    if expired:
+                        txns.broker.write([txns.expiry(half) for half in expired], system=True)
+                        await committer.durable(committer.store.log.written)
+                        for half in expired:
+                            txns.resolved(half)
+                    await asyncio.sleep(0)
                 state = (len(txns.pending), min(txns.pending, default=-1))
                 if state != saved:  # persist the replay floor only when it moved (fsync off the loop)
                     await asyncio.get_running_loop().run_in_executor(None, txns.write_state, txns.checkpoint_state())

@@ -96,3 +96,19 @@ def test_halves_resolved_above_an_open_one_stay_resolved_after_restart(tmp_path)
     broker = Broker(cfg)
     assert sorted(Transactions(broker).pending) == sorted([int(open_txid, 16), int(late_txid, 16)])
     broker.close()
+
+
+def test_due_checks_of_a_slice_skip_halves_resolved_since_the_snapshot(tmp_path):
+    clock = FakeClock()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path), txn_check_after_ms=1000), clock=clock)
+    txns = Transactions(broker)
+    sent = [_send_half(broker, txns) for _ in range(5)]
+    clock.advance(1000)
+    halves = list(txns.pending.values())  # the check loop's snapshot, looked at a slice at a time
+    result, txid = sent[1]
+    txns.end("orders", result.message_id, txid, commit=False)  # resolved meanwhile
+    checks, expired = txns.due_checks(clock.wall_ms(), halves[:3])
+    assert [h.offset for h, _ in checks] == [halves[0].offset, halves[2].offset] and not expired
+    assert [h.offset for h, _ in txns.due_checks(clock.wall_ms(), halves[3:])[0]] == [h.offset for h in halves[3:]]
+    assert txns.due_checks(clock.wall_ms()) == ([], [])  # all checked: next at the interval
+    broker.close()
