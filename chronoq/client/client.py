@@ -45,6 +45,7 @@ from chronoq.protocol.rocketmq.receive import split_receive_batch
 from chronoq.protocol.rocketmq.outgoing import SendRequestEncoder
 from chronoq.core import delay_levels
 from chronoq.core.msgid import new_message_id, new_message_ids
+from chronoq.pop.names import ACK_ENTRIES_MAX
 
 OK_CODES = (pb.Code.OK, pb.Code.MULTIPLE_RESULTS)
 _MS = "/apache.rocketmq.v2.MessagingService/"
@@ -432,11 +433,10 @@ class Client:
             self._check(entry.status)
 
     async def ack(self, group: str, topic: str, messages: Sequence[ReceivedMessage]) -> None:
-        """Acknowledge many messages in one call."""
-        if not messages:
-            return
-        req = self._ack_request(group, topic, messages)
-        self._check_ack(await self._unary(self._ack_raw, req, self.timeout))
+        """Acknowledge many messages, in one call per ``ACK_ENTRIES_MAX`` (1,024, the broker's limit)."""
+        for start in range(0, len(messages), ACK_ENTRIES_MAX):
+            req = self._ack_request(group, topic, messages[start:start + ACK_ENTRIES_MAX])
+            self._check_ack(await self._unary(self._ack_raw, req, self.timeout))
 
     async def change_invisible(self, group: str, topic: str, message: ReceivedMessage, invisible_s: float) -> str:
         req = spb.ChangeInvisibleDurationRequest(

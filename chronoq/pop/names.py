@@ -62,6 +62,7 @@ MAX_ATTEMPTS_LIMIT = 1000
 DLQ_QUEUES = 1
 
 MAX_MESSAGES_MAX = 32
+ACK_ENTRIES_MAX = 1024  # handles in one AckMessage: each is decoded and settled on the loop (~3-4 us)
 INVISIBLE_MS_MAX = 12 * 3600 * 1000
 # The proxy asks for 10 s on receive; the Python client's tests use less, so 1 s is accepted.
 RECEIVE_INVISIBLE_MS_MIN = 1_000

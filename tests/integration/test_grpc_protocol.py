@@ -178,6 +178,23 @@ def test_empty_send_request_is_a_bad_request(stub):
     assert res.status.code == Code.BAD_REQUEST
 
 
+def test_an_ack_of_more_entries_than_the_limit_is_refused_whole(stub):
+    from chronoq.pop.names import ACK_ENTRIES_MAX
+    topic, group = unique("bigack"), unique("grp")
+    assert stub.SendMessage(send_request(topic), metadata=meta(), timeout=5).status.code == Code.OK
+    [m] = [r.message for r in receive(stub, group, topic) if r.WhichOneof("content") == "message"]
+    sp = m.system_properties
+    entry = sv.AckMessageEntry(message_id=sp.message_id, receipt_handle=sp.receipt_handle)
+
+    def ack(n):
+        return stub.AckMessage(sv.AckMessageRequest(group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+                                                    entries=[entry] * n), metadata=meta(), timeout=10)
+    refused = ack(ACK_ENTRIES_MAX + 1)
+    assert refused.status.code == Code.BAD_REQUEST and str(ACK_ENTRIES_MAX) in refused.status.message
+    at_limit = ack(ACK_ENTRIES_MAX)  # taken: nothing was acked by the refused one, so its first entry acks
+    assert [e.status.code for e in at_limit.entries[:2]] == [Code.OK, Code.INVALID_RECEIPT_HANDLE]
+
+
 def test_every_settings_command_gets_a_reply(stub):
     producer = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="t1")],
                                                                               max_body_size=128 << 20))

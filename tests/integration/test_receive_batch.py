@@ -228,3 +228,25 @@ def test_client_falls_back_to_the_stream_when_the_server_lacks_receive_batch():
     assert [m.body for m in first] == [b"streamed"] and not offered
     assert [m.body for m in second] == [b"streamed"] and [m.body for m in third] == [b"streamed"]
     assert acked == ["h", "h"]  # ack, then receive: two calls each time
+
+
+def test_client_ack_of_more_than_the_broker_takes_in_one_call_goes_in_several(chronoq_endpoint):
+    from chronoq.pop.names import ACK_ENTRIES_MAX
+    topic, group = unique("bigack"), unique("bigackg")
+    n = ACK_ENTRIES_MAX + 40
+
+    async def scenario():
+        async with Client(chronoq_endpoint) as client:
+            for start in (0, n // 2):
+                await client.send_batch([OutgoingMessage(topic, b"m%d" % i) for i in range(start, start + n // 2)])
+            got = []
+            while len(got) < n:
+                batch = await client.receive(group, topic, max_messages=32, invisible_s=2, wait_s=1)
+                assert batch
+                got += batch
+            await client.ack(group, topic, got)  # more than one AckMessage may carry
+            await asyncio.sleep(2.5)  # past the invisible time: an unacked one would be back
+            return len(got), await client.receive(group, topic, max_messages=32, wait_s=0)
+
+    count, after = asyncio.run(scenario())
+    assert count == n and after == []
