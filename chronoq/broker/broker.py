@@ -84,6 +84,7 @@ class Broker(TimerOperations):
         self.store = Store(self.data_dir, StoreOptions(
             segment_bytes=self.config.segment_bytes,
             cq_entries_per_file=self.config.cq_entries_per_file,
+            cq_open_files_max=self.config.cq_open_files or None,
             verify_extra_segments=self.config.verify_extra_segments,
             quarantine=self.config.quarantine,
         ), clock=self.clock, progress=progress, dir_lock=self.dir_lock)

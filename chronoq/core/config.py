@@ -39,6 +39,7 @@ class BrokerConfig:
     flush_interval_ms: int = 100
     segment_bytes: int = 1 << 30
     cq_entries_per_file: int = 300_000
+    cq_open_files: int = 0  # consume-queue files open at once (store/fdbudget.py); 0: a quarter of RLIMIT_NOFILE
     max_body_bytes: int = 4 * 1024 * 1024
     auto_create_topics: bool = True
     default_queues: int = 4
@@ -182,6 +183,8 @@ class BrokerConfig:
         if self.http_port > 65535:
             raise errors.ClientError(f"http_port {self.http_port} is out of range (0: any free port, "
                                      "negative: no HTTP listener)")
+        if self.cq_open_files != 0 and not 16 <= self.cq_open_files <= 1_000_000:
+            raise errors.ClientError(f"cq_open_files must be 0 (automatic) or from 16 to 1000000, not {self.cq_open_files}")
         if not 1 <= self.default_queues <= self.max_queues <= 65535:
             raise errors.ClientError("need 1 <= default_queues <= max_queues <= 65535")
         if not 1 <= self.max_body_bytes <= 64 * 1024 * 1024:

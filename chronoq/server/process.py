@@ -1,5 +1,6 @@
 """What ``chronoq serve`` sets for its own process at start: its scheduling priority
-(``priority_boost``) and how the C allocator returns freed memory to the kernel.
+(``priority_boost``), how the C allocator returns freed memory to the kernel, and its soft limit
+on open files.
 
 Both are process-wide, so only the broker's own process sets them (``runtime.run``), never a
 ``Runtime`` run inside somebody else's process (tests, an embedding application).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import resource
 
 log = logging.getLogger("chronoq.process")
 
@@ -23,6 +25,8 @@ MMAP_THRESHOLD_BYTES = 8 << 20
 # Free memory at the top of a heap is kept, up to this much, for the next buffers instead of being
 # returned to the kernel at once: the bound on what the process holds beyond what it uses.
 TRIM_THRESHOLD_BYTES = 32 << 20
+# The soft open-files limit asked for when the hard one is unlimited (Linux caps it at nr_open).
+OPEN_FILES_UNLIMITED = 1 << 20
 
 
 def keep_freed_memory() -> str:
@@ -78,3 +82,22 @@ def raise_priority(boost: int) -> str:
         return (f"scheduling priority unchanged (nice {before}): lowering it needs CAP_SYS_NICE; "
                 "timer lateness may grow when other processes keep the CPUs busy (priority_boost)")
     return f"scheduling priority raised: nice {before} -> {target} (priority_boost)"
+
+
+def raise_open_files_limit() -> str:
+    """Raise the soft RLIMIT_NOFILE to the hard one; returns a line saying what was done.
+
+    Why: the soft limit is often 1,024 (systemd's and most shells' default) while the broker
+    may hold up to ``h2_max_connections`` (1,000) connections plus its files: the commit log's
+    segments, consume-queue files (capped at a quarter of this limit, ``store/fdbudget.py``),
+    schedule buckets, the POP log. Raising the soft limit up to the hard one needs no privilege
+    (Go's runtime does the same for every program since 1.19)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else OPEN_FILES_UNLIMITED
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return f"open files: limit {soft}"
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        return f"open files: limit {soft} (raising it to {target} failed: {exc})"
+    return f"open files: limit raised {soft} -> {target}"

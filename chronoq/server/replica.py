@@ -204,6 +204,7 @@ def _server(cfg, node: ReplicaNode, client: ReplicationClient):
 def _open_store(cfg, lock: DirLock | None = None) -> Store:
     """The data directory as a store; ``lock`` held by the caller (None: the store takes it)."""
     return Store(cfg.data_dir, StoreOptions(segment_bytes=cfg.segment_bytes, cq_entries_per_file=cfg.cq_entries_per_file,
+                                            cq_open_files_max=cfg.cq_open_files or None,
                                             verify_extra_segments=cfg.verify_extra_segments,
                                             quarantine=cfg.quarantine), dir_lock=lock)
 

@@ -31,6 +31,7 @@ import struct
 from collections import deque
 
 from chronoq.core import fsutil
+from chronoq.store.fdbudget import FdBudget
 
 ENTRY = struct.Struct("<QIIq")
 ENTRY_SIZE = 24
@@ -41,14 +42,16 @@ DIR_INDEX = -1  # ``take_dirty``'s index for the queue's directory
 
 
 class ConsumeQueue:
-    def __init__(self, directory: str, topic: str, queue_id: int, entries_per_file: int):
+    def __init__(self, directory: str, topic: str, queue_id: int, entries_per_file: int,
+                 budget: FdBudget | None = None):
         assert entries_per_file > 0
         self.topic = topic
         self.queue_id = queue_id
         self.directory = directory
         self.per_file = entries_per_file
         self.file_bytes = entries_per_file * ENTRY_SIZE
-        self._fds: dict[int, int] = {}  # file index -> fd
+        self._fds: dict[int, int] = {}  # file index -> fd (the store's ``budget`` may close any)
+        self._budget = budget
         # A file was made since the directory's last fsync. Derived data: until a checkpoint names
         # its entries (after syncing the directory: ``take_dirty``) a lost file is rebuilt from the log.
         self._dir_unsynced = False
@@ -99,7 +102,15 @@ class ConsumeQueue:
             if created:  # its directory entry is fsynced with the file, by the next checkpoint
                 self._dir_unsynced = True
             self._fds[index] = fd
+            if self._budget is not None:
+                self._budget.opened(self, index)
         return fd
+
+    def _evict(self, index: int) -> None:
+        """The budget closes file ``index`` (still dirty, if it was: ``sync`` opens it again)."""
+        fd = self._fds.pop(index, None)
+        if fd is not None:
+            os.close(fd)
 
     def put(self, first_offset: int, entries: bytes) -> None:
         """Write consecutive entries starting at logical ``first_offset`` (positional, idempotent)."""
@@ -222,6 +233,8 @@ class ConsumeQueue:
         fd = self._fds.pop(index, None)
         if fd is not None:
             os.close(fd)
+            if self._budget is not None:
+                self._budget.closed(self, index)
         self._dirty.discard(index)
         try:
             os.unlink(self._path(index))
@@ -253,6 +266,8 @@ class ConsumeQueue:
             fd = self._fds.get(index)
             if fd is not None:
                 os.fsync(fd)
+            else:  # closed by the budget since it was written
+                fsutil.fsync_path(self._path(index))
         self._dirty.clear()
         if self._dir_unsynced:
             fsutil.fsync_dir(self.directory)
@@ -278,6 +293,8 @@ class ConsumeQueue:
                 self._dirty.add(index)
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        for index, fd in self._fds.items():
             os.close(fd)
+            if self._budget is not None:
+                self._budget.closed(self, index)
         self._fds.clear()

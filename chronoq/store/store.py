@@ -35,6 +35,7 @@ from chronoq.store.checkpoint import CHECKPOINT_FILE, CHECKPOINT_VERSION
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from chronoq.store.dirlock import DirLock
+from chronoq.store.fdbudget import FdBudget
 from chronoq.store.holds import Holds
 from chronoq.store.recovery import RecoveryReport, iter_chunks, iter_records, queues_short, verify_log, verify_start
 from chronoq.store.retention import Keeper, RetentionPlan, RetentionRoll
@@ -64,6 +65,9 @@ class StoreOptions:
     # record is written at most the timer's prewrite lead (config.TIMER_PREWRITE_MAX_MS) before
     # its due time; the rest is slack for the wall clock.
     hold_window_ms: int = 15_000
+    # Consume-queue files open at once, all queues together (``fdbudget``); None: a quarter of
+    # the process's soft RLIMIT_NOFILE, 64 to 8,192.
+    cq_open_files_max: int | None = None
 
 
 _NEVER = 1 << 63  # an offset no record reaches
@@ -84,6 +88,7 @@ class Store(Holds, StoreWriter):
 
         self.options = options or StoreOptions()
         self.clock = clock or SYSTEM_CLOCK
+        self.cq_files = FdBudget(self.options.cq_open_files_max)
         self.data_dir = data_dir
         os.makedirs(data_dir, exist_ok=True)
         # One process per data directory (chronoq.store.dirlock), locked before anything in it is
@@ -246,7 +251,7 @@ class Store(Holds, StoreWriter):
         cq = self.queues.get(key)
         if cq is None:
             cq = ConsumeQueue(os.path.join(self.cq_dir, topic, str(queue_id)), topic, queue_id,
-                              self.options.cq_entries_per_file)
+                              self.options.cq_entries_per_file, self.cq_files)
             self.queues[key] = cq
             self._next_qoff.setdefault(key, cq.next_offset)
         return cq
