@@ -128,10 +128,24 @@ class TopicRegistry:
                     f"topic {name} holds {count} message{'' if count == 1 else 's'} of type "
                     f"{existing.message_type.name.lower()}; changing it to {message_type.name.lower()} is "
                     "refused unless forced (chronoq topic create --force)")
+        if existing is None and not system:
+            self.check_room(name)
         cfg = TopicConfig(name, queues, message_type)
         self.topics[name] = cfg
         self.save()
         return cfg
+
+    def check_room(self, name: str, planned: int = 0, error: type[errors.ChronoqError] = errors.ClientError) -> None:
+        """Refuse a new user topic past ``max_topics`` (``planned``: new ones a batch makes too).
+        Clients create topics (auto-create): each costs its queues' files and state and a metrics
+        series per topic, so their number is bounded like every other resource a client grows."""
+        limit = self.config.max_topics
+        if len(self.topics) + planned < limit:  # (system topics count here too: a handful)
+            return
+        users = sum(1 for t in self.topics if not model.is_system_topic(t)) + planned
+        if users >= limit:
+            raise error(f"topic {name!r} not created: the broker holds max_topics ({limit}) topics; "
+                        "delete unused ones (chronoq topic delete) or raise max_topics")
 
     def remove(self, name: str) -> TopicConfig:
         """Forget topic ``name`` (saved at once); its queues are the store's to drop."""
@@ -158,6 +172,7 @@ class TopicRegistry:
         if not create or model.is_system_topic(name):
             raise errors.TopicNotFound(f"topic {name!r} does not exist"
                                        + ("" if create else " (auto-create is off: create it first)"))
+        self.check_room(name, error=errors.TopicNotFound)
         return self.create(name)
 
     def send_topic(self, name: object, system: bool,
@@ -174,6 +189,7 @@ class TopicRegistry:
                 if planned is None:
                     if not self.config.auto_create_topics or model.is_system_topic(topic_name):
                         self.get(topic_name)  # raises TopicNotFound, worded as usual
+                    self.check_room(topic_name, len(new_topics), errors.TopicNotFound)
                     planned = new_topics[topic_name] = TopicConfig(topic_name, self.config.default_queues)
                 return planned
             cfg = cache[topic_name] = self.get(topic_name)

@@ -44,6 +44,7 @@ class BrokerConfig:
     auto_create_topics: bool = True
     default_queues: int = 4
     max_queues: int = 1024
+    max_topics: int = 10_000  # user topics (clients create them: auto_create_topics)
     dedupe_window_ms: int = 60_000
     dedupe_max_entries: int = 200_000
     checkpoint_interval_ms: int = 1000
@@ -185,6 +186,8 @@ class BrokerConfig:
                                      "negative: no HTTP listener)")
         if self.cq_open_files != 0 and not 16 <= self.cq_open_files <= 1_000_000:
             raise errors.ClientError(f"cq_open_files must be 0 (automatic) or from 16 to 1000000, not {self.cq_open_files}")
+        if not 1 <= self.max_topics <= 10_000_000:
+            raise errors.ClientError(f"max_topics must be from 1 to 10000000, not {self.max_topics}")
         if not 1 <= self.default_queues <= self.max_queues <= 65535:
             raise errors.ClientError("need 1 <= default_queues <= max_queues <= 65535")
         if not 1 <= self.max_body_bytes <= 64 * 1024 * 1024:

@@ -116,6 +116,28 @@ def test_auto_create_makes_the_topic_on_a_valid_send(broker):
     assert broker.read("fresh", r.queue_id, 0).messages[0].body == b"x"
 
 
+def test_user_topics_stop_at_max_topics_and_a_refusal_changes_nothing(tmp_path):
+    with make(tmp_path, max_topics=3) as b:
+        b.create_topic("a")
+        b.send("b", b"x")  # auto-created
+        before = state(b)
+        with pytest.raises(errors.TopicNotFound, match=r"max_topics \(3\)"):
+            b.send_batch([OutgoingMessage("c", b"x"), OutgoingMessage("d", b"x")])  # room for one only
+        assert state(b) == before
+        b.send_batch([OutgoingMessage("c", b"x"), OutgoingMessage("a", b"y")])
+        with pytest.raises(errors.TopicNotFound, match="max_topics"):
+            b.send("d", b"x")
+        with pytest.raises(errors.ClientError, match="max_topics"):
+            b.create_topic("d")
+        b.create_topic("a", 8)  # an existing topic may still grow
+        b.send("b", b"again")
+        assert sorted(t.name for t in b.list_topics()) == ["a", "b", "c"]
+        b.delete_topic("c")  # makes room
+        b.send("d", b"x")
+    with make(tmp_path, max_topics=1) as b:  # a lowered limit keeps what exists
+        assert b.send("a", b"kept").queue_offset >= 0 and "b" in [t.name for t in b.list_topics()]
+
+
 @pytest.mark.parametrize("queue_id", [-1, 2, 99, "0", 1.0])
 def test_invalid_queue_id(broker, queue_id):
     before = state(broker)
