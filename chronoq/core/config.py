@@ -45,6 +45,7 @@ class BrokerConfig:
     default_queues: int = 4
     max_queues: int = 1024
     max_topics: int = 10_000  # user topics (clients create them: auto_create_topics)
+    max_groups: int = 10_000  # consumer groups (clients create them by receiving)
     dedupe_window_ms: int = 60_000
     dedupe_max_entries: int = 200_000
     checkpoint_interval_ms: int = 1000
@@ -188,6 +189,8 @@ class BrokerConfig:
             raise errors.ClientError(f"cq_open_files must be 0 (automatic) or from 16 to 1000000, not {self.cq_open_files}")
         if not 1 <= self.max_topics <= 10_000_000:
             raise errors.ClientError(f"max_topics must be from 1 to 10000000, not {self.max_topics}")
+        if not 1 <= self.max_groups <= 10_000_000:
+            raise errors.ClientError(f"max_groups must be from 1 to 10000000, not {self.max_groups}")
         if not 1 <= self.default_queues <= self.max_queues <= 65535:
             raise errors.ClientError("need 1 <= default_queues <= max_queues <= 65535")
         if not 1 <= self.max_body_bytes <= 64 * 1024 * 1024:

@@ -46,9 +46,12 @@ class GroupConfig:
 class GroupBook:
     """The groups' settings, loaded from and saved to ``groups.json`` at every change."""
 
-    def __init__(self, data_dir: str, retry_delays_ms: tuple[int, ...]) -> None:
+    def __init__(self, data_dir: str, retry_delays_ms: tuple[int, ...], max_groups: int = 10_000) -> None:
         self.data_dir = data_dir
         self.retry_delays_ms = retry_delays_ms
+        # Clients create groups (a receive, a route or settings call of an unknown one): each
+        # costs its POP state and offsets and a rewrite of groups.json, so they are bounded.
+        self.max_groups = max_groups
         self._groups: dict[str, GroupConfig] = {}
         self._load()
 
@@ -79,9 +82,19 @@ class GroupBook:
         cfg = self._groups.get(name)
         if cfg is None:
             validate.group_name(name)
+            self._check_room(name, errors.GroupNotFound)
             cfg = self._groups[name] = self._new(name)
             self._save()
         return cfg
+
+    def peek(self, name: str) -> GroupConfig | None:
+        """The group's settings, None for an unknown group (none is created)."""
+        return self._groups.get(name)
+
+    def _check_room(self, name: str, error: type[errors.ChronoqError]) -> None:
+        if len(self._groups) >= self.max_groups:
+            raise error(f"consumer group {name!r} not created: the broker holds max_groups ({self.max_groups}) "
+                        "groups; delete unused ones (chronoq group delete) or raise max_groups")
 
     def set(self, name: str, *, fifo: bool | None = None, max_attempts: int | None = None) -> GroupConfig:
         """Change a group's settings (durable). Unnamed settings keep their value."""
@@ -92,7 +105,10 @@ class GroupBook:
                                          or not 1 <= max_attempts <= names.MAX_ATTEMPTS_LIMIT):
             raise errors.ClientError(f"max_attempts must be an integer from 1 to {names.MAX_ATTEMPTS_LIMIT}, "
                                      f"not {max_attempts!r}")
-        cfg = self._groups.get(name) or self._new(name)
+        cfg = self._groups.get(name)
+        if cfg is None:
+            self._check_room(name, errors.ClientError)
+            cfg = self._new(name)
         if fifo is not None:
             cfg.fifo = fifo
         if max_attempts is not None:

@@ -153,7 +153,7 @@ class PopService(HandOut):
         self.flush_interval_ms = flush_interval_ms
         self.data_dir = broker.data_dir
         self.pop_dir = os.path.join(self.data_dir, poplog.POP_DIR)
-        self._groups = GroupBook(self.data_dir, self.retry_delays_ms)
+        self._groups = GroupBook(self.data_dir, self.retry_delays_ms, broker.config.max_groups)
         self._turns: dict[tuple[str, str], int] = {}
         self._blocked: set[QueueState] = set()   # retry queues whose head waits out a back-off
         self._topic_names: set[str] = set()      # names validated by ack/change (not created)
@@ -177,6 +177,11 @@ class PopService(HandOut):
     def group(self, name: str) -> GroupConfig:
         """The group's settings; an unknown (valid) group is created with the defaults."""
         return self._groups.get(name)
+
+    def is_fifo(self, name: str) -> bool:
+        """Whether ``name`` is a FIFO group (an unknown one is not, and is not created)."""
+        cfg = self._groups.peek(name)
+        return cfg is not None and cfg.fifo
 
     def set_group(self, name: str, *, fifo: bool | None = None, max_attempts: int | None = None) -> GroupConfig:
         """Change a group's settings (durable). Unnamed settings keep their value."""

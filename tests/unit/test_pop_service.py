@@ -648,3 +648,21 @@ def test_crash_right_after_a_revive_does_not_copy_it_twice(node, logged):
     assert [p.message.message_id for p in again] == [mid]
     assert again[0].delivery_attempt == 2
     assert node.broker.queue_bounds(names.retry_topic(G, T), 0) == (0, 1)
+
+
+def test_groups_stop_at_max_groups_and_an_ack_creates_none(tmp_path):
+    node = Node(str(tmp_path), config={"max_groups": 2}).open()
+    try:
+        send(node, 2)
+        node.pop.receive("g1", T, max_messages=1, invisible_ms=5_000)
+        node.pop.receive("g2", T, max_messages=1, invisible_ms=5_000)
+        with pytest.raises(errors.GroupNotFound, match=r"max_groups \(2\)"):
+            node.pop.receive("g3", T, max_messages=1, invisible_ms=5_000)
+        with pytest.raises(errors.ClientError, match="max_groups"):
+            node.pop.set_group("g3", fifo=True)
+        assert not node.pop.is_fifo("g4")  # an ack's look at a group it does not know creates none
+        assert [g.name for g in node.pop.list_groups()] == ["g1", "g2"]
+        node.pop.set_group("g1", max_attempts=3)  # existing ones still change and receive
+        assert node.pop.receive("g1", T, max_messages=1, invisible_ms=5_000)
+    finally:
+        node.close()

@@ -52,7 +52,7 @@ class AckRpcs:
         handles = list(map(_get_handle, items))
         # One call for the request: the POP bookkeeping after acks runs once, not per entry.
         failures = pop.ack_many(group, topic, handles) if all(handles) else _ack_with_empty(pop, group, topic, handles)
-        if pop.group(group).fifo:
+        if pop.is_fifo(group):  # (an ack never creates a group: its handles name their own)
             self._waker.wake_soon()  # the next message of the FIFO queue may go out now
         if not any(failures):  # all acked (the usual case): no per-entry status to work out
             return True, (ack_response(list(map(_get_message_id, items)), handles) if entries else ack_response((), ()))
