@@ -498,8 +498,8 @@ class Sender:
             if (len(chosen_hashes) > 1 and len(set(chosen_hashes)) != len(chosen_hashes)) \
                     or window.any_present(chosen_hashes):
                 answers, cols, ids, key_hashes = self._deduplicated(cols, ids, chosen, key_hashes, now)
-        for name in new_topics:  # the whole batch is valid: now create the topics it needs
-            self.registry.get(name, create=True)
+        if new_topics:  # the whole batch is valid: now create the topics it needs
+            self.registry.create_planned(new_topics)
         replaced = None
         if batch.properties is not None and has_replace_keys(batch.properties):
             # Replace by key (chronoq.timer.keyed): the timer decides and writes, key by key.

@@ -135,6 +135,18 @@ class TopicRegistry:
         self.save()
         return cfg
 
+    def create_planned(self, names) -> None:
+        """Create the topics a valid batch planned (``send_topic`` with ``new_topics``), with one
+        save for all: a save rewrites the whole table, so a save per topic made a batch of 100 new
+        topics cost 0.6 s on the loop at 6,000 topics (quadratic in the topics created)."""
+        fresh = [name for name in names if name not in self.topics]
+        if not fresh:
+            return
+        self.check_room(fresh[0], len(fresh) - 1, errors.TopicNotFound)
+        for name in fresh:
+            self.topics[name] = TopicConfig(name, self.config.default_queues)
+        self.save()
+
     def check_room(self, name: str, planned: int = 0, error: type[errors.ChronoqError] = errors.ClientError) -> None:
         """Refuse a new user topic past ``max_topics`` (``planned``: new ones a batch makes too).
         Clients create topics (auto-create): each costs its queues' files and state and a metrics

@@ -116,6 +116,17 @@ def test_auto_create_makes_the_topic_on_a_valid_send(broker):
     assert broker.read("fresh", r.queue_id, 0).messages[0].body == b"x"
 
 
+def test_a_batch_to_many_new_topics_creates_them_all_durably(tmp_path):
+    names = [f"new-{i}" for i in range(50)]
+    with make(tmp_path) as b:
+        b.send_batch([OutgoingMessage(n, b"x") for n in names] + [OutgoingMessage(names[0], b"y")])
+    on_disk = fsutil.read_json(os.path.join(str(tmp_path), TOPICS_FILE))
+    assert sorted(t["name"] for t in on_disk["topics"] if t["name"].startswith("new-")) == sorted(names)
+    with make(tmp_path) as b:
+        assert all(b.topic(n).queues == 4 for n in names)
+        assert sum(len(b.read(names[0], q, 0).messages) for q in range(4)) == 2
+
+
 def test_user_topics_stop_at_max_topics_and_a_refusal_changes_nothing(tmp_path):
     with make(tmp_path, max_topics=3) as b:
         b.create_topic("a")
