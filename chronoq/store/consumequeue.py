@@ -95,11 +95,13 @@ class ConsumeQueue:
     def _fd(self, index: int) -> int:
         fd = self._fds.get(index)
         if fd is None:
-            os.makedirs(self.directory, exist_ok=True)
             path = self._path(index)
-            created = not os.path.exists(path)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if created:  # its directory entry is fsynced with the file, by the next checkpoint
+            try:  # (one syscall when it exists: the budget reopens files it closed)
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                os.makedirs(self.directory, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                # its directory entry is fsynced with the file, by the next checkpoint
                 self._dir_unsynced = True
             self._fds[index] = fd
             if self._budget is not None:
