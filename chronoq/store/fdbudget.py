@@ -11,8 +11,11 @@ topics could not even start again (loading a queue opens its first and last file
 closes the oldest (its owner's ``_evict``): the next use of that file opens it again (~10 us).
 Oldest-opened rather than least-recently-used: no bookkeeping on the hit path (every put and
 read), and a reader sweeping old files of many queues only evicts what was opened before it.
-Safe to close at any time on the owner's thread: syncs off the loop go by path
-(``ConsumeQueue.take_dirty``), and ``ConsumeQueue.sync`` opens an evicted dirty file again.
+Safe to close at any time on the thread that uses the queues: syncs off the loop go by path
+(``ConsumeQueue.take_dirty``), and ``ConsumeQueue.sync`` opens an evicted dirty file again. One
+thread at a time uses a store's queues (the event loop; a replica's follower worker), so no other
+thread can hold a descriptor the budget closes; a second thread reading queue files would need a
+lock around the descriptor's use, not only around this bookkeeping.
 
 The default limit leaves most of the process's descriptors to connections and other files:
 a quarter of the soft ``RLIMIT_NOFILE``, between ``LIMIT_MIN`` and ``LIMIT_MAX``.
