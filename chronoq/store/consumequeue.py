@@ -245,6 +245,8 @@ class ConsumeQueue:
 
     def delete_below(self, commit_offset: int) -> int:
         """Delete whole files whose every entry points below ``commit_offset``; return count."""
+        if (self.min_offset // self.per_file + 1) * self.per_file >= self.next_offset:
+            return 0  # one file holds every entry: it is the last, never deleted (no listdir for it)
         removed = 0
         for index in sorted(self._known_indexes()):
             file_end = (index + 1) * self.per_file
