@@ -270,6 +270,8 @@ class GroupCommitter:
         records are idempotent) and nothing is deleted."""
         roll = self.broker.retention_begin()
         clock = self.broker.clock
+        if roll.plan is None:  # (a start line: with the done one, operators and the crash test see the window)
+            log.info("retention rolling forward what the timer still needs from [%d, %d) of the log", roll.lo, roll.cut)
         while (plan := roll.step(clock.monotonic_ns() + int(slice_s * 1e9))) is None:
             await asyncio.sleep(pause_s)
         durable = True
