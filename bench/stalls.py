@@ -18,6 +18,7 @@ during the probe, and the largest lag since its start (the loading included).
     .venv/bin/python bench/stalls.py --due-burst 100000 --due-in-s 30   # a burst falls due, consumed and acked
     .venv/bin/python bench/stalls.py --topics 2000 --groups 200          # many topics and groups in flight
     .venv/bin/python bench/stalls.py --retention                         # segments roll and are deleted
+    .venv/bin/python bench/stalls.py --retention --one-bucket --inflight 0   # ... all timers in one bucket
     .venv/bin/python bench/stalls.py --expire 50000                      # invisible times end: retries, DLQ
 
 The scenarios' loading and consumers are in ``bench/stalls_load.py`` (their options are described there).
@@ -51,6 +52,7 @@ from chronoq.client.client import Client, OutgoingMessage, run  # noqa: E402
 
 LOAD_BATCH = 500
 DAY_MS = 86_400_000
+BUCKET_MS = 60_000  # the default timer_bucket_ms
 
 
 def _free_port() -> int:
@@ -80,14 +82,20 @@ def _keys(keyed: bool, i: int) -> tuple[str, ...]:
 
 
 async def load(client: Client, timers: int, inflight: int, rng: random.Random, seconds: float,
-               keyed: bool = False) -> tuple[int, int]:
+               keyed: bool = False, one_bucket: bool = False) -> tuple[int, int]:
     deadline = time.monotonic() + seconds
     now = int(time.time() * 1000)
+    # Due 10 minutes to a day ahead; ``one_bucket``: all inside one schedule bucket (the default
+    # 60 s width) 11-12 minutes ahead, so one bucket's work is all of it (retention's roll of it).
+    lo, hi = (600_000, DAY_MS)
+    if one_bucket:
+        first = (now + 660_000) // BUCKET_MS * BUCKET_MS - now
+        lo, hi = first, first + BUCKET_MS
     sent = 0
     while sent < timers and time.monotonic() < deadline:
         n = min(LOAD_BATCH, timers - sent)
         await client.send_batch([OutgoingMessage("bench-far", b"x" * 200, keys=_keys(keyed, sent + i),
-                                                 deliver_at_ms=now + rng.randrange(600_000, DAY_MS))
+                                                 deliver_at_ms=now + rng.randrange(lo, hi))
                                  for i in range(n)])
         sent += n
     for first in range(0, inflight, LOAD_BATCH):
@@ -139,6 +147,8 @@ def main() -> None:
     ap.add_argument("--max-sends", type=int, default=100_000, help="the probe's bound in sends")
     ap.add_argument("--scrape-s", type=float, default=1.0, help="pause between two /metrics scrapes")
     ap.add_argument("--spike-ms", type=float, default=20.0, help="a send slower than this counts as a spike")
+    ap.add_argument("--one-bucket", action="store_true",
+                    help="the loaded timers all fall due inside one schedule bucket (11-12 minutes ahead)")
     ap.add_argument("--load-seconds", type=float, default=600.0, help="time bound of the loading")
     ap.add_argument("--keyed", action="store_true",
                     help="every timer carries a message key, and the broker is restarted after the loading: the "
@@ -162,7 +172,8 @@ def main() -> None:
             extra, consumers, due_at_s = {}, [], None
             async with Client(endpoint) as client:
                 if not args.keyed:
-                    timers, held = await load(client, args.timers, args.inflight, rng, args.load_seconds)
+                    timers, held = await load(client, args.timers, args.inflight, rng, args.load_seconds,
+                                               one_bucket=args.one_bucket)
                 deadline = time.monotonic() + args.load_seconds
                 if args.topics:
                     extra["topics"], extra["topics_inflight"] = await scen.load_topics(
@@ -213,7 +224,8 @@ def main() -> None:
                       "p50_ms": round(latencies[n // 2], 2), "p99_ms": round(latencies[int(n * 0.99)], 2),
                       "sends": n, "spikes": len(spikes), "spike_ms": args.spike_ms, "first_spikes_s_ms": spikes[:10],
                       **stalls, "timers_pending": timers, "keyed": args.keyed, "replace": args.replace, "inflight": held,
-                      "retention": args.retention, **extra, "scrapes": scrapes, "scrape_s": args.scrape_s,
+                      "retention": args.retention, "one_bucket": args.one_bucket, **extra,
+                      "scrapes": scrapes, "scrape_s": args.scrape_s,
                       "machine_busy_pct": busy, "python_speed_mips": python_speed()}), flush=True)
 
 
