@@ -272,8 +272,11 @@ class GroupCommitter:
         clock = self.broker.clock
         if roll.plan is None:  # (a start line: with the done one, operators and the crash test see the window)
             log.info("retention rolling forward what the timer still needs from [%d, %d) of the log", roll.lo, roll.cut)
-        while (plan := roll.step(clock.monotonic_ns() + int(slice_s * 1e9))) is None:
-            await asyncio.sleep(pause_s)
+        try:
+            while (plan := roll.step(clock.monotonic_ns() + int(slice_s * 1e9))) is None:
+                await asyncio.sleep(pause_s)
+        finally:  # (cancelled: a bucket's read under way lets go of its watch now)
+            roll.close()
         durable = True
         if plan.ticket:
             try:

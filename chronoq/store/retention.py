@@ -8,11 +8,12 @@ the loop 1.2-1.8 s per retention pass (bench/stalls.py --retention); a 1 GiB seg
 
 A keeper (``Store.add_retention_keeper``) is ``keeper(lo, hi)`` returning an iterator of
 *batches*: lists of ``(offset, record)``, each record to append before ``[lo, hi)`` goes, with the
-offset of the record it keeps. An empty batch is a pause point (a slice of a long scan). Each
+offset of the record it keeps; a record None keeps its offset's segment should the pass fall
+back (below) and writes nothing. An empty batch is a pause point (a slice of a long scan). Each
 batch is written whole in the step that produced it (``Store.write``, page cache): a keeper
 decides what to keep and its batch is appended with nothing in between, so anything that
 happens to those messages afterwards (a delivery, a recall) is written after their keep records
-(``chronoq.timer.roll``: why that order matters).
+(``chronoq.timer.roll``: why that order matters, and how a keeper whose work spans steps keeps it).
 
 ``RetentionRoll.step(deadline_ns)`` pulls and writes batches until the keepers are done (it
 returns the ``RetentionPlan``) or the clock passed ``deadline_ns`` (None: call again). Pure of
@@ -35,7 +36,8 @@ Keeper = Callable[[int, int], Iterable[list]]
 @dataclass(frozen=True)
 class RetentionPlan:
     """What ``Store.retention_plan`` decided: delete the log below ``cut`` once it is durable to
-    ``ticket`` (the keepers' records' end; 0: none written), else below ``fallback``."""
+    ``ticket`` (the log's end once the keepers were done; 0: they wanted nothing kept), else below
+    ``fallback``."""
     cut: int
     ticket: int
     fallback: int
@@ -68,22 +70,34 @@ class RetentionRoll:
             if batch:
                 lowest = min(offset for offset, _p in batch)
                 self.lowest = lowest if self.lowest is None else min(self.lowest, lowest)
-                try:
-                    self.store.write([p for _offset, p in batch])
-                except errors.StorageError as exc:
-                    return self._failed(exc)
-                self.kept += len(batch)
+                records = [p for _offset, p in batch if p is not None]
+                if records:
+                    try:
+                        self.store.write(records)
+                    except errors.StorageError as exc:
+                        return self._failed(exc)
+                    self.kept += len(records)
             if deadline_ns is not None and clock.monotonic_ns() >= deadline_ns:
                 return None
         return self._done()
 
+    def close(self) -> None:
+        """Give up the steps not taken (a pass cancelled midway): the keepers' iterators are
+        closed, so what they hold (a bucket's read and its watch, ``chronoq.timer.roll``) is let go
+        now. What was written stays (idempotent records); nothing is deleted."""
+        if self.plan is None:
+            self._batches.close()
+
     def _done(self) -> RetentionPlan:
-        if not self.kept:
+        if self.lowest is None:  # nothing wanted kept
             self.plan = RetentionPlan(self.cut, 0, self.cut, 0)
-        else:
-            floor = self.store.log.segment_for(self.lowest).base
+            return self.plan
+        floor = self.store.log.segment_for(self.lowest).base
+        if self.kept:
             log.info("retention rolled %d records forward before deleting the log below %d", self.kept, self.cut)
-            self.plan = RetentionPlan(self.cut, self.store.log.written, floor, self.kept)
+        # Durable to the log's end before the range goes: the records written here, and those a
+        # keeper counted on without writing anything (a timer's recall record in flight: ``None``).
+        self.plan = RetentionPlan(self.cut, self.store.log.written, floor, self.kept)
         return self.plan
 
     def _failed(self, exc: errors.StorageError) -> RetentionPlan:

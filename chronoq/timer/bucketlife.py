@@ -21,7 +21,7 @@ import os
 from typing import Callable
 
 from chronoq.core import errors
-from chronoq.timer import schedlog
+from chronoq.timer import roll, schedlog
 from chronoq.timer.buckets import LOADED, UNLOADED, Bucket, WriteBuffer
 from chronoq.timer.schedfiles import BucketReader
 from chronoq.timer.schedlog import CANCELLED, MOVED
@@ -43,7 +43,7 @@ class BucketLife:
     """Mixed into ``TimerService``: uses its ``files``, ``opts``, ``width``, ``wheel``, ``damage``,
     ``buckets`` and the bucket bookkeeping it sets up (``_heap``, ``_in_heap``, ``_loading``,
     ``_readers``, ``_wheel_fill``, ``_loaded``, ``_loaded_horizon``, ``_index``, ``_done``,
-    ``_buffered``, ``_buffered_starts``), the checkpoint's ``_ckpt_pending``/``_ckpt_syncing``,
+    ``_buffered``, ``_buffered_starts``, ``roll_watch``), the checkpoint's ``_ckpt_pending``/``_ckpt_syncing``,
     the metrics' ``_horizon_cache``, and ``_wake``."""
 
     # Deferred schedule-file fsyncs (``attach_files_syncer``): the request, whether one is out,
@@ -83,6 +83,10 @@ class BucketLife:
         (``SendSide._file_tombstone``), so its kept count may follow (``Horizon.count_appended``)."""
         b = self._bucket(start)
         b.append(entry)
+        if self.roll_watch:  # retention's roll is reading buckets in steps (``chronoq.timer.roll``)
+            noted = self.roll_watch.get(start)
+            if noted is not None:
+                roll.note_appended(noted, entry)
         if self._horizon_cache:
             self.count_appended(start, entry, pending_target)
         try:

@@ -62,7 +62,7 @@ class LevelLane(Lane):
 class Deliver:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``wheel``, ``_index``, ``buckets``,
     ``timer_lane``, ``level_lanes``, ``_all_lanes``, ``_awaiting``, ``histogram``, ``on_visible``,
-    the burst settings, ``_in_flight``, ``_now``, ``_durable_upto`` and ``_append``; counts ``lost``
+    the burst settings, ``_in_flight``, ``roll_watch``, ``_now``, ``_durable_upto`` and ``_append``; counts ``lost``
     and ``burst_claims``."""
 
     def _claim_timers(self, now: int) -> None:
@@ -231,6 +231,8 @@ class Deliver:
             if b is not None and b.append_dispatched(blob, idents):
                 self._buffered += len(blob)
                 self._buffered_starts.add(start)
+                if self.roll_watch and start in self.roll_watch:  # (``_append`` notes the others)
+                    self.roll_watch[start].update(idents)
             else:
                 for entry in entries:
                     self._append(start, entry)

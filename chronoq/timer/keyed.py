@@ -20,9 +20,9 @@ pending, the last write wins, and one durable record does it. Crash windows:
 * after: impossible, the old message is in flight from the new record's write on;
 * the new record lost (crash before its fsync): the send was never answered; the old one fires;
 * the new record durable, not absorbed: the replay absorbs it (CANCELLED) before any tick;
-* retention: a rolled record (``roll``) carries the new record's bytes, reference included; a
-  roll of the old one written while it was in flight only re-adds a MESSAGE entry, and the
-  CANCELLED entry wins whatever the order (schedule entries are set facts);
+* retention: a rolled record (``roll``) carries the new record's bytes, reference included; the
+  old one is not rolled while it is in flight (``roll``: a roll record after the new record would
+  outlive it in a later pass and bring the old message back in a rebuild from the log);
 * a schedule-log rebuild replays the log in order: the same entries.
 
 **Cancel by key.** Every pending timer message of a topic carrying a RocketMQ message key gets

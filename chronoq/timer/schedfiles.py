@@ -521,9 +521,13 @@ class BucketReader:
     The file may grow while it is read (buffered entries flushed to it); ``finish`` reads up to
     the end as it is then, so ``finish`` and ``Bucket.begin_load`` (which appends the entries
     still buffered) must run in one step, with no flush in between.
+
+    ``strict``: a bad file header raises ``SchedLogError`` instead of quarantining the file
+    (retention's roll, ``chronoq.timer.roll``: a bucket it cannot read stops its pass, so the
+    commit log keeps what the file may have held).
     """
 
-    def __init__(self, files: ScheduleFiles, start: int):
+    def __init__(self, files: ScheduleFiles, start: int, strict: bool = False):
         self.files = files
         self.start = start
         self.path = files.path(start)
@@ -548,6 +552,8 @@ class BucketReader:
             schedlog.check_header(head, start)
         except schedlog.SchedLogError:  # the one-shot path quarantines the file and reports it
             self.close()
+            if strict:
+                raise
             self.data = bytearray(files.entries(start))
             self.pos = self.size = len(self.data)
             return

@@ -203,6 +203,9 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self._reported_deadline: int | None = None
         # Recall/reschedule records written and not yet absorbed, by target (chronoq.timer.recall).
         self._in_flight = InFlight()
+        # Buckets retention's roll is reading in steps: start -> idents delivered, cancelled or
+        # moved since its read began (``chronoq.timer.roll``; ``_append`` and ``_complete`` note them).
+        self.roll_watch: dict[int, set[int]] = {}
         # The highest ticket a tick returned that is not yet reported (``synced``/``sync_failed``):
         # what waits for it is the committer's work, not a reason to tick again.
         self._asked = 0

@@ -1,6 +1,7 @@
 """Retention's roll-forward in bounded steps (``chronoq.store.retention``, ``chronoq.timer.roll``
 ``keep_batches``, ``GroupCommitter.retention_roll``): a step writes at most one bucket's roll
-records, the loop runs between slices, and the outcome is the one-call retention's."""
+records (a chunk of them for a big bucket: tests/unit/test_retention_bucket_steps.py), the loop
+runs between slices, and the outcome is the one-call retention's."""
 
 from __future__ import annotations
 
