@@ -217,9 +217,11 @@ def broker_lateness(before: dict, after: dict) -> dict:
         return None
 
     top = next((b for b, c in zip(bounds, cum) if c >= total), None)
+    # How many were later than each bound from 5 ms up (the tail the quantiles' buckets hide).
+    over = {f"{float(b) * 1e3:g}": int(total - c) for b, c in zip(bounds, cum) if b != "+Inf" and float(b) >= 0.005}
     return {"count": int(total), "p50_le_ms": upper(0.5) if total else None, "p99_le_ms": upper(0.99) if total else None,
             "max_le_ms": (top if top == "+Inf" else round(float(top) * 1e3, 1)) if total else None,
-            "early": int(after["early"] - before["early"])}
+            "over_ms": over, "early": int(after["early"] - before["early"])}
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "consume":
