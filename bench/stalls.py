@@ -176,7 +176,7 @@ def main() -> None:
                                                one_bucket=args.one_bucket)
                 deadline = time.monotonic() + args.load_seconds
                 if args.topics:
-                    extra["topics"], extra["topics_inflight"] = await scen.load_topics(
+                    extra["topics"], extra["topics_inflight"], extra["topics_load_send_ms"] = await scen.load_topics(
                         client, args.topics, args.groups, args.topics_per_group, deadline)
                     extra["groups"] = args.groups
                 if args.expire:

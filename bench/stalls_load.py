@@ -81,21 +81,26 @@ async def load_due(client: Client, n: int, due_at_ms: int, spread_ms: int, deadl
     return sent
 
 
-async def load_topics(client: Client, topics: int, groups: int, per_group: int, deadline: float) -> tuple[int, int]:
-    """(topics made, messages held in flight): a message in each topic, and each group receives
+async def load_topics(client: Client, topics: int, groups: int, per_group: int,
+                      deadline: float) -> tuple[int, int, list[float]]:
+    """(topics made, messages held in flight, each loading send's latency in ms): a message in
+    each topic (a send of LOAD_BATCH new topics at a time, auto-created), and each group receives
     from ``per_group`` topics (group g from topics g*per_group..., wrapping)."""
+    took = []
     for first in range(0, topics, LOAD_BATCH):
+        t0 = time.perf_counter()
         await client.send_batch([OutgoingMessage(MANY_TOPIC.format(i), b"t" * 100)
                                  for i in range(first, min(topics, first + LOAD_BATCH))])
+        took.append(round((time.perf_counter() - t0) * 1e3, 1))
     held = 0
     for g in range(groups):
         for j in range(per_group):
             if time.monotonic() > deadline:
-                return topics, held
+                return topics, held, took
             topic = MANY_TOPIC.format((g * per_group + j) % topics)
             held += len(await client.receive(MANY_GROUP.format(g), topic, max_messages=4, invisible_s=3600,
                                              wait_s=0))
-    return topics, held
+    return topics, held, took
 
 
 async def load_expire(endpoint: str, client: Client, n: int) -> int:

@@ -498,7 +498,7 @@ class Sender:
             if (len(chosen_hashes) > 1 and len(set(chosen_hashes)) != len(chosen_hashes)) \
                     or window.any_present(chosen_hashes):
                 answers, cols, ids, key_hashes = self._deduplicated(cols, ids, chosen, key_hashes, now)
-        if new_topics:  # the whole batch is valid: now create the topics it needs
+        if new_topics:  # the whole batch is valid: now create the topics it needs (one save)
             self.registry.create_planned(new_topics)
         replaced = None
         if batch.properties is not None and has_replace_keys(batch.properties):

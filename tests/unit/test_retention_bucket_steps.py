@@ -7,7 +7,6 @@ timer's pending set, after retention deleted what it could."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 from timerkit import T0, open_broker
