@@ -46,6 +46,7 @@ class BrokerConfig:
     max_queues: int = 1024
     max_topics: int = 10_000  # user topics (clients create them: auto_create_topics)
     max_groups: int = 10_000  # consumer groups (clients create them by receiving)
+    max_subscriptions: int = 100_000  # group/topic pairs whose reading state the POP service keeps
     dedupe_window_ms: int = 60_000
     dedupe_max_entries: int = 200_000
     checkpoint_interval_ms: int = 1000
@@ -191,6 +192,8 @@ class BrokerConfig:
             raise errors.ClientError(f"max_topics must be from 1 to 10000000, not {self.max_topics}")
         if not 1 <= self.max_groups <= 10_000_000:
             raise errors.ClientError(f"max_groups must be from 1 to 10000000, not {self.max_groups}")
+        if not 1 <= self.max_subscriptions <= 100_000_000:
+            raise errors.ClientError(f"max_subscriptions must be from 1 to 100000000, not {self.max_subscriptions}")
         if not 1 <= self.default_queues <= self.max_queues <= 65535:
             raise errors.ClientError("need 1 <= default_queues <= max_queues <= 65535")
         if not 1 <= self.max_body_bytes <= 64 * 1024 * 1024:

@@ -159,6 +159,7 @@ class Inflight:
         self.buffer_ms = buffer_ms
         self.cks: dict[int, Checkpoint] = {}
         self.queues: dict[tuple[str, str, int], QueueState] = {}
+        self.pairs: dict[tuple[str, str], int] = {}  # (group, topic) -> its queues in ``queues``
         self.dirty: set[QueueState] = set()   # consume offset may have moved
         self._deadlines: list[tuple[int, int]] = []  # (deadline_ms, ck_id), lazy
         self._aging: list[tuple[int, int]] = []      # (log-by ms, ck_id) of unlogged CKs, lazy
@@ -191,7 +192,20 @@ class Inflight:
         key = (qs.group, qs.topic, qs.queue_id)
         assert key not in self.queues
         self.queues[key] = qs
+        pair = (qs.group, qs.topic)
+        self.pairs[pair] = self.pairs.get(pair, 0) + 1
         return qs
+
+    def remove_queue(self, qs: QueueState) -> None:
+        """Forget a queue's state (an operator's ``forget``; nothing of it may be in flight)."""
+        del self.queues[(qs.group, qs.topic, qs.queue_id)]
+        pair = (qs.group, qs.topic)
+        left = self.pairs[pair] - 1
+        if left:
+            self.pairs[pair] = left
+        else:
+            del self.pairs[pair]
+        self.dirty.discard(qs)
 
     # ----------------------------------------------------------------- creating CKs
     def open(self, qs: QueueState, topic: str, offsets: list[int], attempts: list[int], now_ms: int,

@@ -45,9 +45,8 @@ def forget(pop: PopService, group: str | None = None, topics: tuple[str, ...] = 
             if (group is None or qs.group == group) and (not topics or qs.topic in topics)]
     if any(qs.pending for _key, qs in mine):  # expired FIFO CKs not yet handed out again
         raise errors.ClientError("FIFO deliveries wait to be handed out again; try again in a moment")
-    for key, qs in mine:
-        del pop._inflight.queues[key]
-        pop._inflight.dirty.discard(qs)
+    for _key, qs in mine:
+        pop._inflight.remove_queue(qs)
         pop._blocked.discard(qs)
     for key in [k for k in pop._turns if (group is None or k[0] == group) and (not topics or k[1] in topics)]:
         del pop._turns[key]

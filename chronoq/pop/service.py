@@ -154,6 +154,7 @@ class PopService(HandOut):
         self.data_dir = broker.data_dir
         self.pop_dir = os.path.join(self.data_dir, poplog.POP_DIR)
         self._groups = GroupBook(self.data_dir, self.retry_delays_ms, broker.config.max_groups)
+        self.max_subscriptions = broker.config.max_subscriptions  # group/topic pairs tracked (handout.py)
         self._turns: dict[tuple[str, str], int] = {}
         self._blocked: set[QueueState] = set()   # retry queues whose head waits out a back-off
         self._topic_names: set[str] = set()      # names validated by ack/change (not created)
@@ -227,9 +228,10 @@ class PopService(HandOut):
                 return again
         turn = self._turns.get((group, topic), 0)
         self._turns[(group, topic)] = turn + 1
+        rcfg = self.broker.topics.get(names.retry_topic(group, topic))
+        self._check_subscription(group, tcfg.name, rcfg.name if rcfg is not None else None)
         out: list[Popped] = []
         refs: list[tuple[Checkpoint, int]] = []
-        rcfg = self.broker.topics.get(names.retry_topic(group, topic))
         retry_first = rcfg is not None and turn % RETRY_SAMPLE_EVERY == 0
         if retry_first:
             self._pop_topic(gcfg, topic, rcfg, out, refs, max_messages, now, invisible_ms, None, 0, True)
@@ -248,6 +250,17 @@ class PopService(HandOut):
         if self.broker.trace is not None and out:  # chronoq.broker.trace: buffered, no I/O here
             self.broker.trace.delivered(group, out, refs, now)
         return out
+
+    def _check_subscription(self, group: str, *topics: str | None) -> None:
+        """Refuse a receive that would start tracking group/topic pairs past ``max_subscriptions``
+        before it hands anything out (``_queue_state`` refuses the same, as a backstop)."""
+        pairs = self._inflight.pairs
+        new = sum(1 for t in topics if t is not None and (group, t) not in pairs)
+        if new and len(pairs) + new > self.max_subscriptions:
+            raise errors.ClientError(
+                f"group {group!r} reading topic {topics[0]!r} not started: the broker tracks max_subscriptions "
+                f"({self.max_subscriptions}) group/topic pairs; delete unused groups (chronoq group delete) "
+                "or raise max_subscriptions")
 
     def _renew_for(self, refs: list, client_id: str, now: int) -> None:
         until = self.renewals.until(client_id, now)
@@ -469,11 +482,11 @@ class PopService(HandOut):
         """Rebuild the in-flight table from the log; returns the CKs for the new snapshot."""
         inflight = self._inflight
         for (group, topic, qid), offsets in recovered.seen.items():
-            qs = self._queue_state(group, topic, qid)
+            qs = self._queue_state(group, topic, qid, recovered=True)
             qs.skip.update(o for o in offsets if o >= qs.pop_offset)
         out = []
         for rec in recovered.cks.values():
-            qs = self._queue_state(rec.group, rec.popped, rec.queue_id)
+            qs = self._queue_state(rec.group, rec.popped, rec.queue_id, recovered=True)
             out.append(inflight.restore(qs, rec.ck_id, rec.topic, rec.offsets, rec.attempts, rec.pop_ms,
                                         rec.delivered_ms, rec.deadline_ms, rec.bits, rec.fifo))
         return out

@@ -666,3 +666,23 @@ def test_groups_stop_at_max_groups_and_an_ack_creates_none(tmp_path):
         assert node.pop.receive("g1", T, max_messages=1, invisible_ms=5_000)
     finally:
         node.close()
+
+
+def test_group_topic_pairs_stop_at_max_subscriptions_before_anything_is_handed_out(tmp_path):
+    node = Node(str(tmp_path), config={"max_subscriptions": 2}).open()
+    try:
+        for topic in ("t1", "t2"):
+            node.broker.send(topic, b"x")
+        assert node.pop.receive("g1", "t1", max_messages=1, invisible_ms=5_000)
+        assert node.pop.receive("g1", "t2", max_messages=1, invisible_ms=5_000)
+        with pytest.raises(errors.ClientError, match=r"max_subscriptions \(2\)"):
+            node.pop.receive("g2", "t1", max_messages=1, invisible_ms=5_000)
+        assert node.pop.receive("g1", "t1", max_messages=1, invisible_ms=5_000) == []  # a known pair goes on
+        node.config["max_subscriptions"] = 1
+        node.restart(clean=True)  # the POP log's pairs come back whatever the limit
+        assert sorted(node.pop._inflight.pairs) == [("g1", "t1"), ("g1", "t2")]
+        node.advance(6_000)  # both revived: their retry topics now exist
+        with pytest.raises(errors.ClientError, match="max_subscriptions"):
+            node.pop.receive("g1", "t1", max_messages=1, invisible_ms=5_000)  # its retry topic would be a third pair
+    finally:
+        node.close()
