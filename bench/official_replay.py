@@ -36,6 +36,15 @@ Group commits are timed (what one fsync covers varies), so counts move by a few 
 runs (up to 5% in the send phase): quote medians of several runs.
     .venv/bin/python bench/official_replay.py --callgrind --recording /tmp/calls.pickle --functions 40
 
+``--lone`` records issue 24's shape instead (``bench/send_receive.py --phase f``'s producers):
+chronoq's own client (``chronoq.client.client``, its HTTP/2 transport) sending one delayed 1 KiB
+message per call, one call at a time, due an hour on (spread over 10 minutes: a replay within the
+hour takes the timer's path, as the recording did). Its phase is ``lone_send``, and the replay
+feeds each of its calls only once the last one's answer is out, so every send has a group commit
+(and an fsync) of its own, as a lone producer's does.
+    .venv/bin/python bench/official_replay.py --lone --messages 2000 --replays 1 --keep /tmp/lone.pickle
+    .venv/bin/python bench/official_replay.py --callgrind --recording /tmp/lone.pickle
+
 Prints one JSON object per line: {"metric", "value", "unit", ...context}; each replay's figure
 and then the best of them (the least disturbed by the machine) per phase.
 """
@@ -68,6 +77,8 @@ FRAME_HEAD = struct.Struct(">BHBBI")  # length (24 bits as 8 + 16), type, flags,
 HEADERS = 1
 TIME_LIMIT_S = 300                 # recording and each replay stop by themselves after this
 TOPIC, GROUP = "replay-t", "replay-g"
+LONE_DUE_IN_MS = 3_600_000         # --lone: due an hour on at the earliest (none fires in a replay)
+LONE_SPREAD_MS = 600_000           # over 10 minutes, as bench/send_receive.py --phase f spreads them
 
 
 def emit(metric: str, value, unit: str, **ctx) -> None:
@@ -120,7 +131,7 @@ class _Proxy:
         await asyncio.gather(upstream(), downstream(), return_exceptions=True)
 
 
-def record(messages: int) -> list[tuple[int, str, bytes]]:
+def record(messages: int, lone: bool = False) -> list[tuple[int, str, bytes]]:
     from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 
     proxy = _Proxy()
@@ -138,6 +149,11 @@ def record(messages: int) -> list[tuple[int, str, bytes]]:
         for line in proc.stdout:
             if "chronoq is ready" in line:
                 break
+        if lone:
+            _run_loop(_lone_sends(f"127.0.0.1:{proxy.port}", proxy, messages))
+            time.sleep(0.5)
+            proxy.phase = "end"
+            return list(proxy.chunks)
         cfg = ClientConfiguration(f"127.0.0.1:{proxy.port}", Credentials("", ""), request_timeout=10)
         producer = Producer(cfg, (TOPIC,))
         producer.startup()
@@ -175,6 +191,20 @@ def record(messages: int) -> list[tuple[int, str, bytes]]:
     return list(proxy.chunks)
 
 
+async def _lone_sends(endpoint: str, proxy: _Proxy, messages: int) -> None:
+    """``--lone``'s client: one delayed 1 KiB message per call, one call at a time."""
+    from chronoq.client.client import Client, OutgoingMessage
+
+    body = os.urandom(1024)
+    async with Client(endpoint) as client:
+        await client.route(TOPIC)  # (phase "setup": connected, the topic known)
+        proxy.phase = "lone_send"
+        base_ms = int(time.time() * 1000) + LONE_DUE_IN_MS
+        step = LONE_SPREAD_MS / max(messages, 1)
+        for i in range(messages):
+            await client.send_batch([OutgoingMessage(TOPIC, body, deliver_at_ms=base_ms + int(i * step))])
+
+
 # ---------------------------------------------------------------------------------- replaying
 MAX_IN_FLIGHT = 200  # calls in flight per connection: below the server's 250-stream limit
 
@@ -184,9 +214,12 @@ class _Transport:
 
     def __init__(self) -> None:
         self.written = 0
+        self.waiter: asyncio.Future | None = None  # a lone replay's: done at the next write
 
     def write(self, data: bytes) -> None:
         self.written += len(data)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def get_extra_info(self, name: str, default=None):
         return ("127.0.0.1", 40000) if name == "peername" else default
@@ -254,6 +287,7 @@ async def _replay(chunks, port: int, limit: int | None = None) -> dict:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     spent: dict[str, list[float]] = {}  # phase -> [pieces, user s, system s]
     connections: dict[int, h2server.Connection] = {}
+    transports: dict[int, _Transport] = {}
     carry: dict[int, bytes] = {}
     started = time.monotonic()
     try:
@@ -263,7 +297,8 @@ async def _replay(chunks, port: int, limit: int | None = None) -> dict:
             first = index not in connections
             if first:
                 connections[index] = h2server.Connection(front_end.server)
-                connections[index].connection_made(_Transport())
+                transports[index] = _Transport()
+                connections[index].connection_made(transports[index])
                 carry[index] = b""
             pieces, carry[index] = _calls(carry[index] + data, first)
             for piece in pieces:
@@ -271,6 +306,10 @@ async def _replay(chunks, port: int, limit: int | None = None) -> dict:
                 connections[index].data_received(piece)
                 # Two loop passes: the call's task runs, then its answer is flushed. A call that
                 # waits longer (a group commit) finishes during a later call: still counted.
+                if phase.startswith("lone"):  # the next call only once this one's answer is out
+                    while not _settled({index: connections[index]}):
+                        transports[index].waiter = asyncio.get_running_loop().create_future()
+                        await transports[index].waiter
                 await asyncio.sleep(0)
                 await asyncio.sleep(0)
                 after = resource.getrusage(resource.RUSAGE_SELF)
@@ -316,7 +355,7 @@ def _run_loop(coro):
 
 
 # ---------------------------------------------------------------------------------- callgrind
-PHASES = ("send", "receive_ack")
+PHASES = ("send", "receive_ack", "lone_send")
 
 
 def _phase_cuts(chunks) -> dict[str, tuple[int, int]]:
@@ -392,13 +431,15 @@ def main() -> None:
                     help="instructions per call of each phase, under callgrind (module docstring)")
     ap.add_argument("--functions", type=int, default=0, help="with --callgrind: each phase's top K functions")
     ap.add_argument("--callgrind-dir", default=None, help="with --callgrind: keep the callgrind files here")
+    ap.add_argument("--lone", action="store_true",
+                    help="record chronoq's client sending one delayed message per call instead (module docstring)")
     args = ap.parse_args()
     if args.callgrind:
         recording = args.recording
         if recording is None:  # record once, into the kept file or a temporary one
             recording = args.keep or os.path.join(tempfile.mkdtemp(prefix="replay-rec-"), "calls.pickle")
             with open(recording, "wb") as fh:
-                pickle.dump(record(args.messages), fh)
+                pickle.dump(record(args.messages, args.lone), fh)
         run_callgrind(recording, args.functions, args.callgrind_dir)
         return
     speed = python_speed()
@@ -406,18 +447,18 @@ def main() -> None:
         with open(args.recording, "rb") as fh:
             chunks = pickle.load(fh)
     else:
-        chunks = record(args.messages)
+        chunks = record(args.messages, args.lone)
         if args.keep:
             with open(args.keep, "wb") as fh:
                 pickle.dump(chunks, fh)
-    sends = sum(1 for _, phase, _ in chunks if phase == "send")  # (chunks, not calls: context only)
+    sends = sum(1 for _, phase, _ in chunks if phase in ("send", "lone_send"))  # (chunks, not calls: context only)
     best: dict[str, float] = {}
     for run in range(args.replays):
         with socket.socket() as s:  # the front end binds a port even though nothing connects to it
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         result = _run_loop(_replay(chunks, port, args.chunks))
-        for phase in ("send", "receive_ack"):
+        for phase in PHASES:
             pieces, user, system = result["spent"].get(phase, (0, 0.0, 0.0))
             if not pieces:
                 continue
@@ -427,7 +468,7 @@ def main() -> None:
                  user_us=round(user / pieces * 1e6, 1), sys_us=round(system / pieces * 1e6, 1),
                  acked=result["acked"], received=result["received"], replay=run + 1,
                  fsyncs=result["fsyncs"], python_speed_mips=speed, recorded_chunks=sends)
-        if args.chunks is None and (result["acked"] != result["received"] or not result["acked"]):
+        if args.chunks is None and "receive_ack" in result["spent"] and (result["acked"] != result["received"] or not result["acked"]):
             emit("replay_acks_settled", result["acked"], "messages", received=result["received"],
                  note="the recorded acks did not all settle: the replay diverged from the recording")
     for phase, value in best.items():
