@@ -35,6 +35,7 @@ COMPILED_MODULES = (
     "chronoq.protocol.h2.hpackdec",
     "chronoq.protocol.h2.hpackenc",
     "chronoq.protocol.h2.grpcmsg",
+    "chronoq.protocol.h2.flow",
     "chronoq.protocol.rocketmq.fields",
     "chronoq.protocol.rocketmq.send",
     "chronoq.protocol.rocketmq.receive",
@@ -46,6 +47,9 @@ COMPILED_MODULES = (
     "chronoq.timer.schedlog",
     "chronoq.timer.handle",
     "chronoq.client.h2channel",
+    "chronoq.server.h2streams",
+    "chronoq.server.h2server",
+    "chronoq.server.h2calls",
 )
 
 PURE_PYTHON_ENV = "CHRONOQ_PURE_PYTHON"

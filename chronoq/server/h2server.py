@@ -11,7 +11,7 @@ again gets a task. A call costs a few dozen us.
 The server is four modules, each importing only those below it, over a sans-IO protocol package:
 ``chronoq.server.h2grpc`` (``Server``: the part of ``grpc.aio.server`` chronoq uses, listening
 sockets, TLS), ``chronoq.server.h2calls`` (the handler's ``Context`` and how a call runs, the
-eager first step included), this one (one ``Connection``, an ``asyncio.Protocol``, per client:
+eager first step included), this one (one ``Connection``, an asyncio protocol, per client:
 frames in, streams opened and ended, windows granted, the defences) and
 ``chronoq.server.h2streams`` (a call's ``Stream``, and answers out within the peer's windows).
 Frames, SETTINGS, HPACK and gRPC's message framing are ``chronoq.protocol.h2``'s, shared with the
@@ -55,9 +55,10 @@ from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END
                                  MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
                                  PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK, S_ENABLE_PUSH,
                                  S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE,
-                                 S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, ConnectionWindows, Decoder, FrameError,
+                                 S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, ConnectionWindows, FrameError,
                                  HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment, parse_settings,
                                  read_frames, rst_stream_frame, settings_frame, unpad, window_increment)
+from chronoq.protocol.h2.hpackdec import Decoder  # (the module: the compiled build cimports it)
 from chronoq.server.h2limits import IdleWatch, TokenBucket
 from chronoq.server.h2streams import Answers, CallError, Stream, StreamClosed, status_code
 
@@ -74,7 +75,7 @@ READ_AHEAD_MESSAGES = 64          # a streaming call's unread requests before it
 BUFFERED_MAX = 64 << 20           # unary request bytes a connection may hold before its window stops growing
 
 
-class Connection(Answers, ConnectionWindows, asyncio.Protocol):
+class Connection(Answers):
     """One HTTP/2 connection: frame parsing, streams, flow control (answers: ``Answers``), defences."""
 
     def __init__(self, server) -> None:
@@ -185,6 +186,11 @@ class Connection(Answers, ConnectionWindows, asyncio.Protocol):
         self.drop_held()
         if self._resumed is not None:
             self._resumed.set()
+
+    def eof_received(self) -> None:
+        """The peer half-closed: the transport closes (``asyncio.Protocol``'s default, which a
+        compiled Connection, a C type, cannot inherit)."""
+        return None
 
     def data_received(self, data: bytes) -> None:
         # What this read's calls answer (most answer within it, ``_launch_calls``), its SETTINGS

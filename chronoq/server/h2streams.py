@@ -15,8 +15,9 @@ import zlib
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, StreamWindows, UnsupportedEncoding, cut_messages,
-                                 frame, headers_frame, literal_block, trailers)
+from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, frame,
+                                 headers_frame, literal_block, trailers)
+from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows  # (the module: the compiled build cimports them)
 from chronoq.server.callstats import NO_ANSWER, STATUS_ANSWER_PREFIXES, UNKNOWN_METHOD, answer_code
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
@@ -170,8 +171,8 @@ class CallError(Exception):
         self.details = details
 
 
-class Answers:
-    """The connection's output (a mixin of ``h2server.Connection``, which holds the state it uses:
+class Answers(ConnectionWindows):
+    """The connection's output (the base of ``h2server.Connection``, which sets the state it uses:
     ``_out``, ``_out_bytes``, ``_reading``, ``paused``, ``_resumed``, the peer's windows and frame
     size, ``streams`` and ``waiting``)."""
 
@@ -246,7 +247,7 @@ class Answers:
         no longer held. Its blocked list stays as it is: a handler still waiting reads it
         (``Stream.sent``) and learns that the call has ended."""
         if self.waiting.pop(stream.id, None) is not None:
-            self._hold(-sum(len(item) for item in stream.blocked))
+            self._hold(-sum(map(len, stream.blocked)))
 
     def _see_out(self, size: int) -> None:
         """The transport buffers ``size`` bytes the peer has not read (0: it reads again, or is gone)."""

@@ -137,10 +137,10 @@ class Decoder:
     def decode(self, data: bytes) -> list[tuple[str, str]]:
         """The block's fields, in order. The list is also kept for the next block (see the module
         docstring): callers read it and never change it."""
-        if type(data) is not bytes:  # (kept for the next block: never a buffer its owner may change)
-            data = bytes(data)
+        # (kept for the next block: never a buffer its owner may change)
+        block = data if type(data) is bytes else bytes(data)
         fields, static, table = _FIELDS, STATIC, self.table  # (the table list is changed in place only)
-        pos, end = 0, len(data)
+        pos, end = 0, len(block)
         # References to the dynamic table, the only amplifier (a 1-byte reference to a 4 KB entry):
         # while there are at most ref_cap of them, even all of the largest entry fit in max_list.
         max_list = self.max_list
@@ -154,20 +154,20 @@ class Decoder:
             # as the previous block took (a client's blocks repeat the same run), else a binary search.
             view, low, high = self._last_view, 0, len(last_marks)
             guess = self.taken
-            if 0 < guess < high and data.startswith(view[:last_marks[guess - 1] >> _MARK_SHIFT]):
+            if 0 < guess < high and block.startswith(view[:last_marks[guess - 1] >> _MARK_SHIFT]):
                 low = guess
-                if not data.startswith(view[:last_marks[guess] >> _MARK_SHIFT]):
+                if not block.startswith(view[:last_marks[guess] >> _MARK_SHIFT]):
                     high = guess
             while low < high:
                 mid = (low + high + 1) >> 1
-                if data.startswith(view[:last_marks[mid - 1] >> _MARK_SHIFT]):
+                if block.startswith(view[:last_marks[mid - 1] >> _MARK_SHIFT]):
                     low = mid
                 else:
                     high = mid - 1
             taken = low
         if taken:
-            mark = last_marks[taken - 1]
-            pos, dynamic = mark >> _MARK_SHIFT, mark & _MARK_MASK
+            last = last_marks[taken - 1]
+            pos, dynamic = last >> _MARK_SHIFT, last & _MARK_MASK
             out = self._last_fields[:taken]
             marks = last_marks[:taken]
             if dynamic > ref_cap:  # as in the loop below, for the fields taken at once
@@ -182,11 +182,11 @@ class Decoder:
         append, mark = out.append, marks.append
         reusable = True  # until this block changes the table: its fields so far can be taken next time
         while pos < end:
-            b = data[pos]
+            b = block[pos]
             if b & 0x80:  # indexed field
                 index = b & 0x7F
                 if index == 0x7F:
-                    index, pos = _integer(data, pos, 7)
+                    index, pos = _integer(block, pos, 7)
                 else:
                     pos += 1
                 if 0 < index <= STATIC_LEN:
@@ -214,7 +214,7 @@ class Decoder:
                 prefix, indexing = 6, True
                 reusable = False
             elif b & 0x20:  # dynamic table size update
-                new_max, pos = _integer(data, pos, 5)  # (not ``size``: that counts the list)
+                new_max, pos = _integer(block, pos, 5)  # (not ``size``: that counts the list)
                 self._resize(new_max)
                 reusable = False
                 continue
@@ -225,16 +225,16 @@ class Decoder:
             start, limit = pos, (1 << prefix) - 1
             index = b & limit
             if index == limit:
-                index, p = _integer(data, pos, prefix)
+                index, p = _integer(block, pos, prefix)
             else:
                 p = pos + 1
             strings = 1 if index else 2  # the name (unless indexed), then the value
             while strings:  # (not a for over a range: that is an object and an iterator per field)
                 if p >= end:
                     raise HpackError("truncated string")
-                length = data[p] & 0x7F
+                length = block[p] & 0x7F
                 if length == 0x7F:
-                    length, p = _integer(data, p, 7)
+                    length, p = _integer(block, p, 7)
                 else:
                     p += 1
                 p += length
@@ -242,23 +242,23 @@ class Decoder:
             if p > end:
                 raise HpackError("truncated string")
             if index <= STATIC_LEN:
-                key = data[start:p]
+                key = block[start:p]
                 field = fields.get(key)
                 if field is None:
-                    field, _ = self._literal(data, start, prefix)
+                    field, _ = self._literal(block, start, prefix)
                     if len(fields) >= FIELDS_CACHE_MAX:
                         fields.clear()
                     fields[key] = field
             else:  # the name is a dynamic table entry's
-                field, _ = self._literal(data, start, prefix)
+                field, _ = self._literal(block, start, prefix)
                 dynamic += 1
             pos = p
             if indexing:
-                self._add(*field)
+                self._add(field[0], field[1])
             append(field)
             if reusable:
                 mark(pos << _MARK_SHIFT | dynamic)
-        self._last_view = memoryview(data)
+        self._last_view = memoryview(block)
         self._last_marks, self._last_fields, self._last_generation = marks, out, generation
         self.taken = taken
         # The list's size is at most this (see _FIELD_BOUND); count it exactly only past the cap.
