@@ -50,6 +50,7 @@ COMPILED_MODULES = (
     "chronoq.server.h2streams",
     "chronoq.server.h2server",
     "chronoq.server.h2calls",
+    "chronoq.server.callstats",
 )
 
 PURE_PYTHON_ENV = "CHRONOQ_PURE_PYTHON"

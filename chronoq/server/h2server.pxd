@@ -5,6 +5,7 @@
 # name, which is all a protocol is).
 import cython
 
+from chronoq.protocol.h2.frames cimport read_frames
 from chronoq.protocol.h2.hpackdec cimport Decoder
 from chronoq.server.h2streams cimport Answers, Stream
 

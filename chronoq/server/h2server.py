@@ -57,8 +57,10 @@ from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END
                                  S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE,
                                  S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, ConnectionWindows, FrameError,
                                  HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment, parse_settings,
-                                 read_frames, rst_stream_frame, settings_frame, unpad, window_increment)
-from chronoq.protocol.h2.hpackdec import Decoder  # (the module: the compiled build cimports it)
+                                 rst_stream_frame, settings_frame, unpad, window_increment)
+# (from their modules: the compiled build cimports these, h2server.pxd)
+from chronoq.protocol.h2.frames import read_frames
+from chronoq.protocol.h2.hpackdec import Decoder
 from chronoq.server.h2limits import IdleWatch, TokenBucket
 from chronoq.server.h2streams import Answers, CallError, Stream, StreamClosed, status_code
 

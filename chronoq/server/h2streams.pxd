@@ -5,6 +5,8 @@
 import cython
 
 from chronoq.protocol.h2.flow cimport ConnectionWindows, StreamWindows
+from chronoq.protocol.h2.frames cimport frame, headers_frame
+from chronoq.server.callstats cimport CallStats, answer_code
 
 
 cdef class Answers(ConnectionWindows)
@@ -12,7 +14,8 @@ cdef class Answers(ConnectionWindows)
 
 cdef class Stream(StreamWindows):
     cdef public Answers conn
-    cdef public Py_ssize_t id, counted, answer
+    cdef public Py_ssize_t id, counted
+    cdef public object answer
     cdef public bytearray buf
     cdef public object queue, window_open, task, deserializer, serializer, encoding, ready, reset_due
     cdef public bint half_closed, cancelled, ended, headers_sent
@@ -23,9 +26,10 @@ cdef class Stream(StreamWindows):
     @cython.locals(limit=Py_ssize_t)
     cpdef list messages(self)
     cpdef bytes _head(self)
-    @cython.locals(code=Py_ssize_t, conn=Answers)
+    @cython.locals(conn=Answers)
     cpdef bint put_message(self, data) except -1
     cpdef finish(self, Py_ssize_t code, details, metadata=*)
+    @cython.locals(stats=CallStats)
     cpdef count_end(self, Py_ssize_t code)
 
 

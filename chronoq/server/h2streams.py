@@ -15,9 +15,10 @@ import zlib
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, frame,
-                                 headers_frame, literal_block, trailers)
-from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows  # (the module: the compiled build cimports them)
+from chronoq.protocol.h2 import DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, literal_block, trailers
+# (from their modules: the compiled build cimports these, h2streams.pxd)
+from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
+from chronoq.protocol.h2.frames import frame, headers_frame
 from chronoq.server.callstats import NO_ANSWER, STATUS_ANSWER_PREFIXES, UNKNOWN_METHOD, answer_code
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
@@ -158,7 +159,8 @@ class Stream(StreamWindows):
 
     def count_end(self, code: int) -> None:
         """Count the call once, with the status it ended with (chronoq.server.callstats)."""
-        self.conn.server.stats.call_ended(self.method, code, self.conn.loop.time() - self.started, self.answer)
+        stats = self.conn.server.stats
+        stats.call_ended(self.method, code, self.conn.loop.time() - self.started, self.answer)
         self.started = 0.0
 
 
