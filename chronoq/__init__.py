@@ -51,6 +51,7 @@ COMPILED_MODULES = (
     "chronoq.server.h2server",
     "chronoq.server.h2calls",
     "chronoq.server.callstats",
+    "chronoq.broker.sending",
 )
 
 PURE_PYTHON_ENV = "CHRONOQ_PURE_PYTHON"
