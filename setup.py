@@ -19,6 +19,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -45,10 +46,24 @@ def compiled_modules() -> tuple[str, ...]:
 
 def source_digest(path: str) -> str:
     """chronoq.source_digest, repeated (setup.py must not import chronoq): the SHA-256 of a
-    module's .py followed by its .pxd when it has one."""
-    digest = hashlib.sha256(open(path, "rb").read())
-    if os.path.exists(path[:-3] + ".pxd"):
-        digest.update(open(path[:-3] + ".pxd", "rb").read())
+    module's .py and .pxd, then of the .py and .pxd of each chronoq module that .pxd cimports, and
+    so on (a module compiled against another's C types is stale when that one is)."""
+    digest = hashlib.sha256()
+    todo, seen = [path], set()
+    while todo:
+        source = todo.pop(0)
+        if source in seen:
+            continue
+        seen.add(source)
+        for name in (source, source[:-3] + ".pxd"):
+            if not os.path.exists(name):
+                continue
+            text = open(name, "rb").read()
+            digest.update(text)
+            if name.endswith(".pxd"):
+                for module in sorted(set(re.findall(rb"^\s*(?:from\s+(chronoq[\w.]*)\s+)?cimport\b", text, re.M))):
+                    if module:
+                        todo.append(os.path.join(HERE, *module.decode().split(".")) + ".py")
     return digest.hexdigest()
 
 

@@ -64,18 +64,35 @@ BUILT_SOURCES_FILE = "compiled-sources.json"
 
 def source_digest(path: str) -> str:
     """What BUILT_SOURCES_FILE records of a module's source: the SHA-256 of its ``.py`` followed
-    by its ``.pxd`` when it has one (the C types Cython compiled it with; setup.py computes it
-    the same way)."""
+    by its ``.pxd`` when it has one (the C types Cython compiled it with), and then of the ``.py``
+    and ``.pxd`` of each chronoq module that ``.pxd`` cimports, and so on (setup.py computes it
+    the same way). A module compiled against another's C types is stale when that one is: run
+    from source beside it, the C type it expects (``h2server.Connection`` extends
+    ``h2streams.Answers``) would be a Python class, and its import would fail."""
     import hashlib
+    import re
 
     digest = hashlib.sha256()
-    for name in (path, path[:-3] + ".pxd"):
-        try:
-            with open(name, "rb") as fh:
-                digest.update(fh.read())
-        except FileNotFoundError:
-            if name == path:
-                raise
+    root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    todo, seen = [path], set()
+    while todo:
+        source = todo.pop(0)
+        if source in seen:
+            continue
+        seen.add(source)
+        for name in (source, source[:-3] + ".pxd"):
+            try:
+                with open(name, "rb") as fh:
+                    text = fh.read()
+            except FileNotFoundError:
+                if name == path:
+                    raise
+                continue
+            digest.update(text)
+            if name.endswith(".pxd"):
+                for module in sorted(set(re.findall(rb"^\s*(?:from\s+(chronoq[\w.]*)\s+)?cimport\b", text, re.M))):
+                    if module:
+                        todo.append(_os.path.join(root, *module.decode().split(".")) + ".py")
     return digest.hexdigest()
 
 
@@ -108,8 +125,9 @@ class _SourceFirst:
                     return None  # compiled from this very source: the normal finders load it
                 cls.stale.append(fullname)
                 import warnings
-                warnings.warn(f"chronoq: {fullname} changed since it was compiled; running its Python source "
-                              "(slower). Re-run scripts/setup to compile it again.", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"chronoq: {fullname} (or a module it is compiled against) changed since it was "
+                              "compiled; running its Python source (slower). Re-run scripts/setup to compile it "
+                              "again.", RuntimeWarning, stacklevel=2)
             return spec_from_file_location(fullname, source)
         return None
 

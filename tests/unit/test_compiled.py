@@ -100,6 +100,24 @@ def test_a_compiled_module_runs_only_if_built_from_its_source(tmp_path, case):
         _SourceFirst.built, _SourceFirst.stale[:] = built_before, stale_before
 
 
+def test_a_module_is_stale_when_one_it_cimports_changed(tmp_path, monkeypatch):
+    """h2server.pxd cimports h2streams' C types: an edit of h2streams.py must make h2server's
+    compiled build stale too (run from source beside a Python Answers, its import would fail)."""
+    (tmp_path / "dependent.py").write_text("X = 1\n")
+    (tmp_path / "dependent.pxd").write_text("from chronoq.server.h2streams cimport Stream\n")
+    before = chronoq.source_digest(str(tmp_path / "dependent.py"))
+    real_open = open
+
+    def edited(name, *args, **kwargs):  # h2streams.py as if edited since the build
+        fh = real_open(name, *args, **kwargs)
+        if str(name).endswith(os.path.join("server", "h2streams.py")):
+            return __import__("io").BytesIO(fh.read() + b"# edited\n")
+        return fh
+
+    monkeypatch.setattr("builtins.open", edited)
+    assert chronoq.source_digest(str(tmp_path / "dependent.py")) != before
+
+
 @pure_run
 def test_the_install_records_the_sources_it_compiled():
     with open(ROOT / "chronoq" / chronoq.BUILT_SOURCES_FILE) as fh:
