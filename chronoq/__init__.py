@@ -24,12 +24,21 @@ import sys as _sys
 __version__ = "0.1.0"
 
 # The one list of compiled modules: setup.py reads it (without importing chronoq) to build them.
-# A module here is a codec or a core measured to pay (README "The compiled hot path"): compiled
+# A module here is a codec or a core measured to pay (README "The compiled hot path"). Compiled
 # without C types, Cython pays on byte and integer work (varints, frames, HPACK, records) and not
 # on attribute-heavy classes and coroutines, where CPython 3.11's specialising interpreter is as
-# fast (callgrind, bench/h2_path.py: h2/flow.py compiled cost the server 1% more instructions a
-# call, server/h2server.py 2%, the rest of the server's h2 call machinery nothing; with server/
-# messaging/, broker/sending, store/writing and pop/ compiled too, bench/official_replay.py ran slower).
+# fast (callgrind: h2/flow.py compiled that way cost the server 1% more instructions a call,
+# server/h2server.py 2%; with messaging, store/writing and pop/ too it ran slower). With C types
+# (an augmenting .pxd beside the module: cdef classes with typed state, C calls between them) they
+# pay: the HTTP/2 server (flow, h2streams, h2server, h2calls, callstats, with frames, hpackdec
+# and grpcmsg typed) and broker/sending took
+# bench/official_replay.py --lone --callgrind from 562k to 493k instructions a lone delayed send,
+# the official client's receive+ack replay from 47 to 35 us of CPU a call (6 pairs), the HTTP/2
+# path alone (bench/h2_path.py) from 18 to 12 us, an embedded lone send (bench/append.py
+# --policy async --batch 1) from 24 to 19 us. Not the lone durable send of bench/send_receive.py
+# --phase f (8 pairs: no change): there the loop sleeps through each fsync and runs cold after it,
+# and its time follows the code and data it touches, not its instruction count. The same typing
+# of broker/committer saved 1.6% of the lone send's instructions: not worth a cdef class.
 COMPILED_MODULES = (
     "chronoq.protocol.h2.frames",
     "chronoq.protocol.h2.hpackdec",

@@ -15,7 +15,8 @@ import zlib
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.protocol.h2 import DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, literal_block, trailers
+from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages,
+                                 literal_block, trailers)
 # (from their modules: the compiled build cimports these, h2streams.pxd)
 from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
 from chronoq.protocol.h2.frames import frame, headers_frame
