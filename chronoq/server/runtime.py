@@ -503,7 +503,7 @@ def run(config: BrokerConfig) -> None:
     from chronoq.server.logsetup import announce
 
     log.debug(process.keep_freed_memory())  # (this process is the broker's alone, not an in-process Runtime)
-    log.info(process.raise_open_files_limit())  # before the store opens: its file budget reads the limit
+    log.debug(process.raise_open_files_limit())  # before the store opens: its file budget reads the limit
     runtime = Runtime(config, say=announce)  # the start-up story on stdout (logsetup)
     try:
         import uvloop  # optional: a faster event loop when installed
