@@ -19,6 +19,10 @@ from chronoq.core.delay_levels import DelayLevels
 ENV_PREFIX = "CHRONOQ_"
 # A held copy hides everything behind it in its queue until its due time: keep the lead short.
 TIMER_PREWRITE_MAX_MS = 1000
+# The longest lead of a burst (``timer_burst_lead_max_ms``): a restart looks back 15 s by entry
+# time for held copies still in the future (``StoreOptions.hold_window_ms``), and a lead stays
+# 5 s inside that for the wall clock (``chronoq.timer.burstlead.check_hold_window``).
+TIMER_BURST_LEAD_LIMIT_MS = 10_000
 # The dedupe window maps 44 bytes per entry up front (virtual memory; RSS as it fills).
 DEDUPE_MAX_ENTRIES_LIMIT = 50_000_000
 
@@ -76,9 +80,12 @@ class BrokerConfig:
     # Timer copies are written this long before their due time and held hidden until it, so the
     # commit-log fsync is done when they fall due (0: written at the due time, visible after fsync).
     timer_prewrite_ms: int = 50
-    # A burst (timers due faster than 20,000/s over this window) is written this far ahead instead
-    # (0: never; at most TIMER_PREWRITE_MAX_MS; only with timer_prewrite_ms > 0).
+    # A burst (timers due faster than 20,000/s over this window) is written at least this far ahead
+    # instead (0: never; at most TIMER_PREWRITE_MAX_MS; only with timer_prewrite_ms > 0) ...
     timer_burst_lead_ms: int = 1000
+    # ... and up to this far, as long as its copies take to write (chronoq.timer.burstlead; at most
+    # TIMER_BURST_LEAD_LIMIT_MS; equal to timer_burst_lead_ms: a fixed lead).
+    timer_burst_lead_max_ms: int = 10_000
     timer_retry_backoff_ms: int = 100
     timer_retry_backoff_max_ms: int = 10_000
     timer_block_after_failures: int = 3
@@ -327,6 +334,11 @@ class BrokerConfig:
         if not 0 <= self.timer_burst_lead_ms <= TIMER_PREWRITE_MAX_MS:
             raise errors.ClientError(
                 f"timer_burst_lead_ms must be between 0 and {TIMER_PREWRITE_MAX_MS}, not {self.timer_burst_lead_ms}")
+        if not self.timer_burst_lead_ms <= self.timer_burst_lead_max_ms <= TIMER_BURST_LEAD_LIMIT_MS:
+            raise errors.ClientError(
+                f"timer_burst_lead_max_ms must be between timer_burst_lead_ms ({self.timer_burst_lead_ms}) and "
+                f"{TIMER_BURST_LEAD_LIMIT_MS} (the store's 15 s hold window less 5 s), not "
+                f"{self.timer_burst_lead_max_ms}")
         if self.timer_preload_ms < 0 or self.timer_recall_memory_ms < 0:
             raise errors.ClientError("timer_preload_ms and timer_recall_memory_ms may not be negative")
         if self.timer_retry_backoff_max_ms < self.timer_retry_backoff_ms:

@@ -62,8 +62,9 @@ class StoreOptions:
     verify_extra_segments: int = 0
     quarantine: bool = False
     # How far back (by entry time) ``_restore_holds`` looks for held entries on open: a held
-    # record is written at most the timer's prewrite lead (config.TIMER_PREWRITE_MAX_MS) before
-    # its due time; the rest is slack for the wall clock.
+    # record is written at most the timer's longest lead (a burst's, config.TIMER_BURST_LEAD_LIMIT_MS,
+    # 10 s) before its due time; the rest is slack for the wall clock. The timer refuses a longer
+    # lead than this allows (``chronoq.timer.burstlead.check_hold_window``).
     hold_window_ms: int = 15_000
     # Consume-queue files open at once, all queues together (``fdbudget``); None: a quarter of
     # the process's soft RLIMIT_NOFILE, 64 to 8,192.

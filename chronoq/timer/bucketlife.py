@@ -114,12 +114,15 @@ class BucketLife:
 
     def _to_wheel(self, b: Bucket, entries) -> None:
         wake = False
+        n = 0
         for ident, due in entries:
             self.wheel.add(ident, due)
             self._index[ident] = b
+            n += 1
             if self._reported_deadline is None or due < self._reported_deadline:
                 wake = True
-        if wake:
+        self._added_since_deadline += n
+        if wake or self._lead_grew():
             self._wake()
 
     def _load_step(self, now: int) -> None:

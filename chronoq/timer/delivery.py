@@ -2,11 +2,12 @@
 the durable ones (DISPATCHED entries, level offsets), count them visible, release held copies
 (``Deliver``, a part of ``TimerService``, and ``LevelLane``, the lane of one delay level).
 
-One delivery, in order: *claimed* (timer messages from the wheel ``prewrite_ms`` ahead, as held
-copies; level messages from their queue once due) -> *written* (``_write_group``: one
-``store.write`` for every lane) -> durable (the committer's fsync for the tick's ticket, handed
-to ``TimerService.synced``) -> *completed* (``_complete``, in lane order) ->
-*visible* (at once, or when ``_release`` passes its hold), counted in the lateness histogram.
+One delivery, in order: *claimed* (timer messages from the wheel ``prewrite_ms`` ahead, in a burst
+its lead (``chronoq.timer.burstlead``), as held copies; level messages from their queue once due)
+-> *written* (``_write_group``: one ``store.write`` for every lane) -> durable (the committer's
+fsync for the tick's ticket, handed to ``TimerService.synced``) -> *completed* (``_complete``, in
+lane order) -> *visible* (at once, or when ``_release`` passes its hold), counted in the lateness
+histogram.
 
 A mixin, like ``chronoq.timer.absorb``: the lanes, the wheel's index and the buckets a claim and
 a completion change are the same objects the rest of the timer reads.
@@ -21,6 +22,8 @@ from chronoq.core import errors
 from chronoq.core.delay_levels import DELAY_TOPIC, DelayLevels
 from chronoq.store import record
 from chronoq.timer import copies, schedlog
+from chronoq.timer.burstlead import Counts
+from chronoq.timer.keyed import parked_copy
 from chronoq.timer.lanes import WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
 from chronoq.timer.schedlog import DISPATCHED
@@ -35,10 +38,6 @@ CLAIM_PER_TICK = 2000  # timer messages claimed (and their copies written) per t
 # (bench/stalls.py --due-burst 100000); the rest is counted by the next calls, each with the time
 # its copies became visible, so lateness stays exact.
 RELEASE_COUNT_MAX = 5000
-# A window of ``burst_lead_ms`` holding timers due faster than this (per second) is a burst and is
-# written ahead by the burst lead (``_lead``): four times the 5,000/s the lateness target is set at,
-# so steady traffic keeps the short lead.
-BURST_DUE_PER_S = 20_000
 
 
 class LevelLane(Lane):
@@ -62,8 +61,8 @@ class LevelLane(Lane):
 class Deliver:
     """Mixed into ``TimerService``: uses its ``store``, ``opts``, ``wheel``, ``_index``, ``buckets``,
     ``timer_lane``, ``level_lanes``, ``_all_lanes``, ``_awaiting``, ``histogram``, ``on_visible``,
-    the burst settings, ``_in_flight``, ``roll_watch``, ``_now``, ``_durable_upto`` and ``_append``; counts ``lost``
-    and ``burst_claims``."""
+    ``lead_policy``, ``_lead_memo``, ``_in_flight``, ``roll_watch``, ``_now``, ``_durable_upto`` and
+    ``_append``; counts ``lost``, ``burst_claims``, ``burst_lead_last_ms``, ``burst_lead_top_ms``."""
 
     def _claim_timers(self, now: int) -> None:
         lane = self.timer_lane
@@ -78,6 +77,11 @@ class Deliver:
             return
         if lead != self.opts.prewrite_ms:
             self.burst_claims += 1
+            self.burst_lead_last_ms = lead
+            self.burst_lead_top_ms = max(self.burst_lead_top_ms, lead)
+        # No copy is written further ahead of its due time than the longest lead: the store's
+        # restart looks back only so far for held records (``burstlead.check_hold_window``).
+        assert lead <= self.lead_policy.longest_ms
         horizon = now + lead
         # The burst path (200k due at once): locals, one call per step.
         index_pop, claim, copy_of, ref_key = self._index.pop, lane.claim, copies.delivered_copy, copies.PROP_TIMER_REF
@@ -96,15 +100,25 @@ class Deliver:
             claim((start, ident), due, copy_of(b.claim(ident), ref_key, f"{start}.{ident}", held if due > now else 0))
 
     def _lead(self, first_due: int) -> tuple[int, int]:
-        """(how far ahead of now copies are claimed, how close the earliest must be to start),
-        for a wheel whose earliest deadline is ``first_due``: ``prewrite_ms`` and half of it, or
-        in a burst (at least ``burst_due_min`` due within the burst lead of ``first_due``) the
-        burst lead for both. Measured from the earliest deadline, not from now, so the tick that
-        a deadline of ``first_due - ahead`` brings finds the same answer and claims."""
-        burst = self._burst_lead_ms
-        if burst and self.wheel.count_due_by(first_due + burst) >= self.burst_due_min:
-            return burst, burst
-        return self.opts.prewrite_ms, self._claim_ahead_ms
+        """(how far ahead of now copies are claimed, how close the earliest must be to start)
+        for the wheel as it is, whose earliest deadline is ``first_due``: ``prewrite_ms`` and half
+        of it, or in a burst the lead ``chronoq.timer.burstlead`` computes from the wheel's
+        counts by deadline, for both. Measured from the earliest deadline, not from now, so the
+        tick that a deadline of ``first_due - ahead`` brings finds the same answer and claims.
+        Remembered until the wheel changes (a tick and ``next_deadline_ms`` ask several times)."""
+        policy = self.lead_policy
+        if not policy.bursts:
+            return policy.prewrite_ms, policy.prewrite_ms // 2
+        changes = self.wheel.changes
+        memo = self._lead_memo
+        if memo[0] == changes and memo[1] == first_due and memo[2] is policy:
+            return memo[3]
+        fine_end, coarse_start, coarse_end = Counts.spans(first_due, policy.lead_min_ms, policy.lead_max_ms)
+        wheel = self.wheel
+        lead = policy.lead(Counts(first_due, wheel.due_per_block(first_due, fine_end),
+                                  wheel.due_per_block(coarse_start, coarse_end, coarse=True)))
+        self._lead_memo = (changes, first_due, policy, lead)
+        return lead
 
     def _claim_level(self, lane: LevelLane, now: int) -> None:
         if self._level_idle(lane):
@@ -263,7 +277,9 @@ class Deliver:
             if waiting is None and d.queue_offset < queues[key].visible_next:
                 record_lateness(visible_ms - d.due_ms)
                 seen.append(d)
-            elif waiting is None:
+                continue
+            d.prepared = parked_copy(p)  # (parked until its release, up to a burst's lead: slimmed)
+            if waiting is None:
                 awaiting[key] = deque((d,))
             else:
                 waiting.append(d)

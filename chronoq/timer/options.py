@@ -23,6 +23,7 @@ class TimerOptions:
     recall_memory_ms: int
     prewrite_ms: int = 0
     burst_lead_ms: int = 0
+    burst_lead_max_ms: int = 0
 
     @classmethod
     def from_config(cls, cfg) -> "TimerOptions":

@@ -3,8 +3,8 @@
 Pieces: ``core.delay_levels`` (level table), ``wheel`` (timing wheel), ``schedlog`` (bucket file
 format), ``buckets`` (a bucket's in-memory state), ``lanes`` (bounded delivery queues with retry
 and blocking), ``copies`` (records the timer writes), ``handle`` (recall handles),
-``deliverytime`` (delivery-time validation), ``stats`` (lateness histogram), ``options``
-(``TimerOptions``). The shell's jobs, one module each, all parts of ``TimerService`` (every
+``deliverytime`` (delivery-time validation), ``stats`` (lateness histogram), ``burstlead``
+(how far ahead copies are claimed), ``options`` (``TimerOptions``). The shell's jobs, one module each, all parts of ``TimerService`` (every
 method is called from the broker's one thread):
 
 =================  ==============================================================================
@@ -69,6 +69,7 @@ visible by the next tick even across a crash, so that answer never has to be tak
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections import deque
@@ -82,7 +83,8 @@ from chronoq.timer.bucketlife import BucketLife
 from chronoq.timer.buckets import Bucket
 from chronoq.timer.checkpoint import Checkpoints
 from chronoq.timer.deadline import Deadline
-from chronoq.timer.delivery import BURST_DUE_PER_S, Deliver, LevelLane
+from chronoq.timer.burstlead import LeadPolicy, check_hold_window
+from chronoq.timer.delivery import Deliver, LevelLane
 from chronoq.timer.horizon import Horizon
 from chronoq.timer.keyed import Keyed
 from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
@@ -173,16 +175,20 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self.cursor = 0
         self._last_checkpoint_ms = 0
         self.histogram = LatenessHistogram()
-        # Claiming starts once the earliest timer is this close to due and then takes everything
-        # due within ``prewrite_ms``: copies go out in groups of about half the lead (fewer
-        # writes, fsyncs and ticks), each at least half the lead before its due time.
-        self._claim_ahead_ms = options.prewrite_ms // 2
-        # A burst (``BURST_DUE_PER_S``) is claimed from ``burst_lead_ms`` ahead: writing 200k copies
-        # takes seconds of CPU, and starting a second early makes them visible a second sooner.
-        # Only with holds (prewrite_ms > 0): a copy written early must stay hidden until due.
-        self._burst_lead_ms = options.burst_lead_ms if 0 < options.prewrite_ms < options.burst_lead_ms else 0
-        self.burst_due_min = max(1, BURST_DUE_PER_S * self._burst_lead_ms // 1000)
+        # How far ahead copies are claimed (``chronoq.timer.burstlead``): ``prewrite_ms``, claims
+        # starting half of it ahead (copies go out in groups of about half the lead: fewer writes,
+        # fsyncs and ticks, each at least half the lead before its due time); in a burst from
+        # ``burst_lead_ms`` up to ``burst_lead_max_ms``, growing with how many are due (200k
+        # copies take seconds of CPU: started that much earlier, they are visible on time).
+        self.lead_policy = LeadPolicy.of(options.prewrite_ms, options.burst_lead_ms, options.burst_lead_max_ms)
+        # A copy is written at most ``longest_ms`` before its due time: the store's restart must
+        # find it held (it looks back ``hold_window_ms`` by entry time).
+        check_hold_window(self.lead_policy.longest_ms, store.options.hold_window_ms)
+        self._lead_memo: tuple = (-1, 0, None, (0, 0))  # (wheel.changes, first due, policy, lead): ``_lead``
         self.burst_claims = 0  # claims made with the burst lead (stats)
+        self.burst_lead_last_ms = 0  # the lead of the latest burst claim, and the longest one (stats)
+        self.burst_lead_top_ms = 0
+        self._added_since_deadline = 0  # entries put into the wheel since ``next_deadline_ms`` (``_to_wheel``)
         # Completed deliveries (durable) whose copy is still hidden behind a hold in its queue, per
         # queue in offset order: counted visible (lateness, trace) when the store releases them.
         self._awaiting: dict[tuple[str, int], deque[Delivery]] = {}
@@ -217,6 +223,15 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         # No checkpoint here: what the replay absorbed is written out incrementally by the first
         # ``maintenance`` calls (the journal's records stay the rollback points until then), so a
         # restart costs the replay, not thousands of file writes.
+
+    @property
+    def burst_due_min(self) -> int:
+        """Timers due within ``burst_lead_ms`` of the earliest that make a burst (tests scale it down)."""
+        return self.lead_policy.due_min
+
+    @burst_due_min.setter
+    def burst_due_min(self, n: int) -> None:
+        self.lead_policy = dataclasses.replace(self.lead_policy, due_min=n)
 
     # ================================================================= ticking and its effects
     def _now(self, now_ms: int | None = None) -> int:

@@ -10,15 +10,17 @@ that are due):
   ``close``, its timer buffers are lost, and a new broker opens the same directory);
 * recall and reschedule answer exactly what the model predicts: CANCELLED before the due
   instant, ALREADY_DELIVERED from it on, NOT_FOUND for a handle a reschedule replaced. Within
-  ``timer_prewrite_ms`` before a timer message's due time either of the first two may come (its
-  held copy may already be written), and whichever came is then kept: a message recalled there is
-  never visible, one answered ALREADY_DELIVERED is visible once at its due time.
+  ``timer_prewrite_ms`` (in a burst, up to the longest burst lead) before a timer message's due
+  time either of the first two may come (its held copy may already be written), and whichever
+  came is then kept: a message recalled there is never visible, one answered ALREADY_DELIVERED
+  is visible once at its due time.
 
 Replay a failure with the seed Hypothesis prints (``@reproduce_failure`` / ``--hypothesis-seed``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections import Counter
@@ -43,7 +45,9 @@ STEPS = st.sampled_from([0, 1, 999, 1_000, 4_000, 59_999, 60_000, 3_600_000, DAY
 class TimerMachine(RuleBasedStateMachine):
     prewrite_ms = PREWRITE_MS
     burst_lead_ms = 0
+    burst_lead_max_ms = 0
     burst_due_min: int | None = None  # set: the burst threshold, scaled down to these few messages
+    copy_rate_per_s: int | None = None  # set: the copy rate a lead assumes, scaled down likewise
 
     def __init__(self, broker=None):
         """``broker``: drive that one (its clock a ``FakeClock``) as a part of a bigger machine
@@ -68,9 +72,12 @@ class TimerMachine(RuleBasedStateMachine):
     def _open_at(cls, path, clock, **cfg):
         b = open_broker(path, clock, timer_delay_levels=LEVELS, timer_pending_max=4,
                         timer_load_batch=16, timer_checkpoint_interval_ms=20_000, timer_prewrite_ms=cls.prewrite_ms,
-                        timer_burst_lead_ms=cls.burst_lead_ms, **cfg)
+                        timer_burst_lead_ms=cls.burst_lead_ms,
+                        timer_burst_lead_max_ms=max(cls.burst_lead_ms, cls.burst_lead_max_ms), **cfg)
         if cls.burst_due_min is not None:
             b.timer.burst_due_min = cls.burst_due_min
+        if cls.copy_rate_per_s is not None:
+            b.timer.lead_policy = dataclasses.replace(b.timer.lead_policy, rate_per_s=cls.copy_rate_per_s)
         return b
 
     def teardown(self):
@@ -116,7 +123,8 @@ class TimerMachine(RuleBasedStateMachine):
             return "cancelled"
         if now >= m["due"]:
             return "already_delivered"
-        if m.get("timer") and now >= m["due"] - max(self.prewrite_ms, self.burst_lead_ms):
+        lead = max(self.prewrite_ms, self.burst_lead_ms, self.burst_lead_max_ms)
+        if m.get("timer") and now >= m["due"] - lead:
             return "pending_or_delivered"  # its held copy may be written already
         return "pending"
 
@@ -214,3 +222,19 @@ class TimerBurstMachine(TimerMachine):
 
 TimerBurstMachine.TestCase.settings = TimerMachine.TestCase.settings
 TestTimerBurstMachine = TimerBurstMachine.TestCase
+
+
+class TimerLongBurstMachine(TimerMachine):
+    """The same with a lead that grows with the crowd (``timer_burst_lead_max_ms``): at one copy a
+    second assumed, a message alone is claimed 1.25 s ahead, a few due together seconds ahead, up
+    to 5 s."""
+
+    prewrite_ms = 100
+    burst_lead_ms = 1_000
+    burst_lead_max_ms = 5_000
+    burst_due_min = 2
+    copy_rate_per_s = 1
+
+
+TimerLongBurstMachine.TestCase.settings = TimerMachine.TestCase.settings
+TestTimerLongBurstMachine = TimerLongBurstMachine.TestCase

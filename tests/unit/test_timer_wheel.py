@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from chronoq.timer.wheel import TimingWheel
+from chronoq.timer.wheel import COARSE_MS, COARSE_SHIFT, FINE_MS, FINE_SHIFT, TimingWheel
 
 
 def test_rejects_slots_that_are_not_a_power_of_two():
@@ -124,6 +124,11 @@ def _against_reference(w: TimingWheel, rng: random.Random, steps: int, deadline_
                 assert ref.pop(k) == d
         assert len(w) == len(ref)
         assert w.next_deadline() == (min(ref.values()) if ref else None)
+    for shift, blocks in ((FINE_SHIFT, w._fine), (COARSE_SHIFT, w._coarse)):
+        want: dict[int, int] = {}
+        for d in ref.values():
+            want[d >> shift] = want.get(d >> shift, 0) + 1
+        assert blocks == want  # the counts by deadline follow every add, remove and expiry
 
 
 def test_matches_a_sorted_reference_under_random_operations():
@@ -153,26 +158,29 @@ def test_next_deadline_after_expire_near_and_far(slot_ms, slots, spread_ms, seed
         assert w.next_deadline() == (min(ref.values()) if ref else None)
 
 
-def test_count_due_by_bounds_the_entries_due_from_above_by_slot():
+def test_due_per_block_counts_by_deadline_not_by_slot():
+    """Exact counts per block of deadline (FINE_MS and COARSE_MS): an entry a whole rotation later
+    shares a slot with a near one but not its block (a slot's size counted it: a steady 5,000/s
+    looked like 10,000/s)."""
     w = TimingWheel(slot_ms=10, slots=64)  # one rotation: 640 ms
-    assert w.count_due_by(10_000) == 0
+    assert w.due_per_block(0, 1_000) == [0] * (1_000 // FINE_MS + 1)
+    assert w.due_per_block(0, 1_000, coarse=True) == [0] * (1_000 // COARSE_MS + 1)
     for k, d in enumerate([1_000, 1_003, 1_009, 1_015, 1_200]):
         w.add(k, d)
-    assert w.count_due_by(999) == 0
-    assert w.count_due_by(1_000) == 3  # the whole first slot (1_000..1_009): an upper bound
-    assert w.count_due_by(1_015) == 4
-    assert w.count_due_by(1_199) == 4
-    assert w.count_due_by(1_200) == 5
-    w.add(9, 1_005 + 640)  # a rotation later, in the first slot: counted (the bound is loose)
-    assert w.count_due_by(1_010) == 5
-    assert w.count_due_by(1_000 + 640 * 2) == len(w) == 6  # past a rotation: everything
-    rng = random.Random(7)
-    w = TimingWheel(slot_ms=16, slots=256)
-    dues = [rng.randrange(0, 3_000) for _ in range(500)]
-    for k, d in enumerate(dues):
-        w.add(k, d)
-    for until in range(0, 5_000, 37):  # never below the exact count
-        assert w.count_due_by(until) >= sum(1 for d in dues if d <= until)
+    w.add(9, 1_005 + 640)  # a rotation later, in the first slot
+    fine = w.due_per_block(1_000, 1_000 + 640)
+    assert len(fine) == (1_640 >> FINE_SHIFT) - (1_000 >> FINE_SHIFT) + 1
+    assert fine[0] == 2 and fine[1] == 2 and fine[(1_200 >> FINE_SHIFT) - (1_000 >> FINE_SHIFT)] == 1  # 992.., 1008..
+    assert fine[-1] == 1 and sum(fine) == 6
+    coarse = w.due_per_block(1_000, 1_000 + 640, coarse=True)  # 896.., 1024.., ..
+    assert coarse[0] == 4 and coarse[(1_200 >> COARSE_SHIFT) - (1_000 >> COARSE_SHIFT)] == 1 and sum(coarse) == 6
+    assert sum(w.due_per_block(1_000, 1_500)) == 5 == sum(w.due_per_block(1_000, 1_500, coarse=True))
+    w.add(9, 1_001)  # moved (same key, same slot): its old blocks forget it
+    assert w.due_per_block(1_000, 1_000) == [3] and w.due_per_block(1_000, 1_000, coarse=True) == [5]
+    assert w.remove(3, 1_015) and w.due_per_block(1_000, 1_000, coarse=True) == [4]
+    assert len(w.expire(1_009, 10)) == 4  # what is left: 1_200 alone
+    assert w.due_per_block(0, 2_000) == [1 if b == 1_200 >> FINE_SHIFT else 0 for b in range(2_000 // FINE_MS + 1)]
+    assert w._coarse == {1_200 >> COARSE_SHIFT: 1}
 
 
 class _CountingDict(dict):
