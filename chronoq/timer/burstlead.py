@@ -8,8 +8,9 @@ a fixed second: each copy costs the broker ~9 us of CPU (``copies.delivered_copy
 write ~4 us) plus its share of the fsyncs and of the loop's other work. Measured on the 2-core
 development machine beside another busy process (``bench/stalls.py --due-burst 300000 --due-in-s
 30 --timers 0 --inflight 0``): with a fixed 1 s lead, 300,000 copies took ~3 s to write (~100,000
-a second: the lane writes 2,000, waits for their fsync, writes the next 2,000), and 94,000-150,000
-of them were visible more than 1 s late (six runs).
+a second: the lane writes 2,000, waits for their fsync, writes the next 2,000), and 56,000-150,000
+of them were visible more than 1 s late (eight runs of main; 94,000-118,000 in three with the tail
+rule below); with this lead (7.75 s), none later than 5 ms (eight runs).
 
 Method: claiming copies in due order at ``rate`` copies a second from time ``s`` writes the
 first ``C(t)`` of them (those due by ``t``) by ``s + C(t) / rate``; each must be written by its
