@@ -11,6 +11,7 @@ up to the lead before its due time, and keeps that promise across a crash.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from timerkit import T0, TOPIC, crash, open_broker, visible
@@ -216,4 +217,27 @@ def test_a_big_crowd_with_the_default_settings_is_on_disk_before_and_readable_ex
     clock.advance(1)
     _tick_and_sync(b)
     assert _readable(b) == n
+    b.close()
+
+
+def test_a_crowd_arriving_near_its_due_time_wakes_the_timer_once_its_lead_grows(tmp_path, clock):
+    """A crowd sent into the near window (its bucket loaded) grows the lead while the runtime
+    sleeps until the deadline reported before it: the timer wakes it (every LEAD_RECHECK_ADDS
+    entries), so the claim starts at the new, earlier time."""
+    from chronoq.timer.deadline import LEAD_RECHECK_ADDS
+
+    b = _open(tmp_path, clock)
+    b.create_topic(TOPIC, 4)
+    due = T0 + 20_000
+    b.send(TOPIC, b"first", deliver_at_ms=due)
+    _settle(b)
+    assert b.timer_next_deadline_ms() == due - PREWRITE // 2  # one copy: the short lead
+    woken = []
+    b.timer.add_wakeup_listener(lambda: woken.append(b.timer.wheel.changes))
+    b.send_batch([OutgoingMessage(TOPIC, b"c", deliver_at_ms=due, queue_id=i % 4)
+                  for i in range(LEAD_RECHECK_ADDS - 1)])
+    assert woken == []  # (not looked at yet)
+    b.send_batch([OutgoingMessage(TOPIC, b"c", deliver_at_ms=due, queue_id=0)])
+    assert len(woken) == 1  # LEAD_RECHECK_ADDS entries: 257 due at once need 1.285 s of copies
+    assert b.timer_next_deadline_ms() == due - (math.ceil((LEAD_RECHECK_ADDS + 1) * 1000 / RATE) + MARGIN_MS)
     b.close()
