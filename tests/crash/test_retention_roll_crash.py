@@ -55,7 +55,7 @@ from chronoq.core.config import BrokerConfig
 from chronoq.store import record
 from chronoq.timer import copies, roll
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import State, _lane
+from tests.integration.test_committer_crash import State, _lane, tally
 from tests.integration.test_rebuild_from_log import _delete_derived
 
 SEED = int(os.environ.get("CHRONOQ_RETENTION_ROLL_CRASH_SEED", "20261128"))
@@ -167,11 +167,7 @@ def _send_soon(state: RollState, seq):
 def _consume_soon(state: RollState):
     async def step(client: Client) -> None:
         got = await client.receive(GROUP, SOON_TOPIC, max_messages=32, invisible_s=5, wait_s=0.5)
-        got_ms = int(time.time() * 1000)
-        for m in got:
-            state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
-            if m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms:
-                state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
+        tally(state, got, int(time.time() * 1000))
         if got:
             try:
                 await client.ack(GROUP, SOON_TOPIC, got)

@@ -44,6 +44,7 @@ from chronoq.client.client import Client, ClientError, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.store.consumequeue import ENTRY
 from tests.integration.conftest import ChronoqProcess
+from tests.integration.test_committer_crash import tally
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_BURST_CRASH_SEED", "20261128"))
 CROWD = int(os.environ.get("CHRONOQ_TIMER_BURST_CRASH_CROWD", "200000"))
@@ -106,11 +107,7 @@ async def consume(state: State) -> None:
             client = Client(state.proc.endpoint, request_timeout_s=5)
         try:
             got = await client.receive(GROUP, TOPIC, max_messages=RECEIVE_BATCH, invisible_s=INVISIBLE_S, wait_s=1)
-            got_ms = int(time.time() * 1000)
-            for m in got:
-                state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
-                if m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms:
-                    state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
+            tally(state, got, int(time.time() * 1000))
             if got:
                 await client.ack(GROUP, TOPIC, got)
         except ClientError:  # refused (a handle from before a kill): go on

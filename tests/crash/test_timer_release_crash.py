@@ -28,7 +28,7 @@ import pytest
 
 from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import State, _lane, kill_9_repeatedly  # (lanes reconnect)
+from tests.integration.test_committer_crash import State, _lane, kill_9_repeatedly, tally  # (lanes reconnect)
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_SEED", "20261126"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_RELEASE_CRASH_KILLS", "3"))
@@ -61,11 +61,7 @@ def _send(state: State, seq):
 def _consume(state: State):
     async def step(client: Client) -> None:
         got = await client.receive(GROUP, TOPIC, max_messages=32, invisible_s=5, wait_s=0.5)
-        got_ms = int(time.time() * 1000)
-        for m in got:
-            state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
-            if m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms:
-                state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
+        tally(state, got, int(time.time() * 1000))
         if got:
             try:
                 await client.ack(GROUP, TOPIC, got)

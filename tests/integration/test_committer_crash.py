@@ -94,6 +94,15 @@ class State:
         return self.proc.endpoint
 
 
+def tally(state, got, got_ms: int) -> None:
+    """Count each delivery in ``state.received``; note in ``state.early`` one seen before its due
+    time (stored before it, or received before it by this machine's clock, the broker's)."""
+    for m in got:
+        state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
+        if m.deliver_at_ms and (m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms):
+            state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
+
+
 async def stop_sending_and_drain(state, senders) -> None:
     """Stop the senders, then wait (bounded: the last due time + DRAIN_TIMEOUT_S) until every
     acknowledged message has been received."""
@@ -239,11 +248,7 @@ async def _transactions(state: State, seq) -> None:
 def _consume(state: State, group: str, topic: str):
     async def step(client: Client) -> None:
         got = await client.receive(group, topic, max_messages=32, invisible_s=INVISIBLE_S, wait_s=0.5)
-        got_ms = int(time.time() * 1000)
-        for m in got:
-            state.received[m.message_id] = state.received.get(m.message_id, 0) + 1
-            if m.deliver_at_ms and (m.store_ms < m.deliver_at_ms or got_ms < m.deliver_at_ms):
-                state.early.append((m.message_id, m.store_ms, m.deliver_at_ms, got_ms))
+        tally(state, got, int(time.time() * 1000))
         if got:
             try:
                 await client.ack(group, topic, got)
