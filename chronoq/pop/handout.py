@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chronoq.broker.broker import PROP_MESSAGE_GROUP
-from chronoq.core import errors, model
+from chronoq.core import model
 from chronoq.core.model import Message
 from chronoq.pop import copies, reading
 from chronoq.pop import handle as handles
@@ -113,12 +113,8 @@ class HandOut:
         group/topic pair past ``max_subscriptions`` is refused, unless the POP log names it)."""
         qs = self._inflight.queues.get((group, topic, qid))
         if qs is None:
-            pairs = self._inflight.pairs
-            if not recovered and len(pairs) >= self.max_subscriptions and (group, topic) not in pairs:
-                raise errors.ClientError(
-                    f"group {group!r} reading topic {topic!r} not started: the broker tracks max_subscriptions "
-                    f"({self.max_subscriptions}) group/topic pairs; delete unused groups (chronoq group delete) "
-                    "or raise max_subscriptions")
+            if not recovered:
+                self._check_subscription(group, topic)
             committed = self.broker.get_offset(group, topic, qid)
             lo, hi = self.broker.queue_bounds(topic, qid)
             if committed is None:  # a new group starts at the oldest retained message
