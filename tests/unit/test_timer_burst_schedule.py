@@ -66,6 +66,22 @@ def _readable(b) -> int:
     return sum(b.store.bounds(TOPIC, q)[1] for q in range(4))
 
 
+def _claims(b, clock, due: int, bound: int) -> list[tuple[int, int]]:
+    """Tick at every timer deadline before ``due`` (at most ``bound`` ticks): (lead before due,
+    copies newly held) per tick, each tick's copies durable and nothing readable yet."""
+    out = []
+    for _ in range(bound):
+        deadline = b.timer_next_deadline_ms()
+        if deadline >= due:
+            break
+        clock.advance(deadline - clock.wall_ms())
+        before = _held(b)
+        _tick_and_sync(b)
+        out.append((due - clock.wall_ms(), _held(b) - before))
+        assert _readable(b) == 0 and b.store.log.synced == b.store.log.written  # on disk, hidden
+    return out
+
+
 def _send_crowd(b, n: int, due: int) -> list:
     b.create_topic(TOPIC, 4)
     return b.send_batch([OutgoingMessage(TOPIC, b"c%d" % i, keys=[f"k{i}"], deliver_at_ms=due, queue_id=i % 4)
@@ -80,16 +96,7 @@ def test_a_crowd_is_claimed_from_its_copies_time_ahead_paced_at_the_rate(tmp_pat
     due = T0 + 10_000
     _send_crowd(b, 600, due)
     _settle(b)  # (loads the bucket into the wheel)
-    schedule = []
-    for _ in range(20):  # bounded: 6 claims expected
-        deadline = b.timer_next_deadline_ms()
-        if deadline >= due:
-            break
-        clock.advance(deadline - clock.wall_ms())
-        before = _held(b)
-        _tick_and_sync(b)
-        schedule.append((due - clock.wall_ms(), _held(b) - before))
-        assert _readable(b) == 0 and b.store.log.synced == b.store.log.written  # on disk, hidden
+    schedule = _claims(b, clock, due, 20)  # 6 claims expected
     lead = 600 * 1000 // RATE + MARGIN_MS
     assert schedule == [(lead, 100), (lead - 500, 100), (lead - 1_000, 100), (lead - 1_500, 100),
                         (lead - 2_000, 100), (MIN, 100)]
@@ -198,17 +205,7 @@ def test_a_big_crowd_with_the_default_settings_is_on_disk_before_and_readable_ex
         b.send_batch([OutgoingMessage(TOPIC, b"b", deliver_at_ms=due, queue_id=i % 4)
                       for i in range(first, first + 10_000)])
     _settle(b, ticks=500)  # (loaded 1,000 entries a tick)
-    starts = []
-    for _ in range(200):  # bounded: 50 claims expected
-        deadline = b.timer_next_deadline_ms()
-        if deadline >= due:
-            break
-        clock.advance(deadline - clock.wall_ms())
-        before = _held(b)
-        _tick_and_sync(b)
-        if _held(b) > before:
-            starts.append(due - clock.wall_ms())
-        assert _readable(b) == 0 and b.store.log.synced == b.store.log.written
+    starts = [lead for lead, held in _claims(b, clock, due, 200) if held]  # 50 claims expected
     assert _held(b) == n and len(starts) == n // 2_000
     assert starts[0] == n * 1000 // 40_000 + MARGIN_MS and starts[1] == starts[0] - 50 and starts[-1] == 1_000
     clock.advance(due - 1 - clock.wall_ms())
