@@ -17,13 +17,17 @@ then falls back to the full ``min``; a ``remove`` of the minimum always takes th
 A heap of slot minima would save it at the price of stale entries.
 
 A crowded slot (a burst: 100,000 messages due at one instant share one slot) gets a *run*: its
-entries sorted once, latest first, so each ``expire`` takes its ``limit`` earliest from the run's
-end and the slot's new minimum is the run's last live entry: O(limit) a call, not O(slot). Without
-it every call collected and sorted the whole slot to take 2,000 (the delivery lane's room): 50 calls
-of 20-60 ms each for 100,000 due at once (bench/stalls.py --due-burst 100000). A run stays valid
-until something is added to its slot (then it is dropped: built again when needed); an entry
-removed meanwhile is skipped where it is met (the run holds (deadline, key), checked against the
-slot).
+keys grouped by deadline once, the deadlines sorted latest first, so each ``expire`` takes its
+``limit`` earliest from the run's end and the slot's new minimum is the run's last live entry:
+O(limit) a call, not O(slot). Without it every call collected and sorted the whole slot to take
+2,000 (the delivery lane's room): 50 calls of 20-60 ms each for 100,000 due at once
+(bench/stalls.py --due-burst 100000). Grouped, not sorted: a burst's slot holds a handful of
+distinct deadlines, so the run costs one dict step per entry (300,000 entries: sorting them as
+(deadline, key) pairs held the loop 80-190 ms, grouping them ~17 ms). Keys due at the same
+millisecond leave in the order they were added (the schedule log's order), from a run or not:
+``expire`` sorts what it found by deadline alone, a stable sort. A run
+stays valid until something is added to its slot (then it is dropped: built again when needed);
+an entry removed meanwhile is skipped where it is met (checked against the slot).
 
 Keys are ints (the caller's entry identity); ``remove`` takes the deadline too, so the wheel needs
 no key -> deadline map of its own (memory is per near-window entry, so it is kept small).
@@ -41,6 +45,8 @@ entry; ``expire`` one per block it empties from, its entries coming sorted).
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 INF = float("inf")
 NEAR_SLOTS = 64  # expire looks this many slots ahead for the next deadline before a full min()
 RUN_MIN = 1024  # a slot with more entries than this is expired from a sorted run (see above)
@@ -48,6 +54,7 @@ FINE_SHIFT = 4  # ``due_per_block`` counts entries by deadline >> FINE_SHIFT ...
 FINE_MS = 1 << FINE_SHIFT
 COARSE_SHIFT = 7  # ... and by deadline >> COARSE_SHIFT (see above)
 COARSE_MS = 1 << COARSE_SHIFT
+_deadline = itemgetter(0)
 
 
 class TimingWheel:
@@ -65,8 +72,9 @@ class TimingWheel:
         self._slot_min: list[float] = [INF] * slots
         self._lowest: float = INF
         self._count = 0
-        # Slot i -> its entries as (deadline, key), sorted latest first (crowded slots only).
-        self._runs: dict[int, list[tuple[int, int]]] = {}
+        # Slot i -> its run (crowded slots only): (its deadlines, latest first; deadline -> its keys,
+        # last added first), both consumed from the end.
+        self._runs: dict[int, tuple[list[int], dict[int, list[int]]]] = {}
         # deadline >> FINE_SHIFT (COARSE_SHIFT) -> entries due in that block (non-empty blocks only).
         self._fine: dict[int, int] = {}
         self._coarse: dict[int, int] = {}
@@ -142,7 +150,8 @@ class TimingWheel:
                 del blocks[blk]
 
     def expire(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
-        """Remove and return up to ``limit`` entries due at or before ``now_ms``, earliest first.
+        """Remove and return up to ``limit`` entries due at or before ``now_ms``, earliest first
+        (entries due at the same instant in the order they were added).
 
         Ensures: every returned deadline <= now_ms; no entry left in the wheel is due before the
         last one returned (the ``limit`` earliest are taken); ``len`` drops by what is returned.
@@ -168,7 +177,7 @@ class TimingWheel:
                 found.extend((d, k, i) for k, d in bucket.items() if d <= now_ms)
             if one_rotation and len(found) >= limit:
                 break
-        found.sort()
+        found.sort(key=_deadline)  # (stable: keys due at the same instant stay in the order added)
         del found[limit:]
         touched = set()
         buckets = self._buckets
@@ -213,18 +222,24 @@ class TimingWheel:
     def _take_from_run(self, i: int, bucket: dict[int, int], now_ms: int, limit: int,
                        found: list[tuple[int, int, int]]) -> None:
         """Append to ``found`` the (at most ``limit``) earliest entries of slot ``i`` due by
-        ``now_ms``, from its run (sorted once, when first needed)."""
+        ``now_ms``, from its run (made once, when first needed)."""
         run = self._runs.get(i)
         if run is None:
-            run = self._runs[i] = sorted(((d, k) for k, d in bucket.items()), reverse=True)
-        taken, j = 0, len(run) - 1
+            run = self._runs[i] = _run(bucket)
+        dues, keys_by_due = run
+        taken, j = 0, len(dues) - 1
         while j >= 0 and taken < limit:
-            d, k = run[j]
+            d = dues[j]
             if d > now_ms:
                 break
-            if bucket.get(k) == d:  # (else removed since the run was made)
-                found.append((d, k, i))
-                taken += 1
+            keys = keys_by_due[d]
+            m = len(keys) - 1
+            while m >= 0 and taken < limit:
+                k = keys[m]
+                if bucket.get(k) == d:  # (else removed since the run was made)
+                    found.append((d, k, i))
+                    taken += 1
+                m -= 1
             j -= 1
 
     def _reslot(self, i: int) -> None:
@@ -238,13 +253,36 @@ class TimingWheel:
         if run is None:
             self._slot_min[i] = min(bucket.values())
             return
-        while run and bucket.get(run[-1][1]) != run[-1][0]:  # drop what left the slot
-            run.pop()
-        assert run, "a run holds every entry of its slot"
-        self._slot_min[i] = run[-1][0]
+        dues, keys_by_due = run
+        while dues:  # drop what left the slot
+            d = dues[-1]
+            keys = keys_by_due[d]
+            while keys and bucket.get(keys[-1]) != d:
+                keys.pop()
+            if keys:
+                break
+            del keys_by_due[d]
+            dues.pop()
+        assert dues, "a run holds every entry of its slot"
+        self._slot_min[i] = dues[-1]
 
     def items(self):
         """Every (key, deadline), in no particular order (for tests and stats)."""
         for bucket in self._buckets:
             if bucket:
                 yield from bucket.items()
+
+
+def _run(bucket: dict[int, int]) -> tuple[list[int], dict[int, list[int]]]:
+    """A crowded slot's run (see the module's docstring): its keys grouped by deadline, each group
+    last added first, and the deadlines latest first."""
+    keys_by_due: dict[int, list[int]] = {}
+    for k, d in bucket.items():
+        keys = keys_by_due.get(d)
+        if keys is None:
+            keys_by_due[d] = [k]
+        else:
+            keys.append(k)
+    for keys in keys_by_due.values():
+        keys.reverse()
+    return sorted(keys_by_due, reverse=True), keys_by_due

@@ -224,6 +224,28 @@ def test_a_burst_in_one_slot_is_expired_a_limit_at_a_time_without_walking_the_sl
     assert wheel_mod.RUN_MIN < limit
 
 
+def test_a_crowded_slot_hands_out_keys_due_at_one_instant_in_the_order_they_were_added():
+    """A run groups a slot's keys by deadline (no sort of the entries): within one deadline the
+    keys leave in the order they were added (the schedule log's), across calls; an entry removed
+    after the run was made is skipped, and one added makes a new run."""
+    w = TimingWheel(slot_ms=16, slots=64)
+    due, limit = 1_000, 300
+    keys = random.Random(3).sample(range(10**9), 3_000)  # (not in key order)
+    for k in keys:
+        w.add(k, due)
+    w.add(7, due - 1)
+    first = w.expire(due, limit)
+    assert first == [(7, due - 1)] + [(k, due) for k in keys[:limit - 1]]
+    assert w.remove(keys[limit], due)  # (inside the run, not taken yet)
+    w.add(11, due)  # (the run is made again: 11 is the last added)
+    order = [k for k in keys[limit - 1:] if k != keys[limit]] + [11]  # what is left, in the order added
+    while got := w.expire(due, limit):  # (from a run, then from the plain slot once under RUN_MIN)
+        assert got == [(k, due) for k in order[:limit]]
+        del order[:limit]
+    assert order == []
+    assert len(w) == 0
+
+
 def test_matches_a_sorted_reference_with_crowded_slots(monkeypatch):
     """The reference test with runs in play (RUN_MIN small): adds into a slot with a run, removes
     of entries in a run, expiry across runs and plain slots."""
