@@ -68,6 +68,9 @@ class BrokerConfig:
     txn_check_after_ms: int = 6_000
     txn_check_interval_ms: int = 10_000
     txn_max_checks: int = 15
+    # Pending (unresolved) half messages held at once; more: TOO_MANY_REQUESTS. Each costs 280-310
+    # bytes of memory and a look in every check pass (chronoq.features.transactions).
+    max_pending_transactions: int = 200_000
     # Delayed delivery (chronoq.timer; docs/timers.md).
     timer_delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     timer_max_delay_ms: int = 730 * 86_400_000  # two years
@@ -199,6 +202,9 @@ class BrokerConfig:
             raise errors.ClientError(f"max_topics must be from 1 to 10000000, not {self.max_topics}")
         if not 1 <= self.max_groups <= 10_000_000:
             raise errors.ClientError(f"max_groups must be from 1 to 10000000, not {self.max_groups}")
+        if not 1 <= self.max_pending_transactions <= 10_000_000:
+            raise errors.ClientError(f"max_pending_transactions must be from 1 to 10000000, "
+                                     f"not {self.max_pending_transactions}")
         if not 1 <= self.max_subscriptions <= 100_000_000:
             raise errors.ClientError(f"max_subscriptions must be from 1 to 100000000, not {self.max_subscriptions}")
         if not 1 <= self.default_queues <= self.max_queues <= 65535:

@@ -14,6 +14,13 @@ lose a committed message. Unresolved halves are checked with a producer of their
 ``txn_check_after_ms``, then every ``txn_check_interval_ms``, and rolled back after
 ``txn_max_checks`` checks.
 
+Each pending half costs memory (a ``Half`` and its ``pending`` slot: 280-310 bytes measured with
+tracemalloc, docs/security.md) and time in every check pass, so at most
+``max_pending_transactions`` are admitted: a new half past it is refused (``TooManyRequests``)
+before anything is written; halves being written count too (``_admitted``), so concurrent sends
+cannot overshoot. Halves restored from the log at start are all kept whatever the limit (durable
+state is never dropped), and ending a transaction is never refused: it is what frees room.
+
 State file ``transactions.json`` (``fsutil.write_json``): ``{"half_floor": n, "op_read": m}``:
 every half below ``half_floor`` is resolved, and ``op_read`` is the first op written after the
 half at ``half_floor`` (an op follows its half in the log, so every op that resolves a half at
@@ -27,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -60,6 +68,8 @@ class Transactions:
         self.check_after_ms = cfg.txn_check_after_ms
         self.check_interval_ms = cfg.txn_check_interval_ms
         self.max_checks = cfg.txn_max_checks
+        self.max_pending = cfg.max_pending_transactions
+        self._admitted = 0  # halves admitted by half_messages whose write has not been accounted
         broker.create_topic(HALF_TOPIC, 1, system=True)
         broker.create_topic(OP_TOPIC, 1, system=True)
         self.pending: dict[int, Half] = {}
@@ -83,6 +93,10 @@ class Transactions:
             if msg.queue_offset not in resolved:
                 self._track(msg)
         self._half_next = self.broker.queue_bounds(HALF_TOPIC, 0)[1]
+        if len(self.pending) >= self.max_pending:
+            log.warning("%d pending transactions restored, max_pending_transactions is %d: all are kept, "
+                        "new transactional sends are refused until commits, rollbacks or checks bring "
+                        "them below it", len(self.pending), self.max_pending)
 
     def _read_all(self, topic: str, start: int):
         offset = max(start, self.broker.queue_bounds(topic, 0)[0])
@@ -94,8 +108,9 @@ class Transactions:
             offset = batch.next_offset
 
     def _track(self, msg: Message) -> None:
+        # (intern: a restored half would otherwise hold its own copy of its topic's name, ~55 bytes)
         self.pending[msg.queue_offset] = Half(
-            msg.queue_offset, msg.properties.get(PROP_REAL_TOPIC, ""), msg.message_id, msg.stored_ms,
+            msg.queue_offset, sys.intern(msg.properties.get(PROP_REAL_TOPIC, "")), msg.message_id, msg.stored_ms,
             next_check_ms=msg.stored_ms + self.check_after_ms)
 
     def checkpoint(self) -> None:
@@ -137,7 +152,33 @@ class Transactions:
 
     # ----------------------------------------------------------------- API
     def half_message(self, msg: OutgoingMessage) -> OutgoingMessage:
-        """The system-topic record that stands for ``msg`` until it is resolved."""
+        """``half_messages`` of one message."""
+        return self.half_messages([msg])[0]
+
+    def half_messages(self, msgs: list[OutgoingMessage]) -> list[OutgoingMessage]:
+        """The system-topic records that stand for ``msgs`` until they are resolved, admitted as
+        a whole or refused as a whole (``TooManyRequests``: ``max_pending_transactions`` would be
+        passed). Ensures: the caller then writes them and calls ``accepted`` (written) or
+        ``abandoned`` (not written), so the admission is accounted exactly once."""
+        halves = [self._half(msg) for msg in msgs]  # every message valid before any is admitted
+        held = len(self.pending) + self._admitted
+        if held + len(halves) > self.max_pending:
+            raise errors.TooManyRequests(
+                f"{held} transactions are pending (neither committed nor rolled back), the limit is "
+                f"max_pending_transactions ({self.max_pending}); end some (commit or rollback) and "
+                "send again later, or raise max_pending_transactions")
+        self._admitted += len(halves)
+        return halves
+
+    def abandoned(self, halves: list[OutgoingMessage]) -> None:
+        """Halves admitted by ``half_messages`` that were not written (the write failed)."""
+        self._settle(halves)
+
+    def _settle(self, halves: list[OutgoingMessage]) -> None:
+        self._admitted -= len(halves)
+        assert self._admitted >= 0, f"more halves settled than admitted ({self._admitted})"
+
+    def _half(self, msg: OutgoingMessage) -> OutgoingMessage:
         # Validates the real topic; a new one is only planned (the commit's copy creates it), so
         # a half refused for another field creates nothing.
         topic = self.broker._send_topic(msg.topic, False, {})
@@ -152,7 +193,8 @@ class Transactions:
                                message_id=msg.message_id, born_ms=msg.born_ms)
 
     def accepted(self, results: list[SendResult], halves: list[OutgoingMessage]) -> list[str]:
-        """Register durable half messages; return their transaction ids."""
+        """Register durable half messages (admitted by ``half_messages``); return their transaction ids."""
+        self._settle(halves)  # the admission ends: from here they count in ``pending``
         ids = []
         now = self.broker.clock.wall_ms()
         for result, half in zip(results, halves):

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 
+import grpc
+import pytest
 from rocketmq import Producer, TransactionChecker, TransactionResolution
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as sv
+from rocketmq.grpc_protocol import service_pb2_grpc
+from rocketmq.v5.exception import TooManyRequestsException
 
 from .conftest import wait_until
+from .test_metrics import scrape, value
 from .test_official_python_client import config, make_message, receive_all, simple_consumer, unique
 
 
@@ -67,3 +75,67 @@ def test_unresolved_transaction_is_checked_with_the_producer(chronoq_process):
             consumer.ack(got[0])
     finally:
         p.shutdown()
+
+
+PENDING_LIMIT = 50
+NO_CHECKS = "txn_check_after_ms = 600000\n"  # every half stays pending for the whole test
+
+
+def _pending(proc) -> float:
+    return value(scrape(proc.http_url), "chronoq_transaction_halves_pending")
+
+
+def test_pending_transactions_stop_at_the_limit_and_all_survive_a_kill_9(chronoq_process, monkeypatch):
+    monkeypatch.setenv("CHRONOQ_MAX_PENDING_TRANSACTIONS", str(PENDING_LIMIT))
+    proc = chronoq_process(NO_CHECKS)
+    topic, group = unique("txn-limit"), unique("txn-limit-g")
+    p = _producer(proc.endpoint, topic, Checker(TransactionResolution.ROLLBACK))
+    sent = []  # (message id, transaction id) of every accepted half
+    try:
+        refused = None
+        for i in range(PENDING_LIMIT + 10):  # bounded: the limit, then a few more
+            tx = p.begin_transaction()
+            try:
+                receipt = p.send(make_message(topic, b"t%d" % i), tx)
+            except TooManyRequestsException as exc:
+                refused = exc
+                break
+            sent.append((tx, receipt))
+        assert len(sent) == PENDING_LIMIT and refused is not None
+        assert refused.code == pb.TOO_MANY_REQUESTS
+        assert "max_pending_transactions (50)" in str(refused), str(refused)
+        sent[0][0].commit()  # ending one works at the limit and makes room for one
+        tx = p.begin_transaction()
+        sent.append((tx, p.send(make_message(topic, b"after a commit"), tx)))
+        with pytest.raises(TooManyRequestsException, match="max_pending_transactions"):
+            p.send(make_message(topic, b"full again"), p.begin_transaction())
+    finally:
+        p.shutdown()
+    pending = [(r.message_id, r.transaction_id) for _, r in sent[1:]]
+    assert _pending(proc) == PENDING_LIMIT
+    proc.proc.send_signal(signal.SIGKILL)
+    proc.proc.wait(10)
+
+    # Restart with a lower limit: every pending half is restored all the same; only new ones wait.
+    monkeypatch.setenv("CHRONOQ_MAX_PENDING_TRANSACTIONS", "20")
+    proc = chronoq_process(NO_CHECKS)
+    assert _pending(proc) == PENDING_LIMIT
+    assert "50 pending transactions restored, max_pending_transactions is 20" in proc.output()
+    p = _producer(proc.endpoint, topic, Checker(TransactionResolution.ROLLBACK))
+    try:
+        with pytest.raises(TooManyRequestsException, match=r"max_pending_transactions \(20\)"):
+            p.send(make_message(topic, b"over the lowered limit"), p.begin_transaction())
+    finally:
+        p.shutdown()
+    with grpc.insecure_channel(proc.endpoint) as channel:  # each restored half ends, as itself
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        for message_id, txid in pending:
+            end = stub.EndTransaction(sv.EndTransactionRequest(
+                topic=pb.Resource(name=topic), message_id=message_id, transaction_id=txid,
+                resolution=pb.COMMIT), timeout=30)
+            assert end.status.code == pb.OK, end.status
+    assert _pending(proc) == 0
+    with simple_consumer(proc.endpoint, group, topic) as consumer:
+        got = receive_all(consumer, PENDING_LIMIT + 1, timeout_s=30)
+        expected = {b"t%d" % i for i in range(PENDING_LIMIT)} | {b"after a commit"}
+        assert sorted(m.body for m in got) == sorted(expected)

@@ -112,3 +112,64 @@ def test_due_checks_of_a_slice_skip_halves_resolved_since_the_snapshot(tmp_path)
     assert [h.offset for h, _ in txns.due_checks(clock.wall_ms(), halves[3:])[0]] == [h.offset for h in halves[3:]]
     assert txns.due_checks(clock.wall_ms()) == ([], [])  # all checked: next at the interval
     broker.close()
+
+
+def test_pending_halves_stop_at_max_pending_transactions_and_ending_one_makes_room(tmp_path):
+    cfg = BrokerConfig(data_dir=str(tmp_path), max_pending_transactions=3)
+    broker = Broker(cfg)
+    txns = Transactions(broker)
+    sent = [_send_half(broker, txns, b"p%d" % i) for i in range(3)]
+    written = broker.queue_bounds(HALF_TOPIC, 0)[1]
+    with pytest.raises(errors.TooManyRequests, match=r"max_pending_transactions \(3\)"):
+        txns.half_message(OutgoingMessage("orders", b"one too many"))
+    assert broker.queue_bounds(HALF_TOPIC, 0)[1] == written  # refused before anything is written
+    result, txid = sent[0]
+    txns.end("orders", result.message_id, txid, commit=True)  # ending one is never refused
+    _send_half(broker, txns, b"after a commit")
+    assert len(txns.pending) == 3
+    broker.close()
+
+
+def test_a_batch_of_halves_is_admitted_whole_or_refused_whole(tmp_path):
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path), max_pending_transactions=4))
+    txns = Transactions(broker)
+    _send_half(broker, txns)
+    with pytest.raises(errors.TooManyRequests, match="max_pending_transactions"):
+        txns.half_messages([OutgoingMessage("orders", b"b%d" % i) for i in range(4)])
+    halves = txns.half_messages([OutgoingMessage("orders", b"b%d" % i) for i in range(3)])
+    txns.accepted(broker.send_batch(halves, system=True), halves)
+    assert len(txns.pending) == 4
+    broker.close()
+
+
+def test_halves_being_written_count_and_a_failed_write_gives_its_room_back(tmp_path):
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path), max_pending_transactions=2))
+    txns = Transactions(broker)
+    first = txns.half_message(OutgoingMessage("orders", b"in flight"))
+    second = txns.half_message(OutgoingMessage("orders", b"in flight too"))
+    with pytest.raises(errors.TooManyRequests):  # two admitted, neither written yet: no room
+        txns.half_message(OutgoingMessage("orders", b"third"))
+    txns.abandoned([second])  # its write failed
+    third = txns.half_message(OutgoingMessage("orders", b"third"))
+    txns.accepted(broker.send_batch([first, third], system=True), [first, third])
+    assert len(txns.pending) == 2
+    broker.close()
+
+
+def test_halves_restored_past_a_lowered_limit_are_all_kept_and_still_end(tmp_path):
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path)))
+    txns = Transactions(broker)
+    sent = [_send_half(broker, txns, b"p%d" % i) for i in range(5)]
+    broker.close()
+    broker = Broker(BrokerConfig(data_dir=str(tmp_path), max_pending_transactions=2))
+    txns = Transactions(broker)
+    assert sorted(txns.pending) == sorted(int(txid, 16) for _, txid in sent)  # durable state kept
+    with pytest.raises(errors.TooManyRequests):
+        txns.half_message(OutgoingMessage("orders", b"new"))
+    for result, txid in sent[:3]:
+        txns.end("orders", result.message_id, txid, commit=False)
+    with pytest.raises(errors.TooManyRequests):  # 2 pending, the limit is 2
+        txns.half_message(OutgoingMessage("orders", b"new"))
+    txns.end("orders", sent[3][0].message_id, sent[3][1], commit=True)
+    _send_half(broker, txns, b"new")
+    broker.close()

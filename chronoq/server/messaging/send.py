@@ -87,9 +87,14 @@ class SendRpcs:
                 _replaced_status(sent.replaced[0]) if sent.replaced else None)
 
     async def _send_half(self, outgoing) -> tuple:
-        half = self.txns.half_message(outgoing)
-        results = await self.committer.send([half], system=True)
-        txid = self.txns.accepted(results, [half])[0]
+        txns = self.txns
+        half = txns.half_message(outgoing)  # refused past max_pending_transactions, before any write
+        try:
+            results = await self.committer.send([half], system=True)
+        except BaseException:
+            txns.abandoned([half])
+            raise
+        txid = txns.accepted(results, [half])[0]
         r = results[0]
         return r.message_id, r.queue_offset, "", txid, None
 
