@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq.core import errors
-from chronoq.server import admin, auth, h2grpc, h2limits
+from chronoq.server import admin, auth, h2grpc, process
 from chronoq.server.messaging.calls import AckAndReceiveRequest, SendRequest, serialize_answer
 from chronoq.server.messaging.service import MessagingService
 
@@ -48,7 +48,8 @@ class GrpcFrontEnd:
         # Big enough that an oversized body reaches us and gets MESSAGE_BODY_TOO_LARGE instead
         # of a transport error.
         receive_limit = 2 * cfg.max_body_bytes + (4 << 20)
-        limits = h2limits.Limits.from_config(cfg)  # HTTP/2 caps and defences (docs/security.md)
+        # HTTP/2 caps and defences (docs/security.md), connections within the open-files limit
+        limits = process.connection_limits(cfg)
         if cfg.grpc_server == "chronoq":
             server = h2grpc.Server(interceptors=[gate], max_receive_message_length=receive_limit,
                                    limits=limits, refusals=broker.refusals)

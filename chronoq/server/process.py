@@ -1,6 +1,6 @@
 """What ``chronoq serve`` sets for its own process at start: its scheduling priority
 (``priority_boost``), how the C allocator returns freed memory to the kernel, and its soft limit
-on open files.
+on open files; and how many connections that limit leaves room for (``connection_limits``).
 
 Both are process-wide, so only the broker's own process sets them (``runtime.run``), never a
 ``Runtime`` run inside somebody else's process (tests, an embedding application).
@@ -27,6 +27,12 @@ MMAP_THRESHOLD_BYTES = 8 << 20
 TRIM_THRESHOLD_BYTES = 32 << 20
 # The soft open-files limit asked for when the hard one is unlimited (Linux caps it at nr_open).
 OPEN_FILES_UNLIMITED = 1 << 20
+# Descriptors kept for what the broker opens besides connections and consume-queue files: commit-log
+# segments (one per segment read), schedule buckets (up to 256 written at once), the POP log,
+# checkpoints' temporary files, the HTTP listener's connections, the event loop's own. An idle
+# broker holds ~24; a quarter of the limit, at most this many, is kept.
+FD_RESERVE_MAX = 256
+CONNECTIONS_MIN = 16  # taken whatever the limit: a broker that cannot take a few is useless anyway
 
 
 def keep_freed_memory() -> str:
@@ -101,3 +107,40 @@ def raise_open_files_limit() -> str:
     except (ValueError, OSError) as exc:
         return f"open files: limit {soft} (raising it to {target} failed: {exc})"
     return f"open files: limit raised {soft} -> {target}"
+
+
+def connections_that_fit(wanted: int, open_files: int, cq_files: int) -> int:
+    """The connections a broker may hold under the open-files limit ``open_files`` when its
+    consume-queue files may take ``cq_files`` descriptors: ``wanted`` (``h2_max_connections``)
+    when everything fits, else what is left after those files and the reserve.
+
+    Why: a descriptor taken by a connection is one the broker cannot use to write a checkpoint or
+    roll a segment. Measured under a hard limit of 512 (before this): 488 idle HTTP/2 connections
+    took every descriptor left, and until they closed every checkpoint failed with EMFILE."""
+    reserve = min(FD_RESERVE_MAX, open_files // 4)
+    return max(CONNECTIONS_MIN, min(wanted, open_files - cq_files - reserve))
+
+
+def connection_limits(cfg):
+    """``h2limits.Limits.from_config(cfg)`` with ``max_connections`` lowered to what the process's
+    open-files limit leaves room for (one WARNING line saying so and how to raise it)."""
+    from dataclasses import replace
+
+    from chronoq.server import h2limits
+    from chronoq.store import fdbudget
+
+    limits = h2limits.Limits.from_config(cfg)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return limits
+    cq_files = cfg.cq_open_files or fdbudget.default_limit()  # (as the store sizes its budget)
+    fit = connections_that_fit(limits.max_connections, soft, cq_files)
+    if fit >= limits.max_connections:
+        return limits
+    log.warning("open files: the limit of %d descriptors leaves room for %d connections, not "
+                "h2_max_connections (%d): consume-queue files may take %d (cq_open_files) and %d are kept "
+                "for the broker's other files; at most %d connections are taken. Raise the hard "
+                "open-files limit (systemd LimitNOFILE=, ulimit -Hn, docker --ulimit nofile=) or lower "
+                "h2_max_connections to silence this", soft, fit, limits.max_connections, cq_files,
+                min(FD_RESERVE_MAX, soft // 4), fit)
+    return replace(limits, max_connections=fit)

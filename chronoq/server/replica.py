@@ -48,7 +48,7 @@ from chronoq.protocol.rocketmq import status as codes
 from chronoq.replication import position, role, service
 from chronoq.replication.client import ReplicationClient
 from chronoq.replication.follower import Follower
-from chronoq.server import auth, h2grpc, h2limits
+from chronoq.server import auth, h2grpc, process
 from chronoq.store.dirlock import DirLock
 from chronoq.store.store import Store, StoreOptions
 from chronoq.timer.service import TimerOptions, TimerService
@@ -185,7 +185,7 @@ def _handler(method, message: str, client: ReplicationClient | None = None, path
 def _server(cfg, node: ReplicaNode, client: ReplicationClient):
     gate, tls = auth.build_gate(cfg, Refusals(SYSTEM_CLOCK.monotonic_ns)), auth.server_credentials(cfg)
     if cfg.grpc_server == "chronoq":
-        server = h2grpc.Server(interceptors=[gate], limits=h2limits.Limits.from_config(cfg))
+        server = h2grpc.Server(interceptors=[gate], limits=process.connection_limits(cfg))
     else:
         server = grpc.aio.server(interceptors=[gate], options=[("grpc.so_reuseport", 0)])
     service.add_to_server(server, node)

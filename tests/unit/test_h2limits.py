@@ -67,3 +67,13 @@ def test_unread_answers_are_counted_as_they_change_and_never_below_0():
     assert total.held == 0  # the refused change left nothing behind
     assert Limits().max_unread_answer_bytes_total == MAX_UNREAD_ANSWER_BYTES_TOTAL == 256 << 20
     assert Limits().max_unread_answer_bytes <= Limits().max_unread_answer_bytes_total
+
+
+def test_connections_fit_what_the_open_files_limit_leaves():
+    from chronoq.server.process import CONNECTIONS_MIN, connections_that_fit
+
+    assert connections_that_fit(1000, 65536, 8192) == 1000  # plenty: the configured limit
+    assert connections_that_fit(1000, 1024, 256) == 512  # 1,024 - 256 queue files - 256 kept
+    assert connections_that_fit(1000, 512, 128) == 256  # a quarter of the limit is kept below 1,024
+    assert connections_that_fit(100, 512, 128) == 100  # a lower configured limit stays
+    assert connections_that_fit(1000, 100, 64) == CONNECTIONS_MIN  # hopeless, but a few are taken
