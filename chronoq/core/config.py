@@ -102,6 +102,8 @@ class BrokerConfig:
     # Staged publish (chronoq.features.staging): rows staged but neither published nor aborted are
     # discarded after this long, so an abandoned Spark job does not pin the commit log.
     stage_ttl_ms: int = 86_400_000
+    # Staged chunks held at once (each ~190 bytes of memory); more: TOO_MANY_REQUESTS.
+    max_staged_chunks: int = 200_000
     # Which gRPC server serves the port: "chronoq" (chronoq.server.h2server, on the event loop)
     # or "grpcio" (grpc.aio's server: several threads per call, ~5x the CPU per call on small VMs).
     grpc_server: str = "chronoq"
@@ -202,6 +204,8 @@ class BrokerConfig:
             raise errors.ClientError(f"max_topics must be from 1 to 10000000, not {self.max_topics}")
         if not 1 <= self.max_groups <= 10_000_000:
             raise errors.ClientError(f"max_groups must be from 1 to 10000000, not {self.max_groups}")
+        if not 1 <= self.max_staged_chunks <= 10_000_000:
+            raise errors.ClientError(f"max_staged_chunks must be from 1 to 10000000, not {self.max_staged_chunks}")
         if not 1 <= self.max_pending_transactions <= 10_000_000:
             raise errors.ClientError(f"max_pending_transactions must be from 1 to 10000000, "
                                      f"not {self.max_pending_transactions}")

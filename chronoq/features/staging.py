@@ -68,6 +68,10 @@ A sink unused for ``SINK_FORGET_MS`` is forgotten. Unpublished stages older than
 ``stage_ttl_ms`` are discarded. The file is rewritten at most every ``CHECKPOINT_EVERY_MS``: it
 only bounds the replay (the markers after its floor are replayed), so an older file is safe.
 
+At most ``max_staged_chunks`` chunks (a ``Chunk`` in memory each, ~190 bytes) are held: a new one
+past it is refused (``TooManyRequests``) before any write; resends, publishes and aborts always
+work, and chunks restored at start are all kept whatever the limit.
+
 Caveat (as with any idempotent-writer id): a sink id names one sequence of batch ids. A streaming
 query started over with a new checkpoint restarts its batch ids at 0, so it must use a new
 ``sinkId`` (the default sink id is derived from the checkpoint location, so it does).
@@ -234,6 +238,8 @@ class Staging:
     def __init__(self, broker: Broker):
         self.broker = broker
         self.ttl_ms = broker.config.stage_ttl_ms
+        self.max_chunks = broker.config.max_staged_chunks
+        self.chunks_held = 0  # chunks of every batch in ``batches``
         broker.create_topic(STAGE_TOPIC, 1, system=True)
         self.batches: dict[tuple[str, int], Batch] = {}
         self.sinks: dict[str, Sink] = {}
@@ -241,6 +247,9 @@ class Staging:
         self._checkpoint_ms = 0
         self._path = os.path.join(broker.data_dir, STATE_FILE)
         self._load()
+        if self.chunks_held >= self.max_chunks:
+            log.warning("%d staged chunks restored, max_staged_chunks is %d: all kept, new ones refused for now",
+                        self.chunks_held, self.max_chunks)
         broker.add_retention_guard(self._retention_floor)
         self._resume()
 
@@ -297,7 +306,10 @@ class Staging:
         if op == OP_STAGE:
             if b is None:
                 b = self.batches[key] = Batch(stored_ms)
-            b.stages.setdefault(props.get(PROP_STAGE, ""), {}).setdefault(int(props.get(PROP_SEQ, 0)), chunk)
+            chunks, seq = b.stages.setdefault(props.get(PROP_STAGE, ""), {}), int(props.get(PROP_SEQ, 0))
+            if seq not in chunks:
+                chunks[seq] = chunk
+                self.chunks_held += 1
         elif op == OP_BEGIN and b is not None:
             b.begun = [s for s in props.get(PROP_STAGES, "").split(",") if s]
         elif op == OP_CHUNK and b is not None:
@@ -305,13 +317,20 @@ class Staging:
             if c is not None:
                 c.published = True
         elif op == OP_ABORTED and b is not None and b.begun is None:
-            del self.batches[key]
+            self._forget(key)
 
     def _mark_published(self, sink: str, batch: int, now: int) -> None:
         # Other unpublished batches of the sink stay: a batch write publishes its partitions in any
         # order. Leftovers of failed attempts go with Abort or stage_ttl_ms.
         self.sinks.setdefault(sink, Sink()).add(batch, now)
-        self.batches.pop((sink, batch), None)
+        self._forget((sink, batch))
+
+    def _forget(self, key: tuple[str, int]) -> Batch | None:  # (published, aborted, expired)
+        b = self.batches.pop(key, None)
+        if b is not None:
+            self.chunks_held -= sum(map(len, b.stages.values()))
+            assert self.chunks_held >= 0, self.chunks_held
+        return b
 
     def checkpoint(self, force: bool = False) -> None:
         """Persist the replay floor and the published batch ids (after a publish is durable), at
@@ -339,7 +358,7 @@ class Staging:
         old = [k for k, b in self.batches.items() if b.begun is None and now - b.first_ms > self.ttl_ms]
         for key in old:
             log.info("discarding staged batch %s/%d: not published within stage_ttl_ms", *key)
-            del self.batches[key]
+            self._forget(key)
         return len(old)
 
     def _resume(self) -> None:
@@ -374,6 +393,11 @@ class Staging:
             return b.stages[stage_id][seq].rows  # a resent chunk
         if b is not None and stage_id not in b.stages and len(b.stages) >= STAGES_PER_BATCH_MAX:
             raise errors.ClientError(f"batch {batch_id} of sink {sink_id} has {STAGES_PER_BATCH_MAX} stages already")
+        if self.chunks_held >= self.max_chunks:
+            raise errors.TooManyRequests(
+                f"{self.chunks_held} staged chunks are held (neither published nor aborted), the limit is "
+                f"max_staged_chunks ({self.max_chunks}); publish or abort staged batches and stage again "
+                "later, or raise max_staged_chunks")
         check_space = getattr(self.broker, "check_space", None)
         if check_space is not None:  # new data is refused while the disk is below its reserve;
             check_space()            # publishing staged rows later may use the reserve
@@ -389,6 +413,7 @@ class Staging:
         if b is None:
             b = self.batches[key] = Batch(now)
         b.stages.setdefault(stage_id, {})[seq] = Chunk(w.queue_offset, w.commit_offset, w.size, n, cfg.name)
+        self.chunks_held += 1
         return n
 
     def _encode_rows(self, cfg: model.TopicConfig, rows: Rows, now: int) -> bytes:
@@ -586,7 +611,8 @@ class Staging:
         rows = 0
         now = self.broker.clock.wall_ms()
         for key in keys:
-            b = self.batches.pop(key)
+            b = self._forget(key)
+            assert b is not None
             rows += sum(c.rows for st in b.stages.values() for c in st.values())
             self.broker.write_records([self._op(OP_ABORTED, sink_id, key[1], now)])
         return rows

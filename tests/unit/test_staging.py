@@ -199,3 +199,40 @@ def test_bulk_rows_encode_exactly_as_the_row_by_row_path(tmp_path):
             st.stage("s", 99, "b", 0, topic, rows)
     assert [m.body for m in _staged(st, broker, Rows([b"p"], deliver_at_ms=[0]), "plain", 100)] == [b"p"]
     broker.close()
+
+
+def test_staged_chunks_stop_at_max_staged_chunks_and_publish_abort_and_ttl_make_room(tmp_path):
+    clock = FakeClock()
+    broker, st = _open(tmp_path, clock, max_staged_chunks=3)
+    st.stage("s", 0, "a", 0, "out", _rows(1))
+    st.stage("s", 0, "a", 1, "out", _rows(1))
+    st.stage("s", 1, "b", 0, "out", _rows(1))
+    end = broker.queue_bounds(STAGE_TOPIC, 0)[1]
+    with pytest.raises(errors.TooManyRequests, match=r"max_staged_chunks \(3\)"):
+        st.stage("s", 2, "c", 0, "out", _rows(1))
+    assert broker.queue_bounds(STAGE_TOPIC, 0)[1] == end  # refused before anything is written
+    assert st.stage("s", 0, "a", 1, "out", _rows(1)) == 1  # a resent chunk is not a new one
+    _publish(st, "s", 0, [("a", 2, 2)])  # publishing frees its two
+    assert st.chunks_held == 1
+    st.stage("s", 2, "c", 0, "out", _rows(1))
+    st.stage("s", 2, "c", 1, "out", _rows(1))
+    assert st.abort("s", 2) == 2 and st.chunks_held == 1
+    st.stage("s", 3, "d", 0, "out", _rows(1))
+    clock.advance(broker.config.stage_ttl_ms + 1)
+    assert st.sweep() == 2 and st.chunks_held == 0  # batches 1 and 3 expired
+    broker.close()
+
+
+def test_chunks_restored_past_a_lowered_limit_are_all_kept(tmp_path):
+    broker, st = _open(tmp_path)
+    for seq in range(4):
+        st.stage("s", 0, "a", seq, "out", _rows(2, f"r{seq}"))
+    st.stage("s", 1, "b", 0, "out", _rows(1))
+    st.abort("s", 1)
+    broker.close()
+    broker, st = _open(tmp_path, max_staged_chunks=2)
+    assert st.chunks_held == 4  # the aborted batch's chunk is gone, the rest restored whole
+    with pytest.raises(errors.TooManyRequests):
+        st.stage("s", 2, "c", 0, "out", _rows(1))
+    assert _publish(st, "s", 0, [("a", 4, 8)]).messages == 8 and st.chunks_held == 0
+    broker.close()
