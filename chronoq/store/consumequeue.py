@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import os
 import struct
-from collections import deque
 
 from chronoq.core import fsutil
 from chronoq.store.fdbudget import FdBudget
+from chronoq.store.heldentries import HeldEntries
 
 ENTRY = struct.Struct("<QIIq")
 ENTRY_SIZE = 24
@@ -59,7 +59,7 @@ class ConsumeQueue:
         self.min_offset = 0
         self.next_offset = 0  # one past the last valid entry
         # (queue offset, due ms) of held entries, offsets ascending; readers stop at the first.
-        self.held: deque[tuple[int, int]] = deque()
+        self.held = HeldEntries()
         self._load()
 
     def _path(self, index: int) -> str:
@@ -144,25 +144,20 @@ class ConsumeQueue:
     def visible_next(self) -> int:
         """One past the last entry readers may see: the first held entry, or ``next_offset``."""
         held = self.held
-        if held and held[0][0] < self.next_offset:
-            return held[0][0]
+        if held and held.first_offset() < self.next_offset:
+            return held.first_offset()
         return self.next_offset
 
     def hold(self, offset: int, due_ms: int) -> None:
         """Hide the entry at ``offset`` (and every later one) from readers until ``release``."""
-        if self.held and self.held[-1][0] >= offset:  # already held (a replay): offsets only grow
+        if self.held and self.held.last_offset() >= offset:  # already held (a replay): offsets only grow
             return
-        self.held.append((offset, due_ms))
+        self.held.append(offset, due_ms)
 
     def release(self, now_ms: int) -> bool:
         """Release held entries due at or before ``now_ms``, from the first on (a later-due hold
         keeps what follows it hidden). Returns whether any was released."""
-        held = self.held
-        released = False
-        while held and held[0][1] <= now_ms:
-            held.popleft()
-            released = True
-        return released
+        return self.held.release(now_ms)
 
     def get(self, offset: int, max_entries: int) -> bytes:
         """Visible entries from logical ``offset`` (at most ``max_entries``, never crossing a file)."""
@@ -192,8 +187,7 @@ class ConsumeQueue:
             os.fsync(fd)
         self.next_offset = next_offset
         self.min_offset = min(self.min_offset, next_offset)
-        while self.held and self.held[-1][0] >= next_offset:
-            self.held.pop()
+        self.held.drop_from(next_offset)
 
     def _end_at(self, offset: int) -> int:
         raw = self.read_including_held(offset, 1)

@@ -56,7 +56,7 @@ class Holds:
 
     def next_held_ms(self) -> int | None:
         """The earliest due time of a held entry (when ``release_held`` next has work)."""
-        return min((cq.held[0][1] for cq in self._held.values()), default=None)
+        return min((cq.held.first_due() for cq in self._held.values()), default=None)
 
     def _restore_holds(self) -> None:
         """Hold again the HELD records of each queue's tail that are not due yet (after a restart).

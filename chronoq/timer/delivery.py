@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from operator import attrgetter
 
 from chronoq.core import errors
 from chronoq.core.delay_levels import DELAY_TOPIC, DelayLevels
@@ -38,6 +39,7 @@ CLAIM_PER_TICK = 2000  # timer messages claimed (and their copies written) per t
 # (bench/stalls.py --due-burst 100000); the rest is counted by the next calls, each with the time
 # its copies became visible, so lateness stays exact.
 RELEASE_COUNT_MAX = 5000
+_due_ms = attrgetter("due_ms")
 
 
 class LevelLane(Lane):
@@ -297,12 +299,15 @@ class Deliver:
             seen: list[Delivery] = []
             for key, waiting in list(self._awaiting.items()):
                 limit = queues[key].visible_next
-                while waiting and waiting[0].queue_offset < limit:
+                if waiting[-1].queue_offset < limit:  # all visible now (a burst's): taken at once
+                    assert max(map(_due_ms, waiting)) <= now, "a copy became visible before its due time"
+                    seen += waiting
+                    del self._awaiting[key]
+                    continue
+                while waiting[0].queue_offset < limit:
                     d = waiting.popleft()
                     assert d.due_ms <= now, "a copy became visible before its due time"
                     seen.append(d)
-                if not waiting:
-                    del self._awaiting[key]
             if seen:
                 self._released.append((seen, now))
         return self._count_released(RELEASE_COUNT_MAX) if self._released else 0
