@@ -50,7 +50,6 @@ import itertools
 import struct
 import sys
 from array import array
-from operator import attrgetter
 from typing import Iterable
 
 from chronoq.store import record
@@ -161,8 +160,6 @@ def _extend_stored(ev: Events, heads, topics, message_ids, ts, dues) -> None:
     ev.ref_offset += array("q", (0,)) * n
 
 
-_PREPARED, _DUE = attrgetter("prepared"), attrgetter("due_ms")  # (a timer Delivery's)
-_TOPIC, _MESSAGE_ID = attrgetter("topic"), attrgetter("message_id")  # (its Prepared copy's)
 
 
 def _add_refs(ev: Events, refs: list, now_ms: int) -> None:
@@ -371,22 +368,22 @@ class TraceRecorder:
         _extend_stored(ev, heads, topics, message_ids, array("q", (now_ms,)) * len(heads), dues)
         self._trim(start, now_ms)
 
-    def visible(self, deliveries: list, visible_ms: int) -> None:
-        """Timer deliveries made visible (``timer.lanes.Delivery`` with a ``prepared`` copy)."""
+    def visible(self, topics: list[str], message_ids: list[bytes], dues: list[int], visible_ms: int) -> None:
+        """Timer copies made visible at ``visible_ms``, given as columns (``chronoq.timer.delivery``)."""
         ev = self.events
-        start, n = len(ev), len(deliveries)
+        start, n = len(ev), len(topics)
+        assert len(message_ids) == n and len(dues) == n, (n, len(message_ids), len(dues))
         # Column by column, at C speed: a burst due at one instant releases all its copies in one
         # loop callback (bench/stalls.py --due-burst 100000), and an ``add`` per event cost 30 ms
         # of it per 100,000 against 14 ms so (``visible`` alone, timed in a scratch script).
-        prepared = list(map(_PREPARED, deliveries))
         ev.head += array("I", (VISIBLE,)) * n
-        ev.topic += map(_TOPIC, prepared)
-        ev.message_id += map(_MESSAGE_ID, prepared)
+        ev.topic += topics
+        ev.message_id += message_ids
         ev.group += [None] * n
         ev.ref_topic += [None] * n
         ev.ref_queue += array("I", (0,)) * n
         ev.ts += array("q", (visible_ms,)) * n
-        ev.due.extend(map(_DUE, deliveries))
+        ev.due.extend(dues)
         ev.ref_offset += array("q", (0,)) * n
         self._trim(start, visible_ms)
 

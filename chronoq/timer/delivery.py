@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from chronoq.core import errors
 from chronoq.core.delay_levels import DELAY_TOPIC, DelayLevels
 from chronoq.store import record
 from chronoq.timer import copies, schedlog
 from chronoq.timer.burstlead import Counts
-from chronoq.timer.keyed import parked_copy
+from chronoq.timer.keyed import PARKED_DUE, PARKED_MESSAGE_ID, PARKED_OFFSET, PARKED_TOPIC, parked_copy
 from chronoq.timer.lanes import WRITTEN, Delivery, Lane
 from chronoq.timer.options import TimerOptions
 from chronoq.timer.schedlog import DISPATCHED
@@ -39,7 +39,10 @@ CLAIM_PER_TICK = 2000  # timer messages claimed (and their copies written) per t
 # (bench/stalls.py --due-burst 100000); the rest is counted by the next calls, each with the time
 # its copies became visible, so lateness stays exact.
 RELEASE_COUNT_MAX = 5000
-_due_ms = attrgetter("due_ms")
+_due_ms, _prepared = attrgetter("due_ms"), attrgetter("prepared")  # (a Delivery's)
+_topic, _message_id = itemgetter(0), itemgetter(5)  # (its Prepared copy's: topic, message_id)
+_parked_due, _parked_topic = itemgetter(PARKED_DUE), itemgetter(PARKED_TOPIC)  # (a parked copy's)
+_parked_message_id = itemgetter(PARKED_MESSAGE_ID)
 
 
 class LevelLane(Lane):
@@ -266,28 +269,32 @@ class Deliver:
         ones behind a hold in ``_awaiting`` until ``_release``."""
         queues, awaiting = self.store.queues, self._awaiting
         if not awaiting and not self.store.holding:  # nothing is hidden: all are visible (a burst)
-            self.histogram.record_many(visible_ms, [d.due_ms for d in completed])
-            if self.on_visible is not None:
-                self.on_visible(completed, visible_ms)
+            self._counted(completed, visible_ms)
             return len(completed)
-        record_lateness = self.histogram.record
         seen: list[Delivery] = []
         for d in completed:
             p = d.prepared
             key = (p.topic, p.queue_id)
             waiting = awaiting.get(key)
             if waiting is None and d.queue_offset < queues[key].visible_next:
-                record_lateness(visible_ms - d.due_ms)
                 seen.append(d)
                 continue
-            d.prepared = parked_copy(p)  # (parked until its release, up to a burst's lead: slimmed)
+            parked = parked_copy(d)  # (until its release, up to a burst's lead: slimmed, untracked)
             if waiting is None:
-                awaiting[key] = deque((d,))
+                awaiting[key] = deque((parked,))
             else:
-                waiting.append(d)
-        if seen and self.on_visible is not None:
-            self.on_visible(seen, visible_ms)
+                waiting.append(parked)
+        if seen:
+            self._counted(seen, visible_ms)
         return len(seen)
+
+    def _counted(self, deliveries: list[Delivery], visible_ms: int) -> None:
+        """Copies visible from ``visible_ms`` on: the lateness histogram, the trace."""
+        dues = list(map(_due_ms, deliveries))
+        self.histogram.record_many(visible_ms, dues)
+        if self.on_visible is not None:
+            prepared = list(map(_prepared, deliveries))
+            self.on_visible(list(map(_topic, prepared)), list(map(_message_id, prepared)), dues, visible_ms)
 
     def _release(self, now: int) -> int:
         """Release held copies due by ``now`` (the store's holds); the completed ones that became
@@ -296,18 +303,18 @@ class Deliver:
         self.store.release_held(now)
         if self._awaiting:
             queues = self.store.queues
-            seen: list[Delivery] = []
+            seen: list[tuple] = []
             for key, waiting in list(self._awaiting.items()):
                 limit = queues[key].visible_next
-                if waiting[-1].queue_offset < limit:  # all visible now (a burst's): taken at once
-                    assert max(map(_due_ms, waiting)) <= now, "a copy became visible before its due time"
+                if waiting[-1][PARKED_OFFSET] < limit:  # all visible now (a burst's): taken at once
+                    assert max(map(_parked_due, waiting)) <= now, "a copy became visible before its due time"
                     seen += waiting
                     del self._awaiting[key]
                     continue
-                while waiting[0].queue_offset < limit:
-                    d = waiting.popleft()
-                    assert d.due_ms <= now, "a copy became visible before its due time"
-                    seen.append(d)
+                while waiting[0][PARKED_OFFSET] < limit:
+                    c = waiting.popleft()
+                    assert c[PARKED_DUE] <= now, "a copy became visible before its due time"
+                    seen.append(c)
             if seen:
                 self._released.append((seen, now))
         return self._count_released(RELEASE_COUNT_MAX) if self._released else 0
@@ -325,9 +332,10 @@ class Deliver:
             else:
                 released.popleft()
             if self.keys is not None:
-                self.unindex_delivered(run, visible_ms)
-            self.histogram.record_many(visible_ms, [d.due_ms for d in run])
+                self.unindex_released(run, visible_ms)
+            dues = list(map(_parked_due, run))
+            self.histogram.record_many(visible_ms, dues)
             if self.on_visible is not None:
-                self.on_visible(run, visible_ms)
+                self.on_visible(list(map(_parked_topic, run)), list(map(_parked_message_id, run)), dues, visible_ms)
             counted += len(run)
         return counted

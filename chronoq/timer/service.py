@@ -190,16 +190,18 @@ class TimerService(Replay, BucketLife, Deliver, Deadline, Recall, Checkpoints, H
         self.burst_lead_top_ms = 0
         self._added_since_deadline = 0  # entries put into the wheel since ``next_deadline_ms`` (``_to_wheel``)
         # Completed deliveries (durable) whose copy is still hidden behind a hold in its queue, per
-        # queue in offset order: counted visible (lateness, trace) when the store releases them.
-        self._awaiting: dict[tuple[str, int], deque[Delivery]] = {}
-        # Released copies (visible) not yet counted, each run with the time it became visible:
-        # counted RELEASE_COUNT_MAX a call (``Deliver._count_released``).
-        self._released: deque[tuple[list[Delivery], int]] = deque()
+        # queue in offset order, parked (``keyed.parked_copy``: plain tuples): counted visible
+        # (lateness, trace) when the store releases them.
+        self._awaiting: dict[tuple[str, int], deque[tuple]] = {}
+        # Released copies (visible, parked) not yet counted, each run with the time it became
+        # visible: counted RELEASE_COUNT_MAX a call (``Deliver._count_released``).
+        self._released: deque[tuple[list[tuple], int]] = deque()
         self._horizon_cache: dict[int, tuple[int, int]] = {}  # start -> (pending, highest ident seen)
         self._warm_todo: list[int] | None = None  # buckets warm_horizon_cache has yet to count
         self._horizon_warm = False
-        # chronoq.broker.trace hook: called once per tick with the deliveries made visible (or None).
-        self.on_visible: Callable[[list[Delivery], int], None] | None = None
+        # chronoq.broker.trace hook: the copies made visible at a time, as columns (topics, message
+        # ids, due times, the time), or None.
+        self.on_visible: Callable[[list[str], list[bytes], list[int], int], None] | None = None
         self.damage: list[Damage] = self.files.damage
         self.notes: list[str] = []
         self.lost = 0

@@ -106,13 +106,15 @@ def test_visible_adds_one_event_per_release_by_columns(monkeypatch):
     rec = trace.TraceRecorder(1000, "DELAY")
     rec.dead_lettered("g", "t", "ID0", 1)
     released = [NS(prepared=NS(topic=f"t{i % 3}", message_id=f"M{i}".encode()), due_ms=1_000 + i) for i in range(5)]
-    rec.visible(released, 2_000)
+    columns = ([d.prepared.topic for d in released], [d.prepared.message_id for d in released],
+               [d.due_ms for d in released])
+    rec.visible(*columns, 2_000)
     expected = trace.Events.from_tuples(
         [(trace.VISIBLE, 0, 0, d.prepared.topic, d.prepared.message_id, None, None, 0, 2_000, d.due_ms, 0)
          for d in released])
     assert rec.events.consistent() and rec.events[1:].tuples() == expected.tuples()
     monkeypatch.setattr(trace, "BUFFER_MAX", 4)
-    rec.visible(released, 3_000)  # past the bound: the tail is dropped, the columns stay aligned
+    rec.visible(*columns, 3_000)  # past the bound: the tail is dropped, the columns stay aligned
     assert len(rec.events) == 4 and rec.events.consistent() and rec.dropped == 5 + 2
 
 
