@@ -104,6 +104,11 @@ class BrokerConfig:
     stage_ttl_ms: int = 86_400_000
     # Staged chunks held at once (each ~190 bytes of memory); more: TOO_MANY_REQUESTS.
     max_staged_chunks: int = 200_000
+    # Staging sinks (writers' sink ids: one per streaming query or df.write job) remembered at once,
+    # and batch ids above a gap held by all of them (chronoq.features.stagesinks, where the costs
+    # are); a Publish that would add one past either: TOO_MANY_REQUESTS.
+    max_stage_sinks: int = 10_000
+    max_stage_published_ids: int = 100_000
     # Which gRPC server serves the port: "chronoq" (chronoq.server.h2server, on the event loop)
     # or "grpcio" (grpc.aio's server: several threads per call, ~5x the CPU per call on small VMs).
     grpc_server: str = "chronoq"
@@ -206,6 +211,11 @@ class BrokerConfig:
             raise errors.ClientError(f"max_groups must be from 1 to 10000000, not {self.max_groups}")
         if not 1 <= self.max_staged_chunks <= 10_000_000:
             raise errors.ClientError(f"max_staged_chunks must be from 1 to 10000000, not {self.max_staged_chunks}")
+        if not 1 <= self.max_stage_sinks <= 10_000_000:
+            raise errors.ClientError(f"max_stage_sinks must be from 1 to 10000000, not {self.max_stage_sinks}")
+        if not 1 <= self.max_stage_published_ids <= 100_000_000:
+            raise errors.ClientError(f"max_stage_published_ids must be from 1 to 100000000, "
+                                     f"not {self.max_stage_published_ids}")
         if not 1 <= self.max_pending_transactions <= 10_000_000:
             raise errors.ClientError(f"max_pending_transactions must be from 1 to 10000000, "
                                      f"not {self.max_pending_transactions}")

@@ -60,12 +60,10 @@ are finished instead and the new ones are dropped.
 State file ``staging.json`` (``fsutil.write_json``)::
 
     {"version": 1, "floor": <queue offset of STAGE_TOPIC replay starts at>,
-     "sinks": {"<sink id>": {"below": <int>, "published": [<batch id>, ...], "used_ms": <ms>}}}
+     "sinks": {<the published batch ids of every sink: chronoq.features.stagesinks>}}
 
-A batch id is published iff it is in ``published`` or below ``below`` (every id of a contiguous
-run from 0 is folded into ``below``; past ``PUBLISHED_KEEP`` ids the oldest are folded in too).
-A sink unused for ``SINK_FORGET_MS`` is forgotten. Unpublished stages older than
-``stage_ttl_ms`` are discarded. The file is rewritten at most every ``CHECKPOINT_EVERY_MS``: it
+Sinks and their published ids are bounded (``max_stage_sinks``, ``max_stage_published_ids``:
+``chronoq.features.stagesinks``). Unpublished stages older than ``stage_ttl_ms`` are discarded. The file is rewritten at most every ``CHECKPOINT_EVERY_MS``: it
 only bounds the replay (the markers after its floor are replayed), so an older file is safe.
 
 At most ``max_staged_chunks`` chunks (a ``Chunk`` in memory each, ~190 bytes) are held: a new one
@@ -92,6 +90,7 @@ from chronoq.core import errors, fsutil, model, validate
 from chronoq.broker.broker import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE, Broker
 from chronoq.core.model import MessageType
 from chronoq.core.msgid import new_message_id, new_message_ids
+from chronoq.features.stagesinks import Sinks
 from chronoq.store import record
 from chronoq.store.store import Prepared
 from chronoq.timer import deliverytime
@@ -109,9 +108,7 @@ STAGE_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHUNK_ROWS_MAX = 65_536            # messages in one staged chunk
 CHUNK_BYTES_MAX = 48 * 1024 * 1024  # encoded size of one chunk (a commit-log record holds 64 MiB)
 STAGES_PER_BATCH_MAX = 100_000
-PUBLISHED_KEEP = 100_000
 CHECKPOINT_EVERY_MS = 5_000   # the state file is rewritten at most this often
-SINK_FORGET_MS = 30 * 86_400_000
 
 
 @dataclass(slots=True)
@@ -131,30 +128,6 @@ class Batch:
     first_ms: int
     stages: dict[str, dict[int, Chunk]] = field(default_factory=dict)
     begun: list[str] | None = None  # stage ids being published (a durable "begin" exists)
-
-
-@dataclass(slots=True)
-class Sink:
-    below: int = 0
-    published: set[int] = field(default_factory=set)
-    used_ms: int = 0
-
-    def has(self, batch: int) -> bool:
-        return batch < self.below or batch in self.published
-
-    def add(self, batch: int, now_ms: int) -> None:
-        published = self.published
-        published.add(batch)
-        self.used_ms = max(self.used_ms, now_ms)
-        while self.below in published:  # a contiguous run from ``below`` needs no set entries
-            published.discard(self.below)
-            self.below += 1
-        if len(published) > PUBLISHED_KEEP:
-            # Far more ids than any replay needs (Spark replays its newest batch; a batch job's
-            # partitions finish close together): keep the newest, count everything below as done.
-            keep = sorted(published)[-PUBLISHED_KEEP:]
-            self.below = max(self.below, keep[0])
-            self.published = set(keep)
 
 
 @dataclass(slots=True)
@@ -242,7 +215,8 @@ class Staging:
         self.chunks_held = 0  # chunks of every batch in ``batches``
         broker.create_topic(STAGE_TOPIC, 1, system=True)
         self.batches: dict[tuple[str, int], Batch] = {}
-        self.sinks: dict[str, Sink] = {}
+        self.sinks = Sinks(broker.config.max_stage_sinks, broker.config.max_stage_published_ids)
+        self._begun = 0  # batches in ``batches`` whose publish began (each adds a published id when done)
         self._turns: dict[str, itertools.count] = {}  # sticky queue choice, per topic
         self._checkpoint_ms = 0
         self._path = os.path.join(broker.data_dir, STATE_FILE)
@@ -250,6 +224,7 @@ class Staging:
         if self.chunks_held >= self.max_chunks:
             log.warning("%d staged chunks restored, max_staged_chunks is %d: all kept, new ones refused for now",
                         self.chunks_held, self.max_chunks)
+        self.sinks.warn_if_over()
         broker.add_retention_guard(self._retention_floor)
         self._resume()
 
@@ -266,9 +241,7 @@ class Staging:
     # ----------------------------------------------------------------- state
     def _load(self) -> None:
         state = fsutil.read_state(self._path, log, "staging state", "replaying the whole stage topic")
-        for name, s in state.get("sinks", {}).items():
-            self.sinks[name] = Sink(int(s.get("below", 0)), {int(b) for b in s.get("published", [])},
-                                    int(s.get("used_ms", 0)))
+        self.sinks.load(state.get("sinks", {}))
         broker = self.broker
         lo, hi = broker.queue_bounds(STAGE_TOPIC, 0)
         offset = max(int(state.get("floor", 0)), lo)
@@ -311,7 +284,7 @@ class Staging:
                 chunks[seq] = chunk
                 self.chunks_held += 1
         elif op == OP_BEGIN and b is not None:
-            b.begun = [s for s in props.get(PROP_STAGES, "").split(",") if s]
+            self._begin(b, [s for s in props.get(PROP_STAGES, "").split(",") if s])
         elif op == OP_CHUNK and b is not None:
             c = b.stages.get(props.get(PROP_STAGE, ""), {}).get(int(props.get(PROP_SEQ, -1)))
             if c is not None:
@@ -322,14 +295,20 @@ class Staging:
     def _mark_published(self, sink: str, batch: int, now: int) -> None:
         # Other unpublished batches of the sink stay: a batch write publishes its partitions in any
         # order. Leftovers of failed attempts go with Abort or stage_ttl_ms.
-        self.sinks.setdefault(sink, Sink()).add(batch, now)
+        self.sinks.add(sink, batch, now)
         self._forget((sink, batch))
+
+    def _begin(self, b: Batch, stage_ids: list[str]) -> None:
+        if b.begun is None:
+            self._begun += 1
+        b.begun = stage_ids
 
     def _forget(self, key: tuple[str, int]) -> Batch | None:  # (published, aborted, expired)
         b = self.batches.pop(key, None)
         if b is not None:
             self.chunks_held -= sum(map(len, b.stages.values()))
-            assert self.chunks_held >= 0, self.chunks_held
+            self._begun -= b.begun is not None
+            assert self.chunks_held >= 0 and self._begun >= 0, (self.chunks_held, self._begun)
         return b
 
     def checkpoint(self, force: bool = False) -> None:
@@ -339,14 +318,12 @@ class Staging:
         if not force and now - self._checkpoint_ms < CHECKPOINT_EVERY_MS:
             return
         self._checkpoint_ms = now
-        for name in [n for n, s in self.sinks.items() if now - s.used_ms > SINK_FORGET_MS]:
-            del self.sinks[name]
+        self.sinks.forget_idle(now)
         floor = min((c.queue_offset for b in self.batches.values() for st in b.stages.values() for c in st.values()),
                     default=self.broker.queue_bounds(STAGE_TOPIC, 0)[1])
         fsutil.write_json(self._path, {
             "version": STATE_VERSION, "floor": floor,
-            "sinks": {n: {"below": s.below, "published": sorted(s.published), "used_ms": s.used_ms}
-                      for n, s in sorted(self.sinks.items())}})
+            "sinks": self.sinks.to_state()})
 
     def _retention_floor(self) -> int | None:
         return min((c.commit_offset for b in self.batches.values() for st in b.stages.values()
@@ -372,8 +349,7 @@ class Staging:
 
     # ----------------------------------------------------------------- API
     def is_published(self, sink_id: str, batch_id: int) -> bool:
-        s = self.sinks.get(sink_id)
-        return s is not None and s.has(batch_id)
+        return self.sinks.has(sink_id, batch_id)
 
     def stage(self, sink_id: str, batch_id: int, stage_id: str, seq: int, topic: str, rows: Rows) -> int:
         """Validate ``rows`` for ``topic`` and stage them as chunk ``seq`` of ``stage_id`` (page
@@ -555,6 +531,9 @@ class Staging:
                         f"{len(have)} of {chunks} chunks, {sum(c.rows for c in have.values())} of {rows} rows "
                         "(discarded or lost); write the batch again")
             stage_ids = begin = [r[0] for r in refs]
+            # A new publish may add a sink and a published id: refused past their limits, before
+            # any write (one that began before is finished whatever the limits).
+            self.sinks.admit(sink_id, batch_id, self.broker.clock.wall_ms(), self._begun)
         todo = [(sid, seq) for sid in stage_ids for seq in sorted(b.stages.get(sid, {}) if b is not None else {})
                 if not b.stages[sid][seq].published]  # type: ignore[union-attr]
         messages = sum(b.stages[sid][seq].rows for sid, seq in todo) if b is not None else 0
@@ -590,7 +569,8 @@ class Staging:
                 recs.append(self._op(OP_PUBLISHED, sink, batch, now, **{PROP_ROWS: str(total)}))
             broker.write_records(recs)
             if begin is not None:
-                b.begun, begin = begin, None
+                self._begin(b, begin)
+                begin = None
             c.published = True
             sent = broker.sent_by_topic  # chronoq.server.metrics: published rows are sends
             sent[c.topic] = sent.get(c.topic, 0) + len(messages)

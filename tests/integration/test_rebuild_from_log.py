@@ -75,7 +75,7 @@ class Node:
                                 tuple(sorted((stage, seq, c.queue_offset, c.rows, c.published)
                                              for stage, chunks in b.stages.items() for seq, c in chunks.items())))
                                for key, b in st.batches.items())
-        out["published"] = sorted((sink, batch) for sink, state in st.sinks.items()
+        out["published"] = sorted((sink, batch) for sink, state in st.sinks.by_name.items()
                                   for batch in range(max(state.published | {state.below}) + 1) if state.has(batch))
         return out
 

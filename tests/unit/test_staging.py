@@ -236,3 +236,78 @@ def test_chunks_restored_past_a_lowered_limit_are_all_kept(tmp_path):
         st.stage("s", 2, "c", 0, "out", _rows(1))
     assert _publish(st, "s", 0, [("a", 4, 8)]).messages == 8 and st.chunks_held == 0
     broker.close()
+
+
+def _stage_end(broker):
+    return broker.queue_bounds(STAGE_TOPIC, 0)[1]
+
+
+def test_new_sinks_stop_at_max_stage_sinks_before_any_write_and_idle_ones_make_room(tmp_path):
+    clock = FakeClock()
+    broker, st = _open(tmp_path, clock, max_stage_sinks=2)
+    _publish(st, "job:a", 0, [])
+    st.stage("job:b", 0, "s", 0, "out", _rows(2))
+    _publish(st, "job:b", 0, [("s", 1, 2)])
+    st.stage("job:c", 0, "s", 0, "out", _rows(1))  # staging is bounded by max_staged_chunks, not here
+    end = _stage_end(broker)
+    with pytest.raises(errors.TooManyRequests, match=r"max_stage_sinks \(2\)") as refused:
+        st.publish("job:c", 0, [("s", 1, 1)])
+    assert "job:c" in str(refused.value)
+    assert _stage_end(broker) == end  # refused before anything is written
+    assert len(_visible(broker)) == 2 and not st.is_published("job:c", 0) and st.sinks.get("job:c") is None
+    # Sinks already held publish on, and a replay of a published batch is still answered.
+    assert _publish(st, "job:a", 1, []).messages == 0 and _publish(st, "job:b", 0, []).already_published
+    clock.advance(30 * 86_400_000 + 1)
+    _publish(st, "job:a", 2, [])  # job:a stays in use; job:b goes idle past SINK_FORGET_MS
+    assert _publish(st, "job:c", 0, [("s", 1, 1)]).messages == 1  # job:b was forgotten to make room
+    assert len(st.sinks) == 2 and st.sinks.get("job:b") is None
+    broker.close()
+
+
+def test_published_ids_above_a_gap_stop_at_max_stage_published_ids_and_in_order_ones_never_do(tmp_path):
+    broker, st = _open(tmp_path, max_stage_published_ids=2)
+    for batch in (5, 7):  # partitions finished before partition 0: held one by one
+        _publish(st, "job:x", batch, [])
+    assert st.sinks.ids_held == 2
+    end = _stage_end(broker)
+    with pytest.raises(errors.TooManyRequests, match=r"max_stage_published_ids \(2\)"):
+        st.publish("job:x", 9, [])
+    with pytest.raises(errors.TooManyRequests, match="max_stage_published_ids"):
+        st.publish("job:new", 3, [])  # a new sink starting above 0 would hold an id too...
+    assert _stage_end(broker) == end and st.sinks.get("job:new") is None  # ...refused whole
+    for batch in range(0, 5):  # in order from ``below``: never refused, and they fold 5 in
+        _publish(st, "job:x", batch, [])
+        _publish(st, "stream", batch, [])
+    assert st.sinks.ids_held == 1 and st.sinks.get("job:x").below == 6
+    _publish(st, "job:x", 9, [])
+    assert st.sinks.ids_held == 2
+    broker.close()
+
+
+def test_a_publish_under_way_counts_toward_max_stage_published_ids(tmp_path):
+    broker, st = _open(tmp_path, max_stage_published_ids=1)
+    for seq in range(2):
+        st.stage("s", 4, "a", seq, "out", _rows(1, f"c{seq}"))
+    steps = st.publish("s", 4, [("a", 2, 2)]).steps(st)
+    next(steps)  # the first chunk (and "begin") written: this publish will hold id 4
+    with pytest.raises(errors.TooManyRequests, match=r"1 publishes under way"):
+        st.publish("s", 8, [])
+    assert list(steps) == [1] and st.sinks.ids_held == 1
+    broker.close()
+
+
+def test_sinks_and_ids_restored_past_lowered_limits_are_all_kept(tmp_path, caplog):
+    broker, st = _open(tmp_path)
+    for name in ("a", "b", "c"):
+        _publish(st, name, 3, [])
+    st.checkpoint(force=True)
+    _publish(st, "d", 0, [])  # after the state file: replayed from the log
+    broker.close()
+    broker, st = _open(tmp_path, max_stage_sinks=2, max_stage_published_ids=2)
+    assert len(st.sinks) == 4 and st.sinks.ids_held == 3
+    assert all(st.is_published(n, 3) for n in "abc") and st.is_published("d", 0)
+    assert "all kept" in caplog.text
+    with pytest.raises(errors.TooManyRequests, match="max_stage_sinks"):
+        st.publish("e", 0, [])
+    _publish(st, "d", 1, [])  # a held sink publishing in order is never refused
+    broker.close()
