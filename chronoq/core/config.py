@@ -36,6 +36,11 @@ class BrokerConfig:
     # http_port 0 picks a free port (announced in the "chronoq is ready" line); negative: no listener.
     http_host: str = "127.0.0.1"
     http_port: int = 8082
+    # Connections the HTTP listener holds at once (chronoq.server.http, where the default is
+    # explained); one more is answered 503 and closed. They come out of the open-files reserve.
+    http_max_connections: int = 64
+    # An HTTP connection with no request under way (or a request's headers not all in) this long is closed.
+    http_idle_timeout_ms: int = 30_000
     # Address clients are told to dial (the route's broker endpoint); default host:port.
     advertised_address: str = ""
     broker_name: str = "chronoq"
@@ -203,6 +208,10 @@ class BrokerConfig:
         if self.http_port > 65535:
             raise errors.ClientError(f"http_port {self.http_port} is out of range (0: any free port, "
                                      "negative: no HTTP listener)")
+        if not 1 <= self.http_max_connections <= 10_000:
+            raise errors.ClientError(f"http_max_connections must be from 1 to 10000, not {self.http_max_connections}")
+        if not 100 <= self.http_idle_timeout_ms <= 86_400_000:
+            raise errors.ClientError(f"http_idle_timeout_ms must be from 100 to 86400000, not {self.http_idle_timeout_ms}")
         if self.cq_open_files != 0 and not 16 <= self.cq_open_files <= 1_000_000:
             raise errors.ClientError(f"cq_open_files must be 0 (automatic) or from 16 to 1000000, not {self.cq_open_files}")
         if not 1 <= self.max_topics <= 10_000_000:

@@ -30,10 +30,24 @@ all of it is read on the event loop thread, the same thread the gRPC front end r
   ``CollectorRegistry``; ``.snapshot()`` a dict of the figures ``chronoq stats`` shows).
 
 Nothing here may block the loop for long: a scrape reads counters the broker already keeps.
+
+Connections (``CappedServer``; docs/security.md, "HTTP listener"): at most ``http_max_connections``
+are open at once. One more is answered ``503`` naming the limit and closed at once, before its
+request is read; it costs no handler and holds no descriptor after that. It is an operator's port
+(a Prometheus scraper, a few console tabs): 64 is far more than they use, and the descriptors
+come out of the broker's own reserve (``chronoq.server.process.connections_that_fit``).
+
+aiohttp closes a connection idle for ``keepalive_timeout`` (3630 s unless told), counted from the
+connection's start or its last answer, and not moved by bytes of an unfinished request: so it is
+also the bound on reading a request's headers (a client sending a byte a second, "slow loris").
+It is set to ``http_idle_timeout_ms`` (30 s: a scraper polls every 15-60 s and reconnects at no
+real cost). A connection still open ``LIFETIME_S`` after it was accepted is
+aborted whatever it does (a body sent slowly, an answer never read: aiohttp bounds neither in time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 
@@ -47,6 +61,10 @@ log = logging.getLogger("chronoq.http")
 
 RUNTIME_KEY = web.AppKey("chronoq_runtime", object)  # app[RUNTIME_KEY] is the runtime
 CONSOLE_MODULE = "chronoq.console"
+# Any connection is aborted this long after it was accepted: no console page or scrape takes a
+# fraction of it, so only a stalled or hostile peer (a body trickled in, an answer never read) meets it.
+LIFETIME_S = 300.0
+REFUSED_LOG_EVERY_S = 60.0  # refused connections are logged at most this often (a count)
 
 
 def _load_console():
@@ -122,6 +140,81 @@ class WrongPortFilter(logging.Filter):
 _PICKS = 8  # picks of "any free port" before giving up (each refused one is the gRPC port)
 
 
+class _Refused(asyncio.Protocol):
+    """A connection past the limit: one 503 naming it, then closed."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+
+    def connection_made(self, transport) -> None:
+        # (A few hundred bytes: always fit the socket's buffer. A client whose request is already
+        # in, unread, may see a reset instead: closing at once is what keeps refusals cheap.)
+        transport.write(self.answer)
+        transport.close()
+
+
+class CappedServer(web.Server):
+    """aiohttp's connection factory with at most ``limit`` connections open and a lifetime each.
+
+    Counted when accepted (the factory), so a burst of accepts in one loop pass cannot pass the
+    limit, and released when the connection is lost (``connection_lost``, every accepted one)."""
+
+    def __init__(self, *args, limit: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        assert limit >= 1
+        self.limit = limit
+        self.open = 0  # connections accepted and not yet lost
+        self.refused = 0  # connections refused since start
+        self._refused_logged = (0.0, 0)  # (loop time, ``refused``) at the last log line
+        self._deadlines: dict = {}  # handler -> its LIFETIME_S abort
+        body = (f"too many HTTP connections: {limit} are open, the limit is http_max_connections ({limit}); "
+                "close idle ones or raise http_max_connections\n").encode()
+        self._answer = (b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def __call__(self):
+        if self.open >= self.limit:
+            self.refused += 1
+            self._log_refused()
+            return _Refused(self._answer)
+        self.open += 1
+        return super().__call__()
+
+    def connection_made(self, handler, transport) -> None:
+        super().connection_made(handler, transport)
+        self._deadlines[handler] = self._loop.call_later(LIFETIME_S, transport.abort)
+
+    def connection_lost(self, handler, exc=None) -> None:
+        deadline = self._deadlines.pop(handler, None)
+        if deadline is not None:
+            deadline.cancel()
+        self.open -= 1
+        assert self.open >= 0, self.open
+        super().connection_lost(handler, exc)
+
+    def _log_refused(self) -> None:
+        now = self._loop.time()
+        at, count = self._refused_logged
+        if count and now - at < REFUSED_LOG_EVERY_S:
+            return
+        self._refused_logged = (now, self.refused)
+        log.warning("HTTP listener: %d connection(s) refused since start (%d new): %d are open, the limit "
+                    "is http_max_connections (%d)", self.refused, self.refused - count, self.open, self.limit)
+
+
+class _Runner(web.AppRunner):
+    """``web.AppRunner`` whose server is a ``CappedServer``."""
+
+    def __init__(self, app: web.Application, limit: int, **kwargs) -> None:
+        super().__init__(app, **kwargs)
+        self._limit = limit
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()  # (the app frozen, its handler and kwargs as aiohttp sets them)
+        return CappedServer(server.request_handler, request_factory=server.request_factory,
+                            handler_cancellation=server.handler_cancellation, limit=self._limit, **server._kwargs)
+
+
 class HttpFrontEnd:
     """Serves ``build_app(runtime)`` on ``config.http_host:config.http_port``."""
 
@@ -157,7 +250,8 @@ class HttpFrontEnd:
         logging.getLogger("aiohttp.server").addFilter(self._filter)
 
     async def _listen(self) -> web.AppRunner:
-        runner = web.AppRunner(build_app(self.runtime), access_log=None, handle_signals=False)
+        runner = _Runner(build_app(self.runtime), self.config.http_max_connections, access_log=None,
+                         handle_signals=False, keepalive_timeout=self.config.http_idle_timeout_ms / 1000)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.config.http_port, reuse_port=False)
         try:

@@ -29,8 +29,9 @@ TRIM_THRESHOLD_BYTES = 32 << 20
 OPEN_FILES_UNLIMITED = 1 << 20
 # Descriptors kept for what the broker opens besides connections and consume-queue files: commit-log
 # segments (one per segment read), schedule buckets (up to 256 written at once), the POP log,
-# checkpoints' temporary files, the HTTP listener's connections, the event loop's own. An idle
-# broker holds ~24; a quarter of the limit, at most this many, is kept.
+# checkpoints' temporary files, the event loop's own. An idle broker holds ~24; a quarter of the
+# limit, at most this many, is kept. The HTTP listener's connections (http_max_connections) are
+# kept on top of it (connections_that_fit), so they cannot eat into it.
 FD_RESERVE_MAX = 256
 CONNECTIONS_MIN = 16  # taken whatever the limit: a broker that cannot take a few is useless anyway
 
@@ -109,16 +110,17 @@ def raise_open_files_limit() -> str:
     return f"open files: limit raised {soft} -> {target}"
 
 
-def connections_that_fit(wanted: int, open_files: int, cq_files: int) -> int:
+def connections_that_fit(wanted: int, open_files: int, cq_files: int, http_connections: int = 0) -> int:
     """The connections a broker may hold under the open-files limit ``open_files`` when its
-    consume-queue files may take ``cq_files`` descriptors: ``wanted`` (``h2_max_connections``)
-    when everything fits, else what is left after those files and the reserve.
+    consume-queue files may take ``cq_files`` descriptors and its HTTP listener
+    ``http_connections``: ``wanted`` (``h2_max_connections``) when everything fits, else what is
+    left after those and the reserve.
 
     Why: a descriptor taken by a connection is one the broker cannot use to write a checkpoint or
     roll a segment. Measured under a hard limit of 512 (before this): 488 idle HTTP/2 connections
     took every descriptor left, and until they closed every checkpoint failed with EMFILE."""
     reserve = min(FD_RESERVE_MAX, open_files // 4)
-    return max(CONNECTIONS_MIN, min(wanted, open_files - cq_files - reserve))
+    return max(CONNECTIONS_MIN, min(wanted, open_files - cq_files - http_connections - reserve))
 
 
 def connection_limits(cfg):
@@ -134,13 +136,14 @@ def connection_limits(cfg):
     if soft == resource.RLIM_INFINITY:
         return limits
     cq_files = cfg.cq_open_files or fdbudget.default_limit()  # (as the store sizes its budget)
-    fit = connections_that_fit(limits.max_connections, soft, cq_files)
+    http = cfg.http_max_connections if cfg.http_port >= 0 else 0  # (negative port: no HTTP listener)
+    fit = connections_that_fit(limits.max_connections, soft, cq_files, http)
     if fit >= limits.max_connections:
         return limits
     log.warning("open files: the limit of %d descriptors leaves room for %d connections, not "
-                "h2_max_connections (%d): consume-queue files may take %d (cq_open_files) and %d are kept "
-                "for the broker's other files; at most %d connections are taken. Raise the hard "
-                "open-files limit (systemd LimitNOFILE=, ulimit -Hn, docker --ulimit nofile=) or lower "
-                "h2_max_connections to silence this", soft, fit, limits.max_connections, cq_files,
-                min(FD_RESERVE_MAX, soft // 4), fit)
+                "h2_max_connections (%d): consume-queue files may take %d (cq_open_files), the HTTP listener "
+                "%d (http_max_connections), and %d are kept for the broker's other files; at most %d "
+                "connections are taken. Raise the hard open-files limit (systemd LimitNOFILE=, ulimit -Hn, "
+                "docker --ulimit nofile=) or lower h2_max_connections to silence this", soft, fit,
+                limits.max_connections, cq_files, http, min(FD_RESERVE_MAX, soft // 4), fit)
     return replace(limits, max_connections=fit)

@@ -127,20 +127,20 @@ def _checkpoint_written_after(data: str, mtime_ns: int) -> bool:
 def test_connections_are_capped_to_fit_a_low_hard_open_files_limit(tmp_path, monkeypatch):
     """Under a hard limit of 512, h2_max_connections (1,000) does not fit beside the consume-queue
     files (128) and the broker's other files: before, 488 idle connections took every descriptor
-    left and every checkpoint failed with EMFILE until they closed. Now the broker takes 256 (one
-    WARNING line says so) and keeps writing its files."""
+    left and every checkpoint failed with EMFILE until they closed. Now the broker takes 192 (one
+    WARNING line says so: 512 - 128 - 64 kept for the HTTP listener - 128 kept) and keeps writing its files."""
     monkeypatch.setenv(NOFILE_ENV, "512")
     data = str(tmp_path / "data")
     broker = ChronoqProcess(data, module="tests.integration.nofile_serve")
     try:
-        assert "leaves room for 256 connections, not h2_max_connections (1000)" in broker.output()
+        assert "leaves room for 192 connections, not h2_max_connections (1000)" in broker.output()
         with _idle_connections(broker.endpoint, 400):  # more than fit: the extra ones get GOAWAY
-            wait_until(lambda: value(scrape(broker.http_url), "chronoq_grpc_connections") == 256, 30,
-                       what="256 connections held")
+            wait_until(lambda: value(scrape(broker.http_url), "chronoq_grpc_connections") == 192, 30,
+                       what="192 connections held")
             assert _open_fds(broker.proc.pid) < 512
             since = os.stat(os.path.join(data, "checkpoint.json")).st_mtime_ns
             wait_until(lambda: _checkpoint_written_after(data, since), 30, what="a checkpoint under the flood")
-            assert value(scrape(broker.http_url), "chronoq_grpc_connections") == 256
+            assert value(scrape(broker.http_url), "chronoq_grpc_connections") == 192
         assert asyncio.run(_round_trip(broker.endpoint, "nf-conn")) == [b"still serving"]
         assert "Too many open files" not in broker.output()
     finally:

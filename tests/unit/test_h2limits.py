@@ -77,3 +77,7 @@ def test_connections_fit_what_the_open_files_limit_leaves():
     assert connections_that_fit(1000, 512, 128) == 256  # a quarter of the limit is kept below 1,024
     assert connections_that_fit(100, 512, 128) == 100  # a lower configured limit stays
     assert connections_that_fit(1000, 100, 64) == CONNECTIONS_MIN  # hopeless, but a few are taken
+    # The HTTP listener's connections (http_max_connections) are kept on top of the reserve.
+    assert connections_that_fit(1000, 1024, 256, 64) == 448
+    assert connections_that_fit(1000, 512, 128, 64) == 192
+    assert connections_that_fit(100, 512, 128, 64) == 100
