@@ -8,8 +8,9 @@ batch is not published twice. State file part (under ``"sinks"``)::
     {"<sink id>": {"below": <int>, "published": [<batch id>, ...], "used_ms": <ms>}}
 
 A batch id is published iff it is in ``published`` or below ``below`` (every id of a contiguous
-run from 0 is folded into ``below``; past ``PUBLISHED_KEEP`` ids in one sink the oldest are folded
-in too). A sink unused for ``SINK_FORGET_MS`` is forgotten.
+run from 0 is folded into ``below``; nothing else is: an id is never counted published on a
+guess, which would answer a late partition's publish ``already_published`` and drop its rows).
+A sink unused for ``SINK_FORGET_MS`` is forgotten.
 
 Limits (a client choosing sink ids and batch ids could otherwise make the broker hold any number):
 
@@ -18,8 +19,8 @@ Limits (a client choosing sink ids and batch ids could otherwise make the broker
   every ``CHECKPOINT_EVERY_MS`` while publishes go on: 10,000 sinks are ~1 MB and 20-50 ms a rewrite.
 * ``max_stage_published_ids`` batch ids held in ``published`` sets, every sink together. Ids in
   a contiguous run cost nothing (``below``); an id above a gap costs ~78 bytes of memory and ~11 of
-  the file. Without this bound a sink could hold ``PUBLISHED_KEEP`` (100,000) ids, ~7.8 MB, and
-  the sink limit times that is far too much.
+  the file. It is the one bound on them: ids above a gap are kept until the gap is filled (a
+  sink once folded its oldest past 100,000 into ``below`` as if published, the loss above).
 
 A ``Publish`` that would add a sink, or an id above a gap, past its limit is refused
 (``TooManyRequests``) before anything is written. Publishes that began before (a durable
@@ -36,7 +37,6 @@ from chronoq.core import errors
 
 log = logging.getLogger("chronoq.features.staging")
 
-PUBLISHED_KEEP = 100_000
 SINK_FORGET_MS = 30 * 86_400_000
 IDLE_SCAN_EVERY_MS = 5_000  # a refused new sink looks for idle sinks to forget at most this often
 
@@ -57,12 +57,6 @@ class Sink:
         while self.below in published:  # a contiguous run from ``below`` needs no set entries
             published.discard(self.below)
             self.below += 1
-        if len(published) > PUBLISHED_KEEP:
-            # Far more ids than any replay needs (Spark replays its newest batch; a batch job's
-            # partitions finish close together): keep the newest, count everything below as done.
-            keep = sorted(published)[-PUBLISHED_KEEP:]
-            self.below = max(self.below, keep[0])
-            self.published = set(keep)
 
 
 class Sinks:

@@ -311,3 +311,17 @@ def test_sinks_and_ids_restored_past_lowered_limits_are_all_kept(tmp_path, caplo
         st.publish("e", 0, [])
     _publish(st, "d", 1, [])  # a held sink publishing in order is never refused
     broker.close()
+
+
+def test_a_sink_never_counts_an_unpublished_batch_id_as_published_however_many_it_holds():
+    """Ids above a gap stay until the gap fills (the id limit is what bounds them): a sink once
+    folded its oldest past 100,000 into "published", and a late publish of a folded-over id
+    would have been answered already_published with its rows dropped."""
+    from chronoq.features.stagesinks import Sink
+
+    s = Sink()
+    for batch in range(1, 120_001):  # batch 0 is late
+        s.add(batch, 1)
+    assert not s.has(0) and s.has(1) and s.has(120_000) and len(s.published) == 120_000
+    s.add(0, 2)  # the gap fills: everything folds into one number
+    assert s.below == 120_001 and not s.published and s.has(0) and not s.has(120_001)
