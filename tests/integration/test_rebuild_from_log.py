@@ -192,8 +192,14 @@ def _delete_derived(data_dir: str) -> None:
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.unlink(path)
+    # (a kill -9 inside ``fsutil.atomic_write`` leaves ``<file>.tmp``: the next write of that file
+    # truncates it, and it is never read; a derived file's is derived too)
+    for name in os.listdir(data_dir):
+        if name.endswith(".tmp") and name[:-4] in DERIVED:
+            os.unlink(os.path.join(data_dir, name))
     left = sorted(os.listdir(data_dir))
-    assert set(left) <= set(SOURCES) | {"LOCK"}, f"unclassified files in the data directory: {left}"
+    assert set(left) <= {*SOURCES, *(f"{n}.tmp" for n in SOURCES if "." in n), "LOCK"}, \
+        f"unclassified files in the data directory: {left}"
 
 
 def _assert_same(a_state: dict, b_state: dict, names: tuple[str, str] = ("live", "rebuilt")) -> None:
