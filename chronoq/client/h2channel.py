@@ -40,11 +40,13 @@ from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, E
                                  HEADERS, HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
                                  PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
                                  S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
-                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, ConnectionWindows, Decoder, HpackError,
-                                 RequestEncoder, StreamWindows, UnsupportedEncoding, decompress, frame,
+                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
+                                 UnsupportedEncoding, decompress, frame,
                                  goaway_frame, header_fragment, literal, literal_block, parse_goaway, parse_settings,
                                  read_frames, rst_stream_frame, settings_frame, timeout_text, trailers, unpad,
                                  window_increment)
+# (from their module: the compiled build's _Call and _Connection extend these C types, h2channel.pxd)
+from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
@@ -108,7 +110,7 @@ class _Call(StreamWindows):
         self.deadline = deadline         # loop time; inf without one
 
 
-class _Connection(ConnectionWindows, asyncio.Protocol):
+class _Connection(ConnectionWindows):
     """One HTTP/2 connection and its calls. Everything runs on the event loop thread."""
 
     def __init__(self, authority: str, scheme: str) -> None:
@@ -149,6 +151,17 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self._close(self.error or f"connection lost{f': {exc}' if exc else ''}")
+
+    # (asyncio.Protocol's defaults, which a compiled _Connection, a C type, cannot inherit: a
+    # half-close closes the transport; a full write buffer does not stop the calls, as before)
+    def eof_received(self) -> None:
+        return None
+
+    def pause_writing(self) -> None:
+        pass
+
+    def resume_writing(self) -> None:
+        pass
 
     def data_received(self, data: bytes) -> None:
         if self.closed:  # (what still comes is dropped)
@@ -317,7 +330,7 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
             return
         body = data[5:] if type(data) is bytes else bytes(data[5:])
         if compressed:
-            encoding = next((v for k, v in call.headers or () if k == "grpc-encoding"), "identity")
+            encoding = _grpc_encoding(call.headers)
             try:
                 body = decompress(body, encoding)
             except (UnsupportedEncoding, zlib.error) as exc:
@@ -344,7 +357,7 @@ class _Connection(ConnectionWindows, asyncio.Protocol):
         if self._room is not None:
             self._room.set()
 
-    async def room(self) -> None:
+    async def wait_for_slot(self) -> None:
         """Wait while the server's limit of concurrent streams is reached (and the connection usable)."""
         while len(self.calls) >= self.peer_max_streams and self.usable:
             if self._room is None:
@@ -501,6 +514,10 @@ class _Refused(Exception):
     """The server did not process the call (REFUSED_STREAM, or above a GOAWAY's last stream)."""
 
 
+def _grpc_encoding(fields) -> str:
+    return next((v for k, v in fields or () if k == "grpc-encoding"), "identity")
+
+
 def _metadata(fields) -> list[tuple[str, str]]:
     return [(k, v) for k, v in fields or () if not k.startswith(":") and k not in ("grpc-status", "grpc-message")]
 
@@ -591,7 +608,7 @@ class Channel:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         conn = await self._connection(timeout)
-        await conn.room()
+        await conn.wait_for_slot()
         if not conn.usable:
             raise _Refused()
         return conn, None if deadline is None else max(deadline - loop.time(), 0.0)
