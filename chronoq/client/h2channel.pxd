@@ -8,6 +8,7 @@
 import cython
 
 from chronoq.protocol.h2.flow cimport ConnectionWindows, StreamWindows
+from chronoq.protocol.h2.hpackenc cimport literal
 
 
 cdef class _Call(StreamWindows):
@@ -40,6 +41,7 @@ cdef class _Connection(ConnectionWindows):
     cpdef _freed(self)
     @cython.locals(cached=tuple, state=tuple, fields=list, out=list, clean=bint)
     cpdef bytes _header_block(self, path, timeout, fixed, metadata)
+    @cython.locals(stable=frozenset)
     cpdef _fields(self, metadata, list out)
     @cython.locals(call=_Call, sid=Py_ssize_t, n=Py_ssize_t, size=Py_ssize_t, block=bytes, head=bytes)
     cpdef _Call send(self, path, fixed, metadata, timeout, message)

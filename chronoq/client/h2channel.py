@@ -41,12 +41,13 @@ from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, E
                                  PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
                                  S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
                                  S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
-                                 UnsupportedEncoding, decompress, frame,
-                                 goaway_frame, header_fragment, literal, literal_block, parse_goaway, parse_settings,
-                                 read_frames, rst_stream_frame, settings_frame, timeout_text, trailers, unpad,
-                                 window_increment)
-# (from their module: the compiled build's _Call and _Connection extend these C types, h2channel.pxd)
+                                 UnsupportedEncoding, decompress, frame, goaway_frame, header_fragment,
+                                 literal_block, parse_goaway, parse_settings, read_frames, rst_stream_frame,
+                                 settings_frame, timeout_text, trailers, unpad, window_increment)
+# (from their modules: the compiled build's _Call and _Connection extend these C types, and calls
+# literal as a C function, h2channel.pxd)
 from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
+from chronoq.protocol.h2.hpackenc import literal
 
 OUR_STREAM_WINDOW = 8 << 20    # what a server may send per call before we grant more
 OUR_CONN_WINDOW = 32 << 20     # and on the whole connection

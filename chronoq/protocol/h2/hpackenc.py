@@ -16,11 +16,15 @@ DEFAULT_TABLE = 4096   # the peer's HPACK table until its SETTINGS say otherwise
 STATUS_200 = b"\x88"   # ":status: 200", static index 8
 
 
+# Every one-byte string: an integer within its prefix (most) is one of these, not a new object.
+_BYTE = tuple(bytes((i,)) for i in range(256))
+
+
 def encode_integer(value: int, prefix: int, first: int = 0) -> bytes:
     """RFC 7541 §5.1: ``value`` with a ``prefix``-bit prefix, ``first`` holding the bits above it."""
     limit = (1 << prefix) - 1
     if value < limit:
-        return bytes([first | value])
+        return _BYTE[first | value]
     out = bytearray([first | limit])
     value -= limit
     while value >= 0x80:
@@ -34,7 +38,7 @@ def literal(name: str, value: str | bytes) -> bytes:
     """One field as "literal header field without indexing, new name", no Huffman."""
     n = name.encode("latin-1")
     v = value if isinstance(value, bytes) else value.encode("latin-1")
-    return b"\x00" + encode_integer(len(n), 7) + n + encode_integer(len(v), 7) + v
+    return b"".join((b"\x00", encode_integer(len(n), 7), n, encode_integer(len(v), 7), v))  # (one copy)
 
 
 def literal_block(fields) -> bytes:
