@@ -56,6 +56,7 @@ COMPILED_MODULES = (
     "chronoq.timer.schedlog",
     "chronoq.timer.handle",
     "chronoq.client.h2channel",
+    "chronoq.client.client",
     "chronoq.server.h2streams",
     "chronoq.server.h2server",
     "chronoq.server.h2calls",
