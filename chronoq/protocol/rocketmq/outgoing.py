@@ -29,10 +29,14 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from chronoq.core.delay_levels import DELAY_LEVEL_PROPERTY
 from chronoq.protocol.rocketmq import fields as f
+# (by name: the compiled build calls these as C functions, outgoing.pxd)
+from chronoq.protocol.rocketmq.fields import field, string_field, timestamp
 
 _NORMAL, _FIFO, _DELAY = pb.NORMAL, pb.FIFO, pb.DELAY
 _ENCODING = f.K_SP_BODY_ENCODING + f.varint(pb.IDENTITY)
 _TYPES = {t: f.K_SP_MESSAGE_TYPE + f.varint(t) for t in (_NORMAL, _FIFO, _DELAY)}
+_K_GROUP, _K_DELIVERY, _K_TAG, _K_KEYS = f.K_SP_MESSAGE_GROUP, f.K_SP_DELIVERY_TIMESTAMP, f.K_SP_TAG, f.K_SP_KEYS
+_K_BORN = f.K_SP_BORN_TIMESTAMP
 _NAMES_CACHE_MAX = 1024
 _SHAPES_MAX = 1024  # bytes before the id kept per (topic, tag, type, lengths): cleared when full
 # What a message's shape is read from, in one C-level call per message.
@@ -60,7 +64,7 @@ class SendRequestEncoder:
         if head is None:  # producers send to a few topics over and over
             if len(self._topic_fields) >= _NAMES_CACHE_MAX:
                 self._topic_fields.clear()
-            head = self._topic_fields[topic] = f.field(f.K_MESSAGE_TOPIC, f.resource(topic, self.namespace))
+            head = self._topic_fields[topic] = field(f.K_MESSAGE_TOPIC, f.resource(topic, self.namespace))
         return head
 
     def _common(self, born_ms: int, mtype: int) -> bytes:
@@ -68,7 +72,7 @@ class SendRequestEncoder:
         millisecond share them; each type's made when first asked for)."""
         if born_ms != self._born_ms:
             self._born_ms, self._by_type = born_ms, {}
-            self._born = f.field(f.K_SP_BORN_TIMESTAMP, f.timestamp(born_ms)) + self._host
+            self._born = field(_K_BORN, timestamp(born_ms)) + self._host
         common = self._by_type.get(mtype)
         if common is None:
             common = self._by_type[mtype] = _ENCODING + _TYPES[mtype] + self._born
@@ -85,15 +89,13 @@ class SendRequestEncoder:
         """
         pieces: list[bytes] = []
         extend = pieces.extend
-        field, text, timestamp = f.field, f.string_field, f.timestamp
-        k_group, k_delivery, k_tag, k_keys = f.K_SP_MESSAGE_GROUP, f.K_SP_DELIVERY_TIMESTAMP, f.K_SP_TAG, f.K_SP_KEYS
-        topic_fields, shapes, common_of = self._topic_fields, self._shapes, self._common
+        topic_fields, shapes = self._topic_fields, self._shapes
         for topic, tag, keys, props, group, deliver_at_ms, level, message_id, body in map(_ATTRS, messages):
             mid = message_id.encode() if message_id else next(fresh_ids)
             if group:
-                mtype, tail = _FIFO, text(k_group, group)
+                mtype, tail = _FIFO, string_field(_K_GROUP, group)
             elif deliver_at_ms is not None:
-                mtype, tail = _DELAY, field(k_delivery, timestamp(int(deliver_at_ms)))
+                mtype, tail = _DELAY, field(_K_DELIVERY, timestamp(int(deliver_at_ms)))
             else:
                 mtype, tail = _NORMAL, b""
             if keys or props or level:  # a shape of its own
@@ -103,19 +105,19 @@ class SendRequestEncoder:
                 head = topic_fields.get(topic) or self._topic_field(topic)
                 if props:
                     head += f.properties(props)
-                sp_head = text(k_tag, tag) if tag else b""
+                sp_head = string_field(_K_TAG, tag) if tag else b""
                 if keys:
-                    sp_head += b"".join([text(k_keys, k) for k in keys])
-                common = common_of(born_ms, mtype)
+                    sp_head += b"".join([string_field(_K_KEYS, k) for k in keys])
+                common = self._common(born_ms, mtype)
                 prefix, body_head = _parts(head, sp_head, len(common), len(mid), len(tail), len(body))
             else:
-                common = common_of(born_ms, mtype)
+                common = self._common(born_ms, mtype)
                 at = (topic, tag, mtype, len(mid), len(tail), len(common), len(body))
                 shape = shapes.get(at)
                 if shape is None:
                     if len(shapes) >= _SHAPES_MAX:
                         shapes.clear()
-                    shape = shapes[at] = _parts(self._topic_field(topic), text(k_tag, tag) if tag else b"",
+                    shape = shapes[at] = _parts(self._topic_field(topic), string_field(_K_TAG, tag) if tag else b"",
                                                 len(common), len(mid), len(tail), len(body))
                 prefix, body_head = shape
             if tail:

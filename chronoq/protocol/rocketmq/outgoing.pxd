@@ -1,0 +1,21 @@
+# C types for the compiled build of outgoing.py (Cython reads this file beside it; the pure build
+# ignores it, and both run the same source). The encoder is a C struct, its state read without a
+# lookup, and the field helpers it calls per message (fields.pxd) are C calls: a lone send, what
+# most applications do, runs this once per call.
+import cython
+
+from chronoq.protocol.rocketmq.fields cimport field, string_field, timestamp
+
+
+cdef class SendRequestEncoder:
+    cdef public str namespace
+    cdef public bytes _host, _born
+    cdef public object _born_ms
+    cdef public dict _topic_fields, _by_type, _shapes
+
+    cpdef bytes _topic_field(self, topic)
+    @cython.locals(common=bytes)
+    cpdef bytes _common(self, born_ms, mtype)
+    @cython.locals(pieces=list, topic_fields=dict, shapes=dict, mid=bytes, tail=bytes, head=bytes, sp_head=bytes,
+                   common=bytes, prefix=bytes, body_head=bytes, shape=tuple)
+    cpdef bytes encode(self, messages, born_ms, fresh_ids)
