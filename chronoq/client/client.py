@@ -42,7 +42,7 @@ from chronoq.client import h2channel as h2client
 from chronoq.protocol.rocketmq import fields
 from chronoq.protocol.rocketmq.ack import ack_and_receive_request, ack_request, split_ack_and_receive_response
 from chronoq.protocol.rocketmq.receive import split_receive_batch
-from chronoq.protocol.rocketmq.outgoing import SendRequestEncoder
+from chronoq.protocol.rocketmq.outgoing import SendRequestEncoder, send_results
 from chronoq.core import delay_levels
 from chronoq.core.msgid import new_message_id, new_message_ids
 from chronoq.pop.names import ACK_ENTRIES_MAX
@@ -215,7 +215,8 @@ class Client:
                                                    spb.ChangeInvisibleDurationResponse.FromString)
         # The per-message calls take requests already encoded (chronoq.protocol.rocketmq): no protobuf object
         # per message on this side. Answers are parsed by the generated classes as usual.
-        self._send_raw = unary.unary_unary(_MS + "SendMessage", response_deserializer=spb.SendMessageResponse.FromString)
+        # (its answer read by hand, outgoing.send_results: no generated class per call)
+        self._send_raw = unary.unary_unary(_MS + "SendMessage", response_deserializer=send_results)
         self._ack_raw = unary.unary_unary(_MS + "AckMessage", response_deserializer=spb.AckMessageResponse.FromString)
         # chronoq's ReceiveMessage in one answer (receive.receive_batch); a RocketMQ proxy answers
         # UNIMPLEMENTED and the client streams from then on.
@@ -312,16 +313,15 @@ class Client:
 
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
         """Send many messages in one SendMessage call; one receipt per message, in order."""
-        resp = await self._unary(self._send_raw, self._send_request_bytes(messages), self.timeout)
-        self._check(resp.status)
+        code, message, entries = await self._unary(self._send_raw, self._send_request_bytes(messages), self.timeout)
+        if code not in OK_CODES:
+            raise ClientError(code, message)
         receipts = []
         add = receipts.append
-        for entry in resp.entries:  # (one pass: each entry's wrapper made once)
-            status = entry.status
-            if status.code not in OK_CODES:
-                raise ClientError(status.code, status.message)
-            message = status.message
-            add(SendReceipt(entry.message_id, entry.offset, entry.recall_handle, entry.transaction_id,
+        for code, message, message_id, offset, recall_handle, transaction_id in entries:
+            if code not in OK_CODES:
+                raise ClientError(code, message)
+            add(SendReceipt(message_id, offset, recall_handle, transaction_id,
                             message[_REPLACED_LEN:] if message.startswith(_REPLACED_PREFIX) else ""))
         return receipts
 
