@@ -57,6 +57,7 @@ COMPILED_MODULES = (
     "chronoq.timer.handle",
     "chronoq.client.h2channel",
     "chronoq.client.client",
+    "chronoq.core.msgid",
     "chronoq.server.h2streams",
     "chronoq.server.h2server",
     "chronoq.server.h2calls",
