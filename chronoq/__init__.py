@@ -39,6 +39,11 @@ __version__ = "0.1.0"
 # --phase f (8 pairs: no change): there the loop sleeps through each fsync and runs cold after it,
 # and its time follows the code and data it touches, not its instruction count. The same typing
 # of broker/committer saved 1.6% of the lone send's instructions: not worth a cdef class.
+# The client's side of a single send (bench/client_encode.py --callgrind --calls 2000, instructions
+# per Client.send_batch of one delayed message over h2channel): 143.9k, then 125.9k with
+# client/h2channel typed, 124.6k with h2/hpackenc's literal typed, 120.3k with client/client
+# compiled, 113.5k with rocketmq/outgoing and fields typed, 107.0k with the answer read by hand
+# (outgoing.send_results), 104.8k with core/msgid compiled.
 COMPILED_MODULES = (
     "chronoq.protocol.h2.frames",
     "chronoq.protocol.h2.hpackdec",
