@@ -19,6 +19,7 @@ during the probe, and the largest lag since its start (the loading included).
     .venv/bin/python bench/stalls.py --topics 2000 --groups 200          # many topics and groups in flight
     .venv/bin/python bench/stalls.py --retention                         # segments roll and are deleted
     .venv/bin/python bench/stalls.py --retention --one-bucket --inflight 0   # ... all timers in one bucket
+    .venv/bin/python bench/stalls.py --timers 0 --inflight 0 --seconds 12 --new-topics 2500   # 500 new topics a batch
     .venv/bin/python bench/stalls.py --expire 50000                      # invisible times end: retries, DLQ
 
 The scenarios' loading and consumers are in ``bench/stalls_load.py`` (their options are described there).
@@ -191,6 +192,8 @@ def main() -> None:
                 seconds = scen.probe_seconds(args, due_at_s)
                 if args.due_burst:
                     consumers.append(scen.start_consumer(endpoint, "due", extra["due_sent"], seconds + 30))
+                if args.new_topics:
+                    consumers.append(scen.start_new_topics(endpoint, args, seconds))
                 if args.expire:
                     consumers.append(scen.start_consumer(endpoint, "expire", args.expire, seconds,
                                                          args.expire_invisible_s))

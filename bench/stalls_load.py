@@ -13,6 +13,11 @@ messages in flight (read that module first):
   and interval (``CHRONOQ_RETENTION_MAX_AGE_HOURS``, ``CHRONOQ_RETENTION_INTERVAL_S``): segments
   roll and are deleted while the broker holds the far-future timers (their records are rolled
   forward first).
+- ``--new-topics N``: during the probe, a process of its own sends N messages to N topics that do
+  not exist yet (auto-created), ``--new-topics-batch`` topics (one message each) per send, a send
+  every ``--new-topics-every-s`` seconds: each batch makes that many topics (``topics.json``
+  rewritten once) and their consume queues' directories and files. Its sends' latency is
+  reported (``new_topics``).
 - ``--expire N``: N messages to ``bench-exp`` received by a group with ``max_attempts`` 2 and a
   short invisible time (``--expire-invisible-s``) and never acked, from the probe's start: every
   one is revived into the retry topic (back-off: the first delay level, 1 s), received again, and
@@ -26,6 +31,7 @@ loop is bounded by a count and by time.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -43,6 +49,7 @@ DUE_TOPIC, DUE_GROUP = "bench-due", "bench-due-g"
 EXP_TOPIC, EXP_GROUP = "bench-exp", "bench-exp-g"
 EXP_MAX_ATTEMPTS = 2
 MANY_TOPIC, MANY_GROUP = "bench-t{}", "bench-g{}"
+NEW_TOPIC = "bench-n{}"
 RETENTION_ENV = {"CHRONOQ_SEGMENT_BYTES": str(1 << 20), "CHRONOQ_RETENTION_MAX_AGE_HOURS": "0.005",
                  "CHRONOQ_RETENTION_INTERVAL_S": "5"}
 
@@ -55,6 +62,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--groups", type=int, default=0, help="consumer groups receiving from them")
     ap.add_argument("--topics-per-group", type=int, default=10, help="topics each group receives from")
     ap.add_argument("--retention", action="store_true", help="1 MiB segments, 18 s retention, looked at every 5 s")
+    ap.add_argument("--new-topics", type=int, default=0, help="new topics made by batches sent during the probe")
+    ap.add_argument("--new-topics-batch", type=int, default=500, help="... topics (a message each) per batch")
+    ap.add_argument("--new-topics-every-s", type=float, default=2.0, help="... a batch this often")
     ap.add_argument("--expire", type=int, default=0, help="messages received, never acked, expiring in the probe")
     ap.add_argument("--expire-invisible-s", type=float, default=5.0, help="their invisible time")
 
@@ -111,6 +121,31 @@ async def load_expire(endpoint: str, client: Client, n: int) -> int:
     return n
 
 
+def start_new_topics(endpoint: str, args, seconds: float) -> subprocess.Popen:
+    """The ``--new-topics`` sender, in a process of its own (its encoding must not slow the probe)."""
+    return subprocess.Popen([sys.executable, "-m", "bench.stalls_load", "new-topics", endpoint, str(args.new_topics),
+                             str(args.new_topics_batch), str(args.new_topics_every_s), str(seconds)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+async def _send_new_topics(endpoint: str, count: int, per_batch: int, every_s: float, seconds: float) -> dict:
+    """Batches of ``per_batch`` new topics (a message each), one every ``every_s``, the first after
+    one pause (the probe is sending by then), until ``count`` topics or ``seconds``."""
+    took: list[float] = []
+    stop = time.monotonic() + seconds
+    made = 0
+    async with Client(endpoint) as client:
+        await asyncio.sleep(every_s)
+        while made < count and time.monotonic() < stop:
+            began = time.monotonic()
+            n = min(per_batch, count - made)
+            await client.send_batch([OutgoingMessage(NEW_TOPIC.format(made + i), b"n" * 100) for i in range(n)])
+            took.append(round((time.monotonic() - began) * 1e3, 1))
+            made += n
+            await asyncio.sleep(max(0.0, every_s - (time.monotonic() - began)))
+    return {"new_topics": made, "new_topics_batch": per_batch, "new_topics_send_ms": took}
+
+
 def start_consumer(endpoint: str, mode: str, count: int, seconds: float, invisible_s: float = 30.0) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bench.stalls_load", "consume", endpoint, mode, str(count),
                              str(seconds), str(invisible_s)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -159,6 +194,11 @@ async def _consume_expire(endpoint: str, count: int, seconds: float, invisible_s
             for m in got:
                 by_attempt[m.delivery_attempt] = by_attempt.get(m.delivery_attempt, 0) + 1
     return {"received_by_attempt": {str(k): v for k, v in sorted(by_attempt.items())}}
+
+
+def _new_topics_main(argv: list[str]) -> None:
+    endpoint, count, per_batch, every_s, seconds = argv[0], int(argv[1]), int(argv[2]), float(argv[3]), float(argv[4])
+    print(json.dumps(run(_send_new_topics(endpoint, count, per_batch, every_s, seconds))), flush=True)
 
 
 def _consume_main(argv: list[str]) -> None:
@@ -231,3 +271,5 @@ def broker_lateness(before: dict, after: dict) -> dict:
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "consume":
     _consume_main(sys.argv[2:])
+elif __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "new-topics":
+    _new_topics_main(sys.argv[2:])

@@ -221,10 +221,15 @@ class Broker(TimerOperations):
         A whole batch or nothing; exact resends answer the original (``Sender.write``)."""
         return self.sender.write(messages, system=system)
 
-    def write_batch(self, batch: OutgoingBatch, *, system: bool = False) -> Sent:
+    def write_batch(self, batch: OutgoingBatch, *, system: bool = False, files_ahead=None):
         """``write`` for a batch given as columns, answered as columns (``Sender.write_batch``):
-        the one send path, which ``write`` adapts objects to."""
-        return self.sender.write_batch(batch, system=system)
+        the one send path, which ``write`` adapts objects to. ``files_ahead``: the committer's
+        (a ``WaitingFiles`` may come back, for ``write_waited``)."""
+        return self.sender.write_batch(batch, system=system, files_ahead=files_ahead)
+
+    def write_waited(self, waiting) -> Sent:
+        """A batch ``write_batch`` handed back to wait for new queues' files, written now."""
+        return self.sender.write_waited(waiting)
 
     def flush(self) -> int:
         """Make everything written durable (per policy) and visible; return the durable offset."""

@@ -15,7 +15,7 @@ import itertools
 import logging
 import zlib
 from itertools import repeat
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from chronoq.broker.dedupe import DedupeWindow
 from chronoq.broker.outgoing import OutgoingBatch, OutgoingMessage, Sent
@@ -70,6 +70,19 @@ def _which(index: int, batch: OutgoingBatch) -> str:
     """Which message of a batch an error concerns: its place, and its id when the client chose one."""
     mid = batch.message_ids[index] if batch.message_ids is not None and index < len(batch.message_ids) else None
     return f"message {index} of the batch" + (f" (id {str(mid)[:80]!r})" if mid else "")
+
+
+class WaitingFiles(NamedTuple):
+    """A prepared batch waiting for its new queues' first files (``Sender.write_batch``)."""
+
+    made: object  # awaitable: done once the files are made
+    batch: OutgoingBatch
+    system: bool
+    now: int
+    cols: Columns
+    ids: list
+    chosen: list
+    topics: dict  # each topic of the batch -> its TopicConfig when it was prepared
 
 
 class Sender:
@@ -476,16 +489,42 @@ class Sender:
         (the embedded API)."""
         return self.write_batch(OutgoingBatch.of(messages), system=system).results()
 
-    def write_batch(self, batch: OutgoingBatch, *, system: bool = False) -> Sent:
+    def write_batch(self, batch: OutgoingBatch, *, system: bool = False, files_ahead=None):
         """Validate and append (page cache only). Durability and visibility come from ``flush``.
 
         The whole batch is validated before anything is written: one bad message fails the batch
         and stores nothing. A message id the client chose is deduplicated: an exact resend within
         ``dedupe_window_ms`` (also inside one batch) answers the original result, ``duplicate=True``.
+
+        ``files_ahead(cols)`` (the committer's): a batch that creates topics has them created, then
+        is handed over; if that returns an awaitable (the first files of their queues are being made
+        off the loop: chronoq.store.newqueues), the batch is not written yet: ``WaitingFiles`` is
+        returned, for ``write_waited`` once it is done. So the batch takes its place in the log only
+        once its files exist, and what others write meanwhile is not dispatched behind it.
         """
         new_topics: dict[str, TopicConfig] = {}
         now = self.clock.wall_ms()
         cols, ids, chosen = self.prepare(batch, system=system, now=now, new_topics=new_topics)
+        if new_topics and files_ahead is not None:
+            self.registry.create_planned(new_topics)
+            made = files_ahead(cols)
+            if made is not None:
+                topics = self.registry.topics
+                return WaitingFiles(made, batch, system, now, cols, ids, chosen,
+                                    {t: topics.get(t) for t in set(cols.topics)})
+        return self._write_prepared(batch, system, now, cols, ids, chosen, new_topics)
+
+    def write_waited(self, waiting: "WaitingFiles") -> Sent:
+        """``write_batch``'s batch that waited for its files, written now; prepared anew (its
+        files then made by the dispatch) if a topic of it changed meanwhile (deleted, re-created)."""
+        topics = self.registry.topics
+        if any(topics.get(t) is not cfg for t, cfg in waiting.topics.items()):
+            return self.write_batch(waiting.batch, system=waiting.system)
+        return self._write_prepared(waiting.batch, waiting.system, waiting.now, waiting.cols, waiting.ids,
+                                    waiting.chosen, {})
+
+    def _write_prepared(self, batch: OutgoingBatch, system: bool, now: int, cols: Columns, ids: list[str],
+                        chosen: list[bool], new_topics: dict[str, TopicConfig]) -> Sent:
         window = self._dedupe
         client_ids = any(chosen)
         key_hashes: list[int] = []

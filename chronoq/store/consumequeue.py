@@ -41,6 +41,14 @@ _ZERO_ENTRY = bytes(ENTRY_SIZE)
 DIR_INDEX = -1  # ``take_dirty``'s index for the queue's directory
 
 
+def create_file(directory: str, path: str) -> int:
+    """Create the consume-queue file ``path`` (empty) in ``directory``, the directories too;
+    return a read-write descriptor. Where the first file of a queue is made, on whichever thread
+    (``ConsumeQueue._fd``, ``chronoq.store.newqueues``): an existing file is opened as it is."""
+    os.makedirs(directory, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
 class ConsumeQueue:
     def __init__(self, directory: str, topic: str, queue_id: int, entries_per_file: int,
                  budget: FdBudget | None = None):
@@ -60,6 +68,7 @@ class ConsumeQueue:
         self.next_offset = 0  # one past the last valid entry
         # (queue offset, due ms) of held entries, offsets ascending; readers stop at the first.
         self.held = HeldEntries()
+        self.has_files = False  # a file of it is on disk (``_load`` found one, or one was made since)
         self._load()
 
     def _path(self, index: int) -> str:
@@ -73,6 +82,7 @@ class ConsumeQueue:
         )
         if not indexes:
             return
+        self.has_files = True
         last = indexes[-1]
         size = os.path.getsize(self._path(last))
         count = min(size // ENTRY_SIZE, self.per_file)
@@ -96,17 +106,27 @@ class ConsumeQueue:
         fd = self._fds.get(index)
         if fd is None:
             path = self._path(index)
-            try:  # (one syscall when it exists: the budget reopens files it closed)
+            try:  # (one syscall when it exists: the budget reopens files it closed, or it was made ahead)
                 fd = os.open(path, os.O_RDWR)
             except FileNotFoundError:
-                os.makedirs(self.directory, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = create_file(self.directory, path)
                 # its directory entry is fsynced with the file, by the next checkpoint
                 self._dir_unsynced = True
+            self.has_files = True
             self._fds[index] = fd
             if self._budget is not None:
                 self._budget.opened(self, index)
         return fd
+
+    def path_for(self, offset: int) -> str:
+        """The path of the file that holds entry ``offset``."""
+        return self._path(offset // self.per_file)
+
+    def first_file_made(self) -> None:
+        """Its first file was made by another thread (``chronoq.store.newqueues``): the next
+        checkpoint fsyncs the directory that names it, as after a create here."""
+        self.has_files = True
+        self._dir_unsynced = True
 
     def _evict(self, index: int) -> None:
         """The budget closes file ``index`` (still dirty, if it was: ``sync`` opens it again)."""

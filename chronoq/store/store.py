@@ -37,6 +37,7 @@ from chronoq.store.consumequeue import ENTRY, ENTRY_SIZE, ConsumeQueue
 from chronoq.store.dirlock import DirLock
 from chronoq.store.fdbudget import FdBudget
 from chronoq.store.holds import Holds
+from chronoq.store.newqueues import QueueFileMaker
 from chronoq.store.recovery import RecoveryReport, iter_chunks, iter_records, queues_short, verify_log, verify_start
 from chronoq.store.retention import Keeper, RetentionPlan, RetentionRoll
 from chronoq.store.writing import Columns, Prepared, StoreWriter, Written
@@ -134,6 +135,9 @@ class Store(Holds, StoreWriter):
         # newest). The timer drains this queue (chronoq.timer.absorb) without reading the log
         # back; the store never calls up into it.
         self.delayed_dispatched: deque[tuple[int, int, list[tuple[int, int, int]], bytes, bytes]] = deque()
+        # New queues' first files made off the writer's thread (``make_files_ahead``); None: the
+        # dispatch creates them (embedded, replicas, recovery).
+        self.new_files: QueueFileMaker | None = None
         # Queues with held entries; ``released`` counts releases (readers' wake-ups key on it).
         self._held: dict[tuple[str, int], ConsumeQueue] = {}
         self.released = 0
@@ -255,7 +259,39 @@ class Store(Holds, StoreWriter):
                               self.options.cq_entries_per_file, self.cq_files)
             self.queues[key] = cq
             self._next_qoff.setdefault(key, cq.next_offset)
+            if self.new_files is not None and not cq.has_files:
+                self.new_files.add_queue(key, cq)
         return cq
+
+    def make_files_ahead(self, made: Callable[[], None]) -> None:
+        """From now on, the first file of a new queue is made on a worker thread while its batch
+        is fsynced (``chronoq.store.newqueues``); ``made()`` (thread-safe) hears of each batch of
+        files made, and the writer then calls ``files_made``. A dispatch that waits for them
+        (``dispatch(..., wait_files=True)``) stops before the first batch whose files are not
+        made; ``files_waited(ticket)`` says whether one below ``ticket`` waits."""
+        assert self.new_files is None
+        self.new_files = QueueFileMaker(made)
+        for key, cq in self.queues.items():
+            if not cq.has_files:
+                self.new_files.add_queue(key, cq)
+
+    def files_ahead(self, cols: Columns) -> int:
+        """Ask for the first files of the queues a prepared batch writes (its records that are
+        not delayed) that have none (``QueueFileMaker.ask_ahead``); returns the ``taken`` number
+        to wait for before writing it (0: none). The send path's, for batches that create topics."""
+        if self.new_files is None:
+            return 0
+        delayed = record.FLAG_DELAYED
+        keys = {(t, q) for t, q, f in zip(cols.topics, cols.queue_ids, cols.flags) if not f & delayed}
+        return self.new_files.ask_ahead([(key, self._queue(*key)) for key in keys])
+
+    def files_made(self) -> int:
+        """On the writer's thread after ``made()``: take the files made (``QueueFileMaker.take``)."""
+        return self.new_files.take() if self.new_files is not None else 0
+
+    def files_waited(self, ticket: int) -> bool:
+        """A batch ending at or below ``ticket`` waits for new queues' files (not dispatched yet)."""
+        return self.new_files is not None and self.new_files.waits_below(ticket)
 
     def _put_entries(self, batch: dict) -> None:
         for key, (first, entries) in batch.items():
@@ -272,7 +308,7 @@ class Store(Holds, StoreWriter):
         or a queue of the topic holds timer copies not yet due: the caller retries.
         Ensures: the next checkpoint no longer lists them, so recovery does not rebuild them
         (unless it replays the log from before their records: the topic then comes back)."""
-        if self.dispatched < self.log.written or self._pending:
+        if self.dispatched < self.log.written or self._pending or (self.new_files is not None and self.new_files.busy()):
             raise errors.TooManyRequests("writes are being made durable; try again")
         keys = [key for key in self.queues if key[0] == topic]
         if any(key in self._held for key in keys):
@@ -294,9 +330,16 @@ class Store(Holds, StoreWriter):
         """fsync the log; return the durable offset. May run in a worker thread."""
         return self.log.sync()
 
-    def dispatch(self, upto: int | None = None) -> int:
-        """Make records below ``upto`` (default: all written) visible in their consume queues."""
+    def dispatch(self, upto: int | None = None, wait_files: bool = False) -> int:
+        """Make records below ``upto`` (default: all written) visible in their consume queues.
+        ``wait_files``: stop before a batch whose new queues' first files are still being made
+        (``make_files_ahead``; the committer's, on the event loop); else such files are made here."""
         limit = self.log.written if upto is None else upto
+        new_files = self.new_files
+        if new_files is not None:
+            cap = new_files.limit() if wait_files else None
+            if cap is not None:
+                limit = min(limit, cap)
         pending = self._pending
         ready = 0
         for end, _batch, _delayed in pending:
@@ -331,6 +374,8 @@ class Store(Holds, StoreWriter):
                 first, last = records[0][0], records[-1]
                 self.delayed_dispatched.append((first, last[0] + last[1] - first, records, data, heads))
             self.dispatched = end
+        if new_files is not None:
+            new_files.dispatched(self.dispatched)
         return self.dispatched
 
     def scan(self, start: int):
@@ -553,6 +598,8 @@ class Store(Holds, StoreWriter):
         return [s.path for s in deleted], self.checkpoint_job()
 
     def close(self) -> None:
+        if self.new_files is not None:
+            self.new_files.close()  # (what it did not make, the dispatch below creates)
         self.dispatch(self.sync())
         self.checkpoint(clean=True)
         self.log.close()

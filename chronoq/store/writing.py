@@ -21,6 +21,7 @@ from chronoq.core import errors
 from chronoq.store import record
 from chronoq.store.commitlog import CommitLog
 from chronoq.store.consumequeue import ENTRY, ConsumeQueue
+from chronoq.store.newqueues import QueueFileMaker
 
 _pack_entry = ENTRY.pack
 
@@ -82,6 +83,7 @@ class StoreWriter:
     _tag_hashes: dict[bytes, int]
     _pending: deque
     _queue: Callable[[str, int], ConsumeQueue]
+    new_files: QueueFileMaker | None
     _hold_written: Callable[[list, int, int, int], None]
 
     def write(self, messages: Iterable[Prepared]) -> list[Written]:
@@ -159,6 +161,7 @@ class StoreWriter:
                     holds = True
                 else:
                     stamps.append(now)
+        new_files = self.new_files
         topic_bytes = self._topic_bytes
         for topic in (topics[0],) if one_topic else set(topics):
             if topic not in topic_bytes:
@@ -220,6 +223,8 @@ class StoreWriter:
                 delayed = [i for i, key in enumerate(qkeys) if key is None]
                 delayed_bytes = b"".join(itertools.chain.from_iterable(pieces[3 * i:3 * i + 3] for i in delayed))
                 delayed_heads = b"".join([pieces[3 * i + 1] for i in delayed])
+        if new_files is not None and batch:  # new queues' first files, made while the batch is fsynced
+            new_files.ask(batch, pos)
         # The timer takes the delayed records with their bytes, and their heads (all but the
         # bodies) apart (``Store.delayed_dispatched``): it never reads back what was just written.
         self._pending.append((pos, batch, (delayed_records, delayed_bytes, delayed_heads) if delayed_records else None))

@@ -151,6 +151,8 @@ def test_a_sync_replicated_send_waits_once_for_its_fsync_and_a_replicas_report(t
         node = PrimaryNode(broker, None, "primary")
         committer.replica_wait = node.replica_wait
         node.replicas["r"] = ("r:1", 0, broker.clock.wall_ms())  # as its pull would: in sync
+        # (made first: a send that creates its topic waits once more, for its queue's file first)
+        broker.create_topic("orders")
 
         async def until(cond) -> None:
             for _ in range(2000):

@@ -139,11 +139,11 @@ def test_the_flusher_survives_a_failed_dispatch_and_makes_the_send_visible_later
         real_dispatch = broker.store.dispatch
         failures = []
 
-        def flaky_dispatch(upto=None):
+        def flaky_dispatch(upto=None, wait_files=False):
             if len(failures) < 3:
                 failures.append(upto)
                 raise errors.DiskFull("consume queue: no space")
-            return real_dispatch(upto)
+            return real_dispatch(upto, wait_files)
 
         broker.store.dispatch = flaky_dispatch
         try:
