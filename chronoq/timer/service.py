@@ -87,7 +87,7 @@ from chronoq.timer.burstlead import LeadPolicy, check_hold_window
 from chronoq.timer.delivery import Deliver, LevelLane
 from chronoq.timer.horizon import Horizon
 from chronoq.timer.keyed import Keyed
-from chronoq.timer.lanes import CLAIMED, WRITTEN, Delivery, Lane
+from chronoq.timer.lanes import CLAIMED, WRITTEN, Lane
 from chronoq.timer.options import TimerOptions
 from chronoq.timer.pending import PendingList
 from chronoq.timer.recall import (Answer, InFlight, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
