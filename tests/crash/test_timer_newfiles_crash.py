@@ -33,7 +33,7 @@ from chronoq.client.client import AdminClient, Client, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.timer import newfiles
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import State, _consume, _lane, kill_9_repeatedly
+from tests.integration.test_committer_crash import State, _consume, _lane, kill_9_repeatedly, timer_pending
 
 SEED = int(os.environ.get("CHRONOQ_TIMER_NEWFILES_CRASH_SEED", "20261127"))
 KILLS = int(os.environ.get("CHRONOQ_TIMER_NEWFILES_CRASH_KILLS", "4"))
@@ -100,21 +100,26 @@ def test_kill_9_while_new_bucket_files_are_made_delivers_every_acknowledged_send
     print(f"\ntimer new-files crash test seed {SEED} (CHRONOQ_TIMER_NEWFILES_CRASH_SEED), {KILLS} kills")
     data_dir = str(tmp_path / "data")
     state = State(ChronoqProcess(data_dir, CONFIG), random.Random(SEED))
+    pending = None  # delayed messages the broker had not delivered when the drain ended
     try:
         kills = asyncio.run(_run(state))
+        pending = timer_pending(state.proc)
     finally:
         state.proc.stop(check=False)
     ctx = f"seed {SEED}"
     assert kills == KILLS and state.acked, ctx
     assert not state.refused, f"{ctx}: valid requests refused: {state.refused[:3]}"
     assert not state.early, f"{ctx}: {len(state.early)} received early: {state.early[:5]}"
-    missing = set(state.acked) - set(state.received)
-    assert not missing, f"{ctx}: {len(missing)} acknowledged sends never received, e.g. " \
-                        f"{[(m, state.acked[m]) for m in sorted(missing)[:5]]}"
     sched = os.path.join(data_dir, "timer", "schedule")
     leftovers = [n for n in os.listdir(sched) if n.endswith(newfiles.MAKING_SUFFIX)] if os.path.isdir(sched) else []
     assert not leftovers, f"{ctx}: temporary files left: {leftovers[:5]}"
     copies = _audit(data_dir, str(tmp_path / "data.toml"))
+    missing = set(state.acked) - set(state.received)
+    # (what tells a late delivery on a loaded machine from a lost one: seed 20261127 once failed
+    # here with 2 missing, and passed five reruns)
+    assert not missing, f"{ctx}: {len(missing)} acknowledged sends never received, e.g. " \
+                        f"{[(m, state.acked[m]) for m in sorted(missing)[:5]]}; {len(missing & set(copies))} of " \
+                        f"them have a copy in the topic; the broker had {pending} delayed messages pending at the end"
     twice = {m: c for m, c in copies.items() if m in state.acked and len(c) != 1}
     assert not twice, f"{ctx}: {len(twice)} acknowledged sends delivered more than once, e.g. {list(twice.items())[:5]}"
     absent = set(state.acked) - set(copies)

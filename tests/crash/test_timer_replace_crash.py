@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import re
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
@@ -36,7 +34,7 @@ from chronoq.store import record
 from chronoq.timer import copies
 from chronoq.timer.keyed import PROP_REPLACED
 from tests.integration.conftest import ChronoqProcess
-from tests.integration.test_committer_crash import _lane, kill_9_and_restart
+from tests.integration.test_committer_crash import _lane, kill_9_and_restart, timer_pending
 from tests.unit.timerkit import visible
 
 SEED = int(os.environ.get("CHRONOQ_REPLACE_CRASH_SEED", "20261126"))
@@ -105,18 +103,12 @@ def audit(data_dir: str, config_path: str) -> tuple[dict[str, list], dict[str, s
 
 
 def settle(proc: ChronoqProcess) -> int:
-    """Wait (at most SETTLE_MAX_S) until the broker has no delayed message pending
-    (``chronoq_timer_pending_messages{horizon="inf"}`` on /metrics); returns what is left."""
+    """Wait (at most SETTLE_MAX_S) until the broker has no delayed message pending; returns what
+    is left."""
     deadline = time.monotonic() + SETTLE_MAX_S
-    while True:
-        with urllib.request.urlopen(f"http://127.0.0.1:{proc.http_port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        match = re.search(r'^chronoq_timer_pending_messages\{horizon="inf"\} (\S+)$', text, re.M)
-        assert match, "no chronoq_timer_pending_messages{horizon=\"inf\"} on /metrics"
-        left = int(float(match.group(1)))
-        if left == 0 or time.monotonic() > deadline:
-            return left
+    while (left := timer_pending(proc)) and time.monotonic() < deadline:
         time.sleep(0.5)
+    return left
 
 
 @pytest.mark.timeout(400)

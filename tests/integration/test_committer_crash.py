@@ -36,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import shutil
 import signal
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 
@@ -112,6 +114,16 @@ async def stop_sending_and_drain(state, senders) -> None:
     deadline = time.monotonic() + DRAIN_TIMEOUT_S + max(0.0, last_due_ms / 1000 - time.time())
     while time.monotonic() < deadline and not set(state.acked) <= set(state.received):
         await asyncio.sleep(0.2)
+
+
+def timer_pending(proc: ChronoqProcess) -> int:
+    """Delayed messages a running broker has not delivered yet
+    (``chronoq_timer_pending_messages{horizon="inf"}`` on its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.http_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    match = re.search(r'^chronoq_timer_pending_messages\{horizon="inf"\} (\S+)$', text, re.M)
+    assert match, 'no chronoq_timer_pending_messages{horizon="inf"} on /metrics'
+    return int(float(match.group(1)))
 
 
 async def kill_9_and_restart(state, config: str) -> None:
