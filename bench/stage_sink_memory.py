@@ -81,7 +81,11 @@ def main() -> None:
     out: dict = {"sinks": args.sinks, "ids": args.ids}
     _run(args, out, traced=False)
     _run(args, out, traced=True)
-    print(json.dumps(out))
+    for key, value in out.items():
+        if key not in ("sinks", "ids"):
+            unit = "ms" if key.startswith("checkpoint_ms") else "bytes"
+            print(json.dumps({"metric": f"stage_{key}", "value": value, "unit": unit, "sinks": args.sinks,
+                              "ids": args.ids}))
 
 
 if __name__ == "__main__":

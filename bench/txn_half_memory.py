@@ -49,7 +49,8 @@ def main() -> None:
         assert len(txns.pending) == count
         out["bytes_per_half_restored"] = round(_held_per_half(txns, count))
         broker.close()
-    print(json.dumps(out))
+    for key in ("bytes_per_half_sent", "bytes_per_half_restored"):
+        print(json.dumps({"metric": f"txn_{key}", "value": out[key], "unit": "bytes", "count": count}))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ and every other client's sends, receives and timers waited.
 How: ``Store.write_columns`` asks for the first file of each queue of the batch that has none
 (``ConsumeQueue.has_files``) as soon as the batch is appended, so the files are made while the
 commit log is fsynced; the batch waits in the store's pending list, and the committer's dispatch
-(``Store.dispatch(..., ready_only=True)``) stops before the first batch whose files are not
+(``Store.dispatch(..., wait_files=True)``) stops before the first batch whose files are not
 reported yet. The report (``made``, on the worker after each batch of files; the runtime passes
 a ``call_soon_threadsafe``) has the committer take them (``Store.files_made``, ``QueueFileMaker.take``), dispatch, and
 answer the calls that waited (``GroupCommitter._files_made``). The files are made by the one
