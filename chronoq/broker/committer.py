@@ -515,6 +515,8 @@ class GroupCommitter:
         if self._fsyncer is None:  # closed in this pass: ``close`` flushes what is left
             return
         for target, err, took_ns in self._fsyncer.take():
+            if took_ns != fsyncer_mod.COVERED:
+                self.fsyncs += 1
             if err:
                 self._synced(-1, self.store.log.fsync_failed(err))
             else:
@@ -532,7 +534,6 @@ class GroupCommitter:
             log.error("fsync failed: %s", exc)
             self._fail_all(exc)
             return
-        self.fsyncs += 1
         self._dispatch(synced)  # (under ``async`` sends dispatched already; other writers had not)
         running = self._asked[0] if self._asked else None
         if running is None or not running.rung or running.target > synced:

@@ -310,7 +310,8 @@ class CommitLog:
         """An fsync asked with ``fsync_ask`` is done: everything below ``target`` is durable.
         Returns the offset now durable."""
         if target > self.synced:  # (else nothing was fsynced: -1 was asked)
-            self.sync_times.record(took_ns)
+            if took_ns >= 0:  # (< 0: covered by the fsync reported before it, timed there)
+                self.sync_times.record(took_ns)
             self.synced = target
         return self.synced
 

@@ -13,12 +13,18 @@ the kernel orders them), each three native signed 64-bit integers:
                                               IN_PYTHON): the second-tier syncs after the fsync
     report   (thread -> event loop)  target   the request's
                                      errno    0: done; else the fsync's error number
-                                     took_ns  the fsync's duration (CLOCK_MONOTONIC)
+                                     took_ns  the fsync's duration (CLOCK_MONOTONIC); COVERED (-1):
+                                              served by the fsync reported just before
 
-A pipe write of 24 bytes is atomic (PIPE_BUF), so a record is read whole or not at all. The loop
-watches ``reports`` (``loop.add_reader``) and reads every report waiting (``take``). At most one
-request is outstanding at a time (the committer rings again only after the report), so neither pipe
-ever holds more than a few records.
+A pipe write of up to PIPE_BUF bytes is atomic, so records are read whole or not at all. The loop
+watches ``reports`` (``loop.add_reader``) and reads every report waiting (``take``). The committer
+has at most a few requests outstanding (``committer.AHEAD``), so neither pipe holds more than that.
+
+The thread reads every request waiting, and one fsync serves a run of plain requests for the same
+descriptor (each was rung after its bytes were written, so an fsync begun after the last covers
+all): their reports are written together, the first with the fsync's time, the rest COVERED. Two
+one-at-a-time producers whose sends arrive in one loop pass had each rung its own fsync, the second
+queued behind the first, though both were in the pipe before the first began.
 
 Why a compiled loop: in the compiled build the thread waits, fsyncs and reports without the GIL
 (``_serve_in_c`` in fsyncer.pxd). A Python thread needs the GIL after each of its waits, while the
@@ -57,6 +63,10 @@ STOP = -2  # a request's fd: the thread ends
 IN_PYTHON = 1  # a request's flag: the round runs in Python (second-tier syncs or a fault hook)
 RUN_LOGS = 2  # a request's flag: the second-tier syncs run after the fsync (with IN_PYTHON)
 RECORD = struct.Struct("=qqq")
+BATCH = 64  # requests read at once (fsyncer.pxd's BATCH); their reports fit one atomic pipe write
+# A report's took_ns for a request served by the fsync reported just before it (one fsync, a run of
+# requests: ``_first_run``): no fsync of its own to count or time.
+COVERED = -1
 _TAKE_BYTES = RECORD.size * 64
 # Compiled, this module is an extension module: its loop runs in C (fsyncer.pxd).
 _COMPILED = not __file__.endswith(".py")
@@ -125,19 +135,24 @@ class Fsyncer:
 
     def _serve(self) -> None:
         bell, reports = self._bell_r, self._reports_w
+        rest = b""  # requests read, not served yet (compiled: handed back to the C loop)
         while True:
             if _COMPILED:
                 # Rounds without Python are served in C, without the GIL, until one needs it.
-                fd, target, flags = _serve_in_c(bell, reports)  # noqa: F821 - defined in fsyncer.pxd
+                fd, target, flags, rest = _serve_in_c(bell, reports, rest)  # noqa: F821 - in fsyncer.pxd
+                run = [(fd, target, flags)]
             else:
-                fd, target, flags = _read_request(bell)
+                if not rest:
+                    rest = _read_requests(bell)
+                run, rest = _first_run(rest)
+            fd, _, flags = run[0]
             if fd == STOP:
                 return
             err, took_ns = self._fsync(fd)
             if flags & RUN_LOGS:
                 self._logs_sync()
-            _write_record(reports, RECORD.pack(target, err, took_ns))
-
+            _write_record(reports, b"".join(RECORD.pack(target, err, took_ns if i == 0 else COVERED)
+                                            for i, (_, target, _) in enumerate(run)))
     def _fsync(self, fd: int) -> tuple[int, int]:
         began = time.monotonic_ns()
         try:
@@ -150,12 +165,29 @@ class Fsyncer:
         return 0, time.monotonic_ns() - began
 
 
-def _read_request(bell: int) -> tuple[int, int, int]:
-    data = os.read(bell, RECORD.size)
-    assert len(data) == RECORD.size, "a request record was split"
-    return RECORD.unpack(data)
+def _read_requests(bell: int) -> bytes:
+    """Every request waiting (at least one: blocks until one comes)."""
+    data = os.read(bell, RECORD.size * BATCH)
+    assert data and len(data) % RECORD.size == 0, "a request record was split"
+    return data
+
+
+def _first_run(data: bytes) -> tuple[list[tuple[int, int, int]], bytes]:
+    """The requests at the head of ``data`` that one fsync serves, and the rest: a run of plain
+    requests for one descriptor (each rung after its bytes were written, so an fsync begun after
+    the last covers all), or one request that is not plain. The C loop (fsyncer.pxd) groups alike."""
+    first = RECORD.unpack_from(data, 0)
+    run, at = [first], RECORD.size
+    if first[0] != STOP and not first[2] & IN_PYTHON:
+        while at < len(data):
+            nxt = RECORD.unpack_from(data, at)
+            if nxt[0] != first[0] or nxt[2] & IN_PYTHON:
+                break
+            run.append(nxt)
+            at += RECORD.size
+    return run, data[at:]
 
 
 def _write_record(fd: int, data: bytes) -> None:
     written = os.write(fd, data)
-    assert written == len(data), "a report record was split"
+    assert written == len(data), "a report record was split"  # (<= BATCH records: under PIPE_BUF)

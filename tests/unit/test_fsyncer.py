@@ -133,3 +133,56 @@ def test_the_build_runs_the_loop_it_says():
     pure = os.environ.get(chronoq.PURE_PYTHON_ENV, "") not in ("", "0")
     assert fsyncer._COMPILED is (not pure)
     assert fsyncer.__file__.endswith(".py") is pure
+
+
+def _reports(f: Fsyncer, count: int, timeout_s: float = 10.0) -> list[tuple[int, int, int]]:
+    got: list[tuple[int, int, int]] = []
+    while len(got) < count:
+        ready, _, _ = select.select([f.reports], [], [], timeout_s)
+        assert ready, f"{len(got)} of {count} reports"
+        got += f.take()
+    assert len(got) == count, got
+    return got
+
+
+def test_requests_waiting_together_share_one_fsync_per_descriptor(tmp_path):
+    """Rung before the thread reads: a run of plain requests for one descriptor is one fsync (its
+    report timed, the others COVERED); a request for another descriptor, one that runs Python (the
+    second-tier logs) and a failing descriptor each start a run of their own; order is kept."""
+    logs: list[str] = []
+    f = Fsyncer(lambda: logs.append("logs"))
+    fd = os.open(tmp_path / "log", os.O_RDWR | os.O_CREAT)
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)
+    r, w = os.pipe()
+    try:
+        os.write(fd, b"x" * 100)
+        for target, desc, with_logs in ((1, fd, False), (2, fd, False), (3, fd, False), (4, other, False),
+                                        (5, other, True), (6, fd, False), (7, r, False), (8, r, False),
+                                        (9, NOTHING, False), (10, NOTHING, False)):
+            f.ring(desc, target, with_logs)
+        f.start()
+        got = _reports(f, 10)
+        assert [t for t, _, _ in got] == list(range(1, 11))
+        timed = [t for t, _, took in got if took != fsyncer.COVERED]
+        assert timed == [1, 4, 5, 6, 7, 9], got  # one fsync a run
+        assert all(took >= 0 for t, _, took in got if t in timed)
+        assert [t for t, err, _ in got if err] == [7, 8] and got[7][1] == errno.EINVAL  # a pipe: both fail
+        assert logs == ["logs"]
+    finally:
+        f.close()
+        for d in (fd, other, r, w):
+            os.close(d)
+
+
+def test_a_covered_report_is_not_timed_again(tmp_path):
+    """The commit log's fsync histogram counts fsyncs, not reports: COVERED ones only move the
+    durable offset."""
+    from chronoq.store.commitlog import CommitLog
+
+    log_ = CommitLog(str(tmp_path / "commitlog"), 1 << 20)
+    try:
+        assert log_.fsynced(10, 5_000) == 10
+        assert log_.fsynced(20, fsyncer.COVERED) == 20
+        assert (log_.sync_times.count, log_.sync_times.sum_ns) == (1, 5_000)
+    finally:
+        log_.close()
