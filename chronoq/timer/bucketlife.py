@@ -23,7 +23,7 @@ from typing import Callable
 from chronoq.core import errors
 from chronoq.timer import roll, schedlog
 from chronoq.timer.buckets import LOADED, UNLOADED, Bucket, WriteBuffer
-from chronoq.timer.schedfiles import BucketReader
+from chronoq.timer.bucketreader import BucketReader
 from chronoq.timer.schedlog import CANCELLED, MOVED
 
 log = logging.getLogger("chronoq.timer")

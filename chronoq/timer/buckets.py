@@ -92,7 +92,7 @@ class Bucket:
     def begin_load(self, file_entries: bytes) -> None:
         """Start loading from the file's entries (without header); unflushed entries follow them."""
         assert self.state == UNLOADED and self.data is None
-        # A bytearray (``schedfiles.BucketReader``) is taken over, not copied: it can be ~70 MB.
+        # A bytearray (``bucketreader.BucketReader``) is taken over, not copied: it can be ~70 MB.
         self.data = file_entries if type(file_entries) is bytearray else bytearray(file_entries)
         for chunk in self.buffer.chunks:
             self.data += chunk

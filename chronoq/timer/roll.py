@@ -66,7 +66,7 @@ from typing import Iterator
 from chronoq.store import record
 from chronoq.store.store import Prepared
 from chronoq.timer import copies, schedlog
-from chronoq.timer.schedfiles import BucketReader
+from chronoq.timer.bucketreader import BucketReader
 from chronoq.timer.schedlog import ENTRY_HEAD_SIZE, MESSAGE
 
 PROP_ROLLED = "__TIMER_ROLLED"

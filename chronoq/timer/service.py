@@ -93,7 +93,8 @@ from chronoq.timer.pending import PendingList
 from chronoq.timer.recall import (Answer, InFlight, Recall, RecallOutcome, RecallResult,  # noqa: F401 (the API)
                                   RescheduleOutcome, RescheduleResult)
 from chronoq.timer.replay import Replay
-from chronoq.timer.schedfiles import BucketReader, ScheduleFiles
+from chronoq.timer.bucketreader import BucketReader
+from chronoq.timer.schedfiles import ScheduleFiles
 from chronoq.timer.schedlog import Damage
 from chronoq.timer.stats import LatenessHistogram
 from chronoq.timer.wheel import TimingWheel

@@ -72,8 +72,10 @@ def test_writers_after_a_lone_send_join_one_group(tmp_path):
 def test_writers_of_one_loop_pass_share_at_most_two_fsyncs(tmp_path):
     """Compiled, the pass's first writer rings the fsync thread at once; every later writer of the
     same pass joins the next fsync, queued behind it at the end of the pass: a burst of 20 costs 2
-    fsyncs, not 20 (nor 3: the queued one is not rung for the second writer alone). In the pure-Python build the ring waits for the end of the pass (its thread needs the
-    GIL), and the whole pass shares one (``fsyncer.RING_AT_ONCE``)."""
+    fsyncs, not 20 (nor 3: the queued one is not rung for the second writer alone), or 1 when the
+    thread finds both requests waiting when it reads (it serves them with one fsync). In the
+    pure-Python build the ring waits for the end of the pass (its thread needs the GIL), and the
+    whole pass shares one (``fsyncer.RING_AT_ONCE``)."""
     from chronoq.store import fsyncer
 
     async def scenario(broker, committer):
@@ -86,7 +88,7 @@ def test_writers_of_one_loop_pass_share_at_most_two_fsyncs(tmp_path):
         assert broker.store.log.synced == broker.store.log.written
         return committer.fsyncs - before
 
-    assert _run(tmp_path, scenario) == (2 if fsyncer.RING_AT_ONCE else 1)
+    assert 1 <= _run(tmp_path, scenario) <= (2 if fsyncer.RING_AT_ONCE else 1)
 
 
 def test_durable_waits_for_a_ticket_written_outside_a_send(tmp_path):

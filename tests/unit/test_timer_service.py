@@ -572,6 +572,40 @@ def test_stale_journal_records_are_ignored(tmp_path, clock):
     b.close()
 
 
+def test_a_bucket_file_of_0_bytes_keeps_the_entries_flushed_to_it_while_it_loads(tmp_path, clock, monkeypatch):
+    """A 0-byte bucket file (what a roll-back leaves of a file first written after the last
+    checkpoint) is loaded ahead behind a bigger bucket read over several ticks: its reader opens a
+    file too short for a header. A message for it arrives meanwhile and its buffer is flushed to
+    the file (header and entry) before the reader finishes. The entry must be in the loaded
+    bucket: a reader that took the short file for an empty one, with the buffer already written
+    out, loaded nothing and the bucket was finished undelivered (found by
+    tests/crash/test_timer_newfiles_crash.py, seed 20261127)."""
+    from chronoq.timer import bucketlife
+
+    monkeypatch.setattr(bucketlife, "LOAD_READ_BYTES", 700)
+    b = open_broker(tmp_path, clock)
+    start = schedlog.bucket_start(T0 + 3 * DAY, b.timer.width)
+    before = [f"a{i}".encode() for i in range(30)]  # the bucket before: a file read over several ticks
+    for body in before:
+        b.send(TOPIC, body, deliver_at_ms=start - 1)
+    b.timer.checkpoint()
+    crash(b)
+    open(os.path.join(b.timer.sched_dir, schedlog.file_name(start)), "wb").close()  # cut back to 0 bytes
+    b = open_broker(tmp_path, clock)
+    clock.advance(start - 30_000 - T0)  # both buckets enter the preload window
+    b.timer_tick()
+    assert start in b.timer._readers and b.timer.buckets[start].state == UNLOADED
+    late = [f"late{i}".encode() for i in range(3)]
+    for i, body in enumerate(late):
+        b.send(TOPIC, body, deliver_at_ms=start + i)
+    b.timer._flush_buffers()  # header and entries written to the file being read
+    drain(b)
+    clock.advance(30_000 + 1_000)
+    drain(b)
+    assert sorted(bodies(b)) == sorted(before + late)
+    b.close()
+
+
 def test_a_bucket_file_is_read_over_several_ticks_and_entries_arriving_meanwhile_are_kept(
         tmp_path, clock, monkeypatch):
     """Loading ahead reads a big bucket file a few MB per tick (here a few hundred bytes). While
