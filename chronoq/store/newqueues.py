@@ -45,6 +45,7 @@ import threading
 from collections import deque
 from typing import Callable
 
+from chronoq.core.batchworker import BatchWorker
 from chronoq.store.consumequeue import create_file
 
 log = logging.getLogger("chronoq.store")
@@ -59,14 +60,12 @@ class QueueFileMaker:
     the worker after each batch of files (it must be thread-safe)."""
 
     def __init__(self, made: Callable[[], None]):
-        self._made_cb = made
-        self._cond = threading.Condition()
-        self._queue: deque[tuple[int, object, str, str]] = deque()  # (seq, owner, directory, path)
+        # Jobs (seq, owner, directory, path); every batch is reported, failures too (``_make_batch``).
+        self._worker = BatchWorker("chronoq-cq-newfiles", self._make_batch, made, batch_max=BATCH_MAX)
+        self._lock = threading.Lock()  # _made, _done and the counters: the worker writes them
         self._made: list = []  # owners whose file is made, not yet taken by the loop
         self._asked = 0  # the last request's sequence number
         self._done = 0  # every request up to this one is made (or failed), counted on the worker
-        self._stop = False
-        self._thread: threading.Thread | None = None
         # The loop's side: queues with no file not asked for yet, by key; (end offset, seq) of the
         # appended batches that wait for files, in log order; the seq reported done to the loop.
         self._unfiled: dict[tuple[str, int], object] = {}
@@ -138,7 +137,7 @@ class QueueFileMaker:
         """On the loop, after a report: mark the queues whose file was made (their directory is
         fsynced by the next checkpoint) and let the batches waiting for them go. Returns how
         many were made."""
-        with self._cond:
+        with self._lock:
             made, self._made = self._made, []
             self._taken = self._done
         for cq in made:
@@ -148,19 +147,12 @@ class QueueFileMaker:
     def busy(self) -> bool:
         """A requested file may still be made or not taken yet (a queue is dropped only once this
         is False: a file made after the drop would bring its topic back)."""
-        with self._cond:
-            return self._taken < self._asked
+        return self._taken < self._asked
 
     def close(self) -> None:
         """Stop the thread and wait for it (the batch of files it is making is finished first);
         what was not made is the dispatch's to create. Nothing waits after this."""
-        with self._cond:
-            self._stop = True
-            self._queue.clear()
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
+        self._worker.close()
         self.take()
         self._taken = self._done = self._asked
         self._waiting.clear()
@@ -169,42 +161,29 @@ class QueueFileMaker:
     def _request(self, files: list[tuple[object, str, str]]) -> int:
         """Queue ``(owner, directory, path)`` files for the worker; returns the sequence number
         reported once they are all made (0: the maker is closed, nothing to wait for)."""
-        with self._cond:
-            if self._stop:
-                return 0
-            for owner, directory, path in files:
-                self._asked += 1
-                self._queue.append((self._asked, owner, directory, path))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="chronoq-cq-newfiles", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-            return self._asked
+        first = self._asked + 1
+        jobs = [(first + i, owner, directory, path) for i, (owner, directory, path) in enumerate(files)]
+        if self._worker.submit(jobs) < len(jobs):  # (no queue_max: all, or none once closed)
+            return 0
+        self._asked = jobs[-1][0]
+        return self._asked
 
     # ----------------------------------------------------------------- the worker
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stop:
-                    self._cond.wait()
-                if self._stop:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(BATCH_MAX, len(self._queue)))]
-            made = []
-            for _seq, owner, directory, path in batch:
-                try:
-                    if self.before_make is not None:
-                        self.before_make(path)
-                    os.close(create_file(directory, path))
-                    made.append(owner)
-                except OSError as exc:  # the dispatch's own create is the fallback
-                    self.failures += 1
-                    log.warning("making consume-queue file %s ahead failed (the dispatch creates it): %s", path, exc)
-            with self._cond:
-                self._made.extend(made)
-                self._done = batch[-1][0]
-                self.files_made += len(made)
+    def _make_batch(self, batch: list[tuple[int, object, str, str]]) -> bool:
+        """On the worker: make a batch's files; failed ones are reported done all the same (the
+        dispatch's own create is the fallback)."""
+        made = []
+        for _seq, owner, directory, path in batch:
             try:
-                self._made_cb()
-            except Exception as exc:  # noqa: BLE001 - (the loop is closing): nothing waits for this report
-                log.debug("reporting made consume-queue files failed: %s", exc)
+                if self.before_make is not None:
+                    self.before_make(path)
+                os.close(create_file(directory, path))
+                made.append(owner)
+            except OSError as exc:  # the dispatch's own create is the fallback
+                self.failures += 1
+                log.warning("making consume-queue file %s ahead failed (the dispatch creates it): %s", path, exc)
+        with self._lock:
+            self._made.extend(made)
+            self._done = batch[-1][0]
+            self.files_made += len(made)
+        return True

@@ -46,10 +46,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import deque
 from typing import Callable
 
 from chronoq.core import fsutil
+from chronoq.core.batchworker import BatchWorker
 from chronoq.timer import schedlog
 
 log = logging.getLogger("chronoq.timer")
@@ -85,14 +85,13 @@ class FileMaker:
     def __init__(self, directory: str, width_ms: int, made: Callable[[], None]):
         self.dir = directory
         self.width = width_ms
-        self._made_cb = made
-        self._cond = threading.Condition()
-        self._queue: deque[int] = deque()
+        # Jobs: bucket starts. A batch is reported once its made files' directory is fsynced.
+        self._worker = BatchWorker("chronoq-timer-newfiles", self._make_batch, made,
+                                   batch_max=BATCH_MAX, queue_max=QUEUE_MAX)
+        self._lock = threading.Lock()  # the sets and lists below: the worker and the loop share them
         self._wanted: set[int] = set()  # requested and not forgotten; made or not yet
         self._made: list[int] = []  # made (or found made), not yet taken by the loop
         self._unsynced: list[str] = []  # paths made since the last ``take_unsynced``
-        self._stop = False
-        self._thread: threading.Thread | None = None
         self.files_made = 0  # (stats and tests)
         self.failures = 0
 
@@ -100,70 +99,48 @@ class FileMaker:
     def request(self, starts: list[int]) -> list[int]:
         """Ask for these starts' files; returns those accepted (the rest: the queue is full or
         the maker is closed, the loop creates them itself)."""
-        with self._cond:
-            if self._stop:
-                return []
-            room = QUEUE_MAX - len(self._queue)
-            accepted = [s for s in starts if s not in self._wanted][:max(room, 0)]
+        with self._lock:  # (held while submitting: the worker checks ``_wanted`` for a start only after this)
+            fresh = [s for s in starts if s not in self._wanted]
+            accepted = fresh[:self._worker.submit(fresh)] if fresh else []
             self._wanted.update(accepted)
-            self._queue.extend(accepted)
-            if accepted:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="chronoq-timer-newfiles", daemon=True)
-                    self._thread.start()
-                self._cond.notify()
         return accepted
 
     def forget(self, start: int) -> None:
         """The loop is about to delete ``start``'s file: never link it after this returns."""
-        with self._cond:
+        with self._lock:
             self._wanted.discard(start)
 
     def take(self) -> list[int]:
         """Starts whose files were made (or found made) since the last call."""
-        with self._cond:
+        with self._lock:
             made, self._made = self._made, []
         return made
 
     def take_unsynced(self) -> list[str]:
         """Paths made since the last call, for the checkpoint's sync (any thread)."""
-        with self._cond:
+        with self._lock:
             paths, self._unsynced = self._unsynced, []
         return paths
 
     def close(self) -> None:
         """Stop the thread and wait for it (the batch it is making is finished first)."""
-        with self._cond:
-            self._stop = True
-            self._queue.clear()
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
+        self._worker.close()
 
     # ----------------------------------------------------------------- the worker
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stop:
-                    self._cond.wait()
-                if self._stop:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(BATCH_MAX, len(self._queue)))]
-            made = [start for start in batch if self._make(start)]
-            if not made:
-                continue
-            try:
-                fsutil.fsync_dir(self.dir)
-            except Exception as exc:  # the checkpoint's sync fsyncs the directory again
-                log.warning("fsync of %s after making bucket files failed: %s", self.dir, exc)
-            with self._cond:
-                self._made.extend(made)
-                self.files_made += len(made)
-            try:
-                self._made_cb()
-            except Exception as exc:  # (the loop is closing): nothing waits for this report
-                log.debug("reporting made bucket files failed: %s", exc)
+    def _make_batch(self, batch: list[int]) -> bool:
+        """On the worker: make a batch's files and fsync their directory; True (report it) when
+        any is there now."""
+        made = [start for start in batch if self._make(start)]
+        if not made:
+            return False
+        try:
+            fsutil.fsync_dir(self.dir)
+        except Exception as exc:  # the checkpoint's sync fsyncs the directory again
+            log.warning("fsync of %s after making bucket files failed: %s", self.dir, exc)
+        with self._lock:
+            self._made.extend(made)
+            self.files_made += len(made)
+        return True
 
     def _make(self, start: int) -> bool:
         """Make one file; True if it is there now (made here or by the loop)."""
@@ -178,7 +155,7 @@ class FileMaker:
             finally:
                 os.close(fd)
             linked = False
-            with self._cond:
+            with self._lock:
                 if start in self._wanted:
                     try:
                         os.link(tmp, final)
@@ -193,7 +170,7 @@ class FileMaker:
         except Exception as exc:  # the loop's inline create is the fallback
             self.failures += 1
             log.warning("making schedule bucket file %s ahead failed (the timer creates it itself): %s", final, exc)
-            with self._cond:
+            with self._lock:
                 self._wanted.discard(start)
             try:
                 os.unlink(tmp)
@@ -202,6 +179,6 @@ class FileMaker:
             # Reported all the same: the loop stops waiting and its own create takes over.
             return True
         if linked:
-            with self._cond:
+            with self._lock:
                 self._unsynced.append(final)
         return wanted
