@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.grpc_shell import batch_load, stop_server  # noqa: E402
-from chronoq.client.client import AdminClient  # noqa: E402
+from chronoq.client.admin import AdminClient  # noqa: E402
 from chronoq.client.routed import RoutedSender  # noqa: E402
 from tests.integration.conftest import free_port  # noqa: E402
 from tests.integration.etcd_fixture import Etcd, etcd_available  # noqa: E402

@@ -42,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from chronoq.client.client import AdminClient, Client, OutgoingMessage, run  # noqa: E402
+from chronoq.client.admin import AdminClient  # noqa: E402
+from chronoq.client.client import Client, OutgoingMessage, run  # noqa: E402
 
 LOAD_BATCH = 500
 DUE_TOPIC, DUE_GROUP = "bench-due", "bench-due-g"

@@ -314,7 +314,8 @@ def _collect(out, procs: list, kinds: dict, timeout_s: float) -> dict:
 
 
 def _timer_stats(endpoint: str):
-    from chronoq.client.client import AdminClient, run
+    from chronoq.client.admin import AdminClient
+    from chronoq.client.client import run
 
     async def go():
         async with AdminClient(endpoint) as admin:
@@ -456,7 +457,7 @@ def part_c(args, workdir: str) -> None:
         cpu0 = _server_cpu(proc.pid)
         # Watch the broker deliver (one Admin connection, polled every 50 ms near the due second).
         async def watch() -> tuple[int, float | None]:
-            from chronoq.client.client import AdminClient
+            from chronoq.client.admin import AdminClient
 
             delivered, done_at = 0, None
             hard = second_ms / 1000 + args.seconds

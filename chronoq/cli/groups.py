@@ -65,7 +65,8 @@ async def _summed_lag(endpoint: str, timeout: float, only_group: str, only_topic
     answering them says (each broker group keeps its own: docs/cluster.md)."""
     from rocketmq.grpc_protocol.definition_pb2 import Code
 
-    from chronoq.client.client import AdminClient, ClientError
+    from chronoq.client.admin import AdminClient
+    from chronoq.client.client import ClientError
     from chronoq.client.routed import cluster_primaries
 
     summed: dict = {}

@@ -108,7 +108,8 @@ def message_show(query, scan_mib, trace_mib, endpoint, timeout, as_json) -> None
     """
     from rocketmq.grpc_protocol.definition_pb2 import Code
 
-    from chronoq.client.client import AdminClient, ClientError
+    from chronoq.client.admin import AdminClient
+    from chronoq.client.client import ClientError
 
     async def work():
         async with AdminClient(endpoint, request_timeout_s=timeout, **connection()) as admin:

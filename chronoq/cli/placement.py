@@ -35,7 +35,8 @@ def place(endpoint, timeout, action: str, topic: str, queues: int = 0, message_t
 def placement_or_none(endpoint, timeout, topic: str):
     """The topic's placement when the node is part of a cluster and the topic has one, else None
     (one extra call; its refusal is not an error here)."""
-    from chronoq.client.client import AdminClient, run
+    from chronoq.client.admin import AdminClient
+    from chronoq.client.client import run
     from chronoq.cli.remote import connection
 
     async def work():
@@ -164,7 +165,7 @@ async def _remove_group(endpoint: str, timeout: float, group: str, wait_s: float
     import asyncio
 
     from chronoq.cli.remote import connection
-    from chronoq.client.client import AdminClient
+    from chronoq.client.admin import AdminClient
 
     done = {"group": group, "removed": False, "forced": False, "topics": [], "left": [], "pending": {},
             "unread": {}, "settling": False, "placements": []}
@@ -227,7 +228,8 @@ async def _left_on(primary: str, timeout: float, topics: list) -> dict:
     from rocketmq.grpc_protocol.definition_pb2 import Code
 
     from chronoq.cli.remote import connection
-    from chronoq.client.client import AdminClient, ClientError
+    from chronoq.client.admin import AdminClient
+    from chronoq.client.client import ClientError
 
     left, pending, unread = [], {}, {}
     async with AdminClient(primary, request_timeout_s=timeout, **connection()) as admin:

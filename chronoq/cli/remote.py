@@ -151,7 +151,7 @@ def call(endpoint: str, timeout_s: float, work):
 
 def admin_call(endpoint: str, timeout_s: float, method: str, *args, **kwargs):
     """Call one ``AdminClient`` method against ``endpoint``."""
-    from chronoq.client.client import AdminClient
+    from chronoq.client.admin import AdminClient
 
     async def work():
         async with AdminClient(endpoint, request_timeout_s=timeout_s, **connection()) as admin:

@@ -122,7 +122,7 @@ def timers_cancel(topic, key, endpoint, timeout, as_json) -> None:
 
     A topic spread over several broker groups (a cluster): each live group holding it cancels
     its own messages (keys live on the group that stored the message); the answer sums them."""
-    from chronoq.client.client import AdminClient
+    from chronoq.client.admin import AdminClient
     from chronoq.client.routed import topic_primaries
 
     async def work():

@@ -1,5 +1,5 @@
-"""chronoq's asyncio client (``client.Client``, ``client.AdminClient``) and its HTTP/2 transport
-for unary calls (``h2channel``).
+"""chronoq's asyncio client (``client.Client``), its HTTP/2 transport for unary calls
+(``h2channel``) and the operator-side clients (``admin.AdminClient``).
 
 ``from chronoq.client import Client`` is the public import; names are resolved on first use.
 """
@@ -8,6 +8,9 @@ _PUBLIC = {"Client", "AdminClient", "OutgoingMessage", "ReceivedMessage", "SendR
 
 
 def __getattr__(name: str):
+    if name == "AdminClient":
+        from chronoq.client import admin
+        return admin.AdminClient
     if name in _PUBLIC:
         from chronoq.client import client
         return getattr(client, name)

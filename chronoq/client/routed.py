@@ -188,7 +188,8 @@ async def cluster_primaries(endpoint: str, **connection) -> list[str]:
     every group (consumer groups' lag)."""
     from rocketmq.grpc_protocol.definition_pb2 import Code
 
-    from chronoq.client.client import AdminClient, ClientError
+    from chronoq.client.admin import AdminClient
+    from chronoq.client.client import ClientError
 
     async with AdminClient(endpoint, **connection) as admin:
         try:

@@ -10,7 +10,8 @@ than a pull's 4 MiB chunk, so an answer leaves the primary in one go."""
 
 from __future__ import annotations
 
-from chronoq.client.client import ClientError, SignedChannel
+from chronoq.client.admin import SignedChannel
+from chronoq.client.client import ClientError
 from chronoq.protocol.rocketmq import status as codes
 
 

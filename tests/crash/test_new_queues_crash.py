@@ -27,7 +27,8 @@ import signal
 import pytest
 
 from chronoq.broker.broker import Broker
-from chronoq.client.client import AdminClient, Client, OutgoingMessage
+from chronoq.client.admin import AdminClient
+from chronoq.client.client import Client, OutgoingMessage
 from chronoq.core.config import load_config
 from tests.integration.conftest import ChronoqProcess
 from tests.integration.test_committer_crash import State, _lane, kill_9_and_restart

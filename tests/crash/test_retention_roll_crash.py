@@ -49,7 +49,8 @@ import pytest
 
 from chronoq.broker.broker import Broker
 from chronoq.broker.digest import derived_digest
-from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
+from chronoq.client.admin import AdminClient
+from chronoq.client.client import Client, ClientError, OutgoingMessage
 from chronoq.core.clock import FakeClock
 from chronoq.core.config import BrokerConfig
 from chronoq.store import record

@@ -29,7 +29,8 @@ import time
 import pytest
 
 from chronoq.broker.broker import Broker
-from chronoq.client.client import AdminClient, Client, OutgoingMessage
+from chronoq.client.admin import AdminClient
+from chronoq.client.client import Client, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.timer import newfiles
 from tests.integration.conftest import ChronoqProcess

@@ -26,7 +26,8 @@ import time
 
 import pytest
 
-from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
+from chronoq.client.admin import AdminClient
+from chronoq.client.client import Client, ClientError, OutgoingMessage
 from tests.integration.conftest import ChronoqProcess
 from tests.integration.test_committer_crash import State, _lane, kill_9_repeatedly, tally  # (lanes reconnect)
 

@@ -51,7 +51,7 @@ def admin(node: ChronoqProcess, method: str, *args, **kwargs):
     import asyncio
     import concurrent.futures
 
-    from chronoq.client.client import AdminClient
+    from chronoq.client.admin import AdminClient
 
     async def ask():
         async with AdminClient(node.endpoint) as client:

@@ -51,7 +51,8 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq.broker.broker import Broker
-from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
+from chronoq.client.admin import AdminClient
+from chronoq.client.client import Client, ClientError, OutgoingMessage
 from chronoq.core.config import load_config
 from chronoq.store.store import Store
 from tests.integration.conftest import ChronoqProcess, groups_toml

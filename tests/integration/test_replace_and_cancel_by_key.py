@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from chronoq.client.client import AdminClient, Client, OutgoingMessage
+from chronoq.client.admin import AdminClient
+from chronoq.client.client import Client, OutgoingMessage
 from chronoq.server import auth
 
 from .test_cli_timers import cli  # noqa: F401 (the fixture)

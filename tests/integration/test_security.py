@@ -28,7 +28,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from chronoq.client.client import AdminClient, Client, ClientError, OutgoingMessage
+from chronoq.client.admin import AdminClient
+from chronoq.client.client import Client, ClientError, OutgoingMessage
 
 from .conftest import ROOT, ChronoqProcess, wait_until
 

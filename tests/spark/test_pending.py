@@ -16,7 +16,7 @@ SOON_MS = 1_500
 def test_pending_messages_as_a_dataframe_fired_and_recalled_ones_absent(spark, broker):
     from pyspark.sql import functions as F
 
-    from chronoq.client.client import AdminClient
+    from chronoq.client.admin import AdminClient
 
     b = broker()
     far = spark.range(40).select(F.format_string("far-%02d", "id").alias("body"),

@@ -9,10 +9,11 @@ def test_embedded_broker_and_client_import_from_their_packages():
     from chronoq.broker import Broker, OutgoingMessage
     from chronoq.broker import broker as broker_module
     from chronoq.client import AdminClient, Client, ClientError
+    from chronoq.client import admin as admin_module
     from chronoq.client import client as client_module
 
     assert Broker is broker_module.Broker and OutgoingMessage is broker_module.OutgoingMessage
-    assert (Client, AdminClient, ClientError) == (client_module.Client, client_module.AdminClient,
+    assert (Client, AdminClient, ClientError) == (client_module.Client, admin_module.AdminClient,
                                                  client_module.ClientError)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         chronoq.broker.Nope
