@@ -60,6 +60,7 @@ COMPILED_MODULES = (
     "chronoq.store.fsyncer",
     "chronoq.timer.schedlog",
     "chronoq.timer.handle",
+    "chronoq.client.answer",
     "chronoq.client.h2channel",
     "chronoq.client.client",
     "chronoq.core.msgid",

@@ -7,6 +7,7 @@
 # but do little.
 import cython
 
+from chronoq.client.answer cimport answer_of
 from chronoq.protocol.h2.flow cimport ConnectionWindows, StreamWindows
 from chronoq.protocol.h2.hpackenc cimport literal
 
@@ -35,8 +36,6 @@ cdef class _Connection(ConnectionWindows):
     cpdef _end_headers(self, Py_ssize_t sid, Py_ssize_t flags, block)
     @cython.locals(call=_Call, update=bytes)
     cpdef _data(self, Py_ssize_t flags, Py_ssize_t sid, payload)
-    @cython.locals(size=Py_ssize_t, compressed=Py_ssize_t)
-    cpdef _complete(self, _Call call)
     cpdef _finish(self, _Call call, outcome)
     cpdef _freed(self)
     @cython.locals(cached=tuple, state=tuple, fields=list, out=list, clean=bint)

@@ -14,7 +14,8 @@ answer's HEADERS, DATA and trailers. SETTINGS (acknowledged; initial window, fra
 and concurrent-stream limits applied), PING, WINDOW_UPDATE both ways, RST_STREAM, GOAWAY (calls
 the server never saw are retried once on a new connection, as grpc does), CONTINUATION, gzip or
 deflate answers. Deadlines travel as ``grpc-timeout`` and end the call here too (RST_STREAM CANCEL).
-Failures raise ``grpc.aio.AioRpcError``, as grpc's own channel does, so callers handle both alike.
+Failures raise ``grpc.aio.AioRpcError``, as grpc's own channel does, so callers handle both alike;
+what a whole answer means (its message, or its status's error) is ``chronoq.client.answer``'s.
 Not here: streaming calls (``chronoq.client.client`` keeps a grpc channel for those), request compression.
 
 The cost per call (issue 24: one message per call is what most applications do): a call's header
@@ -29,21 +30,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl as ssl_module
-import zlib
-from urllib.parse import unquote
 
 import grpc
 
 from chronoq import __version__
+# (answer_of: a C function in the compiled build, h2channel.pxd)
+from chronoq.client.answer import answer_of, http_error, rpc_error
 # HTTP/2, HPACK and gRPC's framing are chronoq.protocol.h2's, shared with the server.
 from chronoq.protocol.h2 import (ACK, CANCEL, CONTINUATION, DATA, END_HEADERS, END_STREAM, FRAME_HEAD, GOAWAY,
                                  HEADERS, HEADERS_EXTRAS, MAX_FRAME_LENGTH, MESSAGE_PREFIX, NO_ERROR, PADDED, PING,
                                  PREFACE, PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
                                  S_ENABLE_PUSH, S_HEADER_TABLE_SIZE, S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS,
-                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder,
-                                 UnsupportedEncoding, decompress, frame, goaway_frame, header_fragment,
-                                 literal_block, parse_goaway, parse_settings, read_frames, rst_stream_frame,
-                                 settings_frame, timeout_text, trailers, unpad, window_increment)
+                                 S_MAX_FRAME_SIZE, U32, WINDOW_UPDATE, Decoder, HpackError, RequestEncoder, frame,
+                                 goaway_frame, header_fragment, literal_block, parse_goaway, parse_settings,
+                                 read_frames, rst_stream_frame, settings_frame, timeout_text, trailers, unpad,
+                                 window_increment)
 # (from their modules: the compiled build's _Call and _Connection extend these C types, and calls
 # literal as a C function, h2channel.pxd)
 from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
@@ -54,20 +55,7 @@ OUR_CONN_WINDOW = 32 << 20     # and on the whole connection
 MAX_FRAME_IN = MAX_FRAME_LENGTH  # the largest frame we accept: the protocol's limit
 MAX_HEADER_BLOCK = 1 << 20     # an answer's header block, before decoding
 
-# HTTP status -> gRPC code for answers that are not gRPC (gRPC's "HTTP to gRPC status code mapping").
-_HTTP_CODES = {400: grpc.StatusCode.INTERNAL, 401: grpc.StatusCode.UNAUTHENTICATED,
-               403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.UNIMPLEMENTED,
-               429: grpc.StatusCode.UNAVAILABLE, 502: grpc.StatusCode.UNAVAILABLE,
-               503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.UNAVAILABLE}
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-_CODES_BY_TEXT = {str(number): c for number, c in _CODES.items()}  # grpc-status as sent: no int() per call
-_OK = grpc.StatusCode.OK
 _NO_DEADLINE = float("inf")
-
-
-def _error(code: grpc.StatusCode, details: str, initial=(), trailing=()) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(*initial), grpc.aio.Metadata(*trailing), details)
-
 
 # Header fields that stay the same call after call: sent once with incremental indexing, then as a
 # one-byte reference into the server's table. Per-call values (request id, date, deadline) stay
@@ -217,8 +205,9 @@ class _Connection(ConnectionWindows):
                         del self.calls[sid]
                         self.transport.write(rst_stream_frame(sid, code))
                         self._freed()
-                        self._fail(call, _error(grpc.StatusCode.INTERNAL,
-                                                f"the server's WINDOW_UPDATE broke flow control (HTTP/2 error {code})"))
+                        self._fail(call, rpc_error(
+                            grpc.StatusCode.INTERNAL,
+                            f"the server's WINDOW_UPDATE broke flow control (HTTP/2 error {code})"))
                     else:
                         self._send_pending()
         elif kind == PING:
@@ -232,8 +221,9 @@ class _Connection(ConnectionWindows):
                 if code == REFUSED_STREAM:  # never processed: the caller may retry it
                     self._fail(call, _Refused())
                 else:
-                    self._fail(call, _error(grpc.StatusCode.CANCELLED if code == CANCEL else grpc.StatusCode.INTERNAL,
-                                            f"the server reset the stream (HTTP/2 error {code})"))
+                    self._fail(call, rpc_error(
+                        grpc.StatusCode.CANCELLED if code == CANCEL else grpc.StatusCode.INTERNAL,
+                        f"the server reset the stream (HTTP/2 error {code})"))
         elif kind == GOAWAY:
             last, code, debug = parse_goaway(payload)
             self.goaway_last = last
@@ -272,16 +262,15 @@ class _Connection(ConnectionWindows):
             # (pseudo-header fields come first: RFC 9113 §8.3)
             status = fields[0][1] if fields and fields[0][0] == ":status" else ""
             if status != "200":
-                code = _HTTP_CODES.get(int(status) if status.isdigit() else 0, grpc.StatusCode.UNKNOWN)
-                self._finish(call, _error(code, f"the server answered HTTP status {status or 'none'}"))
+                self._finish(call, http_error(status))
                 return
             if flags & END_STREAM:  # trailers only: the status is in these headers
                 call.trailers = fields
-                self._complete(call)
+                self._finish(call, answer_of(fields, fields, call.data))
         else:
             call.trailers = fields
-            if flags & END_STREAM:
-                self._complete(call)
+            if flags & END_STREAM:  # the answer is whole: its message, or its status's error
+                self._finish(call, answer_of(call.headers, fields, call.data))
 
     def _data(self, flags: int, sid: int, payload: bytes) -> None:
         call = self.calls.get(sid)
@@ -297,48 +286,11 @@ class _Connection(ConnectionWindows):
             else:
                 data += payload
             if flags & END_STREAM:
-                self._finish(call, _error(grpc.StatusCode.INTERNAL, "the answer ended without trailers"))
+                self._finish(call, rpc_error(grpc.StatusCode.INTERNAL, "the answer ended without trailers"))
         if update:
             self.transport.write(update)
 
     # ----------------------------------------------------------------- calls
-    def _complete(self, call: _Call) -> None:
-        """The answer is whole: resolve the call with its message, or fail it with its status."""
-        trailers = call.trailers or []
-        status = message = ""
-        for key, value in trailers:
-            if key == "grpc-status":
-                status = value
-            elif key == "grpc-message":
-                message = unquote(value, errors="replace")
-        code = _CODES_BY_TEXT.get(status)
-        if code is None and status.isdigit():
-            code = _CODES.get(int(status))
-        if code is None:
-            self._finish(call, _error(grpc.StatusCode.UNKNOWN if status else grpc.StatusCode.INTERNAL,
-                                      f"bad grpc-status {status!r}" if status else "the answer has no grpc-status"))
-            return
-        if code is not _OK:
-            self._finish(call, _error(code, message, _metadata(call.headers), _metadata(trailers)))
-            return
-        data = call.data
-        if len(data) < 5:
-            self._finish(call, _error(grpc.StatusCode.INTERNAL, "the answer holds no message"))
-            return
-        compressed, size = MESSAGE_PREFIX.unpack_from(data, 0)
-        if 5 + size != len(data):
-            self._finish(call, _error(grpc.StatusCode.INTERNAL, "a unary answer must hold exactly one message"))
-            return
-        body = data[5:] if type(data) is bytes else bytes(data[5:])
-        if compressed:
-            encoding = _grpc_encoding(call.headers)
-            try:
-                body = decompress(body, encoding)
-            except (UnsupportedEncoding, zlib.error) as exc:
-                self._finish(call, _error(grpc.StatusCode.INTERNAL, f"cannot decompress the answer ({encoding}): {exc}"))
-                return
-        self._finish(call, body)
-
     def _finish(self, call: _Call, outcome) -> None:
         if self.calls.pop(call.id, None) is not None and self._room is not None:
             self._room.set()  # (``_freed``, inline: once per call)
@@ -398,7 +350,7 @@ class _Connection(ConnectionWindows):
             # Fields indexed for this block may be in our copy of the server's table but will never
             # reach it: no later call may reference them. Calls already sent finish normally.
             self.goaway_last = self.next_id - 2
-            raise _error(grpc.StatusCode.INTERNAL, f"cannot encode the call's headers: {exc}") from None
+            raise rpc_error(grpc.StatusCode.INTERNAL, f"cannot encode the call's headers: {exc}") from None
 
     def _fields(self, metadata, out: list) -> None:
         """Each ``(key, value)`` of ``metadata`` encoded, appended to ``out`` (``-bin`` values in
@@ -451,7 +403,7 @@ class _Connection(ConnectionWindows):
         due = [call for call in self.calls.values() if call.deadline <= now]
         for call in due:
             if not call.future.done():
-                call.future.set_exception(_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+                call.future.set_exception(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
             self._give_up(call)
         if self.calls and not self.closed:
             nearest = min(call.deadline for call in self.calls.values())
@@ -490,7 +442,7 @@ class _Connection(ConnectionWindows):
         self._stop_timer()
         calls, self.calls = list(self.calls.values()), {}
         for call in calls:
-            self._fail(call, _error(grpc.StatusCode.UNAVAILABLE, reason))
+            self._fail(call, rpc_error(grpc.StatusCode.UNAVAILABLE, reason))
         self._freed()
 
     def close(self) -> None:
@@ -501,7 +453,7 @@ class _Connection(ConnectionWindows):
         self._stop_timer()
         calls, self.calls = list(self.calls.values()), {}
         for call in calls:
-            self._fail(call, _error(grpc.StatusCode.CANCELLED, "the channel was closed"))
+            self._fail(call, rpc_error(grpc.StatusCode.CANCELLED, "the channel was closed"))
         self._freed()
 
 
@@ -513,14 +465,6 @@ class _Connection(ConnectionWindows):
 
 class _Refused(Exception):
     """The server did not process the call (REFUSED_STREAM, or above a GOAWAY's last stream)."""
-
-
-def _grpc_encoding(fields) -> str:
-    return next((v for k, v in fields or () if k == "grpc-encoding"), "identity")
-
-
-def _metadata(fields) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in fields or () if not k.startswith(":") and k not in ("grpc-status", "grpc-message")]
 
 
 class Channel:
@@ -551,13 +495,13 @@ class Channel:
         if conn is not None and conn.usable:
             return conn
         if self._closed:
-            raise _error(grpc.StatusCode.CANCELLED, "the channel was closed")
+            raise rpc_error(grpc.StatusCode.CANCELLED, "the channel was closed")
         if self._connecting is None:  # one connect for all the callers that need it now
             self._connecting = asyncio.ensure_future(self._open())
         try:
             return await asyncio.wait_for(asyncio.shield(self._connecting), timeout)
         except asyncio.TimeoutError:
-            raise _error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while connecting") from None
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while connecting") from None
 
     async def _open(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -566,12 +510,12 @@ class Channel:
                 lambda: _Connection(self.authority, self._scheme), self.host, self.port, ssl=self.ssl,
                 server_hostname=self.host if self.ssl is not None else None)
         except (OSError, ssl_module.SSLError) as exc:
-            raise _error(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {self.authority}: {exc}") from None
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {self.authority}: {exc}") from None
         finally:
             self._connecting = None
         if self.ssl is not None and _transport.get_extra_info("ssl_object").selected_alpn_protocol() != "h2":
             conn.close()
-            raise _error(grpc.StatusCode.UNAVAILABLE, f"{self.authority} does not speak HTTP/2 over TLS (ALPN)")
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{self.authority} does not speak HTTP/2 over TLS (ALPN)")
         old, self._conn = self._conn, conn
         if old is not None and not old.calls:
             old.close()
@@ -593,8 +537,8 @@ class Channel:
                 return answer if deserialize is None else deserialize(answer)
             except _Refused as exc:
                 if attempt == 2:
-                    raise _error(grpc.StatusCode.UNAVAILABLE,
-                                 f"the server refused the call twice: {exc or 'stream refused'}") from None
+                    raise rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                    f"the server refused the call twice: {exc or 'stream refused'}") from None
                 if call is not None and timeout is not None:  # what is left of the call's deadline
                     timeout = max(call.deadline - conn.loop.time(), 0.0)
             except asyncio.CancelledError:
