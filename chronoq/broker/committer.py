@@ -29,6 +29,10 @@ Under the ``async`` flush policy sends are answered once written and dispatched;
 for an fsync every ``flush_interval_ms`` when something was written (or sooner when someone asks:
 the timer's copies, a barrier).
 
+New queues' first files are made off the loop while their batch is fsynced
+(``chronoq.store.newqueues``): acknowledgements whose dispatch waits for them, and sends that
+create topics, wait in ``chronoq.broker.filewaits`` (``FileWaits``, owned here), in log order.
+
 Positions and replication: a ticket is a byte offset in the one commit log, counted from the log's
 first byte across segments (segments are named by their base offset), the same number on every node
 holding the same bytes. A replica follows the log byte for byte: it fetches the bytes between its
@@ -61,6 +65,7 @@ from typing import Callable, Iterable
 from chronoq.core import errors
 from chronoq.core.jobs import Job
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
+from chronoq.broker.filewaits import FileWaits
 from chronoq.broker.sending import WaitingFiles
 from chronoq.core.model import SendResult
 from chronoq.store import fsyncer as fsyncer_mod
@@ -142,22 +147,15 @@ class GroupCommitter:
         # while the fsync runs).
         self._written_listeners: list[Callable[[], None]] = []
         self._key_build: asyncio.Task | None = None  # ``key_index_built``'s reader, while calls wait
-        # Acknowledgements (a generation, with its fsync's offset; a future under ``async``) whose
-        # records are durable but wait, in log order, for new queues' first files
-        # (``chronoq.store.newqueues``): answered by ``_files_made``.
-        self._parked: list[tuple[int, _Generation | asyncio.Future, int]] = []
-        # Sends that create topics, waiting for their queues' first files before they are written
-        # (``_files_ahead``): (the maker's sequence number to reach, the future), in request order.
-        self._file_waits: list[tuple[int, asyncio.Future]] = []
+        # Acknowledgements and topic-creating sends waiting for new queues' first files, made off
+        # the loop (``chronoq.store.newqueues``).
+        self._files = FileWaits(self.store, self._dispatch_acknowledged, self._refusal)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._fsyncer = Fsyncer(self._sync_logs)
         self._loop.add_reader(self._fsyncer.reports, self._reported)
-        # New queues' first files are made off the loop, while their batch is fsynced: 500 new
-        # topics in one batch held the loop 220-440 ms in the dispatch (chronoq.store.newqueues).
-        loop = self._loop
-        self.store.make_files_ahead(lambda: loop.call_soon_threadsafe(self._files_made))
+        self._files.start(self._loop)  # (new queues' first files made while their batch is fsynced)
         self._fsyncer.start()
         if not self.sync_policy:
             self._periodic = self._loop.call_later(self._interval_s, self._interval_fsync)
@@ -184,7 +182,7 @@ class GroupCommitter:
         self.broker.check_space()
         self.check_leader()  # (a fenced node does not even write what it will not acknowledge)
         try:
-            sent = self.broker.write_batch(batch, system=system, files_ahead=self._files_ahead)
+            sent = self.broker.write_batch(batch, system=system, files_ahead=self._files.ahead)
             if type(sent) is WaitingFiles:  # new topics: written once their queues' files are made
                 await sent.made
                 self.broker.check_space()
@@ -325,10 +323,8 @@ class GroupCommitter:
             store = self.store
             store.dispatch(wait_files=True)
             self.broker.notify_arrivals()
-            if store.files_waited(store.log.written):  # new queues' files first (``_files_made``)
-                fut = self._loop.create_future()
-                self._parked.append((store.log.written, fut, -1))
-                return fut
+            if store.files_waited(store.log.written):  # new queues' files first (``FileWaits.made``)
+                return self._files.wait(store.log.written)
             return None
         return self._waiter(self.store.log.written)
 
@@ -541,8 +537,8 @@ class GroupCommitter:
             # ring the target is not final (writers still join): the rung fsync's report finishes it.
             return
         del self._asked[0]
-        if self._parked or self.store.files_waited(running.target):
-            self._parked.append((running.target, running, synced))  # answered once its files are made
+        if self._files.waits(running.target):  # answered once its files are made
+            self._files.park(running.target, functools.partial(self._finish, running), synced)
         else:
             self._finish(running, synced, None)
         if self._waiting is not None:
@@ -567,43 +563,15 @@ class GroupCommitter:
             self._dispatch_failures = 0
         self.broker.notify_arrivals()
 
-    def _files_made(self) -> None:
-        """New queues' first files were made (``chronoq.store.newqueues``): dispatch the batches
-        that waited for them and answer, in log order, what waited for that dispatch."""
-        if self._fsyncer is None:  # closed: ``close`` flushed and answered everything
-            return
-        store = self.store
-        store.files_made()
-        taken = store.new_files.taken
-        while self._file_waits and self._file_waits[0][0] <= taken:
-            fut = self._file_waits.pop(0)[1]
-            if not fut.done():  # (its caller was cancelled)
-                fut.set_result(None)
-        self._dispatch(store.log.synced if self.sync_policy else store.log.written)
-        exc = errors.PreconditionFailed(self.leadership.refusal()) if self.fenced else None
-        while self._parked and (exc is not None or not store.files_waited(self._parked[0][0])):
-            _ticket, waiter, synced = self._parked.pop(0)
-            self._answer_parked(waiter, synced, exc)
+    def _dispatch_acknowledged(self) -> None:
+        """``FileWaits``' dispatch once files are made: what is durable (``sync``), or all that
+        is written (``async``, where a send is acknowledged once dispatched)."""
+        log_ = self.store.log
+        self._dispatch(log_.synced if self.sync_policy else log_.written)
 
-    def _files_ahead(self, cols) -> asyncio.Future | None:
-        """``write_batch``'s hook for a batch that creates topics: the future its write awaits
-        while the first files of its new queues are made off the loop, or None (none needed)."""
-        seq = self.store.files_ahead(cols)
-        if not seq or self._fsyncer is None:
-            return None
-        fut = self._loop.create_future()
-        self._file_waits.append((seq, fut))
-        return fut
-
-    def _answer_parked(self, waiter, synced: int, exc: BaseException | None) -> None:
-        if isinstance(waiter, _Generation):
-            self._finish(waiter, synced if exc is None else -1, exc)
-        elif not waiter.done():  # (its caller was cancelled)
-            if exc is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(exc)
-                waiter.exception()
+    def _refusal(self) -> BaseException | None:
+        """What ``FileWaits`` answers its parked acknowledgements with instead while fenced."""
+        return errors.PreconditionFailed(self.leadership.refusal()) if self.fenced else None
 
     def _retry_dispatch(self) -> None:
         self._dispatch_retry = None
@@ -639,6 +607,7 @@ class GroupCommitter:
         if self._key_build is not None:
             self._key_build.cancel()
         fsyncer, self._fsyncer = self._fsyncer, None
+        self._files.stop()  # (a report from now on is answered below, after the flush)
         if fsyncer is not None:
             self._loop.remove_reader(fsyncer.reports)
             await asyncio.get_running_loop().run_in_executor(None, fsyncer.close)
@@ -652,13 +621,6 @@ class GroupCommitter:
             exc = errors.PreconditionFailed(self.leadership.refusal())
         gens = self._asked + ([self._waiting] if self._waiting is not None else [])
         self._asked, self._waiting = [], None
-        waits, self._file_waits = self._file_waits, []
-        for _seq, fut in waits:  # not written: refused, as the server is stopping
-            if not fut.done():
-                fut.set_exception(errors.ClosedError("the broker is stopping"))
-                fut.exception()
-        parked, self._parked = self._parked, []
-        for _ticket, waiter, parked_synced in parked:  # (durable already; flush dispatched them)
-            self._answer_parked(waiter, parked_synced if exc is None else synced, exc)
+        self._files.close(exc)
         for gen in gens:
             self._finish(gen, synced, exc)

@@ -13,7 +13,7 @@ commit log is fsynced; the batch waits in the store's pending list, and the comm
 (``Store.dispatch(..., wait_files=True)``) stops before the first batch whose files are not
 reported yet. The report (``made``, on the worker after each batch of files; the runtime passes
 a ``call_soon_threadsafe``) has the committer take them (``Store.files_made``, ``QueueFileMaker.take``), dispatch, and
-answer the calls that waited (``GroupCommitter._files_made``). The files are made by the one
+answer the calls that waited (``FileWaits.made``, chronoq.broker.filewaits). The files are made by the one
 function the loop's own create uses (``consumequeue.create_file``): an existing file is opened as
 it is, so a file made on both sides (a dispatch that does not wait: ``flush``, the embedded
 paths) is the same file.
