@@ -4,7 +4,7 @@ A producer that resends a message it already sent (its answer was lost) must get
 answer, not a second copy. The broker remembers, for ``window_ms`` and at most ``max_entries``
 sends, a 64-bit hash of each stored message's key and where its record is. Everything else the
 answer needs (topic, id, queue, queue offset, recall handle, body) is in that record, so on a hit
-the broker reads the record back and confirms it (``Sender._original``, chronoq.broker.sending): a
+the broker reads the record back and confirms it (``original``, chronoq.broker.resends): a
 hash collision is never answered as a duplicate, it only costs a read.
 
 Pure: no I/O; ``now_ms`` is an argument; the key hash can be injected (tests force collisions).

@@ -3,20 +3,21 @@
 One path for every shape of message (plain, delayed, delay level, FIFO, keys, properties; user
 or system): ``Sender.write_batch`` takes an ``OutgoingBatch`` (columns, chronoq.broker.outgoing),
 ``prepare`` checks it column by column into the store's ``Columns``, ``write_batch`` deduplicates
-client ids against the window of recent ones (chronoq.broker.dedupe), appends with the store's one
-record encoder (``Store.write_columns``) and answers with ``Sent`` columns. ``write`` and
-``prepare_batch`` are the same for ``OutgoingMessage`` objects. Durability and visibility are the
-broker's (``Broker.flush``) or the committer's.
+client ids against the window of recent ones (chronoq.broker.dedupe; a batch that may hold a
+resend is answered by chronoq.broker.resends), appends with the store's one record encoder
+(``Store.write_columns``) and answers with ``Sent`` columns. ``write`` and ``prepare_batch`` are the
+same for ``OutgoingMessage`` objects. Durability and visibility are the broker's (``Broker.flush``)
+or the committer's.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import zlib
 from itertools import repeat
 from typing import Iterable, NamedTuple
 
+from chronoq.broker import resends
 from chronoq.broker.dedupe import DedupeWindow
 from chronoq.broker.outgoing import OutgoingBatch, OutgoingMessage, Sent
 from chronoq.broker.topics import TopicRegistry
@@ -24,7 +25,7 @@ from chronoq.broker.trace import TraceRecorder
 from chronoq.core import errors, validate
 from chronoq.core.clock import Clock
 from chronoq.core.config import BrokerConfig
-from chronoq.core.model import Message, MessageType, SendResult, TopicConfig
+from chronoq.core.model import MessageType, SendResult, TopicConfig
 from chronoq.core.msgid import new_message_ids
 from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE
 from chronoq.store import record
@@ -45,8 +46,6 @@ _BYTES, _STR, _INT = {bytes}, {str}, {int}
 # to ``_CYCLE_KEEP`` entries; a longer run builds its own and drops it.
 _CYCLES: dict[int, list[int]] = {}
 _CYCLE_KEEP = 1024  # (entries: at most ~2 x 1024 x 8 bytes for each queue count in use)
-
-log = logging.getLogger("chronoq.broker.broker")
 
 # The properties of a message with none of its own but its type (``PROP_MESSAGE_TYPE``), as bytes.
 _TYPE_PROPS = {t: record.encode_properties({PROP_MESSAGE_TYPE: t.name}) if t is not _NORMAL else b""
@@ -102,7 +101,7 @@ class Sender:
         self._tags: dict[str, bytes] = {}
         # Client message ids stored lately: a hash of (topic, id) and the record's commit offset
         # (chronoq.broker.dedupe, ~40 B an entry, no Python object per entry); an exact resend answers
-        # the original, rebuilt from its record (``_original``).
+        # the original, rebuilt from its record (``resends.original``).
         self._dedupe = DedupeWindow(config.dedupe_max_entries, config.dedupe_window_ms)
         # Messages accepted from producers per topic (duplicates and system writes not counted).
         self.sent_by_topic: dict[str, int] = {}
@@ -446,43 +445,8 @@ class Sender:
     def check_duplicate(self, topic: str, message_id: str, body: bytes) -> SendResult | None:
         """The original result if (topic, id) was sent within the window with the same body."""
         window = self._dedupe
-        return self._original(topic, message_id, body, window.hash_key(topic, message_id), self.clock.wall_ms())
-
-    def _original(self, topic: str, message_id: str, body: bytes, key_hash: int, now: int) -> SendResult | None:
-        """``check_duplicate`` with the key's hash known. The window keeps only a hash and a
-        commit offset: each candidate's record is read back and must carry this topic and id (a
-        hash collision is another message, not a duplicate); its body decides duplicate or
-        ``DuplicateMessageId``, and its fields rebuild the original answer."""
-        for commit_offset in self._dedupe.candidates(key_hash, now):
-            try:
-                stored = self.store.read_record_at(commit_offset)
-            except (errors.NotFound, errors.CorruptionError) as exc:
-                # The record is gone (retention deleted its segment inside the window) or damaged:
-                # there is no original to answer with, so the entry counts as gone and the resend
-                # is stored anew (at least once, as after the window).
-                if isinstance(exc, errors.CorruptionError):
-                    log.warning("dedupe: record at %d unreadable (%s); resend of %s stored anew",
-                                commit_offset, exc, message_id)
-                continue
-            if stored.topic != topic or stored.message_id != message_id:
-                continue
-            if stored.body != body:
-                raise errors.DuplicateMessageId(
-                    f"message id {message_id} was already used in topic {topic} for a different body")
-            return self._result_of(stored)
-        return None
-
-    def _result_of(self, m: Message) -> SendResult:
-        """The answer ``write`` gave when it stored ``m`` (read back from the log), as a duplicate."""
-        if not m.deliver_at_ms:
-            return SendResult(m.message_id, m.topic, m.queue_id, m.queue_offset, m.commit_offset, duplicate=True)
-        # A delayed send: the timer's answer (recall handle; the real topic of a delay-level copy).
-        props = record.encode_properties(m.properties) if m.properties else b""
-        p = Prepared(m.topic, m.queue_id, m.flags, m.born_ms, m.deliver_at_ms, m.message_id.encode(), b"", b"",
-                     props, b"")
-        result = self.timer.send_result(p, m.message_id, m.commit_offset, m.queue_offset)
-        result.duplicate = True
-        return result
+        return resends.original(self.store, self.timer, window, topic, message_id, body,
+                                window.hash_key(topic, message_id), self.clock.wall_ms())
 
     def write(self, messages: Iterable[OutgoingMessage], *, system: bool = False) -> list[SendResult]:
         """``write_batch`` for ``OutgoingMessage`` objects, answered with ``SendResult`` objects
@@ -536,7 +500,8 @@ class Sender:
             # only a batch that may hold one is answered message by message.
             if (len(chosen_hashes) > 1 and len(set(chosen_hashes)) != len(chosen_hashes)) \
                     or window.any_present(chosen_hashes):
-                answers, cols, ids, key_hashes = self._deduplicated(cols, ids, chosen, key_hashes, now)
+                answers, cols, ids, key_hashes = resends.deduplicated(self.store, self.timer, window, cols, ids,
+                                                                      chosen, key_hashes, now)
         if new_topics:  # the whole batch is valid: now create the topics it needs (one save)
             self.registry.create_planned(new_topics)
         replaced = None
@@ -570,7 +535,7 @@ class Sender:
             fresh.replaced = replaced
         if answers is None:
             return fresh
-        return self._merged(answers, fresh)
+        return resends.merged(answers, fresh)
 
     def _answers(self, cols: Columns, ids: list[str], commits: list[int], qoffs: list[int]) -> Sent:
         """The answer to written records: a delayed record (FLAG_DELAYED) is in no queue until
@@ -600,53 +565,6 @@ class Sender:
                 r = self.timer.send_result(Prepared._make(c[i] for c in cols), ids[i], commits[i], qoffs[i])
                 topics[i], queue_ids[i], qoffs[i], recalls[i] = r.topic, r.queue_id, r.queue_offset, r.recall_handle
         return Sent(ids, topics, queue_ids, qoffs, commits, recalls)
-
-    def _deduplicated(self, cols: Columns, ids: list[str], chosen: list[bool], key_hashes: list[int],
-                      now: int) -> tuple[list, Columns, list[str], list[int]]:
-        """``write_batch``'s batch that may hold a duplicate, message by message: (the answer
-        slots, and the columns, ids and key hashes of the new messages). Slot i of the answer:
-        None = new (the next written record), an int = the slot whose resend it is (inside the
-        batch), else the original's result (from the window)."""
-        answers: list[SendResult | int | None] = []
-        keep: list[int] = []
-        # (topic, id) -> (its slot, its body): a resend inside the batch answers that slot.
-        first_in_batch: dict[tuple[str, str], tuple[int, bytes]] = {}
-        for i, (topic, mid, c, h, body) in enumerate(zip(cols.topics, ids, chosen, key_hashes, cols.bodies)):
-            if c:
-                key = (topic, mid)
-                first = first_in_batch.get(key)
-                if first is not None:
-                    if first[1] != body:  # same rule as check_duplicate, inside a batch
-                        raise errors.DuplicateMessageId(
-                            f"message id {mid} is used twice in this batch for different bodies")
-                    answers.append(first[0])
-                    continue
-                dup = self._original(topic, mid, body, h, now)
-                if dup is not None:
-                    answers.append(dup)
-                    continue
-                first_in_batch[key] = (len(answers), body)
-            answers.append(None)
-            keep.append(i)
-        kept = Columns(*([column[i] for i in keep] for column in cols))
-        return answers, kept, [ids[i] for i in keep], [key_hashes[i] for i in keep]
-
-    @staticmethod
-    def _merged(answers: list, fresh: Sent) -> Sent:
-        """The whole batch's answer from its slots (``_deduplicated``) and the new messages' one."""
-        taken = iter(fresh.results())
-        out: list[SendResult] = []
-        for answer in answers:
-            if answer is None:
-                result = next(taken)
-            elif isinstance(answer, int):
-                first = out[answer]
-                result = SendResult(first.message_id, first.topic, first.queue_id, first.queue_offset,
-                                    first.commit_offset, duplicate=True, recall_handle=first.recall_handle)
-            else:
-                result = answer
-            out.append(result)
-        return Sent.of(out)
 
     def _count_sent(self, topics: list[str]) -> None:
         """Count accepted messages per topic (a batch is nearly always of one topic)."""
