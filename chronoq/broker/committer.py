@@ -32,6 +32,7 @@ the timer's copies, a barrier).
 New queues' first files are made off the loop while their batch is fsynced
 (``chronoq.store.newqueues``): acknowledgements whose dispatch waits for them, and sends that
 create topics, wait in ``chronoq.broker.filewaits`` (``FileWaits``, owned here), in log order.
+A keyed call waits for the timer's key index build in ``chronoq.broker.keywait``.
 
 Positions and replication: a ticket is a byte offset in the one commit log, counted from the log's
 first byte across segments (segments are named by their base offset), the same number on every node
@@ -66,6 +67,7 @@ from chronoq.core import errors
 from chronoq.core.jobs import Job
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
 from chronoq.broker.filewaits import FileWaits
+from chronoq.broker.keywait import KeyIndexWait
 from chronoq.broker.sending import WaitingFiles
 from chronoq.core.model import SendResult
 from chronoq.store import fsyncer as fsyncer_mod
@@ -83,7 +85,6 @@ DISPATCH_RETRY_S = 0.5  # after a failed dispatch, try again this soon
 # behind a slice show in the p99 (that bench, main 1.6 ms: 5 ms slices 5.6 ms, 2 ms slices 3.1 ms).
 RETENTION_SLICE_S = 0.002
 RETENTION_PAUSE_S = 0.008
-KEY_INDEX_WAIT_S = 1.0  # a keyed call waits at most this long for the key index's build (``key_index_built``)
 # Generations asked of the fsync thread at once: the running fsync and one queued behind it
 # (``_ask``). One: the next is asked only once the running one's report reaches the loop.
 AHEAD = 2
@@ -146,7 +147,7 @@ class GroupCommitter:
         # (``add_written_listener``: the replication shipper, whose waiting pulls ship those bytes
         # while the fsync runs).
         self._written_listeners: list[Callable[[], None]] = []
-        self._key_build: asyncio.Task | None = None  # ``key_index_built``'s reader, while calls wait
+        self._keys = KeyIndexWait(broker.timer)  # a keyed call's wait for the timer's key index build
         # Acknowledgements and topic-creating sends waiting for new queues' first files, made off
         # the loop (``chronoq.store.newqueues``).
         self._files = FileWaits(self.store, self._dispatch_acknowledged, self._refusal)
@@ -178,7 +179,7 @@ class GroupCommitter:
         while the disk is below its reserve.
         """
         if batch.properties is not None and self.broker.timer.keys_building and has_replace_keys(batch.properties):
-            await self.key_index_built()
+            await self._keys.built()
         self.broker.check_space()
         self.check_leader()  # (a fenced node does not even write what it will not acknowledge)
         try:
@@ -222,41 +223,12 @@ class GroupCommitter:
     async def cancel_by_key(self, topic: str, key: str):
         """``Broker.cancel_by_key`` as ``recall``: the recall records durable before the answer."""
         if self.broker.timer.keys_building:
-            await self.key_index_built()
+            await self._keys.built()
         answer = self.broker.timer_cancel_by_key(topic, key)
         await self.durable(answer.ticket)
         result = self.broker.timer_key_answered(answer)
         await self._on_a_replica(answer.ticket)
         return result
-
-    async def key_index_built(self) -> None:
-        """Before a keyed call (cancel by key, a replacing send) while the timer's key index is
-        not built (a start's first keyed call begins it): read the build a slice at a time
-        (``keys_slice``, 5 ms), the loop free between slices, until it is done or
-        KEY_INDEX_WAIT_S passed. A keyed call answered while buckets are unread searches every
-        one of them on the loop (``Keyed._unread_candidates``): 300,000 keyed timers pending
-        after a restart, each replacing send held the loop ~120 ms (the first 459 ms) until the
-        build was done (bench/stalls.py --keyed --replace). Past the wait it does so all the
-        same (over fewer buckets by then): a call is delayed a bounded time, never refused.
-        One task reads for all the calls waiting at once (a reader each would hold the loop a
-        slice per waiting call per pass)."""
-        timer = self.broker.timer
-        timer.begin_keys()
-        if not timer.keys_to_read:
-            return
-        if self._key_build is None or self._key_build.done():  # one reader for every waiting call
-            self._key_build = self._loop.create_task(self._read_key_build(), name="chronoq-key-build")
-        await asyncio.shield(self._key_build)  # (a caller that goes away leaves the reading to the others)
-
-    async def _read_key_build(self) -> None:
-        timer = self.broker.timer
-        deadline = timer.clock.monotonic_ns() + int(KEY_INDEX_WAIT_S * 1e9)
-        try:
-            while timer.keys_to_read and timer.clock.monotonic_ns() < deadline:
-                timer.keys_slice()
-                await asyncio.sleep(0)
-        except Exception:  # noqa: BLE001 - the waiting calls search the unread buckets instead
-            log.exception("reading the timer's key index build failed")
 
     async def _on_a_replica(self, ticket: int) -> None:
         """``replication = "sync"``: a recall's (reschedule's) record is on a replica before it is
@@ -604,8 +576,7 @@ class GroupCommitter:
         """Stop the thread (after the fsync it may be running), then flush what is left."""
         if self._periodic is not None:
             self._periodic.cancel()
-        if self._key_build is not None:
-            self._key_build.cancel()
+        self._keys.close()
         fsyncer, self._fsyncer = self._fsyncer, None
         self._files.stop()  # (a report from now on is answered below, after the flush)
         if fsyncer is not None:

@@ -170,7 +170,7 @@ class Runtime:
     async def _build_key_index(self) -> None:
         """The timer's key index build, a slice at a time (``keys_slice``) with KEY_BUILD_PAUSE_S
         between; idle, it looks every maintenance tick. (A keyed call that waits for the build
-        reads slices too, with no pause: ``GroupCommitter.key_index_built``.)"""
+        reads slices too, with no pause: ``KeyIndexWait.built``, chronoq.broker.keywait.)"""
         timer = self.broker.timer
         tick = min(self.config.checkpoint_interval_ms, 200) / 1000
         while not self._stop.is_set():

@@ -57,7 +57,7 @@ def test_the_runtime_finishes_a_key_index_build_a_keyed_call_began(tmp_path, cap
 def test_keyed_calls_through_the_committer_read_the_build_first(tmp_path):
     """A cancel by key or a replacing send while the index is not built (here: the first keyed
     calls after a restart, no runtime task) reads the build to its end in slices first
-    (``GroupCommitter.key_index_built``), instead of searching every unread bucket on the loop;
+    (``KeyIndexWait.built``, chronoq.broker.keywait), instead of searching every unread bucket on the loop;
     the answers are the same."""
     from chronoq.broker.broker import OutgoingMessage
     from chronoq.broker.committer import GroupCommitter
