@@ -66,7 +66,7 @@ from typing import Callable, Iterable
 from chronoq.core import errors
 from chronoq.core.jobs import Job
 from chronoq.broker.broker import Broker, OutgoingBatch, OutgoingMessage, Sent
-from chronoq.broker.filewaits import FileWaits
+from chronoq.broker.filewaits import FileWaits, settle
 from chronoq.broker.keywait import KeyIndexWait
 from chronoq.broker.sending import WaitingFiles
 from chronoq.core.model import SendResult
@@ -556,13 +556,7 @@ class GroupCommitter:
             except Exception:  # noqa: BLE001 - one listener must not keep the others waiting
                 log.exception("a durability callback failed")
         for fut in gen.waiters:
-            if fut.done():  # its caller was cancelled (a client that went away)
-                continue
-            if exc is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(exc)
-                fut.exception()  # retrieved: a waiter that gave up must not log "never retrieved"
+            settle(fut, exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         """The data written since the last good fsync is not acknowledged: fail every waiter."""

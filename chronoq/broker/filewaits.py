@@ -21,7 +21,6 @@ or refused with the failure of that close, and every send still waiting to be wr
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Callable
 
 from chronoq.core import errors
@@ -31,9 +30,10 @@ from chronoq.store.store import Store
 Answer = Callable[[int, BaseException | None], None]
 
 
-def _settle(fut: asyncio.Future, _synced: int, exc: BaseException | None) -> None:
-    """A parked future's answer (``FileWaits.wait``)."""
-    if fut.done():  # (its caller was cancelled)
+def settle(fut: asyncio.Future, exc: BaseException | None) -> None:
+    """Answer ``fut``: done, or failed with ``exc``; unless its caller went away meanwhile (it
+    cancelled the future). The committer's generations answer their waiters the same way."""
+    if fut.done():  # its caller was cancelled (a client that went away)
         return
     if exc is None:
         fut.set_result(None)
@@ -90,7 +90,7 @@ class FileWaits:
     def wait(self, ticket: int) -> asyncio.Future:
         """``park`` for a future: done once the files below ``ticket`` are made and dispatched."""
         fut = self._loop.create_future()
-        self.park(ticket, functools.partial(_settle, fut), -1)
+        self.park(ticket, lambda _synced, exc: settle(fut, exc), -1)
         return fut
 
     def ahead(self, cols) -> asyncio.Future | None:
@@ -114,9 +114,7 @@ class FileWaits:
         taken = store.new_files.taken
         writes = self._writes
         while writes and writes[0][0] <= taken:
-            fut = writes.pop(0)[1]
-            if not fut.done():  # (its caller was cancelled)
-                fut.set_result(None)
+            settle(writes.pop(0)[1], None)
         self._dispatch()
         exc = self._refusal()
         parked = self._parked
@@ -130,10 +128,8 @@ class FileWaits:
         sends not written yet, as the broker is stopping."""
         self._open = False
         writes, self._writes = self._writes, []
-        for _seq, fut in writes:
-            if not fut.done():
-                fut.set_exception(errors.ClosedError("the broker is stopping"))
-                fut.exception()
+        for _seq, fut in writes:  # (not written: refused)
+            settle(fut, errors.ClosedError("the broker is stopping"))
         parked, self._parked = self._parked, []
         for _ticket, answer, synced in parked:  # (durable already; the flush dispatched them)
             answer(synced if exc is None else -1, exc)
