@@ -21,12 +21,14 @@ cdef class SendRequestEncoder:
     cpdef bytes encode(self, messages, born_ms, fresh_ids)
 
 
-@cython.locals(pos=Py_ssize_t, end=Py_ssize_t, key=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, entries=list)
+@cython.locals(pos=Py_ssize_t, end=Py_ssize_t, key=Py_ssize_t, stop=Py_ssize_t, entries=list)
 cpdef tuple send_results(bytes raw)
-@cython.locals(key=Py_ssize_t, size=Py_ssize_t, stop=Py_ssize_t, code=Py_ssize_t, offset=Py_ssize_t)
+@cython.locals(key=Py_ssize_t, stop=Py_ssize_t, code=Py_ssize_t, offset=Py_ssize_t)
 cdef tuple _entry(bytes raw, Py_ssize_t pos, Py_ssize_t end)
-@cython.locals(key=Py_ssize_t, size=Py_ssize_t, code=Py_ssize_t)
+@cython.locals(key=Py_ssize_t, stop=Py_ssize_t, code=Py_ssize_t)
 cdef tuple _status(bytes raw, Py_ssize_t pos, Py_ssize_t end)
+@cython.locals(size=Py_ssize_t)
+cdef (Py_ssize_t, Py_ssize_t) _span(bytes raw, Py_ssize_t pos, Py_ssize_t end) except *
 @cython.locals(value=Py_ssize_t, shift=Py_ssize_t, b=Py_ssize_t)
 cdef (Py_ssize_t, Py_ssize_t) _small(bytes raw, Py_ssize_t pos, Py_ssize_t end) except *
 @cython.locals(value=Py_ssize_t, shift=Py_ssize_t, b=Py_ssize_t)

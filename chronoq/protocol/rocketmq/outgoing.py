@@ -167,10 +167,7 @@ def send_results(raw: bytes) -> tuple[int, str, list[tuple[int, str, str, int, s
     while pos < end:
         key, pos = _small(raw, pos, end)
         if key == _KB_STATUS or key == _KB_ENTRIES:
-            size, pos = _small(raw, pos, end)
-            stop = pos + size
-            if stop > end:
-                raise ValueError("truncated field")
+            pos, stop = _span(raw, pos, end)
             if key == _KB_STATUS:
                 code, message = _status(raw, pos, stop)
             else:
@@ -188,10 +185,7 @@ def _entry(raw: bytes, pos: int, end: int) -> tuple[int, str, str, int, str, str
         if key == _KB_OFFSET:
             offset, pos = _int64(raw, pos, end)
         elif key == _KB_ENTRY_STATUS or key == _KB_ID or key == _KB_RECALL or key == _KB_TXID:
-            size, pos = _small(raw, pos, end)
-            stop = pos + size
-            if stop > end:
-                raise ValueError("truncated field")
+            pos, stop = _span(raw, pos, end)
             if key == _KB_ENTRY_STATUS:
                 code, message = _status(raw, pos, stop)
             elif key == _KB_ID:
@@ -216,14 +210,20 @@ def _status(raw: bytes, pos: int, end: int) -> tuple[int, str]:
             if code >= 1 << 31:
                 code -= 1 << 32
         elif key == _KB_MESSAGE:
-            size, pos = _small(raw, pos, end)
-            if pos + size > end:
-                raise ValueError("truncated field")
-            message = raw[pos:pos + size].decode()
-            pos += size
+            pos, stop = _span(raw, pos, end)
+            message = raw[pos:stop].decode()
+            pos = stop
         else:
             pos = _skip(raw, key, pos, end)
     return code, message
+
+
+def _span(raw: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(start, stop) of a length-delimited value whose length varint begins at ``pos``."""
+    size, pos = _small(raw, pos, end)
+    if pos + size > end:
+        raise ValueError("truncated field")
+    return pos, pos + size
 
 
 def _small(raw: bytes, pos: int, end: int) -> tuple[int, int]:
