@@ -33,6 +33,7 @@ compare ratios of alternating runs, not rates.
     .venv/bin/python bench/replication.py --etcd-only --rounds 5
     .venv/bin/python bench/replication.py --no-failover --rounds 3   # CPU per message only
     .venv/bin/python bench/replication.py --delayed 300000 --rounds 3   # promotion with pending timers
+    .venv/bin/python bench/replication.py --pairs 8   # sync's cost, adjacent phases paired
 """
 
 from __future__ import annotations
@@ -282,6 +283,45 @@ def summarize(per_round: list[dict[str, float]]) -> None:
              mode=mode, rounds=len(values), low=min(values), high=max(values))
 
 
+async def paired(args, root: str) -> None:
+    """``--pairs K``: a primary alone and a primary with a sync replica, all three processes up
+    at once, loaded in turn for ``--seconds`` each (batched, at the largest concurrency tried),
+    K pairs, the order swapped every pair; each pair's ratio and their median. On a shared
+    2-core machine the same broker's CPU per message swings by half within minutes (a primary
+    alone read 7.3 and 12.2 us a message in runs minutes apart), so modes measured a minute
+    apart, as in a round, differ by the machine as much as by the mode; adjacent phases share
+    its state. The processes idle while the other is loaded (a replica's long poll, timers)."""
+    concurrency = max([args.concurrency, *args.saturate])
+    base = os.path.join(root, "pairs")
+    procs = []
+    try:
+        alone_proc, alone = start(base + "-none", "async")
+        procs.append(alone_proc)
+        primary_proc, primary = start(base + "-p", "sync")
+        procs.append(primary_proc)
+        replica_proc, replica = start(base + "-r", "sync", primary)
+        procs.insert(0, replica_proc)
+        await pulled(primary)
+        ratios = []
+        for pair in range(args.pairs):
+            rates = {}
+            for mode in ("none", "sync") if pair % 2 == 0 else ("sync", "none"):
+                out = await load(alone if mode == "none" else primary, "bench-pairs", args.seconds, concurrency,
+                                 args.batch)
+                if mode == "sync":  # (the replica's share of the CPU ends when it has applied the phase)
+                    await caught_up(replica, primary)
+                rates[mode] = out["rate"]
+            ratios.append(rates["sync"] / rates["none"])
+            emit("replication_pair_ratio", round(ratios[-1], 3), "x of no replica", mode="sync",
+                 none=round(rates["none"]), sync=round(rates["sync"]), concurrency=concurrency, batch=args.batch,
+                 seconds=args.seconds, pair=pair)
+        emit("replication_pair_ratio_median", round(statistics.median(ratios), 3), "x of no replica", mode="sync",
+             pairs=len(ratios), low=round(min(ratios), 3), high=round(max(ratios), 3), concurrency=concurrency)
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
 async def delayed_failover(args, root: str, round_no: int) -> None:
     """Failover with ``--delayed`` pending delayed messages (due hours ahead) in the log: kill -9
     of the primary, ``chronoq promote``, the time to the first acknowledged send, and where the
@@ -412,11 +452,17 @@ def main() -> None:
     parser.add_argument("--etcd-only", action="store_true", help="only the etcd automatic failover")
     parser.add_argument("--delayed", type=int, default=0,
                         help="only a failover with this many pending delayed messages in the log")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="only this many pairs of batched phases, no replica then a sync one, "
+                             "all processes up at once: each pair's ratio and the median")
     parser.add_argument("--no-failover", action="store_true",
                         help="only the send phases (rates, ratios, CPU per message): no failover, no etcd")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="chronoq-bench-repl-")
     try:
+        if args.pairs:
+            asyncio.run(paired(args, root))
+            return
         per_round = []
         for r in range(args.rounds):
             if args.delayed:
