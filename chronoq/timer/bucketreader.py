@@ -20,7 +20,8 @@ class BucketReader:
     Loading a bucket ahead must not stall the broker's thread: a minute at 5,000 timers/s is a
     ~70 MB file, and reading it whole (plus copies) held every due delivery for hundreds of ms.
     The file may grow while it is read (buffered entries flushed to it), from 0 bytes too (a file
-    the start-up roll-back cut); ``finish`` reads up to the end as it is then, so ``finish`` and
+    the start-up roll-back cut), or from a torn header (the first write cuts it to 0 bytes and
+    writes the header, ``ScheduleFiles._fd``); ``finish`` reads up to the end as it is then, so ``finish`` and
     ``Bucket.begin_load`` (which appends the entries still buffered) must run in one step, with no
     flush in between.
 
@@ -52,7 +53,8 @@ class BucketReader:
         self.headed = bool(head)
         if not head:
             # Shorter than a header: no entries yet (as ``ScheduleFiles.entries``), but a flush may
-            # still write the header and entries to it (a 0-byte file is what a roll-back leaves):
+            # still write the header and entries to it (a 0-byte file is what a roll-back leaves; a
+            # torn one is cut to 0 bytes by that flush first):
             # the file stays open and ``finish`` reads what it holds by then.
             return
         if not self._check(head):

@@ -29,8 +29,10 @@ Crashes (``kill -9`` or power loss), by what is durable:
   loop writes only after that fsync). A made file holds its header only, a valid empty bucket
   (start-up finds it, loads nothing from it and finishes it in its time). After a power loss
   before the next checkpoint's fsync of it, it may be 0 bytes (S0: an empty bucket too) or, on a
-  file system that does not write data before the metadata naming it, hold a bad header: S1
-  moves it aside and reports it, though it held no entries.
+  file system that does not write data before the metadata naming it, hold a bad header. The
+  first write to it cuts it to 0 bytes and writes the header again (``ScheduleFiles._fd``: the
+  entries replayed into it are kept); a load that reads it before any write finds the bad
+  header first (S1: moved aside and reported, though it held no entries).
 * The record is durable: start-up ``roll_back`` cuts the file to 0 bytes, the state of today's
   crash right after the loop's own create (S0: a 0-byte file is an empty bucket, and the next
   write puts the header first). A header-only file journaled later (a checkpoint came between

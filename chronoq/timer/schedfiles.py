@@ -347,9 +347,14 @@ class ScheduleFiles:
         if fd is not None:
             self._fds.move_to_end(start)
             return fd
+        assert start in self._journaled, "a bucket file is written only once its journal record is durable"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            if os.fstat(fd).st_size == 0:
+            # (read-write: a header-only file's header is checked through the same descriptor)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            size = os.fstat(fd).st_size
+            if size <= schedlog.FILE_HEAD_SIZE and (size < schedlog.FILE_HEAD_SIZE or not _headed(fd, start)):
+                if size:
+                    self._cut_torn_header(fd, path, size)
                 _write_all(fd, schedlog.encode_header(start, self.width), path, 0)
                 self._dir_dirty = True
             elif start in self._making:  # made ahead: its directory fsync may not have run yet
@@ -361,6 +366,19 @@ class ScheduleFiles:
             _old, old_fd = self._fds.popitem(last=False)
             os.close(old_fd)
         return fd
+
+    def _cut_torn_header(self, fd: int, path: str, size: int) -> None:
+        """S0 met by a write: a file holding no valid header and no entry (a power loss tore its
+        creation, and its journal record was not durable either, so start-up's roll-back left it)
+        is cut to 0 bytes before the header and entries are written, else they would follow the
+        torn bytes and the bucket's load would quarantine them. Nothing is lost: it held no entry.
+        Nothing breaks the rollback point: a file of at most a header is journaled at length 0
+        (``_journal``), so a crash from here on cuts it to 0 bytes again."""
+        assert 0 < size <= schedlog.FILE_HEAD_SIZE
+        os.ftruncate(fd, 0)
+        self.damage.append(Damage(path, 0, size, "torn file header; cut and written again", True))
+        log.warning("schedule file %s: cutting a torn header of %d bytes before writing to it (it held no "
+                    "entry)", path, size)
 
     def remove(self, start: int) -> None:
         """Delete a finished bucket's file (a file created again at this path journals length 0)."""
@@ -507,6 +525,16 @@ def _write_chunks(fd: int, chunks: list[bytes], path: str, size_before: int) -> 
         except OSError:
             pass
         raise fsutil.storage_error(exc, path) from exc
+
+
+def _headed(fd: int, start: int) -> bool:
+    """The file starts with ``start``'s valid header (a power loss may leave zeros or garbage in
+    a header-only file whose data never reached the disk)."""
+    try:
+        schedlog.check_header(os.pread(fd, schedlog.FILE_HEAD_SIZE, 0), start)
+    except schedlog.SchedLogError:
+        return False
+    return True
 
 
 def _write_all(fd: int, blob: bytes, path: str, size_before: int) -> None:

@@ -60,11 +60,15 @@ Reading a file (``validate`` + ``scan``), as a decision table:
 
 | #  | case                                   | detected by                                  | action                                        |
 |----|----------------------------------------|----------------------------------------------|-----------------------------------------------|
-| S0 | empty file, or shorter than the header | size < 24                                    | torn creation: truncate to 0, header rewritten |
+| S0 | empty file, or shorter than the header | size < 24                                    | torn creation: truncate to 0, header rewritten (*) |
 | S1 | file header bad or names another start | magic/version/CRC/start check                | quarantine the file (moved aside), report     |
 | S2 | valid entry                            | every rule above holds                       | use it                                        |
 | S3 | torn tail                              | a bad/short entry with no valid entry after  | truncate there, fsync, report the bytes       |
 | S4 | damage in the middle                   | a bad entry with a valid entry after it      | copy the file to quarantine, skip to the next valid entry, report the lost range |
+
+(*) By ``ScheduleFiles.validate`` when the timer checkpoint is lost, by start-up's roll-back when
+the file is journaled, else by the first write to the file (``ScheduleFiles._fd``), which also
+treats a header-only file whose header is invalid this way: it holds no entry either.
 
 Entries lost in S3 were written after the last timer checkpoint (its cursor is only advanced once
 every bucket file is fsynced), so the catch-up scan of the commit log from that cursor writes
