@@ -22,7 +22,7 @@ from typing import Callable
 
 from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.store import record
-from chronoq.store.store import Tap
+from chronoq.store.shipping import Tap
 from chronoq.timer import copies, roll, schedlog
 from chronoq.timer.schedlog import DISPATCHED
 
