@@ -12,7 +12,8 @@ The server is four modules, each importing only those below it, over a sans-IO p
 ``chronoq.server.h2grpc`` (``Server``: the part of ``grpc.aio.server`` chronoq uses, listening
 sockets, TLS), ``chronoq.server.h2calls`` (the handler's ``Context`` and how a call runs, the
 eager first step included), this one (one ``Connection``, an asyncio protocol, per client:
-frames in, streams opened and ended, windows granted, the defences) and
+frames in, streams opened and ended, windows granted, the defences; its opening and its timers,
+once per connection, are ``chronoq.server.h2opening``'s, plain Python) and
 ``chronoq.server.h2streams`` (a call's ``Stream``, and answers out within the peer's windows).
 Frames, SETTINGS, HPACK and gRPC's message framing are ``chronoq.protocol.h2``'s, shared with the
 client (``chronoq.client.h2channel``).
@@ -53,22 +54,21 @@ from chronoq.core import refusals as R
 from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS, END_STREAM,
                                  ENHANCE_YOUR_CALM, FRAME_SIZE_ERROR, GOAWAY, HEADERS, HEADERS_EXTRAS, INTERNAL_ERROR,
                                  MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
-                                 PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK, S_ENABLE_PUSH,
-                                 S_INITIAL_WINDOW_SIZE, S_MAX_CONCURRENT_STREAMS, S_MAX_FRAME_SIZE,
-                                 S_MAX_HEADER_LIST_SIZE, WINDOW_UPDATE, ConnectionWindows, FrameError,
-                                 HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment, parse_settings,
-                                 rst_stream_frame, settings_frame, unpad, window_increment)
+                                 PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
+                                 S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, WINDOW_UPDATE, ConnectionWindows,
+                                 FrameError, HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment,
+                                 parse_settings, rst_stream_frame, unpad, window_increment)
 # (from their modules: the compiled build cimports these, h2server.pxd)
 from chronoq.protocol.h2.frames import read_frames
 from chronoq.protocol.h2.hpackdec import Decoder
+from chronoq.server import h2opening
 from chronoq.server.h2limits import IdleWatch, TokenBucket
+from chronoq.server.h2opening import OUR_CONN_WINDOW, OUR_MAX_FRAME, OUR_STREAM_WINDOW
 from chronoq.server.h2streams import Answers, CallError, Stream, StreamClosed, status_code
 
 log = logging.getLogger("chronoq.h2")
 
-OUR_STREAM_WINDOW = 4 << 20       # what each stream may send us before we grant more
-OUR_CONN_WINDOW = 16 << 20        # and the whole connection
-OUR_MAX_FRAME = 1 << 20           # clients may send DATA frames this big (fewer frames per big send)
+# What we advertise (OUR_STREAM_WINDOW, OUR_CONN_WINDOW, OUR_MAX_FRAME): chronoq.server.h2opening.
 # Concurrent streams, connections, timeouts and the attack budgets: chronoq.server.h2limits
 # (Server(limits=...)). The decoded header list's cap is advertised in SETTINGS_MAX_HEADER_LIST_SIZE.
 MAX_HEADER_BLOCK = 256 << 10      # HEADERS + CONTINUATION bytes, before decoding
@@ -125,50 +125,12 @@ class Connection(Answers):
         self._starting: list = []                # calls whose HEADERS came in this read: (stream, path, context)
         self._reading = False                    # in data_received: it sends what is written when done
 
-    # ------------------------------------------------------------------ asyncio.Protocol
+    # ------------------------------------------------------------------ asyncio.Protocol (and its timers: h2opening)
     def connection_made(self, transport) -> None:
+        """The cap, our SETTINGS and the preface deadline: ``chronoq.server.h2opening`` (once per
+        connection: not compiled), as are the idle checks that follow."""
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple) and len(peer) >= 2:
-            host = peer[0]
-            self.peer = f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"
-        else:
-            self.peer = "unix:" + str(peer or "")
-        limits = self.limits
-        if len(self.server._connections) >= limits.max_connections:
-            # Over the broker-wide cap: this connection alone is turned away, at once.
-            self.refuse(R.CONNECTIONS, f"{limits.max_connections} connections open")
-            transport.write(settings_frame(()) + goaway_frame(
-                0, ENHANCE_YOUR_CALM, f"connection limit {limits.max_connections} (h2_max_connections)"))
-            transport.close()
-            self.closed = True
-            return
-        transport.write(settings_frame((
-            (S_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams), (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
-            (S_MAX_FRAME_SIZE, OUR_MAX_FRAME), (S_MAX_HEADER_LIST_SIZE, limits.max_header_list),
-            (S_ENABLE_PUSH, 0))) + self.opening_update())
-        self.server._connections.add(self)
-        self._timer = self.loop.call_later(limits.preface_timeout_s, self._preface_expired)
-
-    # ------------------------------------------------------------------ timers (one handle at a time)
-    def _preface_expired(self) -> None:
-        self._timer = None
-        if not self.settings_seen and not self.closed:
-            seconds = self.limits.preface_timeout_s
-            self.refuse(R.PREFACE_TIMEOUT, f"no preface and SETTINGS in {seconds:g} s")
-            self._fail(PROTOCOL_ERROR, f"no HTTP/2 preface and SETTINGS within {seconds:g} s (h2_preface_timeout_ms)")
-
-    def _idle_check(self) -> None:
-        """Once per idle timeout: close the connection if it had no stream since the last check."""
-        self._timer = None
-        if self.closed:
-            return
-        if self._idle.check(len(self.streams), self.last_stream):
-            seconds = self.limits.idle_timeout_s
-            self.refuse(R.IDLE_TIMEOUT, f"no call for {seconds:g} s")
-            self._fail(NO_ERROR, f"idle for {seconds:g} s (h2_idle_timeout_ms)")  # clients reconnect
-        else:
-            self._timer = self.loop.call_later(self.limits.idle_timeout_s, self._idle_check)
+        h2opening.open_connection(self, transport)
 
     def refuse(self, reason: str, detail: str) -> None:
         """Count a refusal (chronoq.core.refusals) when the server was given a Refusals."""
@@ -359,10 +321,7 @@ class Connection(Answers):
                              "one SETTINGS frame", R.CONTROL_FLOOD)
         self._control("SETTINGS")
         if not self.settings_seen:  # the preface is complete: from now on only idleness is timed
-            self.settings_seen = True
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self.loop.call_later(self.limits.idle_timeout_s, self._idle_check)
+            h2opening.settings_seen(self)
         if self.paused:
             self._unread_ack()
         grown = False
