@@ -149,6 +149,11 @@ class ScheduleFiles:
         qdir = os.path.join(self.timer_dir, QUARANTINE_DIR)
         os.makedirs(qdir, exist_ok=True)
         target = os.path.join(qdir, os.path.basename(path))
+        # A write descriptor kept open for this file would follow it into the quarantine (a rename
+        # keeps the inode): entries appended later would land there. Closed, the next write
+        # creates the file again, headed.
+        for start in [s for s in self._fds if self.path(s) == path]:
+            os.close(self._fds.pop(start))
         shutil.move(path, target)
         fsutil.fsync_dir(self.dir)
         self.damage.append(Damage(path, 0, len(data), f"{reason}; moved to {target}", False))

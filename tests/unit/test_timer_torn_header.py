@@ -150,3 +150,23 @@ def test_a_kill_after_the_torn_file_was_cut_and_written_loses_nothing(tmp_path):
     assert bodies(b) == [b"m0", b"m1", b"m2", b"m3"]
     assert b.timer_stats()["damage"] == []
     b.close()
+
+
+def test_entries_written_after_a_quarantine_go_to_a_new_file_not_the_quarantined_one(tmp_path):
+    """A bucket file quarantined (a bad header found by its load) while its write descriptor is
+    kept open: the next append must not follow the moved inode into the quarantine."""
+    files = ScheduleFiles(str(tmp_path), MIN)
+    path = files.path(B)
+    assert files.write([(B, [_entry(1)])]) == []  # the descriptor is now cached
+    with open(path, "r+b") as fh:  # the header damaged behind the writer's back
+        fh.write(b"\xff" * 8)
+    assert files.entries(B) == b""  # S1: quarantined
+    moved = os.path.join(tmp_path, "quarantine", os.path.basename(path))
+    assert os.path.exists(moved) and not os.path.exists(path)
+    quarantined = schedlog.read_file(moved)
+    assert files.write([(B, [_entry(2)])]) == []
+    files.sync()
+    files.close()
+    assert schedlog.read_file(moved) == quarantined  # nothing more went there
+    assert schedlog.read_file(path) == schedlog.encode_header(B, MIN) + _entry(2)
+    assert files.entries(B) == _entry(2)
