@@ -20,9 +20,11 @@ noise, instruction counts are not). It runs this script under ``valgrind --tool=
 (``--policy sync --mode inline`` on a ``FakeClock``: no clock read decides anything, so the work is
 the same every run) with --messages N and 2N, plain and --delayed, and prints the instructions per
 message of each (the difference of the two runs over N: start-up and close cancel out) and the
-delayed extra over plain. ``--functions K`` adds the K C functions (Cython-compiled codecs by
-their Python names) with the most delayed extra per message, from ``callgrind_annotate`` (``--inclusive``: with their callees).
+delayed extra over plain; with --ids every message has a client id (the dedupe window's work).
+``--functions K`` adds the K C functions (Cython-compiled codecs by their Python names) with the
+most delayed extra per message, from ``callgrind_annotate`` (``--inclusive``: with their callees).
     .venv/bin/python bench/append.py --callgrind --messages 10000 --functions 30
+    .venv/bin/python bench/append.py --callgrind --ids --batch 32 --messages 4000
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def _functions(out_file: str, inclusive: bool) -> dict[str, int]:
 
 
 def run_callgrind(batch: int, messages: int, body_bytes: int, queues: int, directory: str, functions: int,
-                  inclusive: bool, keep: str | None) -> None:
+                  inclusive: bool, keep: str | None, ids: bool = False) -> None:
     """The --callgrind driver (module docstring): 4 runs of this script under callgrind."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
@@ -197,13 +199,14 @@ def run_callgrind(batch: int, messages: int, body_bytes: int, queues: int, direc
             cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable,
                    os.path.abspath(__file__), "--fake-clock", "--policy", "sync", "--mode", "inline", "--batch",
                    str(batch), "--messages", str(n), "--seconds", "3600", "--body-bytes", str(body_bytes),
-                   "--queues", str(queues), "--dir", directory] + (["--delayed"] if delayed else [])
+                   "--queues", str(queues), "--dir", directory] + (["--delayed"] if delayed else []) \
+                + (["--ids"] if ids else [])
             subprocess.run(cmd, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             totals[delayed, n], files[delayed, n] = _instructions(out_file), out_file
     per = {d: (totals[d, 2 * messages] - totals[d, messages]) / messages for d in (False, True)}
     ctx = {"policy": "sync", "mode": "inline", "batch": batch, "body_bytes": body_bytes, "messages": messages,
-           "method": f"callgrind, runs of {messages} and {2 * messages} messages, difference / {messages}"}
+           "ids": ids, "method": f"callgrind, runs of {messages} and {2 * messages} messages, difference / {messages}"}
     for d in (False, True):
         print(json.dumps({"metric": "append_instructions_per_msg", "value": round(per[d]), "unit": "instructions",
                           "delayed": d, **ctx}), flush=True)
@@ -254,7 +257,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.callgrind:
         run_callgrind((args.batch or [100])[0], args.messages, args.body_bytes, args.queues,
-                      args.dir or tempfile.gettempdir(), args.functions, args.inclusive, args.keep)
+                      args.dir or tempfile.gettempdir(), args.functions, args.inclusive, args.keep, args.ids)
         return
     policies = ["sync", "async"] if args.policy == "both" else [args.policy]
     spread_ms = 600_000 if args.delayed else 0

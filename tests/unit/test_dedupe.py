@@ -110,6 +110,23 @@ def test_ring_wraps_many_times_and_keeps_the_newest():
     w.check()
 
 
+def test_negative_and_64_bit_hashes_take_pythons_cells():
+    """The cell is ``hash % (2M)`` as Python computes it (never negative), on both builds: the
+    compiled one does this in C, where ``%`` of a negative number is negative."""
+    w = DedupeWindow(5, 1_000)  # 10 cells
+    low, high = -(1 << 63), (1 << 63) - 1  # Python: cells 2 and 7; -3 is in cell 7 as well
+    w.add([low, high, -3, 7, 3], [10, 20, 30, 40, 50], NOW_MS)
+    w.check()  # (each entry on the chain of its Python cell)
+    # Cell 7's chain holds 7, -3 and high, newest first: each lookup walks past the others.
+    assert w.candidates(-3, NOW_MS) == [30] and w.candidates(high, NOW_MS) == [20]
+    assert w.candidates(7, NOW_MS) == [40] and w.candidates(3, NOW_MS) == [50] and w.candidates(low, NOW_MS) == [10]
+    assert w.candidates(-7, NOW_MS) == [] and w.candidates(-8, NOW_MS) == []  # (cells 3 and 2, other hashes)
+    assert w.any_present([-7, -8, 0, -1, 17]) is False and w.any_present([0, high]) is True
+    assert w.any_present([low + 10]) is False and w.any_present([low]) is True
+    assert list(w.items()) == [(low, 10, NOW_MS), (high, 20, NOW_MS), (-3, 30, NOW_MS), (7, 40, NOW_MS),
+                               (3, 50, NOW_MS)]
+
+
 def test_max_entries_zero_remembers_nothing():
     w = DedupeWindow(0, 1_000)
     w.add([1, 2], [10, 20], NOW_MS)
