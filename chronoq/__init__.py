@@ -51,6 +51,10 @@ __version__ = "0.1.0"
 # memoryview item object per access): bench/append.py --callgrind --ids --batch 32 (batches of 32
 # 1 KiB messages with client ids) from 51.2-51.3k to 46.6-46.9k instructions a message (72.3-72.6k
 # to 67.8k delayed); a lone send (bench/official_replay.py --lone --callgrind) from 501-502k to 490-493k (2 runs each).
+# store/writing compiled as it is (no .pxd; it ran slower once beside messaging and pop/, above),
+# measured alone on top of that: bench/append.py --callgrind --batch 1 (a lone embedded send)
+# 213.5k -> 207.0k instructions plain, 251.5k -> 250.0k delayed; --ids --batch 32 46.6k -> 46.1k
+# plain, 67.8k delayed either way; the lone server send above 490-493k -> 485-487k.
 COMPILED_MODULES = (
     "chronoq.protocol.h2.frames",
     "chronoq.protocol.h2.hpackdec",
@@ -78,6 +82,7 @@ COMPILED_MODULES = (
     "chronoq.broker.sending",
     "chronoq.broker.resends",
     "chronoq.broker.dedupe",
+    "chronoq.store.writing",
 )
 
 PURE_PYTHON_ENV = "CHRONOQ_PURE_PYTHON"
