@@ -8,6 +8,7 @@ As in ``test_h2_attacks.py``: raw frames at a live ``chronoq.server.h2grpc.Serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import time
 
@@ -176,6 +177,18 @@ def _waiting_bidi_call(endpoint: str, body: bytes) -> RawClient:
     return client
 
 
+@contextlib.asynccontextmanager
+async def _waiting_answer(endpoint: str, server, body: bytes):
+    """``_waiting_bidi_call`` (on a thread), then the server's one connection and the stream whose
+    echo waits: ``(client, connection, stream)``; the client is closed after."""
+    client = await asyncio.to_thread(_waiting_bidi_call, endpoint, body)
+    try:
+        (conn,) = server._connections
+        yield client, conn, conn.waiting[1]
+    finally:
+        client.close()
+
+
 # How the call ends while its echo waits, the frame that ends it, and the grpc-status the peer must get.
 _ENDINGS = {
     "normally": (lambda: DataFrame(1, b"", flags=["END_STREAM"]), grpc.StatusCode.OK),
@@ -200,10 +213,7 @@ def test_an_answer_waiting_for_window_reaches_the_peer_with_its_status(ending, o
 
     async def test(endpoint, refusals, echo):
         server = echo.server
-        client = await asyncio.to_thread(_waiting_bidi_call, endpoint, body)
-        try:
-            (conn,) = server._connections
-            stream = conn.waiting[1]
+        async with _waiting_answer(endpoint, server, body) as (client, conn, stream):
             assert conn.held_answers == server.unread_answers.held == len(body) + 5
             await asyncio.to_thread(client.send, end_frame())
             await _until(lambda: stream.ended if code else stream.half_closed)
@@ -226,8 +236,6 @@ def test_an_answer_waiting_for_window_reaches_the_peer_with_its_status(ending, o
             assert (conn.held_answers, server.unread_answers.held, conn.waiting) == (0, 0, {})
             assert not client.goaway()
             assert refused(refusals) == ({R.MESSAGE_TOO_LARGE: 1} if ending == "too large" else {})
-        finally:
-            client.close()
 
     run(test)
 
@@ -239,10 +247,7 @@ def test_a_failed_call_reset_by_the_peer_drops_its_waiting_answer():
 
     async def test(endpoint, refusals, echo):
         server = echo.server
-        client = await asyncio.to_thread(_waiting_bidi_call, endpoint, body)
-        try:
-            (conn,) = server._connections
-            stream = conn.waiting[1]
+        async with _waiting_answer(endpoint, server, body) as (client, conn, stream):
             await asyncio.to_thread(client.send, DataFrame(1, b"\x00\x00", flags=["END_STREAM"]))
             await _until(lambda: stream.ended)
             assert server.unread_answers.held > 0
@@ -266,7 +271,5 @@ def test_a_failed_call_reset_by_the_peer_drops_its_waiting_answer():
             assert _frames_of(client, 1) == ["HEADERS"]
             assert (conn.held_answers, server.unread_answers.held, conn.waiting) == (0, 0, {})
             assert not client.goaway()
-        finally:
-            client.close()
 
     run(test)
