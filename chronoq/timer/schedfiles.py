@@ -130,7 +130,7 @@ class ScheduleFiles:
         try:
             end, damage = schedlog.validate_tail(path, start, data)
         except schedlog.SchedLogError as exc:
-            self.quarantine(path, data, exc.reason)
+            self.quarantine(start, data, exc.reason)
             return
         if damage is not None:
             self.damage.append(damage)
@@ -145,15 +145,17 @@ class ScheduleFiles:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def quarantine(self, path: str, data: bytes, reason: str) -> None:
+    def quarantine(self, start: int, data: bytes, reason: str) -> None:
+        path = self.path(start)
         qdir = os.path.join(self.timer_dir, QUARANTINE_DIR)
         os.makedirs(qdir, exist_ok=True)
         target = os.path.join(qdir, os.path.basename(path))
         # A write descriptor kept open for this file would follow it into the quarantine (a rename
         # keeps the inode): entries appended later would land there. Closed, the next write
         # creates the file again, headed.
-        for start in [s for s in self._fds if self.path(s) == path]:
-            os.close(self._fds.pop(start))
+        fd = self._fds.pop(start, None)
+        if fd is not None:
+            os.close(fd)
         shutil.move(path, target)
         fsutil.fsync_dir(self.dir)
         self.damage.append(Damage(path, 0, len(data), f"{reason}; moved to {target}", False))
@@ -170,7 +172,7 @@ class ScheduleFiles:
         try:
             schedlog.check_header(data, start)
         except schedlog.SchedLogError as exc:
-            self.quarantine(path, data, exc.reason)
+            self.quarantine(start, data, exc.reason)
             return b""
         return data[schedlog.FILE_HEAD_SIZE:]
 
