@@ -285,13 +285,19 @@ def summarize(per_round: list[dict[str, float]]) -> None:
 
 async def paired(args, root: str) -> None:
     """``--pairs K``: a primary alone and a primary with a sync replica, all three processes up
-    at once, loaded in turn for ``--seconds`` each (batched, at the largest concurrency tried),
-    K pairs, the order swapped every pair; each pair's ratio and their median. On a shared
-    2-core machine the same broker's CPU per message swings by half within minutes (a primary
-    alone read 7.3 and 12.2 us a message in runs minutes apart), so modes measured a minute
-    apart, as in a round, differ by the machine as much as by the mode; adjacent phases share
-    its state. The processes idle while the other is loaded (a replica's long poll, timers)."""
-    concurrency = max([args.concurrency, *args.saturate])
+    at once, loaded in turn for ``--seconds`` at each ``--saturate`` concurrency (batched), K
+    pairs, the order of the modes swapped every pair. Per pair: the ratio at each concurrency
+    (``replication_pair_ratio``), and the throughput ratio, the sync pair's best rate over the
+    concurrencies against the lone primary's best (``replication_pair_throughput_ratio``); then
+    the median of each over the pairs. Why best rates: a sync send waits for its replica's
+    report, so at a fixed number in flight its rate is bound by that latency while CPUs idle
+    (docs/replication.md, "What is next"); with more in flight it reaches what the CPUs allow,
+    and the lone primary is at its limit already. Why pairs: on a shared 2-core machine the same
+    broker's CPU per message swings by half within minutes (a primary alone read 7.3 and 12.2 us
+    a message in runs minutes apart), so modes measured a minute apart differ by the machine as
+    much as by the mode; adjacent phases share its state. The processes idle while the other is
+    loaded (a replica's long poll, timers)."""
+    sweep = sorted(set(args.saturate)) or [args.concurrency]
     base = os.path.join(root, "pairs")
     procs = []
     try:
@@ -302,21 +308,35 @@ async def paired(args, root: str) -> None:
         replica_proc, replica = start(base + "-r", "sync", primary)
         procs.insert(0, replica_proc)
         await pulled(primary)
-        ratios = []
+        ratios: dict[int, list[float]] = {c: [] for c in sweep}
+        best_ratios = []
         for pair in range(args.pairs):
-            rates = {}
+            rates: dict[str, dict[int, float]] = {"none": {}, "sync": {}}
             for mode in ("none", "sync") if pair % 2 == 0 else ("sync", "none"):
-                out = await load(alone if mode == "none" else primary, "bench-pairs", args.seconds, concurrency,
-                                 args.batch)
-                if mode == "sync":  # (the replica's share of the CPU ends when it has applied the phase)
-                    await caught_up(replica, primary)
-                rates[mode] = out["rate"]
-            ratios.append(rates["sync"] / rates["none"])
-            emit("replication_pair_ratio", round(ratios[-1], 3), "x of no replica", mode="sync",
-                 none=round(rates["none"]), sync=round(rates["sync"]), concurrency=concurrency, batch=args.batch,
-                 seconds=args.seconds, pair=pair)
-        emit("replication_pair_ratio_median", round(statistics.median(ratios), 3), "x of no replica", mode="sync",
-             pairs=len(ratios), low=round(min(ratios), 3), high=round(max(ratios), 3), concurrency=concurrency)
+                for concurrency in sweep:
+                    out = await load(alone if mode == "none" else primary, "bench-pairs", args.seconds,
+                                     concurrency, args.batch)
+                    if mode == "sync":  # (the replica's share of the CPU ends when it has applied the phase)
+                        await caught_up(replica, primary)
+                    rates[mode][concurrency] = out["rate"]
+            for c in sweep:
+                ratios[c].append(rates["sync"][c] / rates["none"][c])
+                emit("replication_pair_ratio", round(ratios[c][-1], 3), "x of no replica", mode="sync",
+                     none=round(rates["none"][c]), sync=round(rates["sync"][c]), concurrency=c, batch=args.batch,
+                     seconds=args.seconds, pair=pair)
+            best = {mode: max(by_c.values()) for mode, by_c in rates.items()}
+            best_ratios.append(best["sync"] / best["none"])
+            emit("replication_pair_throughput_ratio", round(best_ratios[-1], 3), "x of no replica", mode="sync",
+                 none=round(best["none"]), sync=round(best["sync"]),
+                 at={mode: max(by_c, key=by_c.get) for mode, by_c in rates.items()}, concurrencies=sweep,
+                 batch=args.batch, seconds=args.seconds, pair=pair)
+        for c in sweep:
+            emit("replication_pair_ratio_median", round(statistics.median(ratios[c]), 3), "x of no replica",
+                 mode="sync", pairs=len(ratios[c]), low=round(min(ratios[c]), 3), high=round(max(ratios[c]), 3),
+                 concurrency=c)
+        emit("replication_pair_throughput_ratio_median", round(statistics.median(best_ratios), 3),
+             "x of no replica", mode="sync", pairs=len(best_ratios), low=round(min(best_ratios), 3),
+             high=round(max(best_ratios), 3), concurrencies=sweep)
     finally:
         for proc in procs:
             stop(proc)
@@ -443,7 +463,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--saturate", type=lambda v: [int(x) for x in v.split(",") if x], default=[16, 32],
+    parser.add_argument("--saturate", type=lambda v: [int(x) for x in v.split(",") if x], default=[32, 64],
                         help="batched sends again at these concurrencies (comma-separated; '' for none): "
                              "each mode's throughput is its best rate over them and --concurrency")
     parser.add_argument("--batch", type=int, default=32)
