@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import pytest
+
 from chronoq.broker.broker import Broker
 from chronoq.core.clock import FakeClock
 from chronoq.core.config import BrokerConfig
@@ -85,3 +87,37 @@ def _close_quiet(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+# The POP service tests' group and topic, their node fixture and their send and drain helpers
+# (tests/unit/test_pop_service.py, test_pop_restart.py).
+G = "grp"
+T = "orders"
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(str(tmp_path)).open()
+    yield n
+    if n.pop is not None and not n.pop.closed:
+        n.close()
+
+
+def send(node, count, *, topic=T, tag="", group=None, prefix="m"):
+    ids = []
+    for i in range(count):
+        r = node.broker.send(topic, f"{prefix}{i}".encode(), tag=tag, message_group=group)
+        ids.append(r.message_id)
+    return ids
+
+
+def drain(node, group=G, topic=T, *, invisible_ms=30_000, ack=True, **kw):
+    out = []
+    while True:
+        got = node.pop.receive(group, topic, max_messages=32, invisible_ms=invisible_ms, **kw)
+        if not got:
+            return out
+        out.extend(got)
+        if ack:
+            for p in got:
+                node.pop.ack(group, topic, p.receipt_handle)
