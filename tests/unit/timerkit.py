@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from chronoq.broker.broker import Broker
 from chronoq.core.clock import FakeClock
 from chronoq.core.config import BrokerConfig
@@ -85,3 +87,27 @@ def visible(broker: Broker, topic: str = TOPIC) -> list:
 
 def bodies(broker: Broker, topic: str = TOPIC) -> list[bytes]:
     return sorted(m.body for m in visible(broker, topic))
+
+
+# The timer service tests' levels, clock and broker fixtures (tests/unit/test_timer_service.py,
+# test_timer_restart.py).
+LEVELS = "1s 5s 1m"
+DAY = 86_400_000
+
+
+@pytest.fixture
+def clock():
+    return FakeClock(T0)
+
+
+@pytest.fixture
+def broker(tmp_path, clock):
+    b = open_broker(tmp_path, clock, timer_delay_levels=LEVELS)
+    b.create_topic(TOPIC, 2)
+    yield b
+    if not b.closed:
+        b.close()
+
+
+def sched_files(b) -> list[str]:
+    return sorted(os.listdir(b.timer.sched_dir))
