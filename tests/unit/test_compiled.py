@@ -22,7 +22,8 @@ from chronoq import PURE_PYTHON_ENV, _SourceFirst
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The unit tests of the compiled modules: run again on the pure-Python build.
-CODEC_TESTS = ("test_h2protocol.py", "test_hpackdec.py", "test_h2client.py", "test_h2server.py", "test_wire.py",
+CODEC_TESTS = ("test_h2protocol.py", "test_hpackdec.py", "test_h2client.py", "test_h2server.py",
+               "test_h2server_calls.py", "test_wire.py",
                "test_send_columns.py", "test_send_one_path.py", "test_batched_encoders.py",
                "test_protocol_layer.py", "test_record.py", "test_timer_schedlog.py", "test_fuzz_decoders.py",
                "test_server_status_convert.py", "test_recall_handle_groups.py", "test_routing.py", "test_fsyncer.py",
