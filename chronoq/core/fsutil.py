@@ -86,7 +86,17 @@ _JSON_MAGIC = "chronoq-json v1 crc32c="
 
 
 def write_json(path: str, obj: object) -> None:
-    body = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    write_json_body(path, dumps_json(obj))
+
+
+def dumps_json(obj: object) -> bytes:
+    """The body ``write_json`` writes for ``obj``: keys sorted, no spaces (a writer that keeps
+    parts of a document encoded joins what this gives for each part)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_json_body(path: str, body: bytes) -> None:
+    """``write_json`` of a body already encoded (``dumps_json``)."""
     header = f"{_JSON_MAGIC}{google_crc32c.value(body):08x}\n".encode()
     atomic_write(path, header + body)
 
