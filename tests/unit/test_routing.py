@@ -1,10 +1,13 @@
 """The dispatch walk: ``chronoq.store.recovery.iter_chunks`` (runs of whole, checked records read
 from the log) and ``chronoq.store.routing.route`` (their consume-queue entries and the records a
 timer follows), held to a reference walk that reads each segment whole and checks record by
-record with ``record.check``. Runs on both builds (tests/unit/test_compiled.py)."""
+record with ``record.check``. Runs on both builds (tests/unit/test_compiled.py); the compiled
+walk (routing.pxd) is also held to the source's loop, run in the same process."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import zlib
 
 import pytest
@@ -140,3 +143,116 @@ def reference_lengths(store) -> list[int]:
             out.append(length)
             pos += length
     return out
+
+
+def source_routing():
+    """routing.py loaded from its source under another name: the pure build's loop, whichever build
+    ``routing`` is (compiled, ``route`` walks in C)."""
+    path = os.path.join(os.path.dirname(record.__file__), "routing.py")
+    spec = importlib.util.spec_from_file_location("routing_from_source", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not module._COMPILED
+    return module
+
+
+def mixed_chunks() -> list[tuple[bytes, int, int, int]]:
+    """(chunk, p, stop, at) chunks of hand-laid records: plain, DELAYED, with a delivery time, three
+    topics (one not ASCII) and queues interleaved (1 and 65 share the compiled walk's slot; 300 has
+    an id past its slots), tags changing or repeated or none, runs broken by another queue, a gap
+    (quarantined records), a queue going back to an offset (a new run), and the last chunk after
+    the topic-name cache was emptied (new name objects for the same topics)."""
+    plan = []  # (topic, queue id, queue offset, flags, deliver_at_ms, tag)
+    nxt: dict = {}
+
+    def add(topic, qid, *, flags=0, due=0, tag=b"", skip=0, back=False):
+        qoff = nxt.get((topic, qid), 100 * qid) + skip
+        if back:
+            qoff -= 5
+        if not flags & record.FLAG_DELAYED:
+            nxt[(topic, qid)] = qoff + 1
+        plan.append((topic, qid, qoff, flags, due, tag))
+
+    for i in range(60):
+        add("orders", i % 3, tag=(b"", b"red", b"red", b"blue")[i % 4])
+    for i in range(40):  # a run of one queue, broken now and then by another
+        add("orders", 7, tag=b"red")
+        if i % 9 == 0:
+            add("zählung", 7, tag=b"\xc3\xa9t\xc3\xa9")
+    for i in range(30):
+        add(("orders", "zählung", "x" * 127)[i % 3], (1, 65, 300)[i % 3], tag=b"t%d" % (i % 5))
+        if i % 4 == 0:
+            add("orders", 1, flags=record.FLAG_DELAYED, due=1_700_000_000_000 + i)
+        if i % 5 == 0:
+            add("zählung", 65, due=1_700_000_000_000 + i, tag=b"late")
+    add("orders", 7, skip=3)  # a gap: add_entry's holes
+    add("orders", 7)
+    add("orders", 2, back=True)  # not contiguous: add_entry writes the run so far, starts anew
+    add("orders", 2)
+    add("orders", 1, flags=record.FLAG_DELAYED | record.FLAG_CONTINUES, due=1_700_000_000_001)
+    blobs = [record.encode(flags, qid, qoff, 1_600_000_000_000, 1_650_000_000_000 + n, due, topic.encode(),
+                           b"M%06d" % n, tag, b"", b"", bytes([n % 256]) * (n % 50))
+             for n, (topic, qid, qoff, flags, due, tag) in enumerate(plan)]
+    chunks, at, n = [], 1 << 40, 0
+    for size in (1, 7, 50, 3, 90, len(blobs)):  # (the last takes the rest)
+        part = blobs[n:n + size]
+        lead = b"\0" * (n % 3)  # records from p > 0, and bytes after stop
+        chunk = lead + b"".join(part) + b"\0" * (n % 2)
+        chunks.append((chunk, len(lead), len(lead) + sum(map(len, part)), at))
+        at += len(chunk)
+        n += size
+        if n >= len(blobs):
+            break
+    return chunks
+
+
+def walk(route, chunks, with_taps: bool):
+    """What ``route`` makes of ``chunks``, one batch across them as ``Store._replay`` keeps it, with
+    ``Store._add_entry``'s rules; every add_entry call is logged."""
+    calls, written, batch, made, taps_seen = [], [], {}, [], []
+
+    def add_entry(batch, key, qoff, entry):
+        calls.append((key, qoff, entry))
+        run = batch.get(key)
+        run_end = None if run is None else run[0] + len(run[1]) // len(entry)
+        if run_end is not None and run_end < qoff <= run_end + 16:
+            run[1].extend(bytes((qoff - run_end) * len(entry)) + entry)
+            return
+        if run is not None:
+            written.append((key, run[0], bytes(run[1])))
+        batch[key] = (qoff, bytearray(entry))
+
+    for i, (chunk, p, stop, at) in enumerate(chunks):
+        if i == len(chunks) - 1:
+            record._topics.clear()
+        taps = [] if with_taps else None
+        made.append(route(chunk, p, stop, at, batch, taps, add_entry))
+        taps_seen.append(taps)
+    return made, taps_seen, calls, written, {k: (q, bytes(e)) for k, (q, e) in batch.items()}
+
+
+@pytest.mark.parametrize("with_taps", [True, False])
+def test_the_compiled_walk_makes_what_the_source_loop_does(with_taps):
+    chunks = mixed_chunks()
+    want = walk(source_routing().route, chunks, with_taps)
+    got = walk(routing.route, chunks, with_taps)
+    assert got == want
+    made, taps, calls, written, batch = want
+    assert sum(made) > 120 and len(written) == 1
+    assert len(calls) == 9  # add_entry: each of the 7 queues' first entry, the gap, the step back
+    assert (not with_taps) or sum(len(t) for t in taps) > 10
+    size = ENTRY.size
+    assert any(bytes(size) in [e[i:i + size] for i in range(0, len(e), size)] for _, e in batch.values())  # holes
+    # The entries are ENTRY's, from the records' fields.
+    chunk, p, _, at = chunks[0]
+    first = record.decode(chunk, p)
+    assert batch[(first["topic"], first["queue_id"])][1][:size] == ENTRY.pack(
+        at + p, record.check(chunk, p, len(chunk)), 0, first["stored_ms"])
+
+
+def test_a_misread_length_fails_the_assert_on_both_builds():
+    chunk, p, stop, at = mixed_chunks()[2]
+    for route in (routing.route, source_routing().route):
+        with pytest.raises(AssertionError):
+            route(chunk, p, stop - 1, at, {}, [], lambda batch, key, qoff, entry: batch.__setitem__(
+                key, (qoff, bytearray(entry))))
