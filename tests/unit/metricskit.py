@@ -44,3 +44,11 @@ def advance_pop(pop: PopService, clock: FakeClock, ms: int) -> None:
             return
         clock.set(max(deadline, clock.wall_ms()))
     raise AssertionError("POP still busy")
+
+
+def served(path) -> tuple[FakeClock, Broker, PopService, BrokerMetrics]:
+    """A broker (at ``path``/data), its POP service and its metrics, on a fake clock at T0."""
+    clock = FakeClock(T0)
+    broker = open_broker(path / "data", clock)
+    pop = PopService(broker, clock)
+    return clock, broker, pop, BrokerMetrics(broker, lambda: pop)

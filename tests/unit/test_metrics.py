@@ -13,15 +13,12 @@ from chronoq.core.config import load_config
 from chronoq.server.metrics import BrokerMetrics
 from chronoq.pop.service import PopService
 
-from metricskit import INVISIBLE_MS, T0, TICKS_MAX, advance_pop, open_broker, scrape, value
+from metricskit import INVISIBLE_MS, T0, TICKS_MAX, advance_pop, open_broker, scrape, served, value
 from timerkit import crash
 
 
 def test_counters_equal_the_traffic(tmp_path):
-    clock = FakeClock(T0)
-    broker = open_broker(tmp_path / "data", clock)
-    pop = PopService(broker, clock)
-    metrics = BrokerMetrics(broker, lambda: pop)
+    clock, broker, pop, metrics = served(tmp_path)
     try:
         pop.set_group("g", max_attempts=2)
         broker.send_batch([OutgoingMessage("a", b"a%d" % i) for i in range(3)])

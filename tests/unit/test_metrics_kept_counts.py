@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import random
 
-from metricskit import INVISIBLE_MS, T0, TICKS_MAX, open_broker, scrape, value
+from metricskit import INVISIBLE_MS, T0, TICKS_MAX, open_broker, scrape, served, value
 
 from chronoq.broker.broker import OutgoingMessage
 from chronoq.core.clock import FakeClock
-from chronoq.pop.service import PopService
 from chronoq.timer import copies
 from chronoq.timer.buckets import LOADED
-from chronoq.server.metrics import BrokerMetrics
 
 
 def _watch_recounts(timer, recounted: list) -> None:
@@ -120,10 +118,7 @@ def test_cached_pending_counts_equal_a_fresh_count(tmp_path):
 
 
 def test_a_fifo_forward_to_the_dlq_is_a_dead_letter_not_a_revive(tmp_path):
-    clock = FakeClock(T0)
-    broker = open_broker(tmp_path / "data", clock)
-    pop = PopService(broker, clock)
-    metrics = BrokerMetrics(broker, lambda: pop)
+    clock, broker, pop, metrics = served(tmp_path)
     try:
         pop.set_group("f", fifo=True)
         broker.send("orders", b"poison", message_group="order-7")

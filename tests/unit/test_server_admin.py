@@ -8,19 +8,11 @@ import asyncio
 import logging
 
 import pytest
-from popkit import Node
+from popkit import node  # noqa: F401 (the fixture)
 
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import admin
 from chronoq.protocol.rocketmq.status import Code
-
-
-@pytest.fixture
-def node(tmp_path):
-    n = Node(str(tmp_path)).open()
-    yield n
-    if n.pop is not None and not n.pop.closed:
-        n.close()
 
 
 @pytest.fixture
