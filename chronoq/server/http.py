@@ -31,7 +31,7 @@ all of it is read on the event loop thread, the same thread the gRPC front end r
 
 Nothing here may block the loop for long: a scrape reads counters the broker already keeps.
 
-Connections (``CappedServer``; docs/security.md, "HTTP listener"): at most ``http_max_connections``
+Connections (``CappedFactory``; docs/security.md, "HTTP listener"): at most ``http_max_connections``
 are open at once. One more is answered ``503`` naming the limit and closed at once, before its
 request is read; it costs no handler and holds no descriptor after that. It is an operator's port
 (a Prometheus scraper, a few console tabs): 64 is far more than they use, and the descriptors
@@ -153,47 +153,41 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-class CappedServer(web.Server):
-    """aiohttp's connection factory with at most ``limit`` connections open and a lifetime each.
+class CappedFactory:
+    """The protocol factory the HTTP listener accepts with: aiohttp's own (``AppRunner.server``, a
+    ``web.Server``, documented as a protocol factory for ``loop.create_server``) behind a limit of
+    ``limit`` connections open, each given a lifetime (``_Counted``). Only aiohttp's public API:
+    its runner, its server as a factory, and the asyncio protocol calls.
 
     Counted when accepted (the factory), so a burst of accepts in one loop pass cannot pass the
     limit, and released when the connection is lost (``connection_lost``, every accepted one)."""
 
-    def __init__(self, *args, limit: int, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, factory, limit: int) -> None:
         assert limit >= 1
+        self.factory = factory
         self.limit = limit
         self.open = 0  # connections accepted and not yet lost
         self.refused = 0  # connections refused since start
         self._refused_logged = (0.0, 0)  # (loop time, ``refused``) at the last log line
-        self._deadlines: dict = {}  # handler -> its LIFETIME_S abort
         body = (f"too many HTTP connections: {limit} are open, the limit is http_max_connections ({limit}); "
                 "close idle ones or raise http_max_connections\n").encode()
         self._answer = (b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
-    def __call__(self):
+    def __call__(self) -> asyncio.Protocol:
         if self.open >= self.limit:
             self.refused += 1
             self._log_refused()
             return _Refused(self._answer)
         self.open += 1
-        return super().__call__()
+        return _Counted(self, self.factory())
 
-    def connection_made(self, handler, transport) -> None:
-        super().connection_made(handler, transport)
-        self._deadlines[handler] = self._loop.call_later(LIFETIME_S, transport.abort)
-
-    def connection_lost(self, handler, exc=None) -> None:
-        deadline = self._deadlines.pop(handler, None)
-        if deadline is not None:
-            deadline.cancel()
+    def lost(self) -> None:
         self.open -= 1
         assert self.open >= 0, self.open
-        super().connection_lost(handler, exc)
 
     def _log_refused(self) -> None:
-        now = self._loop.time()
+        now = asyncio.get_running_loop().time()
         at, count = self._refused_logged
         if count and now - at < REFUSED_LOG_EVERY_S:
             return
@@ -202,17 +196,39 @@ class CappedServer(web.Server):
                     "is http_max_connections (%d)", self.refused, self.refused - count, self.open, self.limit)
 
 
-class _Runner(web.AppRunner):
-    """``web.AppRunner`` whose server is a ``CappedServer``."""
+class _Counted(asyncio.Protocol):
+    """One accepted connection: aiohttp's handler does the work (every call passed on), this
+    counts it out of ``CappedFactory.open`` when it is lost and aborts it ``LIFETIME_S`` after
+    it was made."""
 
-    def __init__(self, app: web.Application, limit: int, **kwargs) -> None:
-        super().__init__(app, **kwargs)
-        self._limit = limit
+    __slots__ = ("cap", "handler", "deadline")
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()  # (the app frozen, its handler and kwargs as aiohttp sets them)
-        return CappedServer(server.request_handler, request_factory=server.request_factory,
-                            handler_cancellation=server.handler_cancellation, limit=self._limit, **server._kwargs)
+    def __init__(self, cap: CappedFactory, handler: asyncio.Protocol) -> None:
+        self.cap = cap
+        self.handler = handler
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        self.deadline = asyncio.get_running_loop().call_later(LIFETIME_S, transport.abort)
+        self.handler.connection_made(transport)
+
+    def connection_lost(self, exc) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.cap.lost()
+        self.handler.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.handler.data_received(data)
+
+    def eof_received(self):
+        return self.handler.eof_received()
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
 
 
 class HttpFrontEnd:
@@ -222,6 +238,8 @@ class HttpFrontEnd:
         self.runtime = runtime
         self.config = runtime.config
         self.runner: web.AppRunner | None = None
+        self.listener: asyncio.AbstractServer | None = None
+        self.cap: CappedFactory | None = None
         self.host = self.config.http_host
         self.port = 0  # the bound port, once started
         self._filter: logging.Filter | None = None
@@ -231,43 +249,44 @@ class HttpFrontEnd:
         # HTTP listens before recovery, gRPC after it: "any free port" could be handed the very port
         # gRPC is about to ask for, and the start would then fail on gRPC's bind. Such a pick is
         # kept open until the next one is bound (so the OS cannot hand it out again), then dropped.
-        refused: list[web.AppRunner] = []
+        refused: list[tuple] = []
         try:
             for _ in range(_PICKS):
-                runner = await self._listen()
-                if self.config.http_port != 0 or _bound_port(runner) != self.config.port:
+                runner, listener, cap = await self._listen()
+                if self.config.http_port != 0 or _bound_port(listener) != self.config.port:
                     break
-                refused.append(runner)
+                refused.append((runner, listener))
             else:
                 raise errors.ClientError(f"no free HTTP port other than {self.config.port} in {_PICKS} picks")
         finally:
-            for other in refused:
-                await other.cleanup()
-        self.runner = runner
-        self.port = _bound_port(runner)
+            for other, other_listener in refused:
+                await _close(other, other_listener)
+        self.runner, self.listener, self.cap = runner, listener, cap
+        self.port = _bound_port(listener)
         assert 0 < self.port <= 65535
         self._filter = WrongPortFilter(f"{self.host}:{self.port}", self.config.endpoint)
         logging.getLogger("aiohttp.server").addFilter(self._filter)
 
-    async def _listen(self) -> web.AppRunner:
-        runner = _Runner(build_app(self.runtime), self.config.http_max_connections, access_log=None,
-                         handle_signals=False, keepalive_timeout=self.config.http_idle_timeout_ms / 1000)
+    async def _listen(self) -> tuple[web.AppRunner, asyncio.AbstractServer, CappedFactory]:
+        runner = web.AppRunner(build_app(self.runtime), access_log=None, handle_signals=False,
+                               keepalive_timeout=self.config.http_idle_timeout_ms / 1000)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.config.http_port, reuse_port=False)
+        cap = CappedFactory(runner.server, self.config.http_max_connections)
         try:
-            await site.start()
+            listener = await asyncio.get_running_loop().create_server(cap, self.host, self.config.http_port,
+                                                                      reuse_port=False)
         except OSError as exc:
             await runner.cleanup()
             raise errors.ClientError(f"cannot listen for HTTP on {self.host}:{self.config.http_port}: "
                                      f"{exc.strerror or exc} (set --http-port/CHRONOQ_HTTP_PORT, 0 for any free "
                                      "port, off for none; --http-host/CHRONOQ_HTTP_HOST)") from None
-        return runner
+        return runner, listener, cap
 
     async def stop(self) -> None:
         logging.getLogger("aiohttp.server").removeFilter(self._filter)
         if self.runner is not None:
             runner, self.runner = self.runner, None
-            await runner.cleanup()
+            await _close(runner, self.listener)
 
     @property
     def url(self) -> str:
@@ -278,7 +297,13 @@ class HttpFrontEnd:
         return f"HTTP on {self.url}"
 
 
-def _bound_port(runner: web.AppRunner) -> int:
-    addresses = runner.addresses  # (host, port, ...) per listening socket
-    assert addresses, "the site started but has no socket"
-    return int(addresses[0][1])
+def _bound_port(listener: asyncio.AbstractServer) -> int:
+    sockets = listener.sockets
+    assert sockets, "the listener started but has no socket"
+    return int(sockets[0].getsockname()[1])
+
+
+async def _close(runner: web.AppRunner, listener: asyncio.AbstractServer) -> None:
+    """Stop accepting, then let aiohttp end the connections it serves (its shutdown) and the app."""
+    listener.close()
+    await runner.cleanup()

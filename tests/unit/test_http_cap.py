@@ -1,5 +1,6 @@
-"""chronoq.server.http's CappedServer on a real aiohttp listener in this process: the count of
-open connections, the 503 past the limit, and the abort of a connection older than LIFETIME_S."""
+"""chronoq.server.http's CappedFactory on a real aiohttp listener in this process (aiohttp's runner,
+its server as the protocol factory behind the cap, as HttpFrontEnd listens): the count of open
+connections, the 503 past the limit, and the abort of a connection older than LIFETIME_S."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ async def _serve(limit: int):
     app = web.Application()
     app.router.add_post("/echo", _echo)
     app.router.add_get("/ok", _ok)
-    runner = http._Runner(app, limit, access_log=None, keepalive_timeout=60)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=60)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, runner.server, runner.addresses[0][1]
+    cap = http.CappedFactory(runner.server, limit)
+    listener = await asyncio.get_running_loop().create_server(cap, "127.0.0.1", 0)
+    return (runner, listener), cap, listener.sockets[0].getsockname()[1]
 
 
 async def _ok(request: web.Request) -> web.Response:
@@ -40,7 +41,6 @@ async def _until(predicate, what: str, polls: int = 400) -> None:
 def test_connections_past_the_limit_get_503_and_closed_ones_make_room():
     async def main():
         runner, server, port = await _serve(2)
-        assert isinstance(server, http.CappedServer)
         try:
             held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
             await _until(lambda: server.open == 2, "two connections open")
@@ -57,7 +57,7 @@ def test_connections_past_the_limit_get_503_and_closed_ones_make_room():
             assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200 ")
             writer.close()
         finally:
-            await runner.cleanup()
+            await http._close(*runner)
 
     asyncio.run(main())
 
@@ -75,6 +75,6 @@ def test_a_body_trickled_in_is_cut_off_at_the_connection_lifetime(monkeypatch):
             await _until(lambda: server.open == 0, "the aborted connection released")
             writer.close()
         finally:
-            await runner.cleanup()
+            await http._close(*runner)
 
     asyncio.run(main())
