@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import pytest
 
 from chronoq.broker.broker import Broker
 from chronoq.core.clock import FakeClock
@@ -89,14 +88,14 @@ def _close_quiet(fd: int) -> None:
         pass
 
 
-# The POP service tests' group and topic, their node fixture and their send and drain helpers
+# The POP service tests' group and topic, their node (``opened_node``) and their send and drain helpers
 # (tests/unit/test_pop_service.py, test_pop_restart.py).
 G = "grp"
 T = "orders"
 
 
-@pytest.fixture
-def node(tmp_path):
+def opened_node(tmp_path):
+    """A test module's ``node`` fixture: ``yield from opened_node(tmp_path)``."""
     n = Node(str(tmp_path)).open()
     yield n
     if n.pop is not None and not n.pop.closed:

@@ -5,7 +5,7 @@ Driven by a FakeClock; nothing sleeps."""
 from __future__ import annotations
 
 import pytest
-from popkit import REDELIVERY_BOUND_MS, G, T, Node, drain, node, send  # noqa: F401 (node: the fixture)
+from popkit import REDELIVERY_BOUND_MS, G, T, Node, drain, opened_node, send
 
 from chronoq.core import errors
 from chronoq.broker.broker import OutgoingMessage
@@ -13,7 +13,30 @@ from chronoq.pop import names
 from chronoq.pop.service import PopService
 
 
+@pytest.fixture
+def node(tmp_path):
+    yield from opened_node(tmp_path)
+
+
 # --------------------------------------------------------------------------------- restart
+def test_groups_persist_and_list(node):
+    node.pop.set_group("b-group", fifo=True, max_attempts=5)
+    node.pop.group("a-group")
+    node.restart(clean=True)
+    listed = [(g.name, g.fifo, g.max_attempts) for g in node.pop.list_groups()]
+    assert listed == [("a-group", False, 17), ("b-group", True, 5)]
+
+
+def test_crash_before_anything_is_durable_redelivers_at_once(node):
+    ids = send(node, 4)
+    got = node.pop.receive(G, T, max_messages=32, invisible_ms=60_000)
+    assert len(got) == 4
+    node.crash()  # the CKs were still in the merge buffer
+    node.open()
+    again = drain(node)
+    assert sorted(p.message.message_id for p in again) == sorted(ids)
+
+
 def test_unacked_come_back_after_crash_and_acked_do_not(node):
     ids = send(node, 6)
     got = node.pop.receive(G, T, max_messages=32, invisible_ms=30_000)
@@ -30,16 +53,6 @@ def test_unacked_come_back_after_crash_and_acked_do_not(node):
     assert sorted(p.message.message_id for p in back) == sorted(p.message.message_id for p in got[3:])
     assert set(ids) == {p.message.message_id for p in got}
     node.pop.check()
-
-
-def test_crash_before_anything_is_durable_redelivers_at_once(node):
-    ids = send(node, 4)
-    got = node.pop.receive(G, T, max_messages=32, invisible_ms=60_000)
-    assert len(got) == 4
-    node.crash()  # the CKs were still in the merge buffer
-    node.open()
-    again = drain(node)
-    assert sorted(p.message.message_id for p in again) == sorted(ids)
 
 
 def test_clean_restart_keeps_inflight_and_handles(node):
@@ -83,14 +96,6 @@ def test_torn_pop_log_tail_is_truncated(node, tmp_path):
     node.advance(27_000)
     back = drain(node)
     assert sorted(p.message.message_id for p in back) == sorted(p.message.message_id for p in got)
-
-
-def test_groups_persist_and_list(node):
-    node.pop.set_group("b-group", fifo=True, max_attempts=5)
-    node.pop.group("a-group")
-    node.restart(clean=True)
-    listed = [(g.name, g.fifo, g.max_attempts) for g in node.pop.list_groups()]
-    assert listed == [("a-group", False, 17), ("b-group", True, 5)]
 
 
 def test_closed_service_refuses_calls(tmp_path):

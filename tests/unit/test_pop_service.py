@@ -5,11 +5,17 @@ FakeClock; nothing sleeps."""
 from __future__ import annotations
 
 import pytest
-from popkit import G, T, Node, drain, node, send  # noqa: F401 (node: the fixture)
+from popkit import G, T, Node, drain, opened_node, send
 
 from chronoq.core import errors
 from chronoq.broker.broker import OutgoingMessage
 from chronoq.pop import names
+
+
+@pytest.fixture
+def node(tmp_path):
+    yield from opened_node(tmp_path)
+
 
 # --------------------------------------------------------------------------------- basics
 def test_receive_then_ack_consumes_everything_once(node):

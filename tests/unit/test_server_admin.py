@@ -8,11 +8,16 @@ import asyncio
 import logging
 
 import pytest
-from popkit import node  # noqa: F401 (the fixture)
+from popkit import opened_node
 
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import admin
 from chronoq.protocol.rocketmq.status import Code
+
+
+@pytest.fixture
+def node(tmp_path):
+    yield from opened_node(tmp_path)
 
 
 @pytest.fixture

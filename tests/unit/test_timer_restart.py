@@ -13,11 +13,17 @@ import pytest
 
 from chronoq.core import errors
 from chronoq.broker.broker import OutgoingMessage
+from chronoq.core.clock import FakeClock
 from chronoq.timer import schedlog
 from chronoq.timer.buckets import UNLOADED
 from chronoq.timer.service import RecallOutcome
-from tests.unit.timerkit import (DAY, LEVELS, T0, TOPIC, bodies, broker, clock, crash, crash_torn,  # noqa: F401
+from tests.unit.timerkit import (DAY, LEVELS, T0, TOPIC, bodies, crash, crash_torn,
                                  drain, open_broker, sched_files, visible)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock(T0)
 
 
 # ----------------------------------------------------------------- restart, crash, files

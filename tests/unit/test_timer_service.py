@@ -11,12 +11,23 @@ import pytest
 
 from chronoq.core import errors
 from chronoq.broker.broker import OutgoingMessage
+from chronoq.core.clock import FakeClock
 from chronoq.store import record
 from chronoq.timer import handle as handles
 from chronoq.core.delay_levels import DELAY_TOPIC
 from chronoq.timer.service import RecallOutcome, RescheduleOutcome
-from tests.unit.timerkit import (DAY, LEVELS, T0, TOPIC, bodies, broker, clock, crash, drain,  # noqa: F401 (fixtures)
-                                 open_broker, sched_files, visible)
+from tests.unit.timerkit import (DAY, LEVELS, T0, TOPIC, bodies, crash, drain,
+                                 open_broker, opened_broker, sched_files, visible)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock(T0)
+
+
+@pytest.fixture
+def broker(tmp_path, clock):
+    yield from opened_broker(tmp_path, clock)
 
 
 # ----------------------------------------------------------------- delivery

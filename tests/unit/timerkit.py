@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
 from chronoq.broker.broker import Broker
 from chronoq.core.clock import FakeClock
@@ -89,19 +88,15 @@ def bodies(broker: Broker, topic: str = TOPIC) -> list[bytes]:
     return sorted(m.body for m in visible(broker, topic))
 
 
-# The timer service tests' levels, clock and broker fixtures (tests/unit/test_timer_service.py,
+# The timer service tests' levels, their broker (``opened_broker``) and bucket files (tests/unit/test_timer_service.py,
 # test_timer_restart.py).
 LEVELS = "1s 5s 1m"
 DAY = 86_400_000
 
 
-@pytest.fixture
-def clock():
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def broker(tmp_path, clock):
+def opened_broker(tmp_path, clock: FakeClock):
+    """A test module's ``broker`` fixture (``yield from opened_broker(tmp_path, clock)``): the
+    levels above, topic ``TOPIC`` with 2 queues, closed after the test unless it was."""
     b = open_broker(tmp_path, clock, timer_delay_levels=LEVELS)
     b.create_topic(TOPIC, 2)
     yield b
