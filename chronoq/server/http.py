@@ -239,7 +239,6 @@ class HttpFrontEnd:
         self.config = runtime.config
         self.runner: web.AppRunner | None = None
         self.listener: asyncio.AbstractServer | None = None
-        self.cap: CappedFactory | None = None
         self.host = self.config.http_host
         self.port = 0  # the bound port, once started
         self._filter: logging.Filter | None = None
@@ -252,7 +251,7 @@ class HttpFrontEnd:
         refused: list[tuple] = []
         try:
             for _ in range(_PICKS):
-                runner, listener, cap = await self._listen()
+                runner, listener = await self._listen()
                 if self.config.http_port != 0 or _bound_port(listener) != self.config.port:
                     break
                 refused.append((runner, listener))
@@ -261,13 +260,13 @@ class HttpFrontEnd:
         finally:
             for other, other_listener in refused:
                 await _close(other, other_listener)
-        self.runner, self.listener, self.cap = runner, listener, cap
+        self.runner, self.listener = runner, listener
         self.port = _bound_port(listener)
         assert 0 < self.port <= 65535
         self._filter = WrongPortFilter(f"{self.host}:{self.port}", self.config.endpoint)
         logging.getLogger("aiohttp.server").addFilter(self._filter)
 
-    async def _listen(self) -> tuple[web.AppRunner, asyncio.AbstractServer, CappedFactory]:
+    async def _listen(self) -> tuple[web.AppRunner, asyncio.AbstractServer]:
         runner = web.AppRunner(build_app(self.runtime), access_log=None, handle_signals=False,
                                keepalive_timeout=self.config.http_idle_timeout_ms / 1000)
         await runner.setup()
@@ -280,13 +279,13 @@ class HttpFrontEnd:
             raise errors.ClientError(f"cannot listen for HTTP on {self.host}:{self.config.http_port}: "
                                      f"{exc.strerror or exc} (set --http-port/CHRONOQ_HTTP_PORT, 0 for any free "
                                      "port, off for none; --http-host/CHRONOQ_HTTP_HOST)") from None
-        return runner, listener, cap
+        return runner, listener
 
     async def stop(self) -> None:
         logging.getLogger("aiohttp.server").removeFilter(self._filter)
         if self.runner is not None:
-            runner, self.runner = self.runner, None
-            await _close(runner, self.listener)
+            runner, listener, self.runner, self.listener = self.runner, self.listener, None, None
+            await _close(runner, listener)
 
     @property
     def url(self) -> str:

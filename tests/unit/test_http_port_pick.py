@@ -39,7 +39,7 @@ def test_a_free_port_pick_that_is_the_grpc_port_is_dropped_for_another(tmp_path)
         real_listen, picks = front._listen, []
 
         async def listen():
-            listening = await real_listen()  # (runner, listener, cap)
+            listening = await real_listen()  # (runner, listener)
             picks.append(listening[1].sockets[0].getsockname()[1])
             if len(picks) == 1:
                 front.config = dataclasses.replace(front.config, port=picks[0])  # gRPC asked for exactly what the OS picked first
