@@ -463,7 +463,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--saturate", type=lambda v: [int(x) for x in v.split(",") if x], default=[32, 64],
+    parser.add_argument("--saturate", type=lambda v: [int(x) for x in v.split(",") if x], default=[32, 64, 128],
                         help="batched sends again at these concurrencies (comma-separated; '' for none): "
                              "each mode's throughput is its best rate over them and --concurrency")
     parser.add_argument("--batch", type=int, default=32)

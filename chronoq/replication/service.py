@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
+from chronoq.protocol.h2 import Parts
 from chronoq.protocol.rocketmq import status
 
 
 def add_to_server(server, node) -> "ReplicationService":
-    service = ReplicationService(node)
+    # chronoq's own server sends an answer given in ``Parts`` as it is (a primary's pull answer:
+    # chronoq.replication.shipper.wire); grpcio's serializes only the response object.
+    service = ReplicationService(node, takes_parts=bool(getattr(server, "TAKES_PARTS", False)))
     apb_grpc.add_ReplicationServicer_to_server(service, server)
     return service
 
@@ -29,11 +32,15 @@ async def _answer(response_type, what: str, fn, request):
 
 
 class ReplicationService(apb_grpc.ReplicationServicer):
-    def __init__(self, node) -> None:
+    def __init__(self, node, takes_parts: bool = False) -> None:
         self.node = node
+        self.takes_parts = takes_parts
 
     async def Pull(self, request, context):
-        return await _answer(apb.PullResponse, "Pull", self.node.pull, request)
+        answer = await _answer(apb.PullResponse, "Pull", self.node.pull, request)
+        if type(answer) is Parts and not self.takes_parts:
+            return apb.PullResponse.FromString(bytes(answer))
+        return answer
 
     async def ClusterStatus(self, request, context):
         return await _answer(apb.ClusterStatusResponse, "ClusterStatus", self.node.status, request)

@@ -60,6 +60,7 @@ import google_crc32c
 
 from chronoq.core import errors, fsutil
 from chronoq.proto import chronoq_admin_pb2 as apb
+from chronoq.protocol.h2 import Parts
 from chronoq.protocol.rocketmq import status as codes
 from chronoq.replication import divergence, position
 
@@ -69,6 +70,9 @@ WAIT_MAX_MS = 30_000
 WAIT_TICK_S = 0.05
 MAX_BYTES_DEFAULT = 4 << 20
 MAX_BYTES_LIMIT = 64 << 20
+# PullResponse.commit_bytes: field 4, length-delimited (wire type 2); ``wire`` writes it by hand.
+_COMMIT_BYTES_TAG = bytes([4 << 3 | 2])
+assert apb.PullResponse.DESCRIPTOR.fields_by_name["commit_bytes"].number == 4
 WRITTEN_SAMPLES = 20  # samples of the written end per sync bound (``PrimaryNode.in_sync``)
 REPLICA_FORGET_MS = 600_000  # a replica that has not pulled for this long leaves status and metrics
 # The replicas a primary keeps track of (status, metrics, the in-sync set, sync acknowledgements);
@@ -135,14 +139,14 @@ class PrimaryNode:
             if fut.done():
                 continue
             try:
-                resp, news = self._answer(req)
+                resp, data, news = self._answer(req)
             except Exception as exc:  # noqa: BLE001 - the pull's own failure, raised where it waits
                 del self._parked[fut]
                 fut.set_exception(exc)
                 continue
             if news:
                 del self._parked[fut]
-                fut.set_result(resp)
+                fut.set_result(wire(resp, data))
 
     def written(self) -> None:
         """``GroupCommitter.add_written_listener``: bytes to ship before their fsync (answer the
@@ -178,7 +182,8 @@ class PrimaryNode:
         return self.in_sync(position_, seen_ms, now_ms)
 
     # ------------------------------------------------------------------ pull
-    async def pull(self, req) -> apb.PullResponse:
+    async def pull(self, req) -> apb.PullResponse | Parts:
+        """The answer to a replica's pull, as it leaves (``wire``: commit-log bytes as ``Parts``)."""
         if not 0 < len(req.node_id) <= NODE_ID_MAX or len(req.endpoint) > ENDPOINT_MAX:
             raise errors.ClientError(f"a pull names its node id (1 to {NODE_ID_MAX} characters) and its endpoint "
                                      f"({ENDPOINT_MAX} at most): got {len(req.node_id)} and {len(req.endpoint)}")
@@ -216,9 +221,9 @@ class PrimaryNode:
         wait_ms = min(max(req.wait_ms, 0), WAIT_MAX_MS, self.sync_timeout_ms // 2)
         deadline = loop.time() + wait_ms / 1000
         while True:
-            resp, news = self._answer(req)
+            resp, data, news = self._answer(req)
             if news or loop.time() >= deadline:
-                return resp
+                return wire(resp, data)
             parked = loop.create_future()
             self._parked[parked] = req
             tick = loop.call_later(min(WAIT_TICK_S, deadline - loop.time()), _look_again, parked)
@@ -313,8 +318,9 @@ class PrimaryNode:
             self._versions = cached = (count, now, versions)
         return cached[2]
 
-    def _answer(self, req) -> tuple[apb.PullResponse, bool]:
-        """The answer now, and whether it carries anything new. No await inside: one moment."""
+    def _answer(self, req) -> tuple[apb.PullResponse, bytes, bool]:
+        """The answer now: the response without its commit-log bytes, those bytes (``wire`` puts
+        them together), and whether it carries anything new. No await inside: one moment."""
         journal = self.pop._journal if self.pop is not None else None
         pop_log = journal.log if journal is not None else None
         pop_gen, pop_size = (pop_log.generation, pop_log.size) if pop_log is not None else (0, 0)
@@ -325,7 +331,7 @@ class PrimaryNode:
         wanted = req.max_bytes if 0 < req.max_bytes <= MAX_BYTES_LIMIT else MAX_BYTES_DEFAULT
         base, data = self.store.read_shipped(at, wanted)
         resp = apb.PullResponse(status=_ok(), segment_base=base,
-                                commit_offset=at, commit_bytes=data, primary_synced=end, epoch=self.epoch,
+                                commit_offset=at, primary_synced=end, epoch=self.epoch,
                                 node_id=self.node_id, wall_ms=self.broker.clock.wall_ms(),
                                 pop_generation_now=pop_gen)
         news = bool(data)
@@ -335,14 +341,14 @@ class PrimaryNode:
                 resp.snapshots.append(_snapshot(self.data_dir, name, version))
                 news = True
         if not caught_up:
-            return resp, news
+            return resp, data, news
         have_gen, have_off = req.position.pop_generation, req.position.pop_offset
         if pop_gen and (have_gen != pop_gen or have_off != pop_size):
             start = have_off if have_gen == pop_gen and have_off < pop_size else 0
             resp.pop_generation, resp.pop_offset = pop_gen, start
             resp.pop_bytes = _read_file(pop_log.path, start, pop_size)
             news = True
-        return resp, news
+        return resp, data, news
 
     # ------------------------------------------------------------------ sync replication
     def replica_wait(self, ticket: int, settle: Callable[[BaseException | None], None]) -> None:
@@ -428,6 +434,25 @@ def _expire(entry: list, refusal: Callable[[], str]) -> None:
 def _look_again(parked: asyncio.Future) -> None:
     if not parked.done():
         parked.set_result(None)
+
+
+def wire(resp: apb.PullResponse, data: bytes) -> apb.PullResponse | Parts:
+    """The answer as it leaves: ``resp`` serialized, then ``data`` as its ``commit_bytes`` field
+    (protobuf readers take fields in any order), in ``Parts``: the bytes as read, not copied into
+    the message, its serialization, the gRPC message, the DATA frame and the pass's output (about
+    3% of a primary's loop under sync load, ~0.5 MB an answer). No bytes: the response itself."""
+    if not data:
+        return resp
+    return Parts(resp.SerializeToString() + _COMMIT_BYTES_TAG + _varint(len(data)), data)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _ok() -> apb.Status:

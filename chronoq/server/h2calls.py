@@ -17,7 +17,7 @@ import logging
 
 import grpc
 
-from chronoq.protocol.h2 import CANCEL, request_head
+from chronoq.protocol.h2 import CANCEL, Parts, request_head
 from chronoq.server.h2server import ConnError
 from chronoq.server.h2streams import CallError, Stream, StreamClosed, status_code
 
@@ -237,7 +237,9 @@ class Calls:
         if result is None:
             raise CallError(grpc.StatusCode.UNKNOWN, "the handler returned no response")
         serialize = stream.serializer
-        return stream.put_message(serialize(result) if serialize is not None else result)
+        if serialize is None or type(result) is Parts:  # (an answer encoded in parts leaves as they are)
+            return stream.put_message(result)
+        return stream.put_message(serialize(result))
 
     async def _stream_out(self, produced, stream: Stream):
         if hasattr(produced, "__aiter__"):

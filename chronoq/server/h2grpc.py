@@ -26,6 +26,9 @@ from chronoq.server.h2server import Connection
 class Server(Calls):
     """The subset of ``grpc.aio.Server`` chronoq uses, served on this event loop."""
 
+    # A unary handler may answer ``chronoq.protocol.h2.Parts``, sent without its serializer.
+    TAKES_PARTS = True
+
     def __init__(self, *, interceptors=(), max_receive_message_length: int = 4 << 20,
                  limits: Limits | None = None, refusals=None) -> None:
         """``limits``: connections, streams, timeouts and attack budgets (``h2limits.Limits``, its

@@ -5,7 +5,7 @@
 import cython
 
 from chronoq.protocol.h2.flow cimport ConnectionWindows, StreamWindows
-from chronoq.protocol.h2.frames cimport frame, headers_frame
+from chronoq.protocol.h2.frames cimport frame, frame_head, headers_frame
 from chronoq.server.callstats cimport CallStats, answer_code
 
 
@@ -26,7 +26,7 @@ cdef class Stream(StreamWindows):
     @cython.locals(limit=Py_ssize_t)
     cpdef list messages(self)
     cpdef bytes _head(self)
-    @cython.locals(conn=Answers)
+    @cython.locals(conn=Answers, parts=bint, n=Py_ssize_t)
     cpdef bint put_message(self, data) except -1
     cpdef finish(self, Py_ssize_t code, details, metadata=*)
     @cython.locals(stats=CallStats)
@@ -44,6 +44,8 @@ cdef class Answers(ConnectionWindows):
     cpdef _write(self, data)
     @cython.locals(out=list)
     cpdef _flush_out(self)
+    @cython.locals(out=list, n=Py_ssize_t)
+    cpdef _write_parts(self, bytes first, tuple rest)
     @cython.locals(held=Py_ssize_t, cap=Py_ssize_t)
     cpdef room_for_answer(self, Py_ssize_t nbytes)
     @cython.locals(held=Py_ssize_t)

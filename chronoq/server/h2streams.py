@@ -15,11 +15,11 @@ import zlib
 import grpc
 
 from chronoq.core import refusals as R
-from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages,
+from chronoq.protocol.h2 import (DATA, MESSAGE_PREFIX, MessageTooLarge, Parts, UnsupportedEncoding, cut_messages,
                                  literal_block, trailers)
 # (from their modules: the compiled build cimports these, h2streams.pxd)
 from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
-from chronoq.protocol.h2.frames import frame, headers_frame
+from chronoq.protocol.h2.frames import frame, frame_head, headers_frame
 from chronoq.server.callstats import NO_ANSWER, STATUS_ANSWER_PREFIXES, UNKNOWN_METHOD, answer_code
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
@@ -114,21 +114,27 @@ class Stream(StreamWindows):
         if self.put_message(data):
             await self.sent()
 
-    def put_message(self, data: bytes) -> bool:
-        """Queue one answer message (as much as the windows allow leaves with the loop pass's
-        writes); True when the caller must wait (``sent``) before it writes more: the message
-        waits for window, or the transport is paused. (Not a coroutine: most answers never wait.)"""
+    def put_message(self, data) -> bool:
+        """Queue one answer message, bytes or ``Parts`` (as much as the windows allow leaves with
+        the loop pass's writes); True when the caller must wait (``sent``) before it writes more:
+        the message waits for window, or the transport is paused. (Not a coroutine: most answers
+        never wait.)"""
         if self.ended or self.cancelled:
             raise StreamClosed("the call has ended")
+        parts = type(data) is Parts
         if self.method.startswith(STATUS_ANSWER_PREFIXES):
-            code = answer_code(data)
+            code = answer_code(data.buffers[0] if parts else data)  # (a Status is the first field)
             if code != NO_ANSWER:
                 self.answer = code
         conn = self.conn
+        n = len(data)
         # Bounded while this peer, or any peer of this server, leaves answers untaken.
         if conn.waiting or conn.paused or conn.server.unread_answers.held:
-            conn.room_for_answer(MESSAGE_PREFIX.size + len(data))
-        conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, len(data)) + data)
+            conn.room_for_answer(MESSAGE_PREFIX.size + n)
+        if parts:
+            conn.send_data(self, self._head(), Parts(MESSAGE_PREFIX.pack(0, n) + data.buffers[0], *data.buffers[1:]))
+        else:
+            conn.send_data(self, self._head(), MESSAGE_PREFIX.pack(0, n) + data)
         return bool(self.blocked) or conn.paused
 
     async def sent(self) -> None:
@@ -198,6 +204,21 @@ class Answers(ConnectionWindows):
             self._out_bytes = 0
             self.server.stats.bytes_out += len(data)
             self.transport.write(data)
+
+    def _write_parts(self, first: bytes, rest: tuple) -> None:
+        """A message's frame in parts (``Parts``): leaves now, after what is queued, its buffers
+        handed to the transport as they are (one ``writev``), not joined."""
+        out = self._out
+        n = self._out_bytes + len(first)
+        out.append(first)
+        for buf in rest:
+            n += len(buf)
+            out.append(buf)
+        if not self.closed:
+            self.server.stats.bytes_out += n
+            self.transport.writelines(out)
+        out.clear()
+        self._out_bytes = 0
 
     # ------------------------------------------------------------------ answers the peer leaves untaken
     # What a connection holds for its peer: ``held_answers``, the bytes in the blocked lists of the
@@ -292,8 +313,14 @@ class Answers(ConnectionWindows):
         n = len(message)
         if not stream.blocked and n <= self.peer_max_frame and n <= stream.send_window and n <= self.peer_window:
             self.spend(stream, n)
-            self._write(frame(DATA, 0, stream.id, message))
+            if type(message) is Parts:
+                bufs = message.buffers
+                self._write_parts(frame_head(DATA, 0, stream.id, n) + bufs[0], bufs[1:])
+            else:
+                self._write(frame(DATA, 0, stream.id, message))
             return
+        if type(message) is Parts:  # it waits for window: its frames are cut from one buffer
+            message = bytes(message)
         stream.blocked.append(message)
         self.waiting[stream.id] = stream
         self._hold(n)

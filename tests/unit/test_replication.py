@@ -31,6 +31,13 @@ def copy(primary, replica, max_bytes: int = 1 << 20) -> int:
         pulls += 1
 
 
+def as_sent(answer):
+    """A pull's answer as the replica reads it (``Parts``: the commit-log bytes written by hand)."""
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.protocol.h2 import Parts
+    return apb.PullResponse.FromString(bytes(answer)) if type(answer) is Parts else answer
+
+
 def segment_files(store) -> dict[str, bytes]:
     out = {}
     for seg in store.log.segments:
@@ -165,11 +172,11 @@ def test_a_lagging_answer_carries_configuration_only(tmp_path):
             with open(tmp_path / "p" / name, "wb") as fh:
                 fh.write(b"{}")
         node = PrimaryNode(broker, None, "primary")
-        lagging, _ = node._answer(apb.PullRequest(node_id="r", max_bytes=600))
-        assert lagging.commit_bytes and len(lagging.commit_bytes) < broker.store.log.synced
+        lagging, data, _ = node._answer(apb.PullRequest(node_id="r", max_bytes=600))
+        assert data and len(data) < broker.store.log.synced
         assert {s.name for s in lagging.snapshots} == {"topics.json"}
-        whole, _ = node._answer(apb.PullRequest(node_id="r"))
-        assert len(whole.commit_bytes) == broker.store.log.synced
+        whole, data, _ = node._answer(apb.PullRequest(node_id="r"))
+        assert len(data) == broker.store.log.synced
         assert {"topics.json", "offsets.json", "schedules.json"} <= {s.name for s in whole.snapshots}
     finally:
         broker.close()
@@ -246,7 +253,7 @@ def test_a_parked_pull_is_answered_at_the_ring_at_once(tmp_path):
         broker.send_batch([OutgoingMessage("orders", b"b" * 300)])  # dispatched: a look asked for
         node.written()  # the ring: answered in this very step
         assert not node._parked and not task.done()  # answered: the call goes on at its next step
-        resp = await task
+        resp = as_sent(await task)
         assert resp.commit_offset == end and len(resp.commit_bytes) == broker.store.log.written - end
 
         end = broker.store.log.written
@@ -256,13 +263,13 @@ def test_a_parked_pull_is_answered_at_the_ring_at_once(tmp_path):
         assert not fut.done()
         await asyncio.sleep(0)  # its look runs at the end of this pass
         assert fut.done()
-        assert len((await task).commit_bytes) == broker.store.log.written - end
+        assert len(as_sent(await task).commit_bytes) == broker.store.log.written - end
 
         req = pull_at(broker.store.log.written)
         req.wait_ms = 120  # nothing comes: two ticks, then the empty answer at the deadline
         loop = asyncio.get_running_loop()
         began = loop.time()
-        resp = await node.pull(req)
+        resp = as_sent(await node.pull(req))
         assert not resp.commit_bytes and loop.time() - began >= 0.12 and not node._parked
 
     try:
@@ -292,18 +299,18 @@ def test_a_rewritten_snapshot_is_shipped_at_the_next_answer(tmp_path):
         for snap in node._answer(req)[0].snapshots:
             req.snapshot_versions[snap.name] = snap.version
         req.position.commit = broker.store.log.written
-        assert not node._answer(req)[1]  # nothing new
+        assert not node._answer(req)[2]  # nothing new
         fsutil.write_json(str(tmp_path / "p" / "offsets.json"), {"a": 1})
-        resp, news = node._answer(req)
+        resp, _data, news = node._answer(req)
         assert news and [s.name for s in resp.snapshots] == ["offsets.json"]
         assert b'"a"' in resp.snapshots[0].content
         req.snapshot_versions["offsets.json"] = resp.snapshots[0].version
         with open(tmp_path / "p" / "schedules.json", "wb") as fh:  # not through atomic_write
             fh.write(b"{}")
         clock.advance(int(shipper.WAIT_TICK_S * 1000) - 1)
-        assert not node._answer(req)[1]  # (not looked at again yet: the count did not move)
+        assert not node._answer(req)[2]  # (not looked at again yet: the count did not move)
         clock.advance(1)
-        resp, news = node._answer(req)
+        resp, _data, news = node._answer(req)
         assert news and [s.name for s in resp.snapshots] == ["schedules.json"]
     finally:
         broker.close()
@@ -351,3 +358,43 @@ def test_a_primary_tracks_a_bounded_number_of_replicas(tmp_path):
         asyncio.run(scenario())
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152])
+def test_an_answer_in_parts_reads_as_the_whole_message(size):
+    """``shipper.wire``: the response serialized, then the commit-log bytes as field 4 by hand
+    (its varint length at every width), reads back as the message with ``commit_bytes`` set;
+    without bytes it is the response itself. ``ReplicationService`` joins the parts for a server
+    that cannot send them (grpcio's)."""
+    import asyncio
+
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.protocol.h2 import Parts
+    from chronoq.replication import shipper
+    from chronoq.replication.service import ReplicationService
+
+    data = bytes(i % 251 for i in range(size))
+    resp = apb.PullResponse(segment_base=7, commit_offset=99, primary_synced=1 << 40, epoch=3, node_id="p",
+                            wall_ms=5, pop_generation=2, pop_bytes=b"pop", pop_generation_now=2)
+    resp.status.code = 20000
+    resp.snapshots.add(name="topics.json", version="v1", content=b"{}")
+    want = apb.PullResponse()
+    want.CopyFrom(resp)
+    want.commit_bytes = data
+    answer = shipper.wire(resp, data)
+    assert (type(answer) is Parts) == bool(data)
+    assert as_sent(answer) == want
+    if data:
+        assert answer.buffers[-1] is data  # the bytes as read, not a copy
+        assert bytes(answer)[:2] == resp.SerializeToString()[:2]  # the Status first (the server's answer code)
+
+    class Node:
+        async def pull(self, req):
+            return shipper.wire(resp, data)
+
+    for takes_parts in (False, True):
+        got = asyncio.run(ReplicationService(Node(), takes_parts=takes_parts).Pull(apb.PullRequest(), None))
+        if takes_parts or not data:
+            assert as_sent(got) == want
+        else:
+            assert type(got) is apb.PullResponse and got == want

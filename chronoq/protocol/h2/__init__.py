@@ -20,8 +20,8 @@ from chronoq.protocol.h2.frames import (ACK, CANCEL, COMPRESSION_ERROR, CONTINUA
                                         parse_goaway, read_frames, rst_stream_frame, unpad, window_increment,
                                         window_update_frame)
 from chronoq.protocol.h2.flow import ConnectionWindows, StreamWindows
-from chronoq.protocol.h2.grpcmsg import (MESSAGE_PREFIX, MessageTooLarge, UnsupportedEncoding, cut_messages, decompress,
-                                         request_head, timeout_s, timeout_text, trailers)
+from chronoq.protocol.h2.grpcmsg import (MESSAGE_PREFIX, MessageTooLarge, Parts, UnsupportedEncoding, cut_messages,
+                                         decompress, request_head, timeout_s, timeout_text, trailers)
 from chronoq.protocol.h2.hpackdec import STATIC_LEN, Decoder, HeaderListTooLarge, HpackError
 from chronoq.protocol.h2.hpackenc import RequestEncoder, encode_integer, literal, literal_block
 from chronoq.protocol.h2.settings import (DEFAULT_MAX_FRAME, DEFAULT_WINDOW, MAX_WINDOW, SETTING, SETTINGS_ACK,

@@ -5,6 +5,7 @@ import cython
 
 
 cpdef bytes frame(Py_ssize_t kind, Py_ssize_t flags, Py_ssize_t stream_id, payload=*)
+cpdef bytes frame_head(Py_ssize_t kind, Py_ssize_t flags, Py_ssize_t stream_id, Py_ssize_t length)
 cpdef bytes headers_frame(Py_ssize_t stream_id, bytes block, bint end_stream)
 
 @cython.locals(pos=Py_ssize_t, n=Py_ssize_t, hi=Py_ssize_t, lo=Py_ssize_t, kind=Py_ssize_t, flags=Py_ssize_t,

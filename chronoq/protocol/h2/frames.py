@@ -57,6 +57,11 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return FRAME_HEAD.pack(n >> 8, n & 0xFF, kind, flags, stream_id) + payload
 
 
+def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
+    """A frame's 9-byte header alone, for a payload sent in pieces after it."""
+    return FRAME_HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id)
+
+
 def headers_frame(stream_id: int, block: bytes, end_stream: bool) -> bytes:
     """A whole header block in one HEADERS frame (the caller's blocks fit one frame)."""
     return frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0), stream_id, block)

@@ -44,6 +44,26 @@ class UnsupportedEncoding(ValueError):
     """A compressed message in an encoding we do not read."""
 
 
+class Parts:
+    """One message given as buffers that follow each other, for an answer whose bulk is a buffer
+    already held (a replica's pull answer: the commit-log bytes as read, ~0.5 MB): the server
+    sends them as they are (``writelines``) instead of joining them into one message, a DATA
+    frame and a pass's output, each a copy. ``bytes(parts)`` is the message whole."""
+
+    __slots__ = ("buffers", "size")
+
+    def __init__(self, *buffers: bytes) -> None:
+        assert buffers and all(type(b) is bytes for b in buffers), "Parts holds bytes"
+        self.buffers = buffers
+        self.size = sum(len(b) for b in buffers)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.buffers)
+
+    def __len__(self) -> int:
+        return self.size
+
+
 def cut_messages(buf: bytearray, limit: int, encoding: str) -> list[bytes]:
     """Cut the complete messages off the front of ``buf`` (decompressed with ``encoding``); an
     incomplete one stays. ``MessageTooLarge`` on a length prefix over ``limit`` (``buf`` is then
