@@ -2,7 +2,123 @@
 # ignores it, and both run the same source). Only the hot walk is typed: ``buf`` as bytes makes
 # ``buf[i]`` a bounds-checked C byte load, the locals 64-bit C integers (a u32 shifted in a
 # 64-bit type cannot overflow).
+#
+# ``_check_run_in_c`` is the compiled build's ``check_run`` (the Python loop in record.py is the
+# pure build's, and the reference tests/unit/test_record.py holds this one to): it reads each
+# record's header as C integers from a pointer into the bytes, computes the CRC-32C over the
+# bytes in place (no slice copied, no Python call a record) and scans the text fields for a
+# non-ASCII byte 8 at a time. The CRC is the CPU's own instruction (SSE4.2's crc32, x86-64),
+# chosen when the module loads; without it (another CPU or compiler) the walk calls
+# google_crc32c on a slice, as the Python loop does.
 import cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcpy
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    /* CRC-32C (Castagnoli; reflected, initial and final value all ones: google_crc32c's) by the
+       SSE4.2 crc32 instruction, 8 bytes a step. The module is compiled for baseline x86-64, so
+       the function alone is compiled for SSE4.2 and is called only when the CPU says it has it. */
+    #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    #include <nmmintrin.h>
+    __attribute__((target("sse4.2")))
+    static uint32_t chronoq_crc32c(const unsigned char *p, size_t n) {
+        uint64_t crc = 0xFFFFFFFFu, word;
+        uint32_t c;
+        for (; n >= 8; p += 8, n -= 8) {
+            memcpy(&word, p, 8);  /* (an unaligned load; x86 is little-endian, as the CRC reads) */
+            crc = _mm_crc32_u64(crc, word);
+        }
+        c = (uint32_t)crc;
+        for (; n; p++, n--)
+            c = _mm_crc32_u8(c, *p);
+        return ~c;
+    }
+    static int chronoq_crc32c_in_cpu(void) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    }
+    #else
+    static uint32_t chronoq_crc32c(const unsigned char *p, size_t n) { (void)p; (void)n; return 0; }
+    static int chronoq_crc32c_in_cpu(void) { return 0; }
+    #endif
+    """
+    uint32_t chronoq_crc32c(const unsigned char* p, size_t n) noexcept nogil
+    int chronoq_crc32c_in_cpu() noexcept nogil
+
+# Field offsets and rules (record.py's layout table and constants).
+DEF HEAD = 60  # HEADER_SIZE
+DEF AT_CRC = 6
+DEF CRC_FROM = 10  # CRC_START
+DEF AT_TLEN = 46
+DEF AT_MLEN = 47
+DEF AT_TAGLEN = 48
+DEF AT_KLEN = 50
+DEF AT_PLEN = 52
+DEF AT_BLEN = 56
+DEF MAGIC_BYTE = 0xC9  # MAGIC
+DEF VERSION_BYTE = 1  # VERSION
+DEF SIZE_MAX = 64 * 1024 * 1024 + 256 * 1024  # RECORD_SIZE_MAX
+
+
+cdef inline uint64_t _le(const unsigned char* b, int n) noexcept nogil:
+    """The little-endian unsigned integer of ``n`` bytes at ``b`` (C compilers make one load of it)."""
+    cdef uint64_t v = 0
+    cdef int i = n - 1
+    while i >= 0:
+        v = (v << 8) | b[i]
+        i -= 1
+    return v
+
+
+cdef inline bint _ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """Whether the ``n`` bytes at ``p`` are all below 0x80: 8 a step (any high bit of a word)."""
+    cdef uint64_t word
+    while n >= 8:
+        memcpy(&word, p, 8)
+        if word & 0x8080808080808080ULL:
+            return False
+        p += 8
+        n -= 8
+    while n > 0:
+        if p[0] & 0x80:
+            return False
+        p += 1
+        n -= 1
+    return True
+
+
+cdef inline Py_ssize_t _check_run_in_c(bytes chunk, Py_ssize_t pos, Py_ssize_t end, bint crc_in_cpu,
+                                       object crc) except -1:
+    """``check_run``'s walk. ``crc_in_cpu``: the CRC by ``chronoq_crc32c`` (record._CRC_IN_CPU),
+    else by ``crc`` (google_crc32c.value, handed in: a .pxd's inline function sees no names of the
+    module's Python scope) on a slice. Every field is read within ``chunk[pos:end]``: a record is
+    read past its header only once its length is known to fit."""
+    cdef const unsigned char* buf = <const unsigned char*>PyBytes_AS_STRING(chunk)
+    cdef const unsigned char* r
+    cdef Py_ssize_t total, text
+    assert 0 <= pos and end <= PyBytes_GET_SIZE(chunk), (pos, end, len(chunk))
+    while end - pos >= HEAD:
+        r = buf + pos
+        total = <Py_ssize_t>_le(r, 4)
+        if r[4] != MAGIC_BYTE or r[5] != VERSION_BYTE or total < HEAD or total > SIZE_MAX or total > end - pos:
+            return pos
+        text = <Py_ssize_t>(r[AT_TLEN] + r[AT_MLEN] + _le(r + AT_TAGLEN, 2) + _le(r + AT_KLEN, 2) + _le(r + AT_PLEN, 4))
+        if not r[AT_TLEN] or not r[AT_MLEN] or HEAD + text + <Py_ssize_t>_le(r + AT_BLEN, 4) != total:
+            return pos
+        if crc_in_cpu:
+            if chronoq_crc32c(r + CRC_FROM, <size_t>(total - CRC_FROM)) != <uint32_t>_le(r + AT_CRC, 4):
+                return pos
+        elif crc(chunk[pos + CRC_FROM:pos + total]) != _le(r + AT_CRC, 4):
+            return pos
+        if not _ascii(r + HEAD, text):
+            return pos
+        pos += total
+    return pos
+
 
 @cython.locals(header=cython.Py_ssize_t, size_max=cython.Py_ssize_t, magic=cython.Py_ssize_t,
                version=cython.Py_ssize_t, total=cython.Py_ssize_t, tlen=cython.Py_ssize_t,

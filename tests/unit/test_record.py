@@ -5,8 +5,12 @@ Hypothesis runs derandomized (a fixed seed derived from each test), so every run
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import random
 import struct
 
+import google_crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -243,3 +247,141 @@ def test_text_that_is_not_utf8_is_rejected_despite_a_good_crc(field):
     rec = record.encode(0, 0, 0, 1, 2, 0, *texts, b"body")
     err = _assert_rejected(rec, torn=False)
     assert "UTF-8" in err.reason
+
+
+# --- The compiled check_run (record.pxd's C walk) held to the source's loop ------------------------
+# Compiled, check_run walks in C: the CRC computed in place (by the CPU's crc32 instruction, or by
+# google_crc32c on a slice where the CPU has none: ``_CRC_IN_CPU`` False), the text scanned 8 bytes a
+# step. Each case below runs both ways and must stop where record.py's own loop stops. (On the pure
+# build both sides are that loop.)
+
+def source_record():
+    """record.py loaded from its source under another name: the pure build's loop, whichever build
+    ``record`` is."""
+    path = os.path.join(os.path.dirname(record.__file__), "record.py")
+    spec = importlib.util.spec_from_file_location("record_from_source", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not module._COMPILED and not module._CRC_IN_CPU
+    return module
+
+
+SOURCE = source_record()
+
+
+@pytest.fixture(params=[True, False], ids=["crc-in-cpu", "crc-by-library"])
+def crc_in_cpu(request, monkeypatch):
+    if request.param and not record._CRC_IN_CPU:
+        pytest.skip("the pure build, or a CPU without SSE4.2: no CRC of record.pxd's own")
+    monkeypatch.setattr(record, "_CRC_IN_CPU", request.param)
+    return request.param
+
+
+def with_crc(rec: bytearray, pos: int = 0) -> bytearray:
+    """``rec``'s record at ``pos`` with its CRC made to match its bytes again (damage the CRC cannot see)."""
+    total = struct.unpack_from("<I", rec, pos)[0]
+    struct.pack_into("<I", rec, pos + 6, google_crc32c.value(bytes(rec[pos + record.CRC_START:pos + total])))
+    return rec
+
+
+def assert_walks_agree(buf: bytes, pos: int, end: int) -> int:
+    want = SOURCE.check_run(buf, pos, end)
+    assert record.check_run(buf, pos, end) == want, (pos, end)
+    return want
+
+
+def hand_laid() -> list[bytes]:
+    """Records of every text shape: lengths 1..9 (the 8-byte scan's tail alone, a word and a tail),
+    empty tag/keys/properties or long ones, bodies of odd lengths (the CRC's byte tail)."""
+    out = []
+    for n in range(1, 10):
+        out.append(record.encode(0, n, n, 1, 2, 0, b"t" * n, b"m" * (10 - n), b"g" * (n % 3), b"", b"", b"b" * n))
+    out.append(record.encode(record.FLAG_CONTINUES, 7, 8, 9, 10, 11, b"orders", b"01ABC", b"red",
+                             record.encode_keys(["k1", "k2"]), record.encode_properties({"a": "b", "c": ""}),
+                             bytes(range(256)) * 4 + b"\x80\xff"))  # (a body's high bytes are not text)
+    out.append(record.encode(0, 0, 0, 0, 0, 0, b"x" * 127, b"y" * 128, b"z" * 300, b"k" * 41, b"p" * 1000, b""))
+    return out
+
+
+@pytest.mark.parametrize("lead", [0, 1, 3, 7])
+def test_compiled_check_run_stops_where_the_source_loop_does(crc_in_cpu, lead):
+    recs = hand_laid()
+    buf = b"\xAA" * lead + b"".join(recs) + b"\0" * 5
+    end = len(buf) - 5
+    assert assert_walks_agree(buf, lead, end) == end
+    assert assert_walks_agree(buf, lead, len(buf)) == end  # (zeros after: too short for a header)
+    starts = [lead + sum(map(len, recs[:i])) for i in range(len(recs) + 1)]
+    for cut in range(lead, end):  # truncated anywhere: stops at the cut record's start
+        stop = assert_walks_agree(buf, lead, cut)
+        assert stop == max(s for s in starts if s <= cut)
+    for k, at in enumerate(starts[:-1]):
+        rec = recs[k]
+        total = len(rec)
+        text = sum(record.HEADER.unpack_from(rec, 0)[10:15])
+        for i in range(record.CRC_START, total):  # a byte changed anywhere the CRC covers: bad CRC
+            bad = bytearray(buf)
+            bad[at + i] ^= 0x5A
+            assert assert_walks_agree(bytes(bad), lead, end) == at
+        for i in range(text):  # a non-ASCII byte at each text position, the CRC made good
+            bad = with_crc(bytearray(buf), at)
+            bad[at + record.HEADER_SIZE + i] |= 0x80
+            assert assert_walks_agree(bytes(with_crc(bad, at)), lead, end) == at
+        if total > record.HEADER_SIZE + text:  # ... in the body instead: the walk goes on
+            bad = bytearray(buf)
+            bad[at + total - 1] = 0xC3
+            assert assert_walks_agree(bytes(with_crc(bad, at)), lead, end) == end
+
+
+def test_compiled_check_run_refuses_bad_headers_as_the_source_loop_does(crc_in_cpu):
+    rec = record.encode(0, 1, 2, 3, 4, 5, b"topic", b"id", b"tag", b"", b"", b"body" * 9)
+    cases = {"magic": (4, "<B", 0xC8), "version": (5, "<B", 2), "short length": (0, "<I", record.HEADER_SIZE - 1),
+             "long length": (0, "<I", record.RECORD_SIZE_MAX + 1), "past the end": (0, "<I", len(rec) + 1),
+             "no topic": (46, "<B", 0), "no id": (47, "<B", 0), "tag too long": (48, "<H", 4),
+             "props too long": (52, "<I", 1), "huge props": (52, "<I", 0xFFFFFFFF), "body short": (56, "<I", 35),
+             "crc": (6, "<I", 0)}
+    for name, (at, fmt, value) in cases.items():
+        bad = bytearray(rec * 2)
+        struct.pack_into(fmt, bad, len(rec) + at, value)  # the second record: the first passes
+        assert assert_walks_agree(bytes(bad), 0, len(bad)) == len(rec), name
+    # An end past the bytes: the C walk's bounds assert (the source loop's reads run off the bytes).
+    with pytest.raises(AssertionError if record._COMPILED else IndexError):
+        record.check_run(rec, 0, len(rec) + 61)
+    with pytest.raises(IndexError):
+        SOURCE.check_run(rec, 0, len(rec) + 61)
+
+
+@FEWER
+@given(st.lists(fields(), min_size=1, max_size=5), st.integers(0, 9), st.data())
+def test_compiled_check_run_agrees_on_random_damaged_chunks(fs, lead, data):
+    recs = [encode(f) for f in fs]
+    buf = bytearray(b"\x55" * lead + b"".join(recs))
+    damage = data.draw(st.sampled_from(["none", "byte", "text", "cut"]), label="damage")
+    k = data.draw(st.integers(0, len(recs) - 1), label="record")
+    at = lead + sum(map(len, recs[:k]))
+    if damage == "byte":
+        buf[data.draw(st.integers(lead, len(buf) - 1), label="at")] ^= data.draw(st.integers(1, 255), label="xor")
+    elif damage == "text":
+        text = sum(record.HEADER.unpack_from(buf, at)[10:15])
+        buf[at + record.HEADER_SIZE + data.draw(st.integers(0, text - 1), label="i")] |= 0x80
+        with_crc(buf, at)
+    end = len(buf) - (data.draw(st.integers(1, len(buf) - lead), label="cut") if damage == "cut" else 0)
+    for crc_in_cpu in {False, record._CRC_IN_CPU}:
+        record._CRC_IN_CPU = crc_in_cpu  # (restored below: hypothesis runs this body many times)
+        try:
+            assert_walks_agree(bytes(buf), lead, end)
+        finally:
+            record._CRC_IN_CPU = SOURCE_CRC_IN_CPU
+
+
+SOURCE_CRC_IN_CPU = record._CRC_IN_CPU
+
+
+def test_the_crc_in_c_is_google_crc32c():
+    rng = random.Random(22)
+    data = bytes(rng.getrandbits(8) for _ in range(5000))
+    for n in [*range(0, 70), 1023, 1024, 1025, 1094, 4096, 4999]:
+        for start in (0, 1, 5):  # (crc32c takes whole bytes objects: slices give other lengths' tails)
+            piece = data[start:start + n]
+            assert record.crc32c(piece) == google_crc32c.value(piece), (start, n)
+    assert record.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value
+    assert record._CRC_IN_CPU or not record._COMPILED or "sse4_2" not in open("/proc/cpuinfo").read()
