@@ -7,7 +7,7 @@
 # pure build's, and the reference tests/unit/test_record.py holds this one to): it reads each
 # record's header as C integers from a pointer into the bytes, computes the CRC-32C over the
 # bytes in place (no slice copied, no Python call a record) and scans the text fields for a
-# non-ASCII byte 8 at a time. The CRC is the CPU's own instruction (SSE4.2's crc32, x86-64),
+# non-ASCII byte 8 at a time (text beyond ASCII is then checked for UTF-8 in C). The CRC is the CPU's own instruction (SSE4.2's crc32, x86-64),
 # chosen when the module loads; without it (another CPU or compiler) the walk calls
 # google_crc32c on a slice, as the Python loop does.
 import cython
@@ -45,9 +45,37 @@ cdef extern from *:
     static uint32_t chronoq_crc32c(const unsigned char *p, size_t n) { (void)p; (void)n; return 0; }
     static int chronoq_crc32c_in_cpu(void) { return 0; }
     #endif
+
+    /* Whether the n bytes at p are well-formed UTF-8 (Unicode's table 3-7: no overlong form, no
+       surrogate, nothing past U+10FFFF), which is what Python's strict decoder accepts. */
+    static int chronoq_utf8(const unsigned char *p, size_t n) {
+        const unsigned char *e = p + n;
+        unsigned char c, lo, hi;
+        while (p < e) {
+            c = *p;
+            if (c < 0x80) { p++; continue; }
+            lo = 0x80; hi = 0xBF;  /* the second byte's range (narrower after E0, ED, F0, F4) */
+            if (c >= 0xC2 && c <= 0xDF) {
+                if (e - p < 2 || p[1] < lo || p[1] > hi) return 0;
+                p += 2;
+            } else if (c >= 0xE0 && c <= 0xEF) {
+                if (c == 0xE0) lo = 0xA0; else if (c == 0xED) hi = 0x9F;
+                if (e - p < 3 || p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80) return 0;
+                p += 3;
+            } else if (c >= 0xF0 && c <= 0xF4) {
+                if (c == 0xF0) lo = 0x90; else if (c == 0xF4) hi = 0x8F;
+                if (e - p < 4 || p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+                p += 4;
+            } else {
+                return 0;
+            }
+        }
+        return 1;
+    }
     """
     uint32_t chronoq_crc32c(const unsigned char* p, size_t n) noexcept nogil
     int chronoq_crc32c_in_cpu() noexcept nogil
+    int chronoq_utf8(const unsigned char* p, size_t n) noexcept nogil
 
 # Field offsets and rules (record.py's layout table and constants).
 DEF HEAD = 60  # HEADER_SIZE
@@ -91,6 +119,21 @@ cdef inline bint _ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     return True
 
 
+cdef inline bint _utf8_fields(const unsigned char* r) noexcept nogil:
+    """Whether the five text fields of the record at ``r`` (lengths checked) are each UTF-8 (field
+    by field, as ``check``: a character may not straddle two fields)."""
+    cdef const unsigned char* t = r + HEAD
+    cdef size_t lengths[5]
+    cdef int i
+    lengths[0], lengths[1] = r[AT_TLEN], r[AT_MLEN]
+    lengths[2], lengths[3], lengths[4] = _le(r + AT_TAGLEN, 2), _le(r + AT_KLEN, 2), _le(r + AT_PLEN, 4)
+    for i in range(5):
+        if not chronoq_utf8(t, lengths[i]):
+            return False
+        t += lengths[i]
+    return True
+
+
 cdef inline Py_ssize_t _check_run_in_c(bytes chunk, Py_ssize_t pos, Py_ssize_t end, bint crc_in_cpu,
                                        object crc) except -1:
     """``check_run``'s walk. ``crc_in_cpu``: the CRC by ``chronoq_crc32c`` (record._CRC_IN_CPU),
@@ -114,7 +157,7 @@ cdef inline Py_ssize_t _check_run_in_c(bytes chunk, Py_ssize_t pos, Py_ssize_t e
                 return pos
         elif crc(chunk[pos + CRC_FROM:pos + total]) != _le(r + AT_CRC, 4):
             return pos
-        if not _ascii(r + HEAD, text):
+        if not _ascii(r + HEAD, text) and not _utf8_fields(r):
             return pos
         pos += total
     return pos
@@ -122,7 +165,8 @@ cdef inline Py_ssize_t _check_run_in_c(bytes chunk, Py_ssize_t pos, Py_ssize_t e
 
 @cython.locals(header=cython.Py_ssize_t, size_max=cython.Py_ssize_t, magic=cython.Py_ssize_t,
                version=cython.Py_ssize_t, total=cython.Py_ssize_t, tlen=cython.Py_ssize_t,
-               mlen=cython.Py_ssize_t, text=cython.Py_ssize_t, p=cython.Py_ssize_t, stop=cython.Py_ssize_t)
+               mlen=cython.Py_ssize_t, taglen=cython.Py_ssize_t, klen=cython.Py_ssize_t, plen=cython.Py_ssize_t,
+               text=cython.Py_ssize_t, p=cython.Py_ssize_t, stop=cython.Py_ssize_t)
 cpdef Py_ssize_t check_run(bytes buf, Py_ssize_t pos, Py_ssize_t end) except -1
 
 @cython.locals(b0=cython.Py_ssize_t, b1=cython.Py_ssize_t, b2=cython.Py_ssize_t, b3=cython.Py_ssize_t)

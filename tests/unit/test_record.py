@@ -82,10 +82,7 @@ def test_round_trip(f):
     assert record.ROUTE.unpack_from(rec, 0) == (
         len(rec), f["flags"], f["queue_id"], f["queue_offset"], f["stored_ms"], f["deliver_at_ms"],
         len(f["topic"].encode()), len(f["message_id"].encode()), len(f["tag"].encode()))
-    # check_run passes a valid record whose text is ASCII and stops at one with other UTF-8 (for check).
-    ascii_text = all(s.isascii() for s in (f["topic"], f["message_id"], f["tag"], *f["keys"], *f["properties"],
-                                         *f["properties"].values()))
-    assert record.check_run(rec, 0, len(rec)) == (len(rec) if ascii_text else 0)
+    assert record.check_run(rec, 0, len(rec)) == len(rec)  # (text beyond ASCII too)
     assert record.span(rec, 0, len(rec)) == len(rec)
 
 
@@ -385,3 +382,55 @@ def test_the_crc_in_c_is_google_crc32c():
             assert record.crc32c(piece) == google_crc32c.value(piece), (start, n)
     assert record.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value
     assert record._CRC_IN_CPU or not record._COMPILED or "sse4_2" not in open("/proc/cpuinfo").read()
+
+
+def utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def assert_text_walk(texts: list[bytes]) -> None:
+    """Records with each of ``texts`` as their tag (a good CRC): the walks pass exactly those whose
+    tag Python decodes, and ``check`` agrees."""
+    for tag in texts:
+        rec = record.encode(0, 0, 0, 0, 0, 0, b"t", b"m", tag, b"k", b"", b"")
+        want = len(rec) if utf8(tag) else 0
+        assert assert_walks_agree(rec, 0, len(rec)) == want, tag
+        if want:
+            assert record.check(rec, 0, len(rec)) == want
+        else:
+            with pytest.raises(record.RecordError, match="UTF-8"):
+                record.check(rec, 0, len(rec))
+
+
+def test_the_walks_check_utf8_as_python_decodes_it(crc_in_cpu):
+    lead = [bytes([a, b]) for a in range(0x80, 0x100) for b in range(0x100)]  # every 2-byte start
+    three = [bytes([a, b, c]) for a in range(0xE0, 0xF0) for b in (0x7F, 0x80, 0x9F, 0xA0, 0xBF, 0xC0)
+             for c in (0x7F, 0x80, 0xBF, 0xC0)]
+    four = [bytes([a, b, c, d]) for a in range(0xF0, 0xF8) for b in (0x7F, 0x80, 0x8F, 0x90, 0xBF, 0xC0)
+            for c in (0x80, 0xC0) for d in (0x7F, 0x80, 0xBF)]
+    edges = ["é", "€", "😀", "\U0010FFFF", "\uD7FF", "\uE000"]
+    assert_text_walk(lead + three + four + [b"ab" + e.encode() + b"cd" for e in edges]
+                     + [e.encode()[:-1] for e in edges] + [b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\x80"])
+
+
+def test_a_character_may_not_straddle_two_fields(crc_in_cpu):
+    rec = record.encode(0, 0, 0, 0, 0, 0, b"t", b"m", b"caf\xc3", b"\xa9", b"", b"")  # "café" cut in two
+    assert assert_walks_agree(rec, 0, len(rec)) == 0
+    rec = record.encode(0, 0, 0, 0, 0, 0, b"t", b"m", b"caf\xc3\xa9", b"", b"", b"")
+    assert assert_walks_agree(rec, 0, len(rec)) == len(rec)
+
+
+@FEWER
+@given(st.lists(st.one_of(st.binary(min_size=1, max_size=12), st.text(min_size=1, max_size=6).map(str.encode)),
+                min_size=1, max_size=20))
+def test_the_walks_check_random_text_as_python_decodes_it(texts):
+    for crc_in_cpu in {False, record._CRC_IN_CPU}:
+        record._CRC_IN_CPU = crc_in_cpu
+        try:
+            assert_text_walk(texts)
+        finally:
+            record._CRC_IN_CPU = SOURCE_CRC_IN_CPU
