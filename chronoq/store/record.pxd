@@ -15,6 +15,10 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
+# Field offsets and rules (record.py's layout table and constants), shared with routing.pxd.
+from chronoq.store.recordlayout cimport (AT_BLEN, AT_CRC, AT_KLEN, AT_MLEN, AT_PLEN, AT_TAGLEN, AT_TLEN, CRC_FROM, HEAD,
+                                         MAGIC_BYTE, SIZE_MAX, VERSION_BYTE, _le)
+
 cdef extern from *:
     """
     #include <stdint.h>
@@ -76,31 +80,6 @@ cdef extern from *:
     uint32_t chronoq_crc32c(const unsigned char* p, size_t n) noexcept nogil
     int chronoq_crc32c_in_cpu() noexcept nogil
     int chronoq_utf8(const unsigned char* p, size_t n) noexcept nogil
-
-# Field offsets and rules (record.py's layout table and constants).
-DEF HEAD = 60  # HEADER_SIZE
-DEF AT_CRC = 6
-DEF CRC_FROM = 10  # CRC_START
-DEF AT_TLEN = 46
-DEF AT_MLEN = 47
-DEF AT_TAGLEN = 48
-DEF AT_KLEN = 50
-DEF AT_PLEN = 52
-DEF AT_BLEN = 56
-DEF MAGIC_BYTE = 0xC9  # MAGIC
-DEF VERSION_BYTE = 1  # VERSION
-DEF SIZE_MAX = 64 * 1024 * 1024 + 256 * 1024  # RECORD_SIZE_MAX
-
-
-cdef inline uint64_t _le(const unsigned char* b, int n) noexcept nogil:
-    """The little-endian unsigned integer of ``n`` bytes at ``b`` (C compilers make one load of it)."""
-    cdef uint64_t v = 0
-    cdef int i = n - 1
-    while i >= 0:
-        v = (v << 8) | b[i]
-        i -= 1
-    return v
-
 
 cdef inline bint _ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
     """Whether the ``n`` bytes at ``p`` are all below 0x80: 8 a step (any high bit of a word)."""

@@ -12,28 +12,11 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcmp
 
 # Field offsets in a record (record.py's layout table; record.ROUTE's unpacking reads the same).
-DEF AT_FLAGS = 10
-DEF AT_QID = 12
-DEF AT_QOFF = 14
-DEF AT_STORED = 30
-DEF AT_DELIVER = 38
-DEF AT_TLEN = 46
-DEF AT_MLEN = 47
-DEF AT_TAGLEN = 48
-DEF HEAD = 60  # record.HEADER_SIZE
-DEF DELAYED = 1  # record.FLAG_DELAYED
+from chronoq.store.recordlayout cimport (AT_DELIVER, AT_FLAGS, AT_MLEN, AT_QID, AT_QOFF, AT_STORED, AT_TAGLEN, AT_TLEN,
+                                         DELAYED, HEAD, _le)
+
 DEF ENTRY_BYTES = 24  # consumequeue.ENTRY_SIZE: "<QIIq"
 DEF SLOTS = 64  # runs remembered by queue id (a power of two: a mask picks the slot)
-
-
-cdef inline uint64_t _le(const unsigned char* b, int n) noexcept nogil:
-    """The little-endian unsigned integer of ``n`` bytes at ``b`` (C compilers make one load of it)."""
-    cdef uint64_t v = 0
-    cdef int i = n - 1
-    while i >= 0:
-        v = (v << 8) | b[i]
-        i -= 1
-    return v
 
 
 cdef inline void _put_le(unsigned char* b, uint64_t v, int n) noexcept nogil:
