@@ -7,6 +7,7 @@ import struct
 
 import grpc
 
+from chronoq.protocol.h2 import Parts
 from chronoq.server import h2grpc
 
 SERVICE = "test.Echo"  # bytes in, bytes out: no protobuf needed to test the transport
@@ -46,6 +47,9 @@ class Echo:
         if request == b"gate":
             await self._until_cancelled(self.gate)
             return b"passed"
+        if request.startswith(b"parts "):  # an answer given in parts (chronoq.protocol.h2.Parts)
+            size = int(request[6:])
+            return Parts(b"head", (bytes(range(256)) * (size // 256 + 1))[:size])
         if request == b"code":
             context.set_code(grpc.StatusCode.NOT_FOUND)
             context.set_details("set by hand")

@@ -218,3 +218,17 @@ def test_held_unary_requests_stop_the_connection_window_until_taken(monkeypatch)
         assert answered == {1, 3, 5, 7, 9, 11}
 
     run(go)
+
+
+def test_an_answer_in_parts_arrives_whole_within_the_windows_or_waiting_for_them():
+    """A unary answer given as ``Parts`` (a replica's pull answer is one) leaves as its buffers in
+    one write when it fits the peer's frame size and windows (``Answers._write_parts``), else
+    joined and cut into frames as the windows open; grpcio's client reads the message whole."""
+    async def go(endpoint, echo, gate):
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            unary = ch.unary_unary(f"/{SERVICE}/Unary")
+            for size in (0, 1, 10_000, 40_000, 3_000_000):  # (grpcio's frames: 16 KiB; its window: 64 KiB at first)
+                want = b"head" + (bytes(range(256)) * (size // 256 + 1))[:size]
+                assert await unary(b"parts %d" % size, timeout=20) == want
+
+    run(go)
