@@ -118,6 +118,7 @@ def test_read_frames_reads_hyperframe_frames_however_the_bytes_arrive(specs, cut
         del buf[:used]
     assert not buf
     assert got == [_as_ours(f) for f in theirs]
+    assert all(type(payload) is bytes for *_, payload in got)  # (cut from the bytearray: bytes all the same)
     for (kind, flags, sid, payload), frame in zip(got, theirs):  # the payload pieces, as hyperframe reads them
         if kind == h2.DATA:
             assert (h2.unpad(payload) if flags & h2.PADDED else payload) == frame.data

@@ -31,6 +31,7 @@ NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
 FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 6, 7, 8, 9
 ENHANCE_YOUR_CALM = 11
 
+_COMPILED = not __file__.endswith(".py")
 FRAME_HEAD = struct.Struct(">HBBBI")   # length hi 16, length lo 8, type, flags, stream id
 FRAME_HEAD_SIZE = 9
 U32 = struct.Struct(">I")
@@ -115,7 +116,9 @@ def read_frames(buf, max_length: int, handle) -> tuple[int, int]:
             return pos, length
         if n - pos - 9 < length:
             break
-        payload = bytes(buf[pos + 9:pos + 9 + length])
+        # (compiled, a bytearray's payload is copied once, straight into bytes: frames.pxd's
+        # ``_payload``; a slice of it is a bytearray that bytes() copies again)
+        payload = _payload(buf, pos + 9, length) if _COMPILED else bytes(buf[pos + 9:pos + 9 + length])  # noqa: F821
         pos += 9 + length
         if handle(kind, flags, stream_id & STREAM_ID_MASK, payload):
             break
