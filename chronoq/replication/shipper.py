@@ -61,6 +61,7 @@ import google_crc32c
 from chronoq.core import errors, fsutil
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.protocol.h2 import Parts
+from chronoq.protocol.rocketmq import fields
 from chronoq.protocol.rocketmq import status as codes
 from chronoq.replication import divergence, position
 
@@ -71,7 +72,7 @@ WAIT_TICK_S = 0.05
 MAX_BYTES_DEFAULT = 4 << 20
 MAX_BYTES_LIMIT = 64 << 20
 # PullResponse.commit_bytes: field 4, length-delimited (wire type 2); ``wire`` writes it by hand.
-_COMMIT_BYTES_TAG = bytes([4 << 3 | 2])
+_COMMIT_BYTES_KEY = fields.key(4, 2)
 assert apb.PullResponse.DESCRIPTOR.fields_by_name["commit_bytes"].number == 4
 WRITTEN_SAMPLES = 20  # samples of the written end per sync bound (``PrimaryNode.in_sync``)
 REPLICA_FORGET_MS = 600_000  # a replica that has not pulled for this long leaves status and metrics
@@ -443,16 +444,7 @@ def wire(resp: apb.PullResponse, data: bytes) -> apb.PullResponse | Parts:
     3% of a primary's loop under sync load, ~0.5 MB an answer). No bytes: the response itself."""
     if not data:
         return resp
-    return Parts(resp.SerializeToString() + _COMMIT_BYTES_TAG + _varint(len(data)), data)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return Parts(resp.SerializeToString() + _COMMIT_BYTES_KEY + fields.varint(len(data)), data)
 
 
 def _ok() -> apb.Status:
