@@ -13,8 +13,12 @@ appends each request to a file and answers it in one of three ways:
           fsyncs and reports without the GIL), through its pipes and ``loop.add_reader``
   pause   no fsync: the request waits on a 1 ms timer, then is answered (``--pause-ms``)
 
-For each: the request's round trip (p50, p99, from a client in another process) and the server's
-CPU per request (user + system, all threads). The difference between ``inline`` and ``none`` is
+For each: the request's round trip (p50, p99, from a client in another process), the rate
+(requests a second, all clients) and the server's CPU per request (user + system, all threads).
+``--clients 2`` runs two such clients at once, each one request at a time: the shape of
+``bench/send_receive.py --phase f``'s producers (issue 24), with no broker at all. ``inline`` is
+then a single-threaded server that fsyncs every write before it answers (beanstalkd's way with
+``-f 0``): its rate is what such a design gets from this disk and this machine today. The difference between ``inline`` and ``none`` is
 what the fsync itself costs this process in kernel time; ``thread`` adds the hand-off. Issue 21
 asks chronoq's ``sync`` send to cost at most 1.2x the CPU of its ``async`` one: this bench shows
 how much of that budget the fsync alone takes on a given disk. ``pause`` shows what any wait in the
@@ -26,12 +30,14 @@ Prints one JSON object per line: {"metric", "value", "unit", ...context}. Bounde
 
     .venv/bin/python bench/fsync_floor.py                  # 3000 requests per way, 3 rounds
     .venv/bin/python bench/fsync_floor.py --requests 1000 --rounds 1
+    .venv/bin/python bench/fsync_floor.py --clients 2 --ways none,inline,fsyncer
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import multiprocessing as mp
 import os
@@ -46,6 +52,7 @@ import uvloop
 
 from chronoq.store.fsyncer import Fsyncer
 
+WAYS = ("none", "inline", "thread", "fsyncer", "pause")
 ANSWER = b"ok......"
 REQUEST_BYTES = 1024
 
@@ -64,14 +71,15 @@ def _client(port: int, count: int, go, out) -> None:
         times.append(time.perf_counter() - start)
     sock.close()
     times.sort()
-    out.put((times[len(times) // 2] * 1e3, times[int(len(times) * 0.99)] * 1e3))
+    out.put(times)
 
 
-async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
+async def _serve(way: str, count: int, data_dir: str, pause_s: float, clients: int) -> dict:
     fd = os.open(os.path.join(data_dir, f"log-{way}"), os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     loop = asyncio.get_running_loop()
-    bell, waiting, end = threading.Lock(), [], [0]
-    bell.acquire()
+    # One bell ring per waiting request for the Python flusher (a semaphore: several clients may
+    # ring before it wakes); reports come back in the order the requests rang.
+    bell, waiting, end = threading.Semaphore(0), collections.deque(), [0]
     stop = False
 
     def flusher() -> None:
@@ -83,7 +91,7 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
             loop.call_soon_threadsafe(done)
 
     def done() -> None:
-        waiting.pop().set_result(None)
+        waiting.popleft().set_result(None)
 
     thread = threading.Thread(target=flusher, daemon=True)
     thread.start()
@@ -92,7 +100,7 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
 
     def reported() -> None:
         for _report in fsyncer.take():
-            waiting.pop().set_result(None)
+            waiting.popleft().set_result(None)
 
     loop.add_reader(fsyncer.reports, reported)
 
@@ -124,15 +132,17 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
     port = server.sockets[0].getsockname()[1]
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=_client, args=(port, count, go, out))
-    proc.start()
-    await asyncio.sleep(0.5)  # the client's interpreter start-up is not timed
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    procs = [ctx.Process(target=_client, args=(port, count, go, out)) for _ in range(clients)]
+    for proc in procs:
+        proc.start()
+    await asyncio.sleep(0.5 * clients)  # the clients' interpreter start-up is not timed
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     go.set()
-    while proc.is_alive():
-        await asyncio.sleep(0.02)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    p50, p99 = out.get()
+    while any(proc.is_alive() for proc in procs):
+        await asyncio.sleep(0.005)
+    elapsed, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    times = sorted(t for _ in procs for t in out.get())
+    p50, p99 = times[len(times) // 2] * 1e3, times[int(len(times) * 0.99)] * 1e3
     server.close()
     stop = True
     bell.release()
@@ -141,27 +151,37 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float) -> dict:
     fsyncer.close()
     os.close(fd)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    system = after.ru_stime - before.ru_stime
-    return {"p50_ms": p50, "p99_ms": p99, "cpu_us": cpu / count * 1e6, "sys_us": system / count * 1e6}
+    system, total = after.ru_stime - before.ru_stime, count * clients
+    return {"p50_ms": p50, "p99_ms": p99, "rate_per_s": total / elapsed, "cpu_us": cpu / total * 1e6,
+            "sys_us": system / total * 1e6}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=1, help="client processes at once, each one request at a time")
+    ap.add_argument("--ways", default=",".join(WAYS), help=f"which of {','.join(WAYS)}, comma-separated")
     ap.add_argument("--dir", default=None, help="where the log files go (default: a temp dir here)")
     ap.add_argument("--pause-ms", type=float, default=1.0,
                     help="(pause): the wait, about one fsync here (the loop's timers count whole ms)")
     args = ap.parse_args()
+    ways = [w for w in args.ways.split(",") if w]
+    unknown = sorted(set(ways) - set(WAYS))
+    if unknown or args.clients < 1:
+        ap.error(f"unknown ways {unknown}" if unknown else "--clients must be at least 1")
     data_dir = tempfile.mkdtemp(prefix="fsync-floor-", dir=args.dir or os.getcwd())
     try:
         for round_no in range(args.rounds):
-            for way in ("none", "inline", "thread", "fsyncer", "pause"):
-                f = uvloop.run(_serve(way, args.requests, data_dir, args.pause_ms / 1000))
-                for metric, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("cpu_us", "us"), ("sys_us", "us")):
-                    print(json.dumps({"metric": f"fsync_floor_{way}_{metric[:-3]}",
+            for way in ways:
+                f = uvloop.run(_serve(way, args.requests, data_dir, args.pause_ms / 1000, args.clients))
+                for metric, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("rate_per_s", "requests/s"),
+                                     ("cpu_us", "us"), ("sys_us", "us")):
+                    name = metric.rsplit("_", 1)[0] if metric != "rate_per_s" else "rate"
+                    print(json.dumps({"metric": f"fsync_floor_{way}_{name}",
                                       "value": round(f[metric], 3), "unit": unit, "way": way, "round": round_no,
-                                      "requests": args.requests, "per": "request"}), flush=True)
+                                      "requests": args.requests, "clients": args.clients, "per": "request"}),
+                          flush=True)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 
