@@ -18,7 +18,8 @@ For each: the request's round trip (p50, p99, from a client in another process),
 ``--clients 2`` runs two such clients at once, each one request at a time: the shape of
 ``bench/send_receive.py --phase f``'s producers (issue 24), with no broker at all. ``inline`` is
 then a single-threaded server that fsyncs every write before it answers (beanstalkd's way with
-``-f 0``): its rate is what such a design gets from this disk and this machine today. The difference between ``inline`` and ``none`` is
+``-f 0``): its rate is what such a design gets from this disk and this machine today. The log's
+space is fallocated before the run (since 2026-11-28; figures before that grew the file per write). The difference between ``inline`` and ``none`` is
 what the fsync itself costs this process in kernel time; ``thread`` adds the hand-off. Issue 21
 asks chronoq's ``sync`` send to cost at most 1.2x the CPU of its ``async`` one: this bench shows
 how much of that budget the fsync alone takes on a given disk. ``pause`` shows what any wait in the
@@ -76,6 +77,10 @@ def _client(port: int, count: int, go, out) -> None:
 
 async def _serve(way: str, count: int, data_dir: str, pause_s: float, clients: int) -> dict:
     fd = os.open(os.path.join(data_dir, f"log-{way}"), os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    # The whole run's space made first, as the commit log makes its own (fallocate, 32 MiB ahead): a
+    # file grown by each write costs each fsync a metadata update too (~300 against ~190 us here).
+    os.posix_fallocate(fd, 0, count * clients * REQUEST_BYTES)
+    os.fsync(fd)
     loop = asyncio.get_running_loop()
     # One bell ring per waiting request for the Python flusher (a semaphore: several clients may
     # ring before it wakes); reports come back in the order the requests rang.
