@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli import (audit, cluster, dlq, groups, message, placement, schedule, send_receive, serve, stats, timers,
-                         topics)
+from chronoq.cli import (audit, cluster, dlq, groups, message, placement, render, schedule, send_receive, serve, stats,
+                         timers, topics)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="chronoq")
 def main() -> None:
     """chronoq: a durable broker for delayed and scheduled messages."""
+    render.whole_writes()
 
 
 for command in (serve.serve, topics.topic, groups.group, send_receive.send, send_receive.receive, timers.timers,

@@ -4,6 +4,7 @@ people, a progress bar for long work shown only on a terminal, and the time and 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import sys
 
@@ -19,6 +20,21 @@ def plural(n: int, word: str, words: str | None = None) -> str:
     """``1 message``, ``2 messages``, ``12,345 messages``; ``words`` for an irregular plural.
     (People read these; ``--json`` keeps the raw numbers.)"""
     return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
+def whole_writes() -> None:
+    """Make every write to stdout and stderr whole. Under ``PYTHONUNBUFFERED=1`` (or ``python -u``,
+    common in container images) the text streams sit right on the file descriptors, and Python's
+    text layer drops what a short write left over: a terminal read slowly takes part of a large
+    write, and the rest of a ``--json`` answer was lost while the command still exited 0. A
+    buffered layer in between writes the rest; flushed at each line, the output stays as prompt."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        raw = getattr(stream, "buffer", None)
+        if isinstance(raw, io.RawIOBase):  # (a BufferedWriter already finishes short writes)
+            # The old wrapper stays referenced (sys.__stdout__/__stderr__), so it never closes the descriptor.
+            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding,
+                                                errors=stream.errors, line_buffering=True))
 
 
 def print_json(value) -> None:

@@ -18,17 +18,22 @@ from .test_cli import make_cli, unique
 PTY_TIMEOUT_S = 60
 
 
-def run_on_terminal(endpoint: str, *args: str) -> tuple[int, str]:
-    """``python -m chronoq ARGS`` with stdout and stderr on a pseudo-terminal: (exit, output)."""
+def run_on_terminal(endpoint: str, *args: str, slow_reader: bool = False, **env_extra: str) -> tuple[int, str]:
+    """``python -m chronoq ARGS`` with stdout and stderr on a pseudo-terminal: (exit, output).
+    ``slow_reader``: nothing is read until the command has begun to write and a second more has
+    passed, so a large write fills the terminal and the kernel takes only part of it at first."""
     master, slave = os.openpty()
     env = dict(os.environ, TERM="xterm", COLUMNS="120", CHRONOQ_ENDPOINT=endpoint,
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
     proc = subprocess.Popen([sys.executable, "-m", "chronoq", *args], cwd=ROOT, env=env,
                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
     os.close(slave)
     out = b""
     deadline = time.monotonic() + PTY_TIMEOUT_S
     exited = False
+    if slow_reader:
+        select.select([master], [], [], PTY_TIMEOUT_S)
+        time.sleep(1.0)
     try:
         while time.monotonic() < deadline:
             # Once the child has exited, drain what it wrote without waiting: its last output may
@@ -74,3 +79,14 @@ def test_bulk_send_and_receive_show_a_bar_on_a_terminal_only(chronoq_endpoint):
                                 "--json")
     assert code == 0 and "sending to" not in out
     assert json.loads(out)["sent"] == 300
+
+
+def test_a_json_answer_reaches_a_slow_terminal_whole(chronoq_endpoint):
+    """Under PYTHONUNBUFFERED=1 the text stream wrote straight to the descriptor and dropped what a
+    short write left: a terminal read late got ~15-20 KB of a 48 KB answer, and the command exited 0."""
+    topic = unique("slowtty")
+    code, out = run_on_terminal(chronoq_endpoint, "send", topic, "z", "--count", "300", "--batch-size", "100",
+                                "--json", slow_reader=True, PYTHONUNBUFFERED="1")
+    assert code == 0, out[-500:]
+    answer = json.loads(out)
+    assert answer["sent"] == 300 and len(answer["messages"]) == 300
