@@ -19,8 +19,8 @@ For each: the request's round trip (p50, p99, from a client in another process),
 ``bench/send_receive.py --phase f``'s producers (issue 24), with no broker at all. ``inline`` is
 then a single-threaded server that fsyncs every write before it answers (beanstalkd's way with
 ``-f 0``): its rate is what such a design gets from this disk and this machine today. The log's
-space is fallocated before the run (since 2026-11-28; figures before that grew the file per write). The difference between ``inline`` and ``none`` is
-what the fsync itself costs this process in kernel time; ``thread`` adds the hand-off. Issue 21
+space is fallocated before the run (since 2026-11-28; figures before that grew the file per
+write). The difference between ``inline`` and ``none`` is what the fsync itself costs this process in kernel time; ``thread`` adds the hand-off. Issue 21
 asks chronoq's ``sync`` send to cost at most 1.2x the CPU of its ``async`` one: this bench shows
 how much of that budget the fsync alone takes on a given disk. ``pause`` shows what any wait in the
 middle of a request costs this process with no disk at all: the loop thread sleeps and is woken, and
@@ -42,6 +42,7 @@ import collections
 import json
 import multiprocessing as mp
 import os
+import queue
 import resource
 import shutil
 import socket
@@ -143,10 +144,17 @@ async def _serve(way: str, count: int, data_dir: str, pause_s: float, clients: i
     await asyncio.sleep(0.5 * clients)  # the clients' interpreter start-up is not timed
     before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     go.set()
-    while any(proc.is_alive() for proc in procs):
-        await asyncio.sleep(0.005)
+    # Each client's times are taken as they come: a client cannot exit before its queue is read.
+    runs = []
+    while len(runs) < clients:
+        try:
+            runs.append(out.get_nowait())
+        except queue.Empty:
+            await asyncio.sleep(0.005)
     elapsed, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
-    times = sorted(t for _ in procs for t in out.get())
+    for proc in procs:
+        proc.join(10)
+    times = sorted(t for run in runs for t in run)
     p50, p99 = times[len(times) // 2] * 1e3, times[int(len(times) * 0.99)] * 1e3
     server.close()
     stop = True
@@ -180,11 +188,11 @@ def main() -> None:
         for round_no in range(args.rounds):
             for way in ways:
                 f = uvloop.run(_serve(way, args.requests, data_dir, args.pause_ms / 1000, args.clients))
-                for metric, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("rate_per_s", "requests/s"),
-                                     ("cpu_us", "us"), ("sys_us", "us")):
-                    name = metric.rsplit("_", 1)[0] if metric != "rate_per_s" else "rate"
+                for key, name, unit in (("p50_ms", "p50", "ms"), ("p99_ms", "p99", "ms"),
+                                        ("rate_per_s", "rate", "requests/s"), ("cpu_us", "cpu", "us"),
+                                        ("sys_us", "sys", "us")):
                     print(json.dumps({"metric": f"fsync_floor_{way}_{name}",
-                                      "value": round(f[metric], 3), "unit": unit, "way": way, "round": round_no,
+                                      "value": round(f[key], 3), "unit": unit, "way": way, "round": round_no,
                                       "requests": args.requests, "clients": args.clients, "per": "request"}),
                           flush=True)
     finally:
