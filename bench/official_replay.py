@@ -205,6 +205,20 @@ async def _lone_sends(endpoint: str, proxy: _Proxy, messages: int) -> None:
             await client.send_batch([OutgoingMessage(TOPIC, body, deliver_at_ms=base_ms + int(i * step))])
 
 
+def _warn_if_lone_recording_is_due(path: str) -> None:
+    """A ``--lone`` recording holds absolute delivery times, the earliest ``LONE_DUE_IN_MS`` after
+    it was made: replayed later, its messages are due at once and take the plain path, not the
+    timer's (2026-11-28: 520k instructions a send against 487k for a fresh recording). Say so."""
+    age_ms = (time.time() - os.path.getmtime(path)) * 1000
+    if age_ms < LONE_DUE_IN_MS:
+        return
+    with open(path, "rb") as fh:
+        if any(phase == "lone_send" for _, phase, _ in pickle.load(fh)):
+            print(f"official_replay: {path} is {age_ms / 3_600_000:.1f} h old: its delayed messages are "
+                  "due now and no longer take the timer's path; record it again (--lone --keep)",
+                  file=sys.stderr)
+
+
 # ---------------------------------------------------------------------------------- replaying
 MAX_IN_FLIGHT = 200  # calls in flight per connection: below the server's 250-stream limit
 
@@ -434,6 +448,8 @@ def main() -> None:
     ap.add_argument("--lone", action="store_true",
                     help="record chronoq's client sending one delayed message per call instead (module docstring)")
     args = ap.parse_args()
+    if args.recording:
+        _warn_if_lone_recording_is_due(args.recording)
     if args.callgrind:
         recording = args.recording
         if recording is None:  # record once, into the kept file or a temporary one
