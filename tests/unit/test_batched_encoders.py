@@ -3,6 +3,7 @@ store hands dispatched delayed records to the timer without calling it (issue 21
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from storekit import open_store
@@ -17,19 +18,32 @@ NOW = 1_700_000_000_000
 _ASCII_ID = st.binary(min_size=1, max_size=128).map(lambda b: bytes(0x21 + x % 94 for x in b))
 _TOPIC = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x2FF), min_size=1, max_size=60)
 _I64 = st.integers(-(2**63), 2**63 - 1)
+_GROUP = st.one_of(st.just(""), st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40))
 
 
 @settings(derandomize=True, database=None, deadline=None, max_examples=300)
 @given(st.sampled_from([handle.TIMER, handle.IMMEDIATE]),
-       st.lists(st.tuples(_I64, _I64, _TOPIC, _ASCII_ID, st.booleans()), max_size=30))
-def test_handles_of_a_batch_are_the_handles_one_at_a_time(kind, rows):
-    """encode_many (the delayed send path) == encode per message, for any position, due time,
-    topic (non-ASCII too) and id (bytes or str), whatever base64 padding each needs."""
+       st.lists(st.tuples(_I64, _I64, _TOPIC, _ASCII_ID, st.booleans()), max_size=30), _GROUP)
+def test_handles_of_a_batch_are_the_handles_one_at_a_time(kind, rows, group):
+    """encode_many (the delayed send path; compiled, handle.pxd's C loop) == encode per message
+    (struct, binascii and google_crc32c), for any position, due time, topic (non-ASCII too), id
+    (bytes or str) and minting group, whatever base64 padding each needs."""
     ids = [mid if as_bytes else mid.decode() for _p, _d, _t, mid, as_bytes in rows]
-    got = handle.encode_many(kind, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], ids)
-    assert got == [handle.encode(kind, 0, p, d, t, mid.decode()) for p, d, t, mid, _b in rows]
+    got = handle.encode_many(kind, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], ids, group)
+    assert got == [handle.encode(kind, 0, p, d, t, mid.decode(), group) for p, d, t, mid, _b in rows]
     for text, (p, d, t, mid, _b) in zip(got, rows):
-        assert handle.decode(text) == handle.RecallHandle(kind, 0, p, d, t, mid.decode())
+        assert handle.decode(text) == handle.RecallHandle(kind, 0, p, d, t, mid.decode(), group)
+
+
+def test_handles_at_the_field_bounds():
+    """255-byte topic, id and group (the longest a length byte holds): the C loop's buffers hold
+    them; 256 is refused as ``encode`` refuses it."""
+    topic, mid, group = "t" * 253 + "é", b"i" * 255, "g" * 255  # 255 bytes each (é is two)
+    got = handle.encode_many(handle.TIMER, [2**63 - 1], [-(2**63)], [topic], [mid], group)
+    assert got == [handle.encode(handle.TIMER, 0, 2**63 - 1, -(2**63), topic, mid.decode(), group)]
+    for bad in ((["t" * 256], [mid]), ([topic], [b"i" * 256])):
+        with pytest.raises(AssertionError):
+            handle.encode_many(handle.TIMER, [1], [1], *bad)
 
 
 _PREPARED = st.builds(
