@@ -11,13 +11,14 @@
 # chosen when the module loads; without it (another CPU or compiler) the walk calls
 # google_crc32c on a slice, as the Python loop does.
 import cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.stdint cimport uint32_t, uint64_t
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 # Field offsets and rules (record.py's layout table and constants), shared with routing.pxd.
-from chronoq.store.recordlayout cimport (AT_BLEN, AT_CRC, AT_KLEN, AT_MLEN, AT_PLEN, AT_TAGLEN, AT_TLEN, CRC_FROM, HEAD,
-                                         MAGIC_BYTE, SIZE_MAX, VERSION_BYTE, _le)
+from chronoq.store.recordlayout cimport (AT_BLEN, AT_BORN, AT_CRC, AT_DELIVER, AT_FLAGS, AT_KLEN, AT_MLEN, AT_PLEN,
+                                         AT_QID, AT_QOFF, AT_STORED, AT_TAGLEN, AT_TLEN, CRC_FROM, HEAD, MAGIC_BYTE,
+                                         SIZE_MAX, VERSION_BYTE, _le)
 
 cdef extern from *:
     """
@@ -28,9 +29,11 @@ cdef extern from *:
        the function alone is compiled for SSE4.2 and is called only when the CPU says it has it. */
     #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     #include <nmmintrin.h>
+    /* chronoq_crc32c_extend(crc, p, n): the CRC of what ``crc`` was the CRC of, followed by the n
+       bytes at p (google_crc32c.extend); chronoq_crc32c(p, n) = chronoq_crc32c_extend(0, p, n). */
     __attribute__((target("sse4.2")))
-    static uint32_t chronoq_crc32c(const unsigned char *p, size_t n) {
-        uint64_t crc = 0xFFFFFFFFu, word;
+    static uint32_t chronoq_crc32c_extend(uint32_t prior, const unsigned char *p, size_t n) {
+        uint64_t crc = ~prior, word;
         uint32_t c;
         for (; n >= 8; p += 8, n -= 8) {
             memcpy(&word, p, 8);  /* (an unaligned load; x86 is little-endian, as the CRC reads) */
@@ -41,11 +44,13 @@ cdef extern from *:
             c = _mm_crc32_u8(c, *p);
         return ~c;
     }
+    static uint32_t chronoq_crc32c(const unsigned char *p, size_t n) { return chronoq_crc32c_extend(0, p, n); }
     static int chronoq_crc32c_in_cpu(void) {
         __builtin_cpu_init();
         return __builtin_cpu_supports("sse4.2") ? 1 : 0;
     }
     #else
+    static uint32_t chronoq_crc32c_extend(uint32_t prior, const unsigned char *p, size_t n) { (void)p; (void)n; return prior; }
     static uint32_t chronoq_crc32c(const unsigned char *p, size_t n) { (void)p; (void)n; return 0; }
     static int chronoq_crc32c_in_cpu(void) { return 0; }
     #endif
@@ -78,6 +83,7 @@ cdef extern from *:
     }
     """
     uint32_t chronoq_crc32c(const unsigned char* p, size_t n) noexcept nogil
+    uint32_t chronoq_crc32c_extend(uint32_t prior, const unsigned char* p, size_t n) noexcept nogil
     int chronoq_crc32c_in_cpu() noexcept nogil
     int chronoq_utf8(const unsigned char* p, size_t n) noexcept nogil
 
@@ -156,3 +162,88 @@ cdef Py_ssize_t _u16(bytes buf, Py_ssize_t p) except -1
 
 @cython.locals(header=cython.Py_ssize_t, total=cython.Py_ssize_t)
 cpdef Py_ssize_t span(bytes buf, Py_ssize_t pos, Py_ssize_t end) except -1
+
+
+cdef inline void _put(unsigned char* p, uint64_t v, int n) noexcept nogil:
+    """``v``'s low ``n`` bytes at ``p``, little-endian (C compilers make one store of it)."""
+    cdef int i
+    for i in range(n):
+        p[i] = <unsigned char>(v >> (8 * i))
+
+
+cdef inline bytes _as_bytes(object field):
+    return field if type(field) is bytes else bytes(field)
+
+
+cdef inline list _encode_batch_in_c(list out, flags, queue_ids, queue_offsets, borns, stamps, dues, topics, msgids,
+                                    tags, keys, props, bodies, bint crc_in_cpu, object crc, object extend):
+    """``encode_batch``'s loop, with its pieces (a record's 10-byte prefix, the rest of its header
+    with its text fields, its body, not copied: ``StoreWriter.write_columns`` takes the middle ones
+    apart for the timer), each header laid out in C and the CRC computed over it and the body in
+    place (``crc_in_cpu``: by ``chronoq_crc32c``, else by ``crc`` and ``extend``, google_crc32c's,
+    on the header). The integers are converted to C types where ``struct`` would pack them
+    (OverflowError where it raises struct.error); text fields and bodies that are other buffers
+    than bytes are copied to bytes first; a field longer than its length field holds is a
+    ValueError, as a record over RECORD_SIZE_MAX is."""
+    cdef list sizes = []
+    cdef bytes head, prefix
+    cdef unsigned char* h
+    cdef unsigned char* p
+    cdef Py_ssize_t tl, ml, gl, kl, pl, bl, at, size
+    cdef unsigned short flag, qid
+    cdef uint64_t qoff
+    cdef int64_t born, stamp, due
+    cdef uint32_t c
+    for f, queue_id, queue_offset, born_ms, stamp_ms, deliver_at_ms, topic, msgid, tag, k, pr, body in zip(
+            flags, queue_ids, queue_offsets, borns, stamps, dues, topics, msgids, tags, keys, props, bodies):
+        flag, qid, qoff, born, stamp, due = f, queue_id, queue_offset, born_ms, stamp_ms, deliver_at_ms
+        topic, msgid, tag, k, pr, body = (_as_bytes(topic), _as_bytes(msgid), _as_bytes(tag), _as_bytes(k),
+                                          _as_bytes(pr), _as_bytes(body))
+        tl, ml, gl = PyBytes_GET_SIZE(topic), PyBytes_GET_SIZE(msgid), PyBytes_GET_SIZE(tag)
+        kl, pl, bl = PyBytes_GET_SIZE(k), PyBytes_GET_SIZE(pr), PyBytes_GET_SIZE(body)
+        if tl > 0xFF or ml > 0xFF or gl > 0xFFFF or kl > 0xFFFF or pl > 0xFFFFFFFF or bl > 0xFFFFFFFF:
+            raise ValueError(f"a record field is longer than its length field holds ({tl}, {ml}, {gl}, {kl}, {pl}, {bl})")
+        at = HEAD + tl + ml + gl + kl + pl
+        size = at + bl
+        if size > SIZE_MAX:
+            raise ValueError(f"record of {size} bytes exceeds {SIZE_MAX}")
+        # The head: the record from CRC_FROM (the flags) to the end of its text fields.
+        head = PyBytes_FromStringAndSize(NULL, at - CRC_FROM)
+        h = <unsigned char*>PyBytes_AS_STRING(head) - CRC_FROM  # (h + AT_x: field x, as in a record)
+        _put(h + AT_FLAGS, flag, 2)
+        _put(h + AT_QID, qid, 2)
+        _put(h + AT_QOFF, qoff, 8)
+        _put(h + AT_BORN, <uint64_t>born, 8)
+        _put(h + AT_STORED, <uint64_t>stamp, 8)
+        _put(h + AT_DELIVER, <uint64_t>due, 8)
+        h[AT_TLEN], h[AT_MLEN] = <unsigned char>tl, <unsigned char>ml
+        _put(h + AT_TAGLEN, <uint64_t>gl, 2)
+        _put(h + AT_KLEN, <uint64_t>kl, 2)
+        _put(h + AT_PLEN, <uint64_t>pl, 4)
+        _put(h + AT_BLEN, <uint64_t>bl, 4)
+        at = HEAD
+        memcpy(h + at, PyBytes_AS_STRING(topic), tl)
+        at += tl
+        memcpy(h + at, PyBytes_AS_STRING(msgid), ml)
+        at += ml
+        memcpy(h + at, PyBytes_AS_STRING(tag), gl)
+        at += gl
+        memcpy(h + at, PyBytes_AS_STRING(k), kl)
+        at += kl
+        memcpy(h + at, PyBytes_AS_STRING(pr), pl)
+        at += pl
+        if crc_in_cpu:
+            c = chronoq_crc32c_extend(chronoq_crc32c(h + CRC_FROM, <size_t>(at - CRC_FROM)),
+                                      <const unsigned char*>PyBytes_AS_STRING(body), <size_t>bl)
+        else:
+            c = extend(crc(head), body)
+        prefix = PyBytes_FromStringAndSize(NULL, CRC_FROM)
+        p = <unsigned char*>PyBytes_AS_STRING(prefix)
+        _put(p, <uint64_t>size, 4)
+        p[4], p[5] = MAGIC_BYTE, VERSION_BYTE
+        _put(p + AT_CRC, c, 4)
+        out.append(prefix)
+        out.append(head)
+        out.append(body)
+        sizes.append(size)
+    return sizes

@@ -175,7 +175,13 @@ def encode_batch(out: list, flags, queue_ids, queue_offsets, borns, stamps, dues
     The one loop that lays records down (``StoreWriter.write_columns`` calls it once per batch; a
     call per message would cost as much as its body). The body is never copied here; the CRC is
     computed over the pieces in order. Raises ``ValueError`` for a record over RECORD_SIZE_MAX.
+
+    Compiled, the loop is record.pxd's ``_encode_batch_in_c``: the same pieces, each header laid
+    out in C and its CRC computed in place (tests/unit/test_record.py holds it to this loop).
     """
+    if _COMPILED:  # record.pxd's ``_encode_batch_in_c`` (this loop is the pure build's, and its reference)
+        return _encode_batch_in_c(out, flags, queue_ids, queue_offsets, borns, stamps, dues, topics,  # noqa: F821
+                                  msgids, tags, keys, props, bodies, _CRC_IN_CPU, _crc, _extend)
     sizes: list[int] = []
     add_piece, add_size = out.append, sizes.append
     pack_tail, pack_prefix, crc, extend = _pack_tail, _pack_prefix, _crc, _extend

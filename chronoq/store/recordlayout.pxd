@@ -12,6 +12,7 @@ cdef enum:
     AT_FLAGS = 10
     AT_QID = 12
     AT_QOFF = 14
+    AT_BORN = 22
     AT_STORED = 30
     AT_DELIVER = 38
     AT_TLEN = 46

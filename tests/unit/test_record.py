@@ -347,6 +347,67 @@ def test_compiled_check_run_refuses_bad_headers_as_the_source_loop_does(crc_in_c
         SOURCE.check_run(rec, 0, len(rec) + 61)
 
 
+# --- The compiled encode_batch (record.pxd's C loop) held to the source's loop ---------------------
+
+def _columns(batch: list[dict]) -> tuple:
+    return (tuple(f["flags"] for f in batch), [f["queue_id"] for f in batch], [f["queue_offset"] for f in batch],
+            [f["born_ms"] for f in batch], [f["stored_ms"] for f in batch], [f["deliver_at_ms"] for f in batch],
+            [f["topic"].encode() for f in batch], [f["message_id"].encode() for f in batch],
+            [f["tag"].encode() for f in batch], [record.encode_keys(f["keys"]) for f in batch],
+            [record.encode_properties(f["properties"]) for f in batch], [f["body"] for f in batch])
+
+
+@FEWER
+@given(st.lists(fields(), min_size=1, max_size=5), st.booleans())
+def test_compiled_encode_batch_lays_down_the_source_loops_bytes(batch, crc_in_cpu):
+    """The same pieces byte for byte (a record's prefix, head and body: the store takes the heads
+    apart) and sizes, with the CRC by the CPU's instruction or by google_crc32c; compiled, text
+    and bodies given as other buffers than bytes too (copied to bytes first)."""
+    if crc_in_cpu and not record._CRC_IN_CPU:
+        crc_in_cpu = False  # (the pure build, or a CPU without SSE4.2)
+    cols = _columns(batch)
+    want_pieces, got_pieces = [], []
+    want_sizes = SOURCE.encode_batch(want_pieces, *cols)
+    saved = record._CRC_IN_CPU
+    record._CRC_IN_CPU = crc_in_cpu
+    try:
+        assert record.encode_batch(got_pieces, *cols) == want_sizes
+        assert got_pieces == want_pieces
+        if record._COMPILED:
+            others = [cols[i] if i < 6 else [bytearray(v) if j % 2 else memoryview(v) for j, v in enumerate(cols[i])]
+                      for i in range(len(cols))]
+            again: list = []
+            assert record.encode_batch(again, *others) == want_sizes
+            assert again == want_pieces
+    finally:
+        record._CRC_IN_CPU = saved
+    at = 0
+    for size in want_sizes:  # (and each is a record check accepts)
+        assert record.check(b"".join(want_pieces), at, at + size) == size
+        at += size
+
+
+def test_compiled_encode_batch_refuses_what_the_source_loop_refuses():
+    """Out-of-range integers and over-long records are refused both ways (OverflowError compiled
+    where struct refuses with struct.error; ValueError for a field or record too long)."""
+    good = _columns([SAMPLE])
+    for i, bad in ((0, -1), (1, 0x10000), (2, 2**64), (3, 2**63)):
+        cols = list(good)
+        cols[i] = [bad]
+        for codec in (record, SOURCE):
+            with pytest.raises((OverflowError, struct.error)):
+                codec.encode_batch([], *cols)
+    cols = list(good)
+    cols[11] = [bytes(record.RECORD_SIZE_MAX)]
+    for codec in (record, SOURCE):
+        with pytest.raises(ValueError, match="exceeds"):
+            codec.encode_batch([], *cols)
+    cols = list(good)
+    cols[6] = [b"t" * 256]
+    with pytest.raises((ValueError, struct.error)):
+        record.encode_batch([], *cols)
+
+
 @FEWER
 @given(st.lists(fields(), min_size=1, max_size=5), st.integers(0, 9), st.data())
 def test_compiled_check_run_agrees_on_random_damaged_chunks(fs, lead, data):
