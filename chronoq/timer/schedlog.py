@@ -137,6 +137,10 @@ _extend = google_crc32c.extend
 _unpack_entry = ENTRY_HEAD.unpack_from
 _pack_after = _AFTER_CRC.pack
 _pack_len_crc = struct.Struct("<II").pack
+# The compiled build encodes a blob's MESSAGE entries in C (schedlog.pxd's ``_encode_messages_in_c``);
+# this source's loop is the pure build's.
+_COMPILED = not __file__.endswith(".py")
+_CRC_IN_CPU = _COMPILED and bool(chronoq_crc32c_in_cpu())  # noqa: F821 - cimported in schedlog.pxd
 
 
 class SchedLogError(ValueError):
@@ -249,6 +253,8 @@ def encode_messages(blob: bytes, records, width_ms: int) -> dict[int, bytes]:
     the join). Each entry is exactly ``encode_entry(MESSAGE, ident, due_ms, 0, record)``, in the
     bucket ``bucket_of_record`` names.
     """
+    if _COMPILED and type(blob) is bytes:  # schedlog.pxd's C loop (a copy of the record, the CRC in place)
+        return _encode_messages_in_c(blob, records, width_ms, _CRC_IN_CPU, _crc)  # noqa: F821
     out: dict[int, list] = {}
     times, pack_after, pack_len_crc, crc, extend = _RECORD_TIMES.unpack_from, _pack_after, _pack_len_crc, _crc, _extend
     get = out.get

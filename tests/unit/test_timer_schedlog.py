@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chronoq.store import record
 from chronoq.timer import schedlog
@@ -193,3 +197,35 @@ def test_bulk_message_encoding_equals_one_entry_at_a_time():
     for start, data in got.items():
         assert [f[2] for f in schedlog.scan("x", START, schedlog.encode_header(START, WIDTH) + data)] == \
             [MESSAGE] * len(want[start])
+
+
+_TIMES = st.integers(-(2**62), 2**62)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=150)
+@given(st.lists(st.tuples(_TIMES, _TIMES, st.binary(max_size=300), st.integers(-(2**63), 2**63 - 1)), max_size=8),
+       st.sampled_from([1, 7, 1000, 60_000, 3_600_000]), st.booleans())
+def test_bulk_message_encoding_of_any_records(rows, width, crc_in_cpu):
+    """Compiled, encode_messages runs in C (schedlog.pxd): for any store and due times (negative
+    ones too: the bucket is a floor), idents, bodies and widths it files the entries encode_entry
+    makes, with the CRC by the CPU's instruction or by google_crc32c."""
+    recs = [record.encode(record.FLAG_DELAYED, 0, 0, 1, stored, due, b"t", b"m", b"", b"", b"", body)
+            for stored, due, body, _ident in rows]
+    want: dict[int, list[bytes]] = {}
+    for (stored, due, _body, ident), r in zip(rows, recs):
+        want.setdefault(schedlog.bucket_of_record(stored, due, width), []).append(
+            schedlog.encode_entry(MESSAGE, ident, due, 0, r))
+    saved = schedlog._CRC_IN_CPU
+    schedlog._CRC_IN_CPU = crc_in_cpu and saved
+    try:
+        got = schedlog.encode_messages(b"".join(recs), [(ident, len(r), 0) for (*_, ident), r in zip(rows, recs)], width)
+    finally:
+        schedlog._CRC_IN_CPU = saved
+    assert got == {start: b"".join(entries) for start, entries in want.items()}
+
+
+def test_bulk_message_encoding_refuses_records_past_the_blob():
+    """(The C loop checks each record's bounds before it reads; the pure loop's struct read fails.)"""
+    r = record.encode(record.FLAG_DELAYED, 0, 0, 1, START, START + 5, b"t", b"m", b"", b"", b"", b"body")
+    with pytest.raises((AssertionError, struct.error)):
+        schedlog.encode_messages(r, [(1, len(r), 0), (2, len(r), 0)], WIDTH)
