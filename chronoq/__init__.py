@@ -60,7 +60,9 @@ __version__ = "0.1.0"
 # send 484.3k -> 472.5k. store/record's encode_batch in C (record.pxd: the header laid out and
 # CRC'd in place): a lone 1 KiB record 15.4k -> 7.9k instructions, the lone server send -> 463.7k.
 # timer/schedlog typed (schedlog.pxd: a delayed record's MESSAGE entry laid out and CRC'd in C):
-# encode_messages of one 10.8k -> ~3k, the lone server send -> 455.7k.
+# encode_messages of one 10.8k -> ~3k, the lone server send -> 455.7k. protocol/rocketmq/send's
+# answer (send.pxd: SendMessageResponse's entries written into one C buffer): one entry 12.8k ->
+# ~5k, the lone server send 454.7k -> 447.3k (a fresher recording).
 COMPILED_MODULES = (
     "chronoq.protocol.h2.frames",
     "chronoq.protocol.h2.hpackdec",

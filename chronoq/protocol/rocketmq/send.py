@@ -37,6 +37,12 @@ _SMALL = f.SMALL
 _OK_ENTRY_STATUS = f.field(f.K_ENTRY_STATUS, f.OK_STATUS)
 _OK_TOP = f.field(f.K_SEND_STATUS, f.OK_STATUS)
 _NO_OFFSET = varint(-1)  # (a delayed message's: in no queue until due)
+_COMPILED = not __file__.endswith(".py")
+
+
+def _failed_status(failure: tuple[int, str]) -> bytes:
+    """A failed entry's status field (the C loop's, send.pxd)."""
+    return f.field(f.K_ENTRY_STATUS, f.status(*failure))
 
 
 def send_response(message_ids, offsets, recall_handles=None, transaction_ids=None, failures=None, *,
@@ -52,6 +58,10 @@ def send_response(message_ids, offsets, recall_handles=None, transaction_ids=Non
     assert status is None or not message_ids, "a failed request carries no entries"
     # (all accepted, the usual answer: no call to work the top status out)
     top = _OK_TOP if failures is None and status is None else f.top_status(f.K_SEND_STATUS, _OK_TOP, failures, status)
+    if _COMPILED:  # send.pxd's C loop (this one is the pure build's)
+        return _send_response_in_c(top, message_ids, offsets, recall_handles or None, transaction_ids or None,  # noqa: F821
+                                   failures or None, _OK_ENTRY_STATUS, f.K_SEND_ENTRIES, f.K_ENTRY_MESSAGE_ID,
+                                   f.K_ENTRY_TRANSACTION_ID, f.K_ENTRY_OFFSET, f.K_ENTRY_RECALL_HANDLE, _failed_status)
     pieces = [top]
     add = pieces.append
     small, head, k_id, k_offset, ok = _SMALL, f.K_SEND_ENTRIES, f.K_ENTRY_MESSAGE_ID, f.K_ENTRY_OFFSET, _OK_ENTRY_STATUS
