@@ -18,7 +18,7 @@ from libc.string cimport memcpy
 # Field offsets and rules (record.py's layout table and constants), shared with routing.pxd.
 from chronoq.store.recordlayout cimport (AT_BLEN, AT_BORN, AT_CRC, AT_DELIVER, AT_FLAGS, AT_KLEN, AT_MLEN, AT_PLEN,
                                          AT_QID, AT_QOFF, AT_STORED, AT_TAGLEN, AT_TLEN, CRC_FROM, HEAD, MAGIC_BYTE,
-                                         SIZE_MAX, VERSION_BYTE, _le)
+                                         SIZE_MAX, VERSION_BYTE, _le, _put)
 
 cdef extern from *:
     """
@@ -162,13 +162,6 @@ cdef Py_ssize_t _u16(bytes buf, Py_ssize_t p) except -1
 
 @cython.locals(header=cython.Py_ssize_t, total=cython.Py_ssize_t)
 cpdef Py_ssize_t span(bytes buf, Py_ssize_t pos, Py_ssize_t end) except -1
-
-
-cdef inline void _put(unsigned char* p, uint64_t v, int n) noexcept nogil:
-    """``v``'s low ``n`` bytes at ``p``, little-endian (C compilers make one store of it)."""
-    cdef int i
-    for i in range(n):
-        p[i] = <unsigned char>(v >> (8 * i))
 
 
 cdef inline bytes _as_bytes(object field):

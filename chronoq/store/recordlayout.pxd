@@ -1,8 +1,9 @@
-# The record header's layout for the compiled build's C walks over records (record.pxd's check,
-# routing.pxd's dispatch): field offsets and rules from record.py's layout table, and a reader of
-# little-endian integers. A .pxd only, no module: each walk cimports it and compiles it in. A value
-# here that drifted from record.py fails tests/unit/test_record.py and test_routing.py, which hold
-# each C walk to its module's Python loop.
+# The record header's layout for the compiled build's C walks over records (record.pxd's check
+# and encoder, routing.pxd's dispatch): field offsets and rules from record.py's layout table, and
+# a reader and a writer of little-endian integers (also the schedule log's and recall handles'). A
+# .pxd only, no module: each walk cimports it and compiles it in. A value here that drifted from
+# record.py fails tests/unit/test_record.py and test_routing.py, which hold each C walk to its
+# module's Python loop.
 from libc.stdint cimport uint64_t
 
 cdef enum:
@@ -35,3 +36,10 @@ cdef inline uint64_t _le(const unsigned char* b, int n) noexcept nogil:
         v = (v << 8) | b[i]
         i -= 1
     return v
+
+
+cdef inline void _put(unsigned char* p, uint64_t v, int n) noexcept nogil:
+    """``v``'s low ``n`` bytes at ``p``, little-endian (C compilers make one store of it)."""
+    cdef int i
+    for i in range(n):
+        p[i] = <unsigned char>(v >> (8 * i))

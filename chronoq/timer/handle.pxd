@@ -8,13 +8,13 @@
 # Python loop in handle.py, built on struct, binascii and google_crc32c, is the pure build's, and
 # the reference tests/unit/test_batched_encoders.py holds this one to (``encode``, which stays
 # on the libraries in both builds).
-import cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from chronoq.store.record cimport chronoq_crc32c, chronoq_crc32c_in_cpu
+from chronoq.store.recordlayout cimport _put
 
 cdef extern from *:
     """
@@ -49,12 +49,6 @@ cdef enum:
     _TEXT_MAX = 1057  # 1 + 4 * ceil(_BODY_MAX / 3)
 
 
-cdef inline void _le64(unsigned char* p, uint64_t v) noexcept nogil:
-    cdef int i
-    for i in range(8):
-        p[i] = <unsigned char>(v >> (8 * i))
-
-
 cdef inline Py_ssize_t _field(unsigned char* p, const char* s, Py_ssize_t n) except -1:
     """A length byte and ``n`` bytes at ``p`` (handle.py asserts the same bound)."""
     assert 0 <= n < 256, n
@@ -82,8 +76,8 @@ cdef inline list _encode_many_in_c(int kind, positions, dues, topics, message_id
     for position_obj, due_obj, topic, mid in zip(positions, dues, topics, message_ids):
         position, due_ms = position_obj, due_obj
         body[0], body[1] = <unsigned char>kind, 0
-        _le64(body + 2, <uint64_t>position)
-        _le64(body + 10, <uint64_t>due_ms)
+        _put(body + 2, <uint64_t>position, 8)
+        _put(body + 10, <uint64_t>due_ms, 8)
         s = PyUnicode_AsUTF8AndSize(topic, &n)
         at = 18 + _field(body + 18, s, n)
         if type(mid) is bytes:
@@ -97,6 +91,6 @@ cdef inline list _encode_many_in_c(int kind, positions, dues, topics, message_id
             c = chronoq_crc32c(body, <size_t>at)
         else:
             c = crc(PyBytes_FromStringAndSize(<char*>body, at))
-        body[at], body[at + 1], body[at + 2], body[at + 3] = c & 0xFF, (c >> 8) & 0xFF, (c >> 16) & 0xFF, c >> 24
+        _put(body + at, c, 4)
         out.append(PyUnicode_DecodeASCII(text, 1 + chronoq_b64url(body, at + 4, text + 1), NULL))
     return out

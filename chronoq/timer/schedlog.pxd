@@ -7,13 +7,12 @@
 # CPU's crc32 instruction, else google_crc32c on the entry's bytes). The Python loop in
 # schedlog.py is the pure build's (and runs for a blob that is not bytes); tests hold this one to
 # ``encode_entry`` (tests/unit/test_timer_schedlog.py).
-import cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from chronoq.store.record cimport _put, chronoq_crc32c, chronoq_crc32c_in_cpu
-from chronoq.store.recordlayout cimport AT_DELIVER, AT_STORED, HEAD, _le
+from chronoq.store.record cimport chronoq_crc32c, chronoq_crc32c_in_cpu
+from chronoq.store.recordlayout cimport AT_DELIVER, AT_STORED, HEAD, _le, _put
 
 cdef enum:
     _ENTRY_HEAD = 36  # schedlog.ENTRY_HEAD_SIZE

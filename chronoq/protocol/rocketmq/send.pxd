@@ -6,7 +6,6 @@
 # front without a copy), and the answer made from it once. A failed entry's status is still made
 # by fields.py (rare). The Python loop in send.py is the pure build's; tests hold this one to it
 # and to the generated classes (tests/unit/test_send_one_path.py, test_protocol_layer.py).
-import cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
