@@ -41,7 +41,9 @@ chronoq's own client (``chronoq.client.client``, its HTTP/2 transport) sending o
 message per call, one call at a time, due an hour on (spread over 10 minutes: a replay within the
 hour takes the timer's path, as the recording did). Its phase is ``lone_send``, and the replay
 feeds each of its calls only once the last one's answer is out, so every send has a group commit
-(and an fsync) of its own, as a lone producer's does.
+(and an fsync) of its own, as a lone producer's does. Then, as (f)'s consumers do, the same number
+of plain messages is sent in batches (untimed) and taken one call at a time: a receive of one
+message (phase ``lone_receive``, chronoq's ReceiveBatch) and its ack (``lone_ack``).
     .venv/bin/python bench/official_replay.py --lone --messages 2000 --replays 1 --keep /tmp/lone.pickle
     .venv/bin/python bench/official_replay.py --callgrind --recording /tmp/lone.pickle
 
@@ -203,6 +205,17 @@ async def _lone_sends(endpoint: str, proxy: _Proxy, messages: int) -> None:
         step = LONE_SPREAD_MS / max(messages, 1)
         for i in range(messages):
             await client.send_batch([OutgoingMessage(TOPIC, body, deliver_at_ms=base_ms + int(i * step))])
+        proxy.phase = "setup"  # (f)'s consumers: plain messages sent beforehand, then one per call
+        for first in range(0, messages, 100):
+            await client.send_batch([OutgoingMessage(TOPIC, body) for _ in range(min(100, messages - first))])
+        await asyncio.sleep(0.2)
+        for _ in range(messages):
+            proxy.phase = "lone_receive"
+            msgs = await client.receive(GROUP, TOPIC, max_messages=1, invisible_s=60, wait_s=0)
+            if not msgs:
+                raise RuntimeError("--lone: the plain messages ran out before the receives")
+            proxy.phase = "lone_ack"
+            await client.ack(GROUP, TOPIC, msgs)
 
 
 def _warn_if_lone_recording_is_due(path: str) -> None:
@@ -369,16 +382,23 @@ def _run_loop(coro):
 
 
 # ---------------------------------------------------------------------------------- callgrind
-PHASES = ("send", "receive_ack", "lone_send")
+PHASES = ("send", "receive_ack", "lone_send", "lone_receive", "lone_ack")
+CUT_PHASES = ("send", "receive_ack", "lone_send", "lone_receive_ack")  # --callgrind's (_phase_cuts)
 
 
 def _phase_cuts(chunks) -> dict[str, tuple[int, int]]:
-    """{phase: (index of its first chunk, index after its last)}: the recording's phases are runs."""
+    """{phase: (index of its first chunk, index after its last)}: the recording's phases are runs,
+    but for ``lone_receive`` and ``lone_ack``, which alternate call by call: they are cut as one,
+    ``lone_receive_ack`` (a callgrind figure per receive + ack pair)."""
     cuts: dict[str, tuple[int, int]] = {}
     for i, (_index, phase, _data) in enumerate(chunks):
+        phase = _CUT_AS.get(phase, phase)
         first, _end = cuts.get(phase, (i, i))
         cuts[phase] = (first, i + 1)
     return cuts
+
+
+_CUT_AS = {"lone_receive": "lone_receive_ack", "lone_ack": "lone_receive_ack"}
 
 
 def _pieces_per_phase(chunks) -> dict[str, int]:
@@ -390,6 +410,8 @@ def _pieces_per_phase(chunks) -> dict[str, int]:
         pieces, carry[index] = _calls(carry.get(index, b"") + data, index not in seen)
         seen.add(index)
         counts[phase] = counts.get(phase, 0) + len(pieces)
+        if phase == "lone_receive":  # one receive + ack pair each
+            counts["lone_receive_ack"] = counts.get("lone_receive_ack", 0) + len(pieces)
     return counts
 
 
@@ -405,7 +427,7 @@ def run_callgrind(recording: str, functions: int, keep: str | None) -> None:
     out_dir = keep or tempfile.mkdtemp(prefix="replay-callgrind-")
     os.makedirs(out_dir, exist_ok=True)
     files: dict[int, str] = {}
-    for limit in sorted({k for phase in PHASES if phase in cuts for k in cuts[phase]}):
+    for limit in sorted({k for phase in CUT_PHASES if phase in cuts for k in cuts[phase]}):
         files[limit] = os.path.join(out_dir, f"callgrind.chunks.{limit}")
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={files[limit]}", sys.executable,
                         os.path.abspath(__file__), "--recording", recording, "--replays", "1", "--chunks", str(limit)],
@@ -415,7 +437,7 @@ def run_callgrind(recording: str, functions: int, keep: str | None) -> None:
 
     ctx = {"build": chronoq.build(), "policy": os.environ.get("CHRONOQ_FLUSH_POLICY", "sync"),
            "recording": os.path.basename(recording)}
-    for phase in PHASES:
+    for phase in CUT_PHASES:
         if phase not in cuts:
             continue
         first, end = cuts[phase]
@@ -484,7 +506,7 @@ def main() -> None:
                  user_us=round(user / pieces * 1e6, 1), sys_us=round(system / pieces * 1e6, 1),
                  acked=result["acked"], received=result["received"], replay=run + 1,
                  fsyncs=result["fsyncs"], python_speed_mips=speed, recorded_chunks=sends)
-        if args.chunks is None and "receive_ack" in result["spent"] and (result["acked"] != result["received"] or not result["acked"]):
+        if args.chunks is None and ("receive_ack" in result["spent"] or "lone_ack" in result["spent"]) and (result["acked"] != result["received"] or not result["acked"]):
             emit("replay_acks_settled", result["acked"], "messages", received=result["received"],
                  note="the recorded acks did not all settle: the replay diverged from the recording")
     for phase, value in best.items():

@@ -111,33 +111,33 @@ class ReceiveRpcs:
 
         Streaming costs gRPC Python tens of microseconds of CPU per message; this answer costs
         about one unary call per batch. On the wire it is a unary answer; it is served as a
-        one-message stream so that the handler learns when the transport took it (the ``yield``
-        resumes): until then its bytes count in the answer budget, and if the call ends first
-        (client gone, send timeout) its messages are released at once (``_hand_over``).
+        one-message stream written through the context so that the handler learns when the
+        transport took it (``context.write`` returns): until then its bytes count in the answer
+        budget, and if the call ends first (client gone, send timeout) its messages are released
+        at once (``_hand_over``). A coroutine, not an async generator: a generator (and the gate's
+        around it) cost the call its first-iteration hook, a weak reference and an ``aclose``.
         """
         items, held = await self._receive_items(request, context, "ReceiveBatch")
-        async for answer in self._hand_over(receive_batch(items), held, request):
-            yield answer
+        await self._hand_over(context, receive_batch(items), held, request)
 
     async def AckAndReceive(self, request, context):
         """``chronoq.v1.Consume/AckAndReceive``: AckMessage, then (if every entry was acked)
         ReceiveBatch, in one call (``ack_and_receive_response``): a consumer that acks
         each batch as it asks for the next pays one call per batch instead of two. Served as
-        ReceiveBatch is (a one-message stream)."""
+        ReceiveBatch is (a one-message stream written through the context)."""
         try:
             acked, ack = self._ack(request.ack, entries=False)
         except Exception as exc:  # noqa: BLE001 - the boundary, as in AckMessage
             acked, ack = False, ack_response((), (), status=status.code_and_message(exc, "AckMessage"))
         items, held = (await self._receive_items(request.receive, context, "AckAndReceive")) if acked else ((), None)
-        async for answer in self._hand_over(ack_and_receive_response(ack, items), held, request.receive):
-            yield answer
+        await self._hand_over(context, ack_and_receive_response(ack, items), held, request.receive)
 
-    async def _hand_over(self, answer: bytes, held, request):
-        """Yield the one answer; then (or when the call ends first) return its reservation. An
+    async def _hand_over(self, context, answer: bytes, held, request) -> None:
+        """Write the one answer; then (or when the call ends first) return its reservation. An
         answer that did not get out takes its messages back to the queue, as ReceiveMessage does."""
         taken = False
         try:
-            yield answer
+            await context.write(answer)
             taken = True
         finally:
             if held is not None:
