@@ -364,14 +364,14 @@ class TraceRecorder:
     def _add_stored(self, heads: array, topics, message_ids, dues: array, now_ms: int) -> None:
         """STORED events from their columns (the rest: no group, no reference, ``now_ms``)."""
         ev = self.events
-        start = len(ev)
+        start = len(ev.head)
         _extend_stored(ev, heads, topics, message_ids, array("q", (now_ms,)) * len(heads), dues)
-        self._trim(start, now_ms)
+        self._trim(ev, start, now_ms)
 
     def visible(self, topics: list[str], message_ids: list[bytes], dues: list[int], visible_ms: int) -> None:
         """Timer copies made visible at ``visible_ms``, given as columns (``chronoq.timer.delivery``)."""
         ev = self.events
-        start, n = len(ev), len(topics)
+        start, n = len(ev.head), len(topics)
         assert len(message_ids) == n and len(dues) == n, (n, len(message_ids), len(dues))
         # Column by column, at C speed: a burst due at one instant releases all its copies in one
         # loop callback (bench/stalls.py --due-burst 100000), and an ``add`` per event cost 30 ms
@@ -385,31 +385,31 @@ class TraceRecorder:
         ev.ts += array("q", (visible_ms,)) * n
         ev.due.extend(dues)
         ev.ref_offset += array("q", (0,)) * n
-        self._trim(start, visible_ms)
+        self._trim(ev, start, visible_ms)
 
     def delivered(self, group: str, popped: list, refs: list, now_ms: int) -> None:
         """A POP receive: ``popped[i]`` was read from ``refs[i] = (checkpoint, index)``."""
         ev = self.events
-        start, n = len(ev), len(popped)
+        start, n = len(ev.head), len(popped)
         ev.head.extend([DELIVERED | min(p.delivery_attempt, 0xFFFF) << 16 for p in popped])
         messages = [p.message for p in popped]
         ev.topic += [m.topic for m in messages]
         ev.message_id += [m.message_id for m in messages]
         ev.group += [group] * n
         _add_refs(ev, refs, now_ms)
-        self._trim(start, now_ms)
+        self._trim(ev, start, now_ms)
 
     def acked(self, group: str, refs: list, now_ms: int) -> None:
         """Acks: ``refs[i] = (checkpoint, index)`` of each settled message."""
         ev = self.events
-        start, n = len(ev), len(refs)
+        start, n = len(ev.head), len(refs)
         ev.head += array("I", (ACKED,)) * n
         nones = [None] * n
         ev.topic += nones
         ev.message_id += nones
         ev.group += [group] * n
         _add_refs(ev, refs, now_ms)
-        self._trim(start, now_ms)
+        self._trim(ev, start, now_ms)
 
     def dead_lettered(self, group: str, topic: str, message_id: str, now_ms: int) -> None:
         if self._room(1, now_ms):
@@ -423,13 +423,17 @@ class TraceRecorder:
         if self._room(1, now_ms):
             self.events.add(RESCHEDULED, 0, 0, topic, message_id, None, None, 0, now_ms, due_ms, 0)
 
-    def _trim(self, start: int, now_ms: int) -> None:
-        """After a bulk append: enforce BUFFER_MAX (drop the new events past it, counted)."""
-        over = len(self.events) - BUFFER_MAX
+    def _trim(self, ev: Events, start: int, now_ms: int) -> None:
+        """After a bulk append to ``ev`` (``self.events``, from ``start`` events on): enforce
+        BUFFER_MAX (drop the new events past it, counted). (``len(ev.head)``, not ``len(ev)``:
+        Events.__len__ is a Python call, and a receive or ack of one message makes four.)"""
+        held = len(ev.head)
+        over = held - BUFFER_MAX
         if over > 0:
-            self.events.truncate(BUFFER_MAX)
+            ev.truncate(BUFFER_MAX)
             self.dropped += over
-        if self._first_ms is None and len(self.events) > start:
+            held = BUFFER_MAX
+        if self._first_ms is None and held > start:
             self._first_ms = now_ms
 
     # ------------------------------------------------------------------ flushing

@@ -121,6 +121,27 @@ def test_a_block_takes_the_fields_it_repeats_from_the_one_before():
     assert ours.taken == 5  # the indexed four and the date; from the request id on, decoded
 
 
+def test_alternating_calls_take_from_the_block_before_the_previous_one():
+    """A consumer alternates two calls (receive, ack): each block differs from the previous one
+    at ``:path`` and runs on to the request id with the one before it."""
+    encoder, ours = hpack.Encoder(), Decoder()
+
+    def call(path: str, request_id: str) -> list:
+        fields = _grpcio_like(request_id)
+        fields[0] = (":path", path)
+        return fields
+
+    for i in range(6):
+        fields = call("/svc/Receive" if i % 2 == 0 else "/svc/Ack", f"id-{i}")
+        assert ours.decode(encoder.encode(fields)) == [tuple(f) for f in fields]
+    assert ours.taken == 5  # from the block before the previous one, as a lone call's block does
+    # Three paths in turn: no earlier block shares the path; only what precedes it could be taken.
+    for i in range(6):
+        fields = call(("/svc/A", "/svc/B", "/svc/C")[i % 3], f"x-{i}")
+        assert ours.decode(encoder.encode(fields)) == [tuple(f) for f in fields]
+    assert ours.taken == 0
+
+
 def test_a_table_change_stops_the_taking():
     """Fields taken from the previous block are those it decoded against the same table: an
     indexing literal or a size update (here, or in the previous block) moves the table."""

@@ -13,10 +13,12 @@ client's transport) does not index its own metadata: every call carries its eigh
   costs about a third of walking the code bit by bit. The code (RFC 7541 Appendix B) comes from
   the ``hpack`` package, as does the static table; the walk and the table are ours;
 - the dynamic table is a plain list, and the answer is a list of ``(name, value)`` pairs;
-- a block that begins with the bytes of the connection's previous block takes that block's fields
-  for them: grpcio's requests repeat their first dozen fields byte for byte (indexed fields, then
-  literals up to the request id), so a call decodes only its last few. Only fields that leave the
-  table as it was (indexed fields and literals without indexing) are taken, and only while the
+- a block that begins with the bytes of one of the connection's two previous blocks takes that
+  block's fields for them: grpcio's requests repeat their first dozen fields byte for byte
+  (indexed fields, then literals up to the request id), so a call decodes only its last few. Two,
+  because a consumer alternates two calls (receive, ack): their blocks differ at ``:path``, so the
+  block before the previous one is the one that runs on to the request id. Only fields that leave
+  the table as it was (indexed fields and literals without indexing) are taken, and only while the
   table is the one they were decoded against (``_generation``).
 
 Encoding is ``chronoq.protocol.h2.hpackenc``'s.
@@ -37,6 +39,7 @@ EOS = 256                   # the Huffman code's end-of-string symbol: never val
 # references up to it (both below 2**20: a block is at most h2server.MAX_HEADER_BLOCK, 256 KiB).
 _MARK_SHIFT = 20
 _MARK_MASK = (1 << _MARK_SHIFT) - 1
+_COMPILED = not __file__.endswith(".py")  # the compiled build: hpackdec.pxd's C helpers
 
 
 MAX_LIST_DEFAULT = 64 << 10  # decoded header list (chronoq.server.h2limits.MAX_HEADER_LIST)
@@ -61,7 +64,8 @@ class Decoder:
     """One connection's HPACK decoder (its dynamic table). ``decode`` raises ``HpackError``."""
 
     __slots__ = ("table", "size", "max_size", "settings_max", "_huffman", "max_list", "largest", "_generation", "taken",
-                 "_last_view", "_last_marks", "_last_fields", "_last_generation")
+                 "_last_block", "_last_marks", "_last_fields", "_last_generation", "_last_taken",
+                 "_prior_block", "_prior_marks", "_prior_fields", "_prior_generation", "_prior_taken")
 
     def __init__(self, max_size: int = 4096, max_list: int = MAX_LIST_DEFAULT) -> None:
         self.max_list = max_list  # the decoded header list's cap (HeaderListTooLarge)
@@ -72,13 +76,18 @@ class Decoder:
         self.settings_max = max_size  # what we advertised: a size update may not exceed it
         self._huffman: dict[bytes, str] = {}
         self._generation = 0  # counts the table's changes
-        self.taken = 0  # how many fields the last block took from the one before it
+        self.taken = 0  # how many fields the last block took from an earlier one
         # The previous block (its reusable fields: ``decode``): its bytes, one mark per field
-        # (_MARK_SHIFT), its fields and the table generation they were decoded against.
-        self._last_view = memoryview(b"")
+        # (_MARK_SHIFT), its fields, the table generation they were decoded against and how many
+        # it took (the first guess of how many the next block like it takes); the block before it,
+        # the same ("prior").
+        self._last_block = self._prior_block = b""
         self._last_marks: list[int] = []
+        self._prior_marks: list[int] = []
         self._last_fields: list[tuple[str, str]] = []
-        self._last_generation = -1
+        self._prior_fields: list[tuple[str, str]] = []
+        self._last_generation = self._prior_generation = -1
+        self._last_taken = self._prior_taken = 0
 
     def _string(self, data, pos: int) -> tuple[str, int]:
         if pos >= len(data):
@@ -147,28 +156,21 @@ class Decoder:
         dynamic, ref_cap = 0, max_list // self.largest
         size = sized = 0  # the exact size of out[:sized], once counted
         generation = self._generation
-        last_marks = self._last_marks
-        taken = 0  # fields taken from the previous block
-        if last_marks and self._last_generation == generation:
-            # The longest run of the previous block's fields this block begins with: first as many
-            # as the previous block took (a client's blocks repeat the same run), else a binary search.
-            view, low, high = self._last_view, 0, len(last_marks)
-            guess = self.taken
-            if 0 < guess < high and block.startswith(view[:last_marks[guess - 1] >> _MARK_SHIFT]):
-                low = guess
-                if not block.startswith(view[:last_marks[guess] >> _MARK_SHIFT]):
-                    high = guess
-            while low < high:
-                mid = (low + high + 1) >> 1
-                if block.startswith(view[:last_marks[mid - 1] >> _MARK_SHIFT]):
-                    low = mid
-                else:
-                    high = mid - 1
-            taken = low
+        taken = prior = 0  # fields taken from the previous block (or, ``prior``, the one before it)
+        if self._last_generation == generation:
+            taken = (_common_run_in_c(block, self._last_block, self._last_marks, self._last_taken) if _COMPILED  # noqa: F821
+                     else _common_run(block, self._last_block, self._last_marks, self._last_taken))
+        if self._prior_generation == generation and len(self._prior_marks) > taken:
+            prior = (_common_run_in_c(block, self._prior_block, self._prior_marks, self._prior_taken) if _COMPILED  # noqa: F821
+                     else _common_run(block, self._prior_block, self._prior_marks, self._prior_taken))
+        if prior > taken:
+            taken, last_marks, last_fields = prior, self._prior_marks, self._prior_fields
+        else:
+            last_marks, last_fields = self._last_marks, self._last_fields
         if taken:
             last = last_marks[taken - 1]
             pos, dynamic = last >> _MARK_SHIFT, last & _MARK_MASK
-            out = self._last_fields[:taken]
+            out = last_fields[:taken]
             marks = last_marks[:taken]
             if dynamic > ref_cap:  # as in the loop below, for the fields taken at once
                 size, sized = _list_size(out, 0), taken
@@ -258,9 +260,11 @@ class Decoder:
             append(field)
             if reusable:
                 mark(pos << _MARK_SHIFT | dynamic)
-        self._last_view = memoryview(block)
+        self._prior_block, self._prior_marks, self._prior_fields = self._last_block, self._last_marks, self._last_fields
+        self._prior_generation, self._prior_taken = self._last_generation, self._last_taken
+        self._last_block = block
         self._last_marks, self._last_fields, self._last_generation = marks, out, generation
-        self.taken = taken
+        self.taken = self._last_taken = taken
         # The list's size is at most this (see _FIELD_BOUND); count it exactly only past the cap.
         if len(out) * _FIELD_BOUND + 2 * end + dynamic * self.largest > max_list:
             size += _list_size(out, sized)
@@ -278,6 +282,25 @@ class Decoder:
             name, pos = self._string(data, pos)
         value, pos = self._string(data, pos)
         return (name, value), pos
+
+
+def _common_run(block: bytes, earlier: bytes, marks: list, guess: int) -> int:
+    """How many of an earlier block's fields ``block`` begins with (``marks``: the end of each of
+    ``earlier``'s fields, _MARK_SHIFT): first ``guess`` (a client's blocks repeat the same run),
+    else a binary search. The compiled build's is hpackdec.pxd's ``_common_run_in_c`` (the bytes
+    compared in place: each probe here makes a slice)."""
+    low, high = 0, len(marks)
+    if 0 < guess < high and block.startswith(earlier[:marks[guess - 1] >> _MARK_SHIFT]):
+        low = guess
+        if not block.startswith(earlier[:marks[guess] >> _MARK_SHIFT]):
+            high = guess
+    while low < high:
+        mid = (low + high + 1) >> 1
+        if block.startswith(earlier[:marks[mid - 1] >> _MARK_SHIFT]):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _list_size(fields: list, start: int) -> int:
