@@ -217,3 +217,45 @@ def test_kept_stored_batches_become_events_in_the_order_of_the_hooks():
                    (trace.STORED, trace.FLAG_DELAYED, "t", b"C", NOW + 2, NOW + 60_000),
                    (trace.STORED, 0, "u", b"D", NOW + 3, 0)]
     assert rec.events.consistent() and len(rec.take_events()) == 5 and not rec.due(NOW + 10**6)
+
+
+def _receive_from_source():
+    """receive.py loaded from its source under another name: the pure build's ``_message``,
+    whichever build ``receive`` is."""
+    import importlib.util
+    import os
+
+    from chronoq.protocol.rocketmq import receive
+
+    path = os.path.join(os.path.dirname(receive.__file__), "receive.py")
+    spec = importlib.util.spec_from_file_location("receive_from_source", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not module._COMPILED
+    return module
+
+
+_BYTES = st.binary(max_size=300)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300)
+@given(st.lists(_BYTES, min_size=9, max_size=9), st.lists(_I64, min_size=5, max_size=5),
+       st.integers(-5, 300), st.binary(max_size=20_000))
+def test_a_received_message_is_written_as_the_python_writer_writes_it(parts, numbers, attempt, body):
+    """receive.messages_bytes' per-message writer: compiled, receive.pxd's C writer (sizes worked
+    out first, one buffer); it gives the bytes of receive.py's own writer for any parts (empty or
+    not), any times (negative ones too: divmod's floor), any queue id and offset (negative ones
+    as ten-byte varints), an attempt below 1 (written as 1) and bodies past one length byte."""
+    from chronoq.protocol.rocketmq import receive
+
+    source = _receive_from_source()
+    head, user, tag_keys, mid, digest_field, digest, type_field, group_field, dlq_field = parts
+    born, stored, due, queue_id, offset = numbers
+    host = receive.store_host_field("127.0.0.1:8081")
+    for deliver_at in (0, due):
+        args = (head, user, tag_keys, mid, digest_field, digest, type_field, born, stored, host, deliver_at,
+                b"handle-" + mid, queue_id, offset, attempt, group_field, dlq_field, body)
+        assert receive._message(*args) == source._message(*args)
+    with pytest.raises(TypeError):  # (the C writer reads its parts as bytes: None is refused)
+        receive._message(head, user, tag_keys, mid, digest_field, digest, type_field, born, stored, host, 0,
+                         b"h", queue_id, offset, attempt, group_field, dlq_field, None)

@@ -73,19 +73,16 @@ def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host
     Equal to the generated encoding up to the order of map entries. The body digest is MD5 with
     ``md5`` (ReceiveMessage: what the official clients get), else CRC32 (``zlib.crc32`` as 8
     uppercase hex digits; chronoq's own ReceiveBatch and AckAndReceive, a quarter of the cost).
+    This loop works out each message's variable parts; ``_message`` writes them (the compiled
+    build: receive.pxd's ``_message_in_c``, into one buffer).
     """
-    text, small, timestamp, crc32, join = f.string_field, _SMALL, f.timestamp, zlib.crc32, b"".join
+    text, crc32 = f.string_field, zlib.crc32
     type_fields, type_by_name, prefix = _TYPE_FIELDS, TYPE_BY_NAME, SYSTEM_PROPERTY_PREFIX
-    k_sp, k_body, properties = f.K_MESSAGE_SP, f.K_MESSAGE_BODY, f.properties
-    k_tag, k_keys, k_id, k_born, k_stored = f.K_SP_TAG, f.K_SP_KEYS, f.K_SP_MESSAGE_ID, f.K_SP_BORN_TIMESTAMP, \
-        f.K_SP_STORE_TIMESTAMP
-    k_handle, k_queue, k_offset, k_attempt, k_group = f.K_SP_RECEIPT_HANDLE, f.K_SP_QUEUE_ID, f.K_SP_QUEUE_OFFSET, \
-        f.K_SP_DELIVERY_ATTEMPT, f.K_SP_MESSAGE_GROUP
+    properties, k_tag, k_keys, k_group = f.properties, f.K_SP_TAG, f.K_SP_KEYS, f.K_SP_MESSAGE_GROUP
     dlq = requested_topic.startswith(DLQ_PREFIX)
     digest_field, md5_of, hexlify = (_DIGEST_MD5 if md5 else _DIGEST_CRC32), hashlib.md5, binascii.b2a_hex
     out = []
     last_topic, head = None, b""
-    last_born_ms = last_stored_ms = None  # messages sent together share their times: encode once
     for popped in popped_list:
         m = popped.message
         props = m.properties
@@ -106,50 +103,69 @@ def messages_bytes(popped_list, requested_topic: str, namespace: str, store_host
             elif deliver_at_ms:  # a delivered timer copy: clients expect DELAY (contract §5.3)
                 ptype = _DELAY
         tag = m.tag
-        sp = text(k_tag, tag) if tag else b""
+        tag_keys = text(k_tag, tag) if tag else b""
         if m.keys:
-            sp += join(text(k_keys, k) for k in m.keys)
-        mid = m.message_id.encode()
-        stored_ms = m.stored_ms
-        born_ms = m.born_ms or stored_ms
-        if born_ms != last_born_ms:
-            born = timestamp(born_ms)  # (a Timestamp is at most 22 bytes)
-            born_field = k_born + small[len(born)] + born
-            last_born_ms = born_ms
-        if stored_ms != last_stored_ms:
-            stored = timestamp(stored_ms)
-            stored_field = k_stored + small[len(stored)] + stored + store_host_field
-            last_stored_ms = stored_ms
-        handle = popped.receipt_handle.encode()
-        attempt = popped.delivery_attempt
+            tag_keys += b"".join(text(k_keys, k) for k in m.keys)
         body = m.body
-        sp = join((
-            sp,
-            k_id + (small[len(mid)] if len(mid) < 128 else varint(len(mid))) + mid if mid else b"",
-            digest_field, hexlify(md5_of(body).digest()).upper() if md5 else b"%08X" % crc32(body),
-            _SP_ENCODING_IDENTITY,
-            type_fields[ptype],
-            born_field, stored_field,
-            f.field(f.K_SP_DELIVERY_TIMESTAMP, timestamp(deliver_at_ms)) if deliver_at_ms else b"",
-            k_handle, small[len(handle)] if len(handle) < 128 else varint(len(handle)), handle,
-            k_queue + varint(m.queue_id) if m.queue_id else b"",
-            k_offset, varint(m.queue_offset),
-            k_attempt, small[attempt] if 0 < attempt < 128 else varint(max(1, attempt)),
-            text(k_group, group) if group else b"",
-        ))
         if dlq:
             # Consumers of a DLQ topic ack against it; the origin goes in dead_letter_queue.
-            sp += f.field(f.K_SP_DEAD_LETTER_QUEUE, (text(f.K_DLQ_TOPIC, m.topic) if m.topic else b"") +
-                          (text(f.K_DLQ_MESSAGE_ID, m.message_id) if m.message_id else b""))
+            dlq_field = f.field(f.K_SP_DEAD_LETTER_QUEUE, (text(f.K_DLQ_TOPIC, m.topic) if m.topic else b"") +
+                                (text(f.K_DLQ_MESSAGE_ID, m.message_id) if m.message_id else b""))
             topic = requested_topic
         else:
+            dlq_field = b""
             topic = m.topic
         if topic is not last_topic:  # a batch is nearly always of one topic
             head = _topic_field(topic, namespace)
             last_topic = topic
-        message = join((head, user, k_sp, varint(len(sp)), sp, k_body + varint(len(body)) if body else b"", body))
-        out.append(f.K_RECEIVE_MESSAGE + varint(len(message)) + message)
+        stored_ms = m.stored_ms
+        out.append(_message(head, user, tag_keys, m.message_id.encode(), digest_field,
+                            hexlify(md5_of(body).digest()).upper() if md5 else b"%08X" % crc32(body),
+                            type_fields[ptype], m.born_ms or stored_ms, stored_ms, store_host_field, deliver_at_ms,
+                            popped.receipt_handle.encode(), m.queue_id, m.queue_offset, popped.delivery_attempt,
+                            text(k_group, group) if group else b"", dlq_field, body))
     return out
+
+
+# A received message's keys and constant fields, in the order ``_message`` writes them (the C writer
+# takes them as one tuple).
+_KEYS = (f.K_RECEIVE_MESSAGE, f.K_MESSAGE_SP, f.K_MESSAGE_BODY, f.K_SP_MESSAGE_ID, _SP_ENCODING_IDENTITY,
+         f.K_SP_BORN_TIMESTAMP, f.K_SP_STORE_TIMESTAMP, f.K_SP_DELIVERY_TIMESTAMP, f.K_SP_RECEIPT_HANDLE,
+         f.K_SP_QUEUE_ID, f.K_SP_QUEUE_OFFSET, f.K_SP_DELIVERY_ATTEMPT)
+# receive.pxd writes a Timestamp's two keys as these bytes (protobuf's Timestamp: seconds = 1, nanos = 2).
+assert f.K_TS_SECONDS == b"\x08" and f.K_TS_NANOS == b"\x10"
+_COMPILED = not __file__.endswith(".py")
+
+
+def _message(head: bytes, user: bytes, tag_keys: bytes, mid: bytes, digest_field: bytes, digest: bytes,
+             type_field: bytes, born_ms: int, stored_ms: int, store_host_field: bytes, deliver_at_ms: int,
+             handle: bytes, queue_id: int, queue_offset: int, attempt: int, group_field: bytes, dlq_field: bytes,
+             body: bytes) -> bytes:
+    """One ``ReceiveMessageResponse`` carrying a message, from the parts ``messages_bytes`` works out
+    (``head``: the topic field; ``user``: user properties; ``tag_keys``, ``group_field``,
+    ``dlq_field``: those system property fields or empty; ``digest``: the checksum's text). The pure
+    build's writer, and the one receive.pxd's ``_message_in_c`` (the compiled build's) is held to."""
+    if _COMPILED:
+        return _message_in_c(head, user, tag_keys, mid, digest_field, digest, type_field, born_ms,  # noqa: F821
+                             stored_ms, store_host_field, deliver_at_ms, handle, queue_id, queue_offset, attempt,
+                             group_field, dlq_field, body, _KEYS)
+    (k_message, k_sp, k_body, k_id, encoding, k_born, k_stored, k_delivery, k_handle, k_queue, k_offset,
+     k_attempt) = _KEYS
+    born, stored = f.timestamp(born_ms), f.timestamp(stored_ms)
+    sp = b"".join((
+        tag_keys,
+        f.field(k_id, mid) if mid else b"",
+        digest_field, digest, encoding, type_field,
+        f.field(k_born, born), f.field(k_stored, stored), store_host_field,
+        f.field(k_delivery, f.timestamp(deliver_at_ms)) if deliver_at_ms else b"",
+        f.field(k_handle, handle),
+        k_queue + varint(queue_id) if queue_id else b"",
+        k_offset, varint(queue_offset),
+        k_attempt, varint(max(1, attempt)),
+        group_field, dlq_field,
+    ))
+    message = b"".join((head, user, k_sp, varint(len(sp)), sp, k_body + varint(len(body)) if body else b"", body))
+    return k_message + varint(len(message)) + message
 
 
 class _Held(NamedTuple):

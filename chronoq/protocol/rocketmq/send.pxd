@@ -12,27 +12,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
-
-cdef inline Py_ssize_t _varint_size(uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline unsigned char* _put_varint(unsigned char* p, uint64_t v) noexcept nogil:
-    while v >= 0x80:
-        p[0] = <unsigned char>((v & 0x7F) | 0x80)
-        v >>= 7
-        p += 1
-    p[0] = <unsigned char>v
-    return p + 1
-
-
-cdef inline unsigned char* _put_bytes(unsigned char* p, bytes b) noexcept:
-    memcpy(p, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
-    return p + PyBytes_GET_SIZE(b)
+from chronoq.protocol.rocketmq.fields cimport _put_bytes, _put_varint, _varint_size
 
 
 cdef inline unsigned char* _put_text_field(unsigned char* p, bytes k, const char* s, Py_ssize_t n) noexcept:
