@@ -155,6 +155,16 @@ def _safe(deserializer):
     return parse
 
 
+async def _returned(response, context):
+    """A unary call's refusal: the answer (``Gate._guarded``)."""
+    return response
+
+
+async def _written(response, context) -> None:
+    """A context-writing stream's refusal: its one message (``Gate._guarded``)."""
+    await context.write(response)
+
+
 def _header(metadata, key: str) -> str:
     for k, v in metadata or ():
         if k == key:
@@ -352,29 +362,13 @@ class Gate(grpc.aio.ServerInterceptor):
             return method.make(self._telemetry(method, user), method.safe_deserializer)
         original, check = method.behavior, self._check
         if method.kind == "unary_unary":
-            async def unary(request, context):
-                refusal = check(method, request, user, context)
-                if refusal is None:
-                    return await original(request, context)
-                response = method.response(*refusal)
-                if response is None:
-                    await _abort(context, *refusal)
-                return response
-            return method.make(unary, method.safe_deserializer)
+            return method.make(self._guarded(method, user, _returned), method.safe_deserializer)
 
         if method.kind == "unary_stream":
             if not inspect.isasyncgenfunction(original):
                 # A handler that writes through the context itself (ReceiveBatch): a coroutine
                 # around it too, as cheap as a unary call's (no async generator per call).
-                async def server_stream_writer(request, context):
-                    refusal = check(method, request, user, context)
-                    if refusal is None:
-                        return await original(request, context)
-                    response = method.response(*refusal)
-                    if response is None:
-                        await _abort(context, *refusal)
-                    await context.write(response)
-                return method.make(server_stream_writer, method.safe_deserializer)
+                return method.make(self._guarded(method, user, _written), method.safe_deserializer)
 
             async def server_stream(request, context):
                 refusal = check(method, request, user, context)
@@ -413,6 +407,22 @@ class Gate(grpc.aio.ServerInterceptor):
             else:
                 await result
         return method.make(bidi, method.safe_deserializer)
+
+    def _guarded(self, method: _Method, user: acl.User | None, refused):
+        """A unary call's handler, or a stream's that writes through the context, behind the gate:
+        the request checked, then the handler awaited; a refusal's answer goes out through
+        ``refused(response, context)`` (``_returned``, ``_written``)."""
+        original, check = method.behavior, self._check
+
+        async def guarded(request, context):
+            refusal = check(method, request, user, context)
+            if refusal is None:
+                return await original(request, context)
+            response = method.response(*refusal)
+            if response is None:
+                await _abort(context, *refusal)
+            return await refused(response, context)
+        return guarded
 
     def _telemetry(self, method: _Method, user: acl.User | None):
         original = method.behavior

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sourcekit import from_source
 from storekit import open_store
 
 from chronoq.broker import trace
@@ -220,19 +221,10 @@ def test_kept_stored_batches_become_events_in_the_order_of_the_hooks():
 
 
 def _receive_from_source():
-    """receive.py loaded from its source under another name: the pure build's ``_message``,
-    whichever build ``receive`` is."""
-    import importlib.util
-    import os
-
+    """receive.py loaded from its source: the pure build's ``_message``, whichever build ``receive`` is."""
     from chronoq.protocol.rocketmq import receive
 
-    path = os.path.join(os.path.dirname(receive.__file__), "receive.py")
-    spec = importlib.util.spec_from_file_location("receive_from_source", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert not module._COMPILED
-    return module
+    return from_source(receive, "receive_from_source")
 
 
 _BYTES = st.binary(max_size=300)

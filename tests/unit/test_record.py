@@ -5,8 +5,6 @@ Hypothesis runs derandomized (a fixed seed derived from each test), so every run
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
 import struct
 
@@ -14,6 +12,7 @@ import google_crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sourcekit import from_source
 
 from chronoq.store import record
 
@@ -255,11 +254,8 @@ def test_text_that_is_not_utf8_is_rejected_despite_a_good_crc(field):
 def source_record():
     """record.py loaded from its source under another name: the pure build's loop, whichever build
     ``record`` is."""
-    path = os.path.join(os.path.dirname(record.__file__), "record.py")
-    spec = importlib.util.spec_from_file_location("record_from_source", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert not module._COMPILED and not module._CRC_IN_CPU
+    module = from_source(record, "record_from_source")
+    assert not module._CRC_IN_CPU
     return module
 
 

@@ -6,8 +6,6 @@ walk (routing.pxd) is also held to the source's loop, run in the same process.""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import zlib
 
 import pytest
@@ -16,6 +14,7 @@ from chronoq.core import errors
 from chronoq.store import record, recovery, routing
 from chronoq.store.consumequeue import ENTRY
 
+from sourcekit import from_source
 from storekit import open_store, prep
 
 SMALL_CHUNK = 4096
@@ -148,12 +147,7 @@ def reference_lengths(store) -> list[int]:
 def source_routing():
     """routing.py loaded from its source under another name: the pure build's loop, whichever build
     ``routing`` is (compiled, ``route`` walks in C)."""
-    path = os.path.join(os.path.dirname(record.__file__), "routing.py")
-    spec = importlib.util.spec_from_file_location("routing_from_source", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert not module._COMPILED
-    return module
+    return from_source(routing, "routing_from_source")
 
 
 def mixed_chunks() -> list[tuple[bytes, int, int, int]]:
