@@ -30,6 +30,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from chronoq.client.admin import AdminClient
 from chronoq.client.client import Client, ClientError, OutgoingMessage
+from chronoq.protocol.rocketmq.ack import ack_and_receive_request
 
 from .conftest import ROOT, ChronoqProcess, wait_until
 
@@ -222,6 +223,34 @@ def test_missing_group_or_subscribe_permission_is_forbidden(auth_server):
             c.receive(16, 30)
     assert type(info.value).__name__ == "ForbiddenException" and code_of(info.value) == pb.Code.FORBIDDEN
     assert f"may not subscribe to topic '{topic}'" in str(info.value)
+
+
+def test_chronoq_client_receives_refused_by_the_gate_answer_forbidden(auth_server):
+    """ReceiveBatch and AckAndReceive (chronoq.client's receive calls) write their one answer
+    through the context; a refused one writes the gate's status instead: FORBIDDEN, saying why,
+    with no message handed out."""
+    topic = unique("orders")
+
+    async def go():
+        group = unique("billing")
+        async with Client(auth_server.endpoint, access_key="app", secret_key=USERS["app"]) as app, \
+                Client(auth_server.endpoint, access_key="writer", secret_key=USERS["writer"]) as writer:
+            await app.send_batch([OutgoingMessage(topic, b"kept for billing")])
+            with pytest.raises(ClientError) as refused:  # writer may publish to orders*, not subscribe
+                await writer.receive(group, topic, max_messages=1, wait_s=0)
+            assert refused.value.code == pb.Code.FORBIDDEN
+            assert f"may not subscribe to topic '{topic}'" in refused.value.status_message
+            got = await app.receive(group, topic, max_messages=1, wait_s=5)
+            assert [m.body for m in got] == [b"kept for billing"]  # (not handed out to the refused)
+            # AckAndReceive of app's message by writer: refused whole, the ack not made.
+            request = await writer._receive_request(group, topic, 1, 30, 0, "*")
+            both = ack_and_receive_request(writer._ack_request(group, topic, got), request.SerializeToString())
+            with pytest.raises(ClientError) as refused_both:
+                await writer._chronoq_call(writer._ack_and_receive, both, 5)
+            assert refused_both.value.code == pb.Code.FORBIDDEN
+            await app.ack(group, topic, got)  # still app's to settle
+
+    asyncio.run(go())
 
 
 async def _admin_call(endpoint: str, ak: str, sk: str, method: str, *args):
