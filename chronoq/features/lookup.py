@@ -34,6 +34,7 @@ from typing import Awaitable, Callable
 from chronoq.core import errors, model
 from chronoq.features import lifeline
 from chronoq.store import record
+from chronoq.store.commitlog import find_in
 from chronoq.timer import copies
 from chronoq.timer import handle as handles
 from chronoq.core.delay_levels import DELAY_TOPIC
@@ -80,18 +81,18 @@ class ScanReport:
 def _resync(buf, pos: int, end: int) -> int | None:
     """The first position >= pos where a valid record starts before ``end`` (None: none does).
 
-    Candidates are the places where the magic and version bytes sit (``bytes.find``, C speed);
+    Candidates are the places where the magic and version bytes sit (``find_in``, C speed);
     each is checked in full (lengths, CRC), so a body that happens to hold those two bytes costs
     one failed check. The scan window is bounded, so this is too.
     """
-    at = buf.find(_MAGIC_VERSION, pos + 4, end)
+    at = find_in(buf, _MAGIC_VERSION, pos + 4, end)  # (not buf.find: see find_in)
     while at >= 0:
         cand = at - 4
         try:
             record.check(buf, cand, end)
             return cand
         except record.RecordError:
-            at = buf.find(_MAGIC_VERSION, at + 1, end)
+            at = find_in(buf, _MAGIC_VERSION, at + 1, end)
     return None
 
 
@@ -134,7 +135,7 @@ def _scan_segment(log, seg, buf, pos: int, needle: bytes, query: str, report: Sc
                   group: str) -> bool:
     """Walk records from ``pos``; False when the scan must stop (damage or enough matches)."""
     size = seg.size
-    hit = buf.find(needle, pos)
+    hit = find_in(buf, needle, pos)
     while hit >= 0 and pos < size:
         if log.lost and log.is_lost(seg.base + pos):
             return True  # quarantined bytes: the rest of this segment is not walked
@@ -159,7 +160,7 @@ def _scan_segment(log, seg, buf, pos: int, needle: bytes, query: str, report: Sc
                     return False
                 report.records.append(_found(seg.base + pos, flags, qid, qoff, born, stored, deliver, topic, mid,
                                              tag, keys, props, body, now_ms, group))
-            hit = buf.find(needle, pos + total)
+            hit = find_in(buf, needle, pos + total)
         pos += total
     return True
 

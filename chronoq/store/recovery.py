@@ -43,7 +43,7 @@ from typing import Callable, Iterator
 
 from chronoq.core import errors
 from chronoq.store import record
-from chronoq.store.commitlog import CommitLog, LostRange, Segment
+from chronoq.store.commitlog import CommitLog, LostRange, Segment, find_in
 
 _MAGIC_BYTES = bytes([record.MAGIC, record.VERSION])
 _LENGTH = struct.Struct("<I")  # a record's first field: its length
@@ -79,7 +79,7 @@ def find_next_valid(buf, start: int, end: int) -> int | None:
     """Position of the first valid record at or after ``start``, or None."""
     pos = start
     while True:
-        hit = buf.find(_MAGIC_BYTES, pos + 4, end)
+        hit = find_in(buf, _MAGIC_BYTES, pos + 4, end)  # (not buf.find: see find_in)
         if hit < 0:
             return None
         candidate = hit - 4
