@@ -25,7 +25,6 @@ from chronoq.protocol.rocketmq.fields import varint
 
 DLQ_PREFIX = "%DLQ%"
 _NAMES_CACHE_MAX = 10_000
-_SMALL = f.SMALL
 # Plain ints for the per-message paths: ``pb.MessageType.NORMAL`` is a Python-level __getattr__ call.
 _UNSPECIFIED, _NORMAL, _FIFO, _DELAY, _TRANSACTION, _LITE, _PRIORITY = (
     pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.LITE, pb.PRIORITY)
