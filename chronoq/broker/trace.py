@@ -162,9 +162,35 @@ def _extend_stored(ev: Events, heads, topics, message_ids, ts, dues) -> None:
 
 
 
-def _add_refs(ev: Events, refs: list, now_ms: int) -> None:
-    """The ref columns (and time, no due) of events about ``refs[i] = (checkpoint, index)``."""
+# The compiled build appends a receive's and an ack's events in C (trace.pxd's ``_add_refs_in_c``).
+_COMPILED = not __file__.endswith(".py")
+
+
+def _add_refs(ev: Events, kind: int, group: str, popped: list | None, refs: list, now_ms: int) -> None:
+    """Events of ``kind`` (DELIVERED, ACKED) about ``refs[i] = (checkpoint, index)`` appended
+    to ``ev``: a receive's (``popped[i]``, a ``chronoq.pop.handout.Popped``, was read from
+    ``refs[i]``: its topic, id and attempt go in) or an ack's (``popped`` None: no topic, no id).
+
+    The pure build's, column by column, and the reference trace.pxd's ``_add_refs_in_c`` (the
+    compiled build's: one C loop, a few hundred instructions an event, where these column
+    extends cost ~20k for a receive of one message and ~18k for an ack of one; callgrind,
+    ``bench/official_replay.py --lone``) is held to (tests/unit/test_trace.py)."""
+    if _COMPILED:
+        _add_refs_in_c(ev, kind, group, popped, refs, now_ms)  # noqa: F821 - trace.pxd's
+        return
     n = len(refs)
+    if popped is None:
+        ev.head += array("I", (kind,)) * n
+        nones = [None] * n
+        ev.topic += nones
+        ev.message_id += nones
+    else:
+        assert len(popped) == n, (len(popped), n)
+        ev.head.extend([kind | min(p.delivery_attempt, 0xFFFF) << 16 for p in popped])
+        messages = [p.message for p in popped]
+        ev.topic += [m.topic for m in messages]
+        ev.message_id += [m.message_id for m in messages]
+    ev.group += [group] * n
     queues = [ck.queue for ck, _ in refs]
     ev.ref_topic += [q.topic for q in queues]
     ev.ref_queue.extend([q.queue_id for q in queues])
@@ -390,25 +416,15 @@ class TraceRecorder:
     def delivered(self, group: str, popped: list, refs: list, now_ms: int) -> None:
         """A POP receive: ``popped[i]`` was read from ``refs[i] = (checkpoint, index)``."""
         ev = self.events
-        start, n = len(ev.head), len(popped)
-        ev.head.extend([DELIVERED | min(p.delivery_attempt, 0xFFFF) << 16 for p in popped])
-        messages = [p.message for p in popped]
-        ev.topic += [m.topic for m in messages]
-        ev.message_id += [m.message_id for m in messages]
-        ev.group += [group] * n
-        _add_refs(ev, refs, now_ms)
+        start = len(ev.head)
+        _add_refs(ev, DELIVERED, group, popped, refs, now_ms)
         self._trim(ev, start, now_ms)
 
     def acked(self, group: str, refs: list, now_ms: int) -> None:
         """Acks: ``refs[i] = (checkpoint, index)`` of each settled message."""
         ev = self.events
-        start, n = len(ev.head), len(refs)
-        ev.head += array("I", (ACKED,)) * n
-        nones = [None] * n
-        ev.topic += nones
-        ev.message_id += nones
-        ev.group += [group] * n
-        _add_refs(ev, refs, now_ms)
+        start = len(ev.head)
+        _add_refs(ev, ACKED, group, None, refs, now_ms)
         self._trim(ev, start, now_ms)
 
     def dead_lettered(self, group: str, topic: str, message_id: str, now_ms: int) -> None:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from popkit import Node
+from sourcekit import from_source
 
 from chronoq.broker import trace
 from chronoq.broker.trace import TRACE_TOPIC
@@ -162,3 +163,52 @@ def test_columns_encode_every_event_as_given(rows):
     half = len(columns) // 2
     parts = [columns[:half], columns[half:]] if half else [columns]
     assert [e for part in parts for e in trace.decode_events(trace.encode(part))] == got
+
+
+_PURE = from_source(trace, "chronoq_trace_pure")
+
+
+def _receive_refs(rows):
+    """(popped, refs) of a receive: each row (topic, id, attempt, ref topic, queue id, offset)."""
+    from types import SimpleNamespace as NS
+
+    popped, refs = [], []
+    for topic, mid, attempt, ref_topic, queue_id, offset in rows:
+        popped.append(NS(message=NS(topic=topic, message_id=mid), delivery_attempt=attempt))
+        ck = NS(queue=NS(topic=ref_topic, queue_id=queue_id), offsets=[-1, offset])
+        refs.append((ck, 1))
+    return popped, refs
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(st.lists(st.tuples(_TEXT, _ID, st.integers(1, 2**20), st.sampled_from(["t", "%RETRY%g_t"]),
+                          st.integers(0, 2**32 - 1), st.integers(-(2**63), 2**63 - 1)), max_size=40),
+       st.integers(0, 3), st.integers(-(2**63), 2**63 - 1))
+def test_receive_and_ack_events_as_the_pure_build_appends_them(rows, before, now_ms):
+    """``_add_refs`` (a receive's events, an ack's) appends what the pure build's column extends
+    append, after what the buffer held: on the compiled build that is trace.pxd's C loop, held
+    here to the Python one (attempts past 0xFFFF are stored as 0xFFFF)."""
+    popped, refs = _receive_refs(rows)
+    held = [(trace.STORED, 1, 0, "t", f"ID{i}", None, None, 0, i, 5, 0) for i in range(before)]
+    for kind, given_popped in ((trace.DELIVERED, popped), (trace.ACKED, None)):
+        got, want = trace.Events.from_tuples(held), _PURE.Events.from_tuples(held)
+        trace._add_refs(got, kind, "g", given_popped, refs, now_ms)
+        _PURE._add_refs(want, kind, "g", given_popped, refs, now_ms)
+        assert got.consistent() and got.tuples() == want.tuples()
+        for name in trace.Events.__slots__:  # (the same column types: encode casts the arrays)
+            assert type(getattr(got, name)) is type(getattr(want, name))
+            assert getattr(getattr(got, name), "typecode", None) == getattr(getattr(want, name), "typecode", None)
+        if kind == trace.DELIVERED:
+            assert [e[2] for e in got.tuples()[before:]] == [min(r[2], 0xFFFF) for r in rows]
+
+
+def test_receive_events_refuse_what_the_columns_cannot_hold():
+    """A queue id past 32 bits, a count of popped messages other than of refs: refused by both
+    builds (the columns are arrays of fixed-size integers)."""
+    for module in (trace, _PURE):
+        popped, refs = _receive_refs([("t", "ID", 1, "t", 2**32, 0)])
+        with pytest.raises(OverflowError):
+            module._add_refs(module.Events(), trace.DELIVERED, "g", popped, refs, 1)
+        popped, refs = _receive_refs([("t", "ID", 1, "t", 0, 0)] * 2)
+        with pytest.raises(AssertionError):
+            module._add_refs(module.Events(), trace.DELIVERED, "g", popped[:1], refs, 1)
