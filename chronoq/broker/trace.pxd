@@ -34,22 +34,21 @@ cdef inline int _put_i64(c_array a, long long value) except -1:
     return 0
 
 
-cdef inline int _add_refs_in_c(object ev, unsigned int kind, object group, object popped, list refs,
+cdef inline int _add_refs_in_c(object ev, unsigned int kind, object group, object popped, object given_refs,
                                long long now_ms) except -1:
     cdef c_array head = _column(ev.head, 4), ref_queue = _column(ev.ref_queue, 4)
     cdef c_array ts = _column(ev.ts, 8), due = _column(ev.due, 8), ref_offset = _column(ev.ref_offset, 8)
     cdef list topics = ev.topic, ids = ev.message_id, groups = ev.group, ref_topics = ev.ref_topic
     cdef list delivered = None
+    cdef list refs = given_refs if type(given_refs) is list else list(given_refs)  # (as the pure build: any sequence)
     cdef Py_ssize_t i, n = len(refs)
     cdef long long attempt
-    cdef tuple ref
     if popped is not None:
-        delivered = <list?>popped
+        delivered = popped if type(popped) is list else list(popped)
         if len(delivered) != n:
             raise AssertionError((len(delivered), n))
     for i in range(n):
-        ref = <tuple?>refs[i]
-        ck, index = ref
+        ck, index = refs[i]
         queue = ck.queue
         if delivered is None:
             _put_u32(head, kind)
@@ -58,6 +57,8 @@ cdef inline int _add_refs_in_c(object ev, unsigned int kind, object group, objec
         else:
             p = delivered[i]
             attempt = p.delivery_attempt
+            if attempt < 0:  # (the pure build's array refuses it the same way)
+                raise OverflowError(f"a delivery attempt is not negative: {attempt}")
             _put_u32(head, kind | <unsigned int>(attempt if attempt < 0xFFFF else 0xFFFF) << 16)
             m = p.message
             topics.append(m.topic)
@@ -68,4 +69,36 @@ cdef inline int _add_refs_in_c(object ev, unsigned int kind, object group, objec
         _put_i64(ts, now_ms)
         _put_i64(due, 0)
         _put_i64(ref_offset, <long long>ck.offsets[index])
+    return 0
+
+
+cdef inline int _add_runs_in_c(object ev, list runs, unsigned int plain, unsigned int delayed) except -1:
+    # ``plain``, ``delayed``: the head of a STORED event (its kind and flags), without and with FLAG_DELAYED.
+    cdef c_array head = _column(ev.head, 4), ref_queue = _column(ev.ref_queue, 4)
+    cdef c_array ts = _column(ev.ts, 8), due = _column(ev.due, 8), ref_offset = _column(ev.ref_offset, 8)
+    cdef list topics = ev.topic, ids = ev.message_id, groups = ev.group, ref_topics = ev.ref_topic
+    cdef list run_ids, dues
+    cdef Py_ssize_t k, n
+    cdef long long now_ms
+    cdef tuple run
+    for run in runs:
+        topic, given_ids, given_now, given_dues = run
+        run_ids = given_ids if type(given_ids) is list else list(given_ids)  # (the pure build takes any sequence)
+        now_ms = given_now
+        n = len(run_ids)
+        dues = None
+        if given_dues is not None:
+            dues = given_dues if type(given_dues) is list else list(given_dues)
+            if len(dues) != n:
+                raise AssertionError((len(dues), n))
+        for k in range(n):
+            _put_u32(head, plain if dues is None else delayed)
+            topics.append(topic)
+            ids.append(run_ids[k])
+            groups.append(None)
+            ref_topics.append(None)
+            _put_u32(ref_queue, 0)
+            _put_i64(ts, now_ms)
+            _put_i64(due, 0 if dues is None else <long long>dues[k])
+            _put_i64(ref_offset, 0)
     return 0

@@ -162,7 +162,8 @@ def _extend_stored(ev: Events, heads, topics, message_ids, ts, dues) -> None:
 
 
 
-# The compiled build appends a receive's and an ack's events in C (trace.pxd's ``_add_refs_in_c``).
+# The compiled build appends a receive's and an ack's events, and the kept batches of sends, in C
+# (trace.pxd's ``_add_refs_in_c``, ``_add_runs_in_c``).
 _COMPILED = not __file__.endswith(".py")
 
 
@@ -284,6 +285,38 @@ def bodies(events: Events) -> list[bytes]:
     return [encode(events[i:i + EVENTS_PER_RECORD]) for i in range(0, len(events), EVENTS_PER_RECORD)]
 
 
+def _add_runs(ev: Events, runs: list) -> None:
+    """STORED events of ``TraceRecorder.stored_plain``'s kept batches ``(topic, message ids,
+    now_ms, due times or None)`` appended to ``ev``.
+
+    The pure build's, a few column extends per batch (whole arrays: a batch of many pays no
+    conversion per event), then one per constant column; the compiled build's is trace.pxd's
+    ``_add_runs_in_c`` (one C loop: a lone send's spill ~11k instructions here), held to this one
+    (tests/unit/test_trace.py)."""
+    if _COMPILED:
+        _add_runs_in_c(ev, runs, STORED, STORED | FLAG_DELAYED << 8)  # noqa: F821 - trace.pxd's
+        return
+    total = 0
+    for topic, ids, now_ms, delayed_dues in runs:
+        n = len(ids)
+        total += n
+        ev.topic += [topic] * n
+        ev.message_id += ids
+        ev.ts += array("q", (now_ms,)) * n
+        if delayed_dues is None:
+            ev.head += array("I", (STORED,)) * n
+            ev.due += array("q", (0,)) * n
+        else:
+            assert len(delayed_dues) == n, (len(delayed_dues), n)
+            ev.head += array("I", (STORED | FLAG_DELAYED << 8,)) * n
+            ev.due += array("q", delayed_dues)
+    nones = [None] * total
+    ev.group += nones
+    ev.ref_topic += nones
+    ev.ref_queue += array("I", (0,)) * total
+    ev.ref_offset += array("q", (0,)) * total
+
+
 class TraceRecorder:
     """The in-memory buffer behind the hooks. Every method runs on the broker's thread.
 
@@ -317,28 +350,9 @@ class TraceRecorder:
         self._events = events
 
     def _spill(self) -> None:
-        """The kept ``stored_plain`` batches as events: a few column extends per batch (whole
-        arrays: a batch of many pays no conversion per event), then one per constant column."""
+        """The kept ``stored_plain`` batches as events (``_add_runs``)."""
         runs, self._runs, self._run_events = self._runs, [], 0
-        ev = self._events
-        total = 0
-        for topic, ids, now_ms, delayed_dues in runs:
-            n = len(ids)
-            total += n
-            ev.topic += [topic] * n
-            ev.message_id += ids
-            ev.ts += array("q", (now_ms,)) * n
-            if delayed_dues is None:
-                ev.head += array("I", (STORED,)) * n
-                ev.due += array("q", (0,)) * n
-            else:
-                ev.head += array("I", (STORED | FLAG_DELAYED << 8,)) * n
-                ev.due += array("q", delayed_dues)
-        nones = [None] * total
-        ev.group += nones
-        ev.ref_topic += nones
-        ev.ref_queue += array("I", (0,)) * total
-        ev.ref_offset += array("q", (0,)) * total
+        _add_runs(self._events, runs)
 
     def _room(self, n: int, now_ms: int) -> bool:
         if len(self.events) + n > BUFFER_MAX:

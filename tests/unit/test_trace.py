@@ -212,3 +212,35 @@ def test_receive_events_refuse_what_the_columns_cannot_hold():
         popped, refs = _receive_refs([("t", "ID", 1, "t", 0, 0)] * 2)
         with pytest.raises(AssertionError):
             module._add_refs(module.Events(), trace.DELIVERED, "g", popped[:1], refs, 1)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from(["t", "orders", "ü-topic"]), st.lists(st.binary(min_size=1, max_size=6), max_size=33),
+                          st.integers(-(2**63), 2**63 - 1), st.booleans(), st.integers(-(2**63), 2**63 - 1)),
+                max_size=6), st.integers(0, 3))
+def test_kept_send_batches_spill_as_the_pure_build_appends_them(batches, before):
+    """``_add_runs`` (``stored_plain``'s kept batches, plain or delayed, as events) appends what
+    the pure build's column extends append: on the compiled build trace.pxd's C loop."""
+    runs = [(topic, ids, now_ms, [due + i for i in range(len(ids))] if delayed else None)
+            for topic, ids, now_ms, delayed, due in batches if not delayed or due + len(ids) < 2**63]
+    held = [(trace.ACKED, 0, 0, None, None, "g", "t", 1, 5, 0, 7) for _ in range(before)]
+    got, want = trace.Events.from_tuples(held), _PURE.Events.from_tuples(held)
+    trace._add_runs(got, runs)
+    _PURE._add_runs(want, runs)
+    assert got.consistent() and got.tuples() == want.tuples()
+    events = got.tuples()[before:]
+    assert [(e[0], e[1], e[3], e[4], e[8], e[9]) for e in events] == [
+        (trace.STORED, 0 if dues is None else trace.FLAG_DELAYED, topic, mid, now_ms, 0 if dues is None else dues[i])
+        for topic, ids, now_ms, dues in runs for i, mid in enumerate(ids)]
+
+
+def test_stored_plain_batches_become_the_events_a_reader_sees():
+    """The recorder keeps send batches and spills them, in order, before any other hook adds."""
+    rec = trace.TraceRecorder(1000, "DELAY")
+    rec.stored_plain("t", [b"A", b"B"], 10)
+    rec.stored_plain("t", [b"C"], 11, [99])
+    popped, refs = _receive_refs([("t", b"A", 1, "t", 0, 0)])
+    rec.delivered("g", popped, refs, 12)
+    assert [(e[0], e[1], e[4], e[8], e[9]) for e in rec.events.tuples()] == [
+        (trace.STORED, 0, b"A", 10, 0), (trace.STORED, 0, b"B", 10, 0), (trace.STORED, trace.FLAG_DELAYED, b"C", 11, 99),
+        (trace.DELIVERED, 0, b"A", 12, 0)]
