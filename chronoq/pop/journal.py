@@ -138,7 +138,6 @@ class PopJournal:
         logf = self.log
         if (logf.size < COMPACT_MIN_BYTES and not force) or not logf.made:
             return
-            return
         live = [ck for ck in self.inflight.cks.values() if ck.logged]
         if logf.size < COMPACT_RATIO * (poplog.HEADER_SIZE + CK_BYTES_ESTIMATE * len(live)) and not force:
             return

@@ -158,11 +158,9 @@ class Decoder:
         generation = self._generation
         taken = prior = 0  # fields taken from the previous block (or, ``prior``, the one before it)
         if self._last_generation == generation:
-            taken = (_common_run_in_c(block, self._last_block, self._last_marks, self._last_taken) if _COMPILED  # noqa: F821
-                     else _common_run(block, self._last_block, self._last_marks, self._last_taken))
+            taken = _common_run(block, self._last_block, self._last_marks, self._last_taken)
         if self._prior_generation == generation and len(self._prior_marks) > taken:
-            prior = (_common_run_in_c(block, self._prior_block, self._prior_marks, self._prior_taken) if _COMPILED  # noqa: F821
-                     else _common_run(block, self._prior_block, self._prior_marks, self._prior_taken))
+            prior = _common_run(block, self._prior_block, self._prior_marks, self._prior_taken)
         if prior > taken:
             taken, last_marks, last_fields = prior, self._prior_marks, self._prior_fields
         else:
@@ -289,6 +287,8 @@ def _common_run(block: bytes, earlier: bytes, marks: list, guess: int) -> int:
     ``earlier``'s fields, _MARK_SHIFT): first ``guess`` (a client's blocks repeat the same run),
     else a binary search. The compiled build's is hpackdec.pxd's ``_common_run_in_c`` (the bytes
     compared in place: each probe here makes a slice)."""
+    if _COMPILED:
+        return _common_run_in_c(block, earlier, marks, guess)  # noqa: F821 - hpackdec.pxd's
     low, high = 0, len(marks)
     if 0 < guess < high and block.startswith(earlier[:marks[guess - 1] >> _MARK_SHIFT]):
         low = guess
