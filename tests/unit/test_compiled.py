@@ -28,7 +28,7 @@ CODEC_TESTS = ("test_h2protocol.py", "test_hpackdec.py", "test_h2client.py", "te
                "test_protocol_layer.py", "test_record.py", "test_timer_schedlog.py", "test_fuzz_decoders.py",
                "test_server_status_convert.py", "test_recall_handle_groups.py", "test_routing.py", "test_fsyncer.py",
                "test_committer.py", "test_callstats.py", "test_broker_api.py", "test_send_round_robin.py",
-               "test_public_api.py", "test_client_answer.py", "test_dedupe.py")
+               "test_public_api.py", "test_client_answer.py", "test_dedupe.py", "test_trace.py")
 
 
 def _env(pure: bool) -> dict:
