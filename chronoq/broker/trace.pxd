@@ -1,11 +1,12 @@
 # C types for the compiled build of trace.py (Cython reads this file beside it; the pure build
 # ignores it, and both run the same source).
 #
-# ``_add_refs_in_c`` is the compiled build's ``_add_refs``: a receive's or an ack's events appended
-# to the buffer's columns in one loop, each integer written into its array's memory (grown by
-# ``resize_smart``, which over-allocates like ``array.append``) and each name appended to its
-# list, so an event costs no temporary list or array. The Python ``_add_refs`` is the pure
-# build's and the reference this one is held to (tests/unit/test_trace.py).
+# ``_add_refs_in_c`` and ``_add_runs_in_c`` are the compiled build's ``_add_refs`` (a receive's or
+# an ack's events) and ``_add_runs`` (the kept send batches' events): appended to the buffer's
+# columns in one loop, each integer written into its array's memory (grown by ``resize_smart``,
+# which over-allocates like ``array.append``) and each name appended to its list, so an event
+# costs no temporary list or array. The Python functions are the pure build's and the reference
+# these are held to (tests/unit/test_trace.py).
 from cpython.array cimport array as c_array, resize_smart
 
 cdef bint _COMPILED

@@ -324,8 +324,8 @@ class TraceRecorder:
     time, due times); the batches become events (``_spill``: every batch kept since, in bulk)
     before any other hook adds one and whenever ``events`` is read, so the buffer's order is
     the hooks' order. (Callgrind, a lone send: the hook extending every column cost ~22k
-    instructions; kept, ~3k at the send and ~12k when spilled, wherever that falls: in
-    ``bench/official_replay.py`` the first receive after the sends pays the spill.)"""
+    instructions; kept, ~3k at the send and ~11k when spilled by the Python ``_add_runs``,
+    wherever that falls; the compiled build's C loop took that ~11k off a lone send.)"""
 
     def __init__(self, flush_ms: int, delay_topic: str):
         self.flush_ms = flush_ms
