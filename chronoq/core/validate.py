@@ -40,6 +40,11 @@ MESSAGE_GROUP_BYTES_MAX = 64  # a group is shorter than this, in UTF-8 bytes
 # Names the broker uses for its own topics and groups. Users may not create or send to them.
 SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%", "%SYS%", "CHRONOQ_", "SCHEDULE_TOPIC", "rmq_sys_")
 SYSTEM_GROUP_PREFIXES = ("CHRONOQ_", "%SYS%")
+# Of those, the broker's internal topics (transactions' half messages and ops, delay levels, the
+# timer's control records, the trace, staged sends, the epoch): no RocketMQ client call may name
+# them, as RocketMQ's proxy refuses its own system topics. Retry and dead-letter topics are not
+# internal: consumers read a dead-letter topic, and what a retry topic holds is a group's own.
+INTERNAL_TOPIC_PREFIXES = tuple(p for p in SYSTEM_TOPIC_PREFIXES if p not in ("%RETRY%", "%DLQ%"))
 # Property names starting with this are written by the broker (message group, delivery attempt,
 # origin topic of a retry, ...). Users may not set them.
 SYSTEM_PROPERTY_PREFIX = "__"
@@ -98,6 +103,16 @@ def topic_name(name: object) -> str:
 
 def is_system_topic(name: str) -> bool:
     return name.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+def client_topic(name: object) -> str:
+    """A topic a RocketMQ client call may name (route, send, receive, ack): valid and not one of
+    the broker's internal topics (without this, any consumer could read uncommitted transactions'
+    half messages or delayed messages before they are due)."""
+    topic = topic_name(name)
+    if topic.startswith(INTERNAL_TOPIC_PREFIXES):
+        raise errors.ReservedName(f"topic {topic!r} is internal to the broker; clients cannot use it")
+    return topic
 
 
 def user_topic(name: object) -> str:

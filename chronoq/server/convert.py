@@ -87,8 +87,9 @@ def _validated(name: str, valid: set[str], check) -> str:
 
 
 def topic_name(resource) -> str:
-    """The topic named by a ``Resource``; validated (ILLEGAL_TOPIC when malformed)."""
-    return _validated(resource.name, _valid_topics, validate.topic_name)
+    """The topic named by a ``Resource``; validated (ILLEGAL_TOPIC when malformed or internal to
+    the broker: ``validate.client_topic``)."""
+    return _validated(resource.name, _valid_topics, validate.client_topic)
 
 
 def group_name(resource) -> str:

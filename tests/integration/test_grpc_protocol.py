@@ -72,6 +72,9 @@ def test_query_route_advertises_this_broker(stub, chronoq_endpoint):
     ("bad topic!", Code.ILLEGAL_TOPIC),
     ("x" * 200, Code.ILLEGAL_TOPIC),
     ("%DLQ%never-created", Code.TOPIC_NOT_FOUND),
+    ("CHRONOQ_TXN_HALF", Code.ILLEGAL_TOPIC),   # the broker's internal topics exist, and are refused
+    ("CHRONOQ_DELAY", Code.ILLEGAL_TOPIC),
+    ("rmq_sys_wheel", Code.ILLEGAL_TOPIC),
 ])
 def test_query_route_rejects_bad_topics(stub, name, code):
     res = stub.QueryRoute(sv.QueryRouteRequest(topic=pb.Resource(name=name)), metadata=meta(), timeout=5)
@@ -375,6 +378,25 @@ def test_receive_rejects_bad_requests(stub):
                                    batch_size=1)
     stream = list(stub.ReceiveMessage(req, metadata=meta(), timeout=5))
     assert [r.status.code for r in stream] == [Code.UNSUPPORTED]
+
+
+def test_internal_topics_are_refused_to_consumers(stub):
+    """A consumer may not read the broker's own topics: a message sent in a transaction not yet
+    committed sits in CHRONOQ_TXN_HALF (it does here), and the receive is refused, as RocketMQ's
+    proxy refuses its system topics; so is an ack naming one. Dead-letter topics stay readable
+    (test_official_python_client.py's DLQ tests read them)."""
+    topic = unique("txn-hidden")
+    half = send_request(topic, b"uncommitted", message_type=pb.TRANSACTION)
+    assert stub.SendMessage(half, metadata=meta(), timeout=5).status.code == Code.OK
+    for internal in ("CHRONOQ_TXN_HALF", "CHRONOQ_DELAY", "CHRONOQ_TRACE"):
+        answers = receive(stub, "spy", internal, batch=32)
+        assert [a.status.code for a in answers] == [Code.ILLEGAL_TOPIC], answers
+        assert "internal" in answers[0].status.message
+        ack = sv.AckMessageRequest(group=pb.Resource(name="spy"), topic=pb.Resource(name=internal),
+                                   entries=[sv.AckMessageEntry(message_id=message_id(), receipt_handle="x")])
+        assert stub.AckMessage(ack, metadata=meta(), timeout=5).status.code == Code.ILLEGAL_TOPIC
+    # Nor does the topic itself hand the message out before its commit.
+    assert all(not a.HasField("message") for a in receive(stub, "reader", topic, batch=32))
 
 
 def test_change_invisible_duration_returns_a_new_handle(stub):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import grpc
 import pytest
@@ -73,6 +74,72 @@ def test_unresolved_transaction_is_checked_with_the_producer(chronoq_process):
             got = receive_all(consumer, 1, timeout_s=10)
             assert [m.body for m in got] == [b"decided by the checker"]
             consumer.ack(got[0])
+    finally:
+        p.shutdown()
+
+
+class Answers(Checker):
+    """A checker answering from a list, in turn (the last answer repeats)."""
+
+    def __init__(self, *answers):
+        super().__init__(answers[-1])
+        self.answers = list(answers)
+
+    def check(self, message):
+        super().check(message)
+        with self.lock:
+            return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_a_check_goes_only_to_a_producer_of_the_topic(chronoq_process):
+    """A half message is checked with a producer of its topic only. Another application's
+    producer, connected the whole time, is never asked (its checker would answer for a
+    transaction it knows nothing of); the topic's producer, back after a restart, is asked and
+    its answer holds. Its checker's first answer is "not known yet" (the Python client's
+    TRANSACTION_RESOLUTION_UNSPECIFIED): the half stays pending and is checked again."""
+    proc = chronoq_process("txn_check_after_ms = 1000\ntxn_check_interval_ms = 1000\n")
+    orders, other = unique("txn-orders"), unique("txn-other")
+    stranger = Checker(TransactionResolution.ROLLBACK)
+    bystander = _producer(proc.endpoint, other, stranger)
+    try:
+        first = _producer(proc.endpoint, orders, Checker(TransactionResolution.ROLLBACK))
+        try:
+            tx = first.begin_transaction()
+            receipt = first.send(make_message(orders, b"order 42 paid"), tx)
+        finally:
+            first.shutdown()  # gone before any check: its half is left pending
+        time.sleep(3.5)  # three check intervals with only the other application connected
+        assert stranger.seen == []
+        owner = Answers(TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED, TransactionResolution.COMMIT)
+        again = _producer(proc.endpoint, orders, owner)
+        try:
+            wait_until(lambda: len(owner.seen) >= 2, 20, what="a check, 'not known yet', then a second check")
+            assert set(owner.seen) == {receipt.message_id}
+            with simple_consumer(proc.endpoint, unique("txn-orders-g"), orders) as consumer:
+                got = receive_all(consumer, 1, timeout_s=10)
+                assert [m.body for m in got] == [b"order 42 paid"]
+                consumer.ack(got[0])
+        finally:
+            again.shutdown()
+        assert stranger.seen == []
+    finally:
+        bystander.shutdown()
+
+
+def test_a_half_sent_to_an_undeclared_topic_is_checked_with_its_sender(chronoq_process):
+    """A producer that declared no topic at start-up and sent a half message to one (its settings
+    name the topic only minutes later) is the one checked for it."""
+    proc = chronoq_process("txn_check_after_ms = 1000\ntxn_check_interval_ms = 1000\n")
+    topic = unique("txn-late")
+    checker = Checker(TransactionResolution.COMMIT)
+    p = Producer(config(proc.endpoint), (), checker)
+    p.startup()
+    try:
+        receipt = p.send(make_message(topic, b"late topic"), p.begin_transaction())
+        wait_until(lambda: checker.seen, 20, what="a transaction check")
+        assert checker.seen[0] == receipt.message_id
+        with simple_consumer(proc.endpoint, unique("txn-late-g"), topic) as consumer:
+            assert [m.body for m in receive_all(consumer, 1, timeout_s=10)] == [b"late topic"]
     finally:
         p.shutdown()
 

@@ -117,6 +117,20 @@ def test_names_are_validated_once_and_cached():
         convert.topic_name(pb.Resource(name="no spaces"))
 
 
+@pytest.mark.parametrize("name", ["CHRONOQ_TXN_HALF", "CHRONOQ_TXN_OP", "CHRONOQ_DELAY", "CHRONOQ_TRACE",
+                                  "CHRONOQ_TIMER_CTL", "CHRONOQ_STAGE", "SCHEDULE_TOPIC_XXXX", "rmq_sys_x", "%SYS%x"])
+def test_client_calls_may_not_name_internal_topics(name):
+    with pytest.raises(errors.ReservedName, match="internal"):
+        convert.topic_name(pb.Resource(name=name))
+    with pytest.raises(errors.ReservedName):  # refused again: never cached
+        convert.topic_name(pb.Resource(name=name))
+
+
+def test_dead_letter_and_retry_topics_stay_open_to_clients():
+    assert convert.topic_name(pb.Resource(name="%DLQ%billing")) == "%DLQ%billing"
+    assert convert.topic_name(pb.Resource(name="%RETRY%billing_orders")) == "%RETRY%billing_orders"
+
+
 @dataclass
 class FakePopped:
     message: Message

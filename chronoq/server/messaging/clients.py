@@ -35,14 +35,19 @@ _CONSUMER_TYPES = frozenset({pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSU
                              pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER})
 
 
+HALF_TOPICS_MAX = 1024  # topics a producer's session remembers it sent half messages to
+
+
 class TelemetrySession:
     """One client's Telemetry stream. Writes are serialised: gRPC allows one at a time.
 
     ``topics`` are a producer's publishing topics as of its last settings (the clients re-send
-    settings every 5 minutes only, so a topic first used after start-up may be missing).
+    settings every 5 minutes only, so a topic first used after start-up may be missing);
+    ``half_topics`` the topics it sent a transactional message to on this stream's watch (up to
+    HALF_TOPICS_MAX): its checker answers for those too.
     """
 
-    __slots__ = ("client_id", "context", "lock", "client_type", "group", "topics")
+    __slots__ = ("client_id", "context", "lock", "client_type", "group", "topics", "half_topics")
 
     def __init__(self, client_id: str, context) -> None:
         self.client_id = client_id
@@ -51,6 +56,11 @@ class TelemetrySession:
         self.client_type = pb.CLIENT_TYPE_UNSPECIFIED
         self.group = ""
         self.topics: frozenset[str] = frozenset()
+        self.half_topics: set[str] = set()
+
+    def publishes(self, topic: str) -> bool:
+        """A producer whose transaction checker may be asked about ``topic``'s half messages."""
+        return self.client_type == pb.PRODUCER and (topic in self.topics or topic in self.half_topics)
 
     async def write(self, command) -> None:
         async with self.lock:
@@ -68,13 +78,21 @@ class ClientRpcs:
         when one took it."""
         command = sv.TelemetryCommand(recover_orphaned_transaction_command=sv.RecoverOrphanedTransactionCommand(
             message=transaction_check_message(message, half.topic), transaction_id=format(half.offset, "x")))
-        # Producers that declared the topic first, then any producer: the clients only declare
-        # the topics given at start-up (contract §6.2.13).
-        candidates = sorted(self.sessions.values(), key=lambda s: half.topic not in s.topics)
-        for session in candidates:
-            if session.client_type == pb.PRODUCER and await self.push(session.client_id, command):
+        # Only a producer of the topic: one that declared it in its settings or sent a half
+        # message to it since its stream opened (the clients declare the topics given at
+        # start-up only, contract §6.2.13). Never another application's producer: its checker
+        # knows nothing of this transaction, and its answer (a ROLLBACK, say) would be taken.
+        # With none connected the half waits for the next check, as RocketMQ's proxy has it.
+        for session in [s for s in self.sessions.values() if s.publishes(half.topic)]:
+            if await self.push(session.client_id, command):
                 return True
         return False
+
+    def _sent_half(self, client_id: str, topic: str) -> None:
+        """A producer sent a transactional message to ``topic``: its checker answers for it."""
+        session = self.sessions.get(client_id)
+        if session is not None and len(session.half_topics) < HALF_TOPICS_MAX:
+            session.half_topics.add(topic)
 
     # ------------------------------------------------------------------ routes
     def _away_from_here(self, queues: list) -> list:

@@ -13,7 +13,7 @@ from chronoq.core import errors, model
 from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.send import send_columns, send_response
 from chronoq.server import convert
-from chronoq.server.messaging.calls import SendRequest, boundary, status_only
+from chronoq.server.messaging.calls import CLIENT_ID_HEADER, SendRequest, boundary, header, status_only
 from chronoq.timer import handle as recall_handles
 
 SEND_BATCH_MAX = 1024               # messages in one SendMessage request
@@ -78,7 +78,7 @@ class SendRpcs:
             cfg = self.config
             batch = convert.outgoing_batch(columns, cfg.max_body_bytes, self.clock.wall_ms(), cfg.timer_max_delay_ms)
             if batch.message_types[0] is _TRANSACTION:
-                return await self._send_half(batch.message(0))
+                return await self._send_half(batch.message(0), context)
             sent = await self.committer.send_batch(batch)
         except Exception as exc:  # noqa: BLE001 - the answer for this message
             self._count_refusal(exc, context, "SendMessage")
@@ -86,7 +86,7 @@ class SendRpcs:
         return (sent.message_ids[0], sent.queue_offsets[0], (sent.recall_handles or ("",))[0], "",
                 _replaced_status(sent.replaced[0]) if sent.replaced else None)
 
-    async def _send_half(self, outgoing) -> tuple:
+    async def _send_half(self, outgoing, context) -> tuple:
         txns = self.txns
         half = txns.half_message(outgoing)  # refused past max_pending_transactions, before any write
         try:
@@ -95,13 +95,19 @@ class SendRpcs:
             txns.abandoned([half])
             raise
         txid = txns.accepted(results, [half])[0]
+        if context is not None:  # its producer is the one to check it with (ClientRpcs._check_transaction)
+            self._sent_half(header(context, CLIENT_ID_HEADER), outgoing.topic)
         r = results[0]
         return r.message_id, r.queue_offset, "", txid, None
 
     @boundary(status_only(sv.EndTransactionResponse), "EndTransaction")
     async def EndTransaction(self, request, context):
+        if request.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED:
+            # "Not known yet": the Python client's checker answers a check so when it cannot tell
+            # (its enum has no UNKNOWN). Nothing changes; the half is checked again later.
+            return sv.EndTransactionResponse(status=self._ok)
         if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
-            raise errors.ClientError("resolution must be COMMIT or ROLLBACK")
+            raise errors.ClientError("resolution must be COMMIT or ROLLBACK (or unspecified: not known yet)")
         topic = request.topic.name
         half, batch, system = self.txns.resolution_batch(topic, request.message_id, request.transaction_id,
                                                          request.resolution == pb.COMMIT)
