@@ -205,6 +205,11 @@ class Transactions:
             ids.append(format(result.queue_offset, "x"))
         return ids
 
+    def pending_half(self, topic: str, message_id: str, transaction_id: str) -> Half:
+        """The pending half an EndTransaction names (``errors.InvalidTransaction`` when none):
+        what an answer of "not known yet" is checked against; it changes nothing."""
+        return self._lookup(topic, message_id, transaction_id)
+
     def _lookup(self, topic: str, message_id: str, transaction_id: str) -> Half:
         try:
             offset = int(transaction_id, 16)

@@ -247,8 +247,11 @@ def test_heartbeat_and_termination(stub):
 def test_rpcs_not_offered_answer_a_status(stub):
     q = pb.MessageQueue(topic=pb.Resource(name="t1"))
     g = pb.Resource(name="g1")
+    assert stub.EndTransaction(sv.EndTransactionRequest(topic=pb.Resource(name="t1"), resolution=pb.COMMIT + 7),
+                               metadata=meta(), timeout=5).status.code == Code.BAD_REQUEST  # no such resolution
+    # "Not known yet" (no resolution) of a transaction that is not pending
     assert stub.EndTransaction(sv.EndTransactionRequest(topic=pb.Resource(name="t1")), metadata=meta(),
-                               timeout=5).status.code == Code.BAD_REQUEST  # no resolution given
+                               timeout=5).status.code == Code.INVALID_TRANSACTION_ID
     assert stub.RecallMessage(sv.RecallMessageRequest(topic=pb.Resource(name="t1"), recall_handle="x"),
                               metadata=meta(), timeout=5).status.code == Code.BAD_REQUEST  # malformed handle
     assert stub.UpdateOffset(sv.UpdateOffsetRequest(group=g, message_queue=q), metadata=meta(),

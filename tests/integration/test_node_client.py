@@ -24,6 +24,7 @@ from .conftest import ROOT
 
 NODE_DIR = os.path.join(ROOT, "tests", "node")
 SCRIPT = os.path.join(NODE_DIR, "send_receive.mjs")
+MANY_TOPICS_SCRIPT = os.path.join(NODE_DIR, "many_topics.mjs")
 CLIENT_PACKAGE = os.path.join(NODE_DIR, "node_modules", "rocketmq-client-nodejs", "package.json")
 PINNED_VERSION = "1.0.8"
 COUNT = 6
@@ -87,3 +88,20 @@ def test_node_producer_and_simple_consumer(chronoq_endpoint):
     nacked = result["nacked"]
     assert len(nacked) == 1 and sent[nacked[0]] == 0
     assert attempts == {mid: ([1, 2] if mid in nacked else [1]) for mid in sent}
+
+
+def test_node_clients_with_several_topics_start(chronoq_endpoint):
+    """A Node Producer and SimpleConsumer with four topics each start and work. The client starts
+    waiting for its settings reply only after fetching every topic's route, and with three topics
+    or more chronoq's reply had always come before that: startup() hung for the client's own
+    re-send, five minutes on (the script's bound, 20 s, is that hang's guard, not a speed test)."""
+    _installed_client_version()
+    prefix, group = f"node-many-{uuid.uuid4().hex[:8]}", f"node-many-g-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run([NODE, MANY_TOPICS_SCRIPT, chronoq_endpoint, prefix, group, "4", "20000"],
+                          cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON result (exit {proc.returncode})\nstderr:\n{proc.stderr[-8000:]}"
+    result = json.loads(lines[-1])
+    assert result["ok"] and proc.returncode == 0, f"{result}\nstderr:\n{proc.stderr[-8000:]}"
+    assert result["topics"] == 4 and result["received"] == "after startup"
+

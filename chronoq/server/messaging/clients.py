@@ -36,6 +36,12 @@ _CONSUMER_TYPES = frozenset({pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSU
 
 
 HALF_TOPICS_MAX = 1024  # topics a producer's session remembers it sent half messages to
+# The settings reply is written again this long after the first, then after the second wait: the
+# Node client (1.0.8) opens its Telemetry stream, and sends its settings, while it still fetches the
+# routes of its other topics, and only then starts waiting for the reply. With three topics or
+# more the reply had always come in between, and its startup() hung until its own re-send five
+# minutes later. The clients take settings at any time (contract §3.4); a stream ends its waits.
+SETTINGS_AGAIN_S = (0.5, 2.0)
 
 
 class TelemetrySession:
@@ -47,7 +53,7 @@ class TelemetrySession:
     HALF_TOPICS_MAX): its checker answers for those too.
     """
 
-    __slots__ = ("client_id", "context", "lock", "client_type", "group", "topics", "half_topics")
+    __slots__ = ("client_id", "context", "lock", "client_type", "group", "topics", "half_topics", "settings")
 
     def __init__(self, client_id: str, context) -> None:
         self.client_id = client_id
@@ -57,6 +63,7 @@ class TelemetrySession:
         self.group = ""
         self.topics: frozenset[str] = frozenset()
         self.half_topics: set[str] = set()
+        self.settings = None  # the last settings reply (written again: SETTINGS_AGAIN_S)
 
     def publishes(self, topic: str) -> bool:
         """A producer whose transaction checker may be asked about ``topic``'s half messages."""
@@ -173,14 +180,21 @@ class ClientRpcs:
         client_id = header(context, CLIENT_ID_HEADER)
         session = TelemetrySession(client_id, context)
         self.sessions[client_id] = session
+        again = None
         try:
             async for command in request_iterator:
                 reply = self._telemetry_reply(command, session)
                 if reply is not None:
                     await session.write(reply)
+                    if reply.HasField("settings") and reply.status.code == self._ok.code:
+                        session.settings = reply
+                        if again is None:
+                            again = asyncio.ensure_future(_settings_again(session))
         except Exception as exc:  # noqa: BLE001 - a broken stream ends this session only
             log.debug("telemetry stream of %r ended: %r", client_id, exc)
         finally:
+            if again is not None:
+                again.cancel()
             if self.sessions.get(client_id) is session:
                 del self.sessions[client_id]
 
@@ -241,3 +255,14 @@ class ClientRpcs:
         out.metric.on = False
         return out
 
+
+async def _settings_again(session: TelemetrySession) -> None:
+    """Write the session's last settings reply again, SETTINGS_AGAIN_S apart (the Node client's
+    startup misses one that comes too early). Cancelled when the stream ends."""
+    for wait in SETTINGS_AGAIN_S:
+        await asyncio.sleep(wait)
+        try:
+            await session.write(session.settings)
+        except Exception as exc:  # noqa: BLE001 - the stream is going: its handler ends this task
+            log.debug("settings again to %r failed: %r", session.client_id, exc)
+            return

@@ -104,7 +104,9 @@ class SendRpcs:
     async def EndTransaction(self, request, context):
         if request.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED:
             # "Not known yet": the Python client's checker answers a check so when it cannot tell
-            # (its enum has no UNKNOWN). Nothing changes; the half is checked again later.
+            # (its enum has no UNKNOWN). Nothing changes (a pending transaction's, else refused);
+            # the half is checked again later.
+            self.txns.pending_half(request.topic.name, request.message_id, request.transaction_id)
             return sv.EndTransactionResponse(status=self._ok)
         if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
             raise errors.ClientError("resolution must be COMMIT or ROLLBACK (or unspecified: not known yet)")
