@@ -21,7 +21,7 @@ def _json(s) -> dict:
             "time_zone": s.time_zone, "start_ms": s.start_ms or None, "end_ms": s.end_ms or None,
             "catch_up": s.catch_up, "paused": s.paused, "created_ms": s.created_ms, "cursor_ms": s.cursor_ms,
             "pending": s.pending, "next_ms": list(s.next_ms), "tag": s.tag or None, "keys": list(s.keys),
-            "properties": dict(s.properties), "body_bytes": len(s.body)}
+            "properties": dict(s.properties), "body_bytes": len(s.body), "refusal": s.refusal or None}
 
 
 def _when(s) -> str:
@@ -33,8 +33,9 @@ def _show(rows, as_json: bool, title: str | None = None) -> None:
         print_json([_json(s) for s in rows] if title is None else _json(rows[0]))
         return
     print_table(title, ["NAME", "TOPIC", "WHEN", "ZONE", "CATCH-UP", "STATE", "NEXT FIRINGS"],
-                [[s.name, s.topic, _when(s), s.time_zone, s.catch_up, "paused" if s.paused else "active",
-                  " ".join(iso_ms(t) for t in s.next_ms[:3]) or "-"] for s in rows], wrap=("NEXT FIRINGS",))
+                [[s.name, s.topic, _when(s), s.time_zone, s.catch_up,
+                  "paused" if s.paused else f"refused: {s.refusal}" if s.refusal else "active",
+                  " ".join(iso_ms(t) for t in s.next_ms[:3]) or "-"] for s in rows], wrap=("STATE", "NEXT FIRINGS"))
 
 
 def _parse_ms(text: str | None, hint: str) -> int:

@@ -442,7 +442,7 @@ class AdminService(PipelineRpcs, ClusterRpcs, apb_grpc.AdminServicer):
                             keys=list(s.keys), properties=dict(s.properties), paused=s.paused,
                             created_ms=s.created_ms, cursor_ms=s.cursor_ms,
                             next_ms=next_ms if next_ms is not None else s.upcoming(now, upcoming) if upcoming else [],
-                            pending=sum(1 for a, _h in s.ahead if a > now))
+                            pending=sum(1 for a, _h in s.ahead if a > now), refusal=s.refusal)
 
 
 def _group_lag_pb(r: catalog.GroupLag) -> apb.GroupLag:

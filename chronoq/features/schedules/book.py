@@ -77,6 +77,7 @@ log = logging.getLogger("chronoq.features.schedules")
 STATE_FILE = "schedules.json"
 PROP_SCHEDULE = "CHRONOQ_SCHEDULE"
 PROP_SCHEDULE_AT = "CHRONOQ_SCHEDULE_AT"
+BROKER_PROPS = "CHRONOQ_"  # properties the broker sets or reads (a template may set none)
 NAME_MAX = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -87,6 +88,10 @@ HORIZON_MS = 10_000
 CATCH_UP_MAX = 1_000
 UPCOMING_SHOWN = 5
 CACHED_AHEAD = 1  # next occurrences computed at least per lookup (Schedule.after)
+REFUSED_BACKOFF_MAX_MS = 60_000  # a schedule whose occurrences are refused is tried again this often
+# What the broker answers occurrences it will not take (against a storage failure, which fails the
+# whole round and is resolved from the log): one schedule's trouble, not every schedule's.
+REFUSALS = (errors.ClientError, errors.NotFound, errors.Unsupported, errors.TooManyRequests)
 
 
 @dataclass(slots=True)
@@ -111,6 +116,11 @@ class Schedule:
     _after_ms: int = field(default=-1, repr=False, compare=False)
     _next: list = field(default_factory=list, repr=False, compare=False)
     _ended: bool = field(default=False, repr=False, compare=False)
+    # Not saved either: why the broker last refused its occurrences ("" while it takes them), and
+    # the back-off before they are planned again (ScheduleBook._refused).
+    refusal: str = field(default="", compare=False)
+    _retry_ms: int = field(default=0, repr=False, compare=False)
+    _backoff_ms: int = field(default=0, repr=False, compare=False)
 
     def after(self, t_ms: int, count: int) -> list[int]:
         """The first ``count`` occurrences > ``t_ms`` (fewer when the schedule ends), cached."""
@@ -227,14 +237,23 @@ class ScheduleBook:
         if len(body) > self.body_max:
             raise errors.ClientError(f"template body is {len(body)} bytes; at most {self.body_max}")
         props = validate.properties(properties or {})
-        if any(k.startswith(PROP_SCHEDULE) for k in props):
-            raise errors.ClientError(f"properties starting with {PROP_SCHEDULE} are set by the broker")
+        if any(k.startswith(BROKER_PROPS) for k in props):
+            # (CHRONOQ_SCHEDULE* are the book's; CHRONOQ_REPLACE_KEY would make each occurrence
+            # handed over replace the one before it, so none would fire; CHRONOQ_DELAY_LEVEL
+            # contradicts the occurrence's delivery time)
+            raise errors.ClientError(f"properties starting with {BROKER_PROPS} are the broker's; a schedule's "
+                                     "occurrences carry their own")
         keys = list(validate.keys(list(keys))) if keys else []
         tag = validate.tag(tag)
         now = self.clock.wall_ms()
         spec = occ.make_spec(cron, interval_ms, tz, start_ms, end_ms, now)
-        s = Schedule(name, topic, spec, catch_up, body, tag, keys, props, created_ms=now, gen=self._new_gen(),
-                     cursor_ms=now)
+        s = Schedule(name, topic, spec, catch_up, body, tag, keys, props, created_ms=now, gen=0, cursor_ms=now)
+        # An occurrence as the broker will see it, checked by its rules now (a topic typed for
+        # other messages than delayed ones refuses it): a schedule whose every occurrence would be
+        # refused is refused instead. (What changes later, a topic retyped or deleted, is the
+        # round's to survive: write_round.)
+        self.broker.prepare(self._message(s, now + self.horizon_ms))
+        s.gen = self._new_gen()
         self.schedules[name] = s
         self.save()
         self.on_change()
@@ -326,7 +345,7 @@ class ScheduleBook:
             nxt = s.after(s.cursor_ms, 1)
             if not nxt:
                 continue
-            due = nxt[0] - self.horizon_ms // 2
+            due = max(nxt[0] - self.horizon_ms // 2, s._retry_ms)
             best = due if best is None else min(best, due)
         return best
 
@@ -341,7 +360,7 @@ class ScheduleBook:
             if s.paused:
                 continue
             nxt = s.after(s.cursor_ms, 1)
-            if not nxt or nxt[0] - self.horizon_ms // 2 > now:
+            if not nxt or nxt[0] - self.horizon_ms // 2 > now or s._retry_ms > now:
                 continue
             p = occ.plan(s.spec, s.catch_up, s.cursor_ms, now, self.horizon_ms, self.ahead_max - len(s.ahead),
                          self.catch_up_max)
@@ -369,11 +388,49 @@ class ScheduleBook:
                                message_id=s.message_id(at), deliver_at_ms=at)
 
     def write_round(self, rnd: Round) -> None:
-        """Append the round's messages (page cache; durable with the next commit-log fsync)."""
-        if rnd.messages:
-            self.broker.check_space()
+        """Append the round's messages (page cache; durable with the next commit-log fsync).
+
+        One batch, as a rule. When the broker refuses it (a schedule's topic retyped or deleted
+        since its create, an occurrence's id sent by someone else within the dedupe window), it
+        wrote nothing, and each schedule's occurrences are written as a batch of their own: a
+        refused schedule is set aside (``_refused``: its cursor stays, it is tried again after a
+        back-off) and the others fire. Refused or not, the log holds a prefix of each schedule's
+        plan, in plan order, which is what ``resolve_intent`` relies on."""
+        if not rnd.messages:
+            return
+        self.broker.check_space()
+        try:
             rnd.results = self.broker.write(rnd.messages)
-            assert len(rnd.results) == len(rnd.messages)
+        except REFUSALS as exc:
+            if len(rnd.items) == 1:
+                self._refused(rnd, 0, 0, exc)
+                return
+            rnd.results, at = [], 0
+            for index, (_name, _gen, instants) in enumerate(rnd.items):
+                try:
+                    rnd.results.extend(self.broker.write(rnd.messages[at:at + len(instants)]))
+                except REFUSALS as exc:
+                    self._refused(rnd, index, len(rnd.results), exc)
+                at += len(instants)
+        assert len(rnd.results) == len(rnd.messages)
+
+    def _refused(self, rnd: Round, index: int, first: int, exc: Exception) -> None:
+        """Schedule ``rnd.items[index]``'s occurrences were refused (``exc``): none is handed
+        over (their results from ``first`` are None), its cursor stays, and it is planned again
+        after a back-off (1 s, doubling to REFUSED_BACKOFF_MAX_MS). Said once per reason."""
+        name, _gen, instants = rnd.items[index]
+        rnd.results[first:first] = [None] * len(instants)
+        rnd.cursors.pop(name, None)
+        s = self.schedules.get(name)
+        if s is None:
+            return
+        now = self.clock.wall_ms()
+        s._backoff_ms = min(REFUSED_BACKOFF_MAX_MS, max(1_000, s._backoff_ms * 2))
+        s._retry_ms = now + s._backoff_ms
+        if str(exc) != s.refusal:
+            log.error("schedule %s: its occurrences are refused, none fires until they are accepted (tried again "
+                      "every %d s at most): %s", name, REFUSED_BACKOFF_MAX_MS // 1000, exc)
+        s.refusal = str(exc)
 
     def finish_round(self, rnd: Round) -> None:
         """The round's messages are durable: move the cursors, keep the handles, clear the intent."""
@@ -381,8 +438,14 @@ class ScheduleBook:
         i = 0
         for name, gen, instants in rnd.items:
             for at in instants:
-                handed[(name, gen, at)] = rnd.results[i].recall_handle
+                result = rnd.results[i]
                 i += 1
+                if result is not None:
+                    handed[(name, gen, at)] = result.recall_handle
+            s = self.schedules.get(name)
+            if s is not None and s.refusal and name in rnd.cursors:
+                log.info("schedule %s: its occurrences are accepted again", name)
+                s.refusal, s._backoff_ms = "", 0
         self._adopt(handed, rnd.cursors)
         self.intent = None
 
