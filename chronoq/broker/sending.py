@@ -31,6 +31,7 @@ from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE
 from chronoq.store import record
 from chronoq.store.store import Columns, Prepared, Store
 from chronoq.timer import handle as handles
+from chronoq.timer.deliverytime import past_floor
 from chronoq.timer.keyed import has_replace_keys
 from chronoq.timer.service import TimerService
 
@@ -407,8 +408,11 @@ class Sender:
         if levels_in is None:
             values = deliver_in
             given = values if None not in values else [d for d in values if d is not None]
-            # In bulk: all ints within the maximum delay (the timer's rule, ``due_ms``).
-            if set(map(type, given)) <= _INT and (not given or max(given) - now <= self.timer.opts.max_delay_ms):
+            # In bulk: all ints within the maximum delay and none before the past floor (a 0 takes
+            # the loop too) (the timer's rule, ``due_ms``).
+            max_delay = self.timer.opts.max_delay_ms
+            if set(map(type, given)) <= _INT and (not given or (
+                    max(given) - now <= max_delay and min(given) >= past_floor(now, max_delay))):
                 dues = values if given is values else [0 if d is None else d for d in values]
             else:
                 dues = []

@@ -7,7 +7,7 @@ itself is ``chronoq.timer.service.TimerService``; this is the facade's side of i
 
 from __future__ import annotations
 
-from chronoq.core import errors
+from chronoq.core import errors, validate
 from chronoq.timer.keyed import KeyAnswer, KeyCancelResult
 from chronoq.timer.pending import PendingPage, PendingQuery
 from chronoq.timer.service import Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick
@@ -43,7 +43,12 @@ class TimerOperations:
         return self.timer_key_answered(answer)
 
     def timer_cancel_by_key(self, topic: str, key: str) -> KeyAnswer:
-        """``cancel_by_key``'s first half (as ``timer_recall``)."""
+        """``cancel_by_key``'s first half (as ``timer_recall``). The topic must be a user topic
+        that exists: a misspelt name would answer "nothing pending", as if all were well."""
+        if isinstance(topic, str) and topic:
+            topic = validate.user_topic(topic)
+            if topic not in self.topics:
+                raise errors.TopicNotFound(f"topic {topic!r} does not exist")
         return self.timer.cancel_by_key(topic, key)
 
     def timer_key_answered(self, answer: KeyAnswer) -> KeyCancelResult:

@@ -54,8 +54,9 @@ def message_recall(handle, endpoint, timeout, as_json) -> None:
     _print_outcome(r, as_json, "cancelled")
 
 
-def _parse_at(text: str) -> int:
-    """Epoch milliseconds, or an ISO 8601 time (without an offset: this machine's local time)."""
+def _parse_at(text: str, zone=None) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (without an offset: in ``zone``, a ``tzinfo``, else
+    this machine's local time)."""
     import datetime
 
     value = text.strip()
@@ -66,6 +67,8 @@ def _parse_at(text: str) -> int:
     except ValueError:
         raise click.BadParameter(f"{text!r} is neither epoch milliseconds nor an ISO 8601 time "
                                  "(e.g. 2030-01-31T09:00:00Z)", param_hint="--at") from None
+    if when.tzinfo is None and zone is not None:
+        when = when.replace(tzinfo=zone)
     return int(when.timestamp() * 1000)
 
 

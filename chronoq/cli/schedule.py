@@ -38,13 +38,23 @@ def _show(rows, as_json: bool, title: str | None = None) -> None:
                   " ".join(iso_ms(t) for t in s.next_ms[:3]) or "-"] for s in rows], wrap=("STATE", "NEXT FIRINGS"))
 
 
-def _parse_ms(text: str | None, hint: str) -> int:
+def _parse_ms(text: str | None, hint: str, tz: str | None = None) -> int:
+    """A time option: epoch ms, or ISO 8601 (without an offset: a wall-clock time in ``tz``, for
+    a schedule's --start/--end the zone its cron expression is read in; else this machine's)."""
     if not text:
         return 0
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     from chronoq.cli.message import _parse_at
 
+    zone = None
+    if tz is not None:
+        try:
+            zone = ZoneInfo(tz or "UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            pass  # (the broker refuses the zone, naming it)
     try:
-        return _parse_at(text)
+        return _parse_at(text, zone)
     except click.BadParameter as exc:
         raise click.BadParameter(exc.message, param_hint=hint) from None
 
@@ -55,8 +65,8 @@ def _parse_ms(text: str | None, hint: str) -> int:
 @click.option("--cron", default="", help='Cron expression, e.g. "30 9 * * 1-5" (6 fields: seconds last).')
 @click.option("--every", type=click.FloatRange(min=1), default=None, metavar="SECONDS", help="A fixed interval.")
 @click.option("--tz", default="UTC", show_default=True, help="IANA time zone of the cron expression.")
-@click.option("--start", default=None, metavar="TIME", help="First possible firing (epoch ms or ISO 8601).")
-@click.option("--end", default=None, metavar="TIME", help="Last possible firing (epoch ms or ISO 8601).")
+@click.option("--start", default=None, metavar="TIME", help="First possible firing (epoch ms, or ISO 8601: without an offset, in --tz).")
+@click.option("--end", default=None, metavar="TIME", help="Last possible firing (epoch ms, or ISO 8601: without an offset, in --tz).")
 @click.option("--catch-up", type=click.Choice(["skip", "once", "all"]), default="once", show_default=True,
               help="After downtime: skip missed firings, fire the latest once, or fire all (bounded).")
 @click.option("--body", required=True, help="The message body.")
@@ -76,7 +86,7 @@ def schedule_create(name, topic, cron, every, tz, start, end, catch_up, body, ta
             raise click.BadParameter(f"{p!r} is not K=V", param_hint="--property")
         properties[k] = v
     req = apb.Schedule(name=name, topic=topic, cron=cron, interval_ms=int(every * 1000) if every else 0,
-                       time_zone=tz, start_ms=_parse_ms(start, "--start"), end_ms=_parse_ms(end, "--end"),
+                       time_zone=tz, start_ms=_parse_ms(start, "--start", tz), end_ms=_parse_ms(end, "--end", tz),
                        catch_up=catch_up, body=body.encode(), tag=tag, keys=list(keys), properties=properties)
     s = admin_call(endpoint, timeout, "create_schedule", req)
     _show([s], as_json, f"schedule {s.name} created")

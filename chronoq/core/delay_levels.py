@@ -96,7 +96,8 @@ class DelayLevels:
         if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= len(self.delays_ms):
             raise errors.InvalidDeliveryTime(
                 f"delay level {level!r} does not exist: levels are 1..{len(self.delays_ms)} "
-                f"({self.text}); use deliver_at_ms for other delays")
+                f"({self.text}); for other delays give a delivery time (deliver_at_ms; the official clients' "
+                "delivery_timestamp)")
         return level
 
     @staticmethod

@@ -475,6 +475,9 @@ class Staging:
             ahead_max = max(times) - (now if times is deliver else 0)
             if ahead_max > self.broker.max_delay_ms:
                 return None
+            floor = deliverytime.past_floor(now, self.broker.max_delay_ms)
+            if times is deliver and any(0 < t < floor for t in times):
+                return None  # not a plausible time (0 is none): the row loop names it
             if times is delay:  # deliver this long after staging
                 times = [now + t if t else 0 for t in times]
         else:

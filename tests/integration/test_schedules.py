@@ -53,6 +53,29 @@ def test_schedule_created_with_the_cli_fires_into_the_official_client(chronoq_pr
     assert b"time zone" in bad.stderr
 
 
+def test_schedule_create_reads_times_in_its_zone_and_refuses_what_would_never_fire(chronoq_process, monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # the CLI's machine is elsewhere: --tz decides
+    proc = chronoq_process()
+    cli = make_cli(proc.endpoint)
+    topic = unique("sched-zone")
+    cli("topic", "create", topic)
+    made = cli.json("schedule", "create", "nine", topic, "--cron", "0 9 * * *", "--tz", "America/New_York",
+                    "--start", "2030-06-01T09:00:00", "--body", "b")
+    assert made["start_ms"] == 1906549200000  # 2030-06-01T13:00:00Z: 09:00 in New York (EDT)
+    assert made["next_ms"][0] == made["start_ms"] and made["refusal"] is None
+    plain = unique("sched-plain")
+    cli("topic", "create", plain, "--type", "normal")
+    bad = cli("schedule", "create", "x", plain, "--every", "1", "--body", "b", expect=1)
+    assert b"accepts NORMAL messages, not DELAY" in bad.stderr
+    bad = cli("schedule", "create", "x", topic, "--every", "1", "--body", "b", "--property", "CHRONOQ_REPLACE_KEY=k",
+              expect=1)
+    assert b"CHRONOQ_" in bad.stderr
+    bad = cli("schedule", "create", "x", topic, "--every", "60", "--start", str(int(time.time()) + 60), "--body", "b",
+              expect=1)
+    assert b"looks like epoch seconds" in bad.stderr
+    assert [s["name"] for s in cli.json("schedule", "list")] == ["nine"]
+
+
 def test_schedule_every_second_survives_kill_9_exactly_once(tmp_path, monkeypatch):
     """Kills at random moments, and at each bad moment of a round (the broker started through
     tests/integration/schedule_faults.py SIGKILLs itself there): after the intent is saved, after

@@ -78,7 +78,16 @@ def test_start_end_and_room():
 
 @pytest.mark.parametrize("kw", [dict(cron="* * * * *", interval_ms=1000), dict(), dict(cron="nope"),
                                 dict(cron="* * * * *", tz="Mars/Olympus"), dict(interval_ms=10),
-                                dict(cron="0 0 31 2 *")])
+                                dict(cron="0 0 31 2 *"),
+                                # what the docs do not promise: a year field, croniter's nicknames
+                                dict(cron="0 0 * * * * 2030"), dict(cron="@daily"),
+                                # the host's own zone, not a zone
+                                dict(cron="* * * * *", tz="localtime"), dict(cron="* * * * *", tz="posix/UTC"),
+                                # epoch seconds for milliseconds; an end already past; no firing before the end
+                                dict(interval_ms=60_000, start_ms=_ms(2026, 1, 2) // 1000),
+                                dict(interval_ms=60_000, end_ms=_ms(2025, 12, 31)),
+                                dict(interval_ms=3_600_000, end_ms=_ms(2026, 1, 1) + 60_000),
+                                dict(cron="0 9 * * *", end_ms=_ms(2026, 1, 1) + 60_000)])
 def test_bad_specs_are_refused(kw):
     args = dict(cron="", interval_ms=0, tz="UTC", start_ms=0, end_ms=0, now_ms=_ms(2026, 1, 1))
     args.update(kw)

@@ -330,7 +330,14 @@ def test_cancel_by_key_refuses_what_is_not_a_key(tmp_path, clock):
         b.cancel_by_key(TOPIC, "")
     with pytest.raises(errors.ClientError):
         b.cancel_by_key("", "k")
-    assert b.cancel_by_key("nowhere", "k").cancelled == []
+    # A topic that does not exist (misspelt?) or is not a user topic: not "nothing pending there".
+    with pytest.raises(errors.TopicNotFound, match="nowhere"):
+        b.cancel_by_key("nowhere", "k")
+    with pytest.raises(errors.InvalidTopic):
+        b.cancel_by_key("bad topic!", "k")
+    with pytest.raises(errors.ReservedName):
+        b.cancel_by_key("%DLQ%x", "k")
+    assert b.cancel_by_key(TOPIC, "k").cancelled == []
     b.close()
 
 

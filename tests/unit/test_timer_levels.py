@@ -85,6 +85,24 @@ def test_deliver_at_limits():
             deliverytime.check_deliver_at(bad, NOW, TWO_YEARS)
 
 
+def test_delivery_times_that_cannot_be_epoch_milliseconds_are_refused_with_a_hint():
+    # Epoch seconds given as milliseconds (January 1970) or a delay given as a time would deliver
+    # at once without a word; they are refused, saying what the value looks like.
+    seconds = NOW // 1000 + 60
+    with pytest.raises(errors.InvalidDeliveryTime, match=f"looks like epoch seconds \\({seconds * 1000} in milliseconds"):
+        deliverytime.check_deliver_at(seconds, NOW, TWO_YEARS)
+    with pytest.raises(errors.InvalidDeliveryTime, match=f"for a delay, give now \\+ the delay \\({NOW + 60_000} for"):
+        deliverytime.check_deliver_at(60_000, NOW, TWO_YEARS)
+    for bad in (-1, -5000, -62_135_596_800_000):
+        with pytest.raises(errors.InvalidDeliveryTime, match="before 1970"):
+            deliverytime.check_deliver_at(bad, NOW, TWO_YEARS)
+    assert deliverytime.check_deliver_at(0, NOW, TWO_YEARS) == 0  # no time: at once
+    three_years_ago = NOW - 3 * 365 * 86_400_000  # a real time from years ago (old data replayed)
+    assert deliverytime.check_deliver_at(three_years_ago, NOW, TWO_YEARS) == three_years_ago
+    # A clock near the epoch (tests' fake clocks): the floor follows it, nothing positive is refused.
+    assert deliverytime.check_deliver_at(5, 10_000, TWO_YEARS) == 5
+
+
 def test_client_timestamp_in_seconds_is_accepted():
     seconds = NOW // 1000 + 60
     assert deliverytime.from_client_timestamp(seconds, 500_000_000, NOW, TWO_YEARS) == seconds * 1000 + 500

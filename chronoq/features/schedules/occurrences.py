@@ -64,6 +64,12 @@ class Spec:
         return ZoneInfo(self.tz)
 
 
+# Names ZoneInfo opens that are not zones: the host's zone (it would change with the machine), the
+# file of default rules, and a placeholder.
+_NOT_ZONES = frozenset(("localtime", "posixrules", "Factory"))
+_YEAR_2000_MS = 946_684_800_000
+
+
 def make_spec(cron: str, interval_ms: int, tz: str, start_ms: int, end_ms: int, now_ms: int) -> Spec:
     """A checked ``Spec`` (``errors.ClientError`` naming what is wrong)."""
     cron = (cron or "").strip()
@@ -71,21 +77,31 @@ def make_spec(cron: str, interval_ms: int, tz: str, start_ms: int, end_ms: int, 
         raise errors.ClientError("give either a cron expression or an interval, not both or neither")
     tz = tz or "UTC"
     try:
+        if tz in _NOT_ZONES or tz.startswith(("posix/", "right/")):
+            raise ValueError(tz)  # files beside the zones: the host's own zone, and variants
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         raise errors.ClientError(f"unknown time zone {tz!r}: use an IANA name such as Europe/Berlin") from None
-    if start_ms < 0 or end_ms < 0:
-        raise errors.ClientError("start and end are epoch milliseconds (0: none)")
+    for what, ms in (("start", start_ms), ("end", end_ms)):
+        if ms < 0 or 0 < ms < _YEAR_2000_MS:
+            hint = f" ({ms} looks like epoch seconds: {ms * 1000} ms)" if _YEAR_2000_MS <= ms * 1000 else ""
+            raise errors.ClientError(f"the {what} is epoch milliseconds (0: none), not {ms}{hint}")
     if end_ms and end_ms < start_ms:
         raise errors.ClientError("the end is before the start")
+    if end_ms and end_ms <= now_ms:
+        raise errors.ClientError("the end is already past: the schedule would never fire")
     if cron:
-        if len(cron) > 256 or not croniter.is_valid(cron):
+        # 5 fields, or 6 with seconds last: what the docs promise (croniter takes more: a year
+        # field, "@daily" and the like).
+        if len(cron) > 256 or len(cron.split()) not in (5, 6) or not croniter.is_valid(cron):
             raise errors.ClientError(f"not a valid cron expression: {cron[:80]!r} (5 fields, or 6 with seconds last)")
     elif not isinstance(interval_ms, int) or not INTERVAL_MS_MIN <= interval_ms <= INTERVAL_MS_MAX:
         raise errors.ClientError(f"the interval must be between {INTERVAL_MS_MIN} and {INTERVAL_MS_MAX} ms")
     spec = Spec(cron, interval_ms if not cron else 0, tz, start_ms, end_ms, start_ms or now_ms)
-    if cron and next_after(spec, max(now_ms, start_ms - 1)) is None and not end_ms:
-        raise errors.ClientError(f"the cron expression {cron!r} never fires")
+    first = next_after(spec, max(now_ms, start_ms - 1))
+    if first is None or (end_ms and first > end_ms):
+        raise errors.ClientError("the schedule never fires" + (" before its end" if end_ms else "")
+                                 + (f" (cron expression {cron!r})" if cron else ""))
     return spec
 
 
