@@ -24,8 +24,10 @@ EPOCH_YEAR = 1970
 
 
 def describe_span(span_ms: int) -> str:
-    if span_ms >= 2 * MS_PER_YEAR:
+    if span_ms >= 10 * MS_PER_YEAR:
         return f"about {span_ms / MS_PER_YEAR:,.0f} years"
+    if span_ms >= 2 * MS_PER_YEAR:  # (one decimal: 800 days is not "about 2 years" beside a 2-year limit)
+        return f"about {span_ms / MS_PER_YEAR:.1f} years"
     if span_ms >= 2 * MS_PER_DAY:
         return f"{span_ms / MS_PER_DAY:,.0f} days"
     return f"{span_ms / 1000:,.0f} s"
