@@ -100,6 +100,7 @@ from chronoq.pop.counters import PopCounters
 from chronoq.pop.groups import GroupBook, GroupConfig
 from chronoq.pop.handout import HandOut, Popped
 from chronoq.pop.inflight import Checkpoint, Inflight, QueueState
+from chronoq.pop.recentacks import RecentAcks
 from chronoq.pop.revive import Revival, Reviver
 
 log = logging.getLogger("chronoq.pop")
@@ -164,6 +165,7 @@ class PopService(HandOut):
         self.recovery = recovered
         generation = max(recovered.generation, generation_floor) + 1
         self._inflight = Inflight(None, generation=generation, buffer_ms=buffer_ms)
+        self._recent_acks = RecentAcks()  # a repeated ack answers OK (recentacks.py)
         restored = self._restore(recovered)
         logf = poplog.PopLog.create(self.pop_dir, generation, restored, now,
                                     journal.skips(self._inflight))
@@ -296,12 +298,21 @@ class PopService(HandOut):
             self._topic_names.add(topic)
 
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
-        """Settle one delivery. InvalidReceiptHandle if unknown, stale, or already revived."""
-        ck, index = self._locate(group, topic, receipt_handle)
+        """Settle one delivery. InvalidReceiptHandle if unknown, stale, or already revived (an
+        ack repeated within the delivery's invisible time is answered as done: recentacks.py)."""
+        self._check_names(group, topic)
+        ck_id, index, qid, offset = handles.decode(receipt_handle)
+        now = self.clock.wall_ms()
+        try:
+            ck = self._inflight.find(ck_id, index, qid, offset, group, topic)
+        except errors.InvalidReceiptHandle:
+            if self._recent_acks.repeated(ck_id, index, group, topic, now):
+                return
+            raise
         self._inflight.settle(ck, index)
+        self._recent_acks.add(ck_id, index, group, topic, ck.deadline_ms)
         acked, key = self.counters.acked, (group, topic)
         acked[key] = acked.get(key, 0) + 1
-        now = self.clock.wall_ms()
         if self.broker.trace is not None:  # chronoq.broker.trace: buffered, no I/O here
             self.broker.trace.acked(group, [(ck, index)], now)
         self._journal.after(now)
@@ -314,6 +325,7 @@ class PopService(HandOut):
         receipt_handles = list(receipt_handles)
         settled_refs = []  # (checkpoint, index) of each settled handle, for the trace
         decode, find, settle = handles.decode, self._inflight.find, self._inflight.settle
+        recent = self._recent_acks
         try:
             try:
                 self._check_names(group, topic)  # _locate's checks, once for all handles
@@ -323,18 +335,27 @@ class PopService(HandOut):
             for handle in receipt_handles:
                 try:
                     ck_id, index, qid, offset = decode(handle)
-                    ck = find(ck_id, index, qid, offset, group, topic)
-                    settle(ck, index)
                 except Exception as exc:  # noqa: BLE001 - per handle, as ack would raise it
                     out.append(exc)
                     continue
+                try:
+                    ck = find(ck_id, index, qid, offset, group, topic)
+                    settle(ck, index)
+                except errors.InvalidReceiptHandle as exc:
+                    # (acked already, within its invisible time: answered as done; not counted)
+                    out.append(None if recent.repeated(ck_id, index, group, topic, now) else exc)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - per handle, as ack would raise it
+                    out.append(exc)
+                    continue
+                recent.add(ck_id, index, group, topic, ck.deadline_ms)
                 settled_refs.append((ck, index))
                 out.append(None)
         finally:
             if self.broker.trace is not None and settled_refs:  # chronoq.broker.trace: buffered, no I/O here
                 self.broker.trace.acked(group, settled_refs, now)
             self._journal.after(now)
-            settled = out.count(None)
+            settled = len(settled_refs)  # (not out.count(None): a repeated ack is answered, not counted)
             if settled:
                 acked, key = self.counters.acked, (group, topic)
                 acked[key] = acked.get(key, 0) + settled

@@ -5,6 +5,7 @@ for a server that does not offer it (a small real gRPC server that implements on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 
 import grpc
@@ -137,8 +138,13 @@ def test_ack_and_receive_acks_then_receives_in_one_call(chronoq_endpoint):
             await client.send_batch([OutgoingMessage(topic, b"m%d" % i) for i in range(5)])
             first = await client.ack_and_receive(group, topic, [], max_messages=3, wait_s=1)
             second = await client.ack_and_receive(group, topic, first, max_messages=3, wait_s=1)
-            with pytest.raises(ClientError) as stale:  # acked already: the ack fails, nothing is received
-                await client.ack_and_receive(group, topic, first, max_messages=3, wait_s=0)
+            # Acked already (the answer was lost, say): done again, and nothing left to receive.
+            assert await client.ack_and_receive(group, topic, first, max_messages=3, wait_s=0) == []
+            # A stale handle (replaced by change-invisible-time): the ack fails, nothing is received.
+            replaced = dataclasses.replace(second[0])
+            await client.change_invisible(group, topic, second[0], 30)  # (second[0] holds the new handle)
+            with pytest.raises(ClientError) as stale:
+                await client.ack_and_receive(group, topic, [replaced], max_messages=3, wait_s=0)
             last = await client.ack_and_receive(group, topic, second, max_messages=3, wait_s=0)
             assert client._batch_offered
             with pytest.raises(ClientError) as bad:
