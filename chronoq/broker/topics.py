@@ -90,13 +90,16 @@ class TopicRegistry:
         self.save()
         shown = ", ".join(adopted[:ADOPTED_SHOWN_MAX]) + (
             f" and {len(adopted) - ADOPTED_SHOWN_MAX} more" if len(adopted) > ADOPTED_SHOWN_MAX else "")
+        if not users:
+            # System topics only, e.g. CHRONOQ_EPOCH on a promoted replica: their owners size them,
+            # nothing for an operator to check or restore (no line in the start-up report).
+            log.info("%s: adopted the store's system topic(s) %s", TOPICS_FILE, shown)
+            return
         note = (f"{TOPICS_FILE} {'lacked' if found else 'was missing:'} {len(adopted)} topic(s) the store has, "
                 f"adopted with their queue counts: {shown}; a user topic adopted has at least default_queues "
                 f"queues and type mixed (check `chronoq topic list`; restore {self.path} from a backup for "
                 "the exact ones)")
-        # (system topics only, e.g. CHRONOQ_EPOCH on a promoted replica: their owners size them,
-        # nothing for an operator to check)
-        log.log(logging.WARNING if users else logging.INFO, "%s", note)
+        log.warning("%s", note)
         if notes is not None:
             notes.append(note)
 

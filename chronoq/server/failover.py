@@ -94,13 +94,19 @@ def start_coordinator(cfg, node_id: str) -> EtcdCoordinator:
     return coord
 
 
-def _local_position(cfg) -> tuple[int, int]:
-    """(durable log end, epoch) of this node's data directory (opened as a store, then closed)."""
+def _local_position(cfg, runtime=None) -> tuple[int, int]:
+    """(durable log end, epoch) of this node's data directory (opened as a store, then closed).
+
+    That open runs the crash recovery, and its clean close leaves a clean stop for the broker's
+    own open to find: the first recovery report that was not clean is kept on ``runtime``
+    (``crash_recovery``), for the start-up report and ``chronoq_recovery_*`` to tell the truth."""
     from chronoq.replication.position import current_epoch
     from chronoq.server.replica import _open_store
 
     store = _open_store(cfg)
     try:
+        if runtime is not None and not store.report.clean and getattr(runtime, "crash_recovery", None) is None:
+            runtime.crash_recovery = store.report
         return store.log.synced, current_epoch(store)
     finally:
         store.close()
@@ -123,7 +129,7 @@ async def take_role(runtime) -> int | None:
             continue
         position = log_epoch = 0
         if view.leader is None:
-            position, log_epoch = await loop.run_in_executor(None, _local_position, cfg)
+            position, log_epoch = await loop.run_in_executor(None, _local_position, cfg, runtime)
         kind, why = co.decide(view, cfg.endpoint, position, cfg.force_leader)
         if kind == co.CAMPAIGN:
             epoch = co.next_epoch(view, log_epoch)

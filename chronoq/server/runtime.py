@@ -57,6 +57,7 @@ class Runtime:
         # What /healthz reports (chronoq.server.http): "ready" only between the ready line and the stop.
         self.state = "starting"
         self._early: list = []  # front ends started before recovery (HTTP: /healthz)
+        self.crash_recovery = None  # a crash recovered before the broker opened (failover._local_position)
         # Front ends (the gRPC server, ...) register (start, stop) coroutine functions here.
         self.front_ends: list = []
         # Replication (chronoq.replication): this process's node id, and the primary's side once serving.
@@ -81,6 +82,11 @@ class Runtime:
             self.broker = Broker(self.config, progress=progress)
         finally:
             progress.close()
+        earlier = self.crash_recovery
+        if earlier is not None and self.broker.recovery.clean:
+            # The crash was recovered by the look at the log's position before the campaign
+            # (failover._local_position), which closed the store cleanly: report that recovery.
+            self.broker.recovery = earlier
         self.say(f"chronoq data directory: {self.config.data_dir}")
         self.say(f"recovery: {self.broker.recovery.summary()}")
         from chronoq.server.metrics import BrokerMetrics

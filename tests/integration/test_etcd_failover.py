@@ -373,3 +373,28 @@ def test_a_primary_that_loses_etcd_fences_itself_and_leads_again_once_etcd_answe
         a.stop()
     finally:
         a.stop(check=False)
+
+
+def test_a_lone_node_restarted_after_kill_9_reports_the_crash_recovery(tmp_path, etcd):  # noqa: F811
+    """With no leader in etcd, a starting node opens its store to learn its log position before it
+    campaigns; that open recovers the crash and closes cleanly. The start-up report and
+    chronoq_recovery_clean must still say the last stop was a crash, not a clean stop."""
+    cluster, topic = unique("c"), unique("t")
+    config = etcd.config(cluster)
+    a = start(tmp_path, "a", config)
+    with producer(a.endpoint, topic) as p:
+        for i in range(5):
+            p.send(make_message(topic, b"m%d" % i))
+    kill_9(a)
+    again = start(tmp_path, "a", config, port=a.port)  # the same node: it waits out its old lease
+    try:
+        assert any(f"leads {cluster}/default" in line for line in again.lines), again.output()
+        recovery = [line for line in again.lines if "recovery:" in line]
+        assert recovery and "recovered after an unclean stop" in recovery[-1], again.output()
+        assert "topics.json" not in recovery[-1]  # (the store's own system topics need no advice)
+        url = [HTTP_ANNOUNCED.search(line) for line in again.lines if HTTP_ANNOUNCED.search(line)][-1].group(1)
+        metrics = urllib.request.urlopen(f"{url}metrics", timeout=10).read().decode()
+        assert "chronoq_recovery_clean 0.0" in metrics
+    finally:
+        again.stop()
+
