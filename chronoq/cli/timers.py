@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from chronoq.cli.remote import admin_call, call, connection, remote_options
+from chronoq.cli.remote import EXIT_REFUSED, admin_call, call, connection, fail, remote_options
 from chronoq.cli.render import bars, duration_text, echo_wrapped, iso_ms, plural, print_json, print_table
 
 TIMERS_MINUTES_MAX = 10_080  # a week (the broker's limit)
@@ -120,19 +120,27 @@ def timers(ctx, minutes, endpoint, timeout, as_json) -> None:
 def timers_cancel(topic, key, endpoint, timeout, as_json) -> None:
     """Cancel every pending timer message of TOPIC carrying message key --key (admin only).
 
-    A topic spread over several broker groups (a cluster): each live group holding it cancels
-    its own messages (keys live on the group that stored the message); the answer sums them."""
+    A topic spread over several broker groups (a cluster): each group holding it cancels its own
+    messages (keys live on the group that stored the message); the answer sums them. While a group
+    holding it has no primary, nothing is cancelled and the command fails naming the group (its
+    messages would fire: run it again once the group is back)."""
     from chronoq.client.admin import AdminClient
-    from chronoq.client.routed import topic_primaries
+    from chronoq.client.routed import groups_without_primary, topic_primaries
 
     async def work():
+        down = await groups_without_primary(endpoint, topic, request_timeout_s=timeout, **connection())
+        if down:
+            return down, []
         answers = []
         for primary in await topic_primaries(endpoint, topic, request_timeout_s=timeout, **connection()):
             async with AdminClient(primary, request_timeout_s=timeout, **connection()) as admin:
                 answers.append(await admin.cancel_by_key(topic, key))
-        return answers
+        return [], answers
 
-    answers = call(endpoint, timeout, work())
+    down, answers = call(endpoint, timeout, work())
+    if down:
+        fail(f"broker group(s) {', '.join(down)} holding {topic} have no primary now: their pending messages "
+             "cannot be cancelled, so none was (run it again once they are back)", EXIT_REFUSED)
     cancelled = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for r in answers for m in r.cancelled]
     delivered = [{"message_id": m.message_id, "deliver_at_ms": m.deliver_at_ms} for r in answers for m in r.delivered]
     truncated = any(r.truncated for r in answers)

@@ -292,7 +292,9 @@ class Inflight:
                 "replaced by change-invisible-time, or from another broker)")
         if ck.group != group or ck.topic != topic:
             raise errors.InvalidReceiptHandle(
-                f"receipt handle belongs to group {ck.group!r} and topic {ck.topic!r}, not {group!r}/{topic!r}")
+                # (not naming the handle's own group and topic: with access control on, a caller
+                # of another group must not learn them)
+                f"receipt handle belongs to another consumer group or topic than {group!r}/{topic!r}")
         if (index >= len(ck.offsets) or ck.offsets[index] != queue_offset
                 or ck.queue.queue_id != queue_id):
             raise errors.InvalidReceiptHandle("receipt handle does not match its checkpoint")

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 
@@ -226,8 +228,23 @@ def _sink_id(settings: Settings) -> str:
     if not settings.checkpoint:
         raise ValueError("a chronoq stream sink needs option sinkId or a checkpointLocation (a stable id "
                          "makes the sink exactly-once across restarts)")
-    path = settings.checkpoint.rstrip("/")
+    path = checkpoint_key(settings.checkpoint)
     return "ckpt:" + (path if len(path) <= 150 and path.isprintable() else hashlib.sha256(path.encode()).hexdigest())
+
+
+def checkpoint_key(location: str) -> str:
+    """One spelling per checkpoint location, for the sink id: a restart that names the same
+    checkpoint another way (relative or absolute, with or without ``file:``, a trailing slash)
+    must find the same sink, or the batch Spark replays is published a second time. A local path
+    is made absolute on the driver (as Spark resolves a relative checkpoint location against its
+    working directory) and normalised; another file system's URI is kept as given, less
+    trailing slashes."""
+    path = location.strip()
+    if path.startswith("file:"):
+        path = urllib.parse.urlsplit(path).path or path[len("file:"):]
+    if "://" in path:
+        return path.rstrip("/")
+    return os.path.normpath(os.path.abspath(path))
 
 
 def _check_write_schema(schema, overwrite: bool) -> None:

@@ -150,6 +150,40 @@ def test_recall_reschedule_and_cancel_by_key_find_their_message_on_either_group(
     assert not recalled & set(got)
 
 
+def test_cancel_by_key_refuses_while_a_group_holding_the_topic_has_no_primary(tmp_path):
+    """A route leaves out a group with no primary; cancelling on the others alone would answer
+    "done" while the dead group's keyed messages fire once it is back. Nothing is cancelled and
+    the command fails naming the group; with the group back, the cancel reaches both."""
+    from .test_etcd_failover import start
+    from .test_replication import kill_9
+
+    etcd = start_etcd(str(tmp_path / "etcd"))
+    cluster, nodes = unique("c"), []
+    try:
+        for group in ("g1", "g2"):
+            nodes.append(ChronoqProcess(str(tmp_path / group), etcd.config(cluster) + f'group_name = "{group}"\n'))
+        a, b = nodes
+        topic = spread_topic(a, b, queues=1)
+        later = int(time.time()) + 600
+        with producer(a.endpoint, topic) as p:
+            for i in range(4):  # (round robin over the two groups' queues: two on each)
+                m = make_message(topic, b"k%d" % i, keys=("order-7",))
+                m.delivery_timestamp = later
+                p.send(m)
+        kill_9(b)
+        wait_until(lambda: etcd.view(cluster, "g2").leader is None, 30, what="g2's leader key to expire")
+        refused = cli("timers", "cancel", topic, "--key", "order-7", "--endpoint", a.endpoint)
+        assert refused.returncode == 1 and "g2" in refused.stderr and "none was" in refused.stderr, refused
+        assert len(admin(a, "list_pending", topic=topic).messages) == 2  # g1's: not cancelled either
+        nodes[1] = b = start(tmp_path, "g2", etcd.config(cluster) + 'group_name = "g2"\n', port=b.port)  # (its endpoint)
+        done = cli_json("timers", "cancel", topic, "--key", "order-7", "--endpoint", a.endpoint)
+        assert len(done["cancelled"]) == 4 and done["broker_groups"] == 2, done
+    finally:
+        for node in reversed(nodes):
+            node.stop(check=False)
+        etcd.stop()
+
+
 class Checker(TransactionChecker):
     """The producer's answer to a half message's check: by its body."""
 

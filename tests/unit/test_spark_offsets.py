@@ -152,3 +152,19 @@ def test_queues_of_a_topic_spread_over_broker_groups_name_their_group():
     old = offs.positions_many(json.loads('{"t": {"0": 5, "1": 7}, "u": {"0": 1}}'))
     assert offs.adopt(old, {"t": "g1"}) == {("t", g("g1", 0)): 5, ("t", g("g1", 1)): 7, ("u", 0): 1}
     assert offs.parse_queue("12") == 12 and offs.parse_queue("g.x-1/3") == g("g.x-1", 3)
+
+
+def test_a_checkpoint_named_another_way_is_the_same_sink(tmp_path, monkeypatch):
+    # The stream sink's id comes from its checkpoint location: spelt relative, absolute, as a
+    # file: URI or with a trailing slash, a restart must find the same sink (else the batch Spark
+    # replays after a crash is published again).
+    pytest.importorskip("pyspark")
+    from chronoq.spark.source import checkpoint_key
+
+    monkeypatch.chdir(tmp_path)
+    here = str(tmp_path / "s5" / "ckpt")
+    spellings = ["s5/ckpt", "./s5/ckpt/", here, here + "/", "file:" + here, "file://" + here, "file:///" + here.lstrip("/"),
+                 str(tmp_path / "s5" / "x" / ".." / "ckpt")]
+    assert {checkpoint_key(s) for s in spellings} == {here}
+    assert checkpoint_key("hdfs://nn:8020/ckpt/q1/") == "hdfs://nn:8020/ckpt/q1"
+    assert checkpoint_key("s3a://bucket/ckpt") != checkpoint_key("s3a://bucket/other")
