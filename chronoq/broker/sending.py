@@ -31,7 +31,7 @@ from chronoq.core.validate import PROP_MESSAGE_GROUP, PROP_MESSAGE_TYPE
 from chronoq.store import record
 from chronoq.store.store import Columns, Prepared, Store
 from chronoq.timer import handle as handles
-from chronoq.timer.deliverytime import past_floor
+from chronoq.timer.deliverytime import YEAR_2000_MS
 from chronoq.timer.keyed import has_replace_keys
 from chronoq.timer.service import TimerService
 
@@ -411,8 +411,8 @@ class Sender:
             # In bulk: all ints within the maximum delay and none before the past floor (a 0 takes
             # the loop too) (the timer's rule, ``due_ms``).
             max_delay = self.timer.opts.max_delay_ms
-            if set(map(type, given)) <= _INT and (not given or (
-                    max(given) - now <= max_delay and min(given) >= past_floor(now, max_delay))):
+            if set(map(type, given)) <= _INT and (not given or (  # (deliverytime.past_floor, inline)
+                    max(given) - now <= max_delay and min(given) >= min(now - max_delay, YEAR_2000_MS))):
                 dues = values if given is values else [0 if d is None else d for d in values]
             else:
                 dues = []
