@@ -181,7 +181,7 @@ class Recall:
         flying = self._in_flight.of(h)
         if flying is not None:  # answered once the record in flight is durable (its ticket)
             if flying[0] == CANCELLED:
-                return "cancelled", 0, None, "it was recalled earlier"
+                return "cancelled", 0, None, "it was cancelled earlier (recalled, replaced by key or cancelled by key)"
             return "missing", 0, None, "it was rescheduled; use the handle the reschedule returned"
         if h.kind == handles.TIMER:
             state, start, raw = self._locate_timer(h)
@@ -189,7 +189,7 @@ class Recall:
             state, raw = self._locate_level(h)
             start = 0
         if state == CANCELLED:
-            return "cancelled", start, None, "it was recalled earlier"
+            return "cancelled", start, None, "it was cancelled earlier (recalled, replaced by key or cancelled by key)"
         if state == MOVED:
             return "missing", start, None, "it was rescheduled; use the handle the reschedule returned"
         if now >= h.due_ms:
