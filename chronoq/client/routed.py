@@ -182,11 +182,9 @@ async def topic_primaries(endpoint: str, topic: str, **connection) -> list[str]:
     return list(groups.values()) or [endpoint]
 
 
-async def groups_without_primary(endpoint: str, topic: str, **connection) -> list[str]:
-    """The broker groups that hold ``topic`` (its placement, as ``endpoint`` reads it from etcd)
-    and have no primary now; [] when all have one, the topic is not placed, or ``endpoint`` is not
-    in a cluster. A route leaves such groups out, so calls that need every group (cancel by key)
-    ask this first instead of reporting on part of the topic as if it were all of it."""
+async def _cluster_groups(endpoint: str, **connection):
+    """``ClusterGroups`` as ``endpoint`` reads the cluster from etcd; None when it is not in a
+    cluster (it answers PRECONDITION_FAILED: this node alone)."""
     from rocketmq.grpc_protocol.definition_pb2 import Code
 
     from chronoq.client.admin import AdminClient
@@ -194,30 +192,30 @@ async def groups_without_primary(endpoint: str, topic: str, **connection) -> lis
 
     async with AdminClient(endpoint, **connection) as admin:
         try:
-            shown = await admin.call("ClusterGroups")
+            return await admin.call("ClusterGroups")
         except ClientError as exc:
-            if exc.code != Code.PRECONDITION_FAILED:  # (not a cluster: this node alone)
+            if exc.code != Code.PRECONDITION_FAILED:
                 raise
-            return []
+            return None
+
+
+async def groups_without_primary(endpoint: str, topic: str, **connection) -> list[str]:
+    """The broker groups that hold ``topic`` (its placement) and have no primary now; [] when all
+    have one, the topic is not placed, or ``endpoint`` is not in a cluster. A route leaves such
+    groups out, so calls that need every group (cancel by key) ask this first instead of
+    reporting on part of the topic as if it were all of it."""
+    shown = await _cluster_groups(endpoint, **connection)
+    if shown is None:
+        return []
     live = {g.name for g in shown.groups if g.live and g.leader}
     holding = next((set(p.groups) for p in shown.placements if p.topic == topic), set())
     return sorted(holding - live)
 
 
 async def cluster_primaries(endpoint: str, **connection) -> list[str]:
-    """The endpoints of every live broker group's primary, as ``endpoint`` reads the cluster from
-    etcd (``ClusterGroups``); ``[endpoint]`` when it is not in a cluster. For views summed over
-    every group (consumer groups' lag)."""
-    from rocketmq.grpc_protocol.definition_pb2 import Code
-
-    from chronoq.client.admin import AdminClient
-    from chronoq.client.client import ClientError
-
-    async with AdminClient(endpoint, **connection) as admin:
-        try:
-            shown = await admin.call("ClusterGroups")
-        except ClientError as exc:
-            if exc.code != Code.PRECONDITION_FAILED:  # (not a cluster: this node alone)
-                raise
-            return [endpoint]
+    """The endpoints of every live broker group's primary (``ClusterGroups``); ``[endpoint]``
+    when it is not in a cluster. For views summed over every group (consumer groups' lag)."""
+    shown = await _cluster_groups(endpoint, **connection)
+    if shown is None:
+        return [endpoint]
     return [g.leader for g in shown.groups if g.live and g.leader] or [endpoint]

@@ -12,28 +12,9 @@ import pytest
 from chronoq.core import errors
 from chronoq.core.clock import FakeClock
 from chronoq.features.schedules.book import PROP_SCHEDULE, PROP_SCHEDULE_AT, REFUSED_BACKOFF_MAX_MS, ScheduleBook
-from tests.unit.timerkit import T0, open_broker, visible
+from tests.unit.timerkit import T0, open_broker, run_schedules, visible
 
 HEALTHY, TROUBLED = "healthy", "troubled"
-
-
-def _run(broker, book, clock, ms: int) -> None:
-    """The server's two tasks (schedule rounds, timer ticks) on a fake clock for ``ms``."""
-    end = clock.wall_ms() + ms
-    while True:
-        for _ in range(1000):
-            r, t = book.next_round_ms(), broker.timer_next_deadline_ms()
-            if r is not None and r <= clock.wall_ms():
-                book.run_round_here()
-            elif t is not None and t <= clock.wall_ms():
-                broker.timer_tick()
-            else:
-                break
-        else:
-            raise AssertionError("the round task never rests: a refused schedule is planned again at once")
-        if clock.wall_ms() >= end:
-            return
-        clock.advance(min(250, end - clock.wall_ms()))
 
 
 def _fired(broker, topic: str, name: str) -> Counter:
@@ -75,7 +56,7 @@ def test_a_refused_schedule_stops_alone_and_fires_again_once_accepted(setup, tro
     broker, book, clock = setup
     book.create(HEALTHY, HEALTHY, interval_ms=1000, body="h")
     book.create(TROUBLED, TROUBLED, interval_ms=1000, body="t", catch_up="skip")
-    _run(broker, book, clock, 3_000)
+    run_schedules(broker, book, clock, 3_000)
     # Its topic changes under it; the occurrences already handed over still fire (they are the
     # timer's), what is planned after is refused.
     if trouble == "retyped":
@@ -83,7 +64,7 @@ def test_a_refused_schedule_stops_alone_and_fires_again_once_accepted(setup, tro
     else:
         book.broker.config.auto_create_topics = False
         broker.delete_topic(TROUBLED)
-    _run(broker, book, clock, 30_000)
+    run_schedules(broker, book, clock, 30_000)
     s = book.get(TROUBLED)
     assert s.refusal, "the reason is kept for `chronoq schedule show`"
     assert s.ahead == [] and s.cursor_ms < clock.wall_ms() - 10_000  # nothing handed over since
@@ -97,7 +78,7 @@ def test_a_refused_schedule_stops_alone_and_fires_again_once_accepted(setup, tro
         broker.create_topic(TROUBLED, 1, "mixed", force=True)
     else:
         broker.create_topic(TROUBLED, 1)
-    _run(broker, book, clock, REFUSED_BACKOFF_MAX_MS + 10_000)
+    run_schedules(broker, book, clock, REFUSED_BACKOFF_MAX_MS + 10_000)
     assert book.get(TROUBLED).refusal == ""
     troubled = _fired(broker, TROUBLED, TROUBLED)
     assert set(troubled.values()) == {1}
@@ -116,7 +97,7 @@ def test_an_id_taken_by_another_sender_sets_aside_that_schedule_only(setup, capl
     s = book.create(TROUBLED, TROUBLED, interval_ms=1000, body="t")
     from chronoq.broker.broker import OutgoingMessage
     broker.send_batch([OutgoingMessage(TROUBLED, b"squatter", message_id=s.message_id(T0 + 1000))])
-    _run(broker, book, clock, 8_000)
+    run_schedules(broker, book, clock, 8_000)
     assert "troubled: its occurrences are refused" in caplog.text and "already used" in caplog.text
     assert book.get(TROUBLED).refusal == ""  # accepted again since
     assert sorted(_fired(broker, HEALTHY, HEALTHY)) == list(range(T0 + 1000, T0 + 8001, 1000))

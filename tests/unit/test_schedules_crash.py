@@ -11,29 +11,13 @@ import pytest
 
 from chronoq.core.clock import FakeClock
 from chronoq.features.schedules.book import PROP_SCHEDULE_AT, ScheduleBook
-from tests.unit.timerkit import T0, crash, open_broker, visible
+from tests.unit.timerkit import T0, crash, open_broker, run_schedules, visible
 
 TOPIC = "t"
 
 
 class Crash(Exception):
     pass
-
-
-def _run(broker, book, clock, ms):
-    end = clock.wall_ms() + ms
-    while True:
-        for _ in range(1000):
-            r, t = book.next_round_ms(), broker.timer_next_deadline_ms()
-            if r is not None and r <= clock.wall_ms():
-                book.run_round_here()
-            elif t is not None and t <= clock.wall_ms():
-                broker.timer_tick()
-            else:
-                break
-        if clock.wall_ms() >= end:
-            return
-        clock.advance(min(250, end - clock.wall_ms()))
 
 
 @pytest.mark.parametrize("op", ["pause", "delete"])
@@ -44,7 +28,7 @@ def test_pause_and_delete_interrupted_at_a_save(tmp_path, op, crash_at_save):
     broker.create_topic(TOPIC, 1)
     book = ScheduleBook(broker)
     book.create("s", TOPIC, interval_ms=1000, body="x")
-    _run(broker, book, clock, 3_000)
+    run_schedules(broker, book, clock, 3_000)
     assert len(book.get("s").ahead) >= 5  # occurrences handed to the timer, not yet due
     op_at = clock.wall_ms()
     saves = [0]
@@ -62,7 +46,7 @@ def test_pause_and_delete_interrupted_at_a_save(tmp_path, op, crash_at_save):
     crash(broker)
     broker = open_broker(tmp_path, clock, timer_prewrite_ms=50)
     book = ScheduleBook(broker)
-    _run(broker, book, clock, 20_000)
+    run_schedules(broker, book, clock, 20_000)
     fired = Counter(int(m.properties[PROP_SCHEDULE_AT]) for m in visible(broker, TOPIC))
     assert all(n == 1 for n in fired.values()), fired
     if "s" in book.schedules and not book.schedules["s"].paused:  # the op never took effect
@@ -93,7 +77,7 @@ def test_delete_during_a_round_then_crash_recalls_the_rounds_occurrences(tmp_pat
     crash(broker)
     broker = open_broker(tmp_path, clock, timer_prewrite_ms=50)
     book = ScheduleBook(broker)
-    _run(broker, book, clock, 20_000)
+    run_schedules(broker, book, clock, 20_000)
     fired = [int(m.properties[PROP_SCHEDULE_AT]) for m in visible(broker, TOPIC)]
     assert all(at <= deleted_at + 50 for at in fired), fired
     assert book.schedules == {} and book.intent is None

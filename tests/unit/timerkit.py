@@ -67,6 +67,26 @@ def drain(broker: Broker, max_ticks: int = 500) -> int:
     raise AssertionError(f"timer still busy after {max_ticks} ticks")
 
 
+def run_schedules(broker: Broker, book, clock: FakeClock, ms: int) -> None:
+    """The server's two tasks (schedule rounds, timer ticks) on a fake clock for ``ms``, 250 ms a
+    step; fails if the round task never rests (a schedule planned again at once, forever)."""
+    end = clock.wall_ms() + ms
+    while True:
+        for _ in range(1000):
+            r, t = book.next_round_ms(), broker.timer_next_deadline_ms()
+            if r is not None and r <= clock.wall_ms():
+                book.run_round_here()
+            elif t is not None and t <= clock.wall_ms():
+                broker.timer_tick()
+            else:
+                break
+        else:
+            raise AssertionError("the round task never rests")
+        if clock.wall_ms() >= end:
+            return
+        clock.advance(min(250, end - clock.wall_ms()))
+
+
 def visible(broker: Broker, topic: str = TOPIC) -> list:
     """Every message readable in ``topic`` (all queues), in queue order."""
     out = []
