@@ -300,22 +300,9 @@ class PopService(HandOut):
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
         """Settle one delivery. InvalidReceiptHandle if unknown, stale, or already revived (an
         ack repeated within the delivery's invisible time is answered as done: recentacks.py)."""
-        self._check_names(group, topic)
-        ck_id, index, qid, offset = handles.decode(receipt_handle)
-        now = self.clock.wall_ms()
-        try:
-            ck = self._inflight.find(ck_id, index, qid, offset, group, topic)
-        except errors.InvalidReceiptHandle:
-            if self._recent_acks.repeated(ck_id, index, group, topic, now):
-                return
-            raise
-        self._inflight.settle(ck, index)
-        self._recent_acks.add(ck_id, index, group, topic, ck.deadline_ms)
-        acked, key = self.counters.acked, (group, topic)
-        acked[key] = acked.get(key, 0) + 1
-        if self.broker.trace is not None:  # chronoq.broker.trace: buffered, no I/O here
-            self.broker.trace.acked(group, [(ck, index)], now)
-        self._journal.after(now)
+        failure = self.ack_many(group, topic, (receipt_handle,))[0]
+        if failure is not None:
+            raise failure
 
     def ack_many(self, group: str, topic: str, receipt_handles) -> list[Exception | None]:
         """``ack`` each handle, in order, with the bookkeeping after them (consume offsets) done

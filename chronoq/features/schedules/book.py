@@ -401,10 +401,7 @@ class ScheduleBook:
         self.broker.check_space()
         try:
             rnd.results = self.broker.write(rnd.messages)
-        except REFUSALS as exc:
-            if len(rnd.items) == 1:
-                self._refused(rnd, 0, 0, exc)
-                return
+        except REFUSALS:
             rnd.results, at = [], 0
             for index, (_name, _gen, instants) in enumerate(rnd.items):
                 try:

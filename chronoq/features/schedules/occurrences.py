@@ -36,6 +36,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, croniter
 
 from chronoq.core import errors
+from chronoq.timer.deliverytime import YEAR_2000_MS
 
 CATCH_UP_POLICIES = ("skip", "once", "all")
 CATCH_UP_DEFAULT = "once"
@@ -67,7 +68,6 @@ class Spec:
 # Names ZoneInfo opens that are not zones: the host's zone (it would change with the machine), the
 # file of default rules, and a placeholder.
 _NOT_ZONES = frozenset(("localtime", "posixrules", "Factory"))
-_YEAR_2000_MS = 946_684_800_000
 
 
 def make_spec(cron: str, interval_ms: int, tz: str, start_ms: int, end_ms: int, now_ms: int) -> Spec:
@@ -83,8 +83,8 @@ def make_spec(cron: str, interval_ms: int, tz: str, start_ms: int, end_ms: int, 
     except (ZoneInfoNotFoundError, ValueError):
         raise errors.ClientError(f"unknown time zone {tz!r}: use an IANA name such as Europe/Berlin") from None
     for what, ms in (("start", start_ms), ("end", end_ms)):
-        if ms < 0 or 0 < ms < _YEAR_2000_MS:
-            hint = f" ({ms} looks like epoch seconds: {ms * 1000} ms)" if _YEAR_2000_MS <= ms * 1000 else ""
+        if ms < 0 or 0 < ms < YEAR_2000_MS:
+            hint = f" ({ms} looks like epoch seconds: {ms * 1000} ms)" if YEAR_2000_MS <= ms * 1000 else ""
             raise errors.ClientError(f"the {what} is epoch milliseconds (0: none), not {ms}{hint}")
     if end_ms and end_ms < start_ms:
         raise errors.ClientError("the end is before the start")
