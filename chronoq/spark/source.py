@@ -54,6 +54,11 @@ READ_OPTIONS = ("endpoints", "endpoint", "topic", "subscribe", "subscribePattern
                 "failOnDataLoss", "timeoutSeconds", "accessKey", "secretKey", "tls", "tlsCaFile",
                 *pending.PENDING_OPTIONS)
 _READ_OPTIONS_LOWER = {name.lower() for name in READ_OPTIONS}
+# The write options (docs/spark.md, "Writing"): a batch write's jobId and atomic, a stream's
+# sinkId and checkpointLocation (Spark hands the query's own in the options), and the connection.
+WRITE_OPTIONS = ("endpoints", "endpoint", "topic", "jobId", "atomic", "sinkId", "checkpointLocation",
+                 "timeoutSeconds", "accessKey", "secretKey", "tls", "tlsCaFile")
+_WRITE_OPTIONS_LOWER = {name.lower() for name in WRITE_OPTIONS}
 
 
 def _flag(options, name: str, default: bool) -> bool:
@@ -80,12 +85,16 @@ def _positive(options, name: str, default: int | None) -> int | None:
     return n
 
 
-def _check_read_options(options) -> None:
-    """An option the source does not know is an error (a typo must not be silently ignored)."""
-    unknown = sorted(k for k in options if k.lower() not in _READ_OPTIONS_LOWER)
+def _check_options(options, reading: bool) -> None:
+    """An option the source does not know is an error: a typo must not be silently ignored (a
+    misspelt jobId would be a random id, and a re-run would publish everything again)."""
+    known, names, way = ((_READ_OPTIONS_LOWER, READ_OPTIONS, "read") if reading
+                         else (_WRITE_OPTIONS_LOWER, WRITE_OPTIONS, "write"))
+    unknown = sorted(k for k in options if k.lower() not in known)
     if unknown:
-        raise ValueError(f"the chronoq source does not know the read option(s) {', '.join(unknown)}; "
-                         f"it takes {', '.join(READ_OPTIONS)} (docs/spark.md)")
+        hint = " (save() takes no path: name the topic with option topic)" if "path" in unknown else ""
+        raise ValueError(f"the chronoq source does not know the {way} option(s) {', '.join(unknown)}; "
+                         f"it takes {', '.join(names)} (docs/spark.md){hint}")
 
 
 def _read_topics(options) -> tuple[tuple[str, ...], str | None]:
@@ -158,12 +167,12 @@ class Settings:
 
     @classmethod
     def parse(cls, options, reading: bool = False) -> "Settings":
+        _check_options(options, reading)
         endpoints = options.get("endpoints") or options.get("endpoint")
         if not endpoints:
             raise ValueError("the chronoq source needs option endpoints (host:port of the broker)")
         topics, pattern = (), None
         if reading:
-            _check_read_options(options)
             topics, pattern = _read_topics(options)
             topic = topics[0] if topics else ""
         else:

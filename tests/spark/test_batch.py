@@ -53,6 +53,17 @@ def test_failed_batch_write_rerun_with_its_job_id_publishes_each_row_once(spark,
     assert queue_totals(b.endpoint, "jobs") == 2 * ROWS
 
 
+def test_a_misspelt_write_option_is_refused_before_anything_is_staged(spark, broker):
+    # A misspelt jobId used to be ignored: the job got a random id, and its re-run published
+    # every row again.
+    b = broker()
+    df = spark.range(0, 10, 1, 2).selectExpr("format_string('t-%02d', id) as body")
+    with pytest.raises(Exception) as info:
+        write_rows(df, b.endpoint, "typos", jobld="nightly-1")
+    assert "does not know the write option(s) jobld" in str(info.value) and "jobId" in str(info.value)
+    assert queue_totals(b.endpoint, "typos") == 0
+
+
 def test_batch_read_takes_per_queue_offset_ranges(spark, broker, tmp_path):
     from chronoq.spark.rpc import AdminRpc
 

@@ -98,6 +98,31 @@ def test_read_options_kafka_aliases_and_unknown_options():
     assert all(name in str(info.value) for name in READ_OPTIONS)
     # The sink's options are not the source's: a write keeps its own checks.
     assert Settings.parse({**base, "topic": "t", "checkpointlocation": "/x"}).topic == "t"
+    with pytest.raises(ValueError, match="does not know the read option.s. jobid"):
+        Settings.parse({**base, "topic": "t", "jobid": "j"}, reading=True)
+
+
+def test_write_options_unknown_ones_are_refused():
+    """A misspelt write option (Spark hands them lowercased) is refused, naming what the sink
+    takes: a misspelt jobId used to become a random id, and a re-run published everything again."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.datasource import CaseInsensitiveDict  # what Spark hands a data source
+
+    from chronoq.spark.source import WRITE_OPTIONS, Settings
+
+    base = {"endpoints": "127.0.0.1:1", "topic": "t"}
+    s = Settings.parse(CaseInsensitiveDict({**base, "jobId": "nightly", "atomic": "true", "sinkId": "s",
+                                            "timeoutSeconds": "3", "checkpointLocation": "/ck", "tls": "false",
+                                            "tlsCaFile": "", "accessKey": "a", "secretKey": "b"}))
+    assert (s.job_id, s.atomic, s.sink_id, s.timeout_s, s.checkpoint) == ("nightly", True, "s", 3.0, "/ck")
+    with pytest.raises(ValueError) as info:
+        Settings.parse({**base, "jobld": "nightly"})  # a typo
+    assert "does not know the write option(s) jobld" in str(info.value)
+    assert all(name in str(info.value) for name in WRITE_OPTIONS)
+    with pytest.raises(ValueError, match="startingoffsets"):  # a read option on a write
+        Settings.parse({**base, "startingoffsets": "earliest"})
+    with pytest.raises(ValueError, match="takes no path"):  # save("/some/path")
+        Settings.parse({**base, "path": "/some/path"})
 
 
 def test_first_offset_at_or_after_a_time():
