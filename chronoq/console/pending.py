@@ -14,20 +14,30 @@ from chronoq.core import errors
 from chronoq.timer.pending import LIMIT_DEFAULT, PendingQuery
 
 FILTERS = ("topic", "key", "from", "to", "limit")
+# The last millisecond of year 9999: the page shows each time as a date, and a date past it (or
+# before 1970) has no text; such a value was a 500 and a traceback in the log.
+MAX_MS = 253_402_300_799_999
 
 
 def _ms(text: str | None, name: str) -> int | None:
     if text is None or text.strip() == "":
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise errors.ClientError(f"{name} must be epoch milliseconds, not {text[:40]!r}") from None
+        value = -1
+    if not 0 <= value <= MAX_MS:
+        raise errors.ClientError(f"{name} must be epoch milliseconds (0 to {MAX_MS}), not {text[:40]!r}")
+    return value
 
 
 def query_of(params) -> PendingQuery:
     """The query a page's URL asks (``from``/``to`` epoch ms); ClientError for a malformed one."""
-    limit = _ms(params.get("limit"), "limit")
+    text = params.get("limit", "").strip()
+    try:
+        limit = int(text) if text else None  # (its range is the query's to check: Broker.pending)
+    except ValueError:
+        raise errors.ClientError(f"limit must be a whole number, not {text[:40]!r}") from None
     return PendingQuery(topic=params.get("topic", "").strip(), key=params.get("key", "").strip(),
                         from_ms=_ms(params.get("from"), "from"), to_ms=_ms(params.get("to"), "to"),
                         limit=LIMIT_DEFAULT if limit is None else limit, cursor=params.get("cursor", ""))

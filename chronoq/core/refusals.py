@@ -41,11 +41,12 @@ HEADER_LIST = "header_list_too_large"        # decoded header list above its cap
 CONTROL_FLOOD = "control_flood"              # PING/SETTINGS acks the peer does not read
 EMPTY_FRAMES = "empty_frames"                # frames carrying nothing, over the budget
 PROTOCOL = "protocol_error"                  # any other HTTP/2 protocol violation
+HTTP_BAD_REQUEST = "http_bad_request"        # the HTTP port (metrics, console): a malformed request
 
 REASONS = (UNAUTHENTICATED, PERMISSION, INVALID, MESSAGE_TOO_LARGE, DISK_FULL, CONNECTIONS, STREAMS,
            TELEMETRY_STREAMS, PARKED_POLLS,
            ANSWER_BUDGET, PREFACE_TIMEOUT, IDLE_TIMEOUT, RAPID_RESET, SERVER_RESETS, CONTINUATION_FLOOD,
-           HEADER_LIST, CONTROL_FLOOD, EMPTY_FRAMES, PROTOCOL)
+           HEADER_LIST, CONTROL_FLOOD, EMPTY_FRAMES, PROTOCOL, HTTP_BAD_REQUEST)
 
 
 class Refusals:

@@ -50,12 +50,15 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import time
+from typing import Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from chronoq.core import errors
+from chronoq.core import errors, refusals
+from chronoq.core.refusals import Refusals
 
 log = logging.getLogger("chronoq.http")
 
@@ -99,9 +102,26 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
+# Every answer of the HTTP port: no other site may frame its pages (a framed console would let a
+# click on the attacker's page press the console's own buttons: the same-origin check on posts
+# cannot see that), and no browser may guess a type other than the one declared.
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+
+
 def build_app(runtime) -> web.Application:
     app = web.Application()
     app[RUNTIME_KEY] = runtime
+    app.on_response_prepare.append(_security_headers)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     console = _load_console()
@@ -116,24 +136,38 @@ def build_app(runtime) -> web.Application:
 H2_PREFACE_START = "PRI"  # the HTTP/2 preface's request line: "PRI * HTTP/2.0"
 
 
-class WrongPortFilter(logging.Filter):
-    """Turns aiohttp's traceback for a gRPC (HTTP/2) client dialling the HTTP port into one clear
-    line. Such a client's first bytes are the HTTP/2 preface, which aiohttp's HTTP/1.1 parser
-    refuses ("Error handling request" with a traceback, on ``aiohttp.server``); the client
-    itself sees a 400 and gives up. Every other record passes unchanged."""
+class BadRequestFilter(logging.Filter):
+    """Turns aiohttp's traceback for a request its HTTP/1.1 parser refuses into one short line, at
+    a bounded rate. aiohttp logs such a request ("Error handling request", ERROR, with a traceback,
+    on ``aiohttp.server``) and answers 400 itself; nine lines a request let anyone who can reach
+    the port, credentials or not, fill the log (a header over 8 KiB, say). Two kinds:
 
-    def __init__(self, http_port_text: str, grpc_endpoint: str) -> None:
+    * a gRPC (HTTP/2) client dialling the HTTP port: its first bytes are the HTTP/2 preface. One
+      clear line per such request saying where gRPC clients belong (a mistake, not an attack;
+      the client gives up at once);
+    * any other malformed request: counted as ``http_bad_request`` and logged by ``refuse``
+      (``Refusals``: at most one line per interval, the rest summed into the next).
+
+    Every other record passes unchanged."""
+
+    def __init__(self, http_port_text: str, grpc_endpoint: str, refuse: Callable[[str, str], None]) -> None:
         super().__init__()
         self.http_port_text = http_port_text
         self.grpc_endpoint = grpc_endpoint
+        self.refuse = refuse
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if not isinstance(exc, HttpProcessingError) or H2_PREFACE_START not in str(exc):
+        if not isinstance(exc, HttpProcessingError):
             return True
-        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "a client"
-        log.warning("%s spoke HTTP/2 (gRPC?) to the HTTP port %s, which serves /metrics, /healthz and the "
-                    "console over HTTP/1.1; gRPC clients belong on %s", peer, self.http_port_text, self.grpc_endpoint)
+        peer = str(record.args[0]) if isinstance(record.args, tuple) and record.args else "a client"
+        if H2_PREFACE_START in str(exc):
+            log.warning("%s spoke HTTP/2 (gRPC?) to the HTTP port %s, which serves /metrics, /healthz and the "
+                        "console over HTTP/1.1; gRPC clients belong on %s", peer, self.http_port_text,
+                        self.grpc_endpoint)
+        else:
+            # (The exception's text names the parser's complaint; capped: it may quote the request.)
+            self.refuse(peer, f"malformed HTTP request on the HTTP port, answered 400: {str(exc)[:200]!r}")
         return False
 
 
@@ -242,6 +276,7 @@ class HttpFrontEnd:
         self.host = self.config.http_host
         self.port = 0  # the bound port, once started
         self._filter: logging.Filter | None = None
+        self._early_refusals = Refusals(time.monotonic_ns)  # before the broker (and its count) exists
 
     async def start(self) -> None:
         assert self.config.http_port >= 0, "a negative http_port means no HTTP front end"
@@ -263,8 +298,15 @@ class HttpFrontEnd:
         self.runner, self.listener = runner, listener
         self.port = _bound_port(listener)
         assert 0 < self.port <= 65535
-        self._filter = WrongPortFilter(f"{self.host}:{self.port}", self.config.endpoint)
+        self._filter = BadRequestFilter(f"{self.host}:{self.port}", self.config.endpoint, self._refuse_bad_request)
         logging.getLogger("aiohttp.server").addFilter(self._filter)
+
+    def _refuse_bad_request(self, peer: str, detail: str) -> None:
+        """Counted in the broker's refusals once it exists (chronoq_requests_refused_total); while
+        it recovers, only logged, at the same bounded rate."""
+        broker = getattr(self.runtime, "broker", None)
+        refused = broker.refusals if broker is not None else self._early_refusals
+        refused.refuse(refusals.HTTP_BAD_REQUEST, peer, detail)
 
     async def _listen(self) -> tuple[web.AppRunner, asyncio.AbstractServer]:
         runner = web.AppRunner(build_app(self.runtime), access_log=None, handle_signals=False,

@@ -392,6 +392,14 @@ def test_console_needs_credentials_and_writes_need_an_admin(chronoq_process):
     # Reading needs any valid user; without one, a challenge so the browser asks.
     status, headers, _ = request(base, "GET", "/console/")
     assert status == 401 and headers["www-authenticate"].startswith("Basic realm=")
+    # No other site may frame a page (a framed console's buttons would be pressed by clicks on the
+    # framing page: the same-origin check on posts cannot tell), on any answer of the port.
+    for path, auth in (("/console/", None), ("/console/", VIEWER), ("/console/static/console.js", VIEWER),
+                       ("/metrics", None), ("/healthz", None), ("/console/no-such-page", VIEWER)):
+        _status, headers, _ = request(base, "GET", path, auth=auth)
+        assert headers["x-frame-options"] == "DENY", (path, headers)
+        assert headers["content-security-policy"] == "frame-ancestors 'none'", (path, headers)
+        assert headers["x-content-type-options"] == "nosniff", (path, headers)
     assert request(base, "GET", "/console/timers", auth=(VIEWER[0], "wrong"))[0] == 401
     assert request(base, "GET", "/console/lookup?q=x", auth=("nobody", VIEWER[1]))[0] == 401
     status, _h, body = request(base, "GET", "/console/lookup?q=key-cancel", auth=VIEWER)

@@ -65,6 +65,31 @@ def test_json_lines(chronoq_process):
     assert {r["level"] for r in logged} == {"WARNING"}  # --log-level: no INFO on stderr
 
 
+def test_malformed_http_requests_are_counted_not_logged_one_traceback_each(chronoq_process):
+    # aiohttp logged a 9-line ERROR traceback for every request its parser refused: anyone who
+    # could reach the HTTP port, no credentials needed, could fill the log (a 9 KiB header, say).
+    import http.client
+    import urllib.request
+
+    server = chronoq_process()
+    for _ in range(40):
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+        try:
+            conn.request("GET", "/console/", headers={"X-Big": "a" * 9000})
+            assert conn.getresponse().status == 400
+        finally:
+            conn.close()
+    def counted() -> str:
+        text = urllib.request.urlopen(f"{server.http_url.rstrip('/')}/metrics", timeout=10).read().decode()
+        return re.search(r'^chronoq_requests_refused_total\{reason="http_bad_request"\} (\S+)$', text, re.M).group(1)
+
+    wait_until(lambda: counted() == "40.0", 15, 0.05, "40 refusals counted")
+    text = stderr_of(server)
+    assert "Traceback" not in text and "aiohttp" not in text, text[-3000:]
+    said = [line for line in text.splitlines() if "refused http_bad_request" in line]
+    assert len(said) == 1 and "malformed HTTP request on the HTTP port" in said[0], said  # 1 line per 10 s
+
+
 def test_log_format_setting():
     assert load_config(None, env={}).log_format == "text"
     assert load_config(None, env={"CHRONOQ_LOG_FORMAT": "json"}).log_format == "json"
