@@ -123,6 +123,9 @@ class Broker(TimerOperations):
         # For chronoq.server.metrics: messages accepted from producers per topic (duplicates and system
         # writes not counted), and how long opening took (recovery of the store and the timer).
         self.sent_by_topic: dict[str, int] = self.sender.sent_by_topic
+        # What deleted topics had counted (their series leave /metrics: a topic a day, deleted
+        # when done, would grow the scrape), so the total sent never shrinks (the console's history).
+        self.sent_gone = 0
         # ("recall" | "reschedule", outcome) -> requests answered so (chronoq.server.service_metrics).
         self.recall_outcomes: dict[tuple[str, str], int] = {}
         self.open_duration_ns = self.clock.monotonic_ns() - opened_ns
@@ -165,6 +168,7 @@ class Broker(TimerOperations):
 
     def _drop_topic(self, name: str) -> int:
         messages = self.store.drop_queues(name)
+        self.sent_gone += self.sent_by_topic.pop(name, 0)
         self.topic_registry.remove(name)
         self.consumer_offsets.drop_topic(name)
         self.consumer_offsets.save_now()

@@ -52,6 +52,7 @@ def forget(pop: PopService, group: str | None = None, topics: tuple[str, ...] = 
         del pop._turns[key]
     if group is not None and not topics:
         pop._groups.delete(group)
+    pop.counters.forget(group, topics)
 
 
 def rewrite_log(pop: PopService) -> None:

@@ -90,13 +90,13 @@ def take_sample(broker, pop, now_ms: int, replication=None) -> Sample:
     """The broker's counters now. Reads what ``/metrics`` reads (lag per consumed topic, pending
     timers through the timer's per-bucket cache, the replicas' lag), so a sample costs about a
     scrape. ``replication``: the runtime's ``PrimaryNode`` (None: not serving as a primary yet)."""
-    sent = sum(broker.sent_by_topic.values())
+    sent = sum(broker.sent_by_topic.values()) + broker.sent_gone
     c = pop.counters
     lag = sum(pop.lag(group, topic) for group, topics in pop.consumed_topics().items() for topic in topics)
     inflight = sum(pop.inflight_by_topic().values())
     timers = broker.timer.pending_by_horizon(_PENDING_ALL)[0]
     lags = list(replication.lag_figures().values()) if replication is not None else []
-    return Sample(now_ms, sent, sum(c.received.values()), sum(c.acked.values()), lag, inflight, timers,
+    return Sample(now_ms, sent, c.total_received(), c.total_acked(), lag, inflight, timers,
                   max((b for b, _s in lags), default=None), max((s for _b, s in lags), default=None))
 
 

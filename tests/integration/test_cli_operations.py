@@ -161,6 +161,29 @@ def test_topic_delete_of_a_drained_topic_and_its_answer(cli):
     assert f"deleted topic {topic}: 1 message; offsets dropped for 1 group ({group})" in out
 
 
+def test_deleted_topics_and_groups_leave_the_metrics(cli, chronoq_server):
+    # Their series stayed until a restart: a topic (or group) per tenant or per day, deleted when
+    # done, grew /metrics without bound.
+    import urllib.request
+
+    def scrape() -> str:
+        return urllib.request.urlopen(chronoq_server.http_url.rstrip("/") + "/metrics", timeout=10).read().decode()
+
+    topic, group, other = unique("cli-met"), unique("cli-met-g"), unique("cli-met-g2")
+    cli("send", topic, "x", "--count", "2")
+    cli("receive", group, topic, "--max", "1")
+    cli("receive", other, topic, "--max", "2")
+    text = scrape()
+    assert f'chronoq_messages_sent_total{{topic="{topic}"}} 2.0' in text
+    assert f'chronoq_messages_acked_total{{group="{group}",topic="{topic}"}} 1.0' in text
+    cli("group", "delete", group)
+    text = scrape()
+    assert f'group="{group}"' not in text and f'group="{other}",topic="{topic}"' in text
+    cli("topic", "delete", topic, "--force")
+    text = scrape()
+    assert [line for line in text.splitlines() if topic in line] == []
+
+
 def test_system_topics_cannot_be_deleted(cli):
     proc = cli("topic", "delete", "%DLQ%someone", "--force", expect=1)
     assert proc.err.startswith("chronoq: error: ILLEGAL_TOPIC: ")
