@@ -155,19 +155,23 @@ def parse_tag_filter(expression: object) -> frozenset[str] | None:
         result = None
     else:
         tags = []
+        # Empty pieces are skipped, as RocketMQ's own parser does ("A || " is {"A"}); an
+        # expression of nothing but separators names no tag and is refused.
         for part in text.split("||"):
             tag = part.strip()
             if tag == "*":
                 tags = None
                 break
+            if not tag:
+                continue
             try:
-                if not tag:
-                    raise errors.InvalidTag("empty tag")
                 validate.tag(tag)
             except errors.InvalidTag as exc:
                 raise errors.InvalidFilter(
                     f"tag filter {expression!r} is not '*' or 'TagA || TagB': {exc.message}") from None
             tags.append(tag)
+        if tags == []:
+            raise errors.InvalidFilter(f"tag filter {expression!r} is not '*' or 'TagA || TagB': it names no tag")
         result = None if tags is None else frozenset(tags)
     if len(_filter_cache) >= _FILTER_CACHE_MAX:
         _filter_cache.clear()
