@@ -70,7 +70,11 @@ class Broker(TimerOperations):
         self.clock = clock or SYSTEM_CLOCK
         opened_ns = self.clock.monotonic_ns()
         self.data_dir = self.config.data_dir
-        os.makedirs(self.data_dir, exist_ok=True)
+        try:
+            os.makedirs(self.data_dir, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission, a read-only file system
+            raise errors.ClientError(f"cannot use data directory {self.data_dir}: {exc.strerror or exc} "
+                                     "(--data-dir, CHRONOQ_DATA_DIR or data_dir in the config file)") from None
         # One process per data directory (chronoq.store.dirlock), before anything in it is read;
         # held until ``close`` has written the last file, and given back if opening fails.
         self.dir_lock = DirLock.acquire(self.data_dir)

@@ -511,8 +511,11 @@ class Sender:
         replaced = None
         if batch.properties is not None and has_replace_keys(batch.properties):
             # Replace by key (chronoq.timer.keyed): the timer decides and writes, key by key.
-            written, replaced = self.timer.write_replacing(list(map(Prepared._make, zip(*cols))))
+            written, replaced, cancelled = self.timer.write_replacing(list(map(Prepared._make, zip(*cols))))
             commits, qoffs = [w.commit_offset for w in written], [w.queue_offset for w in written]
+            if self.trace is not None:  # a replaced message is cancelled: its life ends here (audit)
+                for topic, message_id, due_ms in cancelled:
+                    self.trace.recalled(topic, message_id, due_ms, now)
         else:
             commits, qoffs, _sizes = self.store.write_columns(cols)
             if batch.keys is not None:  # keyed timer messages enter the key index (chronoq.timer.keys)

@@ -11,6 +11,7 @@ from chronoq.core import errors, validate
 from chronoq.timer.keyed import KeyAnswer, KeyCancelResult
 from chronoq.timer.pending import PendingPage, PendingQuery
 from chronoq.timer.service import Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick
+from chronoq.timer.recall import RECALLED_NOW
 
 
 class TimerOperations:
@@ -76,7 +77,7 @@ class TimerOperations:
         kind = "recall" if isinstance(result.outcome, RecallOutcome) else "reschedule"
         self._count_recall(kind, result.outcome.value)
         self.notify_arrivals()
-        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED:
+        if self.trace is not None and result.outcome is RecallOutcome.CANCELLED and result.detail == RECALLED_NOW:
             self.trace.recalled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())
         elif self.trace is not None and result.outcome is RescheduleOutcome.RESCHEDULED:
             self.trace.rescheduled(result.topic, result.message_id, result.deliver_at_ms, self.clock.wall_ms())

@@ -125,14 +125,14 @@ def timers_cancel(topic, key, endpoint, timeout, as_json) -> None:
     holding it has no primary, nothing is cancelled and the command fails naming the group (its
     messages would fire: run it again once the group is back)."""
     from chronoq.client.admin import AdminClient
-    from chronoq.client.routed import groups_without_primary, topic_primaries
+    from chronoq.client.routed import key_cancel_targets
 
     async def work():
-        down = await groups_without_primary(endpoint, topic, request_timeout_s=timeout, **connection())
+        down, primaries = await key_cancel_targets(endpoint, topic, request_timeout_s=timeout, **connection())
         if down:
             return down, []
         answers = []
-        for primary in await topic_primaries(endpoint, topic, request_timeout_s=timeout, **connection()):
+        for primary in primaries:
             async with AdminClient(primary, request_timeout_s=timeout, **connection()) as admin:
                 answers.append(await admin.cancel_by_key(topic, key))
         return [], answers

@@ -199,17 +199,21 @@ async def _cluster_groups(endpoint: str, **connection):
             return None
 
 
-async def groups_without_primary(endpoint: str, topic: str, **connection) -> list[str]:
-    """The broker groups that hold ``topic`` (its placement) and have no primary now; [] when all
-    have one, the topic is not placed, or ``endpoint`` is not in a cluster. A route leaves such
-    groups out, so calls that need every group (cancel by key) ask this first instead of
-    reporting on part of the topic as if it were all of it."""
+async def key_cancel_targets(endpoint: str, topic: str, **connection) -> tuple[list[str], list[str]]:
+    """For calls every group holding ``topic`` answers for its own part (cancel by key): (the
+    groups holding it that have no primary now, the endpoints of the primaries to ask). Not in a
+    cluster: ([], [endpoint]), asked directly, so its answer for a topic that does not exist is
+    TOPIC_NOT_FOUND (a route lookup first would have created it, and "0 cancelled" hid the typo).
+    A placed topic: its placement's groups (a route leaves dead groups out, so such a call would
+    report on part of the topic as if it were all of it). A topic placed nowhere: its route."""
     shown = await _cluster_groups(endpoint, **connection)
     if shown is None:
-        return []
-    live = {g.name for g in shown.groups if g.live and g.leader}
+        return [], [endpoint]
     holding = next((set(p.groups) for p in shown.placements if p.topic == topic), set())
-    return sorted(holding - live)
+    if not holding:
+        return [], await topic_primaries(endpoint, topic, **connection)
+    leaders = {g.name: g.leader for g in shown.groups if g.live and g.leader}
+    return sorted(holding - set(leaders)), [leaders[g] for g in sorted(holding & set(leaders))]
 
 
 async def cluster_primaries(endpoint: str, **connection) -> list[str]:

@@ -384,6 +384,8 @@ class BrokerConfig:
 
 
 _FIELDS = {f.name: f for f in fields(BrokerConfig) if f.name != "extra"}
+# The config file's tables besides [broker] (kept in ``extra``, each checked by its reader).
+TABLES = {"console": "[console]", "auth": "[auth]", "groups": "[groups.<name>]"}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -442,6 +444,11 @@ def load_config(path: str | None = None, env: Mapping[str, str] | None = None,
         except tomllib.TOMLDecodeError as exc:
             raise errors.ClientError(f"config file {path} is not valid TOML: {exc}") from None
         extra = {k: v for k, v in data.items() if isinstance(v, dict) and k != "broker"}
+        unknown = sorted(set(extra) - set(TABLES))
+        if unknown:  # a misspelt table's settings (and its mistakes) would go unread
+            raise errors.ClientError(f"unknown table(s) {', '.join(f'[{t}]' for t in unknown)} in {path}; the "
+                                     f"config file takes [broker], {', '.join(TABLES.values())} "
+                                     "(docs/configuration.md)")
         flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
         flat.update(data.get("broker", {}))
         cfg = _apply(cfg, flat, path)

@@ -426,11 +426,12 @@ class Keyed:
         return found
 
     # ================================================================= replace by key
-    def write_replacing(self, prepared: list[Prepared]) -> tuple[list, list[str]]:
+    def write_replacing(self, prepared: list[Prepared]) -> tuple[list, list[str], list[tuple[str, str, int]]]:
         """Write a batch holding replace keys (page cache), record by record where a key is, and
         return (its ``Written``, each message's answer: "" without a key, else as
-        ``describe_replaced``). Refuses the whole batch, writing nothing, when a replace key is
-        on a message that is not a timer message."""
+        ``describe_replaced``, and the (topic, message id, due ms) of each pending message the
+        batch replaced: cancelled, for the trace). Refuses the whole batch, writing nothing, when
+        a replace key is on a message that is not a timer message."""
         keys: list[str | None] = []
         for p in prepared:
             value = copies.get_prop(p[8], REPLACE_PROP) if _REPLACE_MARK in p[8] else None
@@ -446,6 +447,7 @@ class Keyed:
         now = self._now()
         written: list = []
         answers: list[str] = []
+        cancelled: list[tuple[str, str, int]] = []
         i, n = 0, len(prepared)
         while i < n:
             if keys[i] is None:  # a run without replace keys: one write
@@ -458,11 +460,12 @@ class Keyed:
                 answers += [""] * (j - i)
                 i = j
                 continue
-            written.append(self._write_replacing_one(prepared[i], keys[i], now, answers))
+            written.append(self._write_replacing_one(prepared[i], keys[i], now, answers, cancelled))
             i += 1
-        return written, answers
+        return written, answers, cancelled
 
-    def _write_replacing_one(self, p: Prepared, key: str, now: int, answers: list[str]):
+    def _write_replacing_one(self, p: Prepared, key: str, now: int, answers: list[str],
+                             cancelled: list[tuple[str, str, int]]):
         targets = self._targets(REPLACE, p[0], key, now)
         # One pending message per key at most: the send path keeps that. Records written past it
         # (a Spark publish carrying the property) may add more; the newest is the one replaced.
@@ -482,6 +485,7 @@ class Keyed:
             h = handles.RecallHandle(handles.TIMER, 0, t.ident, t.due_ms, p[0], t.message_id)
             self._in_flight.mark(h, CANCELLED, w.commit_offset + w.size)
             self._unindex_raw(t.ident, t.raw)
+            cancelled.append((p[0], t.message_id, t.due_ms))
         self.index_written([p], [w.commit_offset])
         answers.append(describe_replaced(value))
         return w

@@ -45,6 +45,11 @@ class RescheduleOutcome(str, enum.Enum):
     NOT_FOUND = "not_found"
 
 
+# The detail of a recall that cancelled the message itself (a handle cancelled earlier answers
+# CANCELLED too, with why): only this one is a new event in the message's life (the trace).
+RECALLED_NOW = "recalled"
+
+
 @dataclass(slots=True)
 class RecallResult:
     outcome: RecallOutcome
@@ -244,7 +249,7 @@ class Recall:
             _offset, ticket = self._write_in_flight(p, h, CANCELLED)
             if h.kind == handles.TIMER and raw is not None:
                 self._unindex_raw(h.position, raw)  # (chronoq.timer.keyed)
-            return Answer(RecallResult(RecallOutcome.CANCELLED, h.topic, h.message_id, h.due_ms, "recalled"), ticket)
+            return Answer(RecallResult(RecallOutcome.CANCELLED, h.topic, h.message_id, h.due_ms, RECALLED_NOW), ticket)
         outcome = {"delivered": RecallOutcome.ALREADY_DELIVERED, "cancelled": RecallOutcome.CANCELLED,
                    "missing": RecallOutcome.NOT_FOUND}[state]
         return Answer(RecallResult(outcome, h.topic, h.message_id, h.due_ms, why), self._ticket_for(h))

@@ -367,6 +367,22 @@ def test_serve_on_a_taken_port_names_the_setting(tmp_path, taken, words):
     assert "chronoq: cannot start: cannot listen" in proc.stderr and all(w in proc.stderr for w in words)
 
 
+def test_serve_on_a_data_dir_it_cannot_create_says_so_in_one_line(tmp_path):
+    # A file where the directory should be (set through the environment, which --data-dir's own
+    # check does not see) ended in a Python traceback.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for where in (blocker, blocker / "below"):
+        env = dict(os.environ, PYTHONPATH=ROOT, CHRONOQ_DATA_DIR=str(where))
+        proc = subprocess.run([sys.executable, "-m", "chronoq", "serve", "--host", "127.0.0.1",
+                               "--port", str(free_port()), "--http-port", "off"],
+                              cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert f"chronoq: cannot start: cannot use data directory {where}" in proc.stderr
+        assert "CHRONOQ_DATA_DIR" in proc.stderr
+
+
 def test_a_bad_endpoint_from_the_environment_names_it():
     proc = make_cli("no-port-here")("topic", "list", expect=2)
     assert "CHRONOQ_ENDPOINT" in proc.err and "host:port" in proc.err

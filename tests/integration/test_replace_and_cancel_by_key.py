@@ -15,6 +15,7 @@ from chronoq.client.admin import AdminClient
 from chronoq.client.client import Client, OutgoingMessage
 from chronoq.server import auth
 
+from .conftest import wait_until
 from .test_cli_timers import cli  # noqa: F401 (the fixture)
 from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique
 
@@ -87,6 +88,27 @@ def test_chronoq_send_replace_key_prints_what_it_replaced(cli):  # noqa: F811
     assert cli("send", topic, "c", "--replace-key", "k", expect=2).returncode == 2  # needs --delay
     cli.json("timers", "cancel", topic, "--key", "nothing")  # (nothing with that message key)
     assert cli.json("message", "recall", second["recall_handle"])["outcome"] == "cancelled"
+
+    # Each cancelled message's life ends with one "recalled" event: the replaced one's too (with
+    # none, `chronoq audit` counted it lost), and a recall of a handle cancelled earlier adds none.
+    assert cli.json("message", "recall", first["recall_handle"])["outcome"] == "cancelled"  # (replaced)
+    assert cli.json("message", "recall", second["recall_handle"])["outcome"] == "cancelled"  # again
+
+    def lives() -> dict:
+        return {m["message_id"]: m for m in
+                (cli.json("message", "show", mid)["messages"][0] for mid in (first["message_id"], second["message_id"]))}
+    wait_until(lambda: all(m["status"] == "recalled" for m in lives().values()), 20, 0.2, "both recalled")
+    for m in lives().values():
+        assert [e["kind"] for e in m["events"]] == ["stored", "recalled"], m["events"]
+
+
+def test_timers_cancel_on_a_topic_that_does_not_exist_fails_and_creates_nothing(cli):  # noqa: F811
+    # It used to look the topic's route up first, which created it (auto_create_topics), and
+    # answered "0 pending messages cancelled": a misspelt topic looked like success.
+    topic = unique("no-such-topic")
+    proc = cli("timers", "cancel", topic, "--key", "k", expect=1)
+    assert "TOPIC_NOT_FOUND" in proc.stderr.decode() and topic in proc.stderr.decode()
+    assert topic not in {t["name"] for t in cli.json("topic", "list")}
 
 
 def test_cancel_by_key_is_for_admins_only():

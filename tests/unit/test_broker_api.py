@@ -408,13 +408,25 @@ def test_messages_survive_a_restart(tmp_path):
 
 
 # ---------------------------------------------------------------- configuration
+def test_an_unknown_table_in_the_config_file_is_refused_naming_the_known_ones(tmp_path):
+    # A misspelt table ([brokr]) was kept aside unread: its settings, and its mistakes, ignored.
+    path = tmp_path / "chronoq.toml"
+    path.write_text('[brokr]\nport = 18392\nflush_policy = "bogus"\n[metrics]\nx = 1\n')
+    with pytest.raises(errors.ClientError) as info:
+        load_config(str(path), env={})
+    text = str(info.value)
+    assert "unknown table(s) [brokr], [metrics]" in text and "[broker]" in text and "[groups.<name>]" in text
+    path.write_text('[broker]\nport = 18392\n[groups.g1]\nfifo = true\n[auth]\nenabled = false\n')
+    assert load_config(str(path), env={}).port == 18392
+
+
 def test_config_precedence_file_env_overrides(tmp_path):
     path = tmp_path / "chronoq.toml"
     path.write_text('port = 9000\nhost = "0.0.0.0"\n[broker]\nmax_body_bytes = 2048\nflush_policy = "async"\n'
-                    '[timer]\nwheel_slots = 4096\n')
+                    '[console]\nlookup_scan_mib = 8\n')
     cfg = load_config(str(path), env={})
     assert (cfg.port, cfg.host, cfg.max_body_bytes, cfg.flush_policy) == (9000, "0.0.0.0", 2048, "async")
-    assert cfg.extra == {"timer": {"wheel_slots": 4096}}
+    assert cfg.extra == {"console": {"lookup_scan_mib": 8}}
     env = {"CHRONOQ_PORT": "9100", "CHRONOQ_MAX_BODY_BYTES": "4_096", "CHRONOQ_QUARANTINE": "yes",
            "UNRELATED": "1"}
     cfg = load_config(str(path), env=env)
