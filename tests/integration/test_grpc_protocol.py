@@ -244,6 +244,43 @@ def test_settings_with_a_bad_group_get_a_status(stub):
     assert [r.status.code for r in replies] == [Code.ILLEGAL_CONSUMER_GROUP]
 
 
+def test_state_a_client_makes_the_broker_keep_is_bounded_in_size(stub):
+    # Each of these was kept as sent: a 1 MB namespace echoed into every queue of a cached route
+    # (5 MB a call), 60 KB client ids remembered per heartbeat, 7 MB settings per Telemetry stream.
+    topic = unique("bounds")
+    res = stub.QueryRoute(sv.QueryRouteRequest(topic=pb.Resource(name=topic, resource_namespace="n" * 129)),
+                          metadata=meta(), timeout=5)
+    assert res.status.code == Code.BAD_REQUEST and "resource_namespace is 129 characters" in res.status.message
+    assert not res.message_queues
+    ok = stub.QueryRoute(sv.QueryRouteRequest(topic=pb.Resource(name=topic, resource_namespace="n" * 128)),
+                         metadata=meta(), timeout=5)
+    assert ok.status.code == Code.OK
+    res = stub.QueryAssignment(sv.QueryAssignmentRequest(topic=pb.Resource(name=topic, resource_namespace="\n"),
+                                                         group=pb.Resource(name="g")), metadata=meta(), timeout=5)
+    assert res.status.code == Code.BAD_REQUEST
+
+    long_id = "c" * 257
+    for call, request in ((stub.Heartbeat, sv.HeartbeatRequest(client_type=pb.PRODUCER)),
+                          (stub.NotifyClientTermination, sv.NotifyClientTerminationRequest())):
+        res = call(request, metadata=meta(long_id), timeout=5)
+        assert res.status.code == Code.BAD_REQUEST and "x-mq-client-id is 257 characters" in res.status.message
+    assert stub.Heartbeat(sv.HeartbeatRequest(client_type=pb.PRODUCER), metadata=meta("c" * 256),
+                          timeout=5).status.code == Code.OK
+    producer = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing())
+    replies = list(stub.Telemetry(iter([sv.TelemetryCommand(settings=producer)]), metadata=meta(long_id), timeout=10))
+    assert [r.status.code for r in replies] == [Code.BAD_REQUEST]
+
+    many = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(
+        topics=[pb.Resource(name=f"t{i}") for i in range(1025)]))
+    huge = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(
+        topics=[pb.Resource(name="t" * 127, resource_namespace="n" * 400) for _ in range(200)]))
+    bad_name = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="a b")]))
+    replies = list(stub.Telemetry(iter([sv.TelemetryCommand(settings=s) for s in (many, huge, bad_name, producer)]),
+                                  metadata=meta(), timeout=10))
+    assert [r.status.code for r in replies[:4]] == [Code.BAD_REQUEST, Code.BAD_REQUEST, Code.ILLEGAL_TOPIC, Code.OK]
+    assert "at most 1024" in replies[0].status.message and "at most 65536 allowed" in replies[1].status.message
+
+
 def test_heartbeat_and_termination(stub):
     assert stub.Heartbeat(sv.HeartbeatRequest(client_type=pb.PRODUCER), metadata=meta(),
                           timeout=5).status.code == Code.OK

@@ -7,10 +7,26 @@ from __future__ import annotations
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
 
+from chronoq.core import errors
 from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.ack import split_ack_and_receive_request
 
 CLIENT_ID_HEADER = "x-mq-client-id"
+# The official clients' ids are ~40-80 characters (host, pid, a counter, a time). The broker keeps
+# the ids it sees (auto-renew liveness, Telemetry sessions, transaction checks): a 60 KB id per
+# heartbeat grew it by gigabytes.
+CLIENT_ID_CHARS_MAX = 256
+
+
+def client_id(context) -> str:
+    """The caller's ``x-mq-client-id`` ("" if none), at most CLIENT_ID_CHARS_MAX printable
+    characters; else ClientError (BAD_REQUEST)."""
+    value = header(context, CLIENT_ID_HEADER)
+    if len(value) > CLIENT_ID_CHARS_MAX:
+        raise errors.ClientError(f"{CLIENT_ID_HEADER} is {len(value)} characters; at most {CLIENT_ID_CHARS_MAX} allowed")
+    if not value.isprintable():
+        raise errors.ClientError(f"{CLIENT_ID_HEADER} holds a control character")
+    return value
 
 
 def status_of(exc: BaseException, what: str):

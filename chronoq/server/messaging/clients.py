@@ -20,7 +20,7 @@ from rocketmq.grpc_protocol import service_pb2 as sv
 from chronoq.core import errors
 from chronoq.protocol.rocketmq.receive import transaction_check_message
 from chronoq.server import convert
-from chronoq.server.messaging.calls import CLIENT_ID_HEADER, boundary, header, status_of, status_only
+from chronoq.server.messaging.calls import boundary, client_id, status_of, status_only
 from chronoq.server.messaging.receive import LONG_POLL_DEFAULT_S
 
 log = logging.getLogger("chronoq.grpc")
@@ -36,6 +36,13 @@ _CONSUMER_TYPES = frozenset({pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSU
 
 
 HALF_TOPICS_MAX = 1024  # topics a producer's session remembers it sent half messages to
+# A Telemetry settings command: the broker keeps its reply (the client's settings merged with its
+# own) for the stream's life, so each of up to max_streams streams may hold this much. An official
+# client's settings name its topics or subscriptions: ~100 B each, some KiB in all; 7 MB ones (a
+# hundred thousand topic names) held 55 MB a stream.
+SETTINGS_BYTES_MAX = 64 * 1024
+SETTINGS_TOPICS_MAX = 1024  # topics a producer's settings name, subscriptions a consumer's
+NAMESPACE_CHARS_MAX = 128   # resource_namespace (echoed in every queue of a route, which is cached)
 # The settings reply is written again this long after the first, then after the second wait: the
 # Node client (1.0.8) opens its Telemetry stream, and sends its settings, while it still fetches the
 # routes of its other topics, and only then starts waiting for the reply. With three topics or
@@ -120,6 +127,7 @@ class ClientRpcs:
     @boundary(status_only(sv.QueryRouteResponse), "QueryRoute")
     async def QueryRoute(self, request, context):
         name = convert.topic_name(request.topic)
+        _check_namespace(request.topic.resource_namespace)
         fenced = self.committer is not None and self.committer.fenced
         if self.cluster is not None:  # a placed topic: every group's queues (chronoq.server.cluster)
             queues = self.cluster.route_queues(name, request.topic.resource_namespace)
@@ -146,6 +154,7 @@ class ClientRpcs:
     @boundary(status_only(sv.QueryAssignmentResponse), "QueryAssignment")
     async def QueryAssignment(self, request, context):
         name = convert.topic_name(request.topic)
+        _check_namespace(request.topic.resource_namespace)
         group = convert.group_name(request.group)
         fenced = self.committer is not None and self.committer.fenced
         if self.cluster is not None:  # a placed topic: every group's queues (chronoq.server.cluster)
@@ -168,18 +177,22 @@ class ClientRpcs:
     # ------------------------------------------------------------------ client sessions
     @boundary(status_only(sv.HeartbeatResponse), "Heartbeat")
     async def Heartbeat(self, request, context):
-        self.pop.client_seen(header(context, CLIENT_ID_HEADER))  # keeps its auto-renewals going
+        self.pop.client_seen(client_id(context))  # keeps its auto-renewals going
         return self._ok_heartbeat
 
     @boundary(status_only(sv.NotifyClientTerminationResponse), "NotifyClientTermination")
     async def NotifyClientTermination(self, request, context):
-        self.pop.client_gone(header(context, CLIENT_ID_HEADER))  # its messages are renewed no more
+        self.pop.client_gone(client_id(context))  # its messages are renewed no more
         return self._ok_termination
 
     async def Telemetry(self, request_iterator, context):
-        client_id = header(context, CLIENT_ID_HEADER)
-        session = TelemetrySession(client_id, context)
-        self.sessions[client_id] = session
+        try:
+            cid = client_id(context)
+        except errors.ClientError as exc:
+            await context.write(sv.TelemetryCommand(status=status_of(exc, "Telemetry")))
+            return
+        session = TelemetrySession(cid, context)
+        self.sessions[cid] = session
         again = None
         try:
             async for command in request_iterator:
@@ -191,12 +204,12 @@ class ClientRpcs:
                         if again is None:
                             again = asyncio.ensure_future(_settings_again(session))
         except Exception as exc:  # noqa: BLE001 - a broken stream ends this session only
-            log.debug("telemetry stream of %r ended: %r", client_id, exc)
+            log.debug("telemetry stream of %r ended: %r", cid, exc)
         finally:
             if again is not None:
                 again.cancel()
-            if self.sessions.get(client_id) is session:
-                del self.sessions[client_id]
+            if self.sessions.get(cid) is session:
+                del self.sessions[cid]
 
     async def push(self, client_id: str, command) -> bool:
         """Write a server-initiated command (e.g. a transaction check) to a client's stream.
@@ -226,12 +239,18 @@ class ClientRpcs:
 
     def _merged_settings(self, client, session: TelemetrySession):
         """The client's settings with the server's values merged in (contract §3.3)."""
+        size = client.ByteSize()
+        if size > SETTINGS_BYTES_MAX:
+            raise errors.ClientError(f"settings of {size} bytes; at most {SETTINGS_BYTES_MAX} allowed")
+        listed = max(len(client.publishing.topics), len(client.subscription.subscriptions))
+        if listed > SETTINGS_TOPICS_MAX:
+            raise errors.ClientError(f"settings name {listed} topics; at most {SETTINGS_TOPICS_MAX} allowed")
         out = pb.Settings()
         out.CopyFrom(client)
         session.client_type = client.client_type
         if client.client_type == pb.PRODUCER or (client.HasField("publishing")
                                                   and not client.HasField("subscription")):
-            session.topics = frozenset(t.name for t in client.publishing.topics)
+            session.topics = frozenset(convert.topic_name(t) for t in client.publishing.topics)
             out.publishing.max_body_size = self.config.max_body_bytes
             out.publishing.validate_message_type = True
             out.backoff_policy.CopyFrom(_PRODUCER_BACKOFF)
@@ -254,6 +273,16 @@ class ClientRpcs:
         out.metric.Clear()
         out.metric.on = False
         return out
+
+
+def _check_namespace(namespace: str) -> None:
+    """Namespaces are echoed, not used (docs/rocketmq.md), but echoed in every queue of a route,
+    and routes are cached: a megabyte namespace cost megabytes a call."""
+    if len(namespace) > NAMESPACE_CHARS_MAX:
+        raise errors.ClientError(f"resource_namespace is {len(namespace)} characters; at most "
+                                 f"{NAMESPACE_CHARS_MAX} allowed")
+    if not namespace.isprintable():
+        raise errors.ClientError("resource_namespace holds a control character")
 
 
 async def _settings_again(session: TelemetrySession) -> None:

@@ -24,7 +24,7 @@ from chronoq.protocol.rocketmq.ack import ack_and_receive_response, ack_response
 from chronoq.protocol.rocketmq.receive import (messages_bytes, receive_batch, receive_delivery,
                                                receive_status)
 from chronoq.server import answers, convert
-from chronoq.server.messaging.calls import CLIENT_ID_HEADER, header
+from chronoq.server.messaging.calls import client_id
 
 log = logging.getLogger("chronoq.grpc")
 
@@ -231,7 +231,7 @@ class ReceiveRpcs:
         if remaining is not None:
             wait_s = min(wait_s, remaining - POLL_MARGIN_S)
         attempt_id = request.attempt_id or None
-        client_id = header(context, CLIENT_ID_HEADER)
+        client = client_id(context)
         budget, peer = self.answers, context.peer()
 
         loop = asyncio.get_running_loop()
@@ -245,7 +245,7 @@ class ReceiveRpcs:
             event = waker.current()  # taken before trying, so no arrival is missed
             self.committer.check_leader()  # (etcd: a fenced primary hands out nothing more)
             popped = pop.receive(group, topic, max_messages=allowed, invisible_ms=invisible_ms,
-                                 tag_filter=tag_filter, attempt_id=attempt_id, client_id=client_id,
+                                 tag_filter=tag_filter, attempt_id=attempt_id, client_id=client,
                                  auto_renew=auto_renew)
             if popped:
                 break

@@ -13,7 +13,7 @@ from chronoq.core import errors, model
 from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.send import send_columns, send_response
 from chronoq.server import convert
-from chronoq.server.messaging.calls import CLIENT_ID_HEADER, SendRequest, boundary, header, status_only
+from chronoq.server.messaging.calls import SendRequest, boundary, client_id, status_only
 from chronoq.timer import handle as recall_handles
 
 SEND_BATCH_MAX = 1024               # messages in one SendMessage request
@@ -96,7 +96,7 @@ class SendRpcs:
             raise
         txid = txns.accepted(results, [half])[0]
         if context is not None:  # its producer is the one to check it with (ClientRpcs._check_transaction)
-            self._sent_half(header(context, CLIENT_ID_HEADER), outgoing.topic)
+            self._sent_half(client_id(context), outgoing.topic)
         r = results[0]
         return r.message_id, r.queue_offset, "", txid, None
 
