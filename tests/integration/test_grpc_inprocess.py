@@ -119,3 +119,54 @@ def test_invalid_sends_and_parked_poll_overflow_are_counted_as_refusals(tmp_path
             await _close(front)
 
     asyncio.run(scenario())
+
+
+def test_parked_polls_are_shared_out_between_connections(tmp_path):
+    """At max_parked_polls, a poll from a connection holding few takes the place of the oldest
+    poll of the connection holding the most (that one is answered empty at once); a connection
+    already holding its share is refused. One client could shut every other out before."""
+    async def scenario():
+        front = await _front_end(tmp_path, max_parked_polls=3)
+        try:
+            front.runtime.broker.create_topic("orders", 1)
+            front.runtime.broker.create_topic("other", 1)
+            loop = asyncio.get_running_loop()
+
+            def receive(stub, topic: str, wait_s: int = 20):
+                request = sv.ReceiveMessageRequest(
+                    group=pb.Resource(name=f"g-{topic}"),
+                    message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)), batch_size=1,
+                    invisible_duration=duration_pb2.Duration(seconds=30),
+                    long_polling_timeout=duration_pb2.Duration(seconds=wait_s))
+                return stub.ReceiveMessage(request, timeout=wait_s + 5)
+
+            async def answers(call):
+                return [r async for r in call]
+
+            async with grpc.aio.insecure_channel(front.config.endpoint) as hog_channel, \
+                    grpc.aio.insecure_channel(front.config.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) \
+                    as other_channel:
+                hog, other = (service_pb2_grpc.MessagingServiceStub(c) for c in (hog_channel, other_channel))
+                hogs = [asyncio.ensure_future(answers(receive(hog, "orders"))) for _ in range(3)]
+                await asyncio.sleep(0.5)
+                assert front.service._waker.parked == 3
+                started = loop.time()
+                mine = asyncio.ensure_future(answers(receive(other, "other")))
+                done, _ = await asyncio.wait(hogs, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+                assert len(done) == 1 and loop.time() - started < 5  # the hog's oldest gave its place up
+                [kicked] = done
+                assert kicked.result()[0].status.code == pb.MESSAGE_NOT_FOUND
+                await asyncio.sleep(0.3)
+                assert front.service._waker.parked == 3 and not mine.done()
+                # The newcomer holds 1, the hog 2: no more room to take from it.
+                refused = await answers(receive(other, "other"))
+                assert refused[0].status.code == pb.TOO_MANY_REQUESTS
+                front.runtime.broker.send("other", b"for the newcomer")
+                got = await asyncio.wait_for(mine, 10)
+                assert got[0].status.code == pb.OK and [r.message.body for r in got if r.HasField("message")] == [b"for the newcomer"]
+                for task in hogs:
+                    task.cancel()
+        finally:
+            await _close(front)
+
+    asyncio.run(scenario())

@@ -38,15 +38,53 @@ _RECEIVE_EMPTY = receive_status(status.MESSAGE_NOT_FOUND, "no new message")
 
 
 class Waker:
-    """Wakes parked long polls. Waking is coalesced to at most once per event-loop pass."""
+    """Wakes parked long polls. Waking is coalesced to at most once per event-loop pass.
+
+    Also the book of who is parked, by connection (``peer``): at ``max_parked_polls`` a new long
+    poll takes the place of the oldest poll of the connection holding the most (``make_room``),
+    if that one holds at least two more than the newcomer's; the poll that gives its place up is
+    answered empty at once, as at the end of its wait, and its client polls again. So one client
+    parking thousands of polls (each bounded, all legal) cannot shut every other consumer out
+    of long polling: the places are shared out, and only a connection already holding its
+    share is refused."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
         self._scheduled = False
         self.parked = 0
+        self._by_peer: dict[str, list[asyncio.Future]] = {}  # peer -> its parked polls' kicks, oldest first
 
     def current(self) -> asyncio.Event:
         return self._event
+
+    def park(self, peer: str) -> asyncio.Future:
+        """A poll of ``peer`` parks: the future is set if it must give its place up."""
+        kick = asyncio.get_running_loop().create_future()
+        self._by_peer.setdefault(peer, []).append(kick)
+        self.parked += 1
+        return kick
+
+    def unpark(self, peer: str, kick: asyncio.Future) -> None:
+        """The poll ended (woken, timed out, cancelled or kicked); idempotent."""
+        kicks = self._by_peer.get(peer)
+        if kicks is not None and kick in kicks:
+            kicks.remove(kick)
+            self.parked -= 1
+            if not kicks:
+                del self._by_peer[peer]
+        assert self.parked >= 0
+
+    def make_room(self, peer: str) -> bool:
+        """At the limit: kick the oldest poll of the connection holding the most, if it holds at
+        least two more than ``peer`` (so the share evens out, never swaps); False if none does."""
+        mine = len(self._by_peer.get(peer, ()))
+        heaviest = max(self._by_peer, key=lambda p: len(self._by_peer[p]), default=None)
+        if heaviest is None or len(self._by_peer[heaviest]) < mine + 2:
+            return False
+        kick = self._by_peer[heaviest][0]
+        self.unpark(heaviest, kick)
+        kick.set_result(None)
+        return True
 
     def wake_soon(self) -> None:
         if self._scheduled or not self.parked:
@@ -252,17 +290,20 @@ class ReceiveRpcs:
             left = deadline - loop.time()
             if left <= 0 or self._stopping:
                 return group, topic, ()
-            if waker.parked >= self.config.max_parked_polls:  # a bound on parked work (docs/security.md)
+            # A bound on parked work (docs/security.md), shared out between connections (Waker).
+            if waker.parked >= self.config.max_parked_polls and not waker.make_room(peer):
                 refused = (f"{waker.parked} receives are already waiting for messages (max_parked_polls); "
                            "retry later")
                 self.broker.refusals.refuse(refusals.PARKED_POLLS, peer, refused)
                 raise errors.TooManyRequests(refused)
-            waker.parked += 1
+            kick = waker.park(peer)
+            woken = asyncio.ensure_future(event.wait())
             try:
-                await asyncio.wait_for(event.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait((woken, kick), timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                waker.parked -= 1
+                woken.cancel()
+                waker.unpark(peer, kick)
+            if kick.done():  # its place went to another connection's poll: answered empty
+                return group, topic, ()
         return group, topic, popped
 
