@@ -10,8 +10,8 @@ from __future__ import annotations
 from chronoq.core import errors, validate
 from chronoq.timer.keyed import KeyAnswer, KeyCancelResult
 from chronoq.timer.pending import PendingPage, PendingQuery
-from chronoq.timer.service import Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick
 from chronoq.timer.recall import RECALLED_NOW
+from chronoq.timer.service import Answer, RecallOutcome, RecallResult, RescheduleOutcome, RescheduleResult, Tick
 
 
 class TimerOperations:
