@@ -9,7 +9,7 @@ import time
 import click
 
 from chronoq.cli.remote import EXIT_NOT_DONE, admin_call, call, connection, remote_options
-from chronoq.cli.render import iso_ms, plural, print_json, print_table, size_text
+from chronoq.cli.render import echo_wrapped, iso_ms, plural, print_json, print_table, size_text
 
 
 @click.group()
@@ -192,7 +192,7 @@ def _print_lookup(a) -> None:
     elif a.trace_dropped:
         click.echo(f"note: the trace buffer dropped {plural(a.trace_dropped, 'event')} since start: a life may be incomplete")
     for m in a.messages:
-        click.echo(f"message {m.message_id} in {m.topic}: {m.status}")
+        echo_wrapped(f"message {m.message_id} in {m.topic}: {m.status}")
         print_table("life", ["TIME (UTC)", "EVENT", "GROUP", "ATTEMPT", "DETAIL"],
                      [[iso_ms(e.ts_ms), e.kind, e.group, e.attempt or None, _event_detail(e)] for e in m.events]
                      or [["-", "no trace events in the window read", None, None, None]],

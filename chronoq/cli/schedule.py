@@ -35,7 +35,7 @@ def _show(rows, as_json: bool, title: str | None = None) -> None:
     print_table(title, ["NAME", "TOPIC", "WHEN", "ZONE", "CATCH-UP", "STATE", "NEXT FIRINGS"],
                 [[s.name, s.topic, _when(s), s.time_zone, s.catch_up,
                   "paused" if s.paused else f"refused: {s.refusal}" if s.refusal else "active",
-                  " ".join(iso_ms(t) for t in s.next_ms[:3]) or "-"] for s in rows], wrap=("STATE", "NEXT FIRINGS"))
+                  " ".join(iso_ms(t) for t in s.next_ms) or "-"] for s in rows], wrap=("STATE", "NEXT FIRINGS"))
 
 
 def _parse_ms(text: str | None, hint: str, tz: str | None = None) -> int:

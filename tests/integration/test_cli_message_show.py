@@ -23,7 +23,7 @@ def kinds(message: dict) -> list[tuple]:
     return [(e["kind"], e["group"], e["attempt"]) for e in message["events"]]
 
 
-def test_message_show_lists_the_life_of_acked_dead_lettered_and_pending_messages(chronoq_process):
+def test_message_show_lists_the_life_of_acked_dead_lettered_and_pending_messages(chronoq_process, monkeypatch):
     broker = chronoq_process(groups_toml({GROUP: {"max_attempts": 1}}))
     cli = make_cli(broker.endpoint)
     topic = unique("show")
@@ -83,6 +83,15 @@ def test_message_show_lists_the_life_of_acked_dead_lettered_and_pending_messages
     assert f"message {poison} in {topic}: dead-lettered ({GROUP})" in out
     assert "dead_lettered" in out and "delivered" in out and "%DLQ%" + GROUP in out
     assert "records in the commit log" in out
+
+    # The status line folds at word boundaries to the terminal's width, as the docs say (it was
+    # one line however long: several groups' states make it long).
+    monkeypatch.setenv("COLUMNS", "50")
+    lines = cli("message", "show", poison).out.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("message ")))
+    assert len(lines[first]) <= 50 and lines[first + 1].startswith("  "), lines[:3]
+    assert " ".join(part.strip() for part in lines[first:first + 2]).startswith(f"message {poison} in {topic}")
+    monkeypatch.delenv("COLUMNS")
 
     # Nothing has this id: a clear "not found" and exit 4, also with --json.
     missing = cli("message", "show", "no-such-message-id", expect=4)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 
@@ -21,7 +22,7 @@ from .test_cli import make_cli
 from .test_official_python_client import receive_all, simple_consumer, unique
 
 
-def test_schedule_created_with_the_cli_fires_into_the_official_client(chronoq_process):
+def test_schedule_created_with_the_cli_fires_into_the_official_client(chronoq_process, monkeypatch):
     proc = chronoq_process()
     cli = make_cli(proc.endpoint)
     topic, group = unique("sched"), unique("sched-g")
@@ -31,6 +32,9 @@ def test_schedule_created_with_the_cli_fires_into_the_official_client(chronoq_pr
     assert made["name"] == "tick" and made["catch_up"] == "once" and len(made["next_ms"]) == 5
     listed = cli.json("schedule", "list")
     assert [s["name"] for s in listed] == ["tick"] and listed[0]["next_ms"][0] > made["created_ms"]
+    monkeypatch.setenv("COLUMNS", "400")
+    table = cli("schedule", "list", "--next", "5").out  # the table shows every firing asked for (was 3)
+    assert len(re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", table)) == 5, table
     with simple_consumer(proc.endpoint, group, topic) as c:
         got = receive_all(c, 3, timeout_s=20)
         for m in got:
