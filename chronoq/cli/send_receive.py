@@ -237,7 +237,8 @@ def _body_preview(body: bytes) -> str:
 @click.option("--tag", "tag_filter", default="*", show_default=True,
               help="Tag filter: '*', a tag, or tags joined by '||'.")
 @click.option("--no-ack", is_flag=True,
-              help="Do not acknowledge: the messages come back after --invisible seconds.")
+              help="Do not acknowledge: the messages come back after --invisible seconds, or after "
+                   "the group's retry back-off if that is longer (docs/rocketmq.md).")
 @remote_options
 def receive(group, topic, max_messages, count, invisible, wait, tag_filter, no_ack,
             endpoint, timeout, as_json) -> None:
