@@ -32,6 +32,7 @@ STREAMS = "stream_limit"                     # a connection opened streams past 
 TELEMETRY_STREAMS = "telemetry_stream_limit"  # Telemetry streams past max_streams(_per_client)
 PARKED_POLLS = "parked_poll_limit"           # long-poll receives past max_parked_polls
 ANSWER_BUDGET = "answer_budget"              # answers waiting on a peer's window over the budget
+REQUEST_BUDGET = "request_budget"            # unfinished request bytes, all connections, over the cap
 PREFACE_TIMEOUT = "preface_timeout"          # no HTTP/2 preface and SETTINGS in time
 IDLE_TIMEOUT = "idle_timeout"                # a connection with no call for too long
 RAPID_RESET = "rapid_reset"                  # client RST_STREAM over its budget
@@ -45,7 +46,7 @@ HTTP_BAD_REQUEST = "http_bad_request"        # the HTTP port (metrics, console):
 
 REASONS = (UNAUTHENTICATED, PERMISSION, INVALID, MESSAGE_TOO_LARGE, DISK_FULL, CONNECTIONS, STREAMS,
            TELEMETRY_STREAMS, PARKED_POLLS,
-           ANSWER_BUDGET, PREFACE_TIMEOUT, IDLE_TIMEOUT, RAPID_RESET, SERVER_RESETS, CONTINUATION_FLOOD,
+           ANSWER_BUDGET, REQUEST_BUDGET, PREFACE_TIMEOUT, IDLE_TIMEOUT, RAPID_RESET, SERVER_RESETS, CONTINUATION_FLOOD,
            HEADER_LIST, CONTROL_FLOOD, EMPTY_FRAMES, PROTOCOL, HTTP_BAD_REQUEST)
 
 

@@ -17,10 +17,14 @@ import socket
 import ssl
 import tempfile
 
+import grpc
+
+from chronoq.core import refusals as R
 from chronoq.server.callstats import CallStats
 from chronoq.server.h2calls import CallDetails, Calls
 from chronoq.server.h2limits import Limits, UnreadAnswers
 from chronoq.server.h2server import Connection
+from chronoq.server.h2streams import status_code
 
 
 class Server(Calls):
@@ -44,6 +48,8 @@ class Server(Calls):
         self._connections: set[Connection] = set()
         # Answer bytes its connections hold for peers that do not take them, in all (h2limits).
         self.unread_answers = UnreadAnswers(self.limits.max_unread_answer_bytes_total)
+        # Unary request bytes its connections hold (their ``buffered``, summed as it changes).
+        self.buffered_requests = 0
         # Calls in flight past their first step: tasks, or calls resumed by a future's
         # done-callback (``h2calls._Waiting``), which stand for a task.
         self._calls: set = set()
@@ -128,6 +134,31 @@ class Server(Calls):
             return True
         except asyncio.TimeoutError:
             return False
+
+    # ------------------------------------------------------------------ the request bytes cap
+    def shed_requests(self) -> None:
+        """The unary request bytes held over ``max_buffered_request_bytes_total`` (h2limits): end
+        unfinished requests, the one holding the most on the connection holding the most first,
+        until the sum is under the cap again. A request already whole waits only for its handler
+        and is never ended here. Runs only past the cap: a scan of the connections is fine."""
+        cap = self.limits.max_buffered_request_bytes_total
+        while self.buffered_requests > cap:
+            victim = None
+            for conn in sorted(self._connections, key=lambda c: c.buffered, reverse=True):
+                open_ones = [s for s in conn.streams.values() if s.queue is None and not s.half_closed and s.counted]
+                if open_ones:
+                    victim = conn, max(open_ones, key=lambda s: s.counted)
+                    break
+            if victim is None:
+                return  # all held bytes are whole requests about to be taken
+            conn, stream = victim
+            held = stream.counted
+            conn.refuse(R.REQUEST_BUDGET, f"an unfinished request holding {held} bytes while requests held "
+                                          f"{self.buffered_requests} in all")
+            conn._fail_call(stream, status_code(grpc.StatusCode.RESOURCE_EXHAUSTED),
+                            f"request bytes held for unfinished requests passed the broker's cap ({cap} bytes, "
+                            "all connections); this request, holding the most, was ended: send it again")
+            conn._flush_out()
 
     # ------------------------------------------------------------------ handlers (for Calls._run)
     async def _lookup(self, details: CallDetails):

@@ -57,6 +57,15 @@ MAX_UNREAD_ANSWER_BYTES = 64 << 20
 # start and stop waiting (``UnreadAnswers``), so the check is one compare. 256 MiB, as the receive
 # answer budget's total (``answer_budget_total``): four of the largest answers.
 MAX_UNREAD_ANSWER_BYTES_TOTAL = 256 << 20
+# Request bytes all connections of one server hold for unary calls whose request is not complete
+# (or not yet taken by its handler). A connection holds at most BUFFERED_MAX (h2server) plus a
+# window, so h2_max_connections peers that start requests and never finish them could make the
+# broker hold ~80 MiB each, for as long as they keep the connection (80 GB at the default 1,000).
+# Past this sum, the unfinished request holding the most bytes, on the connection holding the
+# most, is ended RESOURCE_EXHAUSTED until the sum is back under it (``Server.shed_requests``): the
+# peers hoarding bytes lose theirs, a client whose request comes whole in one read never does.
+# 256 MiB: 64 requests of the largest size (2 x max_body_bytes + 4 MiB at the default 4 MiB body).
+MAX_BUFFERED_REQUEST_BYTES_TOTAL = 256 << 20
 
 # ------------------------------------------------------------------ attacks (issue 20 §3)
 # Rapid reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671): one token bucket per connection
@@ -103,6 +112,7 @@ class Limits:
     idle_timeout_s: float = IDLE_TIMEOUT_S
     max_unread_answer_bytes: int = MAX_UNREAD_ANSWER_BYTES
     max_unread_answer_bytes_total: int = MAX_UNREAD_ANSWER_BYTES_TOTAL
+    max_buffered_request_bytes_total: int = MAX_BUFFERED_REQUEST_BYTES_TOTAL
     max_header_list: int = MAX_HEADER_LIST
     reset_burst: int = RESET_BURST
     reset_rate: float = RESET_RATE

@@ -432,6 +432,12 @@ class Connection(Answers):
         if stream.queue is None:  # unary: held until END_STREAM and the handler takes it
             stream.counted += len(payload)
             self.buffered += len(payload)
+            server = self.server
+            server.buffered_requests += len(payload)
+            if server.buffered_requests > server.limits.max_buffered_request_bytes_total:
+                server.shed_requests()  # (may end this very call: then nothing more to do here)
+                if stream.ended or stream.cancelled or self.streams.get(sid) is not stream:
+                    return
         if not flags & END_STREAM and self.stream_received(stream, length):
             self.credit(stream)
         try:
@@ -467,6 +473,7 @@ class Connection(Answers):
         """The stream's held request bytes are taken (or dropped): count them off the cap."""
         if stream.counted:
             self.buffered -= stream.counted
+            self.server.buffered_requests -= stream.counted
             stream.counted = 0
             if self.recv_unacked >= self._conn_half:  # (the test first: no call per call)
                 self._credit_connection()

@@ -273,3 +273,51 @@ def test_a_failed_call_reset_by_the_peer_drops_its_waiting_answer():
             assert not client.goaway()
 
     run(test)
+
+
+def test_unfinished_requests_are_bounded_in_all_the_hoarder_loses_first():
+    """Peers that start unary requests and never finish them: the request bytes all connections
+    hold are capped (``max_buffered_request_bytes_total``). Past the cap, the unfinished request
+    holding the most, on the connection holding the most, is ended RESOURCE_EXHAUSTED
+    (``request_budget``) until the sum is under it: a client whose request comes whole is served
+    and the hoarders lose theirs. Before, each connection could hold ~80 MiB for ever."""
+    part = b"p" * (256 << 10)
+    cap = 3 * (len(part) + 5) + (128 << 10)
+
+    async def test(endpoint, refusals, echo):
+        server = echo.server
+
+        def start_unfinished(client: RawClient, sids) -> None:
+            for sid in sids:  # HEADERS, then a message announced of 1 MiB of which 256 KiB come
+                client.send(HeadersFrame(sid, client.request_block(), flags=["END_HEADERS"]),
+                            DataFrame(sid, struct.pack(">BI", 0, 1 << 20) + part))
+            client.read(0.5)
+
+        hog = RawClient(endpoint)
+        await asyncio.to_thread(start_unfinished, hog, (1, 3, 5))
+        assert server.buffered_requests == 3 * (len(part) + 5) and not refused(refusals)
+        other = RawClient(endpoint)
+        await asyncio.to_thread(start_unfinished, other, (1,))  # past the cap: the hog's biggest goes
+        assert refused(refusals) == {R.REQUEST_BUDGET: 1}
+        assert server.buffered_requests == 3 * (len(part) + 5) <= cap
+        await asyncio.to_thread(hog.read, 0.5)
+        assert list(_statuses(hog).values()) == ["8"] and _statuses(other) == {}
+        # A whole request still gets through (its bytes pass the cap only for as long as it takes
+        # the hoarder's next request to be ended), and is answered.
+        fine = RawClient(endpoint)
+
+        def whole_call(client: RawClient) -> None:
+            client.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 30}),
+                        WindowUpdateFrame(0, 1 << 30))  # (its echo comes back whole)
+            client.open(1, b"w" * (200 << 10))
+            _read_until(client, lambda c: 1 in _statuses(c))
+        await asyncio.to_thread(whole_call, fine)
+        assert _statuses(fine) == {1: "0"}
+        for c in (hog, other, fine):
+            c.sock.close()
+        deadline = time.monotonic() + 5
+        while server.buffered_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert server.buffered_requests == 0  # connections gone: their bytes off the sum
+
+    run(test, max_buffered_request_bytes_total=cap)
