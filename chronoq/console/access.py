@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -77,6 +78,27 @@ def decide(access: acl.AccessControl | None, authorization: str | None, *, write
         return Decision(403, user.access_key, f"access key {user.access_key!r} may not change anything here: "
                                               "that needs a user with admin = true")
     return Decision(200, user.access_key)
+
+
+def addressed_here(host: str | None, allowed: tuple[str, ...]) -> bool:
+    """With access control off, whether a request's ``Host`` names this machine in a way no other
+    site can borrow: an IP address, ``localhost``, or a name the operator listed
+    (``[console] allowed_hosts``). A page of another site that points its own name at 127.0.0.1
+    (DNS rebinding) is same-origin with the console for the browser, and could read every page,
+    message bodies included; its requests carry its own name."""
+    if not host:
+        return False
+    name = host.strip().lower()
+    if name.startswith("["):  # [v6]:port
+        name = name[1:name.find("]")] if "]" in name else ""
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return name == "localhost" or name.endswith(".localhost") or name in allowed
 
 
 def same_origin(host: str | None, origin: str | None, referer: str | None) -> bool:

@@ -79,6 +79,11 @@ def guarded(*, write: bool):
         @functools.wraps(handler)
         async def checked(request: web.Request) -> web.StreamResponse:
             console = request.app[CONSOLE_KEY]
+            if console.access is None and not access.addressed_here(request.host, console.settings.allowed_hosts):
+                return console.render(request, "refused.html", status=403, reason=(
+                    f"this console has no access control and answers only requests addressed to an IP "
+                    f"address or localhost, not {request.host[:80]!r} (a page of another site can point its "
+                    "own name at this machine); list the name in [console] allowed_hosts, or turn [auth] on"))
             decision = access.decide(console.access, request.headers.get("Authorization"), write=write)
             if decision.status == 401:
                 raise web.HTTPUnauthorized(text=decision.reason + "\n", headers={

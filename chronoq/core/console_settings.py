@@ -11,6 +11,8 @@ load without importing upward.
     trace_scan_mib = 64        # newest MiB of the trace topic a lookup reads for a message's life
     history_interval_s = 5     # one traffic sample (counters, lag, timers) per this many seconds
     history_samples = 720      # samples kept (720 x 5 s = the last hour; chronoq.server.history)
+    allowed_hosts = []         # with access control off: host names (besides IP addresses and
+                               # localhost) requests may be addressed to (DNS rebinding)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ConsoleSettings:
     trace_scan_mib: int = 64
     history_interval_s: float = 5.0
     history_samples: int = 720
+    allowed_hosts: tuple[str, ...] = ()
 
     # Upper limits: each bounds memory or the time one request holds the event loop.
     LIMITS = {"lateness_interval_s": (0.1, 3600), "lateness_samples": (1, 100_000), "lookup_scan_mib": (1, 1024),
@@ -47,6 +50,9 @@ def parse(table: object) -> ConsoleSettings:
                                  + ", ".join(sorted(known)))
     values = {}
     for name, value in table.items():
+        if name == "allowed_hosts":
+            values[name] = _hosts(value)
+            continue
         lo, hi = ConsoleSettings.LIMITS[name]
         integral = name not in ("lateness_interval_s", "history_interval_s")
         if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)):
@@ -56,3 +62,14 @@ def parse(table: object) -> ConsoleSettings:
             raise errors.ClientError(f"[console] {name} must be between {lo} and {hi}, not {value}")
         values[name] = value
     return ConsoleSettings(**values)
+
+
+def _hosts(value: object) -> tuple[str, ...]:
+    """``allowed_hosts``: a list of host names (as in a URL, without port), lowercased."""
+    if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+        raise errors.ClientError(f"[console] allowed_hosts must be a list of host names, not {value!r}")
+    hosts = tuple(h.strip().lower() for h in value)
+    bad = [h for h in hosts if not h or len(h) > 253 or not all(c.isalnum() or c in "-._" for c in h)]
+    if bad:
+        raise errors.ClientError(f"[console] allowed_hosts: {bad[0]!r} is not a host name (no port, no scheme)")
+    return hosts

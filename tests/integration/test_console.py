@@ -346,6 +346,18 @@ def test_console_pages_and_files_go_out_compressed(chronoq_process):
     assert request(base, "GET", "/console/static/plotly.min.js")[0] == 404
 
 
+def test_without_access_control_the_console_answers_only_requests_addressed_to_this_machine(chronoq_process):
+    # DNS rebinding: another site's name pointed at 127.0.0.1 is same-origin with the console for
+    # the browser, so its page could read every console page, message bodies included.
+    port_base = chronoq_process('[console]\nallowed_hosts = ["ops.internal"]\n').http_url.rstrip("/")
+    port = urllib.parse.urlsplit(port_base).port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"ops.internal:{port}"):
+        assert request(port_base, "GET", "/console/", headers={"Host": host})[0] == 200, host
+    status, _h, body = request(port_base, "GET", "/console/lookup?q=x", headers={"Host": f"evil.example:{port}"})
+    assert status == 403 and "allowed_hosts" in body and "evil.example" in body
+    assert request(port_base, "GET", "/metrics", headers={"Host": f"evil.example:{port}"})[0] == 200  # scrapers
+
+
 def raw(base: str, path: str, headers: dict) -> tuple[int, dict, bytes]:
     parts = urllib.parse.urlsplit(base)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
