@@ -54,7 +54,10 @@ def retry_message(broker: Broker, ck: Checkpoint, m: Message, attempt: int, gcfg
     props[PROP_ORIGIN_TOPIC] = ck.topic
     props[PROP_ORIGIN_MESSAGE_ID] = origin_id
     props[PROP_RECONSUME_TIMES] = str(attempt)
-    not_before = names.not_before_ms(attempt, ck.delivered_ms, now, gcfg.retry_delays_ms)
+    # A nack (ChangeInvisibleDuration above 0) named its wait: due at once, as in RocketMQ.
+    # Otherwise the invisible time ran out, or a nack of 0 named none: the retry back-off
+    # applies (docs/rocketmq.md).
+    not_before = now if ck.named else names.not_before_ms(attempt, ck.delivered_ms, now, gcfg.retry_delays_ms)
     if not_before > now:
         props[PROP_NOT_BEFORE_MS] = str(not_before)
     else:

@@ -30,6 +30,7 @@ class InflightEntry(NamedTuple):
     pop_ms: int
     delivered_ms: int
     fifo: bool
+    named: bool
 
 
 def inflight_books(pop) -> list[InflightEntry]:
@@ -39,7 +40,8 @@ def inflight_books(pop) -> list[InflightEntry]:
         qs = ck.queue
         for i in ck.unsettled():
             out.append(InflightEntry(ck.group, ck.topic, qs.topic, qs.queue_id, ck.offsets[i], ck.ck_id,
-                                     ck.attempts[i], ck.deadline_ms, ck.pop_ms, ck.delivered_ms, ck.fifo))
+                                     ck.attempts[i], ck.deadline_ms, ck.pop_ms, ck.delivered_ms, ck.fifo,
+                                     ck.named))
     out.sort()
     return out
 

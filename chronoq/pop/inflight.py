@@ -112,7 +112,7 @@ class QueueState:
 class Checkpoint:
     __slots__ = ("ck_id", "group", "topic", "queue", "offsets", "attempts", "pop_ms", "delivered_ms",
                  "aging_ms", "deadline_ms", "bits", "full", "fifo", "logged", "durable", "expired", "live",
-                 "renew_until_ms", "client_id", "moved")
+                 "renew_until_ms", "client_id", "moved", "named")
 
     def __init__(self, ck_id: int, group: str, topic: str, queue: QueueState, offsets: list[int],
                  attempts: list[int], pop_ms: int, delivered_ms: int, aging_ms: int, deadline_ms: int,
@@ -138,6 +138,9 @@ class Checkpoint:
         self.expired = False
         self.live = True
         self.renew_until_ms = 0        # auto-renew (renew.py): extended, not revived, until then
+        # The invisible time is one the client named (ChangeInvisibleDuration above 0: a nack with
+        # its own wait): when it ends the message is due at once, no retry back-off.
+        self.named = False
         self.client_id = ""            # the receiving client, for auto-renew
         # Unlogged: the successors its settled entries moved to while neither was logged; they
         # are logged before it (I3). None once logged.
@@ -210,7 +213,7 @@ class Inflight:
     # ----------------------------------------------------------------- creating CKs
     def open(self, qs: QueueState, topic: str, offsets: list[int], attempts: list[int], now_ms: int,
              invisible_ms: int, *, fifo: bool, delivered_ms: int | None = None,
-             aging_ms: int | None = None, log_now: bool = False) -> Checkpoint:
+             aging_ms: int | None = None, log_now: bool = False, named: bool = False) -> Checkpoint:
         """A new CK for entries just handed out (or handed on by a settled source).
 
         Ensures: every entry holds an unsafe reference (I1); the CK is due at
@@ -220,6 +223,7 @@ class Inflight:
         ck = Checkpoint(self._new_id(), qs.group, topic, qs, offsets, attempts, now_ms,
                         now_ms if delivered_ms is None else delivered_ms,
                         now_ms if aging_ms is None else aging_ms, now_ms + invisible_ms, fifo)
+        ck.named = named
         if len(self._deadlines) > 2 * len(self.cks) + HEAP_SLACK:
             self._deadlines = [(c.deadline_ms, c.ck_id) for c in self.cks.values() if not c.expired]
             heapq.heapify(self._deadlines)
@@ -237,13 +241,15 @@ class Inflight:
         return ck
 
     def restore(self, qs: QueueState, ck_id: int, topic: str, offsets: list[int], attempts: list[int],
-                pop_ms: int, delivered_ms: int, deadline_ms: int, bits: int, fifo: bool) -> Checkpoint:
+                pop_ms: int, delivered_ms: int, deadline_ms: int, bits: int, fifo: bool,
+                named: bool = False) -> Checkpoint:
         """A CK read back from the POP log: logged and durable, so it holds no unsafe reference."""
         assert ck_id not in self.cks
         ck = Checkpoint(ck_id, qs.group, topic, qs, offsets, attempts, pop_ms, delivered_ms, pop_ms,
                         deadline_ms, fifo)
         assert bits & ck.full == bits and bits != ck.full
         ck.bits = bits
+        ck.named = named
         ck.logged = ck.durable = True
         self.cks[ck_id] = ck
         _heappush(self._deadlines, (deadline_ms, ck_id))
@@ -325,10 +331,13 @@ class Inflight:
             self._remove(ck)
 
     def change(self, ck: Checkpoint, index: int, now_ms: int, invisible_ms: int) -> Checkpoint:
-        """Change-invisible-time: a successor CK for one entry; the old entry is settled."""
+        """Change-invisible-time: a successor CK for one entry; the old entry is settled. A time
+        above 0 is the client's own wait (``named``: due again at its end, no back-off); 0 is a
+        nack with no wait of its own (the Node push consumer's, which has no retry policy): the
+        retry back-off spaces those."""
         new = self.open(ck.queue, ck.topic, [ck.offsets[index]], [ck.attempts[index]], now_ms,
                         invisible_ms, fifo=ck.fifo, delivered_ms=ck.delivered_ms,
-                        aging_ms=ck.aging_ms, log_now=ck.logged)
+                        aging_ms=ck.aging_ms, log_now=ck.logged, named=invisible_ms > 0)
         self.settle(ck, index, new)  # after open: the successor is logged first (I3)
         return new
 

@@ -38,7 +38,9 @@ Payloads::
                                           position (all bytes before it were fsynced)
     NAME  (5+)  name_id u32, UTF-8 name   interns group and topic names (1..512 bytes)
     CK   (52+10n) ck_id u64, group_id u32, topic_id u32 (asked for), popped_id u32 (read from),
-                queue_id u16, flags u8 (bit 0 FIFO), n u8 (1..32), pop_ms i64, delivered_ms i64,
+                queue_id u16, flags u8 (bit 0 FIFO, bit 1 NAMED: the invisible time is one a
+                client named with ChangeInvisibleDuration above 0, and the message is due again
+                at its end, with no retry back-off), n u8 (1..32), pop_ms i64, delivered_ms i64,
                 deadline_ms i64, settled bitmap u32; then n x (queue_offset u64, attempt u16)
     ACK   (9)   ck_id u64, index u8       entry settled (acked, moved, dead-lettered)
     DONE  (8)   ck_id u64                 CK finished as a whole (revived)
@@ -111,6 +113,7 @@ SEEN_OFFSETS_MAX = 4096
 CK_ENTRIES_MAX = 32
 NAME_BYTES_MAX = 512
 FLAG_FIFO = 0x01
+FLAG_NAMED = 0x02
 assert HEADER.size == HEADER_SIZE and REC_HEAD.size == REC_HEAD_SIZE
 assert BATCH.size == 16 and NAME_ID.size == 4 and CK_HEAD.size == 52 and CK_ENTRY.size == 10
 assert ACK.size == 9 and DONE.size == 8 and SEEN_HEAD.size == 12 and SEEN_OFFSET.size == 8
@@ -158,6 +161,7 @@ class CkRecord:
     delivered_ms: int
     deadline_ms: int
     bits: int
+    named: bool = False
 
     @property
     def full(self) -> int:
@@ -336,7 +340,7 @@ def _decode_ck(path: str, pos: int, buf: bytes, p: int, end: int, names: dict[in
         offsets.append(offset)
         attempts.append(max(1, attempt))
     return CkRecord(ck_id, group, topic, popped, qid, bool(flags & FLAG_FIFO), offsets, attempts,
-                    pop_ms, delivered_ms, deadline_ms, bits & ((1 << n) - 1))
+                    pop_ms, delivered_ms, deadline_ms, bits & ((1 << n) - 1), bool(flags & FLAG_NAMED))
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -461,7 +465,8 @@ class PopLog:
         n = len(ck.offsets)
         qs = ck.queue
         gid, tid, pid = self._name(ck.group), self._name(ck.topic), self._name(qs.topic)
-        parts = [_pack_ck(ck.ck_id, gid, tid, pid, qs.queue_id, FLAG_FIFO if ck.fifo else 0, n,
+        flags = (FLAG_FIFO if ck.fifo else 0) | (FLAG_NAMED if ck.named else 0)
+        parts = [_pack_ck(ck.ck_id, gid, tid, pid, qs.queue_id, flags, n,
                           ck.pop_ms, ck.delivered_ms, ck.deadline_ms, ck.bits)]
         for offset, attempt in zip(ck.offsets, ck.attempts):
             parts.append(_pack_entry(offset, min(attempt, 0xFFFF)))

@@ -496,7 +496,7 @@ class PopService(HandOut):
         for rec in recovered.cks.values():
             qs = self._queue_state(rec.group, rec.popped, rec.queue_id, recovered=True)
             out.append(inflight.restore(qs, rec.ck_id, rec.topic, rec.offsets, rec.attempts, rec.pop_ms,
-                                        rec.delivered_ms, rec.deadline_ms, rec.bits, rec.fifo))
+                                        rec.delivered_ms, rec.deadline_ms, rec.bits, rec.fifo, rec.named))
         return out
 
     # ----------------------------------------------------------------- reporting and lifecycle

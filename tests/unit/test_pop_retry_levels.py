@@ -94,6 +94,30 @@ def test_nacked_message_backs_off_by_the_configured_levels_then_the_last_one(tmp
     node.pop.check()
 
 
+def test_a_nack_that_names_its_wait_is_due_at_its_end_with_no_back_off(tmp_path, nodes):
+    """ChangeInvisibleDuration above 0 is the client's own wait (RocketMQ: a simple consumer's
+    retry interval): due when it ends, even when the back-off's level would be longer; the flag
+    is in the POP log, so a restart keeps it. A nack of 0 (no wait of its own) backs off."""
+    node = open_node(tmp_path, timer_delay_levels="2s 4s")
+    nodes.append(node)
+    mid = node.broker.send(T, b"x").message_id
+    for attempt in (1, 2, 3):
+        [p] = receive(node)
+        assert p.message.message_id == mid and p.delivery_attempt == attempt
+        node.pop.change_invisible(G, T, p.receipt_handle, 1_000)  # levels 2 s, 4 s: shorter
+        if attempt == 2:
+            node.restart(clean=True)  # the flag survives a restart (the CK is logged with it)
+        node.advance(999)
+        assert receive(node) == []
+        node.advance(1)
+    [p] = receive(node)
+    assert p.delivery_attempt == 4
+    node.pop.change_invisible(G, T, p.receipt_handle, 0)  # no wait of its own: level 2 (4 s)
+    nacked = node.clock.wall_ms()
+    node.advance(0)
+    assert receive(node) == [] and node.pop.next_deadline_ms() == nacked + 4_000
+
+
 def test_unacked_message_backs_off_from_its_delivery(tmp_path, nodes):
     """Left unacked: due at the level's delay after the delivery, and never before the
     invisible time ends (the wait is not added on top of the invisible time)."""
