@@ -15,6 +15,7 @@ from chronoq.cli.render import iso_ms, plural, print_json, print_table, progress
 
 RECEIVE_MAX_MESSAGES = 32   # per request (the protocol's batch limit)
 LONG_POLL_MAX_S = 60.0      # the broker parks a receive at most this long
+INVISIBLE_MAX_S = 12 * 3600  # the broker's range for a receive's invisible time (pop.names)
 SEND_BATCH_DEFAULT = 100
 SEND_BATCH_MAX = 1024       # messages per SendMessage request the broker accepts
 BODY_PREVIEW_CHARS = 60     # body column of the receive table
@@ -230,8 +231,8 @@ def _body_preview(body: bytes) -> str:
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="Keep receiving until this many messages arrived, or a receive waited --wait "
                    "seconds for nothing. Default: one receive request.")
-@click.option("--invisible", type=float, default=30.0, show_default=True,
-              help="Seconds a received message stays invisible to other consumers (at least 1).")
+@click.option("--invisible", type=click.FloatRange(1, INVISIBLE_MAX_S), default=30.0, show_default=True,
+              help="Seconds a received message stays invisible to other consumers (1 to 43200).")
 @click.option("--wait", type=click.FloatRange(0, LONG_POLL_MAX_S), default=5.0, show_default=True,
               help="Seconds to wait (long poll) when no message is ready.")
 @click.option("--tag", "tag_filter", default="*", show_default=True,
