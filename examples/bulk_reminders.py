@@ -48,7 +48,9 @@ def reminders(spark, input_path: str):
 
 
 def run(spark, input_path: str, endpoint: str, topic: str, job_id: str | None = None) -> int:
-    """Schedule every reminder of ``input_path``; returns how many were written."""
+    """Schedule every reminder of ``input_path``; returns how many rows the job covers (a re-run
+    with a ``job_id`` already published publishes none of them again: the broker answers
+    ``already_published`` and drops them)."""
     import chronoq.spark
 
     chronoq.spark.register(spark)
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.input:
             ap.error("--input is required")
         n = run(spark, args.input, args.endpoint, args.topic, args.job_id)
-        print(f"scheduled {n} reminders on {args.topic}")
+        again = f" (job {args.job_id}: rows a run of it published before are not published again)" if args.job_id else ""
+        print(f"{n} reminders handed to {args.topic}{again}")
         return 0
     finally:
         spark.stop()
