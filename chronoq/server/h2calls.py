@@ -346,7 +346,9 @@ class _Waiting:
 
     def _end(self, state: int) -> None:
         self._state = state
-        self._coro = self._fut = None
+        # (and the stream: it holds this in ``task``, a cycle only the garbage collector would
+        # break, with the stream's buffers in it: megabytes a call under a flood of failed calls)
+        self._coro = self._fut = self._stream = None
         self._server._calls.discard(self)
         for fn in self._callbacks or ():
             self._loop.call_soon(fn, self)

@@ -516,6 +516,7 @@ class Connection(Answers):
     def _cancel(self, stream: Stream) -> None:
         self.release(stream)
         self._forget(stream)
+        stream.buf = bytearray()  # its request bytes are never read now
         stream.cancelled = True
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()

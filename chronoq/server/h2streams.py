@@ -158,6 +158,8 @@ class Stream(StreamWindows):
         if self.started:
             self.count_end(code)
         self.conn.release(self)
+        if self.buf:  # a request that will never be read (the call failed or ended first): let it go
+            self.buf = bytearray()
         if self.ended or self.cancelled:
             return
         block = _OK_TRAILERS if code == 0 and not details and not metadata else trailers(code, details, metadata)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import struct
 import time
 
@@ -302,6 +303,11 @@ def test_unfinished_requests_are_bounded_in_all_the_hoarder_loses_first():
         assert server.buffered_requests == 3 * (len(part) + 5) <= cap
         await asyncio.to_thread(hog.read, 0.5)
         assert list(_statuses(hog).values()) == ["8"] and _statuses(other) == {}
+        # The ended request's bytes are let go at once, not when the garbage collector breaks the
+        # call's cycles (a flood of them held a gigabyte).
+        from chronoq.server.h2streams import Stream
+        ended = [st for st in gc.get_objects() if isinstance(st, Stream) and st.ended]
+        assert all(not st.buf for st in ended), [len(st.buf) for st in ended]
         # A whole request still gets through (its bytes pass the cap only for as long as it takes
         # the hoarder's next request to be ended), and is answered.
         fine = RawClient(endpoint)
