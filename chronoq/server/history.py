@@ -101,7 +101,11 @@ async def take_sample(broker, pop, now_ms: int, replication=None, slice_s: float
     The lag is summed over every (group, topic) consumed: with 10,000 of each that held the loop
     ~260 ms a sample, so it is summed in slices of ``slice_s`` with the loop let go ``pause_s``
     between (as a scrape is). A topic deleted meanwhile counts no more; None if the broker
-    closed meanwhile (no sample)."""
+    closed meanwhile, or the timer has not yet counted its pending messages once since the start
+    (``TimerService.horizon_ready``: reading every schedule file at once held the loop seconds
+    after a restart with millions pending): no sample."""
+    if not broker.timer.horizon_ready():
+        return None
     sent = sum(broker.sent_by_topic.values()) + broker.sent_gone
     c = pop.counters
     received, acked = c.total_received(), c.total_acked()

@@ -190,13 +190,14 @@ class BrokerCollector(Collector):
                          "delayed messages.", [b / 1000 for b in LATENESS_BOUNDS_MS], hist.counts, hist.sum_ms / 1000)
         yield CounterMetricFamily("chronoq_timer_early_deliveries", "Delayed messages made visible before "
                                   "their due time (must stay 0).", value=hist.early)
-        pending = GaugeMetricFamily("chronoq_timer_pending_messages", "Delayed messages not yet delivered "
-                                    "that fall due within the horizon from now (cumulative; inf: all).",
-                                    labels=["horizon"])
-        counts = timer.pending_by_horizon(_HORIZONS_MS)
-        for (label, _s), n in zip(PENDING_HORIZONS, counts):
-            pending.add_metric([label], n)
-        yield pending
+        if timer.horizon_ready():  # (until the start's count is done, absent: it would read every file at once)
+            pending = GaugeMetricFamily("chronoq_timer_pending_messages", "Delayed messages not yet delivered "
+                                        "that fall due within the horizon from now (cumulative; inf: all).",
+                                        labels=["horizon"])
+            counts = timer.pending_by_horizon(_HORIZONS_MS)
+            for (label, _s), n in zip(PENDING_HORIZONS, counts):
+                pending.add_metric([label], n)
+            yield pending
         lanes = [timer.timer_lane, *timer.level_lanes]
         for name, attr, doc in (
                 ("chronoq_timer_delivered", "delivered", "Delayed messages made visible, per delivery lane."),

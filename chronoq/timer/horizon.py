@@ -104,6 +104,13 @@ class Horizon:
                 out[i] += self._level_due_before(lane, first, hi, now + horizon) - first
         return out
 
+    def horizon_ready(self, budget_ns: int = 2_000_000) -> bool:
+        """Whether every bucket on disk has been counted once since the start; if not, count a
+        few more (``warm_horizon_cache``, ``budget_ns``). Until then ``pending_by_horizon`` may
+        read many schedule files at once (2 million pending timers: 4,000 files, 5-7 s on the
+        loop), so the periodic readers (the history sampler, ``/metrics``) wait for it."""
+        return self._horizon_warm or self.warm_horizon_cache(budget_ns)
+
     def warm_horizon_cache(self, budget_ns: int) -> bool:
         """Count the buckets on disk into ``pending_by_horizon``'s cache a few at a time (at most
         ``budget_ns`` per call, on the caller's thread), so the first metrics scrape or console view

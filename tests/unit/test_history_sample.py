@@ -66,3 +66,25 @@ def test_a_topic_deleted_during_a_pause_counts_no_more(node):
 
     sample = asyncio.run(take_sample(node.broker, node.pop, 1_000, slice_s=0.5, pause_s=0, clock=clock))
     assert sample is not None and sample.lag == 3 * 4  # ta and tb, two groups each
+
+
+def test_no_sample_until_the_timer_has_counted_its_buckets_once(node):
+    """After a start the timer counts the buckets on disk a few at a time; until that is done a
+    sample would read every schedule file at once (millions pending: seconds on the loop), so
+    there is none, and each try counts a few more."""
+    now = node.clock.wall_ms()
+    for minute in range(1, 41):  # 40 one-minute buckets on disk
+        node.broker.send("ta", b"later", deliver_at_ms=now + minute * 60_000)
+    node.restart(clean=True)
+    timer = node.broker.timer
+    assert not timer._horizon_warm
+    ticks = [0]
+
+    def slow_ns() -> int:  # every look at the clock takes 3 ms: one bucket per 2 ms budget
+        ticks[0] += 3_000_000
+        return ticks[0]
+    timer.clock.monotonic_ns = slow_ns
+    samples = [asyncio.run(take_sample(node.broker, node.pop, 1_000)) for _ in range(60)]
+    first = next(i for i, s in enumerate(samples) if s is not None)
+    assert 10 <= first < 60 and all(s is None for s in samples[:first])
+    assert samples[first].timers == 40 and timer._horizon_warm
