@@ -27,8 +27,17 @@ full: at most 32 B of RAM per indexed key (about 21 B just before a growth; 24 B
 1,000,000 keys, bench/timers.py --parts g). A build that can estimate its size makes room once
 (``reserve``: the restart build, chronoq.timer.keyed), so no growth stalls it on the way.
 
+Hot keys. Every message under one key has the same home slot, so they form one probe run, and
+the ``MESSAGE_KEY`` namespace allows any number per key (a tenant id as the key of every timer):
+each add walked the whole run (20,000 timers of one key held the event loop 78 s), and so did
+every other key placed in it. Once an add walks ``HOT_RUN`` cells of its own hash bits, that
+key's cells move to ``hot``, a dict per key ({ident: bucket start}: ~100 B an entry, only for
+such keys), and its later adds, removes and lookups are dict operations. A key stays hot until
+it has no entry left.
+
 Invariants (``check`` asserts them): every live cell is reachable from its home slot without
-crossing an empty one; ``live`` and ``deleted`` count the cells that are so.
+crossing an empty one; ``live`` and ``deleted`` count the cells that are so; no cell holds the
+hash bits of a hot key.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ _MASK64 = (1 << 64) - 1
 _LOW32 = 0xFFFFFFFF
 CAPACITY_MIN = 1024
 SLOT_BYTES = 16
+HOT_RUN = 64  # cells of one key's hash bits an add walks past before the key goes to ``hot``
 
 
 def _zeros(typecode: str, n: int) -> memoryview:
@@ -77,6 +87,9 @@ class KeyIndex:
         self._base = base_ms // width_ms - (1 << 31)
         self.live = 0
         self.deleted = 0
+        # Hot keys (module docstring): fingerprint | low 32 bits -> {ident: bucket start or None}.
+        self.hot: dict[int, dict[int, int | None]] = {}
+        self.hot_entries = 0
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -86,11 +99,11 @@ class KeyIndex:
         self._starts = _zeros("I", capacity)
 
     def __len__(self) -> int:
-        return self.live
+        return self.live + self.hot_entries
 
     def memory_bytes(self) -> int:
-        """RAM the columns take once every page was written."""
-        return SLOT_BYTES * self.capacity
+        """RAM the columns take once every page was written (hot keys: ~100 B an entry)."""
+        return SLOT_BYTES * self.capacity + 100 * self.hot_entries
 
     # ----------------------------------------------------------------- lookups
     def candidates(self, h: int) -> list[tuple[int, int | None]]:
@@ -98,7 +111,8 @@ class KeyIndex:
         cells, lows, cap = self._cells, self._lows, self.capacity
         fp, low = _fingerprint(h), h & _LOW32
         slot = (low * cap) >> 32
-        out = []
+        hot = self.hot.get(fp | low) if self.hot else None
+        out = list(hot.items()) if hot is not None else []
         while True:
             c = cells[slot]
             if c == EMPTY:
@@ -115,20 +129,38 @@ class KeyIndex:
         """Index ``ident`` (in bucket ``start``) under ``h``; False when it already is."""
         assert 0 <= ident <= IDENT_MASK, f"ident {ident} does not fit in {IDENT_BITS} bits"
         cells, lows, cap = self._cells, self._lows, self.capacity
-        cell, low = _fingerprint(h) | ident, h & _LOW32
+        fp, low = _fingerprint(h), h & _LOW32
+        if self.hot:
+            hot = self.hot.get(fp | low)
+            if hot is not None:
+                if ident in hot:
+                    return False
+                hot[ident] = self._start_of(start)
+                self.hot_entries += 1
+                return True
+        cell = fp | ident
         slot = (low * cap) >> 32
         free = -1
+        mine = 0  # cells of this key's hash bits walked past
         while True:
             c = cells[slot]
             if c == cell and lows[slot] == low:
                 return False
             if c == EMPTY:
                 break
-            if c == DELETED and free < 0:
-                free = slot
+            if c == DELETED:
+                if free < 0:
+                    free = slot
+            elif c & ~IDENT_MASK == fp and lows[slot] == low:
+                mine += 1
             slot += 1
             if slot == cap:
                 slot = 0
+        if mine >= HOT_RUN:  # a hot key: its cells go to a dict of its own, and this entry too
+            self._make_hot(fp, low)
+            self.hot[fp | low][ident] = self._start_of(start)
+            self.hot_entries += 1
+            return True
         if free >= 0:
             slot = free
             self.deleted -= 1
@@ -145,6 +177,15 @@ class KeyIndex:
         """Forget ``ident`` under ``h``; False when it was not there."""
         cells, lows, cap = self._cells, self._lows, self.capacity
         cell, low = _fingerprint(h) | ident, h & _LOW32
+        if self.hot:
+            hk = (cell & ~IDENT_MASK) | low
+            hot = self.hot.get(hk)
+            if hot is not None and ident in hot:
+                del hot[ident]
+                self.hot_entries -= 1
+                if not hot:
+                    del self.hot[hk]
+                return True
         slot = (low * cap) >> 32
         while True:
             c = cells[slot]
@@ -163,6 +204,34 @@ class KeyIndex:
             slot += 1
             if slot == cap:
                 slot = 0
+
+    def _start_of(self, start: int) -> int | None:
+        """A bucket start as ``candidates`` answers it (None when it does not fit the column)."""
+        rel = start // self.width - self._base
+        return (rel + self._base) * self.width if 0 <= rel < NO_START else None
+
+    def _make_hot(self, fp: int, low: int) -> None:
+        """Move every cell of these hash bits to ``hot`` (module docstring), leaving DELETED."""
+        cells, lows, starts, cap = self._cells, self._lows, self._starts, self.capacity
+        entries: dict[int, int | None] = {}
+        slot = (low * cap) >> 32
+        while True:
+            c = cells[slot]
+            if c == EMPTY:
+                break
+            if c > DELETED and c & ~IDENT_MASK == fp and lows[slot] == low:
+                rel = starts[slot]
+                entries[c & IDENT_MASK] = None if rel == NO_START else (rel + self._base) * self.width
+                cells[slot] = DELETED
+                self.live -= 1
+                self.deleted += 1
+            slot += 1
+            if slot == cap:
+                slot = 0
+        self.hot[fp | low] = entries
+        self.hot_entries += len(entries)
+        if self.deleted * 2 > cap:  # mostly tombstones now: rebuilt at the same size
+            self._rebuild(cap)
 
     def reserve(self, count: int) -> None:
         """Make room for ``count`` keys at once (a build that can estimate its size): no growth
@@ -210,3 +279,7 @@ class KeyIndex:
                     s = s + 1 if s + 1 < cap else 0
         assert (live, deleted) == (self.live, self.deleted)
         assert (live + deleted) * 4 <= cap * 3
+        assert self.hot_entries == sum(map(len, self.hot.values())) and all(self.hot.values())
+        for slot in range(cap):
+            c = cells[slot]
+            assert c <= DELETED or ((c & ~IDENT_MASK) | lows[slot]) not in self.hot, "a hot key's cell"

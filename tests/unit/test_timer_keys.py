@@ -79,6 +79,64 @@ def test_colliding_hashes_are_told_apart_by_the_ident():
 
 
 # ------------------------------------------------------------------ replace by key
+def test_a_key_held_by_thousands_moves_to_its_own_dict_and_every_call_stays_short():
+    """20,000 timers of one message key made one probe run that every add walked whole: 78 s of
+    event loop at 20,000. Past HOT_RUN cells the key moves to a dict (``hot``): no cell of it is
+    left in the table, so the table's runs stay short for it and every other key."""
+    index = KeyIndex(MIN, T0)
+    hot, n = key_hash("k", "t", "tenant-1"), 20_000
+    others = [key_hash("k", "t", f"o-{i}") for i in range(500)]
+    for i in range(n):
+        assert index.add(hot, 10 + i, T0 + i * 1_000)
+        if i < len(others):
+            assert index.add(others[i], 1_000_000 + i, T0)
+    assert not index.add(hot, 10, T0)  # already there, in the dict
+    index.check()
+    assert len(index) == n + len(others) and index.hot_entries == n and index.live == len(others)
+    found = dict(index.candidates(hot))
+    assert len(found) == n and found[10 + 12_345] == (T0 + 12_345_000) // MIN * MIN
+    assert [i for i, _ in index.candidates(others[7])] == [1_000_007]
+    for i in range(n):
+        assert index.remove(hot, 10 + i)
+    assert not index.remove(hot, 10) and index.hot == {} and index.candidates(hot) == []
+    index.check()
+    assert len(index) == len(others)
+
+
+def test_hot_keys_against_a_model():
+    """Adds and removes over a few keys, some going hot (a low HOT_RUN), colliding hash bits
+    included: the index answers what a dict would, and its invariants hold throughout."""
+    import random
+
+    rnd = random.Random(5)
+    saved, keyindex.HOT_RUN = keyindex.HOT_RUN, 4
+    try:
+        index, model = KeyIndex(MIN, T0), {}
+        # Two hashes that differ only in bits 32..47 share fingerprint and low bits: one key's
+        # candidates hold the other's (the caller tells them apart by reading the record).
+        hashes = [key_hash("k", "t", f"m{i}") for i in range(4)] + [0x1234_0000_0000_5678, 0x1234_FFFF_0000_5678]
+        for step in range(4_000):
+            which = rnd.randrange(len(hashes))
+            h = hashes[which]
+            ident = which * 100 + rnd.randrange(1, 60)  # an ident is one message's, under its own keys
+            if rnd.random() < 0.6:
+                assert index.add(h, ident, T0 + ident * MIN) == ((h, ident) not in model)
+                model[(h, ident)] = (T0 + ident * MIN) // MIN * MIN  # (bucket starts come back)
+            else:
+                assert index.remove(h, ident) == ((h, ident) in model)
+                model.pop((h, ident), None)
+            if step % 97 == 0:
+                index.check()
+            for other in hashes:
+                got = set(index.candidates(other))
+                assert {(i, start) for (hh, i), start in model.items() if hh == other} <= got
+        index.check()
+        assert index.hot, "some key went hot"
+        assert len(index) == len(model)
+    finally:
+        keyindex.HOT_RUN = saved
+
+
 def test_a_replacing_send_answers_what_it_replaced_and_only_the_last_fires(tmp_path, clock):
     b = _open(tmp_path, clock)
     r1 = _send(b, b"a", T0 + MIN, "order-1")
