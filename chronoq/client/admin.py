@@ -37,6 +37,11 @@ class _Signer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientIn
         return await continuation(self._details(client_call_details), request)
 
 
+# The largest answer an operator-side client takes: the broker's biggest answers are a listing of
+# every schedule (up to 1,000 with 64 KiB bodies) and a 64 MiB ReadMessages page.
+ADMIN_RECEIVE_MAX = 256 << 20
+
+
 class SignedChannel:
     """A channel to a chronoq node for the operator-side clients (``AdminClient``,
     ``chronoq.replication.client``): TLS as configured, every call signed when keys are given.
@@ -49,6 +54,8 @@ class SignedChannel:
         self._access = (access_key, secret_key)
         self._tls = (tls, tls_ca_file)
         signer = [_Signer(access_key, secret_key)] if access_key else None
+        if options is None:  # (grpc's default is 4 MiB: 1,000 schedules of 64 KiB bodies list at 61 MB)
+            options = [("grpc.max_receive_message_length", ADMIN_RECEIVE_MAX)]
         self._channel = _open_channel(endpoint, tls, tls_ca_file, options=options, interceptors=signer)
 
     def h2_channel(self) -> h2client.Channel:

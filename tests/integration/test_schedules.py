@@ -133,3 +133,25 @@ def test_schedule_every_second_survives_kill_9_exactly_once(tmp_path, monkeypatc
     want = list(range(instants[0], instants[-1] + 1, 1000))
     assert instants == want, f"missing occurrences {sorted(set(want) - set(instants))} (seed {seed})"
     assert instants[-1] >= stopped_ms - 3_000 and len(instants) >= 5, (instants, stopped_ms)
+
+
+def test_schedule_list_takes_an_answer_over_4_mib(chronoq_process):
+    # 1,000 schedules of 64 KiB bodies are within the documented limits; their listing is ~61 MB.
+    # The CLI's channel kept grpc's default 4 MiB receive limit and failed RESOURCE_EXHAUSTED.
+    import asyncio
+
+    from chronoq.client.admin import AdminClient
+    from chronoq.proto import chronoq_admin_pb2 as apb
+
+    proc = chronoq_process()
+    topic = unique("big-sched")
+    make_cli(proc.endpoint)("topic", "create", topic)
+
+    async def create():
+        async with AdminClient(proc.endpoint, request_timeout_s=30) as admin:
+            for i in range(72):
+                await admin.create_schedule(apb.Schedule(name=f"big-{i:02d}", topic=topic, interval_ms=86_400_000,
+                                                         body=bytes([65 + i % 26]) * (64 << 10)))
+    asyncio.run(create())
+    listed = make_cli(proc.endpoint).json("schedule", "list")
+    assert len(listed) == 72 and sorted(s["name"] for s in listed)[0] == "big-00"

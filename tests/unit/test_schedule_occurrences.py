@@ -83,6 +83,8 @@ def test_start_end_and_room():
                                 dict(cron="0 0 * * * * 2030"), dict(cron="@daily"),
                                 # the host's own zone, not a zone
                                 dict(cron="* * * * *", tz="localtime"), dict(cron="* * * * *", tz="posix/UTC"),
+                                # a name too long for a file name (OSError: was an INTERNAL error and a traceback)
+                                dict(cron="* * * * *", tz="Europe/" + "x" * 300),
                                 # epoch seconds for milliseconds; an end already past; no firing before the end
                                 dict(interval_ms=60_000, start_ms=_ms(2026, 1, 2) // 1000),
                                 dict(interval_ms=60_000, end_ms=_ms(2025, 12, 31)),

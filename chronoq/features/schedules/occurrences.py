@@ -80,8 +80,8 @@ def make_spec(cron: str, interval_ms: int, tz: str, start_ms: int, end_ms: int, 
         if tz in _NOT_ZONES or tz.startswith(("posix/", "right/")):
             raise ValueError(tz)  # files beside the zones: the host's own zone, and variants
         ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise errors.ClientError(f"unknown time zone {tz!r}: use an IANA name such as Europe/Berlin") from None
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # (OSError: a name too long for a file name)
+        raise errors.ClientError(f"unknown time zone {tz[:64]!r}: use an IANA name such as Europe/Berlin") from None
     for what, ms in (("start", start_ms), ("end", end_ms)):
         if ms < 0 or 0 < ms < YEAR_2000_MS:
             hint = f" ({ms} looks like epoch seconds: {ms * 1000} ms)" if YEAR_2000_MS <= ms * 1000 else ""
