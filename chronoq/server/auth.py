@@ -120,7 +120,8 @@ RULES.update({
     ADMIN_SERVICE + "QueueOffsets": lambda r: [(acl.SUBSCRIBE, r.topic)],
     ADMIN_SERVICE + "ReadMessages": lambda r: [(acl.SUBSCRIBE, r.topic)],
     ADMIN_SERVICE + "Stage": lambda r: [(acl.PUBLISH, r.topic)],
-    # Publish/Abort name a batch, not a topic: its rows were checked when they were staged.
+    # Publish/Abort name a batch, not a topic: its rows were checked when they were staged, and
+    # a user's sink ids are its own (``SINK_SCOPED``).
     ADMIN_SERVICE + "Publish": lambda r: [],
     ADMIN_SERVICE + "Abort": lambda r: [],
     ADMIN_SERVICE + "Recall": _handle_topic,
@@ -131,6 +132,16 @@ RULES.update({
     # Everything else of chronoq.v1.Admin (topics, groups, timer stats, trace) is for admins.
 })
 _ADMIN_ONLY: Rule = lambda r: [(acl.ADMIN, "")]  # noqa: E731
+# The staged-publish calls name a sink id (chronoq.features.staging). With access control on, a
+# user who is not an admin has sink ids of its own: the broker keeps them as
+# ``user:<access key>/<sink id>``, so one user can neither publish another's staged batch as
+# empty (its rows then answered ``already_published`` and dropped) nor abort it. Admins name sinks
+# as they are kept.
+SINK_SCOPED = frozenset(ADMIN_SERVICE + name for name in ("Stage", "Publish", "Abort"))
+
+
+def scoped_sink_id(user: acl.User, sink_id: str) -> str:
+    return f"user:{user.access_key}/{sink_id}"
 
 
 class _Malformed:
@@ -414,9 +425,13 @@ class Gate(grpc.aio.ServerInterceptor):
         ``refused(response, context)`` (``_returned``, ``_written``)."""
         original, check = method.behavior, self._check
 
+        scoped = user is not None and not user.admin and method.path in SINK_SCOPED
+
         async def guarded(request, context):
             refusal = check(method, request, user, context)
             if refusal is None:
+                if scoped and request.sink_id:
+                    request.sink_id = scoped_sink_id(user, request.sink_id)
                 return await original(request, context)
             response = method.response(*refusal)
             if response is None:

@@ -114,3 +114,39 @@ def test_refused_calls_are_counted_by_reason_and_logged(tmp_path, caplog):
     assert 'chronoq_requests_refused_total{reason="permission"} 1.0' in scrape
     lines = [r.getMessage() for r in caplog.records if r.name == "chronoq.refused"]
     assert any(line.startswith("refused permission from ipv") and "bob" in line for line in lines), lines
+
+
+def test_a_users_staged_batches_are_its_own(tmp_path):
+    """Stage/Publish/Abort name a sink id. Another user could publish alice's staged batch as
+    empty (her rows then answered already_published and dropped) or abort it; now a non-admin
+    user's sink ids are its own (kept as ``user:<access key>/<sink id>``)."""
+    from chronoq.proto import chronoq_admin_pb2 as apb
+    from chronoq.proto import chronoq_admin_pb2_grpc as apb_grpc
+
+    async def scenario():
+        front = await _front_end(tmp_path)
+        try:
+            front.runtime.broker.create_topic("orders", 1)
+            async with grpc.aio.insecure_channel(front.config.endpoint) as channel:
+                admin = apb_grpc.AdminStub(channel)
+                rows = apb.RowColumns(count=3, bodies=b"abc", body_lengths=[1, 1, 1])
+                staged = await admin.Stage(apb.StageRequest(sink_id="job:nightly", batch_id=0, stage_id="s0", seq=0,
+                                                            topic="orders", rows=rows), metadata=_md("alice", "a-1"))
+                assert staged.status.code == pb.OK and staged.rows == 3
+                await admin.Stage(apb.StageRequest(sink_id="job:nightly", batch_id=1, stage_id="s1", seq=0,
+                                                   topic="orders", rows=rows), metadata=_md("alice", "a-1"))
+                # bob names the same sink: his own, empty; alice's batches are untouched.
+                empty = await admin.Publish(apb.PublishRequest(sink_id="job:nightly", batch_id=0),
+                                            metadata=_md("bob", "b-1"))
+                assert empty.status.code == pb.OK and empty.messages == 0
+                aborted = await admin.Abort(apb.AbortRequest(sink_id="job:nightly", batch_id=1), metadata=_md("bob", "b-1"))
+                assert aborted.status.code == pb.OK and aborted.discarded_rows == 0
+                for batch, stage in ((0, "s0"), (1, "s1")):
+                    done = await admin.Publish(apb.PublishRequest(sink_id="job:nightly", batch_id=batch, stages=[
+                        apb.StageRef(stage_id=stage, chunks=1, rows=3)]), metadata=_md("alice", "a-1"))
+                    assert done.status.code == pb.OK and not done.already_published and done.messages == 3
+            assert front.runtime.broker.queue_bounds("orders", 0) == (0, 6)
+        finally:
+            await _close(front)
+
+    asyncio.run(scenario())
