@@ -279,6 +279,12 @@ class Gate(grpc.aio.ServerInterceptor):
         self.max_streams = max_streams
         self.streams: dict[tuple[str, str], int] = {}  # open Telemetry streams per (access key, client id)
         self.streams_total = 0
+        # The tasks of the open Telemetry streams by connection (peer), oldest first: at
+        # ``max_streams`` a new stream takes the place of the oldest one of the connection holding
+        # the most (``_make_room``), as the parked long polls are shared out (messaging/receive.py):
+        # one client opening thousands under invented client ids cannot shut every new client out
+        # of settings and transaction checks. The client of the stream ended opens it again.
+        self._streams_by_peer: dict[str, list[Callable[[], bool]]] = {}  # each stream's ``_ender``
         self._methods: dict[str, _Method] = {}
         self._verified: dict[tuple[str, str], acl.User] = {}  # (authorization, date) -> user
         self.refused = 0  # calls refused for credentials or permissions (for tests)
@@ -447,7 +453,9 @@ class Gate(grpc.aio.ServerInterceptor):
             # Counted per user too: one user cannot use up another's quota by borrowing its id.
             key = (user.access_key if user is not None else "", client_id)
             open_now = self.streams.get(key, 0)
-            if open_now >= self.max_streams_per_client or self.streams_total >= self.max_streams:
+            peer = context.peer()
+            if open_now >= self.max_streams_per_client or (self.streams_total >= self.max_streams
+                                                           and not self._make_room(peer)):
                 which = (f"client {client_id!r} already has {open_now} open Telemetry streams (max_streams_per_client)"
                          if open_now >= self.max_streams_per_client
                          else f"the broker has {self.streams_total} open Telemetry streams (max_streams)")
@@ -462,10 +470,17 @@ class Gate(grpc.aio.ServerInterceptor):
                 return
             self.streams[key] = open_now + 1
             self.streams_total += 1
+            ender = _ender(context)
+            self._streams_by_peer.setdefault(peer, []).append(ender)
             guarded = _StreamContext(context, user)
             try:
                 await original(self._commands(method, request_iterator, guarded, user), guarded)
             finally:
+                mine = self._streams_by_peer.get(peer)
+                if mine is not None and ender in mine:
+                    mine.remove(ender)
+                    if not mine:
+                        del self._streams_by_peer[peer]
                 self.streams_total -= 1
                 left = self.streams.get(key, 1) - 1
                 if left > 0:
@@ -474,6 +489,25 @@ class Gate(grpc.aio.ServerInterceptor):
                     self.streams.pop(key, None)
 
         return telemetry
+
+    def _make_room(self, peer: str) -> bool:
+        """At ``max_streams``: end the oldest Telemetry stream of the connection holding the most,
+        if it holds at least two more than ``peer`` (the share evens out, never swaps); False if
+        none does. Its count is given back when its task ends (the next loop pass)."""
+        mine = len(self._streams_by_peer.get(peer, ()))
+        heaviest = max(self._streams_by_peer, key=lambda p: len(self._streams_by_peer[p]), default=None)
+        if heaviest is None or len(self._streams_by_peer[heaviest]) < mine + 2:
+            return False
+        streams = self._streams_by_peer[heaviest]
+        for i, end in enumerate(streams):
+            if end():  # (a stream whose call is still starting cannot be ended yet: the next one)
+                del streams[i]
+                if not streams:
+                    del self._streams_by_peer[heaviest]
+                self.refusals.refuse(refusals.TELEMETRY_STREAMS, heaviest,
+                                     f"its oldest Telemetry stream ended for a new one of {peer} (max_streams)")
+                return True
+        return False
 
     async def _commands(self, method: _Method, request_iterator, context: _StreamContext, user):
         """The client's Telemetry commands, minus malformed ones and forbidden settings (each
@@ -491,6 +525,17 @@ class Gate(grpc.aio.ServerInterceptor):
                     await context.write(method.response(status.Code.FORBIDDEN, exc.message))
                     continue
             yield command
+
+
+def _ender(context) -> Callable[[], bool]:
+    """A function that ends the call of ``context`` from elsewhere (True if it did): chronoq's
+    HTTP/2 server runs a call's first step outside any task and then in its ``Stream.task``;
+    grpcio runs each call in a task of its own."""
+    stream = getattr(context, "_stream", None)
+    if stream is not None and hasattr(stream, "task"):
+        return lambda: stream.task is not None and not stream.task.done() and stream.task.cancel()
+    task = asyncio.current_task()
+    return lambda: task is not None and not task.done() and task.cancel()
 
 
 def build_gate(config, refusals: Refusals | None = None) -> Gate:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as sv
@@ -166,6 +167,48 @@ def test_parked_polls_are_shared_out_between_connections(tmp_path):
                 assert got[0].status.code == pb.OK and [r.message.body for r in got if r.HasField("message")] == [b"for the newcomer"]
                 for task in hogs:
                     task.cancel()
+        finally:
+            await _close(front)
+
+    asyncio.run(scenario())
+
+
+def test_telemetry_streams_are_shared_out_between_connections(tmp_path):
+    """At max_streams, a new Telemetry stream from a connection holding few ends the oldest one
+    of the connection holding the most (its client opens it again); a connection already holding
+    its share is refused. One client inventing client ids could take every stream before, and
+    new clients got no settings and no transaction checks."""
+    async def scenario():
+        front = await _front_end(tmp_path, max_streams=3)
+        try:
+            settings = sv.TelemetryCommand(settings=pb.Settings(
+                client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="t")])))
+
+            async def open_stream(stub, client_id: str):
+                call = stub.Telemetry(metadata=(("x-mq-client-id", client_id),))
+                await call.write(settings)
+                return call, await asyncio.wait_for(call.read(), 5)
+
+            async with grpc.aio.insecure_channel(front.config.endpoint) as hog_channel, \
+                    grpc.aio.insecure_channel(front.config.endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) \
+                    as new_channel:
+                hog, newcomer = (service_pb2_grpc.MessagingServiceStub(c) for c in (hog_channel, new_channel))
+                hogs = []
+                for i in range(3):
+                    call, reply = await open_stream(hog, f"hog-{i}")
+                    assert reply.status.code == pb.OK
+                    hogs.append(call)
+                call, reply = await open_stream(newcomer, "new-1")
+                assert reply.status.code == pb.OK  # settings answered: it took the hog's oldest place
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    while True:  # the hog's oldest stream ends (its settings re-sends may come first)
+                        if await asyncio.wait_for(hogs[0].read(), 5) == grpc.aio.EOF:
+                            break
+                assert ended.value.code() == grpc.StatusCode.CANCELLED
+                refused, reply = await open_stream(newcomer, "new-2")  # 1 against the hog's 2: its share
+                assert reply.status.code == pb.TOO_MANY_REQUESTS and "max_streams" in reply.status.message
+                for c in (*hogs[1:], call, refused):
+                    c.cancel()
         finally:
             await _close(front)
 
