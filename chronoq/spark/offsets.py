@@ -229,6 +229,21 @@ def parse_option_many(text: str | None, default: str, bounds: dict[str, Bounds],
     return out
 
 
+def check_batch_range(start: dict[Key, int], end: dict[Key, int], bounds: dict[str, Bounds]) -> None:
+    """A batch read's offsets make sense now, as Kafka's source asks: no queue ends past its
+    newest message (the read would fail on an executor later, naming less) and none starts after
+    it ends (it read nothing, silently). ValueError naming the queue and both offsets."""
+    for (topic, q), stop in end.items():
+        lo, hi = bounds[topic][q]
+        if stop > hi:
+            raise ValueError(f"endingOffsets: queue {q} of topic {topic} ends at offset {hi}; {stop} is past "
+                             "it (-1 is its latest)")
+        begin = start.get((topic, q), lo)
+        if begin > stop:
+            raise ValueError(f"startingOffsets {begin} is after endingOffsets {stop} for queue {q} of topic "
+                             f"{topic} (its messages are offsets {lo} to {hi - 1})")
+
+
 def first_at_or_after(lo: int, hi: int, time_at: Callable[[int], int], at_ms: int) -> int:
     """The first offset in [lo, hi) whose message entered its queue at or after ``at_ms``, or
     ``hi`` when none did (``startingTimestamp``). Binary search: a queue's messages enter it in

@@ -411,6 +411,7 @@ class ChronoqBatchReader(DataSourceReader):
         plan = _plan(s, strict=True)
         start = _start(s, plan, "earliest")
         end = offs.parse_option_many(s.ending, "latest", plan.bounds, "endingOffsets")
+        offs.check_batch_range(start, end, plan.bounds)
         return _ranges(start, end, s.per_partition, plan.where) or [QueueRange(s.topic, 0, 0, 0)]
 
     def read(self, partition: QueueRange):

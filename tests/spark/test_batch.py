@@ -81,3 +81,15 @@ def test_batch_read_takes_per_queue_offset_ranges(spark, broker, tmp_path):
     assert sorted((r.queue, r.offset) for r in rows) == [(q, o) for o in range(lo + 1, hi - 1)]
     latest = read_topic(spark, b.endpoint, "ranges", startingOffsets="latest").count()
     assert latest == 0 and read_topic(spark, b.endpoint, "ranges").count() == ROWS
+    # Ranges that cannot be read are refused at planning, as Kafka's source does (they read
+    # nothing silently, or failed later on an executor naming less).
+    for start_at, end_at, words in ((hi - 1, lo + 1, "is after endingOffsets"), (hi + 5, None, "is after endingOffsets"),
+                                    (None, hi + 5, "is past it")):
+        opts = {}
+        if start_at is not None:
+            opts["startingOffsets"] = json.dumps({"ranges": {str(q): start_at}})
+        if end_at is not None:
+            opts["endingOffsets"] = json.dumps({"ranges": {str(q): end_at}})
+        with pytest.raises(Exception) as info:
+            read_topic(spark, b.endpoint, "ranges", **opts).collect()
+        assert words in str(info.value) and f"queue {q} of topic ranges" in str(info.value), opts

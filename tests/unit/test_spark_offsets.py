@@ -193,3 +193,13 @@ def test_a_checkpoint_named_another_way_is_the_same_sink(tmp_path, monkeypatch):
     assert {checkpoint_key(s) for s in spellings} == {here}
     assert checkpoint_key("hdfs://nn:8020/ckpt/q1/") == "hdfs://nn:8020/ckpt/q1"
     assert checkpoint_key("s3a://bucket/ckpt") != checkpoint_key("s3a://bucket/other")
+
+
+def test_batch_ranges_that_cannot_be_read_are_refused():
+    bounds = {"a": {0: (5, 10), 1: (0, 0)}}
+    offs.check_batch_range({("a", 0): 5, ("a", 1): 0}, {("a", 0): 10, ("a", 1): 0}, bounds)  # all, and empty
+    offs.check_batch_range({("a", 0): 7}, {("a", 0): 7, ("a", 1): 0}, bounds)  # start == end: nothing
+    with pytest.raises(ValueError, match="startingOffsets 8 is after endingOffsets 7 for queue 0 of topic a"):
+        offs.check_batch_range({("a", 0): 8}, {("a", 0): 7}, bounds)
+    with pytest.raises(ValueError, match="queue 0 of topic a ends at offset 10; 11 is past it"):
+        offs.check_batch_range({("a", 0): 5}, {("a", 0): 11}, bounds)
