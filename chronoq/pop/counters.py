@@ -42,13 +42,12 @@ class PopCounters:
         def gone(key: tuple[str, str]) -> bool:
             return (group is None or key[0] == group) and (not topics or key[1] in topics)
 
-        for counts in (self.received, self.acked, self.nacked):
-            for key in [k for k in counts if gone(k)]:
-                n = counts.pop(key)
-                if counts is self.received:
-                    self.received_gone += n
-                elif counts is self.acked:
-                    self.acked_gone += n
+        def drop(counts: dict) -> int:
+            return sum(counts.pop(key) for key in [k for k in counts if gone(k)])
+
+        self.received_gone += drop(self.received)
+        self.acked_gone += drop(self.acked)
+        drop(self.nacked)
         if group is not None and not topics:
             for counts in (self.revived, self.retried, self.dead_lettered):
                 counts.pop(group, None)

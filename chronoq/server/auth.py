@@ -46,7 +46,7 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from chronoq.core import acl
-from chronoq.core import errors, refusals
+from chronoq.core import errors, fairshare, refusals
 from chronoq.core.clock import SYSTEM_CLOCK
 from chronoq.core.refusals import Refusals
 from chronoq.protocol.rocketmq import status
@@ -491,12 +491,11 @@ class Gate(grpc.aio.ServerInterceptor):
         return telemetry
 
     def _make_room(self, peer: str) -> bool:
-        """At ``max_streams``: end the oldest Telemetry stream of the connection holding the most,
-        if it holds at least two more than ``peer`` (the share evens out, never swaps); False if
-        none does. Its count is given back when its task ends (the next loop pass)."""
-        mine = len(self._streams_by_peer.get(peer, ()))
-        heaviest = max(self._streams_by_peer, key=lambda p: len(self._streams_by_peer[p]), default=None)
-        if heaviest is None or len(self._streams_by_peer[heaviest]) < mine + 2:
+        """At ``max_streams``: end the oldest Telemetry stream of the connection that gives a place
+        up (``fairshare.give_up_one``); False if none does. Its count is given back when its task
+        ends (the next loop pass)."""
+        heaviest = fairshare.give_up_one(self._streams_by_peer, peer)
+        if heaviest is None:
             return False
         streams = self._streams_by_peer[heaviest]
         for i, end in enumerate(streams):

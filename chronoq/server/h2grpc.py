@@ -143,15 +143,11 @@ class Server(Calls):
         and is never ended here. Runs only past the cap: a scan of the connections is fine."""
         cap = self.limits.max_buffered_request_bytes_total
         while self.buffered_requests > cap:
-            victim = None
-            for conn in sorted(self._connections, key=lambda c: c.buffered, reverse=True):
-                open_ones = [s for s in conn.streams.values() if s.queue is None and not s.half_closed and s.counted]
-                if open_ones:
-                    victim = conn, max(open_ones, key=lambda s: s.counted)
-                    break
-            if victim is None:
+            unfinished = [(conn, s) for conn in self._connections for s in conn.streams.values()
+                          if s.queue is None and not s.half_closed and s.counted]
+            if not unfinished:
                 return  # all held bytes are whole requests about to be taken
-            conn, stream = victim
+            conn, stream = max(unfinished, key=lambda cs: (cs[0].buffered, cs[1].counted))
             held = stream.counted
             conn.refuse(R.REQUEST_BUDGET, f"an unfinished request holding {held} bytes while requests held "
                                           f"{self.buffered_requests} in all")

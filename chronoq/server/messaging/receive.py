@@ -17,7 +17,7 @@ import logging
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from chronoq.core import errors, refusals
+from chronoq.core import errors, fairshare, refusals
 from chronoq.pop import names as pop_names
 from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.ack import ack_and_receive_response, ack_response
@@ -75,11 +75,10 @@ class Waker:
         assert self.parked >= 0
 
     def make_room(self, peer: str) -> bool:
-        """At the limit: kick the oldest poll of the connection holding the most, if it holds at
-        least two more than ``peer`` (so the share evens out, never swaps); False if none does."""
-        mine = len(self._by_peer.get(peer, ()))
-        heaviest = max(self._by_peer, key=lambda p: len(self._by_peer[p]), default=None)
-        if heaviest is None or len(self._by_peer[heaviest]) < mine + 2:
+        """At the limit: kick the oldest poll of the connection that gives a place up
+        (``fairshare.give_up_one``); False if none does."""
+        heaviest = fairshare.give_up_one(self._by_peer, peer)
+        if heaviest is None:
             return False
         kick = self._by_peer[heaviest][0]
         self.unpark(heaviest, kick)
