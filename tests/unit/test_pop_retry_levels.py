@@ -238,3 +238,24 @@ def test_consumer_settings_announce_the_configured_table(tmp_path, nodes):
     out = service._merged_settings(settings, TelemetrySession("client-1", None))
     assert out.backoff_policy.WhichOneof("strategy") == "customized_backoff"
     assert [d.ToMilliseconds() for d in out.backoff_policy.customized_backoff.next] == [2_000, 4_000, 500]
+
+
+def test_a_named_nack_survives_kill_9(tmp_path, nodes):
+    """The NAMED flag is in the POP log's CK record: after a kill -9 (the successor CK logged
+    and fsynced, nothing else saved) the nacked message is still due at the end of its own wait,
+    not at the back-off level's."""
+    node = open_node(tmp_path, timer_delay_levels="10s 20s")
+    nodes.append(node)
+    mid = node.broker.send(T, b"x").message_id
+    [p] = receive(node, 30_000)
+    node.advance(2_500)  # the CK's lineage is past the merge buffer: logged, and so its successor
+    node.pop.change_invisible(G, T, p.receipt_handle, 3_000)  # level 1 is 10 s: shorter
+    nacked = node.clock.wall_ms()
+    node.advance(200)  # the POP log's flush: the successor is durable
+    node.crash()
+    node.open()
+    node.advance(nacked + 2_999 - node.clock.wall_ms())
+    assert receive(node) == []
+    node.advance(1)
+    [p] = receive(node)
+    assert p.message.message_id == mid and p.delivery_attempt == 2
