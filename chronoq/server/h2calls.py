@@ -17,7 +17,8 @@ import logging
 
 import grpc
 
-from chronoq.protocol.h2 import CANCEL, Parts, request_head
+from chronoq.core import refusals as R
+from chronoq.protocol.h2 import CANCEL, PROTOCOL_ERROR, Parts, request_head
 from chronoq.server.h2server import ConnError
 from chronoq.server.h2streams import CallError, Stream, StreamClosed, status_code
 
@@ -113,14 +114,18 @@ class Calls:
     ``_unary_ready``)."""
 
     def _start_call(self, stream: Stream, fields: list, end_stream: bool) -> None:
-        path, metadata, timeout, encoding, bad = request_head(fields)
+        path, metadata, timeout, encoding, bad, malformed = request_head(fields)
+        if malformed is not None:  # RFC 9113 section 8.1.1: a stream error, PROTOCOL_ERROR
+            stream.conn.refuse(R.PROTOCOL, f"stream {stream.id}: {malformed}")
+            stream.conn._reset(stream, PROTOCOL_ERROR)
+            return
         if encoding is not None:
             stream.encoding = encoding
         deadline = stream.conn.loop.time() + timeout if timeout is not None else None
         context = Context(stream, metadata, deadline, stream.conn.loop)
-        if bad or not path:
-            stream.finish(status_code(grpc.StatusCode.INTERNAL if bad else grpc.StatusCode.UNIMPLEMENTED),
-                          f"bad request: {bad or 'no :path'}")
+        if bad or (timeout is not None and timeout <= 0):  # (a deadline already past: not served)
+            stream.finish(status_code(grpc.StatusCode.INTERNAL if bad else grpc.StatusCode.DEADLINE_EXCEEDED),
+                          f"bad request: {bad}" if bad else "Deadline Exceeded")
             stream.conn.streams.pop(stream.id, None)
             return
         if end_stream:

@@ -54,7 +54,7 @@ from chronoq.core import refusals as R
 from chronoq.protocol.h2 import (ACK, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS, END_STREAM,
                                  ENHANCE_YOUR_CALM, FRAME_SIZE_ERROR, GOAWAY, HEADERS, HEADERS_EXTRAS, INTERNAL_ERROR,
                                  MESSAGE_PREFIX, NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
-                                 PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK,
+                                 PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ACK, STREAM_CLOSED,
                                  S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, WINDOW_UPDATE, ConnectionWindows,
                                  FrameError, HeaderListTooLarge, HpackError, frame, goaway_frame, header_fragment,
                                  parse_settings, rst_stream_frame, unpad, window_increment)
@@ -103,6 +103,10 @@ class Connection(Answers):
         self._timer: asyncio.TimerHandle | None = None  # the preface deadline, then the idle check
         self._idle = IdleWatch()
         self.streams: dict[int, Stream] = {}
+        # Streams the client ended (END_STREAM, then our answer; or its RST_STREAM), the latest
+        # up to PEER_CLOSED_KEPT: DATA or HEADERS on one of them breaks the protocol (STREAM_CLOSED).
+        # Forgotten ones are treated as streams we reset: what comes on those is dropped.
+        self.peer_closed: dict[int, None] = {}
         # Streams with answer bytes waiting for window, oldest first: a connection WINDOW_UPDATE
         # (clients send one every few KiB) looks at these, not at every open stream.
         self.waiting: dict[int, Stream] = {}
@@ -264,6 +268,8 @@ class Connection(Answers):
             stream = self.streams.pop(sid, None) or self.waiting.get(sid)  # (a failed call's answer waits)
             if stream is not None:
                 self._cancel(stream)
+            if sid <= self.last_stream:
+                self.peer_ended(sid)
         elif kind == GOAWAY:
             # The client stops opening calls; those running finish. It closes when it is done.
             pass
@@ -388,10 +394,15 @@ class Connection(Answers):
         fields = self.decoder.decode(block)  # always: the table must follow every block
         stream = self.streams.get(sid)
         if stream is not None:  # trailers of a streaming request: only END_STREAM matters
-            if first_flags & END_STREAM:
+            if stream.half_closed:  # after its END_STREAM: RFC 9113 section 5.1, a stream error
+                self._reset(stream, STREAM_CLOSED)
+                self.refuse(R.PROTOCOL, f"HEADERS on stream {sid} after its END_STREAM")
+            elif first_flags & END_STREAM:
                 self._half_close(stream)
             return
         if sid <= self.last_stream:
+            if sid in self.peer_closed:
+                raise ConnError(STREAM_CLOSED, f"HEADERS on stream {sid}, which the client closed")
             raise ConnError(PROTOCOL_ERROR, f"stream {sid} reused or out of order")
         self.last_stream = sid
         if self.goaway_sent or self.server._stopping:
@@ -425,8 +436,13 @@ class Connection(Answers):
             payload = unpad(payload)  # (FrameError on bad padding)
         stream = self.streams.get(sid)
         if stream is None or stream.half_closed:
-            if sid > self.last_stream:
+            if stream is not None:  # half-closed (remote): RFC 9113 section 5.1, a stream error
+                self._reset(stream, STREAM_CLOSED)
+                self.refuse(R.PROTOCOL, f"DATA on stream {sid} after its END_STREAM")
+            elif sid > self.last_stream:
                 raise ConnError(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+            elif sid in self.peer_closed:  # closed by the client itself: a connection error
+                raise ConnError(STREAM_CLOSED, f"DATA on stream {sid}, which the client closed")
             return  # a stream we reset or finished: the data is dropped (window already counted)
         stream.buf += payload
         if stream.queue is None:  # unary: held until END_STREAM and the handler takes it

@@ -36,7 +36,7 @@ cdef class Stream(StreamWindows):
 cdef class Answers(ConnectionWindows):
     cdef public object server, transport, loop, limits, _resumed
     cdef public list _out
-    cdef public dict streams, waiting
+    cdef public dict streams, waiting, peer_closed
     cdef public Py_ssize_t _out_bytes, held_answers, held_out, unread_acks, peer_max_frame
     cdef public bint _reading, closed, paused
 
@@ -55,6 +55,8 @@ cdef class Answers(ConnectionWindows):
     @cython.locals(n=Py_ssize_t)
     cpdef send_data(self, Stream stream, bytes head, message)
     cpdef send_trailers(self, Stream stream, bytes head, bytes block)
+    @cython.locals(ids=dict)
+    cpdef peer_ended(self, Py_ssize_t sid)
     @cython.locals(stream=Stream)
     cpdef Stream answering(self, Py_ssize_t sid)
     cpdef reset_after_answer(self, Stream stream, Py_ssize_t code)

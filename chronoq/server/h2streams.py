@@ -23,6 +23,7 @@ from chronoq.protocol.h2.frames import frame, frame_head, headers_frame
 from chronoq.server.callstats import NO_ANSWER, STATUS_ANSWER_PREFIXES, UNKNOWN_METHOD, answer_code
 
 FLUSH_BYTES = 64 << 10            # buffered output beyond this is written at once
+PEER_CLOSED_KEPT = 64            # streams the client closed, remembered to catch frames sent after
 
 _ANSWER_HEADERS = literal_block([(":status", "200"), ("content-type", "application/grpc")])
 _OK_TRAILERS = trailers(0, None)
@@ -81,6 +82,8 @@ class Stream(StreamWindows):
             raise CallError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"Received message larger than max ({exc.length} vs. {limit})") from None
         except UnsupportedEncoding as exc:
+            if self.encoding == "identity":  # the compressed flag with no grpc-encoding: gRPC says INTERNAL
+                raise CallError(grpc.StatusCode.INTERNAL, "a compressed message without grpc-encoding") from None
             raise CallError(grpc.StatusCode.UNIMPLEMENTED, str(exc)) from None
         except zlib.error as exc:
             raise CallError(grpc.StatusCode.INTERNAL, f"cannot decompress the request: {exc}") from None
@@ -340,6 +343,15 @@ class Answers(ConnectionWindows):
         stream.ended = True
         self._write(head + block if head else block)
         self.streams.pop(stream.id, None)
+        if stream.half_closed:  # both sides ended it
+            self.peer_ended(stream.id)
+
+    def peer_ended(self, sid: int) -> None:
+        """Remember that the client closed stream ``sid`` (``h2server.Connection.peer_closed``)."""
+        ids = self.peer_closed
+        if len(ids) >= PEER_CLOSED_KEPT:  # (cleared, not trimmed: one dict store a call)
+            ids.clear()
+        ids[sid] = None
 
     def answering(self, sid: int) -> Stream | None:
         """Stream ``sid`` if the peer may still get frames on it: open (``streams``), or a call that

@@ -381,27 +381,51 @@ def test_received_bytes_are_granted_back_once_half_a_window_is_used(sizes):
     assert w.opening_update() == h2.window_update_frame(0, 100_000 - h2.DEFAULT_WINDOW)
 
 
+_HEAD = [(":method", "POST"), (":scheme", "http"), (":path", "/svc/M"), (":authority", "a:1")]
+
+
 def test_request_head_splits_the_transport_from_the_metadata():
     """(Guards a move: the reading of a request's header fields, from chronoq.server.h2calls.)"""
     fields = [(":path", "/svc/M"), (":method", "POST"), (":scheme", "http"), (":authority", "a:1"),
               ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "10S"),
-              ("x-mq-client-id", "c1"), (":unknown", "dropped"), ("trace-bin", "AAEC"), ("bad-bin", "A"),
+              ("x-mq-client-id", "c1"), ("trace-bin", "AAEC"), ("bad-bin", "A"),
               ("grpc-encoding", "gzip"), ("user-agent", "grpc"), ("x-mq-client-id", "c2")]
-    path, metadata, timeout, encoding, bad = h2.request_head(fields)
-    assert (path, timeout, encoding, bad) == ("/svc/M", 10.0, "gzip", None)
+    path, metadata, timeout, encoding, bad, malformed = h2.request_head(fields)
+    assert (path, timeout, encoding, bad, malformed) == ("/svc/M", 10.0, "gzip", None, None)
     assert metadata == (("grpc-timeout", "10S"), ("x-mq-client-id", "c1"), ("trace-bin", b"\x00\x01\x02"),
                         ("grpc-encoding", "gzip"), ("x-mq-client-id", "c2"))
-    assert h2.request_head([(":method", "GET")])[4] == "method GET (gRPC calls are POST)"
-    assert h2.request_head([("content-type", "text/plain")])[4] == "content-type 'text/plain'"
-    assert h2.request_head([]) == ("", (), None, None, None)
+    get = [(k, "GET" if k == ":method" else v) for k, v in _HEAD]
+    assert h2.request_head(get)[4:] == ("method GET (gRPC calls are POST)", None)
+    assert h2.request_head(_HEAD + [("content-type", "text/plain")])[4:] == ("content-type 'text/plain'", None)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ([], "needs :method, :scheme"),
+    ([f for f in _HEAD if f[0] != ":scheme"], "needs :method, :scheme"),
+    ([(k, "" if k == ":path" else v) for k, v in _HEAD], "needs :method, :scheme"),
+    ([("x-a", "1")] + _HEAD, "after a regular field"),
+    (_HEAD[:2] + [("te", "trailers")] + _HEAD[2:], "after a regular field"),
+    (_HEAD + [(":path", "/svc/N")], "twice"),
+    (_HEAD + [(":status", "200")], ":status in a request"),
+    (_HEAD + [(":unknown", "x")], ":unknown in a request"),
+    (_HEAD + [("X-Upper", "1")], "'X-Upper' is not allowed"),
+    (_HEAD + [("", "1")], "'' is not allowed"),
+    (_HEAD + [("connection", "keep-alive")], "'connection' is not allowed"),
+    (_HEAD + [("transfer-encoding", "chunked")], "'transfer-encoding' is not allowed"),
+    (_HEAD + [("te", "gzip")], "te: 'gzip'"),
+])
+def test_malformed_request_heads_are_named(fields, says):
+    """RFC 9113 section 8.3: what makes a request malformed (the server resets its stream)."""
+    malformed = h2.request_head(fields)[5]
+    assert malformed is not None and says in malformed, malformed
 
 
 def test_request_head_remembers_a_bounded_number_of_names():
     from chronoq.protocol.h2 import grpcmsg
 
-    names = [f"x-name-{i}" for i in range(grpcmsg.FIELD_KINDS_MAX + 50)] + ["late-bin", ":late"]
+    names = [f"x-name-{i}" for i in range(grpcmsg.FIELD_KINDS_MAX + 50)] + ["late-bin", "late-name"]
     path, metadata, *_ = h2.request_head([(":path", "/svc/M")] + [(n, "AAEC") for n in names])
     assert path == "/svc/M" and len(grpcmsg._FIELD_KINDS) <= grpcmsg.FIELD_KINDS_MAX
     # past the bound, names are still read right (classified anew each time)
-    assert metadata[-1] == ("late-bin", b"\x00\x01\x02") and metadata[-2] == (names[-3], "AAEC")
-    assert len(metadata) == len(names) - 1
+    assert metadata[-2] == ("late-bin", b"\x00\x01\x02") and metadata[-1] == ("late-name", "AAEC")
+    assert len(metadata) == len(names)

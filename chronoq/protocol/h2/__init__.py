@@ -15,7 +15,8 @@ from chronoq.protocol.h2.frames import (ACK, CANCEL, COMPRESSION_ERROR, CONTINUA
                                         ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_HEAD, FRAME_SIZE_ERROR, GOAWAY,
                                         GOAWAY_DEBUG_MAX, HEADERS, HEADERS_EXTRAS, INTERNAL_ERROR, MAX_FRAME_LENGTH,
                                         NO_ERROR, PADDED, PING, PREFACE, PRIORITY, PRIORITY_FLAG, PROTOCOL_ERROR,
-                                        PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, U32, WINDOW_UPDATE,
+                                        PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, STREAM_CLOSED, U32,
+                                        WINDOW_UPDATE,
                                         FrameError, data_frames, frame, goaway_frame, header_fragment, headers_frame,
                                         parse_goaway, read_frames, rst_stream_frame, unpad, window_increment,
                                         window_update_frame)

@@ -116,18 +116,29 @@ def timeout_s(text: str) -> float | None:
     return int(digits) * unit
 
 
-# What ``request_head`` does with a request header field, by its name: the transport's fields,
-# then the handler's metadata (its value as is, or base64-decoded for ``-bin``), or dropped (a
-# pseudo-header gRPC does not use, or no name at all).
-_F_PATH, _F_METHOD, _F_CONTENT_TYPE, _F_TIMEOUT, _F_ENCODING, _F_SKIP, _F_META, _F_META_BIN, _F_DROP = range(9)
+# What ``request_head`` does with a request header field, by its name. Regular fields: the
+# handler's metadata (its value as is, or base64-decoded for ``-bin``), the transport's, dropped
+# (``_F_SKIP``), or fields HTTP/2 forbids (connection-specific ones, upper-case or empty names:
+# ``_F_MALFORMED``). From ``_F_PSEUDO`` on, the pseudo-header fields, one bit each in a mask.
+(_F_META, _F_META_BIN, _F_SKIP, _F_CONTENT_TYPE, _F_TIMEOUT, _F_ENCODING, _F_TE, _F_MALFORMED,
+ _F_PATH, _F_METHOD, _F_SCHEME, _F_AUTHORITY, _F_BAD_PSEUDO) = range(13)
+_F_PSEUDO = _F_PATH
+_REQUIRED = (1 << (_F_PATH - _F_PSEUDO)) | (1 << (_F_METHOD - _F_PSEUDO)) | (1 << (_F_SCHEME - _F_PSEUDO))
 FIELD_KINDS_MAX = 1024  # names remembered beyond the transport's (a client chooses them: bounded)
+# RFC 9113 section 8.2.2: fields of HTTP/1.1 connections, malformed in an HTTP/2 request.
+_CONNECTION_SPECIFIC = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"))
 
 
 def _field_kind(name: str) -> int:
     """What ``request_head`` does with a field of a name not yet seen: classified once and
     remembered in ``_FIELD_KINDS`` (up to FIELD_KINDS_MAX names), so a call's fields cost one
     lookup each."""
-    kind = _F_DROP if not name or name[0] == ":" else _F_META_BIN if name.endswith("-bin") else _F_META
+    if not name or name != name.lower() or name in _CONNECTION_SPECIFIC:
+        kind = _F_MALFORMED
+    elif name[0] == ":":
+        kind = _F_BAD_PSEUDO  # (``:status`` too: a response's)
+    else:
+        kind = _F_META_BIN if name.endswith("-bin") else _F_META
     if len(_FIELD_KINDS) < FIELD_KINDS_MAX:
         _FIELD_KINDS[name] = kind
     return kind
@@ -135,22 +146,30 @@ def _field_kind(name: str) -> int:
 
 # name -> kind. (A plain dict: compiled with a C type, ``get`` is a C call; a dict subclass with
 # ``__missing__``, as this was, costs ~4k instructions more a call through its slot.)
-_FIELD_KINDS = {":path": _F_PATH, ":method": _F_METHOD, ":authority": _F_SKIP, ":scheme": _F_SKIP,
+_FIELD_KINDS = {":path": _F_PATH, ":method": _F_METHOD, ":authority": _F_AUTHORITY, ":scheme": _F_SCHEME,
                 "content-type": _F_CONTENT_TYPE, "grpc-timeout": _F_TIMEOUT, "grpc-encoding": _F_ENCODING,
-                "te": _F_SKIP, "user-agent": _F_SKIP, "grpc-accept-encoding": _F_SKIP, "accept-encoding": _F_SKIP}
+                "te": _F_TE, "user-agent": _F_SKIP, "grpc-accept-encoding": _F_SKIP, "accept-encoding": _F_SKIP}
 
 
-def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | None]:
+def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | None, str | None]:
     """A gRPC request's header fields (``(name, value)`` pairs, as ``Decoder.decode`` gives them):
-    ``(path, metadata, timeout in seconds or None, grpc-encoding or None, what is wrong or None)``.
-    The metadata is every field but the pseudo-headers and the transport's (``grpc-timeout`` and
+    ``(path, metadata, timeout in seconds or None, grpc-encoding or None, what gRPC refuses or
+    None, what makes the request malformed in HTTP/2 or None)``.
+
+    The metadata is every regular field but the transport's (``grpc-timeout`` and
     ``grpc-encoding`` stay), in order, ``-bin`` values base64-decoded (a value that does not
-    decode is dropped). Compiled with the hot path: it runs once per call, over every field."""
+    decode is dropped). Malformed (RFC 9113 section 8.3; the server resets such a stream with
+    PROTOCOL_ERROR): a pseudo-header field after a regular one, twice, unknown or missing
+    (``:method``, ``:scheme``, a non-empty ``:path``), a connection-specific field, ``te`` other
+    than ``trailers``, a name with upper-case letters. Compiled with the hot path: it runs once
+    per call, over every field."""
     path = ""
     metadata = []
     add = metadata.append
-    timeout = encoding = bad = None
+    timeout = encoding = bad = malformed = None
     kinds = _FIELD_KINDS
+    seen = 0        # pseudo-header fields seen, a bit each
+    regular = False  # a regular field came: no pseudo-header field may follow
     for field in fields:
         name, value = field
         kind = kinds.get(name, -1)
@@ -158,27 +177,45 @@ def request_head(fields) -> tuple[str, tuple, float | None, str | None, str | No
             kind = _field_kind(name)
         if kind == _F_META:  # the handler's metadata (most fields of a RocketMQ call)
             add(field)
-        elif kind == _F_PATH:
-            path = value
-        elif kind >= _F_SKIP:  # _F_SKIP, _F_DROP (not the handler's) or _F_META_BIN
+            regular = True
+        elif kind < _F_PSEUDO:
+            regular = True
             if kind == _F_META_BIN:
                 try:
                     add((name, base64.b64decode(value + "=" * (-len(value) % 4))))
                 except ValueError:
                     pass
-        elif kind == _F_METHOD:
-            if value != "POST":
-                bad = f"method {value} (gRPC calls are POST)"
-        elif kind == _F_CONTENT_TYPE:
-            if not value.startswith("application/grpc"):
-                bad = f"content-type {value!r}"
-        elif kind == _F_TIMEOUT:
-            timeout = timeout_s(value)
-            add(field)
-        else:  # _F_ENCODING
-            encoding = value
-            add(field)
-    return path, tuple(metadata), timeout, encoding, bad
+            elif kind == _F_CONTENT_TYPE:
+                if not value.startswith("application/grpc"):
+                    bad = f"content-type {value!r}"
+            elif kind == _F_TIMEOUT:
+                timeout = timeout_s(value)
+                add(field)
+            elif kind == _F_ENCODING:
+                encoding = value
+                add(field)
+            elif kind == _F_TE:
+                if value != "trailers":
+                    malformed = f"te: {value!r} (only 'trailers' is allowed)"
+            elif kind == _F_MALFORMED:
+                malformed = f"field {name!r} is not allowed in HTTP/2"
+        else:
+            bit = 1 << (kind - _F_PSEUDO)
+            if regular:
+                malformed = f"pseudo-header {name} after a regular field"
+            elif seen & bit:
+                malformed = f"pseudo-header {name} twice"
+            seen |= bit
+            if kind == _F_PATH:
+                path = value
+            elif kind == _F_METHOD:
+                if value != "POST":
+                    bad = f"method {value} (gRPC calls are POST)"
+            elif kind == _F_BAD_PSEUDO:
+                malformed = f"pseudo-header {name} in a request"
+    if malformed is None and (seen & _REQUIRED != _REQUIRED or not path):
+        malformed = "a request needs :method, :scheme and a :path"
+    return path, tuple(metadata), timeout, encoding, bad, malformed
 
 
 def timeout_text(seconds: float) -> str:
