@@ -103,3 +103,37 @@ def test_catch_up_all_is_bounded_by_its_own_limit_not_by_the_hand_over_room():
     p = occ.plan(spec, "all", t0, t0 + 50_500, 3000, 2, 10)  # 50 missed; 2 pending hand-overs allowed
     assert p.fire == tuple(t0 + 41_000 + 1000 * i for i in range(10)) + (t0 + 51_000, t0 + 52_000)
     assert p.cursor_ms == t0 + 52_000 and p.missed_skipped
+
+
+# Around each zone's transitions: (zone, one instant just before its fall-back, one before its spring-forward).
+_TRANSITIONS = {"Europe/Berlin": (_ms(2027, 10, 31, 0, 30), _ms(2027, 3, 28, 0, 30)),
+                "America/New_York": (_ms(2027, 11, 7, 5, 30), _ms(2027, 3, 14, 6, 30)),
+                "Australia/Lord_Howe": (_ms(2027, 4, 3, 14, 30), _ms(2027, 10, 2, 15))}
+
+
+@pytest.mark.parametrize("tz", sorted(_TRANSITIONS))
+@pytest.mark.parametrize("cron", ["*/15 * * * *", "30 2 * * *", "45 1 * * *", "0 * * * *", "5 1,2,3 * * *"])
+def test_latest_missed_occurrences_are_those_next_after_walks_to(tz, cron):
+    """Catch-up's backwards lookup (``latest_at_or_before``) against the forward walk of
+    ``next_after``, for windows ending anywhere around a transition: a broker back in the second
+    pass of a repeated hour lost the first pass's occurrences (later on the wall clock)."""
+    spec = occ.make_spec(cron, 0, tz, 0, 0, _ms(2027, 1, 1))
+    for base in _TRANSITIONS[tz]:
+        for lo_min in range(-120, 180, 25):
+            lo = base + lo_min * 60_000
+            for span_min in (1, 20, 50, 95, 190, 1500):
+                hi = lo + span_min * 60_000 + 7_000
+                walked, at = [], lo
+                while (at := occ.next_after(spec, at)) is not None and at <= hi:
+                    walked.append(at)
+                for count in (1, 3, 1000):
+                    assert occ.latest_at_or_before(spec, hi, lo, count) == walked[-count:], (lo, hi, count)
+
+
+def test_back_in_the_second_pass_once_fires_the_latest_missed_occurrence():
+    """Down from 01:50 CEST to 02:10 CET (Berlin, the hour repeated): 02:30 CEST was missed."""
+    spec = occ.make_spec("30 2 * * *", 0, "Europe/Berlin", 0, 0, _ms(2027, 10, 30))
+    cursor, now = _ms(2027, 10, 30, 23, 50), _ms(2027, 10, 31, 1, 10)  # (UTC)
+    plan = occ.plan(spec, "once", cursor, now, 60_000, 10, 1000)
+    assert [_local(t, "Europe/Berlin") for t in plan.fire] == ["2027-10-31T02:30:00+02:00"]
+    assert not plan.missed_skipped

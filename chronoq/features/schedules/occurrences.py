@@ -111,6 +111,17 @@ def _local(instant_ms: int, zone: ZoneInfo) -> datetime:
                                                                    tzinfo=None)
 
 
+def _latest_local(instant_ms: int, zone: ZoneInfo) -> datetime:
+    """The latest local wall-clock time any instant up to ``instant_ms`` had: its own, but in the
+    second pass of a repeated hour the first pass went further (Berlin 02:10 CET comes after
+    02:59:59 CEST): the time read with the first pass's offset."""
+    seen = datetime.fromtimestamp(instant_ms // 1000, zone)
+    local = seen.replace(microsecond=(instant_ms % 1000) * 1000, tzinfo=None)
+    if seen.fold:
+        local += seen.replace(fold=0).utcoffset() - seen.utcoffset()
+    return local
+
+
 def to_instant_ms(local: datetime, zone: ZoneInfo) -> int:
     """The instant a local wall-clock time (whole seconds) fires at: itself; the first pass when it
     occurs twice (``fold=0``); the transition when it does not exist (the next valid instant)."""
@@ -175,7 +186,9 @@ def latest_at_or_before(spec: Spec, at_ms: int, after_ms: int, count: int) -> li
         return out[::-1]
     zone = spec.zone()
     try:
-        it = croniter(spec.cron, _local(hi + 1, zone))
+        # Backwards from the latest local time reached by hi: from hi's own local time, the first
+        # pass of a repeated hour (later on the wall clock, earlier in time) would be stepped over.
+        it = croniter(spec.cron, _latest_local(hi + 1, zone))
         for _ in range(_STEPS_MAX + count):
             at = to_instant_ms(it.get_prev(datetime), zone)
             if at > hi or (out and at >= out[-1]):
