@@ -44,6 +44,9 @@ log = logging.getLogger("chronoq.failover")
 WATCH_S = 5.0        # a leader watch is renewed this often (the etcd session is checked with it)
 PUBLISH_TICK_S = 0.1
 ETCD_RETRY_S = 1.0
+# A replica refused by the leader etcd names waits this many lease lifetimes for it to change
+# before the refusal ends the process (a stale key outlives its holder by at most one).
+REFUSED_WAIT_LEASES = 3
 POSITIONS_EVERY_MS = 1000  # the in-sync set's recorded positions are refreshed this often (when they moved)
 STEP_DOWN_CALL_S = 6.0  # a fenced leader's etcd calls (the leader's name, a fresh lease) give up after this
 
@@ -158,11 +161,34 @@ async def take_role(runtime) -> int | None:
         runtime.config = dataclasses.replace(cfg, replica_of=leader.endpoint)
         try:
             epoch = await serve_replica(runtime, on_start=lambda node: _replica_watch(runtime, node, leader))
+        except errors.PreconditionFailed as exc:
+            # Refused by the node etcd named: it may have lost the lead since (after an etcd outage
+            # a fenced leader steps down while its key lives on until its lease expires; it then
+            # answers "a replica, not a primary"). A refusal stands only while it still leads.
+            if not await _leader_moved(runtime, leader):
+                raise
+            log.warning("etcd: %s refused this replica (%s), and no longer leads: taking a role again",
+                        leader.node, exc.message)
+            continue
         finally:
             runtime.config = saved
         if epoch is not None:
             return epoch
     return None
+
+
+async def _leader_moved(runtime, leader: co.Leader) -> bool:
+    """Whether ``leader`` stops leading within a few lease lifetimes (etcd failing: True, so the
+    role loop asks again rather than the process ending on an answer etcd may contradict)."""
+    coord = runtime.coordinator
+    wait_s = REFUSED_WAIT_LEASES * runtime.config.lease_ttl_ms / 1000
+    try:
+        current = await asyncio.wait_for(coord.call(coord.wait_leader_change(leader, wait_s)), wait_s + WATCH_S)
+    except Exception as exc:  # noqa: BLE001 - etcd unavailable: no verdict
+        log.warning("etcd: reading the leader failed (%r)", exc)
+        await _wait(runtime, asyncio.sleep(ETCD_RETRY_S))
+        return True
+    return current != leader
 
 
 async def _wait(runtime, coro) -> None:

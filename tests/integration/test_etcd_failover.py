@@ -50,8 +50,12 @@ def role_of(node: ChronoqProcess) -> str | None:
 
 
 def stderr_has(node: ChronoqProcess, text: str) -> bool:
+    return stderr_count(node, text) > 0
+
+
+def stderr_count(node: ChronoqProcess, text: str) -> int:
     with open(node.stderr_path, errors="replace") as fh:
-        return text in fh.read()
+        return fh.read().count(text)
 
 
 def commit_log_bytes(data_dir: str) -> bytes:
@@ -398,3 +402,48 @@ def test_a_lone_node_restarted_after_kill_9_reports_the_crash_recovery(tmp_path,
     finally:
         again.stop()
 
+
+
+def test_three_nodes_after_an_etcd_outage_all_follow_whoever_leads_next(tmp_path, etcd):  # noqa: F811
+    """etcd away past the lease: the primary fences itself, and once etcd answers it steps down
+    and a new term is elected. A replica still following the old primary may then be refused by
+    it ("a replica, not a primary") before its own etcd watch sees the change: that refusal must
+    send it back to etcd to follow the new leader, not end its process (it did, in about a third
+    of such outages: the group was left with two nodes, and the next failure under sync took
+    writes away). Two outages, so the race is likely met."""
+    cluster, topic = unique("c"), unique("t")
+    config = etcd.config(cluster) + SYNC_BOUND
+    nodes = [start(tmp_path, "a", config)]
+    try:
+        nodes += [start(tmp_path, "b", config), start(tmp_path, "c", config)]
+        wait_until(lambda: all(in_sync(etcd, cluster, n) for n in nodes[1:]), 30, what="both replicas in sync")
+        by_endpoint = {n.endpoint: n for n in nodes}
+
+        def settled(epoch: int) -> bool:
+            view = etcd.view(cluster)
+            if view.leader is None or view.epoch < epoch:
+                return False
+            roles = [role_of(n) for n in nodes]
+            return (roles.count("primary") == 1 and roles.count("replica") == 2
+                    and all(in_sync(etcd, cluster, n) for n in nodes if n.endpoint != view.leader.endpoint))
+
+        for outage in (1, 2):
+            leader = by_endpoint[etcd.view(cluster).leader.endpoint]
+            with producer(leader.endpoint, topic) as p:
+                p.send(make_message(topic, f"before outage {outage}".encode()))
+            fenced = stderr_count(leader, "acknowledges nothing more")
+            os.kill(etcd.proc.pid, signal.SIGSTOP)
+            try:
+                wait_until(lambda: stderr_count(leader, "acknowledges nothing more") > fenced, 30,
+                           interval_s=0.2, what="the primary to fence itself")
+                time.sleep(2)  # the replicas keep pulling from it meanwhile
+            finally:
+                os.kill(etcd.proc.pid, signal.SIGCONT)
+            wait_until(lambda: settled(outage + 1), 60, interval_s=0.5,
+                       what="one leader of a new term, the two others its in-sync replicas")
+            for n in nodes:
+                assert n.proc.poll() is None, f"{n.endpoint} exited:\n{n.output()[-2000:]}"
+        first_acknowledged_send(etcd.view(cluster).leader.endpoint, topic, time.monotonic(), 30)
+    finally:
+        for n in reversed(nodes):
+            n.stop(check=False)
