@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from chronoq.cli.params import Seconds
 from chronoq.cli.remote import EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE, connection, fail, remote_options
 from chronoq.cli.render import print_json, print_table, progress_bar
 
@@ -22,7 +23,7 @@ def _audit_json(result) -> dict:
 @click.command()
 @click.option("--topic", "topics", multiple=True,
               help="Only this topic; repeat for several. Default: every topic in the trace.")
-@click.option("--grace", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--grace", type=Seconds(min=0), default=60.0, show_default=True,
               help="Seconds after its due time from which a delayed message never made visible counts as lost.")
 @click.option("--html", "html_path", default="chronoq-audit.html", show_default=True,
               help="Where to write the HTML report with the lateness plot ('' for none).")

@@ -8,6 +8,7 @@ import time
 
 import click
 
+from chronoq.cli.params import MAX_EPOCH_MS, Seconds
 from chronoq.cli.remote import EXIT_NOT_DONE, admin_call, call, connection, remote_options
 from chronoq.cli.render import echo_wrapped, iso_ms, plural, print_json, print_table, size_text
 
@@ -61,6 +62,8 @@ def _parse_at(text: str, zone=None) -> int:
 
     value = text.strip()
     if value.isascii() and value.isdigit():
+        if int(value) > MAX_EPOCH_MS:
+            raise click.BadParameter(f"{value} epoch milliseconds is after the year 9999", param_hint="--at")
         return int(value)
     try:
         when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
@@ -77,7 +80,7 @@ def _parse_at(text: str, zone=None) -> int:
 @click.option("--at", "at", default=None, metavar="TIME",
               help="New delivery time: epoch milliseconds or ISO 8601 (e.g. 2030-01-31T09:00:00Z; "
                    "without an offset, this machine's local time).")
-@click.option("--in", "in_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--in", "in_s", type=Seconds(min=0, max=100 * 365 * 86_400), default=None, metavar="SECONDS",
               help="New delivery time, this many seconds from now.")
 @remote_options
 def message_reschedule(handle, at, in_s, endpoint, timeout, as_json) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from chronoq.cli.params import Seconds
 from chronoq.cli.remote import (EXIT_NOT_DONE, EXIT_REFUSED, admin_call, call, etcd_access, etcd_options, fail,
                                 remote_options)
 from chronoq.cli.render import print_json, print_table
@@ -133,7 +134,7 @@ ROUTE_SETTLE_S = 30.0  # a group drained just now is removed no sooner: the offi
 
 @click.command("remove-group")
 @click.argument("group")
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--wait", "wait_s", type=Seconds(min=0), default=0.0, show_default=True,
               help="Seconds to wait for GROUP's lag to reach zero. 0: check once.")
 @click.option("--force", is_flag=True,
               help="Remove a group that has no primary now (its lag cannot be read): what it still holds is "

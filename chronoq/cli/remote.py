@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from chronoq.cli.params import Seconds
+
 DEFAULT_ENDPOINT = "127.0.0.1:8081"
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -52,7 +54,7 @@ def remote_options(fn):
                       callback=_keep_connection_option,
                       help="Access key, when the broker has access control on (env CHRONOQ_ACCESS_KEY).")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts).")(fn)
-    fn = click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+    fn = click.option("--timeout", type=Seconds(min=0.1, max=86_400), default=10.0, show_default=True,
                       help="Seconds to wait for each answer.")(fn)
     fn = click.option("--endpoint", envvar="CHRONOQ_ENDPOINT", default=DEFAULT_ENDPOINT, show_default=True,
                       callback=_check_endpoint, help="host:port of the broker (env CHRONOQ_ENDPOINT).")(fn)

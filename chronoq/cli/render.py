@@ -130,8 +130,11 @@ def iso_ms(ms: int | None) -> str | None:
         return None
     import datetime
 
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds") \
-        .replace("+00:00", "Z")
+    try:
+        when = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    except (OverflowError, ValueError, OSError):  # past what a date can show: the number as it is
+        return f"{ms} ms"
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def bars(rows: list[tuple[str, int]]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from chronoq.cli.params import Seconds
 from chronoq.cli.remote import admin_call, remote_options
 from chronoq.cli.render import iso_ms, print_json, print_table
 
@@ -63,7 +64,7 @@ def _parse_ms(text: str | None, hint: str, tz: str | None = None) -> int:
 @click.argument("name")
 @click.argument("topic")
 @click.option("--cron", default="", help='Cron expression, e.g. "30 9 * * 1-5" (6 fields: seconds last).')
-@click.option("--every", type=click.FloatRange(min=1), default=None, metavar="SECONDS", help="A fixed interval.")
+@click.option("--every", type=Seconds(min=1, max=366 * 86_400), default=None, metavar="SECONDS", help="A fixed interval.")
 @click.option("--tz", default="UTC", show_default=True, help="IANA time zone of the cron expression.")
 @click.option("--start", default=None, metavar="TIME", help="First possible firing (epoch ms, or ISO 8601: without an offset, in --tz).")
 @click.option("--end", default=None, metavar="TIME", help="Last possible firing (epoch ms, or ISO 8601: without an offset, in --tz).")

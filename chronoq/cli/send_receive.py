@@ -10,6 +10,7 @@ import time
 
 import click
 
+from chronoq.cli.params import Seconds
 from chronoq.cli.remote import call, connection, remote_options
 from chronoq.cli.render import iso_ms, plural, print_json, print_table, progress_bar
 
@@ -231,9 +232,9 @@ def _body_preview(body: bytes) -> str:
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="Keep receiving until this many messages arrived, or a receive waited --wait "
                    "seconds for nothing. Default: one receive request.")
-@click.option("--invisible", type=click.FloatRange(1, INVISIBLE_MAX_S), default=30.0, show_default=True,
+@click.option("--invisible", type=Seconds(1, INVISIBLE_MAX_S), default=30.0, show_default=True,
               help="Seconds a received message stays invisible to other consumers (1 to 43200).")
-@click.option("--wait", type=click.FloatRange(0, LONG_POLL_MAX_S), default=5.0, show_default=True,
+@click.option("--wait", type=Seconds(0, LONG_POLL_MAX_S), default=5.0, show_default=True,
               help="Seconds to wait (long poll) when no message is ready.")
 @click.option("--tag", "tag_filter", default="*", show_default=True,
               help="Tag filter: '*', a tag, or tags joined by '||'.")

@@ -42,6 +42,7 @@ CATCH_UP_POLICIES = ("skip", "once", "all")
 CATCH_UP_DEFAULT = "once"
 INTERVAL_MS_MIN = 1_000          # an interval schedule fires at most once a second
 INTERVAL_MS_MAX = 366 * 86_400_000
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last instant a date (and a cron) can name
 # Local times a cron lookup may step over without an occurrence past the cursor (the second pass
 # of a repeated hour of a once-a-second expression is 3,600): a bound, not a tuning knob.
 _STEPS_MAX = 10_000
@@ -83,6 +84,8 @@ def make_spec(cron: str, interval_ms: int, tz: str, start_ms: int, end_ms: int, 
     except (ZoneInfoNotFoundError, ValueError, OSError):  # (OSError: a name too long for a file name)
         raise errors.ClientError(f"unknown time zone {tz[:64]!r}: use an IANA name such as Europe/Berlin") from None
     for what, ms in (("start", start_ms), ("end", end_ms)):
+        if ms > MAX_MS:
+            raise errors.ClientError(f"the {what} {ms} is after the year 9999 (epoch milliseconds)")
         if ms < 0 or 0 < ms < YEAR_2000_MS:
             hint = f" ({ms} looks like epoch seconds: {ms * 1000} ms)" if YEAR_2000_MS <= ms * 1000 else ""
             raise errors.ClientError(f"the {what} is epoch milliseconds (0: none), not {ms}{hint}")
