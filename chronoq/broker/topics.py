@@ -219,8 +219,9 @@ class TopicRegistry:
         if create is None:
             create = self.config.auto_create_topics
         if not create or model.is_system_topic(name):
-            raise errors.TopicNotFound(f"topic {name!r} does not exist"
-                                       + ("" if create else " (auto-create is off: create it first)"))
+            why = ("" if create else " (auto-create is off: create it first)" if self.config.auto_create_topics is False
+                   else " (only a send or a route lookup creates one)")
+            raise errors.TopicNotFound(f"topic {name!r} does not exist{why}")
         self.check_room(name, error=errors.TopicNotFound)
         return self.create(name)
 

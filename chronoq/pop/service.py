@@ -216,7 +216,9 @@ class PopService(HandOut):
         attempt_id = names.check_attempt_id(attempt_id)
         if group not in self._groups:
             validate.group_name(group)  # before the topic: a bad request creates nothing
-        tcfg = self.broker.topic(topic)  # validates; unknown: TopicNotFound or auto-created
+        # Validates; unknown: TopicNotFound. Never created here (as in RocketMQ, consumers create no
+        # topics: a misspelt name would leave a topic behind and poll it empty for ever).
+        tcfg = self.broker.topic(topic, create=False)
         gcfg = self._groups.get(group)
         # Timer copies become visible at the timer's tick at their due time (the runtime's timer
         # loop wakes for the earliest hold: ``Broker.timer_next_deadline_ms``), not here.

@@ -427,6 +427,16 @@ def test_receive_rejects_bad_requests(stub):
     assert [r.status.code for r in stream] == [Code.UNSUPPORTED]
 
 
+def test_a_receive_creates_no_topic(stub):
+    """As RocketMQ's consumers, a receive on a topic nobody sent to or looked up is refused, and
+    leaves nothing behind (a misspelt name used to create a topic and poll it empty for ever)."""
+    topic = unique("never-sent")
+    for _ in range(2):  # the second answer would be empty (not refused) had the first created it
+        answers = receive(stub, "g1", topic)
+        assert [a.status.code for a in answers] == [Code.TOPIC_NOT_FOUND], answers
+        assert "only a send or a route lookup creates one" in answers[0].status.message
+
+
 def test_internal_topics_are_refused_to_consumers(stub):
     """A consumer may not read the broker's own topics: a message sent in a transaction not yet
     committed sits in CHRONOQ_TXN_HALF (it does here), and the receive is refused, as RocketMQ's

@@ -71,6 +71,7 @@ class PopMachine(RuleBasedStateMachine):
 
     def _configure(self):
         pop = self.node.pop
+        self.node.broker.topic(T, create=True)  # (a receive creates no topic)
         pop.set_group(G, fifo=self.FIFO, max_attempts=1000)
         pop.group(G).retry_delays_ms = DELAYS_MS  # short back-off keeps teardown's drain quick
 

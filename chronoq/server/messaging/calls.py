@@ -12,6 +12,7 @@ from chronoq.protocol.rocketmq import status
 from chronoq.protocol.rocketmq.ack import split_ack_and_receive_request
 
 CLIENT_ID_HEADER = "x-mq-client-id"
+LANGUAGE_HEADER = "x-mq-language"
 # The official clients' ids are ~40-80 characters (host, pid, a counter, a time). The broker keeps
 # the ids it sees (auto-renew liveness, Telemetry sessions, transaction checks): a 60 KB id per
 # heartbeat grew it by gigabytes.

@@ -24,7 +24,7 @@ from chronoq.protocol.rocketmq.ack import ack_and_receive_response, ack_response
 from chronoq.protocol.rocketmq.receive import (messages_bytes, receive_batch, receive_delivery,
                                                receive_status)
 from chronoq.server import answers, convert
-from chronoq.server.messaging.calls import client_id
+from chronoq.server.messaging.calls import LANGUAGE_HEADER, client_id, header
 
 log = logging.getLogger("chronoq.grpc")
 
@@ -34,6 +34,13 @@ LONG_POLL_MAX_S = 60.0              # never park longer than this, whatever the 
 POLL_MARGIN_S = 1.0                 # answer at least this long before the client's deadline
 RECEIVE_BATCH_MAX = pop_names.MAX_MESSAGES_MAX  # batch_size is clamped to this (32)
 _RECEIVE_OK = receive_status(status.OK, "OK")
+# The official Node client (1.0.x) names its language "HTTP" and keeps grpc-js's default limit on
+# a received message, 4 MiB (its envelope included). One answer over it fails the client's whole
+# receive (RESOURCE_EXHAUSTED), and every message of that receive came back after its invisible
+# time with one more attempt: a body near max_body_bytes took the others of its receives to the
+# dead letters with it. Such a message is left out of a Node client's answer (``_fit_client``).
+NODE_LANGUAGE = "HTTP"
+NODE_ANSWER_MAX = 4 << 20
 _RECEIVE_EMPTY = receive_status(status.MESSAGE_NOT_FOUND, "no new message")
 
 
@@ -114,6 +121,8 @@ class ReceiveRpcs:
             # Serialized by hand (serialize_answer passes bytes on), with the MD5 digest.
             responses = messages_bytes(popped, topic, request.message_queue.topic.resource_namespace,
                                        self._store_host_field, md5=True)
+            if responses and max(map(len, responses)) > NODE_ANSWER_MAX:
+                popped, responses = self._fit_client(context, group, topic, popped, responses)
             if responses:
                 held, popped, responses = self._hold(context, group, topic, popped, responses)
         except Exception as exc:  # noqa: BLE001 - the boundary: answer a status, never a gRPC error
@@ -222,6 +231,23 @@ class ReceiveRpcs:
                 popped, responses = popped[:n], responses[:n]
                 nbytes = sum(map(len, responses))
         return budget.reserve(peer, nbytes, group, topic, popped, context), popped, responses
+
+    def _fit_client(self, context, group: str, topic: str, popped, responses: list[bytes]):
+        """(messages, responses) less those the client cannot take (``NODE_ANSWER_MAX``): each is
+        released as a failed delivery (``_release``: the retry back-off, an attempt counted, the
+        dead letters at the group's maximum), so other consumers of the group may take it and
+        the rest of the receive reaches this one."""
+        if header(context, LANGUAGE_HEADER) != NODE_LANGUAGE:
+            return popped, responses
+        fits = [len(r) <= NODE_ANSWER_MAX for r in responses]
+        left_out = [p for p, ok in zip(popped, fits) if not ok]
+        self.broker.refusals.refuse(  # (logged at a bounded rate)
+            refusals.MESSAGE_TOO_LARGE, context.peer(),
+            f"ReceiveMessage: {len(left_out)} message(s) of {topic}/{group} left out of a Node client's answer, "
+            f"over its {NODE_ANSWER_MAX}-byte limit on a received message "
+            f"({', '.join(p.message.message_id for p in left_out[:3])})")
+        self._release(group, topic, left_out)
+        return ([p for p, ok in zip(popped, fits) if ok], [r for r, ok in zip(responses, fits) if ok])
 
     def _refuse_answer(self, peer: str, detail: str) -> errors.TooManyRequests:
         budget = self.answers
