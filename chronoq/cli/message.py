@@ -203,7 +203,7 @@ def _print_lookup(a) -> None:
         print_table("records in the commit log", ["WHAT", "TOPIC/QUEUE@OFFSET", "COMMIT OFFSET", "STORED (UTC)",
                                                    "DUE (UTC)", "KEYS", "BODY", "RECALL HANDLE"],
                      [[r.kind, _record_place(r), r.commit_offset, iso_ms(r.stored_ms),
-                       iso_ms(r.deliver_at_ms), " ".join(r.keys), f"{r.body_bytes:,} B", r.recall_handle or None]
+                       iso_ms(r.deliver_at_ms), ", ".join(r.keys), f"{r.body_bytes:,} B", r.recall_handle or None]
                       for r in m.records] or [["-", "no record in the scanned part of the log"] + [None] * 6],
                      right=("COMMIT OFFSET", "BODY"), wrap=("KEYS",),
                      optional=("RECALL HANDLE", "COMMIT OFFSET", "KEYS", "STORED (UTC)", "BODY"))

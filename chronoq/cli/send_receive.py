@@ -290,7 +290,7 @@ def _print_received(got: list, group: str, topic: str, invisible: float, wait: f
         click.echo(f"no messages for {group} on {topic} (waited {wait:g} s)")
         return
     print_table(None, ["MESSAGE ID", "QUEUE", "OFFSET", "ATTEMPT", "TAG", "KEYS", "BODY"],
-                 [[m.message_id, m.queue_id, m.queue_offset, m.delivery_attempt, m.tag, " ".join(m.keys),
+                 [[m.message_id, m.queue_id, m.queue_offset, m.delivery_attempt, m.tag, ", ".join(m.keys),
                    _body_preview(m.body)] for m, _ in got], right=("QUEUE", "OFFSET", "ATTEMPT"),
                  wrap=("TAG", "KEYS", "BODY"), optional=("KEYS", "ATTEMPT", "QUEUE", "OFFSET", "TAG"))
     acked = sum(1 for _, a in got if a)

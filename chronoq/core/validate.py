@@ -177,8 +177,10 @@ def tag(value: object) -> str:
 
 
 def keys(value: object) -> tuple[str, ...]:
-    """Message keys: a string or a list of strings, each non-blank without spaces, control
-    characters (0x01 joins them in the record) or lone surrogates; 16 KiB in all."""
+    """Message keys: a string or a list of strings, each non-blank, without control characters
+    (0x01 joins them in the record) or lone surrogates; 16 KiB in all. Spaces are allowed, as the
+    RocketMQ proxy allows them (a key is kept whole: RocketMQ joins keys with spaces, so there a
+    key "order 42" comes back as two, "order" and "42")."""
     if not value:
         return ()
     if isinstance(value, str):
@@ -188,8 +190,8 @@ def keys(value: object) -> tuple[str, ...]:
     out = []
     size = 0
     for key in value:  # type: ignore[union-attr]
-        if not isinstance(key, str) or not key.strip() or " " in key:
-            raise errors.InvalidKey(f"message key {key!r} must be a non-blank string without spaces")
+        if not isinstance(key, str) or not key.strip():
+            raise errors.InvalidKey(f"message key {_short(key) if isinstance(key, str) else key!r} must be a non-blank string")
         if len(key) > KEYS_BYTES_MAX:
             raise errors.InvalidKey(f"a message key is {len(key)} characters; all keys together may take "
                                     f"{KEYS_BYTES_MAX} bytes")

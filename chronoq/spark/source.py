@@ -23,6 +23,7 @@ commits it; ``abort`` discards by (sink id, batch id). A streaming sink's id com
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -238,7 +239,25 @@ def _sink_id(settings: Settings) -> str:
         raise ValueError("a chronoq stream sink needs option sinkId or a checkpointLocation (a stable id "
                          "makes the sink exactly-once across restarts)")
     path = checkpoint_key(settings.checkpoint)
-    return "ckpt:" + (path if len(path) <= 150 and path.isprintable() else hashlib.sha256(path.encode()).hexdigest())
+    query = _query_id(path)
+    key = path if query is None else f"{path}#{query}"
+    return "ckpt:" + (key if len(key) <= 150 and key.isprintable() else hashlib.sha256(key.encode()).hexdigest())
+
+
+def _query_id(path: str) -> str | None:
+    """The query id Spark keeps in a local checkpoint (its ``metadata`` file, written when the
+    query starts, before its sink is made): a checkpoint deleted and used again at the same path
+    is a new query with a new id, so it gets a new sink id (with the path alone its batch ids,
+    restarted at 0, were answered ``already_published`` and every row dropped). None for another
+    file system, which this driver does not read: the path alone, as documented."""
+    if "://" in path:
+        return None
+    try:
+        with open(os.path.join(path, "metadata"), encoding="utf-8") as fh:
+            found = json.loads(fh.readline()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) and 0 < len(found) <= 64 and found.isprintable() else None
 
 
 def checkpoint_key(location: str) -> str:
@@ -440,7 +459,8 @@ class ChronoqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit) -> dict:
         s = self.settings
         plan = _plan(s, strict=False)
-        begin = _adopted(offs.positions_many(start, _named(s)), plan.topology)
+        begin = _restarted(_adopted(offs.positions_many(start, _named(s)), plan.topology), plan.bounds,
+                           s.fail_on_data_loss)
         end = _ends(plan.bounds)
         if self._target is not None:
             end = {k: min(hi, self._target.get(k, 0)) for k, hi in end.items()}
@@ -463,6 +483,8 @@ class ChronoqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begin = _adopted(begin, topology, _spread_topics(stop))
             where = {(topic, q.group): topology.leaders.get(q.group, "") for topic, q in stop
                      if isinstance(q, offs.GroupQueue)}
+        # A queue whose end went back (``_restarted``, failOnDataLoss=false) is read from its start.
+        begin = {k: (0 if k in stop and stop[k] < off else off) for k, off in begin.items()}
         return _ranges(begin, stop, s.per_partition, where)
 
     def read(self, partition: QueueRange):
@@ -470,6 +492,24 @@ class ChronoqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the checkpoint owns the position (no acks, no consumer offsets)."""
+
+
+def _restarted(begin: dict[offs.Key, int], bounds: dict[str, offs.Bounds], fail: bool) -> dict[offs.Key, int]:
+    """``begin`` less the queues whose end is now before the query's position there: the topic
+    was deleted and created again (or a rejoin cut the log), so what follows that position is not
+    what the query read up to. With failOnDataLoss (the default) that fails the query, as the
+    Kafka source does when a partition's offsets go back; without, such a queue is read again
+    from its start (its position counts as 0)."""
+    back = {(topic, q): (begin[(topic, q)], hi) for topic, queues in bounds.items()
+            for q, (_lo, hi) in queues.items() if hi < begin.get((topic, q), 0)}
+    if back and fail:
+        (topic, q), (was, now) = min(back.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+        raise RuntimeError(
+            f"chronoq: {topic}/{q} ends at {now}, before this query's position {was}"
+            f"{f' (and {len(back) - 1} other queues)' if len(back) > 1 else ''}: the topic was deleted and "
+            "created again, or a replica's rejoin cut its log; messages may have been missed (set "
+            "failOnDataLoss=false to read such queues again from their start)")
+    return {k: (0 if k in back else off) for k, off in begin.items()}
 
 
 def _ends(bounds: dict[str, offs.Bounds]) -> dict[offs.Key, int]:

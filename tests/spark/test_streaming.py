@@ -132,3 +132,66 @@ def test_stream_write_replayed_batch_publishes_no_duplicates(spark, broker, tmp_
     bodies = [bytes(r.body).decode() for r in rows]
     assert len(bodies) == 2000, f"{len(bodies)} messages published for 2000 rows"
     assert set(bodies) == {f"out:in-{i:05d}" for i in range(2000)}
+
+
+def test_a_topic_deleted_and_created_again_under_a_stream_fails_it_or_is_read_again(spark, broker, tmp_path):
+    """The checkpoint holds queue 0 at 10; the topic is deleted and created again with 3 messages
+    there: its end went back. With failOnDataLoss (the default) the query fails saying so (it
+    went on at 10 and never read the new topic's first messages); without, the queue is read
+    again from its start, every new message once."""
+    import subprocess
+    import sys
+
+    b = broker()
+
+    def topic(*args: str) -> None:
+        subprocess.run([sys.executable, "-m", "chronoq", "topic", *args, "--endpoint", b.endpoint],
+                       check=True, capture_output=True, timeout=60)
+
+    topic("create", "again", "--queues", "1")
+    write_rows(_bodies(spark, 10, "old"), b.endpoint, "again")
+    out, ckpt = str(tmp_path / "sink"), str(tmp_path / "ckpt")
+
+    def drain(**options):
+        q = (_source(spark, b.endpoint, "again", **options).select("body")
+             .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        try:
+            q.awaitTermination(QUERY_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a failed query: its exception() says why
+            pass
+        return q
+
+    assert drain().exception() is None
+    topic("delete", "again", "--force")
+    topic("create", "again", "--queues", "1")
+    write_rows(_bodies(spark, 3, "new"), b.endpoint, "again")
+    failed = drain().exception()
+    assert failed is not None and "deleted and created again" in str(failed), failed
+    assert drain(failOnDataLoss="false").exception() is None
+    bodies = sorted(bytes(r.body).decode() for r in spark.read.parquet(out).collect())
+    assert bodies == [f"new-{i:05d}" for i in range(3)] + [f"old-{i:05d}" for i in range(10)]
+
+
+def test_a_checkpoint_deleted_and_used_again_is_a_new_sink(spark, broker, tmp_path):
+    """Deleting a checkpoint to start a stream over is common practice: the new query's batch ids
+    restart at 0 at the same path, and a sink id made of the path alone answered them
+    ``already_published``: every row dropped, the query green. Spark's query id (in the
+    checkpoint's metadata) now names the sink too."""
+    import shutil
+
+    b = broker()
+    ckpt = str(tmp_path / "ckpt")
+
+    def run(prefix: str) -> None:
+        write_rows(_bodies(spark, 10, prefix), b.endpoint, f"in-{prefix}")
+        q = (_source(spark, b.endpoint, f"in-{prefix}").select("body")
+             .writeStream.format("chronoq").option("endpoints", b.endpoint).option("topic", "wiped-out")
+             .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+        assert q.awaitTermination(QUERY_TIMEOUT_S) and q.exception() is None
+
+    run("first")
+    shutil.rmtree(ckpt)
+    run("second")
+    bodies = sorted(bytes(r.body).decode() for r in read_topic(spark, b.endpoint, "wiped-out").collect())
+    assert bodies == [f"first-{i:05d}" for i in range(10)] + [f"second-{i:05d}" for i in range(10)]

@@ -54,7 +54,7 @@ def test_bad_tags(tag):
         validate.tag(tag)
 
 
-@pytest.mark.parametrize("keys", [["a\x01b"], ["a b"], [""], ["\ud800"], ["k" * 16_384], 7])
+@pytest.mark.parametrize("keys", [["a\x01b"], [" "], [""], ["\ud800"], ["k" * 16_384], 7])
 def test_bad_keys(keys):
     with pytest.raises(errors.InvalidKey):
         validate.keys(keys)
@@ -88,3 +88,8 @@ def test_the_encoders_refuse_a_separator_that_slipped_through():
         record.encode_properties({"g": "a\x02b\x01c"})
     with pytest.raises(AssertionError):
         record.encode_keys(("a\x01b",))
+
+
+def test_keys_may_hold_spaces_and_are_kept_whole():
+    """As the RocketMQ proxy: only blank keys and control characters are refused."""
+    assert validate.keys(["order 42", "k"]) == ("order 42", "k")
