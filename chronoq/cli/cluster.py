@@ -57,8 +57,16 @@ def _etcd_status(etcd, cluster_name, group_name, timeout, as_json) -> None:
 
     try:
         view = read_view(etcd_access(etcd), cluster_name, group_name, timeout)
+        if view.leader is None and not view.epoch and view.insync is None and not view.members:
+            names = read_view(etcd_access(etcd), cluster_name, group_name, timeout,
+                              reading=lambda reader: reader.group_names())
     except errors.ChronoqError as exc:
         fail(exc.message, EXIT_UNREACHABLE)
+    if view.leader is None and not view.epoch and view.insync is None and not view.members:
+        fail(f"etcd holds nothing of group {group_name!r} in cluster {cluster_name!r}: "
+             + (f"its groups there are {', '.join(names)} (--group-name)" if names else
+                "no group of that cluster either (--cluster-name; is this the etcd its nodes use?)"),
+             EXIT_NOT_DONE)
     if as_json:
         print_json(etcd_json(view))
         return

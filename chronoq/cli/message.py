@@ -71,7 +71,12 @@ def _parse_at(text: str, zone=None) -> int:
         raise click.BadParameter(f"{text!r} is neither epoch milliseconds nor an ISO 8601 time "
                                  "(e.g. 2030-01-31T09:00:00Z)", param_hint="--at") from None
     if when.tzinfo is None and zone is not None:
-        when = when.replace(tzinfo=zone)
+        # As a schedule reads its local times: one the clocks skip (spring forward) is the
+        # transition, one they repeat its first pass (fold=0 alone would read a skipped 02:30
+        # as 03:30 and lose the 03:00 firing).
+        from chronoq.features.schedules.occurrences import to_instant_ms
+
+        return to_instant_ms(when.replace(microsecond=0), zone) + when.microsecond // 1000
     return int(when.timestamp() * 1000)
 
 

@@ -133,6 +133,8 @@ def send(topic, body, file, tag, keys, properties, message_group, delay, at, lev
     if message_group is not None and timing:
         raise click.UsageError(f"--group (FIFO) and {timing[0]} cannot be combined: a message has one type")
     delay_ms, at_ms = _parse_delay(delay), _parse_at(at)
+    if replace_key is not None and not replace_key:  # (an unset $KEY: it would send no replace key)
+        raise click.BadParameter("a replace key is 1 to 1,024 characters, not empty", param_hint="--replace-key")
     if replace_key is not None and delay_ms is None and at_ms is None:
         raise click.UsageError("--replace-key needs --delay or --at: it replaces a pending delayed message")
     data = _read_body(body, file)

@@ -34,8 +34,12 @@ MARGIN_MAX_MS = 1000
 MARGIN_FRACTION = 4  # at most a quarter of the TTL
 
 
+def cluster_prefix(cluster: str) -> str:
+    return f"/chronoq/{cluster}/"
+
+
 def prefix(cluster: str, group: str) -> str:
-    return f"/chronoq/{cluster}/{group}/"
+    return f"{cluster_prefix(cluster)}{group}/"
 
 
 def leader_key(cluster: str, group: str) -> bytes:

@@ -358,6 +358,16 @@ class EtcdCoordinator:
                        co.InSync.decode(insync[0][0] if insync else None),
                        {meta.key.decode()[len(members):]: json.loads(value) for value, meta in nodes})
 
+    async def group_names(self) -> list[str]:
+        """The names of the groups etcd holds keys of in this node's cluster (``chronoq cluster
+        status --etcd`` naming a group that has none)."""
+        kv = await self._kv()
+        root = co.cluster_prefix(self.cluster).encode()
+        ok, answers = await kv.transaction(compare=[], success=[
+            kv.transactions.get(root, range_end=_prefix_end(root))], failure=[])
+        names = {meta.key[len(root):].split(b"/", 1)[0].decode(errors="replace") for _value, meta in answers[0]}
+        return sorted(name for name in names if name and not name.startswith("@"))
+
     async def campaign(self, view: co.View, epoch: int, endpoint: str, position: int) -> bool:
         """One compare-and-swap: the leader key is absent and the epoch key unchanged since
         ``view``; then the leader key (on this node's lease), the epoch and an in-sync set of this

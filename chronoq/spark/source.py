@@ -73,6 +73,19 @@ def _flag(options, name: str, default: bool) -> bool:
     raise ValueError(f"option {name} must be true or false, not {value!r}")
 
 
+def _seconds(options, name: str, default: float) -> float:
+    value = options.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds <= 86_400:  # (nan fails too)
+        raise ValueError(f"option {name} must be a number of seconds above 0 and at most 86400, not {value!r}")
+    return seconds
+
+
 def _positive(options, name: str, default: int | None) -> int | None:
     value = options.get(name)
     if value is None:
@@ -96,6 +109,14 @@ def _check_options(options, reading: bool) -> None:
         hint = " (save() takes no path: name the topic with option topic)" if "path" in unknown else ""
         raise ValueError(f"the chronoq source does not know the {way} option(s) {', '.join(unknown)}; "
                          f"it takes {', '.join(names)} (docs/spark.md){hint}")
+
+
+def _not_here(options, names: tuple[str, ...], here: str, instead: str) -> None:
+    """Options of the other kind of read or write are refused too, not ignored: a stream given
+    endingOffsets read on past it, a batch write given a sinkId was not named by it."""
+    given = [name for name in names if options.get(name) is not None]
+    if given:
+        raise ValueError(f"option(s) {', '.join(given)} do not apply to {here}: {instead} (docs/spark.md)")
 
 
 def _read_topics(options) -> tuple[tuple[str, ...], str | None]:
@@ -180,11 +201,10 @@ class Settings:
             topic = options.get("topic")
             if not topic:
                 raise ValueError("the chronoq sink needs option topic")
-        timeout = options.get("timeoutSeconds")
         return cls(tuple(rpc.parse_endpoints(endpoints)), topic, options.get("startingOffsets"),
                    options.get("endingOffsets"), _max_per_trigger(options),
                    _positive(options, "maxRecordsPerPartition", PARTITION_MESSAGES),
-                   _flag(options, "failOnDataLoss", True), float(timeout) if timeout else TIMEOUT_S,
+                   _flag(options, "failOnDataLoss", True), _seconds(options, "timeoutSeconds", TIMEOUT_S),
                    options.get("sinkId"), options.get("jobId"), options.get("checkpointLocation"),
                    _flag(options, "atomic", False), options.get("accessKey") or "",
                    options.get("secretKey") or "", _flag(options, "tls", False), options.get("tlsCaFile") or "",
@@ -218,15 +238,21 @@ class ChronoqDataSource(DataSource):
     def streamReader(self, schema):
         if pending.wanted(self.options):
             raise ValueError("pending=true is a batch read (what is scheduled now); read it with spark.read")
+        _not_here(self.options, ("endingOffsets",), "a stream",
+                  "it reads on as messages come; trigger(availableNow=True) stops at the end")
         return ChronoqStreamReader(self._settings(reading=True))
 
     def writer(self, schema, overwrite: bool):
         settings = self._settings()
+        _not_here(self.options, ("sinkId", "checkpointLocation"), "a batch write",
+                  "it is one job, named by option jobId")
         _check_write_schema(schema, overwrite)
         job_id = settings.job_id or uuid.uuid4().hex
         return ChronoqBatchWriter(settings, f"job:{job_id}", _targets(settings))
 
     def streamWriter(self, schema, overwrite: bool):
+        _not_here(self.options, ("jobId", "atomic"), "a stream write",
+                  "its sink is named by option sinkId or the checkpoint, each micro-batch published whole")
         settings = self._settings()
         _check_write_schema(schema, overwrite)
         return ChronoqStreamWriter(settings, _sink_id(settings), _targets(settings))
@@ -284,6 +310,28 @@ def _check_write_schema(schema, overwrite: bool) -> None:
         raise ValueError(
             f"the chronoq sink takes the columns {', '.join(f'{k} ({v})' for k, v in rpc.WRITE_COLUMNS.items())}; "
             + (f"unknown: {', '.join(unknown)}" if unknown else "body is missing"))
+    wrong = [f"{f.name} is {f.dataType.simpleString()}, not {rpc.WRITE_COLUMNS[f.name]}"
+             for f in schema.fields if not _column_type_ok(f.name, f.dataType)]
+    if wrong:  # at planning, not as an executor's Arrow error (an int body) or a wrong meaning (a
+        raise ValueError("chronoq sink: " + "; ".join(wrong))  # timestamp taken as delay_ms)
+
+
+def _column_type_ok(name: str, dtype) -> bool:
+    """Whether a write column's Spark type is one ``rpc.row_columns`` reads as documented."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.NullType):  # (a null literal: an optional column left empty)
+        return name != "body"
+    if name in ("body", "key", "tag", "message_group"):
+        return isinstance(dtype, (T.StringType, T.BinaryType))
+    if name == "keys":
+        return isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, (T.StringType, T.BinaryType))
+    if name == "properties":
+        return (isinstance(dtype, T.MapType) and isinstance(dtype.keyType, (T.StringType, T.BinaryType))
+                and isinstance(dtype.valueType, (T.StringType, T.BinaryType)))
+    if name == "deliver_at":
+        return isinstance(dtype, (T.TimestampType, T.TimestampNTZType))
+    return isinstance(dtype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType))  # deliver_at_ms, delay_ms
 
 
 # ---------------------------------------------------------------------------- reading

@@ -130,6 +130,11 @@ def test_two_nodes_elect_a_primary_and_the_replica_takes_over_after_kill_9(tmp_p
         assert shown.returncode == 0, shown.stderr
         shown = json.loads(shown.stdout)
         assert (shown["leader"]["endpoint"], shown["epoch"]) == (b.endpoint, 2)
+        # A group etcd has nothing of (the default name, here) is said so, naming the groups it has.
+        unknown = cli("cluster", "status", "--etcd", etcd.endpoint, "--cluster-name", cluster, "--group-name", "nope")
+        assert unknown.returncode == 4 and "its groups there are default" in unknown.stderr, unknown.stderr
+        unknown = cli("cluster", "status", "--etcd", etcd.endpoint, "--cluster-name", "no-such-cluster")
+        assert unknown.returncode == 4 and "no group of that cluster either" in unknown.stderr, unknown.stderr
         url = [HTTP_ANNOUNCED.search(line) for line in b.lines if HTTP_ANNOUNCED.search(line)][-1].group(1)
         metrics = urllib.request.urlopen(f"{url}metrics", timeout=10).read().decode()  # (the promoted node's listener)
         assert "chronoq_cluster_leader 1.0" in metrics and "chronoq_cluster_epoch 2.0" in metrics

@@ -64,6 +64,25 @@ def test_a_misspelt_write_option_is_refused_before_anything_is_staged(spark, bro
     assert queue_totals(b.endpoint, "typos") == 0
 
 
+@pytest.mark.parametrize("columns, options, says", [
+    ("id as body", {}, "body is bigint, not binary or string"),
+    ("'x' as body, current_timestamp() as delay_ms", {}, "delay_ms is timestamp, not bigint"),
+    ("'x' as body, 5 as tag", {}, "tag is int, not string"),
+    ("'x' as body", {"sinkId": "s1"}, "do not apply to a batch write"),
+    ("'x' as body", {"timeoutSeconds": "0"}, "timeoutSeconds must be a number of seconds above 0"),
+    ("'x' as body", {"timeoutSeconds": "abc"}, "timeoutSeconds must be a number of seconds above 0"),
+])
+def test_a_write_planned_with_wrong_types_or_options_is_refused_naming_them(spark, broker, columns, options, says):
+    """Refused on the driver, before anything is staged (an int body was an Arrow error on an
+    executor; a timestamp as delay_ms a delay of decades; a sinkId on a batch write ignored)."""
+    b = broker()
+    df = spark.range(0, 4, 1, 2).selectExpr(*[c.strip() for c in columns.split(",")])
+    with pytest.raises(Exception) as info:
+        write_rows(df, b.endpoint, "typed", **options)
+    assert says in str(info.value), str(info.value)[-2000:]
+    assert queue_totals(b.endpoint, "typed") == 0
+
+
 def test_batch_read_takes_per_queue_offset_ranges(spark, broker, tmp_path):
     from chronoq.spark.rpc import AdminRpc
 

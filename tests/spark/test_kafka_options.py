@@ -68,6 +68,19 @@ def test_an_unknown_read_option_is_an_error_naming_the_known_ones(spark, broker)
     assert "startingOffsets" in text and "subscribePattern" in text and "maxOffsetsPerTrigger" in text
 
 
+def test_ending_offsets_in_a_stream_is_refused_not_ignored(spark, broker, tmp_path):
+    """A batch read's option given to a stream: it read on past it, all 30 rows (docs: batch only)."""
+    b = broker()
+    write_rows(_bodies(spark, 3, "e"), b.endpoint, "k-ending")
+    reader = (spark.readStream.format("chronoq").option("endpoints", b.endpoint).option("topic", "k-ending")
+              .option("endingOffsets", "latest"))
+    with pytest.raises(Exception) as info:
+        q = reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c")) \
+            .trigger(availableNow=True).start()
+        q.awaitTermination(60)
+    assert "endingOffsets do not apply to a stream" in str(info.value), str(info.value)[-2000:]
+
+
 def test_starting_timestamp_begins_at_the_first_message_at_or_after_it(spark, broker):
     import time
 

@@ -228,7 +228,7 @@ def test_bad_properties(broker, props, kind):
     ({"tag": "t" * 1025}, errors.InvalidTag),
     ({"tag": ["x"]}, errors.InvalidTag),
     ({"tag": 7}, errors.InvalidTag),
-    ({"keys": ["has space"]}, errors.InvalidKey),
+    ({"keys": ["   "]}, errors.InvalidKey),  # blank (a space inside a key is allowed)
     ({"keys": [""]}, errors.InvalidKey),
     ({"keys": ["ctl\x01"]}, errors.InvalidKey),
     ({"keys": [5]}, errors.InvalidKey),

@@ -188,3 +188,41 @@ def test_read_messages_answers_are_bounded_in_bytes(svc, node):
     assert len(read(0).messages.offsets) == 10  # the default: 4 MiB
     assert list(read(25_000).messages.offsets) == [0, 1]  # a record is a little more than its body
     assert list(read(1).messages.offsets) == [0]  # a first record larger than max_bytes comes whole
+
+
+def test_a_read_messages_page_is_read_in_steps_with_other_work_between(svc, node):
+    """A page of ``READ_MAX_BYTES`` was read and cut in one go (~0.15 s for 16 MiB, every other
+    call waiting); it is read in steps of ``READ_STEP_BYTES`` with the event loop let go
+    between, and answers the same messages, in order, as one step would."""
+    from chronoq.broker.broker import OutgoingMessage
+    from chronoq.server import pipeline
+
+    create_topic(svc, "big-reads", queues=1)
+    body = 100_000
+    n = 4 * pipeline.READ_STEP_BYTES // body + 3
+    node.broker.send_batch([OutgoingMessage("big-reads", bytes([i % 251]) * body, queue_id=0) for i in range(n)])
+
+    async def main():
+        turns = 0
+        done = False
+
+        async def other_work():
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        worker = asyncio.ensure_future(other_work())
+        await asyncio.sleep(0)
+        turns = 0
+        answer = await svc.ReadMessages(apb.ReadMessagesRequest(topic="big-reads", queue=0, max_messages=1000,
+                                                                max_bytes=pipeline.READ_MAX_BYTES), None)
+        done = True
+        await worker
+        return answer, turns
+
+    answer, turns = asyncio.run(main())
+    assert turns >= 3  # (in one go: 0)
+    assert list(answer.messages.offsets) == list(range(n)) and answer.next_offset == n
+    lengths = list(answer.messages.body_lengths)
+    assert lengths == [body] * n and answer.messages.bodies[body * 7:body * 8] == bytes([7]) * body

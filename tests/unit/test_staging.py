@@ -130,7 +130,7 @@ def test_bad_rows_fail_the_chunk_and_stage_nothing(tmp_path):
     before = broker.queue_bounds(STAGE_TOPIC, 0)
     bad = [Rows([b"ok", b""]), Rows([b"ok"], tags=["a|b"]), Rows([b"ok"], deliver_at_ms=[-5]),
            Rows([b"ok"], deliver_at_ms=[1], delay_ms=[1]), Rows([b"ok"], properties=[{"__x": "y"}]),
-           Rows([b"x" * (4 * 1024 * 1024 + 1)]), Rows([b"ok"], keys=[["has space"]])]
+           Rows([b"x" * (4 * 1024 * 1024 + 1)]), Rows([b"ok"], keys=[["ctl\x01"]])]
     for rows in bad:
         with pytest.raises(errors.ClientError):
             st.stage("s", 0, "a", 0, "out", rows)
