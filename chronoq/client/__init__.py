@@ -4,7 +4,7 @@
 ``from chronoq.client import Client`` is the public import; names are resolved on first use.
 """
 
-_PUBLIC = {"Client", "AdminClient", "OutgoingMessage", "ReceivedMessage", "SendReceipt", "ClientError"}
+_PUBLIC = {"Client", "AdminClient", "OutgoingMessage", "ReceivedMessage", "SendReceipt", "ClientError", "BatchSendError"}
 
 
 def __getattr__(name: str):

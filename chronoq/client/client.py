@@ -69,6 +69,18 @@ class ClientError(Exception):
         self.status_message = message
 
 
+class BatchSendError(ClientError):
+    """Some messages of a ``send_batch`` were refused, others stored: ``results`` holds, in the
+    batch's order, a ``SendReceipt`` for each message stored and a ``ClientError`` for each
+    refused. Its own code and message are the first refusal's. Send again only the refused ones
+    (the stored ones would be stored twice: each send mints new message ids unless the message
+    names its own ``message_id``)."""
+
+    def __init__(self, code: int, message: str, results: list):
+        super().__init__(code, message)
+        self.results = results
+
+
 @dataclass(slots=True)
 class OutgoingMessage:
     topic: str
@@ -294,17 +306,24 @@ class Client:
         return self._encoder.encode(messages, now, iter(ids))
 
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
-        """Send many messages in one SendMessage call; one receipt per message, in order."""
+        """Send many messages in one SendMessage call; one receipt per message, in order.
+        ``BatchSendError`` when the broker refused some and stored the others (its ``results``
+        say which); ``ClientError`` when it refused the call as a whole."""
         code, message, entries = await self._unary(self._send_raw, self._send_request_bytes(messages), self.timeout)
-        if code not in OK_CODES:
+        if code not in OK_CODES and len(entries) < 2:
             raise ClientError(code, message)
         receipts = []
         add = receipts.append
-        for code, message, message_id, offset, recall_handle, transaction_id in entries:
-            if code not in OK_CODES:
-                raise ClientError(code, message)
+        failed = None
+        for entry_code, entry_message, message_id, offset, recall_handle, transaction_id in entries:
+            if entry_code not in OK_CODES:
+                add(ClientError(entry_code, entry_message))
+                failed = failed or receipts[-1]
+                continue
             add(SendReceipt(message_id, offset, recall_handle, transaction_id,
-                            message[_REPLACED_LEN:] if message.startswith(_REPLACED_PREFIX) else ""))
+                            entry_message[_REPLACED_LEN:] if entry_message.startswith(_REPLACED_PREFIX) else ""))
+        if failed is not None or code not in OK_CODES:
+            raise BatchSendError(code, message, receipts)
         return receipts
 
     async def send(self, topic: str, body: bytes, **kwargs) -> SendReceipt:

@@ -540,7 +540,9 @@ class Channel:
                     raise rpc_error(grpc.StatusCode.UNAVAILABLE,
                                     f"the server refused the call twice: {exc or 'stream refused'}") from None
                 if call is not None and timeout is not None:  # what is left of the call's deadline
-                    timeout = max(call.deadline - conn.loop.time(), 0.0)
+                    timeout = call.deadline - conn.loop.time()
+                    if timeout <= 0:  # (never sent with none left: the server would still serve it)
+                        raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded") from None
             except asyncio.CancelledError:
                 if call is not None:
                     conn._give_up(call)
@@ -553,10 +555,24 @@ class Channel:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         conn = await self._connection(timeout)
-        await conn.wait_for_slot()
+        if deadline is None:
+            await conn.wait_for_slot()
+        else:  # the wait for a free stream counts against the deadline, and a call past it is not sent
+            # (it was sent with 0 left once a stream came free, and stored while its caller had
+            # been told DEADLINE_EXCEEDED)
+            try:
+                await asyncio.wait_for(conn.wait_for_slot(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while waiting for a stream: "
+                                f"{len(conn.calls)} calls on this connection, the server's limit") from None
         if not conn.usable:
             raise _Refused()
-        return conn, None if deadline is None else max(deadline - loop.time(), 0.0)
+        if deadline is None:
+            return conn, None
+        left = deadline - loop.time()
+        if left <= 0:
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+        return conn, left
 
     async def close(self) -> None:
         self._closed = True

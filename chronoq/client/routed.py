@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from chronoq.client.client import Client, OutgoingMessage, ReceivedMessage, SendReceipt
+from chronoq.client.client import BatchSendError, Client, OutgoingMessage, ReceivedMessage, SendReceipt
 
 _WRITABLE = (pb.WRITE, pb.READ_WRITE)
 _READABLE = (pb.READ, pb.READ_WRITE)
@@ -106,14 +106,20 @@ class RoutedSender(_Routed):
             pick = zlib.crc32(m.message_group.encode()) if m.message_group else at
             parts.setdefault(targets[pick % len(targets)], []).append(i)
         out: list = [None] * len(messages)
+        refused: BatchSendError | None = None
         try:
             for endpoint, indexes in parts.items():
-                receipts = await self._client(endpoint).send_batch([messages[i] for i in indexes])
+                try:
+                    receipts = await self._client(endpoint).send_batch([messages[i] for i in indexes])
+                except BatchSendError as exc:  # some of this part stored: keep their receipts
+                    receipts, refused = exc.results, refused or exc
                 for i, r in zip(indexes, receipts):
                     out[i] = r
         except Exception:
             self._targets.pop(topic, None)  # (ask the route again next time: a primary may have moved)
             raise
+        if refused is not None:
+            raise BatchSendError(refused.code, refused.status_message, out)
         return out
 
 

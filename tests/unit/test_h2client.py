@@ -354,3 +354,43 @@ def test_a_server_that_overflows_a_calls_window_fails_that_call_and_resets_its_s
             server.close()
 
     asyncio.run(main())
+
+
+def test_a_call_waiting_for_a_free_stream_ends_at_its_deadline_and_is_never_sent():
+    """The server's limit of concurrent streams reached, a call waits for one to come free. The
+    wait counts against its deadline: it ends DEADLINE_EXCEEDED then, and is not sent afterwards
+    (it was sent, with no time left, once a stream came free: a send stored while its caller
+    had been told it failed)."""
+    served: list[bytes] = []
+
+    async def record(request: bytes, context) -> bytes:
+        served.append(request)
+        return request
+
+    class Limited(grpc.GenericRpcHandler):
+        def service(self, details):
+            return {"/t.S/Slow": HANDLERS["Slow"],
+                    "/t.S/Record": grpc.unary_unary_rpc_method_handler(record)}.get(details.method)
+
+    async def main():
+        server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 2)])
+        server.add_generic_rpc_handlers((Limited(),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = h2client.Channel(f"127.0.0.1:{port}")
+        try:
+            assert await channel.unary_unary("/t.S/Record")(b"first", timeout=5) == b"first"  # (the limit learnt)
+            slow = [asyncio.ensure_future(channel.unary_unary("/t.S/Slow")(b"", timeout=10)) for _ in range(2)]
+            await asyncio.sleep(0.2)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await channel.unary_unary("/t.S/Record")(b"late", timeout=0.3)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "waiting for a stream" in info.value.details()
+            assert await asyncio.gather(*slow) == [b"late", b"late"]  # the streams come free ...
+            await asyncio.sleep(0.3)
+            assert served == [b"first"]  # ... and the call that gave up was never sent
+        finally:
+            await channel.close()
+            await server.stop(None)
+
+    asyncio.run(main())

@@ -65,15 +65,16 @@ class SendRpcs:
         except (errors.ClientError, errors.NotYetImplemented, errors.Unsupported):
             # The broker refuses a batch with one bad message as a whole. Send them one by one
             # instead, so each gets its own answer (the committer still groups the fsyncs).
-            entries = await asyncio.gather(*(self._send_one(columns.take((i,)), context)
+            entries = await asyncio.gather(*(self._send_one(columns.take((i,)), context, i)
                                              for i in range(len(messages))))
             return send_response(*zip(*entries))  # (the first failure on top: clients read only that)
         return send_response(sent.message_ids, sent.queue_offsets, sent.recall_handles, None,
                              list(map(_replaced_status, sent.replaced)) if sent.replaced else None)
 
-    async def _send_one(self, columns, context=None) -> tuple:
+    async def _send_one(self, columns, context=None, place: int | None = None) -> tuple:
         """The ``send_response`` columns of a request's one message (``columns``), failures
-        included: (message id, queue offset, recall handle, transaction id, failure or None)."""
+        included: (message id, queue offset, recall handle, transaction id, failure or None).
+        ``place``: its index in a batch sent one by one (a failure names it)."""
         try:
             cfg = self.config
             batch = convert.outgoing_batch(columns, cfg.max_body_bytes, self.clock.wall_ms(), cfg.timer_max_delay_ms)
@@ -82,7 +83,10 @@ class SendRpcs:
             sent = await self.committer.send_batch(batch)
         except Exception as exc:  # noqa: BLE001 - the answer for this message
             self._count_refusal(exc, context, "SendMessage")
-            return columns.message_ids[0], 0, "", "", status.code_and_message(exc, "SendMessage")
+            code, text = status.code_and_message(exc, "SendMessage")
+            if place is not None:  # (the broker saw a batch of one: "message 0" would be wrong)
+                text = f"message {place} of the batch: {text.replace('message 0 of the batch', 'the message', 1)}"
+            return columns.message_ids[0], 0, "", "", (code, text)
         return (sent.message_ids[0], sent.queue_offsets[0], (sent.recall_handles or ("",))[0], "",
                 _replaced_status(sent.replaced[0]) if sent.replaced else None)
 
