@@ -12,8 +12,9 @@ import logging
 from aiohttp import web
 
 from chronoq.console import body
-from chronoq.console.views import Console, guarded
-from chronoq.core import errors
+from chronoq.console.views import Console, guarded, reader
+from chronoq.core import acl, errors
+from chronoq.pop import names
 from chronoq.features import deadletters
 
 log = logging.getLogger("chronoq.console")
@@ -35,6 +36,11 @@ def letter_rows(d: deadletters.DeadLetters) -> list[dict]:
 def _page(request: web.Request, console: Console, group: str, *, status: int = 200, result=None,
           error: str | None = None) -> web.Response:
     everything = request.query.get("all") == "1"
+    user = reader(request, console)
+    if user is not None and not (user.allowed(acl.GROUP, group) and user.allowed(acl.SUBSCRIBE, names.dlq_topic(group))):
+        return console.render(request, "refused.html", status=403, reason=(
+            f"access key {user.access_key!r} may not read the dead letters of {group!r}: that needs the group "
+            f"and subscribe rights on {names.dlq_topic(group)!r} (as a receive of them would), or admin = true"))
     try:
         d = deadletters.list_dead(console.broker, group, PAGE_LETTERS, everything)
     except (errors.NotFound, errors.ClientError) as exc:

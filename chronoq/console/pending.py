@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from chronoq.console.views import Console, guarded
-from chronoq.core import errors
+from chronoq.console.views import Console, guarded, reader
+from chronoq.core import acl, errors
 from chronoq.timer.pending import LIMIT_DEFAULT, PendingQuery
 
 FILTERS = ("topic", "key", "from", "to", "limit")
@@ -66,7 +66,11 @@ async def pending(request: web.Request, console: Console) -> web.Response:
         return console.render(request, "pending.html", status=400, error=str(exc), rows=[], filters=kept,
                               next_url="", first_url=str(url.with_query(kept)), more=False, scanned=0,
                               from_ms=None, to_ms=None)
-    return console.render(request, "pending.html", error="", rows=rows_of(page.messages, console.now_ms()),
+    messages = page.messages
+    user = reader(request, console)
+    if user is not None:  # ids, keys and tags of the topics it may read only
+        messages = [m for m in messages if user.allowed(acl.SUBSCRIBE, m.topic)]
+    return console.render(request, "pending.html", error="", rows=rows_of(messages, console.now_ms()),
                           filters=kept, more=bool(page.next_cursor), scanned=page.scanned,
                           next_url=str(url.with_query({**kept, "cursor": page.next_cursor})) if page.next_cursor else "",
                           first_url=str(url.with_query(kept)) if params.get("cursor") else "",

@@ -100,6 +100,16 @@ def guarded(*, write: bool):
     return wrap
 
 
+def reader(request: web.Request, console: "Console") -> acl.User | None:
+    """The signed-in user whose rights limit what a page shows of messages (bodies, keys, ids):
+    None when nothing is limited (access control off, or an admin). A user sees the messages of
+    the topics it may subscribe to, as on the gRPC port; the Admin service's reads are admins'."""
+    if console.access is None:
+        return None
+    user = console.access.users.get(request.get("console_user") or "")
+    return None if user is None or user.admin else user
+
+
 # ---------------------------------------------------------------------------- overview
 def topic_rows(broker) -> list[dict]:
     rows = []
@@ -233,9 +243,14 @@ async def lookup_page(request: web.Request, console: Console) -> web.Response:
     # The same lookup as the Admin RPC LookupMessage (chronoq message show): chronoq.features.lookup.
     found = await lookup.lookup_message(console.broker, console.runtime.committer.barrier, query,
                                         console.settings.lookup_scan_mib << 20, console.settings.trace_scan_mib << 20)
+    messages = found.messages
+    user = reader(request, console)
+    if user is not None:  # only the topics it may read (every topic's messages were shown to any user)
+        messages = [m for m in messages if m["topic"] and user.allowed(acl.SUBSCRIBE, m["topic"])]
+    context["hidden"] = len(found.messages) - len(messages)
     bodies = {r.commit_offset: body.body_view(r.body_head, r.body_bytes)
-              for m in found.messages for r in m["records"]}
-    return console.render(request, "lookup.html", scan=found.scan, trace=found.trace, messages=found.messages,
+              for m in messages for r in m["records"]}
+    return console.render(request, "lookup.html", scan=found.scan, trace=found.trace, messages=messages,
                           bodies=bodies, **context)
 
 

@@ -227,6 +227,10 @@ def from_config(table: object, env=None) -> AccessControl | None:
         if user.access_key in seen:
             raise errors.ClientError(f"[[auth.users]]: access key {user.access_key!r} is listed twice")
         seen.add(user.access_key)
+    if "enabled" not in table and users:  # (users written, the switch forgotten: an open broker)
+        raise errors.ClientError("[[auth.users]] are listed but [auth] does not say enabled = true: access control "
+                                 "would be off, anyone could connect; set enabled = true (or enabled = false to "
+                                 "keep them listed with access control off)")
     if not enabled:
         return None
     if not users:

@@ -384,7 +384,8 @@ admin = true
 access_key = "{VIEWER[0]}"
 secret_key = "{VIEWER[1]}"
 publish = ["*"]
-subscribe = ["*"]
+subscribe = ["*", "%DLQ%*"]   # (dead letters: a pattern that spells the prefix out)
+groups = ["*"]
 """
 
 
@@ -447,3 +448,38 @@ def test_console_needs_credentials_and_writes_need_an_admin(chronoq_process):
     assert re.search(rf'id="topic-{name}">.*?class="n queues">2<', body, re.S)
     status, _h, body = request(base, "POST", "/console/topics", auth=ADMIN, form={"name": "%DLQ%x"})
     assert status == 400 and "not created" in body
+
+
+def test_a_user_sees_the_messages_of_the_topics_it_may_read_only(chronoq_process):
+    """Any signed-in user could read every topic's messages in the console (bodies and keys in the
+    lookup, ids and keys on the pending page, dead letters), whatever its rights on the gRPC
+    port. A user now sees those of the topics it may subscribe to; an admin sees all."""
+    narrow = ("orders-reader", "orders-secret-91aa")
+    broker = chronoq_process(AUTH_CONFIG + f"""
+[[auth.users]]
+access_key = "{narrow[0]}"
+secret_key = "{narrow[1]}"
+subscribe = ["orders-*"]
+groups = ["g-orders"]
+""")
+    ep, base = broker.endpoint, broker.http_url.rstrip("/")
+    secret_topic, open_topic = unique("payroll"), unique("orders-")
+    p = Producer(ClientConfiguration(ep, Credentials(*ADMIN), request_timeout=3), (secret_topic, open_topic))
+    p.startup()
+    try:
+        for topic, text in ((secret_topic, b"salary 9000"), (open_topic, b"order 1")):
+            m = make_message(topic, text, keys=("shared-key",))
+            m.delivery_timestamp = int(time.time()) + 1800
+            p.send(m)
+    finally:
+        p.shutdown()
+
+    status, _h, body = request(base, "GET", "/console/lookup?q=shared-key", auth=narrow)
+    assert status == 200 and "order 1" in body and "salary 9000" not in body and secret_topic not in body
+    assert 'id="hidden">1 message(s)' in body
+    body = request(base, "GET", "/console/lookup?q=shared-key", auth=ADMIN)[2]
+    assert "order 1" in body and "salary 9000" in body and 'id="hidden"' not in body
+    body = request(base, "GET", "/console/timers/pending", auth=narrow)[2]
+    assert open_topic in body and secret_topic not in body
+    assert secret_topic in request(base, "GET", "/console/timers/pending", auth=ADMIN)[2]
+    assert request(base, "GET", "/console/dlq/g-payroll", auth=narrow)[0] == 403

@@ -21,7 +21,7 @@ import pytest
 
 from chronoq.replication.client import ReplicationClient
 
-from .conftest import ROOT, ChronoqProcess, wait_until
+from .conftest import ROOT, ChronoqProcess, free_port, wait_until
 from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique
 
 CONFIG = "segment_bytes = 262144\n"  # small segments: the replica must roll where the primary did
@@ -261,15 +261,39 @@ AUTH = textwrap.dedent("""
 """)
 
 
+ROOT_USER = {"access_key": "root", "secret_key": "root-secret-5d03"}
+
+
+def _anonymous_refused(endpoint: str) -> None:
+    try:
+        cluster_status(endpoint)
+    except Exception as exc:  # noqa: BLE001 - the refusal expected
+        assert "UNAUTHORIZED" in str(exc) or "40100" in str(exc) or "credentials" in str(exc).lower(), exc
+    else:
+        raise AssertionError(f"{endpoint} answered an anonymous ClusterStatus")
+
+
+def test_a_node_with_replication_credentials_and_no_access_control_is_refused(tmp_path):
+    """Such a replica was open to anyone: it could be promoted anonymously, and it passed route
+    calls on to its primary signed with the admin's credentials (a topic created there by
+    nobody)."""
+    proc = subprocess.run([sys.executable, "-m", "chronoq", "serve", "--data-dir", str(tmp_path / "r"),
+                           "--port", str(free_port()), "--replica-of", "127.0.0.1:1"],
+                          env=dict(os.environ, PYTHONPATH=ROOT, CHRONOQ_REPLICATION_ACCESS_KEY="root",
+                                   CHRONOQ_REPLICATION_SECRET_KEY="root-secret-5d03"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "this node's [auth] is off" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_pulls_are_authenticated_when_access_control_is_on(tmp_path):
     primary = ChronoqProcess(str(tmp_path / "p"), CONFIG + AUTH)
     replica = None
     try:
         _refused(str(tmp_path / "anon"), CONFIG, primary.endpoint, "UNAUTHORIZED")
         _refused(str(tmp_path / "app"), CONFIG + 'replication_access_key = "app"\n'
-                 'replication_secret_key = "app-secret-0b7e"\n', primary.endpoint, "FORBIDDEN")
+                 'replication_secret_key = "app-secret-0b7e"\n' + AUTH, primary.endpoint, "FORBIDDEN")
         replica = ChronoqProcess(str(tmp_path / "r"), CONFIG + 'replication_access_key = "root"\n'
-                                 'replication_secret_key = "root-secret-5d03"\n',
+                                 'replication_secret_key = "root-secret-5d03"\n' + AUTH,
                                  extra_args=("--replica-of", primary.endpoint))
         root = {"access_key": "root", "secret_key": "root-secret-5d03"}
         sent = cli("send", "--endpoint", primary.endpoint, "orders", "signed",
@@ -278,7 +302,10 @@ def test_pulls_are_authenticated_when_access_control_is_on(tmp_path):
         end = cluster_status(primary.endpoint, **root).commit_end
         assert end > 0
         wait_until(lambda: (lambda st: st.state == "caught up" and st.commit_end >= end)(
-            cluster_status(replica.endpoint)), 20, what="the replica to follow")
+            cluster_status(replica.endpoint, **root)), 20, what="the replica to follow")
+        # The replica has the primary's [auth] (a node holding replication credentials must):
+        # an anonymous caller reaches nothing there either.
+        _anonymous_refused(replica.endpoint)
     finally:
         if replica is not None:
             replica.stop()
@@ -414,19 +441,20 @@ def test_a_replica_follows_a_tls_primary_with_replication_tls_ca_file(tmp_path):
     primary = ChronoqProcess(str(tmp_path / "p"), CONFIG + tls + AUTH)  # (top-level keys before [auth])
     replica = plain = None
     try:
-        replica = ChronoqProcess(str(tmp_path / "r"), CONFIG + signed + f'replication_tls_ca_file = "{ca}"\n',
+        replica = ChronoqProcess(str(tmp_path / "r"), CONFIG + signed + f'replication_tls_ca_file = "{ca}"\n' + AUTH,
                                  extra_args=("--replica-of", primary.endpoint))
-        plain = ChronoqProcess(str(tmp_path / "plain"), CONFIG + signed, extra_args=("--replica-of", primary.endpoint))
+        plain = ChronoqProcess(str(tmp_path / "plain"), CONFIG + signed + AUTH,
+                               extra_args=("--replica-of", primary.endpoint))
         sent = cli("send", "--endpoint", primary.endpoint, "--tls-ca-file", ca, "orders", "over tls",
                    env={"CHRONOQ_ACCESS_KEY": "app", "CHRONOQ_SECRET_KEY": "app-secret-0b7e"})
         assert sent.returncode == 0, sent.stderr
         end = cluster_status(primary.endpoint, access_key="root", secret_key="root-secret-5d03", tls_ca_file=ca).commit_end
         wait_until(lambda: (lambda st: st.state == "caught up" and st.commit_end >= end)(
-            cluster_status(replica.endpoint)), 20, what="the TLS replica to follow")
-        assert_log_is_prefix(str(tmp_path / "r"), str(tmp_path / "p"), cluster_status(replica.endpoint).commit_end)
-        wait_until(lambda: cluster_status(plain.endpoint).state.startswith("unreachable"), 20,
+            cluster_status(replica.endpoint, **ROOT_USER)), 20, what="the TLS replica to follow")
+        assert_log_is_prefix(str(tmp_path / "r"), str(tmp_path / "p"), cluster_status(replica.endpoint, **ROOT_USER).commit_end)
+        wait_until(lambda: cluster_status(plain.endpoint, **ROOT_USER).state.startswith("unreachable"), 20,
                    what="the plaintext replica to say it cannot reach the primary")
-        assert cluster_status(plain.endpoint).commit_end == 0
+        assert cluster_status(plain.endpoint, **ROOT_USER).commit_end == 0
     finally:
         for proc in (plain, replica):
             if proc is not None:

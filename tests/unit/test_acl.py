@@ -124,6 +124,15 @@ def test_secret_from_the_environment():
 def test_disabled_or_absent_means_no_access_control():
     assert acl.from_config(None) is None
     assert acl.from_config({"enabled": False, "users": []}) is None
+    assert acl.from_config({"enabled": False, "users": [{"access_key": "a", "secret_key": "s"}]}) is None  # said so
+
+
+def test_replication_credentials_need_access_control_on_this_node_too():
+    with pytest.raises(errors.ClientError, match="this node's \\[auth\\] is off"):
+        BrokerConfig(replication_access_key="root", replication_secret_key="s").validate()
+    BrokerConfig(replication_access_key="root", replication_secret_key="s",
+                 extra={"auth": {"enabled": True, "users": [{"access_key": "root", "secret_key": "s", "admin": True}]}}
+                 ).validate()
 
 
 @pytest.mark.parametrize("table, fragment", [
@@ -138,6 +147,7 @@ def test_disabled_or_absent_means_no_access_control():
     ({"enabled": True, "users": [{"access_key": "a", "secret_key": "s", "pubish": []}]}, "unknown setting"),
     ({"enabled": True, "users": [{"access_key": "a", "secret_key": "s"}, {"access_key": "a", "secret_key": "t"}]},
      "listed twice"),
+    ({"users": [{"access_key": "a", "secret_key": "s"}]}, "does not say enabled = true"),  # (an open broker)
 ])
 def test_bad_auth_tables_are_refused_at_load(table, fragment):
     with pytest.raises(errors.ClientError) as info:
