@@ -13,6 +13,7 @@ from chronoq.core.model import Message
 from chronoq.pop import names
 from chronoq.pop.groups import GroupConfig
 from chronoq.pop.inflight import Checkpoint
+from chronoq.timer.keyed import REPLACE_PROP
 from chronoq.pop.names import (PROP_DLQ_ORIGIN_MESSAGE_ID, PROP_DLQ_ORIGIN_TOPIC, PROP_NOT_BEFORE_MS,
                                PROP_ORIGIN_MESSAGE_ID, PROP_ORIGIN_TOPIC, PROP_RECONSUME_TIMES)
 
@@ -50,6 +51,9 @@ def system_topic(broker: Broker, name: str, queues: int) -> model.TopicConfig:
 def retry_message(broker: Broker, ck: Checkpoint, m: Message, attempt: int, gcfg: GroupConfig,
                   now: int) -> OutgoingMessage:
     props = dict(m.properties)
+    # A replace key is its pending timer message's: delivered, the key's work is done, and a copy
+    # holding it is refused (it names no delivery time) and was dropped: the message lost.
+    props.pop(REPLACE_PROP, None)
     origin_id = props.get(PROP_ORIGIN_MESSAGE_ID) or props.get(PROP_DLQ_ORIGIN_MESSAGE_ID) or m.message_id
     props[PROP_ORIGIN_TOPIC] = ck.topic
     props[PROP_ORIGIN_MESSAGE_ID] = origin_id
@@ -72,6 +76,7 @@ def retry_message(broker: Broker, ck: Checkpoint, m: Message, attempt: int, gcfg
 def dlq_message(broker: Broker, clock: Clock, ck: Checkpoint, m: Message) -> OutgoingMessage:
     v = view(m)
     props = v.properties if v is not m else dict(m.properties)
+    props.pop(REPLACE_PROP, None)  # (as in retry_message)
     props[PROP_DLQ_ORIGIN_TOPIC] = v.topic
     props[PROP_DLQ_ORIGIN_MESSAGE_ID] = v.message_id
     cfg = system_topic(broker, names.dlq_topic(ck.group), names.DLQ_QUEUES)

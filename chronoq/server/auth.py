@@ -138,6 +138,15 @@ _ADMIN_ONLY: Rule = lambda r: [(acl.ADMIN, "")]  # noqa: E731
 # empty (its rows then answered ``already_published`` and dropped) nor abort it. Admins name sinks
 # as they are kept.
 SINK_SCOPED = frozenset(ADMIN_SERVICE + name for name in ("Stage", "Publish", "Abort"))
+# Calls whose client id (x-mq-client-id) names state the broker keeps per client (Telemetry
+# sessions, heartbeats and auto-renewals, a producer's transaction checks, a receive's attempt
+# id): with access control on, a client id is each user's own (``calls.client_id`` reads it as
+# ``<access key>/<id>``). With ids shared, any user could take another's Telemetry session (its
+# transaction checks went to the intruder), end its auto-renewals (NotifyClientTermination) or
+# keep them going (Heartbeat).
+CLIENT_SCOPED = frozenset([MS + name for name in ("Heartbeat", "NotifyClientTermination", "SendMessage",
+                                                  "ReceiveMessage")]
+                          + ["/chronoq.v1.Consume/ReceiveBatch", "/chronoq.v1.Consume/AckAndReceive"])
 
 
 def scoped_sink_id(user: acl.User, sink_id: str) -> str:
@@ -243,16 +252,31 @@ async def _abort(context, code: int, message: str):
     await context.abort(_GRPC_CODE.get(code, grpc.StatusCode.INVALID_ARGUMENT), message)
 
 
-class _StreamContext:
-    """A Telemetry stream's context: writes serialized (ours and the service's), and transaction
-    checks only for a user who may publish to the topic."""
+class _ScopedContext:
+    """A call's context whose client id is the signed-in user's own (``CLIENT_SCOPED``): the rest
+    is the call's context."""
 
-    __slots__ = ("_context", "_user", "_lock")
+    __slots__ = ("_context", "client_scope")
+
+    def __init__(self, context, user: acl.User) -> None:
+        self._context = context
+        self.client_scope = user.access_key
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+
+class _StreamContext:
+    """A Telemetry stream's context: writes serialized (ours and the service's), transaction
+    checks only for a user who may publish to the topic, and its client id the user's own."""
+
+    __slots__ = ("_context", "_user", "_lock", "client_scope")
 
     def __init__(self, context, user: acl.User | None) -> None:
         self._context = context
         self._user = user
         self._lock = asyncio.Lock()
+        self.client_scope = user.access_key if user is not None else ""
 
     def __getattr__(self, name: str):
         return getattr(self._context, name)
@@ -387,6 +411,8 @@ class Gate(grpc.aio.ServerInterceptor):
                 # around it too, as cheap as a unary call's (no async generator per call).
                 return method.make(self._guarded(method, user, _written), method.safe_deserializer)
 
+            client_scoped = user is not None and method.path in CLIENT_SCOPED
+
             async def server_stream(request, context):
                 refusal = check(method, request, user, context)
                 if refusal is not None:
@@ -395,7 +421,7 @@ class Gate(grpc.aio.ServerInterceptor):
                         await _abort(context, *refusal)
                     yield response
                     return
-                responses = original(request, context)
+                responses = original(request, _ScopedContext(context, user) if client_scoped else context)
                 try:
                     async for response in responses:
                         yield response
@@ -432,13 +458,14 @@ class Gate(grpc.aio.ServerInterceptor):
         original, check = method.behavior, self._check
 
         scoped = user is not None and not user.admin and method.path in SINK_SCOPED
+        client_scoped = user is not None and method.path in CLIENT_SCOPED
 
         async def guarded(request, context):
             refusal = check(method, request, user, context)
             if refusal is None:
                 if scoped and request.sink_id:
                     request.sink_id = scoped_sink_id(user, request.sink_id)
-                return await original(request, context)
+                return await original(request, _ScopedContext(context, user) if client_scoped else context)
             response = method.response(*refusal)
             if response is None:
                 await _abort(context, *refusal)

@@ -67,8 +67,10 @@ def test_telemetry_settings_and_transaction_checks_respect_permissions(tmp_path)
 
                 check = sv.TelemetryCommand(recover_orphaned_transaction_command=sv.RecoverOrphanedTransactionCommand(
                     message=pb.Message(topic=pb.Resource(name="orders"), body=b"secret order"), transaction_id="1"))
-                assert not await service.push("bob-1", check)  # bob may not publish to orders
-                assert await service.push("alice-1", check)
+                # (with access control on, a client id is its user's: "<access key>/<id>")
+                assert not await service.push("bob/bob-1", check)  # bob may not publish to orders
+                assert not await service.push("alice-1", check)  # no session of that id unscoped
+                assert await service.push("alice/alice-1", check)
                 pushed = await asyncio.wait_for(alice.read(), 5)
                 assert pushed.recover_orphaned_transaction_command.message.body == b"secret order"
                 for call in (alice, bob):

@@ -540,3 +540,51 @@ def test_telemetry_streams_per_client_are_limited(limits_server):
                 c.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_client_id_is_each_users_own(tmp_path, request):
+    """Another user naming a client's id used to reach that client's state: its
+    NotifyClientTermination ended the victim's auto-renewals (the victim's in-flight message went
+    to a second consumer a second later, while the victim still worked on it and heartbeated), and
+    a Telemetry stream under the id took the victim's session (its transaction checks). With
+    access control on, a client id names the signed-in user's own client only."""
+    from chronoq.core import acl
+
+    topic, group = unique("orders-renew"), unique("billing-renew")
+    os.environ["CHRONOQ_TEST_READER_SECRET"] = USERS["reader"]
+    try:  # push receives invisible in slices of 1 s: an auto-renewal not made shows at once
+        auth_server = ChronoqProcess(str(tmp_path / "data"), "push_invisible_ms = 1000\n" + AUTH_TOML)
+    finally:
+        os.environ.pop("CHRONOQ_TEST_READER_SECRET", None)
+    request.addfinalizer(lambda: auth_server.stop(check=False))
+
+    def md(user: str, client: str):
+        date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return (("x-mq-client-id", client), ("x-mq-date-time", date), ("x-mq-language", "PYTHON"),
+                ("authorization", acl.authorization_header(user, USERS[user], date)))
+
+    with grpc.insecure_channel(auth_server.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        with producer(auth_server.endpoint, "app", USERS["app"], topic) as p:
+            p.send(message(topic, b"work item"))
+
+        def receive(client: str, auto_renew: bool) -> list[bytes]:
+            req = sv.ReceiveMessageRequest(group=pb.Resource(name=group),
+                                           message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
+                                           batch_size=16, auto_renew=auto_renew)
+            if not auto_renew:
+                req.invisible_duration.FromSeconds(30)
+            req.long_polling_timeout.FromSeconds(1)
+            return [r.message.body for r in stub.ReceiveMessage(req, metadata=md("app", client), timeout=10)
+                    if r.HasField("message")]
+
+        assert receive("victim@1", auto_renew=True) == [b"work item"]  # in flight, renewed while it lives
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            stub.Heartbeat(sv.HeartbeatRequest(group=pb.Resource(name=group), client_type=pb.PUSH_CONSUMER),
+                           metadata=md("app", "victim@1"), timeout=5)  # the victim is alive ...
+            ended = stub.NotifyClientTermination(  # ... and another user says it ended
+                sv.NotifyClientTerminationRequest(group=pb.Resource(name=group)), metadata=md("writer", "victim@1"),
+                timeout=5)
+            assert ended.status.code == pb.Code.OK  # (it names only the writer's own client of that id)
+            assert receive("second@2", auto_renew=False) == [], "the victim's message was handed out again"

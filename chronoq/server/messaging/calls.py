@@ -21,13 +21,16 @@ CLIENT_ID_CHARS_MAX = 256
 
 def client_id(context) -> str:
     """The caller's ``x-mq-client-id`` ("" if none), at most CLIENT_ID_CHARS_MAX printable
-    characters; else ClientError (BAD_REQUEST)."""
+    characters; else ClientError (BAD_REQUEST). With access control on, the signed-in user's own:
+    ``<access key>/<id>`` (``chronoq.server.auth.CLIENT_SCOPED`` gives the context a
+    ``client_scope``), so one user's id names nothing of another's."""
     value = header(context, CLIENT_ID_HEADER)
     if len(value) > CLIENT_ID_CHARS_MAX:
         raise errors.ClientError(f"{CLIENT_ID_HEADER} is {len(value)} characters; at most {CLIENT_ID_CHARS_MAX} allowed")
     if not value.isprintable():
         raise errors.ClientError(f"{CLIENT_ID_HEADER} holds a control character")
-    return value
+    scope = getattr(context, "client_scope", "")
+    return f"{scope}/{value}" if scope and value else value
 
 
 def status_of(exc: BaseException, what: str):
