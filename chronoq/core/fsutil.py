@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 
 import google_crc32c
 
@@ -34,6 +35,11 @@ def fsync_path(path: str) -> None:
 
 
 _rewrites = 0  # files replaced by ``atomic_write`` in this process (``rewrites``)
+# Writers of one path take turns (a path hashes to one of these locks): two threads writing the
+# same file at once (an admin call's offsets.json and a checkpoint job's) shared its temp file,
+# one truncating it under the other; the second rename failed (FileNotFoundError) and the first
+# could rename a torn file into place. Striped: bounded, whatever the number of paths.
+_WRITE_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 def rewrites() -> int:
@@ -50,20 +56,21 @@ def atomic_write(path: str, data: bytes) -> None:
     """
     global _rewrites
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    except OSError as exc:
+    with _WRITE_LOCKS[hash(path) % len(_WRITE_LOCKS)]:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            _unlink_quiet(tmp)
+            raise storage_error(exc, path) from exc
         os.close(fd)
-        _unlink_quiet(tmp)
-        raise storage_error(exc, path) from exc
-    os.close(fd)
-    os.replace(tmp, path)
-    _rewrites += 1
+        os.replace(tmp, path)
+        _rewrites += 1
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
