@@ -63,6 +63,7 @@ SUBSCRIBE = "subscribe"
 TOPIC = "topic"
 GROUP = "group"
 ADMIN = "admin"
+PUBLISHER = "publisher"  # may publish to some topic (a staged batch's Publish/Abort: no topic named)
 
 # An access key travels inside a comma-separated header and ends at the first "/": keep it plain.
 _ACCESS_KEY = re.compile(r"[A-Za-z0-9._~@:+\-]{1,128}")
@@ -102,6 +103,8 @@ class User:
                 hit = _matches(name, self.publish) or _matches(name, self.subscribe)
             elif kind == GROUP:
                 hit = _matches(name, self.groups)
+            elif kind == PUBLISHER:
+                hit = bool(self.publish)
             else:  # ADMIN, or a kind this version does not know: only admins
                 hit = False
             if len(self._memo) >= _DECISIONS_MAX:
@@ -122,7 +125,7 @@ def _matches(name: str, globs: tuple[str, ...]) -> bool:
 
 
 _VERBS = {PUBLISH: "publish to topic", SUBSCRIBE: "subscribe to topic", TOPIC: "use topic",
-          GROUP: "use consumer group"}
+          GROUP: "use consumer group", PUBLISHER: "publish staged batches: it may publish to no topic"}
 
 
 class AccessControl:
@@ -161,8 +164,8 @@ class AccessControl:
             if user.allowed(kind, name):
                 continue
             if kind in _VERBS:
-                raise errors.Forbidden(f"access key {_shown(user.access_key)} may not {_VERBS[kind]} "
-                                       f"{_shown(name)} ({what})")
+                raise errors.Forbidden(f"access key {_shown(user.access_key)} may not {_VERBS[kind]}"
+                                       + ("" if kind == PUBLISHER else f" {_shown(name)}") + f" ({what})")
             raise errors.Forbidden(f"access key {_shown(user.access_key)} may not call {what}: "
                                    "it needs the admin role")
 

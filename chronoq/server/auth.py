@@ -121,9 +121,10 @@ RULES.update({
     ADMIN_SERVICE + "ReadMessages": lambda r: [(acl.SUBSCRIBE, r.topic)],
     ADMIN_SERVICE + "Stage": lambda r: [(acl.PUBLISH, r.topic)],
     # Publish/Abort name a batch, not a topic: its rows were checked when they were staged, and
-    # a user's sink ids are its own (``SINK_SCOPED``).
-    ADMIN_SERVICE + "Publish": lambda r: [],
-    ADMIN_SERVICE + "Abort": lambda r: [],
+    # a user's sink ids are its own (``SINK_SCOPED``). The user must publish somewhere: one
+    # granted nothing filled max_stage_sinks with empty publishes, every Spark sink refused.
+    ADMIN_SERVICE + "Publish": lambda r: [(acl.PUBLISHER, "")],
+    ADMIN_SERVICE + "Abort": lambda r: [(acl.PUBLISHER, "")],
     ADMIN_SERVICE + "Recall": _handle_topic,
     ADMIN_SERVICE + "Reschedule": _handle_topic,
     # A lookup (chronoq message show) lists ids, keys and recall handles of any topic: admins,

@@ -20,11 +20,12 @@ from chronoq.core import acl
 from .conftest import start_front_end, stop_front_end
 
 DATE = "20250101T000000Z"
-USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
 AUTH = {"enabled": True, "users": [
     {"access_key": "alice", "secret_key": USERS["alice"], "publish": ["orders"], "subscribe": ["orders"],
      "groups": ["billing"]},
     {"access_key": "bob", "secret_key": USERS["bob"], "publish": ["payments"]},
+    {"access_key": "carol", "secret_key": USERS["carol"], "subscribe": ["orders"]},  # publishes nowhere
 ]}
 
 
@@ -147,6 +148,12 @@ def test_a_users_staged_batches_are_its_own(tmp_path):
                     done = await admin.Publish(apb.PublishRequest(sink_id="job:nightly", batch_id=batch, stages=[
                         apb.StageRef(stage_id=stage, chunks=1, rows=3)]), metadata=_md("alice", "a-1"))
                     assert done.status.code == pb.OK and not done.already_published and done.messages == 3
+                # A user that may publish nowhere has no sinks: it filled max_stage_sinks with empty
+                # publishes of new sink ids, and every Spark sink of the broker was refused.
+                for call in (admin.Publish(apb.PublishRequest(sink_id="junk", batch_id=0), metadata=_md("carol", "c-1")),
+                             admin.Abort(apb.AbortRequest(sink_id="junk", batch_id=0), metadata=_md("carol", "c-1"))):
+                    refused = await call
+                    assert refused.status.code == pb.FORBIDDEN and "may publish to no topic" in refused.status.message
             assert front.runtime.broker.queue_bounds("orders", 0) == (0, 6)
         finally:
             await _close(front)
