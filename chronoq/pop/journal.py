@@ -99,7 +99,7 @@ class PopJournal:
             self.inflight.mark_durable(cks)
         if logf.made and logf.generation > self.inflight.generation:  # a compaction's file is in place
             self.inflight.set_generation(logf.generation)
-            log.info("POP log compacted to generation %d", logf.generation)
+            log.debug("POP log compacted to generation %d", logf.generation)  # (each topic or group delete compacts)
         if exc is not None:
             log.warning("POP log flush failed (will retry): %s", getattr(exc, "message", exc))
             self._retry_at = self.broker.clock.wall_ms() + self.flush_interval_ms
