@@ -98,6 +98,19 @@ class OutgoingMessage:
     # receipt's ``replaced`` says what the send replaced.
     replace_key: str | None = None
 
+    def __post_init__(self) -> None:
+        # What a caller is likely to pass that the encoder would take wrongly: a body as text
+        # (sent as its UTF-8), one key as a string (it was sent as a key per character), a
+        # property that is not text (an AttributeError from deep in the encoder).
+        if type(self.body) is str:
+            self.body = self.body.encode()
+        if type(self.keys) is str:
+            self.keys = (self.keys,)
+        if self.properties:
+            for name, value in self.properties.items():
+                if type(name) is not str or type(value) is not str:
+                    raise TypeError(f"message properties are text: {name!r}: {value!r} is not str: str")
+
 
 REPLACE_KEY_PROPERTY = "CHRONOQ_REPLACE_KEY"  # (chronoq.timer.keyed.REPLACE_PROP)
 # An accepted entry's status message that says what a send with a replace key replaced: "OK; "
@@ -308,7 +321,11 @@ class Client:
     async def send_batch(self, messages: Iterable[OutgoingMessage]) -> list[SendReceipt]:
         """Send many messages in one SendMessage call; one receipt per message, in order.
         ``BatchSendError`` when the broker refused some and stored the others (its ``results``
-        say which); ``ClientError`` when it refused the call as a whole."""
+        say which); ``ClientError`` when it refused the call as a whole. No messages: [] (no call)."""
+        if type(messages) is not list:
+            messages = list(messages)
+        if not messages:
+            return []
         code, message, entries = await self._unary(self._send_raw, self._send_request_bytes(messages), self.timeout)
         if code not in OK_CODES and len(entries) < 2:
             raise ClientError(code, message)

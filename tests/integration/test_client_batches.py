@@ -43,3 +43,25 @@ def test_a_batch_with_a_refused_message_names_it_and_keeps_the_receipts_of_the_s
             return sorted(m.body for m in got)
 
     assert asyncio.run(scenario()) == [b"good-1", b"good-1", b"good-2", b"good-2"]  # each batch's two, once
+
+
+def test_what_a_caller_is_likely_to_pass_is_taken_as_meant(chronoq_endpoint):
+    """A text body is sent as its UTF-8, one key given as a string is one key (it was one per
+    character), a property that is not text is a TypeError naming it, no messages no call."""
+    import pytest
+
+    topic, group = f"bs-{uuid.uuid4().hex[:8]}", f"bsg-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TypeError, match="'n': 5"):
+        OutgoingMessage(topic, b"x", properties={"n": 5})
+
+    async def scenario():
+        async with Client(chronoq_endpoint) as client:
+            assert await client.send_batch([]) == []
+            await client.send(topic, "héllo", keys="order-42")
+            for _ in range(20):
+                got = await client.receive(group, topic, wait_s=0.5)
+                if got:
+                    return got
+
+    [m] = asyncio.run(scenario())
+    assert m.body == "héllo".encode() and m.keys == ["order-42"]
