@@ -16,6 +16,7 @@ a completion change are the same objects the rest of the timer reads.
 from __future__ import annotations
 
 import logging
+from bisect import insort
 from collections import deque
 from operator import attrgetter, itemgetter
 
@@ -42,7 +43,7 @@ RELEASE_COUNT_MAX = 5000
 _due_ms, _prepared = attrgetter("due_ms"), attrgetter("prepared")  # (a Delivery's)
 _topic, _message_id = itemgetter(0), itemgetter(5)  # (its Prepared copy's: topic, message_id)
 _parked_due, _parked_topic = itemgetter(PARKED_DUE), itemgetter(PARKED_TOPIC)  # (a parked copy's)
-_parked_message_id = itemgetter(PARKED_MESSAGE_ID)
+_parked_message_id, _parked_offset = itemgetter(PARKED_MESSAGE_ID), itemgetter(PARKED_OFFSET)
 
 
 class LevelLane(Lane):
@@ -282,8 +283,14 @@ class Deliver:
             parked = parked_copy(d)  # (until its release, up to a burst's lead: slimmed, untracked)
             if waiting is None:
                 awaiting[key] = deque((parked,))
-            else:
+            elif waiting[-1][PARKED_OFFSET] < d.queue_offset:
                 waiting.append(parked)
+            else:
+                # ``_release`` reads each queue's parked copies in queue-offset order (the last one
+                # the highest), and completions are not always in it: ``_complete`` lists the
+                # level lanes' after the timer lane's, so one fsync that completes the write groups
+                # of several ticks brings a level copy after a later group's held timer copy.
+                insort(waiting, parked, key=_parked_offset)
         if seen:
             self._counted(seen, visible_ms)
         return len(seen)
