@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, field
 
@@ -120,3 +121,26 @@ def drain(node, group=G, topic=T, *, invisible_ms=30_000, ack=True, **kw):
         if ack:
             for p in got:
                 node.pop.ack(group, topic, p.receipt_handle)
+
+
+async def loop_turns_during(awaitable):
+    """(what ``awaitable`` returns, how many times another task ran while it was awaited): 0 when
+    it held the event loop from start to end."""
+    turns = 0
+    done = False
+
+    async def other_work():
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    worker = asyncio.ensure_future(other_work())
+    await asyncio.sleep(0)
+    turns = 0
+    try:
+        result = await awaitable
+    finally:
+        done = True
+        await worker
+    return result, turns

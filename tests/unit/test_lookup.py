@@ -11,7 +11,7 @@ from chronoq.broker import trace
 from chronoq.features import lifeline, lookup
 from chronoq.broker.trace import TRACE_TOPIC
 
-from popkit import Node
+from popkit import Node, loop_turns_during
 
 BIG = 1 << 30  # scan everything
 
@@ -166,25 +166,7 @@ def test_a_scan_whose_query_is_in_every_record_lets_the_event_loop_go_between_st
     broker.flush()
     now = node.clock.wall_ms()
 
-    async def main():
-        turns = 0
-        done = False
-
-        async def other_work():
-            nonlocal turns
-            while not done:
-                turns += 1
-                await asyncio.sleep(0)
-
-        worker = asyncio.ensure_future(other_work())
-        await asyncio.sleep(0)
-        turns = 0
-        report = await lookup.scan_log_stepped(broker.store.log, "shared", BIG, now)
-        done = True
-        await worker
-        return report, turns
-
-    report, turns = asyncio.run(main())
+    report, turns = asyncio.run(loop_turns_during(lookup.scan_log_stepped(broker.store.log, "shared", BIG, now)))
     assert turns >= n // lookup.SCAN_STEP_RECORDS  # (in one go: 0)
     assert [f.commit_offset for f in report.records] == [
         f.commit_offset for f in lookup.scan_log(broker.store.log, "shared", BIG, now).records]

@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 import pytest
-from popkit import opened_node
+from popkit import loop_turns_during, opened_node
 
 from chronoq.proto import chronoq_admin_pb2 as apb
 from chronoq.server import admin
@@ -202,26 +202,8 @@ def test_a_read_messages_page_is_read_in_steps_with_other_work_between(svc, node
     n = 4 * pipeline.READ_STEP_BYTES // body + 3
     node.broker.send_batch([OutgoingMessage("big-reads", bytes([i % 251]) * body, queue_id=0) for i in range(n)])
 
-    async def main():
-        turns = 0
-        done = False
-
-        async def other_work():
-            nonlocal turns
-            while not done:
-                turns += 1
-                await asyncio.sleep(0)
-
-        worker = asyncio.ensure_future(other_work())
-        await asyncio.sleep(0)
-        turns = 0
-        answer = await svc.ReadMessages(apb.ReadMessagesRequest(topic="big-reads", queue=0, max_messages=1000,
-                                                                max_bytes=pipeline.READ_MAX_BYTES), None)
-        done = True
-        await worker
-        return answer, turns
-
-    answer, turns = asyncio.run(main())
+    answer, turns = asyncio.run(loop_turns_during(svc.ReadMessages(apb.ReadMessagesRequest(
+        topic="big-reads", queue=0, max_messages=1000, max_bytes=pipeline.READ_MAX_BYTES), None)))
     assert turns >= 3  # (in one go: 0)
     assert list(answer.messages.offsets) == list(range(n)) and answer.next_offset == n
     lengths = list(answer.messages.body_lengths)
