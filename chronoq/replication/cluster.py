@@ -126,6 +126,11 @@ async def claim_group(coord, data_dir: str, now_ms: int) -> str:
         if why:
             raise errors.PreconditionFailed(why)
         if recorded is None:
+            if local is not None and local.get("id"):  # this directory knew the group: etcd forgot it
+                log.warning("etcd holds no identity for broker group %s of cluster %s, which this data directory "
+                            "records (id %s): etcd's data was lost or replaced; recording it again. Topic "
+                            "placements live in etcd only: check `chronoq cluster groups` (docs/cluster.md)",
+                            coord.group, coord.cluster, local.get("id"))
             identity = identity or uuid.uuid4().hex
             try:
                 created, _ = await kv.transaction(

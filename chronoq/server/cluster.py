@@ -56,6 +56,7 @@ class ClusterKeeper:
         self._applied: dict[str, tuple[int, str]] = {}  # topic -> (queues, type) made locally
         self._failed: dict[str, tuple[int, str]] = {}   # topic -> the part that could not be made (said once)
         self._peers: dict = {}  # endpoint -> ReplicationClient: channels to other groups' primaries
+        self._identity_lost = False  # said: etcd does not hold this group's identity (claimed at start)
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -82,7 +83,23 @@ class ClusterKeeper:
             return  # (an older read overtaken by a newer one)
         self.snapshot = snap
         self.ready.set()
+        self._check_identity(snap)
         self._make_local_parts(snap)
+
+    def _check_identity(self, snap: pl.Snapshot) -> None:
+        """Say it loudly when etcd no longer holds this group's identity it held: etcd's data was
+        lost or wiped, and every topic's placement (kept in etcd only) with it. Nothing else would
+        tell: routes go on from each node's own topics, each group showing its part alone."""
+        # (The node recorded its identity in etcd before it served: ``claim_group``, at start.)
+        if self.group in snap.identities:
+            self._identity_lost = False
+        elif snap.revision and not self._identity_lost:
+            self._identity_lost = True  # (said once per loss)
+            log.error("cluster %s: etcd no longer holds broker group %s's identity (@groups/%s): etcd's data was "
+                      "lost or wiped, and every topic placement with it (clients now see each group's own part of "
+                      "a spread topic only). Restore etcd from a snapshot, or place the topics again; a restart of "
+                      "this node records the identity again (docs/cluster.md, keys in etcd)",
+                      self.cluster, self.group, self.group)
 
     def _make_local_parts(self, snap: pl.Snapshot) -> None:
         from chronoq.features import catalog

@@ -320,3 +320,33 @@ def test_the_official_node_client_sends_to_and_receives_from_both_groups(tmp_pat
         assert len(sent) == node.COUNT and sorted(result["acked"]) == sorted(sent)
         assert topic_messages(a, topic) > 0 and topic_messages(b, topic) > 0
         assert topic_messages(a, topic) + topic_messages(b, topic) == node.COUNT
+
+
+def test_an_etcd_that_lost_its_data_is_said_so(tmp_path, etcd):  # noqa: F811
+    """The cluster's placements and group identities live in etcd only. etcd wiped (or replaced)
+    under a running cluster: the groups elect leaders again and serve, each showing its own part
+    of a spread topic only, and nothing said so. The node now logs an error naming the loss,
+    and a node started afterwards warns that etcd forgot a group its data directory records."""
+    import shutil
+
+    from .etcd_fixture import Etcd
+
+    cluster = unique("c")
+    a = group_node(tmp_path, etcd, cluster, "g1")
+    fresh = None
+    try:
+        wait_until(lambda: etcd.view(cluster, "g1").leader is not None, 20, what="g1 led")
+        etcd.stop()
+        shutil.rmtree(tmp_path / "etcd" / "etcd-data")
+        fresh = Etcd(str(tmp_path / "etcd"), port=etcd.port)  # the same address, no data
+        wait_until(lambda: "etcd no longer holds broker group g1's identity" in a.output(), 60, interval_s=0.5,
+                   what="the node to say etcd lost the cluster's data")
+        a.stop()
+        port = a.port  # (restarted where it was: the in-sync set etcd now holds names that endpoint)
+        a = ChronoqProcess(str(tmp_path / "g1"), fresh.config(cluster) + 'group_name = "g1"\n',
+                           extra_args=("--port", str(port)))
+        assert "etcd holds no identity for broker group g1" in a.output()  # (its directory records it)
+    finally:
+        a.stop(check=False)
+        if fresh is not None:
+            fresh.stop()
