@@ -327,13 +327,16 @@ class BrokerConfig:
                 raise errors.ClientError(f"{name} must be positive, not {getattr(self, name)}")
         if self.disk_reserve_bytes < 0:
             raise errors.ClientError(f"disk_reserve_bytes may not be negative, not {self.disk_reserve_bytes}")
-        access = acl.from_config(self.extra.get("auth"))  # raises on a malformed [auth] table
-        if self.replication_access_key and access is None:
-            raise errors.ClientError(
-                "replication_access_key is set (the primary has access control on) but this node's [auth] is off: "
-                "anyone reaching this node could promote it, or act through it as that admin (it passes route "
-                "calls on signed with those credentials), and once promoted it would serve with no access "
-                "control; give it the primary's [auth] table")
+        acl.from_config(self.extra.get("auth"))  # raises on a malformed [auth] table
+
+    def open_replica_warning(self) -> str | None:
+        """What to warn of at start for a node holding replication credentials without access
+        control of its own (None: nothing): its primary has it on, this node answers anyone."""
+        if self.replication_access_key and acl.from_config(self.extra.get("auth")) is None:
+            return ("replication_access_key is set (the primary has access control on) but this node's [auth] "
+                    "is off: anyone reaching it may promote it, and once promoted it serves with no access "
+                    "control; give it the primary's [auth] table")
+        return None
 
     def _validate_answer_budget(self) -> None:
         if not 0 < self.answer_budget_per_connection <= self.answer_budget_total:

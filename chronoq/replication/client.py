@@ -44,12 +44,13 @@ class ReplicationClient(SignedChannel):
         _check(resp.status)
         return resp
 
-    async def forward(self, path: str, request, response_type, timeout_s: float):
+    async def forward(self, path: str, request, response_type, timeout_s: float, metadata=()):
         """One unary call of another service on the primary, answered as it comes (a replica
-        passes the official clients' route calls on: ``chronoq.server.replica``)."""
-        call = self._channel.unary_unary(path, request_serializer=type(request).SerializeToString,
-                                         response_deserializer=response_type.FromString)
-        return await call(request, timeout=timeout_s)
+        passes the official clients' route calls on: ``chronoq.server.replica``), with the
+        caller's own ``metadata`` (its signature among them), never this node's credentials: a
+        caller the primary would refuse is refused there."""
+        call = self._h2.unary_unary(path, type(request).SerializeToString, response_type.FromString)
+        return await call(request, metadata=tuple(metadata), timeout=timeout_s)
 
     async def promote(self):
         resp = await self._stub.Promote(self.apb.PromoteRequest(), timeout=self.timeout)

@@ -153,12 +153,16 @@ def _handler(method, message: str, client: ReplicationClient | None = None, path
         assert not method.client_streaming and not method.server_streaming, path
 
         async def forward(req, context):
-            # The caller passed this port's access gate; the primary sees the replica's own
-            # (replication) credentials, as for its pulls.
+            # Passed on with the caller's own headers (its signature): the primary decides what
+            # the caller may do. With the replica's admin credentials instead, anyone reaching a
+            # replica without access control of its own acted as that admin (a route lookup
+            # creating topics on the primary).
             left = context.time_remaining()
             timeout = _FORWARD_TIMEOUT_S if left is None else max(0.1, min(left, _FORWARD_TIMEOUT_S))
+            caller = [(k, v) for k, v in (context.invocation_metadata() or ())
+                      if not k.startswith((":", "grpc-")) and isinstance(v, str)]
             try:
-                return await client.forward(path, req, response, timeout)
+                return await client.forward(path, req, response, timeout, caller)
             except Exception as exc:  # noqa: BLE001 - the primary unreachable: a status, not a crash
                 log.debug("%s passed on to %s failed: %r", method.name, client.endpoint, exc)
                 return answer(f"this broker is a replica of {client.endpoint}, which cannot be reached "

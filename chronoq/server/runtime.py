@@ -297,6 +297,9 @@ class Runtime:
             loop.add_signal_handler(sig, self.request_stop)
         if self.config.priority_boost:
             self.say(process.raise_priority(self.config.priority_boost))
+        warning = self.config.open_replica_warning()
+        if warning:
+            log.warning("%s", warning)
         epoch = 0
         if self.config.replica_of and not self.config.rejoin:  # a promoted directory stays the primary
             import dataclasses

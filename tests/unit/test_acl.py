@@ -127,12 +127,12 @@ def test_disabled_or_absent_means_no_access_control():
     assert acl.from_config({"enabled": False, "users": [{"access_key": "a", "secret_key": "s"}]}) is None  # said so
 
 
-def test_replication_credentials_need_access_control_on_this_node_too():
-    with pytest.raises(errors.ClientError, match="this node's \\[auth\\] is off"):
-        BrokerConfig(replication_access_key="root", replication_secret_key="s").validate()
-    BrokerConfig(replication_access_key="root", replication_secret_key="s",
-                 extra={"auth": {"enabled": True, "users": [{"access_key": "root", "secret_key": "s", "admin": True}]}}
-                 ).validate()
+def test_replication_credentials_without_access_control_here_are_warned_of():
+    open_one = BrokerConfig(replication_access_key="root", replication_secret_key="s").validate()
+    assert "this node's [auth] is off" in open_one.open_replica_warning()
+    closed = BrokerConfig(replication_access_key="root", replication_secret_key="s", extra={"auth": {
+        "enabled": True, "users": [{"access_key": "root", "secret_key": "s", "admin": True}]}}).validate()
+    assert closed.open_replica_warning() is None
 
 
 @pytest.mark.parametrize("table, fragment", [
