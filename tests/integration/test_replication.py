@@ -22,7 +22,7 @@ import pytest
 
 from chronoq.replication.client import ReplicationClient
 
-from .conftest import ROOT, ChronoqProcess, free_port, wait_until
+from .conftest import ROOT, ChronoqProcess, wait_until
 from .test_official_python_client import make_message, producer, receive_all, simple_consumer, unique
 
 CONFIG = "segment_bytes = 262144\n"  # small segments: the replica must roll where the primary did
