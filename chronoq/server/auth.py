@@ -259,28 +259,24 @@ class _ScopedContext:
 
     __slots__ = ("_context", "client_scope")
 
-    def __init__(self, context, user: acl.User) -> None:
-        self._context = context
-        self.client_scope = user.access_key
-
-    def __getattr__(self, name: str):
-        return getattr(self._context, name)
-
-
-class _StreamContext:
-    """A Telemetry stream's context: writes serialized (ours and the service's), transaction
-    checks only for a user who may publish to the topic, and its client id the user's own."""
-
-    __slots__ = ("_context", "_user", "_lock", "client_scope")
-
     def __init__(self, context, user: acl.User | None) -> None:
         self._context = context
-        self._user = user
-        self._lock = asyncio.Lock()
         self.client_scope = user.access_key if user is not None else ""
 
     def __getattr__(self, name: str):
         return getattr(self._context, name)
+
+
+class _StreamContext(_ScopedContext):
+    """A Telemetry stream's context: writes serialized (ours and the service's), transaction
+    checks only for a user who may publish to the topic, and its client id the user's own."""
+
+    __slots__ = ("_user", "_lock")
+
+    def __init__(self, context, user: acl.User | None) -> None:
+        super().__init__(context, user)
+        self._user = user
+        self._lock = asyncio.Lock()
 
     async def write(self, message) -> None:
         user = self._user
